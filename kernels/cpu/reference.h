@@ -1,0 +1,88 @@
+// The CPU reference ops as free functions (the executable spec of ops.h), the parameter checks
+// every CPU backend runs before an op, and the host-memory part of a Backend.
+// The fast CPU backend reuses the reference functions for its cheap ops by calling them on row
+// ranges; nothing here is threaded.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "ops.h"
+
+namespace glm5::kernels::cpu {
+
+// Parameter checks: throw glm5::Error naming the op, the field, the expected and the found value.
+void validate(const GemmParams& p);
+void validate(const RmsNormParams& p);
+void validate(const LayerNormParams& p);
+void validate(const RopeParams& p);
+void validate(const IndexerScoresParams& p);
+void validate(const TopkParams& p);
+void validate(const MlaPrefillParams& p);
+void validate(const MlaDecodeParams& p);
+void validate(const RouterParams& p);
+void validate(const SwigluParams& p);
+void validate(const EmbeddingParams& p);
+void validate(const GatherRowsParams& p);
+void validate(const MoeCombineParams& p);
+void validate(const AddParams& p);
+void validate(const Copy2dParams& p);
+
+// Element `i` of a weight row widened to float (BF16/F16/F32; other dtypes fail in validate()).
+inline float weight_at(DType t, const void* row, int64_t i) {
+  switch (t) {
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(row)[i]);
+    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(row)[i]);
+    case DType::F32: return static_cast<const float*>(row)[i];
+    default: GLM5_FAIL("weight_at: unsupported weight dtype ", dtype_name(t));
+  }
+}
+
+// The keys that query row s may attend to (ops.h, MlaPrefillParams): t < t_count, t <= q_pos and,
+// when topk is given, t in topk[0:topk_len] (-1 ignored). Ascending, no duplicates.
+// Throws when a topk entry is outside [-1, t_count).
+void allowed_keys(int64_t t_count, int32_t q_pos, const int32_t* topk, int64_t topk_len,
+                  std::vector<int32_t>& out);
+
+// Reference implementations (unchecked: callers run validate() first). Row-wise ops may be
+// called on a sub-range of rows by offsetting the pointers and reducing m.
+namespace ref {
+void gemm(const GemmParams& p);
+void rms_norm(const RmsNormParams& p);
+void layer_norm(const LayerNormParams& p);
+void rope(const RopeParams& p);
+void indexer_scores(const IndexerScoresParams& p);
+void topk(const TopkParams& p);
+void mla_prefill(const MlaPrefillParams& p);
+void mla_decode(const MlaDecodeParams& p);
+void router(const RouterParams& p);
+void swiglu(const SwigluParams& p);
+void embedding(const EmbeddingParams& p);
+void gather_rows(const GatherRowsParams& p);
+void moe_combine(const MoeCombineParams& p);
+void add(const AddParams& p);
+void copy_2d(const Copy2dParams& p);
+}  // namespace ref
+
+// Host memory: malloc/free/memcpy; weights are used in place (upload returns the host pointer).
+class HostBackend : public Backend {
+ public:
+  void* alloc(size_t bytes) override {
+    // 64-byte alignment keeps vector loads of a buffer's first row aligned.
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+    CHECK(p || !bytes, name(), ": alloc of ", bytes, " bytes failed");
+    return p;
+  }
+  void free(void* p) override { std::free(p); }
+  void to_device(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void to_host(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  const void* upload(const void* host, size_t) override { return host; }
+};
+
+}  // namespace glm5::kernels::cpu

@@ -1,0 +1,101 @@
+// A 16-lane float vector for the fast CPU kernels: AVX-512 intrinsics when the compiler targets
+// AVX-512, GCC vector extensions otherwise (same 16-lane algorithm, so the same reduction order).
+// Every fast kernel builds its dot products from `fma` chains over 16-element chunks followed by
+// `reduce`; that is what fixes the reduction order of an output element whatever tile computes it.
+// Weight loaders widen BF16/F16/F32 to float exactly (bit-exact conversions, no rounding).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace glm5::kernels::simd {
+
+constexpr int kLanes = 16;
+
+#if defined(__AVX512F__)
+
+using vf = __m512;
+inline vf zero() { return _mm512_setzero_ps(); }
+inline vf splat(float v) { return _mm512_set1_ps(v); }
+inline vf load(const float* p) { return _mm512_loadu_ps(p); }
+// The first n (0..16) elements, zeros in the other lanes; reads nothing past p + n.
+inline vf load_n(const float* p, int n) {
+  return _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1u), p);
+}
+inline void store(float* p, vf v) { _mm512_storeu_ps(p, v); }
+inline void store_n(float* p, vf v, int n) {
+  _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1u), v);
+}
+inline vf fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+// Keeps v in a register: stops the compiler from re-reading a reused operand from memory in
+// every FMA (which makes register tiles load-bound).
+inline vf pin(vf v) {
+  asm("" : "+v"(v));
+  return v;
+}
+inline vf mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf add(vf a, vf b) { return _mm512_add_ps(a, b); }
+// Fixed pairwise tree: lanes (0..7)+(8..15), then halves again, down to one value.
+inline float reduce(vf v) {
+  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
+                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
+  return _mm_cvtss_f32(d);
+}
+inline vf widen_bf16(const uint16_t* p) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline vf widen_f16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+#else  // portable fallback with the same lane structure
+
+typedef float vf __attribute__((vector_size(64)));
+typedef uint32_t vu __attribute__((vector_size(64)));
+inline vf zero() { return vf{}; }
+inline vf splat(float v) { return vf{} + v; }
+inline vf load(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
+inline vf load_n(const float* p, int n) {
+  vf v{};
+  std::memcpy(&v, p, size_t(n) * 4);
+  return v;
+}
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+inline void store_n(float* p, vf v, int n) { std::memcpy(p, &v, size_t(n) * 4); }
+inline vf fma(vf a, vf b, vf c) { return a * b + c; }
+inline vf pin(vf v) { return v; }
+inline vf mul(vf a, vf b) { return a * b; }
+inline vf add(vf a, vf b) { return a + b; }
+inline float reduce(vf v) {
+  float t[16];
+  std::memcpy(t, &v, sizeof t);
+  for (int w = 8; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) t[i] += t[i + w];
+  return t[0];
+}
+inline vf widen_bf16(const uint16_t* p) {
+  vu u;
+  for (int i = 0; i < 16; ++i) u[i] = uint32_t(p[i]) << 16;
+  vf v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+inline vf widen_f16(const uint16_t* p) {
+  vf v;
+  for (int i = 0; i < 16; ++i) v[i] = f16_to_f32(p[i]);
+  return v;
+}
+
+#endif
+
+}  // namespace glm5::kernels::simd

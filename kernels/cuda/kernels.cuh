@@ -1,0 +1,58 @@
+// Launchers of the CUDA kernels behind CudaBackend (backend_cuda.cu). Each takes the op's params
+// struct from ops.h (pointers already in device memory, shapes validated by the backend) and the
+// backend's stream. Internal to kernels/cuda/; nothing outside this folder includes it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops.h"
+
+namespace glm5::kernels::cuda {
+
+// Device error word written by kernels that find input the reference backend rejects but that
+// only the device can see (ids, rows, slots, top-k entries): [0] = error code (0 = none),
+// [1] = offending value, [2] = its row, [3] = the bound it broke. The first error wins; the
+// backend reads the word at every synchronising call and throws.
+enum DeviceErrorCode : int {
+  kDeviceOk = 0,
+  kEmbeddingIdOutOfRange = 1,  // bound: table rows
+  kGatherRowNegative = 2,
+  kMoeSlotInvalid = 3,         // slot < -1
+  kTopkEntryOutOfRange = 4,    // mla_prefill / mla_decode; bound: t
+};
+
+// ops_rowwise.cu
+void launch_rms_norm(const RmsNormParams& p, cudaStream_t st);
+void launch_layer_norm(const LayerNormParams& p, cudaStream_t st);
+void launch_rope(const RopeParams& p, cudaStream_t st);
+void launch_router(const RouterParams& p, cudaStream_t st);
+void launch_swiglu(const SwigluParams& p, cudaStream_t st);
+void launch_embedding(const EmbeddingParams& p, int* error_word, cudaStream_t st);
+void launch_gather_rows(const GatherRowsParams& p, int* error_word, cudaStream_t st);
+void launch_moe_combine(const MoeCombineParams& p, int* error_word, cudaStream_t st);
+void launch_add(const AddParams& p, cudaStream_t st);
+// GEMM helpers for the cuBLAS path: split rows [0, rows) of x (fp32, row stride ldx) into `terms`
+// bf16 parts (x = hi + mid + lo) into xs laid out [chunk][term][chunk_rows][ldk]; rows past `rows`
+// up to a whole chunk are zero. With terms == 0 the rows are copied as fp32 (F32 weights).
+void launch_gemm_split_x(const float* x, int64_t ldx, int64_t rows, int64_t k, int terms,
+                         int64_t chunk_rows, void* xs, int64_t ldk, cudaStream_t st);
+// y[r, :] (+)= sum over terms of cs[chunk][term][r % chunk_rows][:] (smallest term first).
+void launch_gemm_combine(const float* cs, int64_t ldc, int64_t rows, int64_t n, int terms,
+                         int64_t chunk_rows, float* y, int64_t ldy, bool accumulate,
+                         cudaStream_t st);
+// Plain tiled fp32 GEMM that widens weights of any dtype in shared memory; k in ascending order
+// for every output. Used for F16 weights and when cuBLAS is switched off.
+void launch_gemm_simt(const GemmParams& p, cudaStream_t st);
+
+// ops_attention.cu
+void launch_indexer_scores(const IndexerScoresParams& p, cudaStream_t st);
+void launch_topk(const TopkParams& p, cudaStream_t st);
+void launch_mla_prefill(const MlaPrefillParams& p, int* error_word, cudaStream_t st);
+void launch_mla_decode(const MlaDecodeParams& p, int* error_word, cudaStream_t st);
+
+// A kernel whose presence proves the module has code for the current device (cuda_available()).
+const void* probe_kernel();
+
+}  // namespace glm5::kernels::cuda

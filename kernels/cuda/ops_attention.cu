@@ -1,0 +1,350 @@
+// CUDA kernels of the attention-side ops: DSA indexer scores, per-row top-k, naive MLA prefill
+// and weight-absorbed MLA decode. Top-k is an exact 4-pass radix select per row (one block per
+// row), so its selection equals the reference rule bit for bit; attention is one block per
+// (query row, head) with an online softmax whose order depends only on that row's keys.
+#include <cfloat>
+#include <cmath>
+
+#include "common.cuh"
+#include "cuda_check.h"
+#include "kernels.cuh"
+
+namespace glm5::kernels::cuda {
+namespace {
+
+// Largest dynamic shared memory one block may take on the current device (opt-in limit).
+int max_dynamic_smem() {
+  int dev = 0, v = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return v;
+}
+
+template <typename Kernel>
+void reserve_smem(Kernel kernel, size_t bytes, const char* op, const char* what) {
+  if (bytes <= 48 * 1024) return;
+  CHECK(bytes <= size_t(max_dynamic_smem()), "cuda ", op, ": ", what, " needs ", bytes,
+        " bytes of shared memory per block, the device allows ", max_dynamic_smem());
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+// ---- indexer scores ----------------------------------------------------------------------------
+
+constexpr int kIdxWarps = 8, kIdxKeysPerWarp = 32, kIdxKeysPerBlock = kIdxWarps * kIdxKeysPerWarp;
+constexpr int kIdxMaxPerLane = 8;  // head_dim <= 256 keeps the key row in registers
+
+// Block = (query row s, tile of 256 keys); warp = one key at a time, lanes split head_dim.
+// Per key: sum over heads in ascending order of w[h] * relu(q[h] . k) (each dot: lane-strided
+// partial sums, then a fixed butterfly).
+__global__ void __launch_bounds__(kIdxWarps * 32) indexer_scores_kernel(IndexerScoresParams p) {
+  extern __shared__ float smem[];
+  const int64_t tiles = (p.t + kIdxKeysPerBlock - 1) / kIdxKeysPerBlock;
+  const int64_t s = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * kIdxKeysPerBlock;
+  const int64_t hd = p.head_dim, nh = p.n_heads, qpos = p.q_pos[s];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* row = p.scores + s * p.ld_scores;
+  if (t0 > qpos) {  // the whole tile is in the future
+    for (int64_t t = t0 + threadIdx.x; t < p.t && t < t0 + kIdxKeysPerBlock; t += blockDim.x)
+      row[t] = -INFINITY;
+    return;
+  }
+  float* q = smem;        // [n_heads * head_dim]
+  float* w = q + nh * hd;  // [n_heads]
+  for (int64_t i = threadIdx.x; i < nh * hd; i += blockDim.x) q[i] = p.q[s * nh * hd + i];
+  for (int64_t i = threadIdx.x; i < nh; i += blockDim.x) w[i] = p.weights[s * nh + i];
+  __syncthreads();
+  for (int j = 0; j < kIdxKeysPerWarp; ++j) {
+    const int64_t t = t0 + warp + int64_t(kIdxWarps) * j;
+    if (t >= p.t) break;
+    if (t > qpos) {
+      if (lane == 0) row[t] = -INFINITY;
+      continue;
+    }
+    const float* k = p.k + t * hd;
+    float acc = 0.0f;
+    if (hd <= 32 * kIdxMaxPerLane) {
+      float kr[kIdxMaxPerLane];
+#pragma unroll
+      for (int u = 0; u < kIdxMaxPerLane; ++u) {
+        const int64_t d = lane + 32 * u;
+        kr[u] = d < hd ? __ldg(k + d) : 0.0f;
+      }
+      for (int64_t h = 0; h < nh; ++h) {
+        const float* qh = q + h * hd;
+        float part = 0.0f;
+#pragma unroll
+        for (int u = 0; u < kIdxMaxPerLane; ++u) {
+          const int64_t d = lane + 32 * u;
+          if (d < hd) part = fmaf(qh[d], kr[u], part);
+        }
+        acc += w[h] * fmaxf(warp_sum(part), 0.0f);
+      }
+    } else {
+      for (int64_t h = 0; h < nh; ++h) {
+        const float* qh = q + h * hd;
+        float part = 0.0f;
+        for (int64_t d = lane; d < hd; d += 32) part = fmaf(qh[d], __ldg(k + d), part);
+        acc += w[h] * fmaxf(warp_sum(part), 0.0f);
+      }
+    }
+    if (lane == 0) row[t] = acc;
+  }
+}
+
+// ---- top-k -------------------------------------------------------------------------------------
+
+constexpr int kTopkThreads = 1024;
+
+// Order-preserving map of a finite float to uint32 (larger float -> larger key); -0 == +0.
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t b = __float_as_uint(f == 0.0f ? 0.0f : f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// Exclusive prefix sum over the block (blockDim.x == kTopkThreads); *total gets the block sum.
+// `sh` holds >= 33 ints.
+__device__ __forceinline__ int block_exclusive_scan(int v, int* sh, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  int inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int n = __shfl_up_sync(kFullMask, inc, o);
+    if (lane >= o) inc += n;
+  }
+  __syncthreads();
+  if (lane == 31) sh[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    int wv = lane < n_warps ? sh[lane] : 0, winc = wv;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int n = __shfl_up_sync(kFullMask, winc, o);
+      if (lane >= o) winc += n;
+    }
+    if (lane < n_warps) sh[lane] = winc - wv;  // exclusive warp offsets
+    if (lane == 31) sh[32] = winc;
+  }
+  __syncthreads();
+  *total = sh[32];
+  return sh[warp] + inc - v;
+}
+
+// One block per row. Radix select finds the key of the k-th largest finite entry (4 passes of
+// 8 bits; pass 0 also counts the finite entries), then one ordered compaction pass writes, in
+// ascending index order, every entry above that key and the first `need` entries equal to it:
+// exactly "the k largest, ties to the lower index, sorted ascending".
+__global__ void __launch_bounds__(kTopkThreads) topk_kernel(TopkParams p) {
+  __shared__ int hist[256];
+  __shared__ int scan_sh[33];
+  __shared__ uint32_t sel_prefix;
+  __shared__ int sel_need, n_finite;
+  const int64_t row = blockIdx.x;
+  const float* x = p.scores + row * p.ld;
+  int32_t* out = p.indices + row * p.k;
+  uint32_t prefix = 0, mask = 0;
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    for (int64_t t = threadIdx.x; t < p.cols; t += blockDim.x) {
+      const float f = x[t];
+      if (!isfinite(f)) continue;
+      const uint32_t key = order_key(f);
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (pass == 0) {
+        int n = 0;
+        for (int b = 0; b < 256; ++b) n += hist[b];
+        n_finite = n;
+        sel_need = int(p.k < n ? p.k : n);
+      }
+      if (n_finite > p.k) {  // else every finite entry is taken: no threshold needed
+        int need = sel_need, b = 255;
+        for (; b > 0 && hist[b] < need; --b) need -= hist[b];
+        sel_need = need;
+        sel_prefix = prefix | (uint32_t(b) << shift);
+      }
+    }
+    __syncthreads();
+    if (n_finite <= p.k) break;
+    prefix = sel_prefix;
+    mask |= 255u << shift;
+  }
+  const bool take_all = n_finite <= p.k;
+  const uint32_t kth = prefix;
+  const int need = sel_need;  // entries equal to kth to take (take_all: unused)
+  int written = 0, eq_seen = 0;
+  for (int64_t base = 0; base < p.cols && written < int(p.k); base += blockDim.x) {
+    const int64_t t = base + threadIdx.x;
+    const float f = t < p.cols ? x[t] : NAN;
+    const bool fin = isfinite(f);
+    const uint32_t key = fin ? order_key(f) : 0u;
+    bool sel;
+    if (take_all) {
+      sel = fin;
+    } else {
+      const bool eq = fin && key == kth;
+      int eq_total;
+      const int eq_rank = eq_seen + block_exclusive_scan(eq ? 1 : 0, scan_sh, &eq_total);
+      eq_seen += eq_total;
+      sel = (fin && key > kth) || (eq && eq_rank < need);
+    }
+    int sel_total;
+    const int pos = written + block_exclusive_scan(sel ? 1 : 0, scan_sh, &sel_total);
+    if (sel && pos < p.k) out[pos] = int32_t(t);
+    written += sel_total;
+  }
+  for (int64_t i = written + threadIdx.x; i < p.k; i += blockDim.x) out[i] = -1;
+}
+
+// ---- MLA attention (both modes) ----------------------------------------------------------------
+
+// One query row (s, h) attends over keys t. The key is [ka(t, h) (da values) | kb(t) (db)], the
+// value v(t, h) (dv values). prefill: ka = k_nope, kb = k_pe, v = v;  decode: ka = c_kv,
+// kb = k_pe (both rows of the latent cache), v = c_kv.
+struct AttnArgs {
+  const float* q;
+  int64_t q_stride_s, q_stride_h;
+  const float* ka;
+  int64_t ka_stride_t, ka_stride_h, da;
+  const float* kb;
+  int64_t kb_stride_t, db;
+  const float* v;
+  int64_t v_stride_t, v_stride_h, dv;
+  const int32_t* q_pos;
+  const int32_t* topk;
+  int64_t topk_len;
+  float* out;
+  int64_t s, t, n_heads;
+  float scale;
+  int* err;
+};
+
+constexpr int kAttnWarps = 8;
+
+// Block = (s, h); warp w takes candidates w, w + 8, ... with its own running max / sum /
+// accumulator (online softmax); the 8 partial results are merged in warp order at the end.
+// Candidates: dense causal t = 0..q_pos, or the row's top-k list: -1 and future entries are
+// skipped, an entry equal to the one before it is skipped (topk writes sorted distinct lists; an
+// unsorted list with repeats would count a repeated key twice, unlike the reference's set), an
+// entry outside [-1, t) is reported as an error. No allowed key: zeros.
+__global__ void __launch_bounds__(kAttnWarps * 32) mla_attention_kernel(AttnArgs a) {
+  extern __shared__ float smem[];
+  __shared__ float warp_m[kAttnWarps], warp_l[kAttnWarps];
+  const int64_t s = blockIdx.x / a.n_heads, h = blockIdx.x % a.n_heads;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t dq = a.da + a.db;
+  float* q = smem;                      // [da + db]
+  float* acc = q + dq + warp * a.dv;    // this warp's [dv]
+  const float* qg = a.q + s * a.q_stride_s + h * a.q_stride_h;
+  for (int64_t i = threadIdx.x; i < dq; i += blockDim.x) q[i] = qg[i];
+  for (int64_t i = lane; i < a.dv; i += 32) acc[i] = 0.0f;
+  __syncthreads();
+  const int64_t qpos = a.q_pos[s];
+  const int64_t last = qpos < a.t - 1 ? qpos : a.t - 1;
+  const int64_t n_cand = a.topk ? a.topk_len : last + 1;
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t j = warp; j < n_cand; j += kAttnWarps) {
+    int64_t t = j;
+    if (a.topk) {
+      const int32_t* list = a.topk + s * a.topk_len;
+      t = list[j];
+      if (t < -1 || t >= a.t) {
+        if (lane == 0 && h == 0) report_error(a.err, kTopkEntryOutOfRange, t, s, a.t);
+        continue;
+      }
+      if (t < 0 || t > last || (j > 0 && list[j - 1] == t)) continue;
+    }
+    const float* ka = a.ka + t * a.ka_stride_t + h * a.ka_stride_h;
+    const float* kb = a.kb + t * a.kb_stride_t;
+    float part = 0.0f;
+    for (int64_t d = lane; d < a.da; d += 32) part = fmaf(q[d], __ldg(ka + d), part);
+    for (int64_t d = lane; d < a.db; d += 32) part = fmaf(q[a.da + d], __ldg(kb + d), part);
+    const float score = a.scale * warp_sum(part);
+    if (score > m) {
+      const float corr = expf(m - score);  // 0 on the first key
+      l *= corr;
+      for (int64_t d = lane; d < a.dv; d += 32) acc[d] *= corr;
+      m = score;
+    }
+    const float pr = expf(score - m);
+    l += pr;
+    const float* v = a.v + t * a.v_stride_t + h * a.v_stride_h;
+    for (int64_t d = lane; d < a.dv; d += 32) acc[d] = fmaf(pr, __ldg(v + d), acc[d]);
+  }
+  if (lane == 0) warp_m[warp] = m, warp_l[warp] = l;
+  __syncthreads();
+  float m_all = -INFINITY;
+  for (int w = 0; w < kAttnWarps; ++w)
+    if (warp_l[w] > 0.0f) m_all = fmaxf(m_all, warp_m[w]);
+  float f[kAttnWarps], l_all = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kAttnWarps; ++w) {
+    f[w] = warp_l[w] > 0.0f ? expf(warp_m[w] - m_all) : 0.0f;
+    l_all += f[w] * warp_l[w];
+  }
+  float* out = a.out + (s * a.n_heads + h) * a.dv;
+  const float* acc0 = q + dq;
+  for (int64_t d = threadIdx.x; d < a.dv; d += blockDim.x) {
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kAttnWarps; ++w) o += f[w] * acc0[w * a.dv + d];
+    out[d] = l_all > 0.0f ? o / l_all : 0.0f;
+  }
+}
+
+void launch_attention(const AttnArgs& a, cudaStream_t st, const char* op) {
+  if (a.s == 0 || a.n_heads == 0) return;
+  const size_t smem = size_t(a.da + a.db + kAttnWarps * a.dv) * sizeof(float);
+  reserve_smem(mla_attention_kernel, smem, op, "head dims");
+  const int64_t blocks = a.s * a.n_heads;
+  CHECK(blocks < (int64_t(1) << 31), "cuda ", op, ": s * n_heads = ", blocks, " too large");
+  mla_attention_kernel<<<unsigned(blocks), kAttnWarps * 32, smem, st>>>(a);
+  CUDA_CHECK_LAUNCH(op);
+}
+
+}  // namespace
+
+void launch_indexer_scores(const IndexerScoresParams& p, cudaStream_t st) {
+  const size_t smem = size_t(p.n_heads * p.head_dim + p.n_heads) * sizeof(float);
+  reserve_smem(indexer_scores_kernel, smem, "indexer_scores", "n_heads * head_dim");
+  const int64_t blocks = p.s * ((p.t + kIdxKeysPerBlock - 1) / kIdxKeysPerBlock);
+  CHECK(blocks < (int64_t(1) << 31), "cuda indexer_scores: s = ", p.s, ", t = ", p.t,
+        " too large for one launch");
+  indexer_scores_kernel<<<unsigned(blocks), kIdxWarps * 32, smem, st>>>(p);
+  CUDA_CHECK_LAUNCH("indexer_scores");
+}
+
+void launch_topk(const TopkParams& p, cudaStream_t st) {
+  topk_kernel<<<unsigned(p.rows), kTopkThreads, 0, st>>>(p);
+  CUDA_CHECK_LAUNCH("topk");
+}
+
+void launch_mla_prefill(const MlaPrefillParams& p, int* error_word, cudaStream_t st) {
+  const int64_t kv_row = p.qk_nope_head_dim + p.v_head_dim, dq = p.qk_nope_head_dim + p.qk_rope_head_dim;
+  AttnArgs a{};
+  a.q = p.q, a.q_stride_h = dq, a.q_stride_s = p.n_heads * dq;
+  a.ka = p.kv, a.ka_stride_t = p.n_heads * kv_row, a.ka_stride_h = kv_row, a.da = p.qk_nope_head_dim;
+  a.kb = p.k_pe, a.kb_stride_t = p.ld_k_pe, a.db = p.qk_rope_head_dim;
+  a.v = p.kv + p.qk_nope_head_dim, a.v_stride_t = p.n_heads * kv_row, a.v_stride_h = kv_row;
+  a.dv = p.v_head_dim;
+  a.q_pos = p.q_pos, a.topk = p.topk, a.topk_len = p.topk_len, a.out = p.out;
+  a.s = p.s, a.t = p.t, a.n_heads = p.n_heads, a.scale = p.scale, a.err = error_word;
+  launch_attention(a, st, "mla_prefill");
+}
+
+void launch_mla_decode(const MlaDecodeParams& p, int* error_word, cudaStream_t st) {
+  const int64_t row = p.kv_lora_rank + p.qk_rope_head_dim;
+  AttnArgs a{};
+  a.q = p.q_lat, a.q_stride_h = row, a.q_stride_s = p.n_heads * row;
+  a.ka = p.cache, a.ka_stride_t = row, a.ka_stride_h = 0, a.da = p.kv_lora_rank;
+  a.kb = p.cache + p.kv_lora_rank, a.kb_stride_t = row, a.db = p.qk_rope_head_dim;
+  a.v = p.cache, a.v_stride_t = row, a.v_stride_h = 0, a.dv = p.kv_lora_rank;
+  a.q_pos = p.q_pos, a.topk = p.topk, a.topk_len = p.topk_len, a.out = p.out_lat;
+  a.s = p.s, a.t = p.t, a.n_heads = p.n_heads, a.scale = p.scale, a.err = error_word;
+  launch_attention(a, st, "mla_decode");
+}
+
+}  // namespace glm5::kernels::cuda

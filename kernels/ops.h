@@ -1,0 +1,245 @@
+// The op table: one params struct per op and the Backend interface every backend implements.
+// All activations are float32 and row-major; weights keep their checkpoint dtype (BF16/F16/F32).
+// Pointers live in the backend's memory (host for cpu, device for cuda). Every op must give each
+// output row a result that does not depend on how many other rows are in the call (batch
+// invariance: the reduction order of a row is fixed), which is what makes distributed runs and
+// batched runs bitwise equal to a single sequence run alone.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/check.h"
+#include "core/dtype.h"
+
+namespace glm5::kernels {
+
+// A 2-D weight matrix [rows, cols] in checkpoint dtype, row stride `ld` elements (ld >= cols).
+struct Weight {
+  const void* data = nullptr;
+  DType dtype = DType::BF16;
+  int64_t rows = 0, cols = 0, ld = 0;
+  // Rows [first, first + n) of this matrix (a view, no copy).
+  Weight slice_rows(int64_t first, int64_t n) const {
+    Weight w = *this;
+    w.data = static_cast<const char*>(data) + size_t(first) * size_t(ld) * dtype_size(dtype);
+    w.rows = n;
+    return w;
+  }
+};
+
+// y[m, n] (+)= sum_k x[m, k] * W[n, k]         (nn.Linear: y = x W^T), trans_w = false, W [n, k]
+// y[m, n] (+)= sum_k x[m, k] * W[k, n]         trans_w = true,  W [k, n]  (MLA q absorption)
+// Accumulation in float32, k in a fixed order for every row.
+struct GemmParams {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  Weight w;
+  bool trans_w = false;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  int64_t m = 0, n = 0, k = 0;
+  bool accumulate = false;
+};
+
+// y[i, :] = w * x[i, :] / sqrt(mean(x[i, :]^2) + eps)     (in place allowed: y == x)
+struct RmsNormParams {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const float* weight = nullptr;  // [d]
+  float* y = nullptr;
+  int64_t ldy = 0;
+  int64_t m = 0, d = 0;
+  float eps = 1e-5f;
+};
+
+// y[i, :] = (x - mean) / sqrt(var + eps) * weight + bias    (biased variance; in place allowed)
+struct LayerNormParams {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const float* weight = nullptr;  // [d]
+  const float* bias = nullptr;    // [d]
+  float* y = nullptr;
+  int64_t ldy = 0;
+  int64_t m = 0, d = 0;
+  float eps = 1e-6f;
+};
+
+// Rotates, in place, the rope_dim-wide slice at `offset` of every head of every token:
+//   x[token * token_stride + head * head_stride + offset + j],  angle_i = float(pos[token]) * inv_freq[i]
+// interleaved (GPT-J):  pairs (2i, 2i+1);  half-split (NeoX): pairs (i, i + rope_dim/2).
+// cos/sin are multiplied by mscale (YaRN attention factor; 1 for plain RoPE).
+struct RopeParams {
+  float* x = nullptr;
+  int64_t m = 0, n_heads = 1, token_stride = 0, head_stride = 0, offset = 0, rope_dim = 0;
+  const int32_t* positions = nullptr;  // [m]
+  const float* inv_freq = nullptr;     // [rope_dim / 2]
+  float mscale = 1.0f;
+  bool interleaved = true;
+};
+
+// DSA lightning-indexer scores of S query rows against T keys of one sequence:
+//   scores[s, t] = sum_h weights[s, h] * relu(q[s, h, :] . k[t, :])     for t <= q_pos[s]
+//   scores[s, t] = -inf                                                  for t >  q_pos[s]
+// `weights` already carry n_heads^-0.5 * head_dim^-0.5. Key t sits at position t.
+struct IndexerScoresParams {
+  const float* q = nullptr;        // [s, n_heads, head_dim]
+  const float* weights = nullptr;  // [s, n_heads]
+  const float* k = nullptr;        // [t, head_dim]
+  const int32_t* q_pos = nullptr;  // [s]
+  float* scores = nullptr;         // [s, ld_scores]
+  int64_t s = 0, t = 0, n_heads = 0, head_dim = 0, ld_scores = 0;
+};
+
+// Per row: the indices of the min(k, #finite) largest finite entries among scores[row, 0:cols],
+// written sorted ascending into indices[row, 0:k], padded with -1. Ties go to the lower index.
+struct TopkParams {
+  const float* scores = nullptr;  // [rows, ld]
+  int64_t rows = 0, cols = 0, ld = 0, k = 0;
+  int32_t* indices = nullptr;     // [rows, k]
+};
+
+// Naive ("MHA mode") MLA attention, used for prefill. For query row s and head h:
+//   score[t] = scale * (q_nope[s,h] . k_nope[t,h] + q_pe[s,h] . k_pe[t])   over allowed t
+//   out[s,h] = sum_t softmax(score)[t] * v[t,h]
+// Allowed keys: t <= q_pos[s] and, when topk != nullptr, t in topk[s, :] (entries -1 ignored).
+struct MlaPrefillParams {
+  const float* q = nullptr;     // [s, n_heads, qk_nope_head_dim + qk_rope_head_dim]
+  const float* kv = nullptr;    // [t, n_heads, qk_nope_head_dim + v_head_dim]   (kv_b_proj of latents)
+  const float* k_pe = nullptr;  // row t at k_pe + t * ld_k_pe, qk_rope_head_dim values
+  int64_t ld_k_pe = 0;
+  const int32_t* q_pos = nullptr;  // [s]
+  const int32_t* topk = nullptr;   // [s, topk_len] or nullptr for dense causal
+  int64_t topk_len = 0;
+  float* out = nullptr;  // [s, n_heads, v_head_dim]
+  int64_t s = 0, t = 0, n_heads = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  float scale = 1.0f;
+};
+
+// Weight-absorbed ("MQA mode") MLA attention over the latent cache, used for decode:
+//   score[t]     = scale * (q_lat[s,h] . cache[t])      (dim kv_lora_rank + qk_rope_head_dim)
+//   out_lat[s,h] = sum_t softmax(score)[t] * cache[t, 0:kv_lora_rank]
+// Allowed keys as in MlaPrefillParams (causal, then the indexer's selection if given).
+struct MlaDecodeParams {
+  const float* q_lat = nullptr;  // [s, n_heads, kv_lora_rank + qk_rope_head_dim]
+  const float* cache = nullptr;  // [t, kv_lora_rank + qk_rope_head_dim]   ([c_kv | k_pe])
+  const int32_t* q_pos = nullptr;
+  const int32_t* topk = nullptr;
+  int64_t topk_len = 0;
+  float* out_lat = nullptr;  // [s, n_heads, kv_lora_rank]
+  int64_t s = 0, t = 0, n_heads = 0, kv_lora_rank = 0, qk_rope_head_dim = 0;
+  float scale = 1.0f;
+};
+
+// The noaux_tc sigmoid router, per token row:
+//   sc = sigmoid(logits); b = sc + bias (selection only); if n_group > 1 keep the topk_group groups
+//   with the largest sum of their top-2 b; pick top_k experts by b; w = sc[picked];
+//   if norm_topk_prob: w /= sum(w) + 1e-20; w *= routed_scaling_factor.
+// Output expert ids sorted ascending (weights in the same order): this fixes the combine order.
+struct RouterParams {
+  const float* logits = nullptr;  // [m, n_experts]
+  const float* bias = nullptr;    // [n_experts] or nullptr
+  int64_t m = 0, n_experts = 0, top_k = 0, n_group = 1, topk_group = 1;
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.0f;
+  int32_t* expert_ids = nullptr;   // [m, top_k]
+  float* expert_weights = nullptr; // [m, top_k]
+};
+
+// out[i, j] = silu(gate[i, j]) * up[i, j]
+struct SwigluParams {
+  const float* gate = nullptr;
+  const float* up = nullptr;
+  int64_t ld_in = 0;
+  float* out = nullptr;
+  int64_t ld_out = 0;
+  int64_t m = 0, n = 0;
+};
+
+// out[i, :] = float(table[ids[i], :])
+struct EmbeddingParams {
+  Weight table;  // [vocab, hidden]
+  const int32_t* ids = nullptr;
+  int64_t m = 0;
+  float* out = nullptr;  // [m, hidden]
+};
+
+// dst[i, :] = src[rows[i], :]   (MoE token permutation)
+struct GatherRowsParams {
+  const float* src = nullptr;
+  const int32_t* rows = nullptr;
+  int64_t n = 0, d = 0;
+  float* dst = nullptr;
+};
+
+// out[i, :] (+)= sum_{j = 0..top_k-1, in this order} weights[i, j] * expert_out[slots[i, j], :]
+// (slot -1 contributes nothing). The fixed j order makes the MoE result layout-invariant.
+struct MoeCombineParams {
+  const float* expert_out = nullptr;  // [n_slots, d]
+  const int32_t* slots = nullptr;     // [m, top_k]
+  const float* weights = nullptr;     // [m, top_k]
+  float* out = nullptr;               // [m, d]
+  int64_t m = 0, top_k = 0, d = 0;
+  bool accumulate = false;
+};
+
+// dst[i, 0:cols] = src[i, 0:cols] for i < rows   (strided 2-D block copy: cache writes, slicing)
+struct Copy2dParams {
+  const float* src = nullptr;
+  int64_t ld_src = 0;
+  float* dst = nullptr;
+  int64_t ld_dst = 0;
+  int64_t rows = 0, cols = 0;
+};
+
+// y[i] += x[i]
+struct AddParams {
+  const float* x = nullptr;
+  float* y = nullptr;
+  int64_t n = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // Memory in the backend's address space.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* p) = 0;
+  virtual void to_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
+  // Weight bytes made usable by kernels: the cpu backend returns `host` itself (mmapped, no
+  // copy); a device backend copies once and owns the copy until the backend is destroyed.
+  virtual const void* upload(const void* host, size_t bytes) = 0;
+  virtual void synchronize() {}
+
+  virtual void gemm(const GemmParams& p) = 0;
+  virtual void rms_norm(const RmsNormParams& p) = 0;
+  virtual void layer_norm(const LayerNormParams& p) = 0;
+  virtual void rope(const RopeParams& p) = 0;
+  virtual void indexer_scores(const IndexerScoresParams& p) = 0;
+  virtual void topk(const TopkParams& p) = 0;
+  virtual void mla_prefill(const MlaPrefillParams& p) = 0;
+  virtual void mla_decode(const MlaDecodeParams& p) = 0;
+  virtual void router(const RouterParams& p) = 0;
+  virtual void swiglu(const SwigluParams& p) = 0;
+  virtual void embedding(const EmbeddingParams& p) = 0;
+  virtual void gather_rows(const GatherRowsParams& p) = 0;
+  virtual void moe_combine(const MoeCombineParams& p) = 0;
+  virtual void add(const AddParams& p) = 0;
+  virtual void copy_2d(const Copy2dParams& p) = 0;
+};
+
+// The reference backend: plain loops, float32, one thread. Every other backend is tested against it.
+std::unique_ptr<Backend> make_reference_backend();
+// The fast CPU backend (blocked, vectorised, multi-threaded over output columns); same results
+// as the reference up to float32 reassociation, and batch-invariant.
+std::unique_ptr<Backend> make_cpu_backend();
+// The CUDA backend on `device`; throws glm5::Error when CUDA support is not built in or no GPU.
+std::unique_ptr<Backend> make_cuda_backend(int device);
+bool cuda_available();  // built with CUDA and a device is usable
+
+}  // namespace glm5::kernels

@@ -1,0 +1,398 @@
+// Batch jobs over the engine, plus the tokenize and launch subcommands.
+#include "launcher/batch_job.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/check.h"
+#include "launcher/commands.h"
+#include "runtime/chat.h"
+#include "runtime/tokenizer.h"
+
+namespace glm5::launcher {
+
+using json = nlohmann::json;
+
+namespace {
+
+template <typename T>
+bool read_number(const json& body, const char* key, T& out, std::string& err) {
+  if (!body.contains(key) || body[key].is_null()) return true;
+  const json& v = body[key];
+  if (!v.is_number()) {
+    err = std::string("field '") + key + "': expected a number, found " + v.dump();
+    return false;
+  }
+  if constexpr (std::is_integral_v<T>) {
+    if (!v.is_number_integer()) {
+      err = std::string("field '") + key + "': expected an integer, found " + v.dump();
+      return false;
+    }
+  }
+  out = v.get<T>();
+  return true;
+}
+
+std::vector<int32_t> ids_from_json(const json& v, const char* field, int64_t vocab) {
+  CHECK(v.is_array(), "field '", field, "': expected a list of token ids, found ", v.dump());
+  std::vector<int32_t> ids;
+  for (const json& x : v) {
+    CHECK(x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() < vocab, "field '",
+          field, "': expected token ids in [0, ", vocab, "), found ", x.dump());
+    ids.push_back(x.get<int32_t>());
+  }
+  return ids;
+}
+
+}  // namespace
+
+BatchLine parse_batch_line(const std::string& text, int64_t line_no, const runtime::ModelConfig& mc,
+                           const runtime::Tokenizer* tok) {
+  BatchLine b;
+  b.line = line_no;
+  b.key = "line:" + std::to_string(line_no);
+  b.url = "/v1/completions";
+  b.request.index = line_no;
+  try {
+    json j = json::parse(text);  // throws on malformed JSON
+    CHECK(j.is_object(), "expected a JSON object, found ", j.type_name());
+    if (j.contains("custom_id")) {
+      CHECK(j["custom_id"].is_string(), "field 'custom_id': expected a string, found ", j["custom_id"].dump());
+      b.custom_id = j["custom_id"].get<std::string>();
+      b.key = "id:" + b.custom_id;
+    }
+    json body = j;
+    if (j.contains("body")) {  // OpenAI Batch form
+      CHECK(j["body"].is_object(), "field 'body': expected an object");
+      body = j["body"];
+      if (j.contains("url")) {
+        CHECK(j["url"].is_string(), "field 'url': expected a string");
+        b.url = j["url"].get<std::string>();
+      }
+      if (j.contains("method"))
+        CHECK(j["method"] == "POST", "field 'method': expected \"POST\", found ", j["method"].dump());
+    } else if (body.contains("messages")) {
+      b.url = "/v1/chat/completions";
+    }
+    CHECK(b.url == "/v1/completions" || b.url == "/v1/chat/completions",
+          "field 'url': expected /v1/completions or /v1/chat/completions, found ", b.url);
+    if (body.contains("model") && body["model"].is_string()) b.model_name = body["model"];
+
+    runtime::Request& r = b.request;
+    if (b.url == "/v1/chat/completions") {
+      CHECK(body.contains("messages") && body["messages"].is_array(),
+            "field 'messages': expected a list of {role, content}");
+      CHECK(tok, "chat requests need a tokenizer, but the model directory has no tokenizer.json");
+      std::vector<runtime::ChatMessage> msgs;
+      for (const json& m : body["messages"]) {
+        CHECK(m.is_object() && m.contains("role") && m["role"].is_string() && m.contains("content") &&
+                  m["content"].is_string(),
+              "field 'messages': each message needs string 'role' and 'content', found ", m.dump());
+        runtime::ChatMessage cm;
+        cm.role = m["role"];
+        cm.content = m["content"];
+        msgs.push_back(cm);
+      }
+      bool thinking = true;
+      if (body.contains("chat_template_kwargs") && body["chat_template_kwargs"].contains("enable_thinking"))
+        thinking = body["chat_template_kwargs"]["enable_thinking"].get<bool>();
+      r.prompt = tok->encode(runtime::format_chat(mc.model_type, msgs, true, thinking), true);
+    } else if (body.contains("prompt_ids")) {
+      r.prompt = ids_from_json(body["prompt_ids"], "prompt_ids", mc.vocab_size);
+    } else {
+      CHECK(body.contains("prompt"), "missing field 'prompt' (or 'prompt_ids' / 'messages')");
+      const json& p = body["prompt"];
+      if (p.is_array()) {
+        r.prompt = ids_from_json(p, "prompt", mc.vocab_size);
+      } else {
+        CHECK(p.is_string(), "field 'prompt': expected a string or a list of token ids, found ", p.dump());
+        CHECK(tok, "text prompts need a tokenizer, but the model directory has no tokenizer.json; "
+                   "give 'prompt' as a list of token ids");
+        r.prompt = tok->encode(p.get<std::string>(), true);
+      }
+    }
+    CHECK(!r.prompt.empty(), "field 'prompt': the prompt is empty");
+    runtime::SamplingParams& s = r.sampling;
+    s.temperature = 1.0f;
+    std::string err;
+    bool ok = read_number(body, "max_tokens", s.max_tokens, err) &&
+              read_number(body, "max_completion_tokens", s.max_tokens, err) &&
+              read_number(body, "temperature", s.temperature, err) &&
+              read_number(body, "top_p", s.top_p, err) && read_number(body, "top_k", s.top_k, err) &&
+              read_number(body, "min_p", s.min_p, err) &&
+              read_number(body, "repetition_penalty", s.repetition_penalty, err) &&
+              read_number(body, "presence_penalty", s.presence_penalty, err) &&
+              read_number(body, "frequency_penalty", s.frequency_penalty, err) &&
+              read_number(body, "seed", s.seed, err);
+    CHECK(ok, err);
+    if (!body.contains("seed")) s.seed = uint64_t(line_no);  // reproducible per line
+    if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+      const json& lp = body["logprobs"];
+      if (lp.is_boolean()) {
+        s.logprobs = lp.get<bool>() ? 0 : -1;
+        if (lp.get<bool>() && body.contains("top_logprobs")) read_number(body, "top_logprobs", s.logprobs, err);
+      } else {
+        CHECK(lp.is_number_integer(), "field 'logprobs': expected an integer or boolean, found ", lp.dump());
+        s.logprobs = lp.get<int32_t>();
+      }
+    }
+    if (body.contains("ignore_eos")) s.ignore_eos = body["ignore_eos"].get<bool>();
+    if (body.contains("stop") && !body["stop"].is_null()) {
+      const json& st = body["stop"];
+      if (st.is_string()) s.stop.push_back(st);
+      else {
+        CHECK(st.is_array(), "field 'stop': expected a string or a list of strings");
+        for (const json& x : st) {
+          CHECK(x.is_string(), "field 'stop': expected strings, found ", x.dump());
+          s.stop.push_back(x);
+        }
+      }
+      CHECK(s.stop.empty() || tok, "field 'stop' needs a tokenizer (the model has none)");
+    }
+    s.validate();
+    const int64_t need = int64_t(r.prompt.size()) + s.max_tokens;
+    if (need > mc.max_position_embeddings) {
+      b.error_code = "context_length_exceeded";
+      b.error = "prompt of " + std::to_string(r.prompt.size()) + " tokens + max_tokens " +
+                std::to_string(s.max_tokens) + " exceeds the model's context of " +
+                std::to_string(mc.max_position_embeddings) + " tokens";
+    }
+  } catch (const json::exception& e) {
+    b.error_code = "invalid_json";
+    b.error = std::string("line ") + std::to_string(line_no) + ": malformed JSON: " + e.what();
+  } catch (const std::exception& e) {
+    b.error_code = "invalid_request";
+    b.error = std::string("line ") + std::to_string(line_no) + ": " + e.what();
+  }
+  return b;
+}
+
+std::string batch_record(const BatchLine& in, const runtime::Result* res, const runtime::Tokenizer* tok,
+                         int64_t seq_no) {
+  json rec;
+  rec["id"] = "batch_req_" + std::to_string(seq_no);
+  rec["custom_id"] = in.custom_id.empty() ? json(nullptr) : json(in.custom_id);
+  rec["line"] = in.line;
+  const std::string err = !in.error.empty() ? in.error : (res && !res->error.empty() ? res->error : "");
+  if (!err.empty() || !res) {
+    rec["response"] = nullptr;
+    rec["error"] = {{"code", in.error_code.empty() ? "request_failed" : in.error_code}, {"message", err}};
+    return rec.dump();
+  }
+  std::vector<int32_t> tokens = res->tokens;
+  std::string text = tok ? tok->decode(tokens, true) : "";
+  std::string finish = res->finish_reason;
+  for (const std::string& s : in.request.sampling.stop) {  // cut at the first stop string
+    auto p = text.find(s);
+    if (p != std::string::npos) {
+      text = text.substr(0, p);
+      finish = "stop";
+    }
+  }
+  json choice = {{"index", 0}, {"finish_reason", finish}, {"token_ids", tokens}};
+  const bool chat = in.url == "/v1/chat/completions";
+  if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else choice["text"] = text;
+  if (in.request.sampling.logprobs >= 0) {
+    json lp = {{"token_logprobs", res->logprobs}, {"tokens", json::array()}, {"top_logprobs", json::array()}};
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      lp["tokens"].push_back(tok ? tok->decode({tokens[i]}) : std::to_string(tokens[i]));
+      json top = json::object();
+      if (i < res->top_logprobs.size())
+        for (auto& [id, l] : res->top_logprobs[i]) top[tok ? tok->decode({id}) : std::to_string(id)] = l;
+      lp["top_logprobs"].push_back(top);
+    }
+    choice["logprobs"] = lp;
+  } else {
+    choice["logprobs"] = nullptr;
+  }
+  json body = {{"id", (chat ? "chatcmpl-" : "cmpl-") + std::to_string(seq_no)},
+               {"object", chat ? "chat.completion" : "text_completion"},
+               {"created", int64_t(std::time(nullptr))},
+               {"model", in.model_name.empty() ? "glm5" : in.model_name},
+               {"choices", json::array({choice})},
+               {"usage", {{"prompt_tokens", in.request.prompt.size()},
+                          {"completion_tokens", tokens.size()},
+                          {"total_tokens", in.request.prompt.size() + tokens.size()}}}};
+  rec["response"] = {{"status_code", 200}, {"request_id", rec["id"]}, {"body", body}};
+  rec["error"] = nullptr;
+  return rec.dump();
+}
+
+std::vector<std::string> finished_keys(const std::string& path) {
+  std::vector<std::string> keys;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    try {  // a line cut short by a kill is ignored (its request runs again)
+      json j = json::parse(line);
+      if (j.contains("custom_id") && j["custom_id"].is_string()) keys.push_back("id:" + j["custom_id"].get<std::string>());
+      else if (j.contains("line")) keys.push_back("line:" + std::to_string(j["line"].get<int64_t>()));
+    } catch (...) {
+    }
+  }
+  return keys;
+}
+
+int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
+  auto job = make_job(a.model, a.cluster, std::move(world), true);
+  const bool root = job->rank() == 0;
+  std::unique_ptr<runtime::Tokenizer> tok;
+  if (std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json"))
+    tok = std::make_unique<runtime::Tokenizer>(runtime::Tokenizer::load(a.model));
+
+  std::vector<BatchLine> lines;  // rank 0: the lines to answer in this run
+  std::vector<runtime::Request> reqs;
+  std::ofstream out;
+  int64_t seq_no = 0;
+  if (root) {
+    std::ifstream in(a.input);
+    CHECK(in, "cannot open --input ", a.input);
+    auto done_list = finished_keys(a.output);
+    std::set<std::string> done(done_list.begin(), done_list.end()), seen;
+    seq_no = int64_t(done_list.size());
+    // A killed run may leave a partial last line: end the file with a newline before appending.
+    {
+      std::ifstream chk(a.output, std::ios::binary | std::ios::ate);
+      if (chk && chk.tellg() > 0) {
+        chk.seekg(-1, std::ios::end);
+        char c = 0;
+        chk.get(c);
+        if (c != '\n') std::ofstream(a.output, std::ios::app) << '\n';
+      }
+    }
+    out.open(a.output, std::ios::app);
+    CHECK(out, "cannot open --output ", a.output, " for appending");
+    std::string text;
+    int64_t line_no = 0;
+    while (std::getline(in, text)) {
+      ++line_no;
+      if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+      BatchLine b = parse_batch_line(text, line_no, job->config, tok.get());
+      if (done.count(b.key)) continue;
+      if (b.error.empty() && !b.custom_id.empty() && seen.count(b.key)) {
+        b.error_code = "duplicate_custom_id";
+        b.error = "line " + std::to_string(line_no) + ": custom_id '" + b.custom_id + "' appears earlier in the input";
+      }
+      seen.insert(b.key);
+      if (!b.error.empty()) {  // error records go out at once
+        out << batch_record(b, nullptr, tok.get(), seq_no++) << '\n';
+        out.flush();
+        continue;
+      }
+      b.request.index = int64_t(lines.size());
+      reqs.push_back(b.request);
+      lines.push_back(std::move(b));
+    }
+    std::fprintf(stderr, "[glm5] batch: %zu requests to run (%zu already done) on %d rank(s)\n",
+                 reqs.size(), done_list.size(), job->world->size());
+  }
+  auto is_stop = [&](const runtime::Request& r, const std::vector<int32_t>& gen) {
+    if (r.sampling.stop.empty() || !tok) return false;
+    std::string t = tok->decode(gen, true);
+    for (auto& s : r.sampling.stop)
+      if (t.find(s) != std::string::npos) return true;
+    return false;
+  };
+  job->engine->run(reqs, [&](runtime::Result&& r) {
+    out << batch_record(lines[size_t(r.index)], &r, tok.get(), seq_no++) << '\n';
+    out.flush();
+  }, is_stop);
+
+  // Per-rank report, gathered on rank 0.
+  const auto& st = job->engine->stats();
+  json mine = {{"rank", st.rank}, {"stage", st.stage}, {"column", st.column}, {"wall_s", st.wall_s},
+               {"compute_s", st.compute_s}, {"comm_s", st.comm_s}, {"idle_s", st.idle_s},
+               {"bytes_sent", st.bytes_sent}, {"tokens_generated", st.tokens_generated},
+               {"prompt_tokens", st.prompt_tokens}, {"ticks", st.ticks},
+               {"expert_tokens", st.expert_tokens}, {"peak_rss_kb", st.peak_rss_kb},
+               {"weight_bytes", job->model->weight_bytes()},
+               {"tokens_per_s", st.wall_s > 0 ? double(st.tokens_generated) / st.wall_s : 0.0}};
+  std::string s = mine.dump();
+  const int n = job->world->size();
+  std::vector<int64_t> sizes(size_t(n));
+  int64_t my = int64_t(s.size());
+  job->world->all_gather(&my, sizeof my, sizes.data());
+  if (root) {
+    json ranks = json::array({mine});
+    for (int r = 1; r < n; ++r) {
+      std::string b(size_t(sizes[size_t(r)]), '\0');
+      job->world->recv(b.data(), b.size(), r, 21);
+      ranks.push_back(json::parse(b));
+    }
+    if (!a.report.empty()) {
+      std::ofstream rep(a.report);
+      CHECK(rep, "cannot write --report ", a.report);
+      rep << json({{"world_size", n}, {"ranks", ranks}}).dump(1) << '\n';
+    }
+    for (auto& r : ranks)
+      std::fprintf(stderr, "[glm5] rank %d (stage %d, column %d): peak RSS %.1f MiB, weights %.1f MiB\n",
+                   r["rank"].get<int>(), r["stage"].get<int>(), r["column"].get<int>(),
+                   r["peak_rss_kb"].get<double>() / 1024.0, r["weight_bytes"].get<double>() / 1048576.0);
+  } else {
+    job->world->send(s.data(), s.size(), 0, 21);
+  }
+  return 0;
+}
+
+int run_tokenize(const std::string& path, bool decode) {
+  runtime::Tokenizer tok = runtime::Tokenizer::load(path);
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(std::cin, line)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception& e) {
+      GLM5_FAIL("stdin line ", n, ": malformed JSON: ", e.what());
+    }
+    if (decode) {
+      CHECK(j.contains("ids") && j["ids"].is_array(), "stdin line ", n, ": expected {\"ids\": [...]}");
+      std::vector<int32_t> ids;
+      for (auto& x : j["ids"]) {
+        CHECK(x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() < tok.vocab_size(),
+              "stdin line ", n, ": token id ", x.dump(), " outside [0, ", tok.vocab_size(), ")");
+        ids.push_back(x.get<int32_t>());
+      }
+      std::cout << json({{"text", tok.decode(ids)}}).dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
+    } else {
+      CHECK(j.contains("text") && j["text"].is_string(), "stdin line ", n, ": expected {\"text\": \"...\"}");
+      std::cout << json({{"ids", tok.encode(j["text"].get<std::string>(), false)}}).dump() << '\n';
+    }
+  }
+  return 0;
+}
+
+int run_launch(const std::string& cluster, const std::vector<std::string>& args, bool run,
+               const std::string& argv0) {
+  ClusterConfig cc = load_cluster_config(cluster);
+  std::string self = argv0;
+  std::error_code ec;
+  auto abs = std::filesystem::canonical("/proc/self/exe", ec);
+  if (!ec) self = abs.string();
+  std::vector<std::string> cmd = launch_command(cc, self, args, geteuid() == 0);
+  std::string line;
+  for (auto& c : cmd) {
+    bool plain = c.find_first_of(" \t'\"$\\;&|<>()*?{}[]") == std::string::npos && !c.empty();
+    line += (line.empty() ? "" : " ") + (plain ? c : "'" + c + "'");
+  }
+  std::cout << line << std::endl;
+  if (!run) return 0;
+  std::vector<char*> av;
+  for (auto& c : cmd) av.push_back(c.data());
+  av.push_back(nullptr);
+  execvp(av[0], av.data());
+  GLM5_FAIL("could not execute ", cmd[0], ": ", std::strerror(errno));
+}
+
+}  // namespace glm5::launcher

@@ -1,0 +1,49 @@
+// `glm5 batch`, `glm5 tokenize` and `glm5 launch`: JSONL in, JSONL out.
+// Batch input lines follow the OpenAI Batch format (custom_id, method, url = /v1/completions or
+// /v1/chat/completions, body) or the plain form {"custom_id", "prompt" | "prompt_ids" |
+// "messages", ...sampling}. Output records follow the OpenAI Batch output format, one per input
+// line, appended and flushed as each request finishes; a rerun skips ids already in the output.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/comm.h"
+#include "runtime/engine.h"
+
+namespace glm5::runtime { class Tokenizer; struct ModelConfig; }
+
+namespace glm5::launcher {
+
+struct BatchArgs {
+  std::string model, cluster, input, output, report;
+};
+
+// One parsed input line: a request to run, or an error record to write.
+struct BatchLine {
+  int64_t line = 0;        // 1-based line number in the input
+  std::string key;         // custom_id, or "line:<n>" when the line has none
+  std::string custom_id;   // as given (may be empty)
+  std::string url;         // "/v1/completions" or "/v1/chat/completions"
+  std::string model_name;  // body.model if given
+  runtime::Request request;
+  std::string error;       // non-empty: answer with this error
+  std::string error_code;
+};
+
+// Parses one JSONL line (never throws: problems become `error`).
+BatchLine parse_batch_line(const std::string& text, int64_t line_no, const runtime::ModelConfig& mc,
+                           const runtime::Tokenizer* tok);
+// The output record for a line and its result (result == nullptr for an error record).
+std::string batch_record(const BatchLine& in, const runtime::Result* result,
+                         const runtime::Tokenizer* tok, int64_t seq_no);
+// Keys (custom_id or "line:<n>") already answered in an existing output file.
+std::vector<std::string> finished_keys(const std::string& output_path);
+
+int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world);
+int run_tokenize(const std::string& tokenizer, bool decode);
+int run_launch(const std::string& cluster, const std::vector<std::string>& args, bool run,
+               const std::string& argv0);
+
+}  // namespace glm5::launcher

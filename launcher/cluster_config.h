@@ -1,0 +1,73 @@
+// Cluster configs (YAML): where things run, never model numbers. Read with yaml-cpp and validated
+// against the model config and the world size with errors that name the file and the key.
+//
+//   stages: 2                      # or explicit layer ranges: stages: [[0, 3], [3, 4]]
+//   expert_parallel: 2             # E; world size = stages x E
+//   micro_batches: 2               # micro-batches in flight per column
+//   backend: cpu                   # cpu | cuda
+//   comm: mpi                      # mpi | nccl
+//   kv_budget_gb: 8                # KV cache budget per rank (0 or absent: unlimited)
+//   max_batch: 64                  # running sequences per column
+//   prefill_chunk: 256             # prompt tokens per sequence per step
+//   hosts: [{host: node1, slots: 8}, {host: node2, slots: 8}]   # for `glm5 launch`
+//   mpirun_args: ["--mca", "pml", "ucx"]                        # extra mpirun flags
+//   env: {UCX_TLS: "rc,sm,self"}                                 # exported to every rank (-x)
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "parallel/grid.h"
+#include "runtime/config.h"
+
+namespace glm5::launcher {
+
+struct HostSlots {
+  std::string host;
+  int slots = 1;
+};
+
+struct ClusterConfig {
+  std::string source;  // file path, for messages
+  int stages = 1;
+  std::vector<parallel::LayerRange> layer_ranges;  // explicit ranges, or empty = balanced
+  int expert_parallel = 1;
+  int micro_batches = 1;
+  std::string backend = "cpu";
+  std::string comm = "mpi";
+  double kv_budget_gb = 0;
+  int max_batch = 64;
+  int prefill_chunk = 256;
+  std::vector<HostSlots> hosts;
+  std::vector<std::string> mpirun_args;
+  std::map<std::string, std::string> env;
+
+  parallel::Grid grid() const { return {stages, expert_parallel}; }
+  int world_size() const { return stages * expert_parallel; }
+};
+
+// Parses and validates the YAML file itself (unknown keys, types, ranges: clear errors).
+ClusterConfig load_cluster_config(const std::string& path);
+ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::string& source);
+// The single-process default (1 x 1, cpu, mpi).
+ClusterConfig default_cluster_config();
+
+// Checks the config against the model and the world: world_size == stages * E,
+// n_routed_experts % E == 0, stages <= num_hidden_layers, explicit ranges contiguous and covering
+// all layers. Returns the layer range of every stage (balanced by parameter count when not given).
+std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc,
+                                              const runtime::ModelConfig& mc, int world_size);
+
+// Parameters of layer l (attention + indexer + norms + MLP: all experts), for balancing and plans.
+double layer_parameters(const runtime::ModelConfig& mc, int layer);
+
+// The mpirun command line that runs `glm5 <args...>` on this cluster: -np, hosts, the flags a
+// root user needs (--allow-run-as-root when running as root), oversubscription when the slots do
+// not cover the world, mpirun_args, -x for env, and `--cluster FILE` appended to the glm5 args.
+std::vector<std::string> launch_command(const ClusterConfig& cc, const std::string& glm5_path,
+                                        const std::vector<std::string>& glm5_args, bool as_root);
+// The command as one line a POSIX shell reads back into the same words (single-quoted where needed).
+std::string shell_join(const std::vector<std::string>& argv);
+
+}  // namespace glm5::launcher

@@ -1,0 +1,297 @@
+// glm5 subcommands. Each builds a Job (communicators, model shard, engine) and feeds it requests;
+// rank 0 reads inputs and writes outputs.
+#include "launcher/commands.h"
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/check.h"
+#include "launcher/batch_job.h"
+#include "parallel/mpi_comm.h"
+#include "runtime/name_table.h"
+#include "runtime/tokenizer.h"
+
+namespace glm5::launcher {
+
+using json = nlohmann::json;
+
+std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& cluster_file,
+                              std::unique_ptr<parallel::Comm> world, bool progress) {
+  auto job = std::make_unique<Job>();
+  job->world = std::move(world);
+  job->cluster = cluster_file.empty() ? default_cluster_config() : load_cluster_config(cluster_file);
+  job->config = runtime::load_config(model_dir);
+  job->stages = plan_stages(job->cluster, job->config, job->world->size());
+  const parallel::Grid grid = job->cluster.grid();
+  const int rank = job->world->rank(), stage = grid.stage_of(rank), column = grid.column_of(rank);
+
+  job->backend = job->cluster.backend == "cuda" ? kernels::make_cuda_backend(0)
+                                                : kernels::make_cpu_backend();
+  job->checkpoint = std::make_unique<runtime::Checkpoint>(model_dir);
+  if (rank == 0) runtime::check_checkpoint(*job->checkpoint, job->config);
+  job->stage_comm = job->world->split(stage, column);
+
+  runtime::ModelShard shard;
+  shard.first_layer = job->stages[size_t(stage)].first;
+  shard.last_layer = job->stages[size_t(stage)].last;
+  shard.embedding = stage == 0;
+  shard.head = stage == grid.stages - 1;
+  shard.expert_parallel = grid.expert_parallel;
+  shard.column = column;
+  job->model = std::make_unique<runtime::Model>(job->config, *job->checkpoint, *job->backend, shard,
+                                                *job->stage_comm);
+  runtime::EngineOptions opt;
+  opt.micro_batches = job->cluster.micro_batches;
+  opt.max_batch = job->cluster.max_batch;
+  opt.prefill_chunk = job->cluster.prefill_chunk;
+  opt.kv_budget_bytes = job->cluster.kv_budget_gb * 1e9;
+  opt.progress = progress;
+  job->engine = std::make_unique<runtime::Engine>(*job->model, *job->world, *job->stage_comm, grid, opt);
+  return job;
+}
+
+namespace {
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    size_t used = 0;
+    long v = 0;
+    try {
+      v = std::stol(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    CHECK(used == item.size() && v >= 0 && v <= INT32_MAX,
+          "--prompt-ids: expected comma-separated non-negative integers, found '", item, "'");
+    ids.push_back(int32_t(v));
+  }
+  return ids;
+}
+
+bool has_tokenizer(const std::string& model_dir) {
+  return std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json");
+}
+
+struct GenerateArgs {
+  std::string model, cluster, prompt, prompt_ids, dump_logits;
+  int max_new_tokens = 16;
+  float temperature = 1.0f, top_p = 1.0f;
+  int top_k = 0;
+  uint64_t seed = 0;
+  bool ignore_eos = false;
+};
+
+int run_generate(const GenerateArgs& a, std::unique_ptr<parallel::Comm> world) {
+  auto job = make_job(a.model, a.cluster, std::move(world), false);
+  const bool root = job->rank() == 0;
+  std::vector<runtime::Request> reqs;
+  std::unique_ptr<runtime::Tokenizer> tok;
+  if (has_tokenizer(a.model)) tok = std::make_unique<runtime::Tokenizer>(runtime::Tokenizer::load(a.model));
+  if (root) {
+    runtime::Request r;
+    CHECK(a.prompt.empty() != a.prompt_ids.empty(), "give exactly one of --prompt and --prompt-ids");
+    if (!a.prompt_ids.empty()) {
+      r.prompt = parse_ids(a.prompt_ids);
+    } else {
+      CHECK(tok, "--prompt needs a tokenizer, but ", a.model, "/tokenizer.json does not exist; use --prompt-ids");
+      r.prompt = tok->encode(a.prompt);
+    }
+    CHECK(!r.prompt.empty(), "the prompt is empty");
+    r.sampling.max_tokens = a.max_new_tokens;
+    r.sampling.temperature = a.temperature;
+    r.sampling.top_p = a.top_p;
+    r.sampling.top_k = a.top_k;
+    r.sampling.seed = a.seed;
+    r.sampling.ignore_eos = a.ignore_eos;
+    r.sampling.validate();
+    if (!a.dump_logits.empty()) {
+      // The dump has a fixed shape (N = max-new-tokens rows), so EOS does not end it early.
+      r.sampling.ignore_eos = true;
+      r.want_prompt_logits = r.want_logits = r.extra_final_step = true;
+    }
+    reqs.push_back(std::move(r));
+  }
+  runtime::Result result;
+  bool got = false;
+  job->engine->run(reqs, [&](runtime::Result&& r) { result = std::move(r); got = true; });
+  if (!root) return 0;
+  CHECK(got, "internal: no result for the request");
+  CHECK(result.error.empty(), result.error);
+  if (!a.dump_logits.empty()) {
+    const int64_t V = job->config.vocab_size, P = int64_t(reqs[0].prompt.size());
+    const int64_t N = int64_t(result.tokens.size());
+    CHECK(int64_t(result.prompt_logits.size()) == P * V && int64_t(result.decode_logits.size()) == N * V,
+          "internal: logits dump has the wrong size");
+    runtime::write_safetensors(a.dump_logits,
+                               {{"prefill_logits", DType::F32, {P, V}, result.prompt_logits.data()},
+                                {"decode_tokens", DType::I32, {N}, result.tokens.data()},
+                                {"decode_logits", DType::F32, {N, V}, result.decode_logits.data()}});
+  }
+  json out = {{"token_ids", result.tokens}, {"finish_reason", result.finish_reason}};
+  if (tok) out["text"] = tok->decode(result.tokens, true);
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
+std::string human_bytes(double b) {
+  char buf[64];
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) { b /= 1024; ++u; }
+  std::snprintf(buf, sizeof buf, "%.2f %s", b, unit[u]);
+  return buf;
+}
+
+// Config summary and the per-rank plan. No MPI: it computes every rank's share itself.
+int run_inspect(const std::string& model_dir, const std::string& cluster_file) {
+  runtime::ModelConfig mc = runtime::load_config(model_dir);
+  ClusterConfig cc = cluster_file.empty() ? default_cluster_config() : load_cluster_config(cluster_file);
+  auto stages = plan_stages(cc, mc, cc.world_size());
+  const int64_t H = mc.hidden_size, V = mc.vocab_size;
+  const double wbytes = 2.0;  // bf16 checkpoint
+  std::printf("model      %s (%s)\n", mc.model_type.c_str(), mc.source.c_str());
+  std::printf("shape      hidden %lld, layers %lld (+%lld MTP, not loaded), heads %lld, vocab %lld\n",
+              (long long)H, (long long)mc.num_hidden_layers, (long long)mc.num_nextn_predict_layers,
+              (long long)mc.num_attention_heads, (long long)V);
+  std::printf("mla        q_lora %lld, kv_lora %lld, qk nope/rope/v %lld/%lld/%lld, scale %.6g, rope %s\n",
+              (long long)mc.q_lora_rank, (long long)mc.kv_lora_rank, (long long)mc.qk_nope_head_dim,
+              (long long)mc.qk_rope_head_dim, (long long)mc.v_head_dim, mc.softmax_scale(),
+              mc.rope_interleave ? "interleaved" : "half-split");
+  std::printf("indexer    %lld heads x %lld, top-%lld, rope %s\n", (long long)mc.index_n_heads,
+              (long long)mc.index_head_dim, (long long)mc.index_topk,
+              mc.indexer_rope_interleave ? "interleaved" : "half-split");
+  std::printf("moe        %lld experts top-%lld, %lld shared, groups %lld keep %lld, scale %g, dense layers %lld\n",
+              (long long)mc.n_routed_experts, (long long)mc.num_experts_per_tok,
+              (long long)mc.n_shared_experts, (long long)mc.n_group, (long long)mc.topk_group,
+              mc.routed_scaling_factor, (long long)mc.first_k_dense_replace);
+  double total = 2.0 * double(V * H) + double(H);
+  for (int l = 0; l < mc.num_hidden_layers; ++l) total += layer_parameters(mc, l);
+  std::printf("parameters %.4g (%s in bf16)\n", total, human_bytes(total * wbytes).c_str());
+  const double kv_token = double(runtime::SeqCache::bytes_per_token(mc, int(mc.num_hidden_layers)));
+  std::printf("kv cache   %s per token (fp32 latent %lld + indexer key %lld per layer)\n",
+              human_bytes(kv_token).c_str(), (long long)(mc.kv_lora_rank + mc.qk_rope_head_dim),
+              (long long)mc.index_head_dim);
+  std::printf("cluster    %s: %d stage(s) x %d expert-parallel = %d rank(s), backend %s, comm %s\n",
+              cc.source.empty() ? "(single process)" : cc.source.c_str(), cc.stages,
+              cc.expert_parallel, cc.world_size(), cc.backend.c_str(), cc.comm.c_str());
+  std::printf("%-5s %-6s %-6s %-9s %-12s %-12s %-12s\n", "rank", "stage", "column", "layers",
+              "parameters", "weights", "kv budget");
+  const parallel::Grid g = cc.grid();
+  for (int r = 0; r < cc.world_size(); ++r) {
+    const int s = g.stage_of(r);
+    double p = 0;
+    for (int l = stages[size_t(s)].first; l < stages[size_t(s)].last; ++l) {
+      double lp = layer_parameters(mc, l);
+      if (mc.is_moe_layer(l)) {  // this rank holds 1/E of the routed experts
+        double experts = double(mc.n_routed_experts) * 3.0 * double(H * mc.moe_intermediate_size);
+        lp -= experts * (1.0 - 1.0 / g.expert_parallel);
+      }
+      p += lp;
+    }
+    if (s == 0) p += double(V * H);
+    if (s == g.stages - 1) p += double(V * H) + double(H);
+    char layers[32];
+    std::snprintf(layers, sizeof layers, "%d-%d", stages[size_t(s)].first, stages[size_t(s)].last - 1);
+    std::printf("%-5d %-6d %-6d %-9s %-12.4g %-12s %-12s\n", r, s, g.column_of(r), layers, p,
+                human_bytes(p * wbytes).c_str(),
+                cc.kv_budget_gb > 0 ? human_bytes(cc.kv_budget_gb * 1e9).c_str() : "unlimited");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main_entry(int argc, char** argv) {
+  CLI::App app{"glm5: distributed inference for GLM-5 / DeepSeek-V3.2 checkpoints"};
+  app.require_subcommand(1);
+  GenerateArgs ga;
+  auto* gen = app.add_subcommand("generate", "complete one prompt");
+  gen->add_option("--model", ga.model, "model directory (HF layout)")->required();
+  gen->add_option("--cluster", ga.cluster, "cluster config YAML (run under mpirun)");
+  gen->add_option("--prompt", ga.prompt, "prompt text (needs tokenizer.json in the model dir)");
+  gen->add_option("--prompt-ids", ga.prompt_ids, "prompt token ids, comma-separated");
+  gen->add_option("--max-new-tokens", ga.max_new_tokens, "tokens to generate")->capture_default_str();
+  gen->add_option("--temperature", ga.temperature, "0 = greedy")->capture_default_str();
+  gen->add_option("--top-p", ga.top_p)->capture_default_str();
+  gen->add_option("--top-k", ga.top_k)->capture_default_str();
+  gen->add_option("--seed", ga.seed)->capture_default_str();
+  gen->add_flag("--ignore-eos", ga.ignore_eos, "do not stop at the config's eos ids");
+  gen->add_option("--dump-logits", ga.dump_logits,
+                  "write prefill_logits, decode_tokens, decode_logits to this safetensors file");
+
+  BatchArgs ba;
+  auto* bat = app.add_subcommand("batch", "run a JSONL file of requests (OpenAI Batch format)");
+  bat->add_option("--model", ba.model)->required();
+  bat->add_option("--cluster", ba.cluster);
+  bat->add_option("--input", ba.input)->required();
+  bat->add_option("--output", ba.output)->required();
+  bat->add_option("--report", ba.report, "write per-rank timing/traffic report JSON");
+
+  std::string im, ic;
+  auto* ins = app.add_subcommand("inspect", "config summary and per-rank memory plan");
+  ins->add_option("--model", im)->required();
+  ins->add_option("--cluster", ic);
+
+  std::string tk;
+  bool decode = false;
+  auto* tok = app.add_subcommand("tokenize", "JSON lines {\"text\"} on stdin -> {\"ids\"} on stdout");
+  tok->add_option("--tokenizer", tk, "tokenizer.json or a model directory")->required();
+  tok->add_flag("--decode", decode, "read {\"ids\"} and write {\"text\"}");
+
+  std::string lc;
+  bool lrun = false;
+  std::vector<std::string> rest;
+  auto* lau = app.add_subcommand("launch", "print (or --run) the mpirun command for a cluster config");
+  lau->add_option("--cluster", lc)->required();
+  lau->add_flag("--run", lrun, "execute it");
+  lau->add_option("args", rest, "glm5 subcommand and arguments (after --)");
+
+  CLI11_PARSE(app, argc, argv);
+
+  const bool distributed =
+      (gen->parsed() && !ga.cluster.empty()) || (bat->parsed() && !ba.cluster.empty());
+  std::unique_ptr<parallel::MpiRuntime> mpi;
+  std::unique_ptr<parallel::Comm> world;
+  int rank = 0, size = 1;
+  try {
+    if (distributed) {
+      mpi = std::make_unique<parallel::MpiRuntime>(&argc, &argv);
+      world = parallel::make_mpi_world();
+      rank = world->rank();
+      size = world->size();
+    } else {
+      world = parallel::make_self_comm();
+    }
+    parallel::Comm* w = world.get();
+    int rc = 0;
+    if (gen->parsed()) rc = run_generate(ga, std::move(world));
+    else if (bat->parsed()) rc = run_batch(ba, std::move(world));
+    else if (ins->parsed()) rc = run_inspect(im, ic);
+    else if (tok->parsed()) rc = run_tokenize(tk, decode);
+    else if (lau->parsed()) rc = run_launch(lc, rest, lrun, argv[0]);
+    (void)w;
+    return rc;
+  } catch (const std::exception& e) {
+    if (size > 1) {
+      std::fprintf(stderr, "glm5: error on rank %d of %d: %s\n", rank, size, e.what());
+      std::fflush(stderr);
+      // Take the whole job down now rather than leave the other ranks waiting on this one.
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    std::fprintf(stderr, "glm5: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace glm5::launcher

@@ -1,0 +1,36 @@
+// Subcommands of the glm5 executable; main.cpp only dispatches here.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "launcher/cluster_config.h"
+#include "parallel/comm.h"
+#include "runtime/engine.h"
+#include "runtime/model.h"
+#include "runtime/safetensors.h"
+
+namespace glm5::launcher {
+
+int main_entry(int argc, char** argv);
+
+// Everything one rank needs to run the model: communicators, its shard of the model, the engine.
+struct Job {
+  ClusterConfig cluster;
+  runtime::ModelConfig config;
+  std::unique_ptr<parallel::Comm> world, stage_comm;
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<runtime::Checkpoint> checkpoint;
+  std::unique_ptr<runtime::Model> model;
+  std::unique_ptr<runtime::Engine> engine;
+  std::vector<parallel::LayerRange> stages;
+  int rank() const { return world->rank(); }
+};
+
+// Builds the job for this rank. `world` is the MPI world (with --cluster) or a self comm.
+std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& cluster_file,
+                              std::unique_ptr<parallel::Comm> world, bool progress);
+
+}  // namespace glm5::launcher

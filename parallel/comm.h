@@ -1,0 +1,44 @@
+// The communicator interface: point-to-point, collectives and sub-groups over bytes.
+// Implementations: MPI on host memory (mpi_comm.cpp) and NCCL on device memory (nccl_comm.cpp).
+// Nothing here knows about models; runtime/ decides what to send and when.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace glm5::parallel {
+
+enum class ReduceDType { F32, F64, I32, I64 };
+enum class ReduceOp { Sum, Max, Min };
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  virtual void send(const void* buf, size_t bytes, int dst, int tag) = 0;
+  virtual void recv(void* buf, size_t bytes, int src, int tag) = 0;
+  // Every rank sends send_bytes[r] bytes at send + send_offsets[r] to rank r and receives
+  // recv_bytes[r] bytes from rank r at recv + recv_offsets[r]. Sizes must agree pairwise.
+  virtual void all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets,
+                            void* recv, const size_t* recv_bytes, const size_t* recv_offsets) = 0;
+  // recv holds size() blocks of `bytes`, block r from rank r.
+  virtual void all_gather(const void* send, size_t bytes, void* recv) = 0;
+  virtual void all_reduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op) = 0;
+  virtual void broadcast(void* buf, size_t bytes, int root) = 0;
+  virtual void barrier() = 0;
+  // Ranks with the same color form a new communicator, ordered by key (then by old rank).
+  virtual std::unique_ptr<Comm> split(int color, int key) = 0;
+  // Ends the whole job (all ranks of the world) after a fatal error on this rank; never returns.
+  [[noreturn]] virtual void abort(int code) = 0;
+};
+
+// The world over MPI (MPI must be initialised; see MpiRuntime in mpi_comm.h).
+std::unique_ptr<Comm> make_mpi_world();
+// A one-rank communicator with no MPI at all (single-process runs and unit tests).
+std::unique_ptr<Comm> make_self_comm();
+
+}  // namespace glm5::parallel

@@ -1,0 +1,328 @@
+// MpiComm (Comm over MPI on host memory), MpiRuntime, and the MPI-free one-rank SelfComm.
+// Large transfers are chunked to the int counts MPI takes; nothing here is model-specific.
+#include "parallel/mpi_comm.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace glm5::parallel {
+
+namespace {
+
+size_t g_message_limit = INT_MAX;
+
+bool mpi_active() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+MPI_Datatype mpi_type(ReduceDType t) {
+  switch (t) {
+    case ReduceDType::F32: return MPI_FLOAT;
+    case ReduceDType::F64: return MPI_DOUBLE;
+    case ReduceDType::I32: return MPI_INT32_T;
+    case ReduceDType::I64: return MPI_INT64_T;
+  }
+  GLM5_FAIL("all_reduce: unknown ReduceDType ", int(t));
+}
+
+size_t type_bytes(ReduceDType t) {
+  return (t == ReduceDType::F32 || t == ReduceDType::I32) ? 4 : 8;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return MPI_SUM;
+    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Min: return MPI_MIN;
+  }
+  GLM5_FAIL("all_reduce: unknown ReduceOp ", int(op));
+}
+
+}  // namespace
+
+std::string mpi_error_string(int code) {
+  char buf[MPI_MAX_ERROR_STRING + 1] = {0};
+  int len = 0;
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return "MPI error code " + std::to_string(code);
+  return std::string(buf, size_t(len));
+}
+
+int mpi_world_rank() {
+  if (!mpi_active()) return -1;
+  int r = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+void set_mpi_message_limit(size_t bytes) {
+  CHECK(bytes >= 1 && bytes <= size_t(INT_MAX), "MPI message limit must be in [1, ", INT_MAX,
+        "] bytes, got ", bytes);
+  g_message_limit = bytes;
+}
+
+size_t mpi_message_limit() { return g_message_limit; }
+
+// ---- MpiRuntime ----
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  CHECK(!fin, "MPI has already been finalised in this process; it cannot be initialised again");
+  if (!init) {
+    int provided = 0;
+    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    CHECK(rc == MPI_SUCCESS, "MPI_Init_thread failed: ", mpi_error_string(rc));
+    owns_ = true;
+    if (provided < MPI_THREAD_FUNNELED) {
+      MPI_Finalize();
+      owns_ = false;
+      GLM5_FAIL("MPI_Init_thread: asked for MPI_THREAD_FUNNELED (", MPI_THREAD_FUNNELED,
+                "), the MPI library provides only level ", provided);
+    }
+  }
+  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+}
+
+MpiRuntime::~MpiRuntime() {
+  if (owns_ && mpi_active()) MPI_Finalize();
+}
+
+int MpiRuntime::world_rank() const {
+  int r = 0;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &r));
+  return r;
+}
+
+int MpiRuntime::world_size() const {
+  int s = 0;
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &s));
+  return s;
+}
+
+// ---- MpiComm ----
+
+MpiComm::MpiComm(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+  CHECK(comm != MPI_COMM_NULL, "MpiComm: got MPI_COMM_NULL");
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  void* attr = nullptr;
+  int flag = 0;
+  MPI_CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &attr, &flag));
+  if (flag && attr) tag_ub_ = *static_cast<int*>(attr);
+}
+
+MpiComm::~MpiComm() {
+  if (!mpi_active()) return;
+  if (p2p_ != MPI_COMM_NULL) MPI_Comm_free(&p2p_);
+  if (owned_) MPI_Comm_free(&comm_);
+}
+
+void MpiComm::check_peer(int peer, const char* what) const {
+  CHECK(peer >= 0 && peer < size_, what, ": rank ", peer, " is not in this communicator (size ",
+        size_, ", this rank ", rank_, ")");
+}
+
+void MpiComm::check_tag(int tag, const char* what) const {
+  CHECK(tag >= 0 && tag <= tag_ub_, what, ": tag ", tag, " is outside [0, ", tag_ub_, "]");
+}
+
+void MpiComm::send(const void* buf, size_t bytes, int dst, int tag) {
+  check_peer(dst, "send");
+  check_tag(tag, "send");
+  const char* p = static_cast<const char*>(buf);
+  const size_t limit = g_message_limit;
+  size_t off = 0;
+  do {  // a zero-byte send is still one message, matching a zero-byte recv
+    size_t n = std::min(bytes - off, limit);
+    MPI_CHECK(MPI_Send(p + off, int(n), MPI_BYTE, dst, tag, comm_));
+    off += n;
+  } while (off < bytes);
+}
+
+void MpiComm::recv(void* buf, size_t bytes, int src, int tag) {
+  check_peer(src, "recv");
+  check_tag(tag, "recv");
+  char* p = static_cast<char*>(buf);
+  const size_t limit = g_message_limit;
+  size_t off = 0;
+  do {
+    size_t n = std::min(bytes - off, limit);
+    MPI_Status st;
+    MPI_CHECK(MPI_Recv(p + off, int(n), MPI_BYTE, src, tag, comm_, &st));
+    int got = 0;
+    MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &got));
+    CHECK(size_t(got) == n, "recv from rank ", src, " tag ", tag, ": expected ", n,
+          " bytes in this message, got ", got, " (sizes must agree on both sides)");
+    off += n;
+  } while (off < bytes);
+}
+
+void MpiComm::all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets,
+                           void* recv, const size_t* recv_bytes, const size_t* recv_offsets) {
+  CHECK(send_bytes[rank_] == recv_bytes[rank_], "all_to_all_v: rank ", rank_, " sends ",
+        send_bytes[rank_], " bytes to itself but expects ", recv_bytes[rank_]);
+  const size_t limit = g_message_limit;
+  int big = 0;
+  for (int r = 0; r < size_; ++r)
+    if (send_bytes[r] > limit || send_offsets[r] > limit || recv_bytes[r] > limit ||
+        recv_offsets[r] > limit)
+      big = 1;
+  // The path must be the same on every rank, and only this rank sees its own sizes.
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &big, 1, MPI_INT, MPI_MAX, comm_));
+  if (big) {
+    all_to_all_v_p2p(static_cast<const char*>(send), send_bytes, send_offsets,
+                     static_cast<char*>(recv), recv_bytes, recv_offsets);
+    return;
+  }
+  counts_.resize(size_);
+  displs_.resize(size_);
+  rcounts_.resize(size_);
+  rdispls_.resize(size_);
+  for (int r = 0; r < size_; ++r) {
+    counts_[r] = int(send_bytes[r]);
+    displs_[r] = int(send_offsets[r]);
+    rcounts_[r] = int(recv_bytes[r]);
+    rdispls_[r] = int(recv_offsets[r]);
+  }
+  MPI_CHECK(MPI_Alltoallv(send, counts_.data(), displs_.data(), MPI_BYTE, recv, rcounts_.data(),
+                          rdispls_.data(), MPI_BYTE, comm_));
+}
+
+// Every pair's bytes in chunks of at most the limit, as Isend/Irecv on a private communicator (so
+// they never match the caller's send/recv). Chunks of one pair keep their order: MPI messages
+// between two ranks with the same tag and communicator do not overtake each other.
+void MpiComm::all_to_all_v_p2p(const char* send, const size_t* send_bytes,
+                               const size_t* send_offsets, char* recv, const size_t* recv_bytes,
+                               const size_t* recv_offsets) {
+  if (p2p_ == MPI_COMM_NULL) MPI_CHECK(MPI_Comm_dup(comm_, &p2p_));  // collective: all ranks are here
+  const size_t limit = g_message_limit;
+  std::vector<MPI_Request> reqs;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    for (size_t off = 0; off < recv_bytes[r]; off += limit) {
+      reqs.emplace_back();
+      MPI_CHECK(MPI_Irecv(recv + recv_offsets[r] + off, int(std::min(limit, recv_bytes[r] - off)),
+                          MPI_BYTE, r, 0, p2p_, &reqs.back()));
+    }
+  }
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    for (size_t off = 0; off < send_bytes[r]; off += limit) {
+      reqs.emplace_back();
+      MPI_CHECK(MPI_Isend(send + send_offsets[r] + off, int(std::min(limit, send_bytes[r] - off)),
+                          MPI_BYTE, r, 0, p2p_, &reqs.back()));
+    }
+  }
+  if (send_bytes[rank_] > 0)
+    std::memcpy(recv + recv_offsets[rank_], send + send_offsets[rank_], send_bytes[rank_]);
+  MPI_CHECK(MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+}
+
+void MpiComm::all_gather(const void* send, size_t bytes, void* recv) {
+  if (bytes == 0) return;  // bytes agree on all ranks
+  char* out = static_cast<char*>(recv);
+  char* mine = out + size_t(rank_) * bytes;
+  if (bytes * size_t(size_) <= g_message_limit) {
+    const void* src = (send == mine) ? MPI_IN_PLACE : send;
+    MPI_CHECK(MPI_Allgather(src, int(bytes), MPI_BYTE, out, int(bytes), MPI_BYTE, comm_));
+    return;
+  }
+  if (send != mine) std::memmove(mine, send, bytes);
+  for (int r = 0; r < size_; ++r) broadcast(out + size_t(r) * bytes, bytes, r);
+}
+
+void MpiComm::all_reduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op) {
+  const size_t es = type_bytes(dtype);
+  const size_t chunk = std::max<size_t>(1, g_message_limit / es);
+  char* p = static_cast<char*>(buf);
+  for (size_t off = 0; off < count; off += chunk) {
+    size_t n = std::min(chunk, count - off);
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p + off * es, int(n), mpi_type(dtype), mpi_op(op), comm_));
+  }
+}
+
+void MpiComm::broadcast(void* buf, size_t bytes, int root) {
+  check_peer(root, "broadcast");
+  char* p = static_cast<char*>(buf);
+  const size_t limit = g_message_limit;
+  for (size_t off = 0; off < bytes; off += limit)
+    MPI_CHECK(MPI_Bcast(p + off, int(std::min(limit, bytes - off)), MPI_BYTE, root, comm_));
+}
+
+void MpiComm::barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+
+std::unique_ptr<Comm> MpiComm::split(int color, int key) {
+  CHECK(color >= 0, "split: color must be >= 0, got ", color, " on rank ", rank_);
+  MPI_Comm out = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split(comm_, color, key, &out));
+  return std::make_unique<MpiComm>(out, true);
+}
+
+void MpiComm::abort(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::abort();  // MPI_Abort should not return
+}
+
+std::unique_ptr<Comm> make_mpi_world() {
+  CHECK(mpi_active(), "make_mpi_world: MPI is not initialised (create an MpiRuntime first)");
+  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  return std::make_unique<MpiComm>(MPI_COMM_WORLD, false);
+}
+
+// ---- SelfComm: one rank, no MPI ----
+
+namespace {
+
+class SelfComm final : public Comm {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void send(const void*, size_t, int dst, int tag) override {
+    GLM5_FAIL("send to rank ", dst, " (tag ", tag,
+              ") on the one-rank self communicator: there is no other rank to receive it");
+  }
+  void recv(void*, size_t, int src, int tag) override {
+    GLM5_FAIL("recv from rank ", src, " (tag ", tag,
+              ") on the one-rank self communicator: nothing can ever arrive");
+  }
+  void all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets,
+                    void* recv, const size_t* recv_bytes, const size_t* recv_offsets) override {
+    CHECK(send_bytes[0] == recv_bytes[0], "all_to_all_v on the self communicator: sends ",
+          send_bytes[0], " bytes but expects ", recv_bytes[0]);
+    if (send_bytes[0] > 0)
+      std::memmove(static_cast<char*>(recv) + recv_offsets[0],
+                   static_cast<const char*>(send) + send_offsets[0], send_bytes[0]);
+  }
+  void all_gather(const void* send, size_t bytes, void* recv) override {
+    if (bytes > 0 && send != recv) std::memmove(recv, send, bytes);
+  }
+  void all_reduce(void*, size_t, ReduceDType, ReduceOp) override {}
+  void broadcast(void*, size_t, int root) override {
+    CHECK(root == 0, "broadcast on the self communicator: root ", root, " is not rank 0");
+  }
+  void barrier() override {}
+  std::unique_ptr<Comm> split(int color, int) override {
+    CHECK(color >= 0, "split: color must be >= 0, got ", color);
+    return std::make_unique<SelfComm>();
+  }
+  [[noreturn]] void abort(int code) override {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(code == 0 ? 1 : code);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_self_comm() { return std::make_unique<SelfComm>(); }
+
+}  // namespace glm5::parallel

@@ -1,0 +1,246 @@
+// NcclComm: Comm on device buffers through NCCL (make_nccl_comm in nccl_comm.h).
+// Ordering: a call first waits for all work already queued on the device (any backend stream),
+// runs NCCL on its own stream, and polls that stream to completion while watching NCCL's async
+// error state, so a failed peer ends in an exception (or abort) rather than a silent hang.
+// Not here: overlapping communication with compute (needs a stream-aware interface).
+#include "parallel/nccl_comm.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "core/check.h"
+#include "parallel/mpi_comm.h"
+
+namespace glm5::parallel {
+namespace {
+
+// NCCL_CHECK / CUDA_CHECK: throw glm5::Error naming the call, the world rank and the library's
+// message (ncclGetLastError carries NCCL's detailed reason, e.g. "Duplicate GPU detected").
+#define NCCL_CHECK(call)                                                                      \
+  do {                                                                                        \
+    const ncclResult_t glm5_nccl_rc_ = (call);                                                \
+    if (glm5_nccl_rc_ != ncclSuccess)                                                         \
+      GLM5_FAIL("nccl: ", #call, " failed on rank ", ::glm5::parallel::mpi_world_rank(), ": ", \
+                ncclGetErrorString(glm5_nccl_rc_), " (", ncclGetLastError(nullptr), ")");     \
+  } while (0)
+
+#define CUDA_CHECK(call)                                                                      \
+  do {                                                                                        \
+    const cudaError_t glm5_cuda_rc_ = (call);                                                 \
+    if (glm5_cuda_rc_ != cudaSuccess)                                                         \
+      GLM5_FAIL("cuda: ", #call, " failed on rank ", ::glm5::parallel::mpi_world_rank(), ": ", \
+                cudaGetErrorName(glm5_cuda_rc_), " (", cudaGetErrorString(glm5_cuda_rc_), ")"); \
+  } while (0)
+
+ncclDataType_t nccl_type(ReduceDType t) {
+  switch (t) {
+    case ReduceDType::F32: return ncclFloat32;
+    case ReduceDType::F64: return ncclFloat64;
+    case ReduceDType::I32: return ncclInt32;
+    case ReduceDType::I64: return ncclInt64;
+  }
+  GLM5_FAIL("nccl all_reduce: unknown dtype ", int(t));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
+  }
+  GLM5_FAIL("nccl all_reduce: unknown op ", int(op));
+}
+
+class NcclComm final : public Comm {
+ public:
+  NcclComm(ncclComm_t comm, int device, Comm* host) : comm_(comm), device_(device), host_(host) {
+    NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
+    NCCL_CHECK(ncclCommCount(comm_, &size_));
+    CUDA_CHECK(cudaSetDevice(device_));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaMalloc(&token_, sizeof(int)));
+  }
+
+  ~NcclComm() override {
+    cudaSetDevice(device_);
+    if (comm_) {
+      if (failed_)
+        ncclCommAbort(comm_);
+      else
+        ncclCommDestroy(comm_);
+    }
+    cudaFree(token_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  // Completes only once `dst` has posted the matching recv (NCCL has no eager buffering): two
+  // ranks that send to each other first deadlock. A rank cannot send to itself.
+  void send(const void* buf, size_t bytes, int dst, int tag) override {
+    check_peer(dst, "send", tag);
+    begin();
+    if (bytes) NCCL_CHECK(ncclSend(buf, bytes, ncclUint8, dst, comm_, stream_));
+    finish("send");
+  }
+
+  void recv(void* buf, size_t bytes, int src, int tag) override {
+    check_peer(src, "recv", tag);
+    begin();
+    if (bytes) NCCL_CHECK(ncclRecv(buf, bytes, ncclUint8, src, comm_, stream_));
+    finish("recv");
+  }
+
+  // One NCCL group of point-to-point transfers (zero-byte pairs skipped on both sides, which the
+  // pairwise size agreement makes consistent); the block to itself is a device copy.
+  void all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets,
+                    void* recv, const size_t* recv_bytes, const size_t* recv_offsets) override {
+    CHECK(send_bytes[rank_] == recv_bytes[rank_], "nccl all_to_all_v: rank ", rank_, " sends ",
+          send_bytes[rank_], " bytes to itself but expects ", recv_bytes[rank_]);
+    begin();
+    const char* s = static_cast<const char*>(send);
+    char* r = static_cast<char*>(recv);
+    if (send_bytes[rank_])
+      CUDA_CHECK(cudaMemcpyAsync(r + recv_offsets[rank_], s + send_offsets[rank_],
+                                 send_bytes[rank_], cudaMemcpyDeviceToDevice, stream_));
+    NCCL_CHECK(ncclGroupStart());
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      if (send_bytes[p])
+        NCCL_CHECK(ncclSend(s + send_offsets[p], send_bytes[p], ncclUint8, p, comm_, stream_));
+      if (recv_bytes[p])
+        NCCL_CHECK(ncclRecv(r + recv_offsets[p], recv_bytes[p], ncclUint8, p, comm_, stream_));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    finish("all_to_all_v");
+  }
+
+  void all_gather(const void* send, size_t bytes, void* recv) override {
+    begin();
+    if (bytes) NCCL_CHECK(ncclAllGather(send, recv, bytes, ncclUint8, comm_, stream_));
+    finish("all_gather");
+  }
+
+  void all_reduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op) override {
+    begin();
+    if (count)
+      NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, stream_));
+    finish("all_reduce");
+  }
+
+  void broadcast(void* buf, size_t bytes, int root) override {
+    CHECK(root >= 0 && root < size_, "nccl broadcast: root ", root,
+          " is not in this communicator (size ", size_, ")");
+    begin();
+    if (bytes) NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_));
+    finish("broadcast");
+  }
+
+  // A one-int all-reduce: returns on every rank only after all ranks have entered.
+  void barrier() override {
+    begin();
+    NCCL_CHECK(ncclAllReduce(token_, token_, 1, ncclInt32, ncclSum, comm_, stream_));
+    finish("barrier");
+  }
+
+  std::unique_ptr<Comm> split(int color, int key) override {
+    CHECK(color >= 0, "nccl split: color must be >= 0, got ", color, " on rank ", rank_);
+    begin();
+    ncclComm_t out = nullptr;
+    NCCL_CHECK(ncclCommSplit(comm_, color, key, &out, nullptr));
+    CHECK(out, "nccl split: rank ", rank_, " got no communicator for color ", color);
+    return std::make_unique<NcclComm>(out, device_, host_);
+  }
+
+  [[noreturn]] void abort(int code) override {
+    if (comm_) ncclCommAbort(comm_);  // frees peers blocked in our collectives
+    comm_ = nullptr;
+    host_->abort(code);
+    std::abort();  // host_->abort does not return
+  }
+
+ private:
+  void check_peer(int peer, const char* what, int tag) const {
+    CHECK(peer >= 0 && peer < size_, "nccl ", what, ": rank ", peer,
+          " is not in this communicator (size ", size_, ", this rank ", rank_, ")");
+    CHECK(peer != rank_, "nccl ", what, ": rank ", rank_,
+          " cannot send to or receive from itself (NCCL send/recv would never match)");
+    CHECK(tag >= 0, "nccl ", what, ": tag ", tag, " < 0");
+  }
+
+  // Work already queued on the device (kernels of any stream) produced the buffers we send.
+  void begin() {
+    CHECK(comm_, "nccl: communicator used after abort on rank ", rank_);
+    CUDA_CHECK(cudaSetDevice(device_));
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  // Polls the stream; an NCCL async error (peer gone, network failure) aborts the communicator
+  // and throws here instead of blocking forever.
+  void finish(const char* what) {
+    for (;;) {
+      const cudaError_t e = cudaStreamQuery(stream_);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) {
+        failed_ = true;
+        CUDA_CHECK(e);
+      }
+      ncclResult_t async = ncclSuccess;
+      NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+      if (async != ncclSuccess && async != ncclInProgress) {
+        failed_ = true;
+        GLM5_FAIL("nccl ", what, " failed on rank ", rank_, " of ", size_, ": ",
+                  ncclGetErrorString(async), " (", ncclGetLastError(comm_), ")");
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  ncclComm_t comm_ = nullptr;
+  int device_ = 0;
+  Comm* host_ = nullptr;
+  int rank_ = 0, size_ = 1;
+  cudaStream_t stream_ = nullptr;
+  int* token_ = nullptr;  // device int for barrier()
+  bool failed_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_nccl_comm(Comm& host_comm, int device) {
+  // Local set-up first, then agree on success over the host comm, so that a rank without a
+  // usable GPU makes every rank throw instead of leaving the others in ncclCommInitRank.
+  std::string error;
+  ncclUniqueId id{};
+  try {
+    int n = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&n));
+    CHECK(device >= 0 && device < n, "nccl: rank ", host_comm.rank(), " asked for CUDA device ",
+          device, " but ", n, " are visible");
+    CUDA_CHECK(cudaSetDevice(device));
+    if (host_comm.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  int ok = error.empty() ? 1 : 0;
+  host_comm.all_reduce(&ok, 1, ReduceDType::I32, ReduceOp::Min);
+  if (!ok) {
+    if (!error.empty()) throw Error(error);
+    GLM5_FAIL("nccl: set-up failed on another rank (rank ", host_comm.rank(),
+              " was fine); see that rank's message");
+  }
+  host_comm.broadcast(&id, sizeof(id), 0);
+  ncclComm_t comm = nullptr;
+  NCCL_CHECK(ncclCommInitRank(&comm, host_comm.size(), id, host_comm.rank()));
+  return std::make_unique<NcclComm>(comm, device, &host_comm);
+}
+
+}  // namespace glm5::parallel

@@ -1,0 +1,325 @@
+// HF config.json -> ModelConfig: reads glm_moe_dsa and deepseek_v32 keys (both `dtype` spellings,
+// both RoPE spellings), validates types and cross-field consistency, and derives the softmax scale
+// and the (YaRN-corrected) RoPE frequencies. Keys that only matter for training or for other
+// engines (initializer_range, ep_size, num_key_value_heads, head_dim, ...) are ignored.
+#include "runtime/config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <numbers>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+
+namespace glm5::runtime {
+
+namespace {
+
+using json = nlohmann::json;
+
+// A found value for messages; long values (a whole object) are cut.
+std::string show(const json* v) {
+  if (!v) return "nothing (the field is missing)";
+  std::string s = v->dump();
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+// Reads fields of one JSON object, naming `source` and the dotted field path in every error.
+struct Fields {
+  const json& obj;
+  const std::string& source;
+  std::string prefix;  // "" or "rope_scaling."
+
+  const json* find(const char* key) const {
+    auto it = obj.find(key);
+    return it == obj.end() ? nullptr : &*it;
+  }
+  // A present, non-null value; null counts as absent (HF writes `"q_lora_rank": null` style).
+  const json* value(const char* key) const {
+    const json* v = find(key);
+    return (v && !v->is_null()) ? v : nullptr;
+  }
+  [[noreturn]] void bad(const char* key, const std::string& expected, const json* found) const {
+    GLM5_FAIL(source, ": field '", prefix, key, "': expected ", expected, ", found ", show(found));
+  }
+
+  int64_t integer(const char* key, int64_t min_value, const json* v) const {
+    const char* expected = min_value > 0 ? "a positive integer" : "a non-negative integer";
+    if (!v || !(v->is_number_integer() || v->is_number_unsigned())) bad(key, expected, v);
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+      bad(key, expected, v);
+    int64_t x = v->get<int64_t>();
+    if (x < min_value) bad(key, expected, v);
+    return x;
+  }
+  int64_t required_int(const char* key, int64_t min_value = 1) const {
+    return integer(key, min_value, value(key));
+  }
+  int64_t optional_int(const char* key, int64_t fallback, int64_t min_value) const {
+    const json* v = value(key);
+    return v ? integer(key, min_value, v) : fallback;
+  }
+  double number(const char* key, const json* v, bool positive) const {
+    const char* expected = positive ? "a positive number" : "a number";
+    if (!v || !v->is_number()) bad(key, expected, v);
+    double x = v->get<double>();
+    if (!std::isfinite(x) || (positive && !(x > 0))) bad(key, expected, v);
+    return x;
+  }
+  double optional_number(const char* key, double fallback, bool positive) const {
+    const json* v = value(key);
+    return v ? number(key, v, positive) : fallback;
+  }
+  bool optional_bool(const char* key, bool fallback) const {
+    const json* v = value(key);
+    if (!v) return fallback;
+    if (!v->is_boolean()) bad(key, "true or false", v);
+    return v->get<bool>();
+  }
+  std::string optional_string(const char* key, const std::string& fallback) const {
+    const json* v = value(key);
+    if (!v) return fallback;
+    if (!v->is_string()) bad(key, "a string", v);
+    return v->get<std::string>();
+  }
+  int32_t token_id(const char* key, const json& v, int64_t vocab) const {
+    const std::string expected = "a token id in [0, " + std::to_string(vocab) + ")";
+    if (!(v.is_number_integer() || v.is_number_unsigned())) bad(key, expected, &v);
+    int64_t x = v.get<int64_t>();
+    if (x < 0 || x >= vocab) bad(key, expected, &v);
+    return int32_t(x);
+  }
+};
+
+// RoPE: transformers-v5 `rope_parameters` {rope_theta, rope_type, yarn keys...}, or the older
+// top-level `rope_theta` plus `rope_scaling` {type | rope_type, factor, ...}.
+void read_rope(const json& root, const std::string& source, ModelConfig& c) {
+  Fields top{root, source, ""};
+  const json* params = top.value("rope_parameters");
+  const json* scaling = nullptr;
+  std::string prefix;
+  if (params) {
+    if (!params->is_object()) top.bad("rope_parameters", "an object", params);
+    Fields p{*params, source, "rope_parameters."};
+    c.rope_theta = p.number("rope_theta", p.value("rope_theta"), true);
+    scaling = params;
+    prefix = "rope_parameters.";
+  } else {
+    const json* theta = top.value("rope_theta");
+    if (!theta) top.bad("rope_theta", "a positive number (or a `rope_parameters` object)", nullptr);
+    c.rope_theta = top.number("rope_theta", theta, true);
+    scaling = top.value("rope_scaling");
+    if (scaling && !scaling->is_object()) top.bad("rope_scaling", "an object or null", scaling);
+    prefix = "rope_scaling.";
+  }
+  if (!scaling) return;
+
+  Fields s{*scaling, source, prefix};
+  const char* type_key = s.value("rope_type") ? "rope_type" : "type";
+  std::string type = s.optional_string(type_key, "default");
+  if (type == "default") return;
+  if (type != "yarn") s.bad(type_key, "\"default\" or \"yarn\"", s.value(type_key));
+
+  RopeScaling& r = c.rope_scaling;
+  r.type = "yarn";
+  r.factor = s.number("factor", s.value("factor"), true);
+  if (r.factor < 1.0) s.bad("factor", "a number >= 1", s.value("factor"));
+  // HF falls back to max_position_embeddings when the original length is not given.
+  r.original_max_position_embeddings =
+      s.optional_int("original_max_position_embeddings", c.max_position_embeddings, 1);
+  r.beta_fast = s.optional_number("beta_fast", 32.0, true);
+  r.beta_slow = s.optional_number("beta_slow", 1.0, true);
+  if (r.beta_slow > r.beta_fast)
+    GLM5_FAIL(source, ": field '", prefix, "beta_slow': expected at most beta_fast = ", r.beta_fast,
+              ", found ", r.beta_slow);
+  r.mscale = s.optional_number("mscale", 1.0, false);
+  r.mscale_all_dim = s.optional_number("mscale_all_dim", 0.0, false);
+}
+
+// A cross-field rule: `field` must satisfy `ok`; the message says what was expected.
+void require(bool ok, const std::string& source, const char* field, const std::string& expected,
+             const std::string& found) {
+  if (!ok) GLM5_FAIL(source, ": field '", field, "': expected ", expected, ", found ", found);
+}
+
+// yarn_get_mscale of the DeepSeek / HF code: 1 for no scaling.
+double yarn_mscale(double factor, double mscale) {
+  return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+
+}  // namespace
+
+bool ModelConfig::is_moe_layer(int64_t layer) const {
+  return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+}
+
+float ModelConfig::softmax_scale() const {
+  double scale = 1.0 / std::sqrt(double(qk_head_dim()));
+  const RopeScaling& r = rope_scaling;
+  if (r.type == "yarn" && r.mscale_all_dim != 0.0 && r.factor > 1.0) {
+    double m = yarn_mscale(r.factor, r.mscale_all_dim);
+    scale *= m * m;
+  }
+  return float(scale);
+}
+
+// DeepSeek reference precompute_freqs_cis: plain theta^(-2i/d); under YaRN the dims whose
+// wavelength exceeds the original context are divided by `factor`, with a linear ramp between
+// the beta_fast and beta_slow correction dims.
+std::vector<float> ModelConfig::inv_freq() const {
+  const int64_t dim = qk_rope_head_dim, half = dim / 2;
+  std::vector<double> f(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) f[i] = 1.0 / std::pow(rope_theta, double(2 * i) / double(dim));
+  const RopeScaling& r = rope_scaling;
+  if (r.type == "yarn") {
+    const double orig = double(r.original_max_position_embeddings), ln_theta = std::log(rope_theta);
+    auto correction_dim = [&](double rotations) {
+      return double(dim) * std::log(orig / (rotations * 2.0 * std::numbers::pi)) / (2.0 * ln_theta);
+    };
+    double low = std::max(std::floor(correction_dim(r.beta_fast)), 0.0);
+    double high = std::min(std::ceil(correction_dim(r.beta_slow)), double(dim - 1));
+    if (low == high) high += 0.001;
+    for (int64_t i = 0; i < half; ++i) {
+      double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+      double smooth = 1.0 - ramp;
+      f[i] = f[i] / r.factor * (1.0 - smooth) + f[i] * smooth;
+    }
+  }
+  return std::vector<float>(f.begin(), f.end());
+}
+
+float ModelConfig::rope_cos_sin_scale() const {
+  const RopeScaling& r = rope_scaling;
+  if (r.type != "yarn") return 1.0f;
+  return float(yarn_mscale(r.factor, r.mscale) / yarn_mscale(r.factor, r.mscale_all_dim));
+}
+
+ModelConfig parse_config(const std::string& json_text, const std::string& source) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::exception& e) {
+    GLM5_FAIL(source, ": not valid JSON: ", e.what());
+  }
+  if (!root.is_object()) GLM5_FAIL(source, ": expected a JSON object, found ", show(&root));
+
+  ModelConfig c;
+  c.source = source;
+  Fields f{root, source, ""};
+
+  const json* mt = f.value("model_type");
+  if (!mt || !mt->is_string() ||
+      (mt->get<std::string>() != "glm_moe_dsa" && mt->get<std::string>() != "deepseek_v32"))
+    f.bad("model_type", "\"glm_moe_dsa\" or \"deepseek_v32\"", mt);
+  c.model_type = mt->get<std::string>();
+
+  // `dtype` (transformers v5) wins over the older `torch_dtype`.
+  c.dtype = f.value("dtype") ? f.optional_string("dtype", "") : f.optional_string("torch_dtype", "bfloat16");
+
+  c.vocab_size = f.required_int("vocab_size");
+  c.hidden_size = f.required_int("hidden_size");
+  c.num_hidden_layers = f.required_int("num_hidden_layers");
+  c.num_attention_heads = f.required_int("num_attention_heads");
+  c.q_lora_rank = f.required_int("q_lora_rank");
+  c.kv_lora_rank = f.required_int("kv_lora_rank");
+  c.qk_nope_head_dim = f.required_int("qk_nope_head_dim");
+  c.qk_rope_head_dim = f.required_int("qk_rope_head_dim");
+  c.v_head_dim = f.required_int("v_head_dim");
+  c.index_n_heads = f.required_int("index_n_heads");
+  c.index_head_dim = f.required_int("index_head_dim");
+  c.index_topk = f.required_int("index_topk");
+  c.intermediate_size = f.required_int("intermediate_size");
+  c.max_position_embeddings = f.required_int("max_position_embeddings");
+  c.n_routed_experts = f.required_int("n_routed_experts", 0);
+  if (c.n_routed_experts > 0) {
+    c.moe_intermediate_size = f.required_int("moe_intermediate_size");
+    c.num_experts_per_tok = f.required_int("num_experts_per_tok");
+    c.n_shared_experts = f.required_int("n_shared_experts", 0);
+  } else {
+    c.moe_intermediate_size = f.optional_int("moe_intermediate_size", 0, 0);
+    c.num_experts_per_tok = f.optional_int("num_experts_per_tok", 0, 0);
+    c.n_shared_experts = f.optional_int("n_shared_experts", 0, 0);
+  }
+  c.n_group = f.optional_int("n_group", 1, 1);
+  c.topk_group = f.optional_int("topk_group", 1, 1);
+  c.first_k_dense_replace = f.optional_int("first_k_dense_replace", 0, 0);
+  c.moe_layer_freq = f.optional_int("moe_layer_freq", 1, 1);
+  c.num_nextn_predict_layers = f.optional_int("num_nextn_predict_layers", 0, 0);
+
+  c.routed_scaling_factor = f.optional_number("routed_scaling_factor", 1.0, true);
+  c.rms_norm_eps = f.optional_number("rms_norm_eps", 1e-6, true);
+  c.norm_topk_prob = f.optional_bool("norm_topk_prob", true);
+  c.tie_word_embeddings = f.optional_bool("tie_word_embeddings", false);
+  c.rope_interleave = f.optional_bool("rope_interleave", true);
+  c.indexer_rope_interleave =
+      f.optional_bool("indexer_rope_interleave", c.model_type == "glm_moe_dsa");
+  read_rope(root, source, c);
+
+  c.scoring_func = f.optional_string("scoring_func", "sigmoid");
+  c.topk_method = f.optional_string("topk_method", "noaux_tc");
+  if (c.scoring_func != "sigmoid") f.bad("scoring_func", "\"sigmoid\"", f.value("scoring_func"));
+  if (c.topk_method != "noaux_tc") f.bad("topk_method", "\"noaux_tc\"", f.value("topk_method"));
+  std::string act = f.optional_string("hidden_act", "silu");
+  if (act != "silu") f.bad("hidden_act", "\"silu\"", f.value("hidden_act"));
+  if (f.optional_bool("attention_bias", false))
+    f.bad("attention_bias", "false (attention projections have no bias)", f.value("attention_bias"));
+
+  // Token ids: eos may be one id or a list; bos/pad may be absent or null (-1).
+  if (const json* eos = f.value("eos_token_id")) {
+    if (eos->is_array()) {
+      for (const json& e : *eos) c.eos_token_id.push_back(f.token_id("eos_token_id", e, c.vocab_size));
+    } else {
+      c.eos_token_id.push_back(f.token_id("eos_token_id", *eos, c.vocab_size));
+    }
+  }
+  if (const json* v = f.value("bos_token_id")) c.bos_token_id = f.token_id("bos_token_id", *v, c.vocab_size);
+  if (const json* v = f.value("pad_token_id")) c.pad_token_id = f.token_id("pad_token_id", *v, c.vocab_size);
+
+  // Cross-field consistency.
+  const std::string& s = source;
+  require(c.qk_rope_head_dim % 2 == 0, s, "qk_rope_head_dim", "an even number (RoPE rotates pairs)",
+          std::to_string(c.qk_rope_head_dim));
+  if (const json* qk = f.value("qk_head_dim")) {
+    int64_t v = f.integer("qk_head_dim", 1, qk);
+    require(v == c.qk_head_dim(), s, "qk_head_dim",
+            "qk_nope_head_dim + qk_rope_head_dim = " + std::to_string(c.qk_head_dim()),
+            std::to_string(v));
+  }
+  require(c.index_head_dim >= c.qk_rope_head_dim, s, "index_head_dim",
+          "at least qk_rope_head_dim = " + std::to_string(c.qk_rope_head_dim) +
+              " (the indexer rotates its first qk_rope_head_dim dims)",
+          std::to_string(c.index_head_dim));
+  if (c.n_routed_experts > 0) {
+    require(c.n_routed_experts % c.n_group == 0, s, "n_group",
+            "a divisor of n_routed_experts = " + std::to_string(c.n_routed_experts),
+            std::to_string(c.n_group));
+    require(c.topk_group <= c.n_group, s, "topk_group",
+            "at most n_group = " + std::to_string(c.n_group), std::to_string(c.topk_group));
+    require(c.num_experts_per_tok <= c.n_routed_experts, s, "num_experts_per_tok",
+            "at most n_routed_experts = " + std::to_string(c.n_routed_experts),
+            std::to_string(c.num_experts_per_tok));
+    const int64_t reachable = c.topk_group * (c.n_routed_experts / c.n_group);
+    require(c.num_experts_per_tok <= reachable, s, "num_experts_per_tok",
+            "at most topk_group * n_routed_experts / n_group = " + std::to_string(reachable),
+            std::to_string(c.num_experts_per_tok));
+  }
+  return c;
+}
+
+ModelConfig load_config(const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  std::ifstream in(path, std::ios::binary);
+  CHECK(in.good(), path, ": cannot open the model config (expected an HF config.json in ", model_dir,
+        ")");
+  std::ostringstream text;
+  text << in.rdbuf();
+  CHECK(!in.bad(), path, ": read error");
+  return parse_config(text.str(), path);
+}
+
+}  // namespace glm5::runtime

@@ -1,0 +1,93 @@
+// The execution engine: runs a set of requests over the process grid (P pipeline stages x E
+// expert-parallel columns) with continuous batching, chunked prefill and micro-batches in flight.
+//
+// Requests are assigned to columns (request i -> column i % E); the stage-0 rank of a column
+// schedules its requests and sends each micro-batch's step (which sequences, which positions) with
+// the hidden states down its column; the last stage samples and sends token ids (and logits on
+// request) back to stage 0. Stage-0 ranks tick in lockstep (one small all_gather per tick) so the
+// MoE exchanges of a stage always pair up, and finished results flow to world rank 0.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "parallel/comm.h"
+#include "parallel/grid.h"
+#include "runtime/model.h"
+#include "runtime/sampler.h"
+
+namespace glm5::runtime {
+
+struct Request {
+  int64_t index = 0;        // position in the input; results carry it back
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  bool want_prompt_logits = false;  // logits of every prompt row (--dump-logits)
+  bool want_logits = false;         // logits of every generated step
+  bool extra_final_step = false;    // feed the last token once more (its logits close the dump)
+  std::string error;                // set: the request is answered with this error, not run
+};
+
+struct Result {
+  int64_t index = 0;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
+  std::string finish_reason;         // "length" | "stop" | "error"
+  std::string error;
+  std::vector<float> prompt_logits;  // [prompt_len, vocab] when asked
+  std::vector<float> decode_logits;  // [steps, vocab] when asked
+};
+
+struct EngineOptions {
+  int micro_batches = 1;         // micro-batches in flight per column (>= stages keeps all busy)
+  int max_batch = 64;            // running sequences per column
+  int64_t prefill_chunk = 256;   // prompt tokens per sequence per step (fixed: results never
+                                 // depend on what else is scheduled)
+  double kv_budget_bytes = 0;    // per rank; 0 = unlimited
+  bool progress = false;         // progress line on stderr of rank 0
+};
+
+// Per-rank counters for the run report.
+struct EngineStats {
+  int rank = 0, stage = 0, column = 0;
+  double wall_s = 0, compute_s = 0, comm_s = 0, idle_s = 0;
+  size_t bytes_sent = 0;
+  int64_t tokens_generated = 0, prompt_tokens = 0, ticks = 0;
+  std::vector<int64_t> expert_tokens;  // per local expert, summed over this rank's MoE layers
+  long peak_rss_kb = 0;
+};
+
+class Engine {
+ public:
+  // world: all ranks; stage_comm: the E ranks of this rank's stage (world ranks of a stage
+  // in column order).
+  Engine(Model& model, parallel::Comm& world, parallel::Comm& stage_comm, const parallel::Grid& grid,
+         const EngineOptions& opt);
+
+  // Collective over the world. On world rank 0, `requests` are the work (other ranks' are
+  // ignored) and on_result is called for each result as soon as it is final (any order).
+  // `is_stop` (optional, stage-0 ranks) ends a request early, e.g. on a stop string.
+  void run(std::vector<Request> requests, const std::function<void(Result&&)>& on_result,
+           const std::function<bool(const Request&, const std::vector<int32_t>&)>& is_stop = {});
+
+  const EngineStats& stats() const { return stats_; }
+
+ private:
+  void run_stage0(std::vector<Request>& reqs, const std::function<void(Result&&)>& on_result,
+                  const std::function<bool(const Request&, const std::vector<int32_t>&)>& is_stop);
+  void run_later_stage(std::vector<Request>& reqs);
+
+  Model& model_;
+  parallel::Comm& world_;
+  parallel::Comm& stage_comm_;
+  parallel::Grid grid_;
+  EngineOptions opt_;
+  EngineStats stats_;
+};
+
+long peak_rss_kb();
+
+}  // namespace glm5::runtime

@@ -1,0 +1,446 @@
+// The GLM-5 / DeepSeek-V3.2 forward pass, top to bottom (spec/glm5.md §3):
+//   embed -> [ RMSNorm -> MLA + DSA indexer -> residual -> RMSNorm -> dense MLP | MoE -> residual ]
+//   x layers -> final RMSNorm -> lm_head.
+// Activations are float32 [rows, features]; a batch stacks the rows of several sequences. Every
+// op is row-independent, so a sequence's numbers do not depend on its batch-mates. The MoE
+// exchange (all_to_all_v inside a stage) is the only communication in here; the pipeline between
+// stages lives in the engine.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "parallel/moe_exchange.h"
+#include "runtime/model.h"
+#include "runtime/safetensors.h"
+
+namespace glm5::runtime {
+
+using kernels::Backend;
+using kernels::Weight;
+
+namespace {
+
+// Scratch memory in the backend's address space, freed at scope exit.
+template <typename T>
+struct Buf {
+  Backend* be = nullptr;
+  T* p = nullptr;
+  Buf(Backend& b, int64_t n) : be(&b), p(static_cast<T*>(b.alloc(size_t(std::max<int64_t>(n, 1)) * sizeof(T)))) {}
+  ~Buf() { be->free(p); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  operator T*() const { return p; }
+};
+
+std::string layer_name(int l, const char* rest) { return "model.layers." + std::to_string(l) + "." + rest; }
+
+}  // namespace
+
+struct Model::Expert {
+  Weight gate_proj, up_proj, down_proj;  // [inter, hidden], [inter, hidden], [hidden, inter]
+};
+
+struct Model::Layer {
+  int index = 0;
+  const float *input_layernorm = nullptr, *post_attention_layernorm = nullptr;
+  // MLA
+  Weight q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj;
+  const float *q_a_layernorm = nullptr, *kv_a_layernorm = nullptr;
+  // DSA indexer
+  Weight wq_b, wk, weights_proj;  // weights_proj pre-scaled by index_n_heads^-0.5 * index_head_dim^-0.5
+  const float *k_norm_weight = nullptr, *k_norm_bias = nullptr;
+  // MLP
+  bool moe = false;
+  Expert dense;                         // dense layers
+  Weight gate;                          // router [n_routed_experts, hidden]
+  const float* e_score_correction_bias = nullptr;
+  std::vector<Expert> experts;          // this rank's routed experts, in id order
+  Expert shared;                        // shared experts (intermediate moe_inter * n_shared)
+};
+
+struct Model::Exchange {
+  explicit Exchange(parallel::Comm& c) : ex(c) {}
+  parallel::MoeExchange ex;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Caches
+
+SeqCache::SeqCache(Backend& backend, const ModelConfig& cfg, int n_layers, int64_t capacity)
+    : backend_(backend), capacity_(capacity) {
+  const int64_t lat = cfg.kv_lora_rank + cfg.qk_rope_head_dim;
+  for (int l = 0; l < n_layers; ++l) {
+    latent_.push_back(static_cast<float*>(backend.alloc(size_t(capacity * lat) * sizeof(float))));
+    index_k_.push_back(
+        static_cast<float*>(backend.alloc(size_t(capacity * cfg.index_head_dim) * sizeof(float))));
+  }
+}
+
+SeqCache::~SeqCache() {
+  for (float* p : latent_) backend_.free(p);
+  for (float* p : index_k_) backend_.free(p);
+}
+
+size_t SeqCache::bytes_per_token(const ModelConfig& cfg, int n_layers) {
+  return size_t(n_layers) * size_t(cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim) *
+         sizeof(float);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading: names and shapes of spec §2.1. A rank asks only for the tensors it owns.
+
+Weight Model::matrix(const std::string& name, int64_t rows, int64_t cols) {
+  const TensorInfo& t = ckpt_.get(name, {rows, cols});
+  Weight w;
+  w.data = backend_.upload(t.data, t.nbytes);
+  w.dtype = t.dtype;
+  w.rows = rows;
+  w.cols = cols;
+  w.ld = cols;
+  weight_bytes_ += t.nbytes;
+  return w;
+}
+
+static std::vector<float> to_f32(const TensorInfo& t) {
+  std::vector<float> v(size_t(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    switch (t.dtype) {
+      case DType::F32: std::memcpy(&v[i], static_cast<const char*>(t.data) + 4 * i, 4); break;
+      case DType::BF16: v[i] = bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]); break;
+      case DType::F16: v[i] = f16_to_f32(static_cast<const uint16_t*>(t.data)[i]); break;
+      default: GLM5_FAIL("tensor '", t.name, "' in ", t.file, ": unsupported dtype ", t.dtype_name);
+    }
+  }
+  return v;
+}
+
+// Norm weights, biases: converted once to float32 (tiny next to the matrices).
+const float* Model::vector(const std::string& name, int64_t n, float scale) {
+  const TensorInfo& t = ckpt_.get(name, {n});
+  owned_.push_back(to_f32(t));
+  for (float& x : owned_.back()) x *= scale;
+  weight_bytes_ += t.nbytes;
+  return static_cast<const float*>(backend_.upload(owned_.back().data(), size_t(n) * sizeof(float)));
+}
+
+// indexer.weights_proj is used only as (W x) * n_heads^-0.5 * head_dim^-0.5: fold the constant
+// into a float32 copy of this small [index_n_heads, hidden] matrix instead of scaling activations.
+Weight Model::matrix_f32_scaled(const std::string& name, int64_t rows, int64_t cols, float scale) {
+  const TensorInfo& t = ckpt_.get(name, {rows, cols});
+  owned_.push_back(to_f32(t));
+  for (float& x : owned_.back()) x *= scale;
+  weight_bytes_ += t.nbytes;
+  Weight w;
+  w.data = backend_.upload(owned_.back().data(), owned_.back().size() * sizeof(float));
+  w.dtype = DType::F32;
+  w.rows = rows;
+  w.cols = cols;
+  w.ld = cols;
+  return w;
+}
+
+Model::Model(const ModelConfig& cfg, Checkpoint& ckpt, Backend& backend, const ModelShard& shard,
+             parallel::Comm& stage_comm)
+    : cfg_(cfg), ckpt_(ckpt), backend_(backend), shard_(shard), stage_comm_(stage_comm) {
+  const int64_t H = cfg.hidden_size, NH = cfg.num_attention_heads;
+  const int64_t dn = cfg.qk_nope_head_dim, dr = cfg.qk_rope_head_dim, dv = cfg.v_head_dim;
+  const int64_t R = cfg.kv_lora_rank, QR = cfg.q_lora_rank;
+  const int64_t IH = cfg.index_n_heads, ID = cfg.index_head_dim;
+  if (shard_.last_layer < 0) shard_.last_layer = int(cfg.num_hidden_layers);
+  CHECK(0 <= shard_.first_layer && shard_.first_layer < shard_.last_layer &&
+            shard_.last_layer <= cfg.num_hidden_layers,
+        "layer range [", shard_.first_layer, ", ", shard_.last_layer, ") is not inside the model's ",
+        cfg.num_hidden_layers, " layers");
+
+  if (shard_.embedding) embed_tokens_ = matrix("model.embed_tokens.weight", cfg.vocab_size, H);
+  if (shard_.head) {
+    final_norm_ = vector("model.norm.weight", H);
+    lm_head_ = cfg.tie_word_embeddings ? matrix("model.embed_tokens.weight", cfg.vocab_size, H)
+                                       : matrix("lm_head.weight", cfg.vocab_size, H);
+  }
+  inv_freq_host_ = cfg.inv_freq();
+  inv_freq_ = static_cast<const float*>(
+      backend_.upload(inv_freq_host_.data(), inv_freq_host_.size() * sizeof(float)));
+
+  const float index_weight_scale = float(1.0 / std::sqrt(double(IH)) / std::sqrt(double(ID)));
+  for (int l = shard_.first_layer; l < shard_.last_layer; ++l) {
+    auto L = std::make_unique<Layer>();
+    L->index = l;
+    auto n = [&](const char* rest) { return layer_name(l, rest); };
+    L->input_layernorm = vector(n("input_layernorm.weight"), H);
+    L->post_attention_layernorm = vector(n("post_attention_layernorm.weight"), H);
+    L->q_a_proj = matrix(n("self_attn.q_a_proj.weight"), QR, H);
+    L->q_a_layernorm = vector(n("self_attn.q_a_layernorm.weight"), QR);
+    L->q_b_proj = matrix(n("self_attn.q_b_proj.weight"), NH * (dn + dr), QR);
+    L->kv_a_proj_with_mqa = matrix(n("self_attn.kv_a_proj_with_mqa.weight"), R + dr, H);
+    L->kv_a_layernorm = vector(n("self_attn.kv_a_layernorm.weight"), R);
+    L->kv_b_proj = matrix(n("self_attn.kv_b_proj.weight"), NH * (dn + dv), R);
+    L->o_proj = matrix(n("self_attn.o_proj.weight"), H, NH * dv);
+    L->wq_b = matrix(n("self_attn.indexer.wq_b.weight"), IH * ID, QR);
+    L->wk = matrix(n("self_attn.indexer.wk.weight"), ID, H);
+    L->k_norm_weight = vector(n("self_attn.indexer.k_norm.weight"), ID);
+    L->k_norm_bias = vector(n("self_attn.indexer.k_norm.bias"), ID);
+    L->weights_proj = matrix_f32_scaled(n("self_attn.indexer.weights_proj.weight"), IH, H,
+                                        index_weight_scale);
+    L->moe = cfg.is_moe_layer(l);
+    if (!L->moe) {
+      const int64_t I = cfg.intermediate_size;
+      L->dense = {matrix(n("mlp.gate_proj.weight"), I, H), matrix(n("mlp.up_proj.weight"), I, H),
+                  matrix(n("mlp.down_proj.weight"), H, I)};
+    } else {
+      const int64_t I = cfg.moe_intermediate_size, E = cfg.n_routed_experts;
+      L->gate = matrix(n("mlp.gate.weight"), E, H);
+      L->e_score_correction_bias = vector(n("mlp.gate.e_score_correction_bias"), E);
+      CHECK(E % shard_.expert_parallel == 0, "n_routed_experts (", E,
+            ") is not divisible by the expert-parallel degree (", shard_.expert_parallel, ")");
+      const int64_t per = E / shard_.expert_parallel;
+      for (int64_t e = shard_.column * per; e < (shard_.column + 1) * per; ++e) {
+        std::string p = "mlp.experts." + std::to_string(e) + ".";
+        L->experts.push_back({matrix(n((p + "gate_proj.weight").c_str()), I, H),
+                              matrix(n((p + "up_proj.weight").c_str()), I, H),
+                              matrix(n((p + "down_proj.weight").c_str()), H, I)});
+      }
+      if (cfg.n_shared_experts > 0) {
+        const int64_t IS = I * cfg.n_shared_experts;
+        L->shared = {matrix(n("mlp.shared_experts.gate_proj.weight"), IS, H),
+                     matrix(n("mlp.shared_experts.up_proj.weight"), IS, H),
+                     matrix(n("mlp.shared_experts.down_proj.weight"), H, IS)};
+      }
+    }
+    layers_.push_back(std::move(L));
+  }
+  expert_tokens_.assign(size_t(cfg.n_routed_experts / shard_.expert_parallel), 0);
+  exchange_ = std::make_unique<Exchange>(stage_comm_);
+}
+
+Model::~Model() = default;
+
+size_t Model::moe_bytes_sent() const { return exchange_->ex.bytes_sent(); }
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+void Model::embed(const int32_t* ids, int64_t m, float* h) {
+  CHECK(shard_.embedding, "this rank does not hold model.embed_tokens");
+  for (int64_t i = 0; i < m; ++i)
+    CHECK(ids[i] >= 0 && ids[i] < cfg_.vocab_size, "token id ", ids[i], " at position ", i,
+          " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
+  Buf<int32_t> d_ids(backend_, m);
+  backend_.to_device(d_ids, ids, size_t(m) * sizeof(int32_t));
+  backend_.embedding({embed_tokens_, d_ids, m, h});
+}
+
+void Model::forward(const std::vector<SeqStep>& batch, float* h) {
+  const int64_t H = cfg_.hidden_size;
+  int64_t m = 0;
+  std::vector<int32_t> pos_host;
+  for (const SeqStep& s : batch) {
+    CHECK(s.start_pos + s.n_tokens <= s.cache->capacity(), "sequence of ", s.start_pos + s.n_tokens,
+          " tokens exceeds its cache capacity ", s.cache->capacity());
+    for (int64_t i = 0; i < s.n_tokens; ++i) pos_host.push_back(int32_t(s.start_pos + i));
+    m += s.n_tokens;
+  }
+  Buf<int32_t> pos(backend_, m);
+  backend_.to_device(pos, pos_host.data(), size_t(m) * sizeof(int32_t));
+  Buf<float> a(backend_, m * H), y(backend_, m * H);
+
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    Layer& L = *layers_[li];
+    // a = RMSNorm(h); h += Attention(a)
+    backend_.rms_norm({h, H, L.input_layernorm, a, H, m, H, float(cfg_.rms_norm_eps)});
+    attention(L, int(li), batch, pos, a, m, h);
+    // a = RMSNorm(h); h += MLP(a)
+    backend_.rms_norm({h, H, L.post_attention_layernorm, a, H, m, H, float(cfg_.rms_norm_eps)});
+    if (L.moe) moe(L, a, m, y);
+    else dense_mlp(L, a, m, y);
+    backend_.add({y, h, m * H});
+    if (debug_) debug_("layer_output", L.index, h, DType::F32, m, H);
+  }
+}
+
+// MLA with the DSA indexer (spec §3.3-3.6). Writes this step's latent and indexer keys into each
+// sequence's cache, then attends: prefill rows through the naive form, decode rows through the
+// weight-absorbed form over the latent cache. Adds o_proj(attention) to h.
+void Model::attention(Layer& L, int li, const std::vector<SeqStep>& batch, const int32_t* pos,
+                      const float* a, int64_t m, float* h) {
+  const int64_t H = cfg_.hidden_size, NH = cfg_.num_attention_heads, QR = cfg_.q_lora_rank;
+  const int64_t dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim, dv = cfg_.v_head_dim;
+  const int64_t R = cfg_.kv_lora_rank, LAT = R + dr, DQ = dn + dr, DKV = dn + dv;
+  const int64_t IH = cfg_.index_n_heads, ID = cfg_.index_head_dim, TOPK = cfg_.index_topk;
+  const float scale = cfg_.softmax_scale(), rope_scale = cfg_.rope_cos_sin_scale();
+  const float eps_lora = 1e-6f;  // q_a_layernorm / kv_a_layernorm (HF class default)
+  Backend& be = backend_;
+
+  // c_q = RMSNorm(W_qa a)  [m, q_lora_rank]; q = W_qb c_q  [m, NH, nope | rope]
+  Buf<float> c_q(be, m * QR), q(be, m * NH * DQ);
+  be.gemm({a, H, L.q_a_proj, false, c_q, QR, m, QR, H});
+  be.rms_norm({c_q, QR, L.q_a_layernorm, c_q, QR, m, QR, eps_lora});
+  be.gemm({c_q, QR, L.q_b_proj, false, q, NH * DQ, m, NH * DQ, QR});
+  be.rope({q, m, NH, NH * DQ, DQ, dn, dr, pos, inv_freq_, rope_scale, cfg_.rope_interleave});
+
+  // kv = W_kva a  [m, c_kv | k_pe]; c_kv = RMSNorm(c_kv); k_pe = RoPE(k_pe) (one head)
+  Buf<float> kv(be, m * LAT);
+  be.gemm({a, H, L.kv_a_proj_with_mqa, false, kv, LAT, m, LAT, H});
+  be.rms_norm({kv, LAT, L.kv_a_layernorm, kv, LAT, m, R, eps_lora});
+  be.rope({kv, m, 1, LAT, LAT, R, dr, pos, inv_freq_, rope_scale, cfg_.rope_interleave});
+
+  // Indexer: qi = W_iq c_q [m, IH, rope | nope]; ki = LayerNorm(W_ik a) [m, rope | nope];
+  // iw = weights_proj(a) [m, IH] (pre-scaled). The rope slice comes FIRST here.
+  Buf<float> qi(be, m * IH * ID), ki(be, m * ID), iw(be, m * IH);
+  be.gemm({c_q, QR, L.wq_b, false, qi, IH * ID, m, IH * ID, QR});
+  be.rope({qi, m, IH, IH * ID, ID, 0, dr, pos, inv_freq_, rope_scale, cfg_.indexer_rope_interleave});
+  be.gemm({a, H, L.wk, false, ki, ID, m, ID, H});
+  be.layer_norm({ki, ID, L.k_norm_weight, L.k_norm_bias, ki, ID, m, ID, 1e-6f});
+  be.rope({ki, m, 1, ID, ID, 0, dr, pos, inv_freq_, rope_scale, cfg_.indexer_rope_interleave});
+  be.gemm({a, H, L.weights_proj, false, iw, IH, m, IH, H});
+
+  // Append this step's keys to each sequence's caches.
+  int64_t row = 0;
+  for (const SeqStep& s : batch) {
+    be.copy_2d({kv + row * LAT, LAT, s.cache->latent(li) + s.start_pos * LAT, LAT, s.n_tokens, LAT});
+    be.copy_2d({ki + row * ID, ID, s.cache->index_k(li) + s.start_pos * ID, ID, s.n_tokens, ID});
+    row += s.n_tokens;
+  }
+
+  Buf<float> attn(be, m * NH * dv);  // [m, NH, v_head_dim]
+  row = 0;
+  for (size_t b = 0; b < batch.size();) {
+    const SeqStep& s = batch[b];
+    if (!s.decode) {
+      // Prefill chunk: indexer top-k per query row over all T keys, then naive MLA over the
+      // kv_b_proj expansion of the cached latents.
+      const int64_t S = s.n_tokens, T = s.start_pos + S;
+      const float* lat = s.cache->latent(li);
+      Buf<int32_t> sel(be, S * TOPK);
+      const bool sparse = T > TOPK;  // otherwise top-k keeps every causal key: dense attention
+      if (sparse) {
+        Buf<float> scores(be, S * T);
+        be.indexer_scores({qi + row * IH * ID, iw + row * IH, s.cache->index_k(li), pos + row,
+                           scores, S, T, IH, ID, T});
+        be.topk({scores, S, T, T, TOPK, sel});
+      }
+      if (debug_ && sparse) debug_("indexer_topk", L.index, sel, DType::I32, S, TOPK);
+      Buf<float> kvx(be, T * NH * DKV);
+      be.gemm({lat, LAT, L.kv_b_proj, false, kvx, NH * DKV, T, NH * DKV, R});
+      be.mla_prefill({q + row * NH * DQ, kvx, lat + R, LAT, pos + row, sparse ? sel.p : nullptr,
+                      TOPK, attn + row * NH * dv, S, T, NH, dn, dr, dv, scale});
+      row += S;
+      ++b;
+      continue;
+    }
+    // A run of decode sequences (one token each): absorb W_UK into the queries for all of them,
+    // attend per sequence over its latent cache, then expand with W_UV.
+    size_t e = b;
+    while (e < batch.size() && batch[e].decode) ++e;
+    const int64_t md = int64_t(e - b);
+    Buf<float> q_lat(be, md * NH * LAT), o_lat(be, md * NH * R);
+    for (int64_t hd = 0; hd < NH; ++hd) {
+      // q_lat[:, hd, 0:R] = q_nope[:, hd] · W_UK[hd]  (W_UK[hd] = kv_b rows hd*DKV + [0, dn))
+      be.gemm({q + row * NH * DQ + hd * DQ, NH * DQ, L.kv_b_proj.slice_rows(hd * DKV, dn), true,
+               q_lat + hd * LAT, NH * LAT, md, R, dn});
+      be.copy_2d({q + row * NH * DQ + hd * DQ + dn, NH * DQ, q_lat + hd * LAT + R, NH * LAT, md, dr});
+    }
+    for (size_t j = b; j < e; ++j) {
+      const SeqStep& d = batch[j];
+      const int64_t r = row + int64_t(j - b), T = d.start_pos + 1;
+      Buf<int32_t> sel(be, TOPK);
+      const bool sparse = T > TOPK;
+      if (sparse) {
+        Buf<float> scores(be, T);
+        be.indexer_scores({qi + r * IH * ID, iw + r * IH, d.cache->index_k(li), pos + r, scores, 1,
+                           T, IH, ID, T});
+        be.topk({scores, 1, T, T, TOPK, sel});
+      }
+      if (debug_ && sparse) debug_("indexer_topk", L.index, sel, DType::I32, 1, TOPK);
+      be.mla_decode({q_lat + (r - row) * NH * LAT, d.cache->latent(li), pos + r,
+                     sparse ? sel.p : nullptr, TOPK, o_lat + (r - row) * NH * R, 1, T, NH, R, dr,
+                     scale});
+    }
+    for (int64_t hd = 0; hd < NH; ++hd)  // o[:, hd] = W_UV[hd] o_lat[:, hd]
+      be.gemm({o_lat + hd * R, NH * R, L.kv_b_proj.slice_rows(hd * DKV + dn, dv), false,
+               attn + row * NH * dv + hd * dv, NH * dv, md, dv, R});
+    row += md;
+    b = e;
+  }
+  // h += W_o attn
+  be.gemm({attn, NH * dv, L.o_proj, false, h, H, m, H, NH * dv, /*accumulate=*/true});
+}
+
+// y = W_down (silu(W_gate x) * W_up x)
+void Model::swiglu_expert(const Expert& e, const float* x, int64_t m, float* y) {
+  const int64_t H = cfg_.hidden_size, I = e.gate_proj.rows;
+  Buf<float> g(backend_, m * I), u(backend_, m * I);
+  backend_.gemm({x, H, e.gate_proj, false, g, I, m, I, H});
+  backend_.gemm({x, H, e.up_proj, false, u, I, m, I, H});
+  backend_.swiglu({g, u, I, g, I, m, I});
+  backend_.gemm({g, I, e.down_proj, false, y, H, m, H, I});
+}
+
+void Model::dense_mlp(Layer& L, const float* x, int64_t m, float* y) { swiglu_expert(L.dense, x, m, y); }
+
+// MoE (spec §3.8): route every row, send rows to the ranks owning their experts (all_to_all_v in
+// the stage; a one-rank stage just copies), run each local expert on its rows, bring results back
+// and combine them in expert-id order, then add the shared expert.
+void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
+  const int64_t H = cfg_.hidden_size, E = cfg_.n_routed_experts, K = cfg_.num_experts_per_tok;
+  const int64_t per = E / shard_.expert_parallel;
+  Backend& be = backend_;
+  Buf<float> logits(be, m * E), weights(be, m * K);
+  Buf<int32_t> ids(be, m * K);
+  be.gemm({x, H, L.gate, false, logits, E, m, E, H});
+  be.router({logits, L.e_score_correction_bias, m, E, K, cfg_.n_group, cfg_.topk_group,
+             cfg_.norm_topk_prob, float(cfg_.routed_scaling_factor), ids, weights});
+  if (debug_) debug_("moe_experts", L.index, ids, DType::I32, m, K);
+
+  // Destination rank (column of the stage) and local expert id of every (token, slot).
+  std::vector<int32_t> ids_host(size_t(m * K)), dest(size_t(m * K)), tag(size_t(m * K));
+  be.to_host(ids_host.data(), ids, ids_host.size() * sizeof(int32_t));
+  for (size_t i = 0; i < ids_host.size(); ++i) {
+    dest[i] = int32_t(ids_host[i] / per);
+    tag[i] = int32_t(ids_host[i] % per);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  auto& ex = exchange_->ex;
+  ex.dispatch(x, m, H, K, dest.data(), tag.data());
+  moe_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // Received rows are grouped by local expert (tag ascending).
+  const int64_t n_recv = ex.recv_count();
+  const int32_t* rtag = ex.recv_tag();
+  Buf<float> out(be, n_recv * H);
+  for (int64_t i = 0; i < n_recv;) {
+    int64_t j = i;
+    while (j < n_recv && rtag[j] == rtag[i]) ++j;
+    expert_tokens_[size_t(rtag[i])] += j - i;
+    swiglu_expert(L.experts[size_t(rtag[i])], ex.recv_x() + i * H, j - i, out + i * H);
+    i = j;
+  }
+  t0 = std::chrono::steady_clock::now();
+  ex.combine(out);
+  moe_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // y = sum_j w[t, j] * expert_out[t, j] (j in expert-id order) + shared(x)
+  std::vector<int32_t> slots(size_t(m * K));
+  for (size_t i = 0; i < slots.size(); ++i) slots[i] = int32_t(i);
+  Buf<int32_t> d_slots(be, m * K);
+  be.to_device(d_slots, slots.data(), slots.size() * sizeof(int32_t));
+  be.moe_combine({ex.out(), d_slots, weights, y, m, K, H, false});
+  if (cfg_.n_shared_experts > 0) {
+    Buf<float> s(be, m * H);
+    swiglu_expert(L.shared, x, m, s);
+    be.add({s, y, m * H});
+  }
+}
+
+void Model::logits(const float* h, int64_t m, float* logits_host) {
+  CHECK(shard_.head, "this rank does not hold lm_head");
+  const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
+  Buf<float> n(backend_, m * H), out(backend_, m * V);
+  backend_.rms_norm({h, H, final_norm_, n, H, m, H, float(cfg_.rms_norm_eps)});
+  if (debug_) debug_("final_hidden", -1, n, DType::F32, m, H);
+  backend_.gemm({n, H, lm_head_, false, out, V, m, V, H});
+  backend_.to_host(logits_host, out, size_t(m * V) * sizeof(float));
+}
+
+}  // namespace glm5::runtime

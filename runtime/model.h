@@ -1,0 +1,121 @@
+// The GLM-5 / DeepSeek-V3.2 model as one rank holds it: weights of its layer range (and of its
+// share of each MoE layer's experts), and the forward pass over a batch of sequences, each
+// contributing a chunk of new tokens (prefill) or one token (decode). The math is in glm5.cpp,
+// top to bottom; this header is the interface the engine uses.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "parallel/comm.h"
+#include "runtime/config.h"
+
+namespace glm5::runtime {
+
+class Checkpoint;
+
+// What this rank holds of the model.
+struct ModelShard {
+  int first_layer = 0, last_layer = -1;  // [first, last); -1 = all layers
+  bool embedding = true;                 // model.embed_tokens (stage 0)
+  bool head = true;                      // model.norm + lm_head (last stage)
+  int expert_parallel = 1, column = 0;   // routed experts [column*n/E, (column+1)*n/E)
+};
+
+// One sequence's caches for the layers this rank holds, float32 in backend memory:
+// latent [capacity, kv_lora_rank + qk_rope_head_dim] (c_kv after kv_a_layernorm | k_pe after RoPE)
+// and indexer keys [capacity, index_head_dim] (after k_norm and RoPE), per layer.
+class SeqCache {
+ public:
+  SeqCache(kernels::Backend& backend, const ModelConfig& cfg, int n_layers, int64_t capacity);
+  ~SeqCache();
+  SeqCache(const SeqCache&) = delete;
+  SeqCache& operator=(const SeqCache&) = delete;
+  int64_t capacity() const { return capacity_; }
+  float* latent(int local_layer) const { return latent_[local_layer]; }
+  float* index_k(int local_layer) const { return index_k_[local_layer]; }
+  static size_t bytes_per_token(const ModelConfig& cfg, int n_layers);
+
+ private:
+  kernels::Backend& backend_;
+  int64_t capacity_;
+  std::vector<float*> latent_, index_k_;
+};
+
+// One sequence's part of a forward step: tokens at positions [start_pos, start_pos + n_tokens).
+// Its rows in the activation matrix follow the previous sequence's rows.
+struct SeqStep {
+  SeqCache* cache = nullptr;
+  int64_t start_pos = 0;
+  int64_t n_tokens = 0;
+  bool decode = false;  // one token through the weight-absorbed path (else naive prefill)
+};
+
+// Intermediate values offered to a debug hook (tests diff them against reference dumps).
+using DebugHook = std::function<void(const std::string& name, int layer, const void* data,
+                                     DType dtype, int64_t rows, int64_t cols)>;
+
+class Model {
+ public:
+  // stage_comm: the ranks of this pipeline stage (expert-parallel group); size 1 for no EP.
+  Model(const ModelConfig& cfg, Checkpoint& ckpt, kernels::Backend& backend,
+        const ModelShard& shard, parallel::Comm& stage_comm);
+  ~Model();
+
+  const ModelConfig& config() const { return cfg_; }
+  const ModelShard& shard() const { return shard_; }
+  kernels::Backend& backend() const { return backend_; }
+  int n_local_layers() const { return shard_.last_layer - shard_.first_layer; }
+  size_t weight_bytes() const { return weight_bytes_; }
+
+  // h[m, hidden] = embedding rows of ids (host array).
+  void embed(const int32_t* ids, int64_t m, float* h);
+  // Runs this rank's layers over the batch, in place on h [sum n_tokens, hidden]. Every rank of
+  // the stage must call it the same number of times (MoE exchanges), with an empty batch if idle.
+  void forward(const std::vector<SeqStep>& batch, float* h);
+  // logits[m, vocab] = lm_head(norm(h rows)); host output.
+  void logits(const float* h, int64_t m, float* logits_host);
+
+  void set_debug_hook(DebugHook hook) { debug_ = std::move(hook); }
+  // Tokens routed to each local expert so far (load-balance report), and MoE bytes sent.
+  const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
+  size_t moe_bytes_sent() const;
+  double moe_comm_seconds() const { return moe_comm_seconds_; }
+
+ private:
+  struct Layer;
+  struct Expert;
+  kernels::Weight matrix(const std::string& name, int64_t rows, int64_t cols);
+  const float* vector(const std::string& name, int64_t n, float scale = 1.0f);
+  kernels::Weight matrix_f32_scaled(const std::string& name, int64_t rows, int64_t cols,
+                                    float scale);
+  void attention(Layer& L, int li, const std::vector<SeqStep>& batch, const int32_t* pos,
+                 const float* a, int64_t m, float* h);
+  void dense_mlp(Layer& L, const float* x, int64_t m, float* y);
+  void moe(Layer& L, const float* x, int64_t m, float* y);
+  void swiglu_expert(const Expert& e, const float* x, int64_t m, float* y);
+
+  ModelConfig cfg_;
+  Checkpoint& ckpt_;
+  kernels::Backend& backend_;
+  ModelShard shard_;
+  parallel::Comm& stage_comm_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  kernels::Weight embed_tokens_, lm_head_;
+  const float* final_norm_ = nullptr;
+  std::vector<float> inv_freq_host_;
+  const float* inv_freq_ = nullptr;
+  std::vector<std::vector<float>> owned_;  // host copies of converted vectors
+  size_t weight_bytes_ = 0;
+  std::vector<int64_t> expert_tokens_;
+  double moe_comm_seconds_ = 0;
+  struct Exchange;
+  std::unique_ptr<Exchange> exchange_;
+  DebugHook debug_;
+};
+
+}  // namespace glm5::runtime

@@ -1,0 +1,84 @@
+// Safetensors checkpoints: one `model.safetensors` or shards through `model.safetensors.index.json`.
+// Shards are mmapped on first use, so a rank touches only the bytes of the tensors it asks for.
+// Every error names the file and the tensor, the expected and the found value.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace glm5::runtime {
+
+struct TensorInfo {
+  std::string name;
+  std::string file;  // path of the shard that holds it
+  DType dtype = DType::Unknown;
+  std::string dtype_name;  // as written in the header (kept for messages about unknown dtypes)
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // into the mmapped shard
+  size_t nbytes = 0;
+  int64_t numel() const;
+};
+
+// One mmapped .safetensors file with its parsed header. Validates the header (JSON, offsets inside
+// the file, sizes matching dtype x shape) when opened.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  const std::string& path() const { return path_; }
+  const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo* find(const std::string& name) const;
+  size_t file_size() const { return size_; }
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t size_ = 0;
+  std::map<std::string, TensorInfo> tensors_;
+};
+
+// A whole checkpoint directory.
+class Checkpoint {
+ public:
+  explicit Checkpoint(const std::string& model_dir);
+  ~Checkpoint();
+  const std::string& dir() const { return dir_; }
+  // Every tensor name the checkpoint declares (from the index, or the single file's header).
+  std::vector<std::string> names() const;
+  bool has(const std::string& name) const;
+  // The tensor, checked: it exists, its shape equals `shape`, its dtype is BF16, F16 or F32
+  // (F8_E4M3 is recognised and refused with a clear message; FP8 is not supported yet).
+  const TensorInfo& get(const std::string& name, const std::vector<int64_t>& shape);
+  // The header entry of a declared tensor (its shard is opened if needed), without the checks of
+  // get() and not counted in bytes_loaded(); nullptr when the checkpoint does not declare it.
+  const TensorInfo* find(const std::string& name);
+  // Total bytes of the tensors handed out by get() so far.
+  size_t bytes_loaded() const { return bytes_loaded_; }
+
+ private:
+  SafetensorsFile& shard(const std::string& file);
+  std::string dir_;
+  std::map<std::string, std::string> weight_map_;  // tensor -> shard file name
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> shards_;
+  size_t bytes_loaded_ = 0;
+};
+
+// Writes a safetensors file (used for --dump-logits, tests and generators). Tensors are written
+// in the given order; data must hold numel * dtype_size bytes.
+struct TensorToWrite {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  const void* data;
+};
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace glm5::runtime

@@ -1,0 +1,220 @@
+// MoeExchange under mpirun: rows tagged with (source rank, token) are dispatched and combined,
+// and compared with a naive exchange made of send/recv. Covers ranks with no tokens, slots that
+// are not sent (dest -1), the (tag, source, slot) receive order, combine back to the slots,
+// repeated rounds, byte accounting and bad arguments that must stop every rank, not hang one.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+#include "parallel/moe_exchange.h"
+#include "parallel/mpi_comm.h"
+
+namespace glm5::parallel {
+namespace {
+
+uint32_t mix(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t h = a * 0x9E3779B1u ^ (b + 0x7F4A7C15u) * 0x85EBCA77u ^ (c + 1u) * 0xC2B2AE3Du;
+  h ^= h >> 15;
+  h *= 0x2C1B3C6Du;
+  h ^= h >> 12;
+  return h;
+}
+
+// Row t of rank src, column c: exact in f32 (< 2^24) and unique per (src, t, c).
+float x_value(int src, int64_t t, int64_t c) { return float(src * 1000000 + t * 1000 + c); }
+// What the "experts" compute from a received row; exact in f32.
+float y_value(float x, int32_t tag) { return 2.0f * x + float(tag); }
+
+// One rank's inputs for a round.
+struct Inputs {
+  int64_t m = 0, d = 0, top_k = 0;
+  std::vector<float> x;
+  std::vector<int32_t> dest, tag;
+};
+
+Inputs make_inputs(int round, int me, int p, int64_t d, int64_t top_k, int n_tags) {
+  Inputs in;
+  in.d = d;
+  in.top_k = top_k;
+  // Rank 1 has no tokens in every round, rank 0 none in round 2; the others vary.
+  in.m = (me == 1 || (round == 2 && me == 0)) ? 0 : int64_t(mix(round, me, 7) % 9 + 1);
+  if (round == 3) in.m = 0;  // nobody has tokens
+  if (round == 4) in.m = 150 + me;  // big enough for the threaded copies
+  in.x.resize(size_t(in.m * d));
+  for (int64_t t = 0; t < in.m; ++t)
+    for (int64_t c = 0; c < d; ++c) in.x[t * d + c] = x_value(me, t, c);
+  in.dest.resize(size_t(in.m * top_k));
+  in.tag.resize(size_t(in.m * top_k));
+  for (int64_t s = 0; s < in.m * top_k; ++s) {
+    uint32_t h = mix(round * 131 + me, uint32_t(s), 3);
+    in.dest[s] = int32_t(h % uint32_t(p + 1)) - 1;  // -1 = not sent
+    in.tag[s] = in.dest[s] < 0 ? 12345 : int32_t((h >> 8) % uint32_t(n_tags));
+  }
+  return in;
+}
+
+struct Expected {
+  int32_t tag, src;
+  int64_t slot;
+  std::vector<float> row;
+};
+
+// The naive exchange: each ordered pair in one global order; the sender sends the number of
+// slots, then (slot, tag) pairs and rows.
+std::vector<Expected> naive_dispatch(Comm& comm, const Inputs& in) {
+  const int p = comm.size(), me = comm.rank();
+  std::vector<Expected> got;
+  for (int src = 0; src < p; ++src)
+    for (int dst = 0; dst < p; ++dst) {
+      if (src != me && dst != me) continue;
+      std::vector<int64_t> slots;
+      std::vector<int32_t> tags;
+      std::vector<float> rows;
+      if (src == me) {
+        for (int64_t s = 0; s < in.m * in.top_k; ++s)
+          if (in.dest[s] == dst) {
+            slots.push_back(s);
+            tags.push_back(in.tag[s]);
+            const float* r = &in.x[(s / in.top_k) * in.d];
+            rows.insert(rows.end(), r, r + in.d);
+          }
+      }
+      int64_t n = int64_t(slots.size());
+      if (src != dst) {
+        if (src == me) {
+          comm.send(&n, sizeof n, dst, 21);
+          comm.send(slots.data(), n * sizeof(int64_t), dst, 22);
+          comm.send(tags.data(), n * sizeof(int32_t), dst, 23);
+          comm.send(rows.data(), n * in.d * sizeof(float), dst, 24);
+          continue;
+        }
+        comm.recv(&n, sizeof n, src, 21);
+        slots.resize(n);
+        tags.resize(n);
+        rows.resize(size_t(n * in.d));
+        comm.recv(slots.data(), n * sizeof(int64_t), src, 22);
+        comm.recv(tags.data(), n * sizeof(int32_t), src, 23);
+        comm.recv(rows.data(), n * in.d * sizeof(float), src, 24);
+      }
+      for (int64_t k = 0; k < n; ++k)
+        got.push_back({tags[k], src, slots[k],
+                       std::vector<float>(rows.begin() + k * in.d, rows.begin() + (k + 1) * in.d)});
+    }
+  // The documented order, written as a full sort key.
+  std::sort(got.begin(), got.end(), [](const Expected& a, const Expected& b) {
+    return std::tie(a.tag, a.src, a.slot) < std::tie(b.tag, b.src, b.slot);
+  });
+  return got;
+}
+
+void run_round(Comm& comm, MoeExchange& ex, int round, int64_t d, int64_t top_k, int n_tags) {
+  const int p = comm.size(), me = comm.rank();
+  Inputs in = make_inputs(round, me, p, d, top_k, n_tags);
+  const uint64_t bytes_before = ex.bytes_sent();
+  ex.dispatch(in.x.data(), in.m, in.d, in.top_k, in.dest.data(), in.tag.data());
+  std::vector<Expected> want = naive_dispatch(comm, in);
+
+  // ASSERTs leave only these lambdas: every rank must still reach combine().
+  [&] {
+  ASSERT_EQ(ex.recv_count(), int64_t(want.size())) << "round " << round;
+  for (int64_t i = 0; i < ex.recv_count(); ++i) {
+    ASSERT_EQ(ex.recv_tag()[i], want[i].tag) << "round " << round << " row " << i;
+    ASSERT_EQ(ex.recv_src()[i], want[i].src) << "round " << round << " row " << i;
+    ASSERT_EQ(std::memcmp(ex.recv_x() + i * d, want[i].row.data(), d * sizeof(float)), 0)
+        << "round " << round << " row " << i << " from rank " << want[i].src << " slot "
+        << want[i].slot;
+    if (i > 0) {  // the order rule itself
+      ASSERT_LE(std::tie(ex.recv_tag()[i - 1], ex.recv_src()[i - 1]),
+                std::tie(ex.recv_tag()[i], ex.recv_src()[i]));
+    }
+  }
+  }();
+
+  // "Experts": y = 2x + tag, then back to the slots.
+  std::vector<float> y(size_t(ex.recv_count() * d));
+  for (int64_t i = 0; i < ex.recv_count(); ++i)
+    for (int64_t c = 0; c < d; ++c) y[i * d + c] = y_value(ex.recv_x()[i * d + c], ex.recv_tag()[i]);
+  ex.combine(y.data());
+  EXPECT_EQ(ex.m(), in.m);
+  [&] {
+    for (int64_t s = 0; s < in.m * top_k; ++s)
+      for (int64_t c = 0; c < d; ++c) {
+        float want_v = in.dest[s] < 0 ? 0.0f : y_value(x_value(me, s / top_k, c), in.tag[s]);
+        ASSERT_EQ(ex.out()[s * d + c], want_v) << "round " << round << " slot " << s << " col " << c;
+      }
+  }();
+
+  // Payload bytes to other ranks: rows + tags out, results back. Headers come on top.
+  uint64_t payload = 0;
+  for (int64_t s = 0; s < in.m * top_k; ++s)
+    if (in.dest[s] >= 0 && in.dest[s] != me) payload += d * sizeof(float) + sizeof(int32_t);
+  for (const Expected& e : want)
+    if (e.src != me) payload += d * sizeof(float);
+  const uint64_t delta = ex.bytes_sent() - bytes_before;
+  EXPECT_GE(delta, payload);
+  EXPECT_LE(delta, payload + 64 * uint64_t(p - 1));
+}
+
+TEST(MoeExchange, DispatchCombineMatchNaiveExchange) {
+  auto world = make_mpi_world();
+  MoeExchange ex(*world);
+  for (int round = 0; round < 5; ++round) {
+    const int64_t d = round == 4 ? 64 : 5, top_k = round == 1 ? 1 : 3;
+    run_round(*world, ex, round, d, top_k, /*n_tags=*/round == 4 ? 8 : 3);
+  }
+}
+
+TEST(MoeExchange, WorksOnStageSubCommunicators) {
+  auto world = make_mpi_world();
+  const int n = world->size(), me = world->rank();
+  // Two groups (2 stages x n/2 columns for even n, sizes 2 and 1 for n = 3); each exchanges on
+  // its own, with ranks renumbered inside the group.
+  const int half = (n + 1) / 2;
+  auto stage = world->split(me < half ? 0 : 1, me < half ? me : me - half);
+  MoeExchange ex(*stage);
+  for (int round = 0; round < 3; ++round) run_round(*stage, ex, round, 4, 2, 2);
+}
+
+TEST(MoeExchange, BadArgumentsStopEveryRank) {
+  auto world = make_mpi_world();
+  const int p = world->size(), me = world->rank();
+  MoeExchange ex(*world);
+  std::vector<float> x(2 * 4, 1.0f);
+  std::vector<int32_t> tag(2 * 2, 0), dest(2 * 2, 0);
+  // The last rank names a rank that does not exist: it throws its own message, the others learn
+  // of it in the count exchange and throw too.
+  if (me == p - 1) dest[3] = p;
+  try {
+    ex.dispatch(x.data(), 2, 4, 2, dest.data(), tag.data());
+    ADD_FAILURE() << "dispatch with dest_rank = " << p << " on rank " << p - 1 << " did not throw";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    if (me == p - 1)
+      EXPECT_NE(msg.find("dest_rank[3]"), std::string::npos) << msg;
+    else
+      EXPECT_NE(msg.find("rank " + std::to_string(p - 1)), std::string::npos) << msg;
+  }
+  EXPECT_THROW(ex.combine(nullptr), Error);  // no successful dispatch to combine
+
+  // Row widths that disagree.
+  if (p > 1) {
+    const int64_t d = me == 0 ? 3 : 4;
+    dest.assign(4, 0);
+    EXPECT_THROW(ex.dispatch(x.data(), 2, d, 2, dest.data(), tag.data()), Error);
+  }
+  // The exchange is usable again afterwards.
+  dest.assign(4, -1);
+  dest[0] = (me + 1) % p;
+  ex.dispatch(x.data(), 2, 4, 2, dest.data(), tag.data());
+  EXPECT_EQ(ex.recv_count(), 1);
+  std::vector<float> y(4, 3.0f);
+  ex.combine(y.data());
+  EXPECT_EQ(ex.out()[0], 3.0f);
+  EXPECT_EQ(ex.out()[4], 0.0f);
+}
+
+}  // namespace
+}  // namespace glm5::parallel

@@ -1,0 +1,294 @@
+// Name table: the HF names and shapes for the goldens and for full-size GLM-5 (spec §2.1 counts),
+// MTP names recognised, and check_checkpoint on the goldens and on small checkpoints written
+// from the table and then spoiled one way each (missing, misshaped, FP8, unknown name).
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "runtime/config.h"
+#include "runtime/name_table.h"
+#include "runtime/safetensors.h"
+
+namespace glm5::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const std::string kData = GLM5_TEST_DATA;
+
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    for (const std::string& p : parts)
+      EXPECT_NE(m.find(p), std::string::npos) << "expected '" << p << "' in: " << m;
+    return;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected glm5::Error, got another exception: " << e.what();
+    return;
+  }
+  ADD_FAILURE() << "expected glm5::Error, nothing was thrown";
+}
+
+std::map<std::string, std::vector<int64_t>> by_name(const std::vector<TensorSpec>& table) {
+  std::map<std::string, std::vector<int64_t>> m;
+  for (const TensorSpec& s : table) EXPECT_TRUE(m.emplace(s.name, s.shape).second) << "duplicate " << s.name;
+  return m;
+}
+
+// GLM-5's config.json as quoted in spec §1.1.
+const char* kGlm5Config = R"({
+  "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "vocab_size": 154880,
+  "hidden_size": 6144, "num_hidden_layers": 78, "num_attention_heads": 64, "num_key_value_heads": 64,
+  "head_dim": 64, "qk_head_dim": 256, "q_lora_rank": 2048, "kv_lora_rank": 512,
+  "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256, "index_n_heads": 32,
+  "index_head_dim": 128, "index_topk": 2048, "indexer_rope_interleave": true, "rope_interleave": true,
+  "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
+  "max_position_embeddings": 202752, "intermediate_size": 12288, "moe_intermediate_size": 2048,
+  "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 1,
+  "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": true, "scoring_func": "sigmoid",
+  "topk_method": "noaux_tc", "first_k_dense_replace": 3, "moe_layer_freq": 1,
+  "num_nextn_predict_layers": 1, "hidden_act": "silu", "rms_norm_eps": 1e-05,
+  "attention_bias": false, "attention_dropout": 0.0, "tie_word_embeddings": false,
+  "eos_token_id": [154820, 154827, 154829], "pad_token_id": 154820, "dtype": "bfloat16",
+  "ep_size": 1, "pretraining_tp": 1, "initializer_range": 0.02, "use_cache": true,
+  "transformers_version": "5.0.2.dev0"})";
+
+TEST(NameTableTest, FullSizeGlm5MatchesSpecInventory) {
+  ModelConfig c = parse_config(kGlm5Config, "glm5/config.json");
+  EXPECT_FLOAT_EQ(c.softmax_scale(), 0.0625f);
+  std::vector<TensorSpec> table = tensor_table(c);
+  // Spec §2.1: 59,079 tensors for layers 0..77 + globals; 743.91 B parameters.
+  EXPECT_EQ(table.size(), 59079u);
+  double params = 0;
+  for (const TensorSpec& s : table) {
+    double n = 1;
+    for (int64_t d : s.shape) n *= double(d);
+    params += n;
+  }
+  EXPECT_NEAR(params / 1e9, 743.91, 0.01);
+
+  auto m = by_name(table);
+  EXPECT_EQ(m["model.embed_tokens.weight"], (std::vector<int64_t>{154880, 6144}));
+  EXPECT_EQ(m["lm_head.weight"], (std::vector<int64_t>{154880, 6144}));
+  EXPECT_EQ(m["model.norm.weight"], (std::vector<int64_t>{6144}));
+  const std::string P = "model.layers.5.";
+  EXPECT_EQ(m[P + "self_attn.q_a_proj.weight"], (std::vector<int64_t>{2048, 6144}));
+  EXPECT_EQ(m[P + "self_attn.q_b_proj.weight"], (std::vector<int64_t>{16384, 2048}));
+  EXPECT_EQ(m[P + "self_attn.kv_a_proj_with_mqa.weight"], (std::vector<int64_t>{576, 6144}));
+  EXPECT_EQ(m[P + "self_attn.kv_a_layernorm.weight"], (std::vector<int64_t>{512}));
+  EXPECT_EQ(m[P + "self_attn.kv_b_proj.weight"], (std::vector<int64_t>{28672, 512}));
+  EXPECT_EQ(m[P + "self_attn.o_proj.weight"], (std::vector<int64_t>{6144, 16384}));
+  EXPECT_EQ(m[P + "self_attn.indexer.wq_b.weight"], (std::vector<int64_t>{4096, 2048}));
+  EXPECT_EQ(m[P + "self_attn.indexer.wk.weight"], (std::vector<int64_t>{128, 6144}));
+  EXPECT_EQ(m[P + "self_attn.indexer.k_norm.bias"], (std::vector<int64_t>{128}));
+  EXPECT_EQ(m[P + "self_attn.indexer.weights_proj.weight"], (std::vector<int64_t>{32, 6144}));
+  EXPECT_EQ(m[P + "mlp.gate.weight"], (std::vector<int64_t>{256, 6144}));
+  EXPECT_EQ(m[P + "mlp.gate.e_score_correction_bias"], (std::vector<int64_t>{256}));
+  EXPECT_EQ(m[P + "mlp.experts.255.down_proj.weight"], (std::vector<int64_t>{6144, 2048}));
+  EXPECT_EQ(m[P + "mlp.shared_experts.up_proj.weight"], (std::vector<int64_t>{2048, 6144}));
+  EXPECT_EQ(m["model.layers.2.mlp.gate_proj.weight"], (std::vector<int64_t>{12288, 6144}));
+  EXPECT_EQ(m.count("model.layers.2.mlp.gate.weight"), 0u);
+  EXPECT_EQ(m.count("model.layers.78.input_layernorm.weight"), 0u);
+
+  EXPECT_TRUE(is_mtp_tensor(c, "model.layers.78.eh_proj.weight"));
+  EXPECT_TRUE(is_mtp_tensor(c, "model.layers.78.mlp.experts.3.up_proj.weight"));
+  EXPECT_FALSE(is_mtp_tensor(c, "model.layers.77.eh_proj.weight"));
+  EXPECT_FALSE(is_mtp_tensor(c, "model.layers.7"));
+  EXPECT_FALSE(is_mtp_tensor(c, "model.layers.x78.eh_proj.weight"));
+  EXPECT_FALSE(is_mtp_tensor(c, "lm_head.weight"));
+}
+
+TEST(NameTableTest, LayerAndExpertTags) {
+  ModelConfig c = load_config(kData + "/tiny-a");
+  std::vector<TensorSpec> table = tensor_table(c);
+  ASSERT_FALSE(table.empty());
+  EXPECT_EQ(table.front().name, "model.embed_tokens.weight");
+  EXPECT_EQ(table.front().layer, -1);
+  EXPECT_EQ(table.back().name, "lm_head.weight");
+  EXPECT_EQ(table.back().layer, -1);
+  int experts = 0;
+  for (const TensorSpec& s : table) {
+    if (s.name.rfind("model.layers.", 0) == 0) {
+      EXPECT_EQ(s.name.rfind("model.layers." + std::to_string(s.layer) + ".", 0), 0u) << s.name;
+    }
+    if (s.expert >= 0) {
+      ++experts;
+      EXPECT_NE(s.name.find("mlp.experts." + std::to_string(s.expert) + "."), std::string::npos) << s.name;
+    }
+  }
+  EXPECT_EQ(experts, 3 * 16 * 3);  // 3 MoE layers x 16 experts x gate/up/down
+  auto m = by_name(table);
+  EXPECT_EQ(m["model.layers.1.mlp.shared_experts.down_proj.weight"], (std::vector<int64_t>{256, 64}));
+  EXPECT_EQ(m["model.layers.0.mlp.down_proj.weight"], (std::vector<int64_t>{256, 256}));
+}
+
+TEST(NameTableTest, MoeLayerPattern) {
+  ModelConfig c = load_config(kData + "/tiny-a");
+  c.num_hidden_layers = 6;
+  c.first_k_dense_replace = 1;
+  c.moe_layer_freq = 2;
+  auto m = by_name(tensor_table(c));
+  for (int l = 0; l < 6; ++l) {
+    const std::string P = "model.layers." + std::to_string(l) + ".";
+    const bool moe = l >= 1 && l % 2 == 0;
+    EXPECT_EQ(c.is_moe_layer(l), moe) << l;
+    EXPECT_EQ(m.count(P + "mlp.gate.e_score_correction_bias"), moe ? 1u : 0u) << l;
+    EXPECT_EQ(m.count(P + "mlp.gate_proj.weight"), moe ? 0u : 1u) << l;
+  }
+  c.n_routed_experts = 0;  // no experts at all: every layer dense
+  EXPECT_FALSE(c.is_moe_layer(2));
+}
+
+TEST(NameTableTest, TiedEmbeddingsHaveNoLmHead) {
+  ModelConfig c = load_config(kData + "/tiny-a");
+  c.tie_word_embeddings = true;
+  auto m = by_name(tensor_table(c));
+  EXPECT_EQ(m.count("lm_head.weight"), 0u);
+  EXPECT_EQ(m.count("model.embed_tokens.weight"), 1u);
+}
+
+TEST(NameTableTest, NoSharedExperts) {
+  ModelConfig c = load_config(kData + "/tiny-a");
+  c.n_shared_experts = 0;
+  auto m = by_name(tensor_table(c));
+  EXPECT_EQ(m.count("model.layers.1.mlp.shared_experts.up_proj.weight"), 0u);
+}
+
+// Both goldens: the table is exactly the checkpoint minus its MTP layer, and the check passes.
+void check_golden(const std::string& name, size_t total, size_t mtp) {
+  ModelConfig c = load_config(kData + "/" + name);
+  Checkpoint ck(kData + "/" + name);
+  auto m = by_name(tensor_table(c));
+  size_t n_mtp = 0;
+  for (const std::string& n : ck.names()) {
+    if (is_mtp_tensor(c, n)) {
+      ++n_mtp;
+      EXPECT_EQ(m.count(n), 0u) << n;
+    } else {
+      EXPECT_EQ(m.count(n), 1u) << n;
+    }
+  }
+  EXPECT_EQ(ck.names().size(), total);
+  EXPECT_EQ(n_mtp, mtp);
+  EXPECT_EQ(m.size(), total - mtp);
+  EXPECT_NO_THROW(check_checkpoint(ck, c));
+  EXPECT_EQ(ck.bytes_loaded(), 0u);  // headers only
+}
+
+TEST(NameTableTest, TinyAPassesCheck) { check_golden("tiny-a", 292, 71); }
+// tiny-v32's MTP layer also has its own embed_tokens and shared_head.head copies.
+TEST(NameTableTest, TinyV32PassesCheck) { check_golden("tiny-v32", 227, 73); }
+
+// A small synthetic checkpoint written from the table (zero data), spoilt by `edit`.
+struct Synthetic {
+  fs::path dir;
+  ModelConfig cfg;
+  explicit Synthetic(const std::function<void(std::vector<TensorToWrite>&)>& edit) {
+    static std::atomic<int> counter{0};
+    dir = fs::temp_directory_path() /
+          ("glm5-test-name-table-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    cfg = load_config(kData + "/tiny-a");
+    cfg.num_hidden_layers = 2;
+    cfg.n_routed_experts = 4;
+    cfg.n_group = 1;
+    cfg.topk_group = 1;
+    std::vector<TensorToWrite> ts;
+    for (const TensorSpec& s : tensor_table(cfg)) {
+      DType dt = s.name.find("e_score_correction_bias") != std::string::npos ? DType::F32 : DType::BF16;
+      ts.push_back({s.name, dt, s.shape, nullptr});
+    }
+    edit(ts);
+    std::vector<std::vector<uint8_t>> data(ts.size());
+    for (size_t i = 0; i < ts.size(); ++i) {
+      if (ts[i].data) continue;
+      size_t n = dtype_size(ts[i].dtype);
+      for (int64_t d : ts[i].shape) n *= size_t(d);
+      data[i].assign(n, 0);
+      ts[i].data = data[i].data();
+    }
+    write_safetensors((dir / "model.safetensors").string(), ts);
+  }
+  ~Synthetic() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  void check() {
+    Checkpoint ck(dir.string());
+    check_checkpoint(ck, cfg);
+  }
+};
+
+TEST(NameTableTest, SyntheticCheckpointPasses) {
+  Synthetic s([](auto&) {});
+  EXPECT_NO_THROW(s.check());
+}
+
+TEST(NameTableTest, MtpNamesAllowedAndF16Accepted) {
+  Synthetic s([](std::vector<TensorToWrite>& ts) {
+    ts.push_back({"model.layers.2.eh_proj.weight", DType::BF16, {256, 512}, nullptr});
+    ts.push_back({"model.layers.2.embed_tokens.weight", DType::BF16, {512, 256}, nullptr});
+    for (TensorToWrite& t : ts)
+      if (t.name == "model.norm.weight") t.dtype = DType::F16;
+      else if (t.name == "model.layers.1.mlp.gate.e_score_correction_bias") t.dtype = DType::BF16;
+  });
+  EXPECT_NO_THROW(s.check());
+}
+
+TEST(NameTableTest, MissingTensor) {
+  const std::string gone = "model.layers.1.mlp.experts.3.up_proj.weight";
+  Synthetic s([&](std::vector<TensorToWrite>& ts) {
+    std::erase_if(ts, [&](const TensorToWrite& t) { return t.name == gone; });
+  });
+  expect_error([&] { s.check(); },
+               {s.dir.string(), "tensor '" + gone + "' not found (expected shape [64, 256]"});
+}
+
+TEST(NameTableTest, MisshapedTensor) {
+  const std::string name = "model.layers.0.self_attn.kv_b_proj.weight";  // [4 * 64, 32]
+  Synthetic s([&](std::vector<TensorToWrite>& ts) {
+    for (TensorToWrite& t : ts)
+      if (t.name == name) t.shape = {4 * 48, 32};
+  });
+  expect_error([&] { s.check(); }, {name, "model.safetensors", "expected shape [256, 32]", "found [192, 32]"});
+}
+
+TEST(NameTableTest, Fp8AndIntegerDtypesRefused) {
+  const std::string name = "model.layers.1.self_attn.o_proj.weight";
+  Synthetic fp8([&](std::vector<TensorToWrite>& ts) {
+    for (TensorToWrite& t : ts)
+      if (t.name == name) t.dtype = DType::F8_E4M3;
+  });
+  expect_error([&] { fp8.check(); }, {"tensor " + name, "model.safetensors", "is F8_E4M3", "not supported yet"});
+  Synthetic i32([&](std::vector<TensorToWrite>& ts) {
+    for (TensorToWrite& t : ts)
+      if (t.name == name) t.dtype = DType::I32;
+  });
+  expect_error([&] { i32.check(); }, {"tensor " + name, "has dtype I32", "expected BF16, F16 or F32"});
+}
+
+TEST(NameTableTest, UnknownName) {
+  Synthetic s([](std::vector<TensorToWrite>& ts) {
+    ts.push_back({"model.layers.0.self_attn.q_proj.weight", DType::BF16, {4}, nullptr});
+    ts.push_back({"model.layers.1.self_attn.q_proj.weight", DType::BF16, {4}, nullptr});
+  });
+  expect_error([&] { s.check(); },
+               {s.dir.string(), "'model.layers.0.self_attn.q_proj.weight'", "2 unknown", "glm_moe_dsa"});
+}
+
+}  // namespace
+}  // namespace glm5::runtime
