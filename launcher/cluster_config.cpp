@@ -229,7 +229,8 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
       else if (key == "hosts") rd.hosts(v, cc);
       else if (key == "mpirun_args") rd.mpirun_args(v, cc);
       else if (key == "env") rd.env(v, cc);
-      else rd.bad(it->first, key, "one of the keys " + allowed_keys_list(), "unknown key '" + key + "'");
+      else rd.bad(it->first, key, "one of the keys (" + allowed_keys_list() + ")",
+                  "unknown key '" + key + "'");
     }
     if (cc.comm == "nccl" && cc.backend != "cuda")
       rd.bad(root["comm"], "comm",

@@ -541,6 +541,7 @@ class WordCache {
 
   bool find(std::string_view key, uint64_t h, std::vector<int32_t>& out) const {
     std::lock_guard<std::mutex> lock(mu_);
+    if (slots_.empty()) return false;
     for (size_t i = h & kMask;; i = (i + 1) & kMask) {
       const Slot& s = slots_[i];
       if (s.hash == 0) return false;
@@ -553,6 +554,7 @@ class WordCache {
   }
   void insert(std::string_view key, uint64_t h, const int32_t* ids, size_t n) const {
     std::lock_guard<std::mutex> lock(mu_);
+    if (slots_.empty()) slots_.resize(kSlots);  // allocated on first use
     if (count_ * 2 >= kSlots || ids_.size() + n > kMaxIds) {
       std::fill(slots_.begin(), slots_.end(), Slot{});
       keys_.clear();
@@ -583,7 +585,7 @@ class WordCache {
     uint32_t key_off = 0, key_len = 0, ids_off = 0, n_ids = 0;
   };
   mutable std::mutex mu_;
-  mutable std::vector<Slot> slots_ = std::vector<Slot>(kSlots);
+  mutable std::vector<Slot> slots_;
   mutable std::string keys_;
   mutable std::vector<int32_t> ids_;
   mutable size_t count_ = 0;
@@ -885,7 +887,6 @@ struct Tokenizer::Impl {
   std::unique_ptr<Regex> word_char_re;  // Rust regex \w, for single_word
   std::unique_ptr<Regex> space_re;      // Rust regex \s, for lstrip/rstrip
 
-  std::array<std::string, 256> byte_char;  // UTF-8 of the printable char for each byte
   std::vector<std::string> id_bytes;       // what decode() emits for each id
   std::vector<bool> id_present;
   int32_t size = 0;
@@ -978,8 +979,10 @@ struct Tokenizer::Impl {
   }
 
   void encode_raw_byte(unsigned char b, std::vector<int32_t>& out) const {
-    if (byte_level_pre) bpe.tokenize(byte_char[b], out);
-    else bpe.tokenize(std::string_view(reinterpret_cast<const char*>(&b), 1), out);
+    std::string_view one(reinterpret_cast<const char*>(&b), 1);
+    if (!byte_level_pre) bpe.tokenize(one, out);
+    else if (stages.back().kind == Stage::kByteLevel) bpe.tokenize_bytes(one, out);
+    else bpe.tokenize(bpe.byte_char[b], out);
   }
 
   void encode_valid(std::string_view run, bool parse_special, std::vector<int32_t>& out) const {
@@ -999,42 +1002,47 @@ struct Tokenizer::Impl {
   }
 
   void pre_tokenize_and_merge(std::string_view text, std::vector<int32_t>& out) const {
+    // Pieces are spans of `cur`; a ByteLevel stage that is not last moves them to a new buffer.
+    thread_local std::string owned, next_buf, prefixed;
+    thread_local std::vector<Span> spans, next, sub;
     std::string_view cur = text;
-    std::string owned, next_buf;
-    std::vector<Span> spans{{0, uint32_t(text.size())}}, next;
-    for (const Stage& st : stages) {
+    spans.assign(1, Span{0, uint32_t(text.size())});
+    for (size_t si = 0; si < stages.size(); ++si) {
+      const Stage& st = stages[si];
       next.clear();
       if (st.kind == Stage::kSplit) {
         for (const Span& sp : spans) split_piece(st, cur.substr(sp.off, sp.len), sp.off, next);
-      } else {
-        // ByteLevel: optional leading space per piece, optional GPT-2 split, then every byte
-        // becomes its printable char. The text changes, so the spans move to a new buffer.
-        next_buf.clear();
-        std::string prefixed;
-        std::vector<Span> sub;
-        for (const Span& sp : spans) {
-          std::string_view piece = cur.substr(sp.off, sp.len);
-          if (st.add_prefix_space && (piece.empty() || piece[0] != ' ')) {
-            prefixed = " ";
-            prefixed += piece;
-            piece = prefixed;
-          }
-          sub.clear();
-          if (st.re) {
-            split_gpt2(st, piece, sub);
-          } else {
-            sub.push_back({0, uint32_t(piece.size())});
-          }
-          for (const Span& s : sub) {
-            uint32_t off = uint32_t(next_buf.size());
-            for (size_t k = s.off; k < s.off + s.len; ++k)
-              next_buf += byte_char[static_cast<unsigned char>(piece[k])];
-            if (next_buf.size() > off) next.push_back({off, uint32_t(next_buf.size() - off)});
-          }
-        }
-        owned.swap(next_buf);
-        cur = owned;
+        spans.swap(next);
+        continue;
       }
+      // ByteLevel: optional leading space per piece, optional GPT-2 split, then every byte
+      // becomes its printable char. As the last stage it hands raw bytes to the model instead.
+      const bool last = si + 1 == stages.size();
+      next_buf.clear();
+      for (const Span& sp : spans) {
+        std::string_view piece = cur.substr(sp.off, sp.len);
+        if (st.add_prefix_space && (piece.empty() || piece[0] != ' ')) {
+          prefixed.assign(1, ' ');
+          prefixed.append(piece);
+          piece = prefixed;
+        }
+        sub.clear();
+        if (st.re) split_gpt2(st, piece, sub);
+        else sub.push_back({0, uint32_t(piece.size())});
+        for (const Span& s : sub) {
+          if (last) {
+            bpe.tokenize_bytes(piece.substr(s.off, s.len), out);
+            continue;
+          }
+          uint32_t off = uint32_t(next_buf.size());
+          for (size_t k = s.off; k < s.off + s.len; ++k)
+            next_buf += bpe.byte_char[static_cast<unsigned char>(piece[k])];
+          if (next_buf.size() > off) next.push_back({off, uint32_t(next_buf.size() - off)});
+        }
+      }
+      if (last) return;
+      owned.swap(next_buf);
+      cur = owned;
       spans.swap(next);
     }
     for (const Span& sp : spans) bpe.tokenize(cur.substr(sp.off, sp.len), out);
@@ -1141,7 +1149,7 @@ struct Tokenizer::Impl {
       if (ia < 0) ctx.fail(field, "left part '" + a + "' is not in model.vocab");
       if (ib < 0) ctx.fail(field, "right part '" + b + "' is not in model.vocab");
       if (inew < 0) ctx.fail(field, "merged token '" + a + b + "' is not in model.vocab");
-      bpe.merges[(uint64_t(uint32_t(ia)) << 32) | uint32_t(ib)] = Bpe::Merge{int32_t(r), inew};
+      bpe.merges.set(ia, ib, int32_t(r), inew);
     }
   }
 
@@ -1216,8 +1224,8 @@ struct Tokenizer::Impl {
     auto byte_to_cp = make_byte_to_cp();
     std::unordered_map<uint32_t, unsigned char> cp_to_byte;
     for (int b = 0; b < 256; ++b) {
-      byte_char[b].clear();
-      append_utf8(byte_char[b], byte_to_cp[b]);
+      bpe.byte_char[b].clear();
+      append_utf8(bpe.byte_char[b], byte_to_cp[b]);
       cp_to_byte[byte_to_cp[b]] = static_cast<unsigned char>(b);
     }
     bpe.small_char_id.assign(0x800, -1);
@@ -1228,6 +1236,7 @@ struct Tokenizer::Impl {
         if (cp < 0x800) bpe.small_char_id[cp] = id;
       }
     }
+    for (int b = 0; b < 256; ++b) bpe.byte_id[b] = bpe.small_char_id[byte_to_cp[b]];
     added_index.assign(size_t(size), -1);
     for (size_t i = 0; i < added.size(); ++i) added_index[added[i].id] = int32_t(i);
 

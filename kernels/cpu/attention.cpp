@@ -216,7 +216,7 @@ void mla_decode(const MlaDecodeParams& p) {
   AllowedKeys allowed(p.s, p.t, p.q_pos, p.topk, p.topk_len, "mla_decode");
   const int64_t dk = p.kv_lora_rank + p.qk_rope_head_dim;
   const int64_t head_blocks = (p.n_heads + kDecodeHeads - 1) / kDecodeHeads;
-  const KeyValues kv{p.cache, dk, dk, nullptr, 0, 0, p.cache, dk, p.kv_lora_rank, p.scale};
+  const KeyValues kv{p.cache, dk, dk, p.cache, 0, 0, p.cache, dk, p.kv_lora_rank, p.scale};
 #pragma omp parallel
   {
     std::vector<float> scratch;

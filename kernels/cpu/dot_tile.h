@@ -41,14 +41,15 @@ struct LoadF16 {
 
 // y[r * ldy + c] = (accumulate ? y : 0) + a[r * lda + :k] . b[c * ldb + :k], in pieces:
 // the same recipe split over k: chunk range [k0, k1) of the dot products, with the 16-lane
-// accumulators kept in `state` (MR * NR vectors) between calls. k0 must be a multiple of 16 and
+// accumulators kept in `state_lanes` (MR * NR * 16 floats, 64-byte aligned) between calls. k0 must be a multiple of 16 and
 // only the last call (k1 == k) may have a partial chunk; `first` zeroes the state, `last` reduces
 // it into y. Storing fp32 lanes and loading them back is exact, so any split gives the bits of
 // a single dot_tile call.
 template <int MR, int NR, class L>
 inline void dot_tile_part(const float* a, int64_t lda, const typename L::T* b, int64_t ldb,
-                          int64_t k0, int64_t k1, simd::vf* state, bool first, bool last,
+                          int64_t k0, int64_t k1, float* state_lanes, bool first, bool last,
                           float* y, int64_t ldy, bool accumulate) {
+  simd::vf* state = reinterpret_cast<simd::vf*>(state_lanes);  // 64-byte aligned
   simd::vf acc[MR][NR];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
@@ -107,7 +108,7 @@ constexpr int kTileRows = 4, kTileCols = 4;
 
 template <class L>
 using DotTilePartFn = void (*)(const float*, int64_t, const typename L::T*, int64_t, int64_t,
-                               int64_t, simd::vf*, bool, bool, float*, int64_t, bool);
+                               int64_t, float*, bool, bool, float*, int64_t, bool);
 
 namespace detail {
 template <class L, int MR, int... NR>

@@ -76,7 +76,7 @@ void gemm_nt(const GemmParams& p) {
       }
       // Rows of x in groups of 4, k in chunks of kKChunk: the 4 x rows of a chunk stay in L1
       // while the block's W rows stream from L2; lane accumulators wait in `state`.
-      simd::vf* st = reinterpret_cast<simd::vf*>(state.data());
+      float* st = state.data()->v;
       for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
         int mr = int(std::min<int64_t>(kTileRows, m - i0));
         for (int64_t k0 = 0; k0 < k || k0 == 0; k0 += kKChunk) {
@@ -85,7 +85,7 @@ void gemm_nt(const GemmParams& p) {
           for (int64_t j = 0; j < nj; j += kTileCols) {
             int nr = int(std::min<int64_t>(kTileCols, nj - j));
             dot_tile_part_fn<LoadF32>(mr, nr)(p.x + i0 * p.ldx, p.ldx, wb + j * ldb, ldb, k0, k1,
-                                              st + j * kTileRows, first, last,
+                                              st + j * kTileRows * simd::kLanes, first, last,
                                               p.y + i0 * p.ldy + j0 + j, p.ldy, p.accumulate);
           }
           if (last) break;

@@ -11,7 +11,11 @@
 #include "core/dtype.h"
 
 #if defined(__AVX512F__)
+// GCC 12 reports its own AVX-512 headers' "undefined vector" idiom as maybe-uninitialized.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 namespace glm5::kernels::simd {

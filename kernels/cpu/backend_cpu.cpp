@@ -1,0 +1,190 @@
+// make_cpu_backend(): the fast CPU backend the model runs on. gemm and the attention ops have their
+// own kernels (cpu/gemm.cpp, cpu/attention.cpp); the cheap row-wise ops run the reference code
+// (or a vectorised copy of it) on row ranges in parallel. Every op checks its parameters first
+// with the same cpu::validate() as the reference backend.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cpu/fast_ops.h"
+#include "cpu/reference.h"
+#include "cpu/simd.h"
+
+namespace glm5::kernels::cpu {
+
+namespace {
+
+// f(begin, end) over row ranges, split across threads when there is enough work to pay for it.
+// f must not throw (parameters are checked before).
+template <class F>
+void parallel_rows(int64_t m, int64_t work_per_row, F f) {
+  if (m < 2 || m * work_per_row < (1 << 15)) {
+    f(int64_t(0), m);
+    return;
+  }
+#pragma omp parallel
+  {
+    int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
+    int64_t b = m * id / nt, e = m * (id + 1) / nt;
+    if (b < e) f(b, e);
+  }
+}
+
+// rms_norm with a 16-lane sum of squares (fixed per row, so batch-invariant).
+void rms_norm_rows(const RmsNormParams& p, int64_t b, int64_t e) {
+  for (int64_t i = b; i < e; ++i) {
+    const float* x = p.x + i * p.ldx;
+    float* y = p.y + i * p.ldy;
+    simd::vf acc = simd::zero();
+    int64_t j = 0;
+    for (; j + simd::kLanes <= p.d; j += simd::kLanes) {
+      simd::vf v = simd::load(x + j);
+      acc = simd::fma(v, v, acc);
+    }
+    if (j < p.d) {
+      simd::vf v = simd::load_n(x + j, int(p.d - j));
+      acc = simd::fma(v, v, acc);
+    }
+    const float r = 1.0f / std::sqrt(simd::reduce(acc) / float(p.d) + p.eps);
+    for (j = 0; j < p.d; ++j) y[j] = p.weight[j] * (x[j] * r);
+  }
+}
+
+// moe_combine: per row, acc = sum_j w[j] * expert_out[slot j] in j order, then (+)= into out.
+void moe_combine_rows(const MoeCombineParams& p, int64_t b, int64_t e, std::vector<float>& acc) {
+  acc.resize(size_t(p.d));
+  for (int64_t i = b; i < e; ++i) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t j = 0; j < p.top_k; ++j) {
+      int32_t slot = p.slots[i * p.top_k + j];
+      if (slot < 0) continue;
+      const float w = p.weights[i * p.top_k + j];
+      const float* src = p.expert_out + slot * p.d;
+      for (int64_t c = 0; c < p.d; ++c) acc[c] += w * src[c];
+    }
+    float* out = p.out + i * p.d;
+    if (p.accumulate)
+      for (int64_t c = 0; c < p.d; ++c) out[c] = out[c] + acc[c];
+    else
+      std::memcpy(out, acc.data(), size_t(p.d) * 4);
+  }
+}
+
+class CpuBackend final : public HostBackend {
+ public:
+  std::string name() const override { return "cpu"; }
+
+  void gemm(const GemmParams& p) override {
+    validate(p);
+    fast::gemm(p);
+  }
+  void rms_norm(const RmsNormParams& p) override {
+    validate(p);
+    parallel_rows(p.m, p.d, [&](int64_t b, int64_t e) { rms_norm_rows(p, b, e); });
+  }
+  void layer_norm(const LayerNormParams& p) override {
+    validate(p);
+    parallel_rows(p.m, 3 * p.d, [&](int64_t b, int64_t e) {
+      LayerNormParams q = p;
+      q.x += b * p.ldx;
+      q.y += b * p.ldy;
+      q.m = e - b;
+      ref::layer_norm(q);
+    });
+  }
+  void rope(const RopeParams& p) override {
+    validate(p);
+    parallel_rows(p.m, p.n_heads * p.rope_dim, [&](int64_t b, int64_t e) {
+      RopeParams q = p;
+      q.x += b * p.token_stride;
+      q.positions += b;
+      q.m = e - b;
+      ref::rope(q);
+    });
+  }
+  void indexer_scores(const IndexerScoresParams& p) override {
+    validate(p);
+    fast::indexer_scores(p);
+  }
+  void topk(const TopkParams& p) override {
+    validate(p);
+    fast::topk(p);
+  }
+  void mla_prefill(const MlaPrefillParams& p) override {
+    validate(p);
+    fast::mla_prefill(p);
+  }
+  void mla_decode(const MlaDecodeParams& p) override {
+    validate(p);
+    fast::mla_decode(p);
+  }
+  void router(const RouterParams& p) override {
+    validate(p);
+    parallel_rows(p.m, 8 * p.n_experts, [&](int64_t b, int64_t e) {
+      RouterParams q = p;
+      q.logits += b * p.n_experts;
+      q.expert_ids += b * p.top_k;
+      q.expert_weights += b * p.top_k;
+      q.m = e - b;
+      ref::router(q);
+    });
+  }
+  void swiglu(const SwigluParams& p) override {
+    validate(p);
+    parallel_rows(p.m, 8 * p.n, [&](int64_t b, int64_t e) {
+      SwigluParams q = p;
+      q.gate += b * p.ld_in;
+      q.up += b * p.ld_in;
+      q.out += b * p.ld_out;
+      q.m = e - b;
+      ref::swiglu(q);
+    });
+  }
+  void embedding(const EmbeddingParams& p) override {
+    validate(p);
+    parallel_rows(p.m, p.table.cols, [&](int64_t b, int64_t e) {
+      EmbeddingParams q = p;
+      q.ids += b;
+      q.out += b * p.table.cols;
+      q.m = e - b;
+      ref::embedding(q);
+    });
+  }
+  void gather_rows(const GatherRowsParams& p) override {
+    validate(p);
+    parallel_rows(p.n, p.d, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        std::memcpy(p.dst + i * p.d, p.src + p.rows[i] * p.d, size_t(p.d) * 4);
+    });
+  }
+  void moe_combine(const MoeCombineParams& p) override {
+    validate(p);
+    parallel_rows(p.m, p.top_k * p.d, [&](int64_t b, int64_t e) {
+      std::vector<float> acc;
+      moe_combine_rows(p, b, e, acc);
+    });
+  }
+  void add(const AddParams& p) override {
+    validate(p);
+    parallel_rows(p.n, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) p.y[i] += p.x[i];
+    });
+  }
+  void copy_2d(const Copy2dParams& p) override {
+    validate(p);
+    parallel_rows(p.rows, p.cols, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        std::memcpy(p.dst + i * p.ld_dst, p.src + i * p.ld_src, size_t(p.cols) * 4);
+    });
+  }
+};
+
+}  // namespace
+
+}  // namespace glm5::kernels::cpu
+
+namespace glm5::kernels {
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<cpu::CpuBackend>(); }
+}  // namespace glm5::kernels

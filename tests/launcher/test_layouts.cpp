@@ -1,0 +1,156 @@
+// Layout invariance: greedy `generate` (with --dump-logits) and a multi-prompt `batch` under
+// mpirun give bitwise the same logits and the same tokens for every P x E layout as the single
+// process. Runs the real glm5 executable under real mpirun processes.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "runtime/safetensors.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const std::string kBin = GLM5_BINARY;
+const std::string kSrc = GLM5_SOURCE_DIR;
+const std::string kData = GLM5_TEST_DATA;
+
+int sh(const std::string& cmd) {
+  int rc = std::system((cmd + " > /tmp/glm5_layout_last.log 2>&1").c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+std::string last_log() {
+  std::ifstream f("/tmp/glm5_layout_last.log");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string mpirun(int np) {
+  return std::string(GLM5_MPIRUN) + " --allow-run-as-root --oversubscribe --mca btl self,vader,tcp " +
+         "-x OMP_NUM_THREADS=1 -np " + std::to_string(np) + " ";
+}
+
+fs::path scratch(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("glm5_layouts_" + std::to_string(getpid())) / name;
+  fs::create_directories(p.parent_path());
+  return p;
+}
+
+// Bitwise equality of every tensor of two safetensors files.
+void expect_same_tensors(const fs::path& a, const fs::path& b) {
+  glm5::runtime::SafetensorsFile fa(a.string()), fb(b.string());
+  ASSERT_EQ(fa.tensors().size(), fb.tensors().size());
+  for (auto& [name, ta] : fa.tensors()) {
+    const auto* tb = fb.find(name);
+    ASSERT_NE(tb, nullptr) << name;
+    ASSERT_EQ(ta.shape, tb->shape) << name;
+    EXPECT_EQ(0, std::memcmp(ta.data, tb->data, ta.nbytes)) << "tensor " << name << " differs";
+  }
+}
+
+std::map<std::string, json> read_records(const fs::path& p) {
+  std::map<std::string, json> out;
+  std::ifstream f(p);
+  std::string line;
+  while (std::getline(f, line)) {
+    json j = json::parse(line);
+    std::string key = j["custom_id"].is_string() ? j["custom_id"].get<std::string>()
+                                                 : "line:" + std::to_string(j["line"].get<int>());
+    EXPECT_EQ(out.count(key), 0u) << "duplicate record for " << key;
+    j.erase("id");
+    if (j["response"].is_object()) {
+      j["response"].erase("request_id");
+      j["response"]["body"].erase("id");
+      j["response"]["body"].erase("created");
+    }
+    out[key] = j;
+  }
+  return out;
+}
+
+struct Layout {
+  const char* config;
+  int np;
+};
+
+const Layout kLayouts[] = {{"cpu-1.yaml", 1},  {"cpu-pp2.yaml", 2},   {"cpu-ep2.yaml", 2},
+                           {"cpu-pp2-ep2.yaml", 4}, {"cpu-ep4.yaml", 4}, {"cpu-pp4.yaml", 4},
+                           {"uneven", 2}};
+
+std::string prompt_ids(int n, int vocab, int seed) {
+  std::string s;
+  unsigned x = unsigned(seed) * 2654435761u + 1;
+  for (int i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    s += (i ? "," : "") + std::to_string((x >> 8) % unsigned(vocab));
+  }
+  return s;
+}
+
+void write_batch_file(const fs::path& p, int vocab) {
+  std::ofstream f(p);
+  for (int i = 0; i < 7; ++i) {
+    json body = {{"prompt", json::array()}, {"max_tokens", 3 + i % 4}, {"temperature", i % 2 ? 0.0 : 0.8},
+                 {"seed", 100 + i}, {"logprobs", 2}};
+    int n = 5 + 11 * i;  // mixed lengths, some above index_topk
+    unsigned x = unsigned(i) * 7919u + 3;
+    for (int t = 0; t < n; ++t) {
+      x = x * 1664525u + 1013904223u;
+      body["prompt"].push_back(int((x >> 8) % unsigned(vocab)));
+    }
+    f << json({{"custom_id", "req-" + std::to_string(i)}, {"method", "POST"}, {"url", "/v1/completions"},
+               {"body", body}}).dump() << "\n";
+  }
+  f << "{not json\n";
+}
+
+class LayoutTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LayoutTest, GenerateAndBatchMatchSingleProcess) {
+  const std::string model = kData + "/" + GetParam();
+  ASSERT_TRUE(fs::exists(model)) << model;
+  json cfg = json::parse(std::ifstream(model + "/config.json"));
+  const int vocab = cfg["vocab_size"];
+  const std::string ids = prompt_ids(int(cfg["index_topk"]) + 20, vocab, 7);
+  const fs::path ref = scratch(GetParam() + "_ref.safetensors");
+  const std::string gen = " generate --model " + model + " --prompt-ids " + ids +
+                          " --max-new-tokens 6 --temperature 0 --dump-logits ";
+  ASSERT_EQ(0, sh(kBin + gen + ref.string())) << last_log();
+
+  const fs::path batch_in = scratch(GetParam() + "_batch.jsonl");
+  write_batch_file(batch_in, vocab);
+  const fs::path batch_ref = scratch(GetParam() + "_batch_ref.jsonl");
+  ASSERT_EQ(0, sh(kBin + " batch --model " + model + " --input " + batch_in.string() + " --output " +
+                  batch_ref.string())) << last_log();
+  auto want = read_records(batch_ref);
+  ASSERT_EQ(want.size(), 8u);
+
+  for (const Layout& l : kLayouts) {
+    SCOPED_TRACE(l.config);
+    std::string cluster = kSrc + "/cluster-configs/" + l.config;
+    if (std::string(l.config) == "uneven") {  // 2 stages: layer 0 | the rest
+      cluster = scratch(GetParam() + "_uneven.yaml").string();
+      std::ofstream(cluster) << "stages: [[0, 1], [1, " << int(cfg["num_hidden_layers"]) << "]]\n"
+                             << "expert_parallel: 1\nmicro_batches: 2\n";
+    }
+    const fs::path out = scratch(GetParam() + "_" + l.config + ".safetensors");
+    ASSERT_EQ(0, sh(mpirun(l.np) + kBin + gen + out.string() + " --cluster " + cluster)) << last_log();
+    expect_same_tensors(ref, out);
+    const fs::path bout = scratch(GetParam() + "_" + l.config + ".jsonl");
+    ASSERT_EQ(0, sh(mpirun(l.np) + kBin + " batch --model " + model + " --input " + batch_in.string() +
+                    " --output " + bout.string() + " --cluster " + cluster)) << last_log();
+    EXPECT_EQ(read_records(bout), want);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, LayoutTest, ::testing::Values("tiny-a", "tiny-moe"));
+
+}  // namespace
