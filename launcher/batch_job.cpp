@@ -185,7 +185,7 @@ std::string batch_record(const BatchLine& in, const runtime::Result* res, const 
   if (!err.empty() || !res) {
     rec["response"] = nullptr;
     rec["error"] = {{"code", in.error_code.empty() ? "request_failed" : in.error_code}, {"message", err}};
-    return rec.dump();
+    return rec.dump(-1, ' ', false, json::error_handler_t::replace);
   }
   std::vector<int32_t> tokens = res->tokens;
   std::string text = tok ? tok->decode(tokens, true) : "";
@@ -224,7 +224,7 @@ std::string batch_record(const BatchLine& in, const runtime::Result* res, const 
                           {"total_tokens", in.request.prompt.size() + tokens.size()}}}};
   rec["response"] = {{"status_code", 200}, {"request_id", rec["id"]}, {"body", body}};
   rec["error"] = nullptr;
-  return rec.dump();
+  return rec.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::vector<std::string> finished_keys(const std::string& path) {
@@ -318,7 +318,7 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
                {"tokens_per_s", st.wall_s > 0 ? double(st.tokens_generated) / st.wall_s : 0.0}};
   std::string s = mine.dump();
   const int n = job->world->size();
-  std::vector<int64_t> sizes(size_t(n));
+  std::vector<int64_t> sizes(static_cast<size_t>(n));
   int64_t my = int64_t(s.size());
   job->world->all_gather(&my, sizeof my, sizes.data());
   if (root) {

@@ -1,7 +1,7 @@
 // Cluster-config YAML -> ClusterConfig (yaml-cpp), its checks against the model and the world size,
-// the per-layer parameter count used to balance stages, and the mpirun command line for `glm5 launch`.
-// Every error names the file, the line, the key, what was expected and what was found. Model numbers
-// never come from here: they come from the HF config.json (runtime/config.h).
+// the per-layer parameter count used to balance stages, and the mpirun command line for `glm5
+// launch`. Every error names the file, the line, the key, what was expected and what was found.
+// Model numbers never come from here: they come from the HF config.json (runtime/config.h).
 #include "launcher/cluster_config.h"
 
 #include <algorithm>
@@ -29,9 +29,9 @@ namespace glm5::launcher {
 
 namespace {
 
-const char* const kAllowedKeys[] = {"stages",        "expert_parallel", "micro_batches", "backend",
-                                    "comm",          "kv_budget_gb",    "max_batch",     "prefill_chunk",
-                                    "hosts",         "mpirun_args",     "env"};
+const char* const kAllowedKeys[] = {
+    "stages",    "expert_parallel", "micro_batches", "backend",     "comm", "kv_budget_gb",
+    "max_batch", "prefill_chunk",   "hosts",         "mpirun_args", "env"};
 
 std::string where(const std::string& source) {
   return "cluster config " + (source.empty() ? std::string("(built-in default)") : source);
@@ -92,7 +92,8 @@ struct Reader {
   std::string one_of(const YAML::Node& n, const std::string& key,
                      std::initializer_list<const char*> choices) const {
     std::string expected;
-    for (const char* c : choices) expected += (expected.empty() ? "one of " : ", ") + std::string(c);
+    for (const char* c : choices)
+      expected += (expected.empty() ? "one of " : ", ") + std::string(c);
     std::string s = text(n, key, expected);
     for (const char* c : choices)
       if (s == c) return s;
@@ -161,13 +162,15 @@ struct Reader {
         bad(h, key, "{host: NAME, slots: N} or \"NAME:SLOTS\"");
       }
       bool name_ok = !hs.host.empty() && hs.host.find_first_of(" \t,:=") == std::string::npos;
-      if (!name_ok) bad(h, key + ".host", "a host name without spaces, ',', ':' or '='", "'" + hs.host + "'");
+      if (!name_ok)
+        bad(h, key + ".host", "a host name without spaces, ',', ':' or '='", "'" + hs.host + "'");
       cc.hosts.push_back(hs);
     }
   }
 
   void mpirun_args(const YAML::Node& n, ClusterConfig& cc) const {
-    if (!n.IsSequence()) bad(n, "mpirun_args", "a list of strings, e.g. [\"--mca\", \"pml\", \"ucx\"]");
+    if (!n.IsSequence())
+      bad(n, "mpirun_args", "a list of strings, e.g. [\"--mca\", \"pml\", \"ucx\"]");
     for (size_t i = 0; i < n.size(); ++i)
       cc.mpirun_args.push_back(text(n[i], "mpirun_args[" + std::to_string(i) + "]", "a string"));
   }
@@ -208,8 +211,7 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
               ": not valid YAML: ", e.msg);
   }
   if (!root.IsDefined() || root.IsNull()) return cc;  // an empty file: the 1 x 1 cpu default
-  if (!root.IsMap())
-    rd.bad(root, "(top level)", "a map of keys (" + allowed_keys_list() + ")");
+  if (!root.IsMap()) rd.bad(root, "(top level)", "a map of keys (" + allowed_keys_list() + ")");
 
   try {
     std::set<std::string> seen;
@@ -218,19 +220,31 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
       const std::string key = it->first.Scalar();
       const YAML::Node& v = it->second;
       if (!seen.insert(key).second) rd.bad(it->first, key, "each key once", "it twice");
-      if (key == "stages") rd.stages(v, cc);
-      else if (key == "expert_parallel") cc.expert_parallel = int(rd.integer(v, key, 1));
-      else if (key == "micro_batches") cc.micro_batches = int(rd.integer(v, key, 1));
-      else if (key == "backend") cc.backend = rd.one_of(v, key, {"cpu", "cuda"});
-      else if (key == "comm") cc.comm = rd.one_of(v, key, {"mpi", "nccl"});
-      else if (key == "kv_budget_gb") cc.kv_budget_gb = rd.number(v, key, 0.0);
-      else if (key == "max_batch") cc.max_batch = int(rd.integer(v, key, 1));
-      else if (key == "prefill_chunk") cc.prefill_chunk = int(rd.integer(v, key, 1));
-      else if (key == "hosts") rd.hosts(v, cc);
-      else if (key == "mpirun_args") rd.mpirun_args(v, cc);
-      else if (key == "env") rd.env(v, cc);
-      else rd.bad(it->first, key, "one of the keys (" + allowed_keys_list() + ")",
-                  "unknown key '" + key + "'");
+      if (key == "stages")
+        rd.stages(v, cc);
+      else if (key == "expert_parallel")
+        cc.expert_parallel = int(rd.integer(v, key, 1));
+      else if (key == "micro_batches")
+        cc.micro_batches = int(rd.integer(v, key, 1));
+      else if (key == "backend")
+        cc.backend = rd.one_of(v, key, {"cpu", "cuda"});
+      else if (key == "comm")
+        cc.comm = rd.one_of(v, key, {"mpi", "nccl"});
+      else if (key == "kv_budget_gb")
+        cc.kv_budget_gb = rd.number(v, key, 0.0);
+      else if (key == "max_batch")
+        cc.max_batch = int(rd.integer(v, key, 1));
+      else if (key == "prefill_chunk")
+        cc.prefill_chunk = int(rd.integer(v, key, 1));
+      else if (key == "hosts")
+        rd.hosts(v, cc);
+      else if (key == "mpirun_args")
+        rd.mpirun_args(v, cc);
+      else if (key == "env")
+        rd.env(v, cc);
+      else
+        rd.bad(it->first, key, "one of the keys (" + allowed_keys_list() + ")",
+               "unknown key '" + key + "'");
     }
     if (cc.comm == "nccl" && cc.backend != "cuda")
       rd.bad(root["comm"], "comm",
@@ -281,7 +295,8 @@ double layer_parameters(const runtime::ModelConfig& mc, int layer) {
   } else {
     mlp = 3 * H * double(mc.intermediate_size);
   }
-  // MTP layers (stored after the decoder layers) add enorm, hnorm, eh_proj [H, 2H], shared_head.norm.
+  // MTP layers (stored after the decoder layers) add enorm, hnorm, eh_proj [H, 2H],
+  // shared_head.norm.
   double mtp = layer >= mc.num_hidden_layers ? 3 * H + 2 * H * H : 0;
   return attn + indexer + mlp + mtp;
 }
@@ -297,7 +312,8 @@ std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc,
   if (mc.n_routed_experts % E != 0) {
     std::string divisors;
     for (int64_t d = 1; d <= mc.n_routed_experts; ++d)
-      if (mc.n_routed_experts % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+      if (mc.n_routed_experts % d == 0)
+        divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
     GLM5_FAIL(cfg, ": key 'expert_parallel': expected a divisor of n_routed_experts (",
               mc.n_routed_experts, ") of model config ", mc.source, " (one of ", divisors,
               "), found ", E);
@@ -318,8 +334,8 @@ std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc,
       next = r.last;
     }
     CHECK(next == L, cfg, ": key 'stages': expected layer ranges covering layers [0, ", L,
-          ") of model config ", mc.source, " (num_hidden_layers = ", L, "), found ranges ending at ",
-          next);
+          ") of model config ", mc.source, " (num_hidden_layers = ", L,
+          "), found ranges ending at ", next);
     return cc.layer_ranges;
   }
 
@@ -384,8 +400,10 @@ std::string shell_join(const std::vector<std::string>& argv) {
     }
     out += '\'';
     for (char c : a) {
-      if (c == '\'') out += "'\\''";
-      else out += c;
+      if (c == '\'')
+        out += "'\\''";
+      else
+        out += c;
     }
     out += '\'';
   }

@@ -67,7 +67,8 @@ double layer_parameters(const runtime::ModelConfig& mc, int layer);
 // not cover the world, mpirun_args, -x for env, and `--cluster FILE` appended to the glm5 args.
 std::vector<std::string> launch_command(const ClusterConfig& cc, const std::string& glm5_path,
                                         const std::vector<std::string>& glm5_args, bool as_root);
-// The command as one line a POSIX shell reads back into the same words (single-quoted where needed).
+// The command as one line a POSIX shell reads back into the same words (single-quoted where
+// needed).
 std::string shell_join(const std::vector<std::string>& argv);
 
 }  // namespace glm5::launcher

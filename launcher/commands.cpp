@@ -140,7 +140,7 @@ int run_generate(const GenerateArgs& a, std::unique_ptr<parallel::Comm> world) {
   }
   json out = {{"token_ids", result.tokens}, {"finish_reason", result.finish_reason}};
   if (tok) out["text"] = tok->decode(result.tokens, true);
-  std::cout << out.dump() << std::endl;
+  std::cout << out.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
   return 0;
 }
 

@@ -60,8 +60,8 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
        << ", d = " << d << ", top_k = " << top_k;
     error = os.str();
   } else if (m > 0 && (!x || !dest_rank || !tag)) {
-    error = "MoE dispatch on rank " + std::to_string(me) + ": null x, dest_rank or tag with m = " +
-            std::to_string(m);
+    error = "MoE dispatch on rank " + std::to_string(me) +
+            ": null x, dest_rank or tag with m = " + std::to_string(m);
   }
   const int64_t n_slots = error.empty() ? m * top_k : 0;
   send_rows_.assign(p, 0);
@@ -93,8 +93,9 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
   recv_rows_.assign(p, 0);
   for (int r = 0; r < p; ++r) {
     const int64_t* h = &hdr_recv_[r * kHeaderWords];
-    CHECK(h[2] == 0, "MoE dispatch: rank ", r, " of the stage passed invalid arguments (its own "
-          "error names them); rank ", me, " stops too");
+    CHECK(h[2] == 0, "MoE dispatch: rank ", r,
+          " of the stage passed invalid arguments (its own error names them); rank ", me,
+          " stops too");
     CHECK(h[1] == d, "MoE dispatch: rank ", r, " uses rows of width d = ", h[1], " but rank ", me,
           " uses d = ", d, " (d must be equal on all ranks)");
     recv_rows_[r] = h[0];
@@ -134,7 +135,7 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
   order_.resize(n_recv);
   std::iota(order_.begin(), order_.end(), int64_t(0));
   std::stable_sort(order_.begin(), order_.end(),
-                   [&](int64_t a, int64_t b) { return raw_tag_[a] > raw_tag_[b]; });
+                   [&](int64_t a, int64_t b) { return raw_tag_[a] < raw_tag_[b]; });
   recv_x_.resize(size_t(n_recv * d));
   recv_tag_.resize(n_recv);
   recv_src_.resize(n_recv);

@@ -56,22 +56,22 @@ class MoeExchange {
   uint64_t bytes_sent_ = 0;
 
   // Send side: slots grouped by destination rank, in slot order within a destination.
-  std::vector<int64_t> send_rows_;   // [P] rows to each rank
-  std::vector<int64_t> send_slot_;   // [n_send] slot index of each grouped row
-  std::vector<float> send_x_;        // [n_send, d]
-  std::vector<int32_t> send_tag_;    // [n_send]
+  std::vector<int64_t> send_rows_;  // [P] rows to each rank
+  std::vector<int64_t> send_slot_;  // [n_send] slot index of each grouped row
+  std::vector<float> send_x_;       // [n_send, d]
+  std::vector<int32_t> send_tag_;   // [n_send]
   // Receive side, as it arrives (source-major, slot order within a source) ...
-  std::vector<int64_t> recv_rows_;   // [P] rows from each rank
-  std::vector<float> raw_x_;         // [n_recv, d]
-  std::vector<int32_t> raw_tag_;     // [n_recv]
+  std::vector<int64_t> recv_rows_;  // [P] rows from each rank
+  std::vector<float> raw_x_;        // [n_recv, d]
+  std::vector<int32_t> raw_tag_;    // [n_recv]
   // ... and in (tag, source, slot) order: recv row i is raw row order_[i].
   std::vector<int64_t> order_;
   std::vector<float> recv_x_;
   std::vector<int32_t> recv_tag_, recv_src_;
   // Combine.
-  std::vector<float> back_;          // [n_recv, d] results in raw order
-  std::vector<float> ret_;           // [n_send, d] results in grouped order
-  std::vector<float> out_;           // [m * top_k, d]
+  std::vector<float> back_;  // [n_recv, d] results in raw order
+  std::vector<float> ret_;   // [n_send, d] results in grouped order
+  std::vector<float> out_;   // [m * top_k, d]
   // all_to_all_v scratch.
   std::vector<int64_t> hdr_send_, hdr_recv_;
   std::vector<size_t> sb_, so_, rb_, ro_;

@@ -49,7 +49,8 @@ MPI_Op mpi_op(ReduceOp op) {
 std::string mpi_error_string(int code) {
   char buf[MPI_MAX_ERROR_STRING + 1] = {0};
   int len = 0;
-  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return "MPI error code " + std::to_string(code);
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS)
+    return "MPI error code " + std::to_string(code);
   return std::string(buf, size_t(len));
 }
 
@@ -201,7 +202,8 @@ void MpiComm::all_to_all_v(const void* send, const size_t* send_bytes, const siz
 void MpiComm::all_to_all_v_p2p(const char* send, const size_t* send_bytes,
                                const size_t* send_offsets, char* recv, const size_t* recv_bytes,
                                const size_t* recv_offsets) {
-  if (p2p_ == MPI_COMM_NULL) MPI_CHECK(MPI_Comm_dup(comm_, &p2p_));  // collective: all ranks are here
+  if (p2p_ == MPI_COMM_NULL)
+    MPI_CHECK(MPI_Comm_dup(comm_, &p2p_));  // collective: all ranks are here
   const size_t limit = g_message_limit;
   std::vector<MPI_Request> reqs;
   for (int r = 0; r < size_; ++r) {
@@ -244,7 +246,8 @@ void MpiComm::all_reduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op
   char* p = static_cast<char*>(buf);
   for (size_t off = 0; off < count; off += chunk) {
     size_t n = std::min(chunk, count - off);
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p + off * es, int(n), mpi_type(dtype), mpi_op(op), comm_));
+    MPI_CHECK(
+        MPI_Allreduce(MPI_IN_PLACE, p + off * es, int(n), mpi_type(dtype), mpi_op(op), comm_));
   }
 }
 

@@ -20,37 +20,44 @@ namespace {
 
 // NCCL_CHECK / CUDA_CHECK: throw glm5::Error naming the call, the world rank and the library's
 // message (ncclGetLastError carries NCCL's detailed reason, e.g. "Duplicate GPU detected").
-#define NCCL_CHECK(call)                                                                      \
-  do {                                                                                        \
-    const ncclResult_t glm5_nccl_rc_ = (call);                                                \
-    if (glm5_nccl_rc_ != ncclSuccess)                                                         \
+#define NCCL_CHECK(call)                                                                       \
+  do {                                                                                         \
+    const ncclResult_t glm5_nccl_rc_ = (call);                                                 \
+    if (glm5_nccl_rc_ != ncclSuccess)                                                          \
       GLM5_FAIL("nccl: ", #call, " failed on rank ", ::glm5::parallel::mpi_world_rank(), ": ", \
-                ncclGetErrorString(glm5_nccl_rc_), " (", ncclGetLastError(nullptr), ")");     \
+                ncclGetErrorString(glm5_nccl_rc_), " (", ncclGetLastError(nullptr), ")");      \
   } while (0)
 
-#define CUDA_CHECK(call)                                                                      \
-  do {                                                                                        \
-    const cudaError_t glm5_cuda_rc_ = (call);                                                 \
-    if (glm5_cuda_rc_ != cudaSuccess)                                                         \
-      GLM5_FAIL("cuda: ", #call, " failed on rank ", ::glm5::parallel::mpi_world_rank(), ": ", \
+#define CUDA_CHECK(call)                                                                        \
+  do {                                                                                          \
+    const cudaError_t glm5_cuda_rc_ = (call);                                                   \
+    if (glm5_cuda_rc_ != cudaSuccess)                                                           \
+      GLM5_FAIL("cuda: ", #call, " failed on rank ", ::glm5::parallel::mpi_world_rank(), ": ",  \
                 cudaGetErrorName(glm5_cuda_rc_), " (", cudaGetErrorString(glm5_cuda_rc_), ")"); \
   } while (0)
 
 ncclDataType_t nccl_type(ReduceDType t) {
   switch (t) {
-    case ReduceDType::F32: return ncclFloat32;
-    case ReduceDType::F64: return ncclFloat64;
-    case ReduceDType::I32: return ncclInt32;
-    case ReduceDType::I64: return ncclInt64;
+    case ReduceDType::F32:
+      return ncclFloat32;
+    case ReduceDType::F64:
+      return ncclFloat64;
+    case ReduceDType::I32:
+      return ncclInt32;
+    case ReduceDType::I64:
+      return ncclInt64;
   }
   GLM5_FAIL("nccl all_reduce: unknown dtype ", int(t));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Min: return ncclMin;
+    case ReduceOp::Sum:
+      return ncclSum;
+    case ReduceOp::Max:
+      return ncclMax;
+    case ReduceOp::Min:
+      return ncclMin;
   }
   GLM5_FAIL("nccl all_reduce: unknown op ", int(op));
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -222,6 +223,7 @@ Engine::Engine(Model& model, parallel::Comm& world, parallel::Comm& stage_comm,
   stats_.rank = world.rank();
   stats_.stage = grid.stage_of(world.rank());
   stats_.column = grid.column_of(world.rank());
+  trace_ = std::getenv("GLM5_TRACE") != nullptr;
   CHECK(opt_.micro_batches >= 1, "micro_batches must be >= 1, found ", opt_.micro_batches);
   CHECK(opt_.max_batch >= 1, "max_batch must be >= 1, found ", opt_.max_batch);
   CHECK(opt_.prefill_chunk >= 1, "prefill_chunk must be >= 1, found ", opt_.prefill_chunk);
@@ -308,7 +310,7 @@ void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Res
   std::map<int64_t, Live> live;
   std::map<int64_t, std::vector<int32_t>> generated;  // one-stage: sampling history
   std::vector<int64_t> released;
-  std::vector<bool> inflight(size_t(G), false);
+  std::vector<bool> inflight(size_t(G), false), inflight_rows(size_t(G), false);
   std::vector<int> group_size(size_t(G), 0);
   double kv_used = 0;
   int64_t done_total = 0, tokens_total = 0;
@@ -361,28 +363,31 @@ void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Res
     }
   };
 
+  // Receives what the last stage returned for group g's step in flight.
+  auto receive = [&](int g) {
+    auto t = Clock::now();
+    std::vector<char> msg = recv_bytes(world_, last, kBack);
+    stats_.comm_s += since(t);
+    Reader rd(msg);
+    std::vector<Back> backs;
+    int64_t nb = rd.get<int64_t>();
+    for (int64_t i = 0; i < nb; ++i) {
+      Back b;
+      b.req = rd.get<int64_t>();
+      b.has_token = rd.get<bool>();
+      b.sampled.token = rd.get<int32_t>();
+      b.sampled.logprob = rd.get<float>();
+      b.sampled.top = rd.get_vec<std::pair<int32_t, float>>();
+      b.logits = rd.get_vec<float>();
+      backs.push_back(std::move(b));
+    }
+    apply(backs);
+    inflight[size_t(g)] = inflight_rows[size_t(g)] = false;
+  };
+
   for (int64_t tick = 0;; ++tick) {
     const int g = int(tick % G);
-    if (P > 1 && inflight[size_t(g)]) {  // this group's previous step has come back
-      auto t = Clock::now();
-      std::vector<char> msg = recv_bytes(world_, last, kBack);
-      stats_.comm_s += since(t);
-      Reader rd(msg);
-      std::vector<Back> backs;
-      int64_t nb = rd.get<int64_t>();
-      for (int64_t i = 0; i < nb; ++i) {
-        Back b;
-        b.req = rd.get<int64_t>();
-        b.has_token = rd.get<bool>();
-        b.sampled.token = rd.get<int32_t>();
-        b.sampled.logprob = rd.get<float>();
-        b.sampled.top = rd.get_vec<std::pair<int32_t, float>>();
-        b.logits = rd.get_vec<float>();
-        backs.push_back(std::move(b));
-      }
-      apply(backs);
-      inflight[size_t(g)] = false;
-    }
+    if (P > 1 && inflight[size_t(g)]) receive(g);  // this group's previous step came back
     // Admit waiting requests into this group (continuous batching).
     while (!pending.empty() && int(live.size()) < opt_.max_batch) {
       const Request& r = reqs[size_t(pending.front())];
@@ -436,7 +441,7 @@ void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Res
 
     // Lockstep of the stage-0 ranks: remaining work, and results waiting to go to rank 0.
     int64_t work = int64_t(pending.size() + live.size());
-    for (int i = 0; i < G; ++i) work += inflight[size_t(i)] ? 1 : 0;
+    for (int i = 0; i < G; ++i) work += inflight_rows[size_t(i)] ? 1 : 0;
     Writer res;
     for (auto& r : finished) put_result(res, r);
     done_total += int64_t(finished.size());
@@ -475,6 +480,8 @@ void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Res
     }
     if (global_work == 0) {
       if (P > 1) {
+        for (int i = 0; i < G; ++i)  // drain the empty steps still in the pipeline
+          if (inflight[size_t(i)]) receive(i);
         Step stop;
         stop.stop = true;
         Writer sw;
@@ -487,6 +494,7 @@ void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Res
 
     // Run the step on this stage (possibly empty: the stage's MoE exchanges still pair up).
     const int64_t m = step.rows();
+    if (trace_) std::fprintf(stderr, "[trace] rank %d tick %lld group %d rows %lld work %lld\n", world_.rank(), (long long)tick, g, (long long)m, (long long)global_work);
     auto tc = Clock::now();
     float* h = static_cast<float*>(be.alloc(size_t(std::max<int64_t>(m, 1) * H) * sizeof(float)));
     if (m > 0) model_.embed(tokens.data(), m, h);
@@ -506,6 +514,7 @@ void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Res
       stats_.bytes_sent += sw.b.size() + size_t(m * H) * sizeof(float);
       stats_.comm_s += since(ts);
       inflight[size_t(g)] = true;
+      inflight_rows[size_t(g)] = m > 0;
     }
     be.free(h);
     stats_.tokens_generated = tokens_total;
@@ -531,6 +540,7 @@ void Engine::run_later_stage(std::vector<Request>& reqs) {
     float* h = static_cast<float*>(be.alloc(size_t(std::max<int64_t>(m, 1) * H) * sizeof(float)));
     if (m > 0) world_.recv(h, size_t(m * H) * sizeof(float), prev, kHidden);
     stats_.comm_s += since(t);
+    if (trace_) std::fprintf(stderr, "[trace] rank %d got step rows %lld stop %d\n", world_.rank(), (long long)m, int(step.stop));
     if (step.stop) {
       if (next >= 0) send_bytes(world_, next, kStep, msg);
       be.free(h);

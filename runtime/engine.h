@@ -86,6 +86,7 @@ class Engine {
   parallel::Grid grid_;
   EngineOptions opt_;
   EngineStats stats_;
+  bool trace_ = false;  // GLM5_TRACE set: one line per tick on stderr
 };
 
 long peak_rss_kb();

@@ -1,8 +1,8 @@
-// Byte-level BPE tokenizer from a Hugging Face tokenizer.json, following HF `tokenizers` step by
-// step: added tokens are cut out first (raw text, then normalized text), each remaining piece is
-// normalized, pre-tokenized (PCRE2 regex splits, byte-level mapping) and BPE-merged by rank.
-// Regexes are PCRE2 with UTF+UCP and JIT (HF uses Oniguruma; the two agree on the patterns these
-// tokenizers use, Unicode-version differences aside). Not here: offsets, Unicode normalization.
+// Byte-level BPE tokenizer from a Hugging Face tokenizer.json, step by step as HF `tokenizers`:
+// added tokens are cut out (raw, then normalized text), the rest is normalized, pre-tokenized
+// (regex splits, byte-level mapping) and BPE-merged by rank. Regexes are PCRE2 (UTF+UCP, JIT) with
+// Oniguruma's \s \w \h rewritten to mean what they mean in HF; chars newer than PCRE2's Unicode
+// tables may still split differently. Not here: offsets, Unicode normalization.
 #include "runtime/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -58,11 +60,15 @@ size_t utf8_valid_len(const unsigned char* s, size_t n, size_t i) {
 
 uint32_t decode_cp(const unsigned char* s, size_t len) {
   switch (len) {
-    case 1: return s[0];
-    case 2: return ((s[0] & 0x1Fu) << 6) | (s[1] & 0x3Fu);
-    case 3: return ((s[0] & 0x0Fu) << 12) | ((s[1] & 0x3Fu) << 6) | (s[2] & 0x3Fu);
+    case 1:
+      return s[0];
+    case 2:
+      return ((s[0] & 0x1Fu) << 6) | (s[1] & 0x3Fu);
+    case 3:
+      return ((s[0] & 0x0Fu) << 12) | ((s[1] & 0x3Fu) << 6) | (s[2] & 0x3Fu);
     default:
-      return ((s[0] & 0x07u) << 18) | ((s[1] & 0x3Fu) << 12) | ((s[2] & 0x3Fu) << 6) | (s[3] & 0x3Fu);
+      return ((s[0] & 0x07u) << 18) | ((s[1] & 0x3Fu) << 12) | ((s[2] & 0x3Fu) << 6) |
+             (s[3] & 0x3Fu);
   }
 }
 
@@ -149,9 +155,13 @@ MatchScratch& scratch() {
 }
 
 // HF compiles tokenizer regexes with Oniguruma. Where Oniguruma's escapes mean something else
-// in PCRE2, rewrite them: \s/\S are the Unicode White_Space property (PCRE2 also counts U+180E),
-// \w is letters, marks, decimal digits and connectors (PCRE2 adds other numbers), and \h/\H are
-// hex digits (PCRE2: horizontal space). Everything else is passed through.
+// in PCRE2, rewrite them: \s/\S are the Unicode White_Space property (PCRE2 also counts U+180E);
+// \w/\W are alphabetic chars, marks, decimal digits, connectors and, as Oniguruma has it, the
+// Latin-1 numbers ² ³ ¹ ¼ ½ ¾ (PCRE2: letters and all numbers); \h/\H are hex digits (PCRE2:
+// horizontal space). Checked code point by code point against tokenizers 0.22.1. Inside a class
+// \W keeps PCRE2's meaning. Everything else is passed through.
+constexpr const char* kOnigWord = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{B2}\\x{B3}\\x{B9}\\x{BC}-\\x{BE}";
+
 std::string onig_to_pcre2(const std::string& p) {
   std::string out;
   bool in_class = false;
@@ -161,12 +171,33 @@ std::string onig_to_pcre2(const std::string& p) {
     if (c == '\\' && i + 1 < p.size()) {
       char e = p[++i];
       switch (e) {
-        case 's': out += "\\p{White_Space}"; break;
-        case 'S': out += "\\P{White_Space}"; break;
-        case 'w': out += in_class ? "\\p{L}\\p{M}\\p{Nd}\\p{Pc}" : "[\\p{L}\\p{M}\\p{Nd}\\p{Pc}]"; break;
-        case 'h': out += in_class ? "0-9a-fA-F" : "[0-9a-fA-F]"; break;
-        case 'H': out += in_class ? "\\x{0}-/:-@G-`g-\\x{10FFFF}" : "[^0-9a-fA-F]"; break;
-        default: out += c; out += e;
+        case 's':
+          out += "\\p{White_Space}";
+          break;
+        case 'S':
+          out += "\\P{White_Space}";
+          break;
+        case 'w':
+          out += in_class ? kOnigWord : "[" + std::string(kOnigWord) + "]";
+          break;
+        case 'W':
+          if (in_class) {
+            out += "\\W";
+          } else {
+            out += "[^";
+            out += kOnigWord;
+            out += ']';
+          }
+          break;
+        case 'h':
+          out += in_class ? "0-9a-fA-F" : "[0-9a-fA-F]";
+          break;
+        case 'H':
+          out += in_class ? "\\x{0}-/:-@G-`g-\\x{10FFFF}" : "[^0-9a-fA-F]";
+          break;
+        default:
+          out += c;
+          out += e;
       }
       continue;
     }
@@ -215,8 +246,8 @@ class Regex {
   // First match in subject at or after `start`; subject must be valid UTF-8 (checked by caller).
   bool find(std::string_view subject, size_t start, size_t& ms, size_t& me) const {
     MatchScratch& s = scratch();
-    int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(),
-                         start, PCRE2_NO_UTF_CHECK, s.md, s.mc);
+    int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(), start,
+                         PCRE2_NO_UTF_CHECK, s.md, s.mc);
     if (rc == PCRE2_ERROR_NOMATCH) return false;
     if (rc < 0) {
       PCRE2_UCHAR msg[256];
@@ -284,19 +315,22 @@ struct JsonCtx {
   }
   std::string str(const json& obj, const std::string& key, const std::string& field) const {
     const json& v = member(obj, key, field);
-    if (!v.is_string()) fail(field + "." + key, std::string("expected a string, found ") + v.type_name());
+    if (!v.is_string())
+      fail(field + "." + key, std::string("expected a string, found ") + v.type_name());
     return v.get<std::string>();
   }
   bool flag(const json& obj, const std::string& key, bool dflt, const std::string& field) const {
     auto it = obj.find(key);
     if (it == obj.end() || it->is_null()) return dflt;
-    if (!it->is_boolean()) fail(field + "." + key, std::string("expected true/false, found ") + it->type_name());
+    if (!it->is_boolean())
+      fail(field + "." + key, std::string("expected true/false, found ") + it->type_name());
     return it->get<bool>();
   }
   // A Split/Replace pattern: {"Regex": "..."} or {"String": "..."} -> regex source.
   std::string pattern(const json& obj, const std::string& field) const {
     const json& p = member(obj, "pattern", field);
-    if (p.is_object() && p.contains("Regex") && p["Regex"].is_string()) return p["Regex"].get<std::string>();
+    if (p.is_object() && p.contains("Regex") && p["Regex"].is_string())
+      return p["Regex"].get<std::string>();
     if (p.is_object() && p.contains("String") && p["String"].is_string())
       return escape_literal(p["String"].get<std::string>());
     fail(field + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}, found " + p.dump());
@@ -304,7 +338,7 @@ struct JsonCtx {
 };
 
 // ------------------------------------------------------------------------------------------------
-// Normalizer: the simple, length-changing-only ones (Replace, Prepend) in a Sequence.
+// Normalizer: a Sequence of Replace and Prepend (no Unicode normalization or case folding).
 
 struct NormOp {
   enum Kind { kReplace, kPrepend } kind;
@@ -322,8 +356,9 @@ void parse_normalizer(const JsonCtx& ctx, const json& j, const std::string& fiel
     for (size_t i = 0; i < list.size(); ++i)
       parse_normalizer(ctx, list[i], field + ".normalizers[" + std::to_string(i) + "]", ops);
   } else if (type == "Replace") {
-    NormOp op{NormOp::kReplace, std::make_unique<Regex>(ctx.pattern(j, field), "tokenizer '" + ctx.file + "': " + field), ctx.str(j, "content", field)};
-    ops.push_back(std::move(op));
+    auto re =
+        std::make_unique<Regex>(ctx.pattern(j, field), "tokenizer '" + ctx.file + "': " + field);
+    ops.push_back(NormOp{NormOp::kReplace, std::move(re), ctx.str(j, "content", field)});
   } else if (type == "Prepend") {
     ops.push_back(NormOp{NormOp::kPrepend, nullptr, ctx.str(j, "prepend", field)});
   } else {
@@ -366,7 +401,8 @@ struct Stage {
   bool add_prefix_space = false;  // kByteLevel
 };
 
-const char* kGpt2Regex = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Regex =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 Behavior parse_behavior(const JsonCtx& ctx, const std::string& b, const std::string& field) {
   if (b == "Removed") return Behavior::kRemoved;
@@ -386,7 +422,8 @@ void parse_pre_tokenizer(const JsonCtx& ctx, const json& j, const std::string& f
     const json& list = ctx.member(j, "pretokenizers", field);
     if (!list.is_array()) ctx.fail(field + ".pretokenizers", "expected a list");
     for (size_t i = 0; i < list.size(); ++i)
-      parse_pre_tokenizer(ctx, list[i], field + ".pretokenizers[" + std::to_string(i) + "]", stages);
+      parse_pre_tokenizer(ctx, list[i], field + ".pretokenizers[" + std::to_string(i) + "]",
+                          stages);
   } else if (type == "Split") {
     Stage s{Stage::kSplit, std::make_unique<Regex>(ctx.pattern(j, field), where)};
     s.behavior = parse_behavior(ctx, ctx.str(j, "behavior", field), field);
@@ -396,7 +433,7 @@ void parse_pre_tokenizer(const JsonCtx& ctx, const json& j, const std::string& f
     // Each numeric char (Rust char::is_numeric = \p{N}) is a match: alone, or runs merged.
     Stage s{Stage::kSplit, std::make_unique<Regex>("\\p{N}", where)};
     s.behavior = ctx.flag(j, "individual_digits", false, field) ? Behavior::kIsolated
-                                                                 : Behavior::kContiguous;
+                                                                : Behavior::kContiguous;
     stages.push_back(std::move(s));
   } else if (type == "ByteLevel") {
     Stage s{Stage::kByteLevel, nullptr};
@@ -445,8 +482,10 @@ void split_piece(const Stage& st, std::string_view text, uint32_t base, std::vec
       acc.clear();
       bool prev_match = false;
       for (const P& p : parts) {
-        if (p.m && !prev_match && !acc.empty()) acc.back().e = p.e;
-        else acc.push_back(p);
+        if (p.m && !prev_match && !acc.empty())
+          acc.back().e = p.e;
+        else
+          acc.push_back(p);
         prev_match = p.m;
       }
       for (const P& p : acc) emit(p.s, p.e);
@@ -458,8 +497,10 @@ void split_piece(const Stage& st, std::string_view text, uint32_t base, std::vec
       bool prev_match = false;
       for (size_t i = parts.size(); i-- > 0;) {
         const P& p = parts[i];
-        if (p.m && !prev_match && !acc.empty()) acc.back().s = p.s;
-        else acc.push_back(p);
+        if (p.m && !prev_match && !acc.empty())
+          acc.back().s = p.s;
+        else
+          acc.push_back(p);
         prev_match = p.m;
       }
       for (size_t i = acc.size(); i-- > 0;) emit(acc[i].s, acc[i].e);
@@ -470,8 +511,10 @@ void split_piece(const Stage& st, std::string_view text, uint32_t base, std::vec
       acc.clear();
       bool prev_match = false;
       for (const P& p : parts) {
-        if (p.m == prev_match && !acc.empty()) acc.back().e = p.e;
-        else acc.push_back(p);
+        if (p.m == prev_match && !acc.empty())
+          acc.back().e = p.e;
+        else
+          acc.push_back(p);
         prev_match = p.m;
       }
       for (const P& p : acc) emit(p.s, p.e);
@@ -568,7 +611,8 @@ class WordCache {
         return;  // another thread got there first
       i = (i + 1) & kMask;
     }
-    slots_[i] = Slot{h, uint32_t(keys_.size()), uint32_t(key.size()), uint32_t(ids_.size()), uint32_t(n)};
+    slots_[i] =
+        Slot{h, uint32_t(keys_.size()), uint32_t(key.size()), uint32_t(ids_.size()), uint32_t(n)};
     keys_.append(key);
     ids_.insert(ids_.end(), ids, ids + n);
     ++count_;
@@ -595,8 +639,8 @@ struct Bpe {
   StrMap<int32_t> vocab;
   std::vector<std::string> id_to_token;  // "" where the model has no token
   MergeTable merges;
-  std::vector<int32_t> small_char_id;  // id of each single-char token below U+0800
-  std::array<int32_t, 256> byte_id{};  // byte-level: id of the printable char of each byte
+  std::vector<int32_t> small_char_id;      // id of each single-char token below U+0800
+  std::array<int32_t, 256> byte_id{};      // byte-level: id of the printable char of each byte
   std::array<std::string, 256> byte_char;  // byte-level: that char in UTF-8
   bool ignore_merges = false, byte_fallback = false, fuse_unk = false;
   int32_t unk_id = -1;
@@ -655,8 +699,10 @@ struct Bpe {
     size_t first = out.size();
     thread_local std::vector<Sym> syms;
     syms.clear();
-    if (raw_bytes) initial_bytes(word, syms);
-    else initial_chars(word, syms);
+    if (raw_bytes)
+      initial_bytes(word, syms);
+    else
+      initial_chars(word, syms);
     merge_all(syms);
     for (const Sym& s : syms)
       if (s.alive) out.push_back(s.id);
@@ -671,8 +717,10 @@ struct Bpe {
   void initial_bytes(std::string_view word, std::vector<Sym>& syms) const {
     for (char c : word) {
       int32_t id = byte_id[static_cast<unsigned char>(c)];
-      if (id >= 0) push_sym(syms, id);
-      else initial_chars(byte_char[static_cast<unsigned char>(c)], syms);  // unk / fallback rules
+      if (id >= 0)
+        push_sym(syms, id);
+      else
+        initial_chars(byte_char[static_cast<unsigned char>(c)], syms);  // unk / fallback rules
     }
   }
 
@@ -698,7 +746,8 @@ struct Bpe {
         bool all = true;
         for (size_t k = 0; k < ch.size(); ++k) {
           char name[8];
-          std::snprintf(name, sizeof(name), "<0x%02X>", unsigned(static_cast<unsigned char>(ch[k])));
+          std::snprintf(name, sizeof(name), "<0x%02X>",
+                        unsigned(static_cast<unsigned char>(ch[k])));
           ids[k] = lookup(name);
           all = all && ids[k] >= 0;
         }
@@ -721,8 +770,10 @@ struct Bpe {
   void merge_all(std::vector<Sym>& syms) const {
     if (syms.size() < 2) return;
     syms.back().next = -1;
-    if (syms.size() <= 24) merge_small(syms);
-    else merge_heap(syms);
+    if (syms.size() <= 24)
+      merge_small(syms);
+    else
+      merge_heap(syms);
   }
 
   void merge_small(std::vector<Sym>& syms) const {
@@ -877,7 +928,7 @@ struct Tokenizer::Impl {
   Bpe bpe;
   std::vector<NormOp> normalizer;
   std::vector<Stage> stages;
-  bool byte_level_pre = false;     // a ByteLevel pre-tokenizer maps bytes to printable chars
+  bool byte_level_pre = false;      // a ByteLevel pre-tokenizer maps bytes to printable chars
   bool byte_level_decoder = false;  // else the decoder is absent: tokens are joined by spaces
 
   std::vector<AddedToken> added;
@@ -887,7 +938,7 @@ struct Tokenizer::Impl {
   std::unique_ptr<Regex> word_char_re;  // Rust regex \w, for single_word
   std::unique_ptr<Regex> space_re;      // Rust regex \s, for lstrip/rstrip
 
-  std::vector<std::string> id_bytes;       // what decode() emits for each id
+  std::vector<std::string> id_bytes;  // what decode() emits for each id
   std::vector<bool> id_present;
   int32_t size = 0;
 
@@ -956,8 +1007,10 @@ struct Tokenizer::Impl {
 
   void encode(std::string_view text, bool parse_special, std::vector<int32_t>& out) const {
     split_added(text, raw_trie, parse_special, [&](std::string_view piece, int32_t id) {
-      if (id >= 0) out.push_back(id);
-      else encode_unadded(piece, parse_special, out);
+      if (id >= 0)
+        out.push_back(id);
+      else
+        encode_unadded(piece, parse_special, out);
     });
   }
 
@@ -980,17 +1033,22 @@ struct Tokenizer::Impl {
 
   void encode_raw_byte(unsigned char b, std::vector<int32_t>& out) const {
     std::string_view one(reinterpret_cast<const char*>(&b), 1);
-    if (!byte_level_pre) bpe.tokenize(one, out);
-    else if (stages.back().kind == Stage::kByteLevel) bpe.tokenize_bytes(one, out);
-    else bpe.tokenize(bpe.byte_char[b], out);
+    if (!byte_level_pre)
+      bpe.tokenize(one, out);
+    else if (stages.back().kind == Stage::kByteLevel)
+      bpe.tokenize_bytes(one, out);
+    else
+      bpe.tokenize(bpe.byte_char[b], out);
   }
 
   void encode_valid(std::string_view run, bool parse_special, std::vector<int32_t>& out) const {
     if (run.empty()) return;
     auto pieces = [&](std::string_view text) {
       split_added(text, normalized_trie, parse_special, [&](std::string_view p, int32_t id) {
-        if (id >= 0) out.push_back(id);
-        else pre_tokenize_and_merge(p, out);
+        if (id >= 0)
+          out.push_back(id);
+        else
+          pre_tokenize_and_merge(p, out);
       });
     };
     if (normalizer.empty()) {
@@ -1027,8 +1085,10 @@ struct Tokenizer::Impl {
           piece = prefixed;
         }
         sub.clear();
-        if (st.re) split_gpt2(st, piece, sub);
-        else sub.push_back({0, uint32_t(piece.size())});
+        if (st.re)
+          split_gpt2(st, piece, sub);
+        else
+          sub.push_back({0, uint32_t(piece.size())});
         for (const Span& s : sub) {
           if (last) {
             bpe.tokenize_bytes(piece.substr(s.off, s.len), out);
@@ -1074,14 +1134,16 @@ struct Tokenizer::Impl {
     } catch (const json::exception& e) {
       GLM5_FAIL("tokenizer '", file, "' is not valid JSON: ", e.what());
     }
-    if (!j.is_object()) ctx.fail("top level", std::string("expected an object, found ") + j.type_name());
+    if (!j.is_object())
+      ctx.fail("top level", std::string("expected an object, found ") + j.type_name());
     try {
       load_model(ctx, ctx.member(j, "model", "tokenizer"));
       if (auto it = j.find("normalizer"); it != j.end())
         parse_normalizer(ctx, *it, "normalizer", normalizer);
       if (auto it = j.find("pre_tokenizer"); it != j.end())
         parse_pre_tokenizer(ctx, *it, "pre_tokenizer", stages);
-      for (const Stage& st : stages) byte_level_pre = byte_level_pre || st.kind == Stage::kByteLevel;
+      for (const Stage& st : stages)
+        byte_level_pre = byte_level_pre || st.kind == Stage::kByteLevel;
       load_decoder(ctx, j.contains("decoder") ? j["decoder"] : json());
       if (auto it = j.find("added_tokens"); it != j.end()) load_added(ctx, *it);
     } catch (const json::exception& e) {
@@ -1092,8 +1154,7 @@ struct Tokenizer::Impl {
 
   void load_model(const JsonCtx& ctx, const json& m) {
     std::string type = m.contains("type") ? ctx.str(m, "type", "model") : std::string("BPE");
-    if (type != "BPE")
-      ctx.fail("model.type", "'" + type + "' is not supported (only BPE)");
+    if (type != "BPE") ctx.fail("model.type", "'" + type + "' is not supported (only BPE)");
     if (m.contains("dropout") && !m["dropout"].is_null() && m["dropout"].get<double>() > 0)
       ctx.fail("model.dropout", "BPE dropout is random at encode time; not supported");
     for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
@@ -1110,7 +1171,8 @@ struct Tokenizer::Impl {
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
       if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
           it.value().get<int64_t>() > INT32_MAX)
-        ctx.fail("model.vocab[\"" + it.key() + "\"]", "expected a non-negative id, found " + it.value().dump());
+        ctx.fail("model.vocab[\"" + it.key() + "\"]",
+                 "expected a non-negative id, found " + it.value().dump());
       int32_t id = it.value().get<int32_t>();
       bpe.vocab[it.key()] = id;
       max_id = std::max(max_id, id);
@@ -1177,10 +1239,11 @@ struct Tokenizer::Impl {
       const json& idj = ctx.member(t, "id", field);
       if (!idj.is_number_integer() || idj.get<int64_t>() < 0 || idj.get<int64_t>() > INT32_MAX)
         ctx.fail(field + ".id", "expected a non-negative id, found " + idj.dump());
-      AddedToken tok{ctx.str(t, "content", field), -1,
-                     ctx.flag(t, "special", false, field), ctx.flag(t, "lstrip", false, field),
-                     ctx.flag(t, "rstrip", false, field), ctx.flag(t, "single_word", false, field),
-                     ctx.flag(t, "normalized", true, field)};
+      AddedToken tok{
+          ctx.str(t, "content", field),          -1,
+          ctx.flag(t, "special", false, field),  ctx.flag(t, "lstrip", false, field),
+          ctx.flag(t, "rstrip", false, field),   ctx.flag(t, "single_word", false, field),
+          ctx.flag(t, "normalized", true, field)};
       if (tok.content.empty()) continue;  // HF ignores empty added tokens
       auto it = added_by_content.find(tok.content);
       if (it != added_by_content.end()) {
@@ -1188,8 +1251,9 @@ struct Tokenizer::Impl {
       } else if (int32_t vid = bpe.lookup(tok.content); vid >= 0) {
         tok.id = vid;
       } else {
-        int64_t id = max_added < 0 ? vocab_count
-                     : (max_added >= vocab_count || vocab_count == 0) ? max_added + 1 : vocab_count;
+        int64_t id = max_added < 0                                    ? vocab_count
+                     : (max_added >= vocab_count || vocab_count == 0) ? max_added + 1
+                                                                      : vocab_count;
         if (id > INT32_MAX) ctx.fail(field, "too many added tokens");
         tok.id = int32_t(id);
       }
@@ -1216,7 +1280,8 @@ struct Tokenizer::Impl {
     }
     std::string where = "tokenizer '" + ctx.file + "'";
     if (need_word)
-      word_char_re = std::make_unique<Regex>(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}])", where);
+      word_char_re =
+          std::make_unique<Regex>(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}])", where);
     if (need_space) space_re = std::make_unique<Regex>(R"(\p{White_Space})", where);
   }
 
@@ -1246,9 +1311,12 @@ struct Tokenizer::Impl {
     id_present.assign(size_t(size), false);
     for (int32_t id = 0; id < size; ++id) {
       std::string tok;
-      if (added_index[id] >= 0) tok = added[added_index[id]].content;
-      else if (id < int32_t(bpe.id_to_token.size()) && !bpe.id_to_token[id].empty()) tok = bpe.id_to_token[id];
-      else continue;
+      if (added_index[id] >= 0)
+        tok = added[added_index[id]].content;
+      else if (id < int32_t(bpe.id_to_token.size()) && !bpe.id_to_token[id].empty())
+        tok = bpe.id_to_token[id];
+      else
+        continue;
       id_present[id] = true;
       if (!byte_level_decoder) {
         id_bytes[id] = tok;
@@ -1263,8 +1331,10 @@ struct Tokenizer::Impl {
           break;
         }
         auto it = cp_to_byte.find(decode_cp(bytes(tok) + i, len));
-        if (it == cp_to_byte.end()) all = false;
-        else out += char(it->second);
+        if (it == cp_to_byte.end())
+          all = false;
+        else
+          out += char(it->second);
         i += len;
       }
       id_bytes[id] = all ? out : tok;
@@ -1289,6 +1359,8 @@ Tokenizer Tokenizer::load(const std::string& path_or_model_dir) {
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
+  CHECK(text.size() < (size_t(1) << 32), "tokenizer: text of ", text.size(),
+        " bytes is too long to encode at once (limit 4 GiB)");
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);
   impl_->encode(text, parse_special, out);

@@ -1,9 +1,8 @@
-// Byte-level BPE tokenizer read from a Hugging Face `tokenizer.json` (GLM-5, DeepSeek-V3/V3.2 and
-// the project's tiny models). encode() gives the ids HF `tokenizers` gives with
-// add_special_tokens=False; decode() inverts it byte for byte. Supports what those files use:
-// model BPE, normalizer Sequence/Replace/Prepend, pre_tokenizer Sequence/Split/Digits/ByteLevel,
-// decoder ByteLevel. Leaves out: Unicode normalization (NFC...), WordPiece/Unigram, post-processor
-// templates (no BOS is added: the chat formatter writes it), offsets, truncation and padding.
+// Byte-level BPE tokenizer read from a Hugging Face `tokenizer.json` (GLM-5, DeepSeek-V3/V3.2, the
+// project's tiny models): encode() gives HF `tokenizers`' ids (add_special_tokens=False), decode()
+// inverts it byte for byte. Supports model BPE, normalizer Sequence/Replace/Prepend, pre_tokenizer
+// Sequence/Split/Digits/ByteLevel, decoder ByteLevel. Leaves out Unicode normalization, WordPiece/
+// Unigram, post-processor templates (no BOS: the chat formatter writes it), offsets, padding.
 #pragma once
 
 #include <cstdint>

@@ -10,13 +10,16 @@ Writes, under tests/data/tokenizer/:
   variants/<name>.json         tokenizer.json variants of tests/data/tiny-tokenizer/tokenizer.json
                                that exercise the other supported components (Split behaviours,
                                invert, Digits, ByteLevel prefix space and regex, added-token flags,
-                               normalizers, merges as strings, ignore_merges)
+                               normalizers, Oniguruma's \\w and \\s, merges as strings,
+                               ignore_merges, unk and byte fallback without a byte-level stage,
+                               no decoder)
   variants_reference.jsonl     the same fields plus "variant", for those
 
 The strings are generated deterministically (fixed seed): English, Chinese, code, digits, emoji,
 whitespace runs, special tokens inside text, mixed scripts, long words, random Unicode 14 chars
-(Unicode 14 is what this Python's unicodedata and Debian 12's PCRE2 know; newer chars may be
-classified differently by the regex engines and are left out).
+(Unicode 14 is what Python 3.11's unicodedata and Debian 12's PCRE2 know; newer chars may be
+classified differently by the regex engines and are left out). The same Python minor version
+regenerates the same strings.
 
   pip install tokenizers==0.22.1
   python3 scripts/make_tiny_tokenizer.py --out tests/data/tiny-tokenizer/tokenizer.json  # first
@@ -362,6 +365,31 @@ def variants(base):
     t["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [split("▁", "MergedWithNext", literal=True),
                                                                  bytelevel()]}
     v["prepend_replace"] = t
+
+    # \w and \s with Oniguruma's meaning (PCRE2's own \w also takes numbers like ² and Ⅻ, its \s
+    # U+180E); removing them makes a difference visible in the ids.
+    t = copy.deepcopy(base)
+    t["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        split(r"\w+|[^\w\s]+", "Isolated"), split(r"[\w\s]", "Removed"), bytelevel()]}
+    v["word_removed"] = t
+
+    # No byte-level stage: chars missing from the vocab become one fused <unk> per run.
+    t = copy.deepcopy(base)
+    t["pre_tokenizer"] = split(r"\s+|\p{P}", "Isolated")
+    t["decoder"] = None
+    t["model"]["vocab"]["<unk>"] = 512
+    t["model"]["unk_token"] = "<unk>"
+    t["model"]["fuse_unk"] = True
+    v["unk_fused"] = t
+
+    # No byte-level stage: missing chars fall back to <0xXX> byte tokens.
+    t = copy.deepcopy(base)
+    t["pre_tokenizer"] = None
+    t["decoder"] = None
+    for b in range(256):
+        t["model"]["vocab"][f"<0x{b:02X}>"] = 512 + b
+    t["model"]["byte_fallback"] = True
+    v["byte_fallback"] = t
     return v
 
 

@@ -17,6 +17,8 @@
 #   --mpirun-arg A  one more mpirun argument (repeat for several)
 # Example: scripts/netns-test.sh --hosts 3 --slots 1 -- \
 #            sh -c 'echo "rank $OMPI_COMM_WORLD_RANK on $(hostname) $(readlink /proc/self/ns/net)"'
+# SC2015: `a && b || die` is meant; SC2054: commas are MCA list values; SC2317: trap functions.
+# shellcheck disable=SC2015,SC2054,SC2317
 set -euo pipefail
 
 usage() { sed -n '8,19p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -154,9 +156,12 @@ bridge_bytes() {
 echo "netns-test: $hosts hosts x $slots slots, -np $np, transport $transport; hosts h1..h$hosts =" \
      "namespaces ${prefix}h1..${prefix}h$hosts (10.77.0.1-$hosts)" >&2
 before=$(bridge_bytes)
+# In the background and waited for, so that INT/TERM reach the traps (and the teardown) at once;
+# stdin stays the script's.
 rc=0
 timeout --kill-after=10 "$timeout_s" ip netns exec "${prefix}h1" unshare --uts "$work/head" \
-  "${cmd[@]}" || rc=$?
+  "${cmd[@]}" <&0 &
+wait $! || rc=$?
 after=$(bridge_bytes)
 echo "netns-test: mpirun exit status $rc; $((after - before)) bytes crossed the bridge" >&2
 [ "$rc" = 124 ] && echo "netns-test: timed out after ${timeout_s}s" >&2

@@ -14,6 +14,9 @@
 
 namespace glm5::kernels::cpu {
 
+// Register tile shape: kTileRows rows of a by kTileCols rows of b.
+constexpr int kTileRows = 4, kTileCols = 4;
+
 // Loaders: 16 consecutive row elements widened to float (`part` reads only n of them).
 struct LoadF32 {
   using T = float;
@@ -45,7 +48,11 @@ struct LoadF16 {
 // only the last call (k1 == k) may have a partial chunk; `first` zeroes the state, `last` reduces
 // it into y. Storing fp32 lanes and loading them back is exact, so any split gives the bits of
 // a single dot_tile call.
-template <int MR, int NR, class L>
+//
+// Packed = true reads b from a panel instead of rows: the 16-element chunk q of column c is at
+// b + (q * kTileCols + c) * 16, the tail chunk zero-padded (so it loads the same values that
+// L::part gives; ldb is unused). L must then be LoadF32.
+template <int MR, int NR, class L, bool Packed = false>
 inline void dot_tile_part(const float* a, int64_t lda, const typename L::T* b, int64_t ldb,
                           int64_t k0, int64_t k1, float* state_lanes, bool first, bool last,
                           float* y, int64_t ldy, bool accumulate) {
@@ -62,7 +69,8 @@ inline void dot_tile_part(const float* a, int64_t lda, const typename L::T* b, i
     for (int r = 0; r < MR; ++r) av[r] = simd::pin(simd::load(a + r * lda + kk));
 #pragma GCC unroll 8
     for (int c = 0; c < NR; ++c) {
-      simd::vf bv = simd::pin(L::full(b + c * ldb + kk));
+      simd::vf bv = Packed ? simd::pin(L::full(b + (kk / simd::kLanes * kTileCols + c) * simd::kLanes))
+                           : simd::pin(L::full(b + c * ldb + kk));
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) acc[r][c] = simd::fma(av[r], bv, acc[r][c]);
     }
@@ -74,7 +82,8 @@ inline void dot_tile_part(const float* a, int64_t lda, const typename L::T* b, i
     for (int r = 0; r < MR; ++r) av[r] = simd::load_n(a + r * lda + kk, n);
 #pragma GCC unroll 8
     for (int c = 0; c < NR; ++c) {
-      simd::vf bv = L::part(b + c * ldb + kk, n);
+      simd::vf bv = Packed ? L::full(b + (kk / simd::kLanes * kTileCols + c) * simd::kLanes)
+                           : L::part(b + c * ldb + kk, n);
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) acc[r][c] = simd::fma(av[r], bv, acc[r][c]);
     }
@@ -104,28 +113,28 @@ inline void dot_tile(const float* a, int64_t lda, const typename L::T* b, int64_
 }
 
 // Tiles for runtime mr in [1, kTileRows], nr in [1, kTileCols].
-constexpr int kTileRows = 4, kTileCols = 4;
 
 template <class L>
 using DotTilePartFn = void (*)(const float*, int64_t, const typename L::T*, int64_t, int64_t,
                                int64_t, float*, bool, bool, float*, int64_t, bool);
 
 namespace detail {
-template <class L, int MR, int... NR>
+template <class L, bool Packed, int MR, int... NR>
 constexpr void fill_row(DotTilePartFn<L>* row, std::integer_sequence<int, NR...>) {
-  ((row[NR] = dot_tile_part<MR, NR + 1, L>), ...);
+  ((row[NR] = dot_tile_part<MR, NR + 1, L, Packed>), ...);
 }
-template <class L, int... MR>
+template <class L, bool Packed, int... MR>
 constexpr auto make_tile_table(std::integer_sequence<int, MR...>) {
   std::array<std::array<DotTilePartFn<L>, kTileCols>, kTileRows> t{};
-  (fill_row<L, MR + 1>(t[MR].data(), std::make_integer_sequence<int, kTileCols>{}), ...);
+  (fill_row<L, Packed, MR + 1>(t[MR].data(), std::make_integer_sequence<int, kTileCols>{}), ...);
   return t;
 }
 }  // namespace detail
 
-template <class L>
+template <class L, bool Packed = false>
 inline DotTilePartFn<L> dot_tile_part_fn(int mr, int nr) {
-  static const auto table = detail::make_tile_table<L>(std::make_integer_sequence<int, kTileRows>{});
+  static const auto table =
+      detail::make_tile_table<L, Packed>(std::make_integer_sequence<int, kTileRows>{});
   return table[mr - 1][nr - 1];
 }
 

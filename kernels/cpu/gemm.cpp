@@ -1,6 +1,6 @@
-// The fast CPU gemm: fp32 activations x BF16/F16/F32 weights -> fp32, OpenMP over output columns.
-// Batch-invariant by construction: y[i, j] is always the dot_tile recipe (cpu/dot_tile.h) over
-// x row i and W row j, whatever m, the tile shape or the path (streamed or buffered) is.
+// The fast CPU gemm: fp32 activations x BF16/F16/F32 weights -> fp32, OpenMP over blocks of
+// output columns. Batch-invariant by construction: y[i, j] is always the dot_tile recipe
+// (cpu/dot_tile.h) over x row i and W row j, whatever m, the tile shape or the thread count.
 // Not here: library GEMMs (they change the reduction order with the shape), weight prepacking.
 #include <algorithm>
 #include <vector>
@@ -12,81 +12,47 @@ namespace glm5::kernels::cpu::fast {
 
 namespace {
 
-// Up to this many rows, W is streamed and widened on the fly (decode is bandwidth-bound: W is
-// read once). Above it, each thread widens a block of W rows into an fp32 buffer once and runs
-// every x row against it.
-constexpr int64_t kStreamMaxRows = 4;
-// Columns per parallel work item in the streamed path.
-constexpr int64_t kStreamCols = 32;
-// Bytes of fp32 W block per thread in the buffered path (fits in a 1 MiB L2 with x rows).
-#ifndef KB_BYTES
-#define KB_BYTES (384 * 1024)
+#ifndef WB
+#define WB (256 * 1024)
 #endif
 #ifndef KC
 #define KC 512
 #endif
-constexpr int64_t kBufferBytes = KB_BYTES;
-// k chunk of the buffered path (a multiple of 16).
+// Bytes of W per work item: a block of W rows that stays in L2 while every row of x runs
+// against it (W is read from memory once per call; decode is bandwidth-bound).
+constexpr int64_t kBlockBytes = WB;
+// k chunk (a multiple of 16): the kTileRows rows of x of one chunk stay in L1 while the
+// block's W rows stream from L2.
 constexpr int64_t kKChunk = KC;
 
-// y = x W^T, W [n, k] rows of L::T.
+// y = x W^T, W [n, k] rows of L::T, widened on the fly (exact, so no dtype changes a bit).
 template <class L>
 void gemm_nt(const GemmParams& p) {
   using T = typename L::T;
   const T* w = static_cast<const T*>(p.w.data);
   const int64_t m = p.m, n = p.n, k = p.k, ldw = p.w.ld;
-  if (m <= kStreamMaxRows) {
-    const int64_t blocks = (n + kStreamCols - 1) / kStreamCols;
-#pragma omp parallel for schedule(static) if (n * k >= (1 << 16))
-    for (int64_t b = 0; b < blocks; ++b) {
-      int64_t j0 = b * kStreamCols, nj = std::min(kStreamCols, n - j0);
-      dot_block<L>(p.x, p.ldx, w + j0 * ldw, ldw, m, nj, k, p.y + j0, p.ldy, p.accumulate);
-    }
-    return;
-  }
-  // Block of W rows per work item: as many as fit kBufferBytes, a multiple of the tile width.
-  int64_t nb = std::max<int64_t>(kBufferBytes / (4 * std::max<int64_t>(k, 1)), kTileCols);
-  nb = std::min(nb / kTileCols * kTileCols, (n + kTileCols - 1) / kTileCols * kTileCols);
+  int64_t nb = kBlockBytes / int64_t(sizeof(T) * std::max<int64_t>(k, 1));
+  nb = std::clamp<int64_t>(nb / kTileCols * kTileCols, kTileCols, 256);
   const int64_t blocks = (n + nb - 1) / nb;
-#pragma omp parallel if (m * n * k >= (1 << 18))
+#pragma omp parallel if (m * n * k >= (1 << 17))
   {
-    static thread_local std::vector<float> buf;
     struct alignas(64) Lanes { float v[simd::kLanes]; };
     static thread_local std::vector<Lanes> state;
     state.resize(size_t(nb * kTileRows));
-    if constexpr (!std::is_same_v<L, LoadF32>) buf.resize(size_t(nb * k));
+    float* st = state.data()->v;
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
-      int64_t j0 = b * nb, nj = std::min(nb, n - j0);
-      const float* wb;
-      int64_t ldb;
-      if constexpr (std::is_same_v<L, LoadF32>) {
-        wb = w + j0 * ldw;
-        ldb = ldw;
-      } else {  // widen rows j0..j0+nj once; exact, so the result equals the streamed path's
-        for (int64_t j = 0; j < nj; ++j) {
-          const T* src = w + (j0 + j) * ldw;
-          float* dst = buf.data() + j * k;
-          int64_t kk = 0;
-          for (; kk + simd::kLanes <= k; kk += simd::kLanes) simd::store(dst + kk, L::full(src + kk));
-          if (kk < k) simd::store_n(dst + kk, L::part(src + kk, int(k - kk)), int(k - kk));
-        }
-        wb = buf.data();
-        ldb = k;
-      }
-      // Rows of x in groups of 4, k in chunks of kKChunk: the 4 x rows of a chunk stay in L1
-      // while the block's W rows stream from L2; lane accumulators wait in `state`.
-      float* st = state.data()->v;
+      const int64_t j0 = b * nb, nj = std::min(nb, n - j0);
       for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
-        int mr = int(std::min<int64_t>(kTileRows, m - i0));
-        for (int64_t k0 = 0; k0 < k || k0 == 0; k0 += kKChunk) {
-          int64_t k1 = std::min(k, k0 + kKChunk);
-          bool first = k0 == 0, last = k1 == k;
+        const int mr = int(std::min<int64_t>(kTileRows, m - i0));
+        for (int64_t k0 = 0;; k0 += kKChunk) {
+          const int64_t k1 = std::min(k, k0 + kKChunk);
+          const bool first = k0 == 0, last = k1 == k;
           for (int64_t j = 0; j < nj; j += kTileCols) {
-            int nr = int(std::min<int64_t>(kTileCols, nj - j));
-            dot_tile_part_fn<LoadF32>(mr, nr)(p.x + i0 * p.ldx, p.ldx, wb + j * ldb, ldb, k0, k1,
-                                              st + j * kTileRows * simd::kLanes, first, last,
-                                              p.y + i0 * p.ldy + j0 + j, p.ldy, p.accumulate);
+            const int nr = int(std::min<int64_t>(kTileCols, nj - j));
+            dot_tile_part_fn<L>(mr, nr)(p.x + i0 * p.ldx, p.ldx, w + (j0 + j) * ldw, ldw, k0, k1,
+                                        st + j * kTileRows * simd::kLanes, first, last,
+                                        p.y + i0 * p.ldy + j0 + j, p.ldy, p.accumulate);
           }
           if (last) break;
         }

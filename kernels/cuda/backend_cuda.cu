@@ -77,16 +77,16 @@ class CudaBackend final : public Backend {
       cudaDeviceProp prop;
       CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
       GLM5_FAIL("backend cuda: this build has no kernels for device ", device, " (", prop.name,
-                ", compute capability ", prop.major, ".", prop.minor, "): ",
-                cudaGetErrorString(probe), "; configure with -DCMAKE_CUDA_ARCHITECTURES=",
-                prop.major, prop.minor);
+                ", compute capability ", prop.major, ".", prop.minor,
+                "): ", cudaGetErrorString(probe),
+                "; configure with -DCMAKE_CUDA_ARCHITECTURES=", prop.major, prop.minor);
     }
     gemm_terms_ = gemm_terms_from_env();
     // A blocking stream: work on the legacy default stream (NCCL, cudaMemcpy) orders with it.
     CUDA_CHECK(cudaStreamCreate(&stream_));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
-    CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));  // fp32 GEMMs: no TF32
+    CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));            // fp32 GEMMs: no TF32
     CUBLAS_CHECK(cublasSetAtomicsMode(cublas_, CUBLAS_ATOMICS_NOT_ALLOWED));  // deterministic
     CUDA_CHECK(cudaMalloc(&error_word_, 4 * sizeof(int)));
     CUDA_CHECK(cudaMemset(error_word_, 0, 4 * sizeof(int)));
@@ -99,6 +99,7 @@ class CudaBackend final : public Backend {
     for (void* p : uploads_) cudaFree(p);
     cudaFree(xs_);
     cudaFree(cs_);
+    cudaFree(keys_);
     cudaFree(error_word_);
     cudaFreeHost(error_host_);
     if (cublas_) cublasDestroy(cublas_);
@@ -116,8 +117,8 @@ class CudaBackend final : public Backend {
       cudaGetLastError();
       size_t free_b = 0, total_b = 0;
       cudaMemGetInfo(&free_b, &total_b);
-      GLM5_FAIL("backend cuda: cannot allocate ", bytes, " bytes on device ", device_, " (",
-                free_b, " of ", total_b, " bytes free): ", cudaGetErrorString(e));
+      GLM5_FAIL("backend cuda: cannot allocate ", bytes, " bytes on device ", device_, " (", free_b,
+                " of ", total_b, " bytes free): ", cudaGetErrorString(e));
     }
     return p;
   }
@@ -173,7 +174,8 @@ class CudaBackend final : public Backend {
       case cuda::kTopkEntryOutOfRange:
         GLM5_FAIL("cuda mla: topk entry ", value, " (query row ", row, ") outside [-1, ", bound,
                   ")");
-      default: GLM5_FAIL("cuda: a kernel reported unknown error code ", code);
+      default:
+        GLM5_FAIL("cuda: a kernel reported unknown error code ", code);
     }
   }
 
@@ -201,8 +203,8 @@ class CudaBackend final : public Backend {
   }
 
   void rms_norm(const RmsNormParams& p) override {
-    CHECK(p.m >= 0 && p.d > 0, "cuda rms_norm: need m >= 0 and d > 0, found m = ", p.m, ", d = ",
-          p.d);
+    CHECK(p.m >= 0 && p.d > 0, "cuda rms_norm: need m >= 0 and d > 0, found m = ", p.m,
+          ", d = ", p.d);
     CHECK(p.ldx >= p.d && p.ldy >= p.d, "cuda rms_norm: ldx ", p.ldx, " / ldy ", p.ldy, " < d ",
           p.d);
     if (p.m == 0) return;
@@ -270,7 +272,7 @@ class CudaBackend final : public Backend {
     CHECK(p.t == 0 || (p.kv && (p.qk_rope_head_dim == 0 || p.k_pe)),
           "cuda mla_prefill: null kv or k_pe");
     DeviceScope ds(device_);
-    cuda::launch_mla_prefill(p, error_word_, stream_);
+    cuda::launch_mla_prefill(p, key_scratch(p.s, p.topk_len, p.topk), error_word_, stream_);
   }
 
   void mla_decode(const MlaDecodeParams& p) override {
@@ -282,12 +284,13 @@ class CudaBackend final : public Backend {
     CHECK(p.q_lat && p.q_pos && p.out_lat, "cuda mla_decode: null pointer");
     CHECK(p.t == 0 || p.cache, "cuda mla_decode: null cache");
     DeviceScope ds(device_);
-    cuda::launch_mla_decode(p, error_word_, stream_);
+    cuda::launch_mla_decode(p, key_scratch(p.s, p.topk_len, p.topk), error_word_, stream_);
   }
 
   void router(const RouterParams& p) override {
-    CHECK(p.m >= 0 && p.n_experts > 0, "cuda router: need m >= 0 and n_experts > 0, found m = ",
-          p.m, ", n_experts = ", p.n_experts);
+    CHECK(p.m >= 0 && p.n_experts > 0,
+          "cuda router: need m >= 0 and n_experts > 0, found m = ", p.m,
+          ", n_experts = ", p.n_experts);
     CHECK(p.n_group >= 1 && p.n_experts % p.n_group == 0, "cuda router: n_experts ", p.n_experts,
           " is not divisible by n_group ", p.n_group);
     CHECK(p.topk_group >= 1 && p.topk_group <= p.n_group, "cuda router: topk_group ", p.topk_group,
@@ -305,8 +308,8 @@ class CudaBackend final : public Backend {
 
   void swiglu(const SwigluParams& p) override {
     CHECK(p.m >= 0 && p.n >= 0, "cuda swiglu: negative m = ", p.m, " or n = ", p.n);
-    CHECK(p.ld_in >= p.n && p.ld_out >= p.n, "cuda swiglu: ld_in ", p.ld_in, " / ld_out ",
-          p.ld_out, " < n ", p.n);
+    CHECK(p.ld_in >= p.n && p.ld_out >= p.n, "cuda swiglu: ld_in ", p.ld_in, " / ld_out ", p.ld_out,
+          " < n ", p.n);
     if (p.m == 0 || p.n == 0) return;
     CHECK(p.gate && p.up && p.out, "cuda swiglu: null pointer");
     DeviceScope ds(device_);
@@ -314,10 +317,10 @@ class CudaBackend final : public Backend {
   }
 
   void embedding(const EmbeddingParams& p) override {
-    CHECK(p.table.dtype == DType::BF16 || p.table.dtype == DType::F16 ||
-              p.table.dtype == DType::F32,
-          "cuda embedding: table dtype ", dtype_name(p.table.dtype),
-          " is not supported (BF16, F16, F32)");
+    CHECK(
+        p.table.dtype == DType::BF16 || p.table.dtype == DType::F16 || p.table.dtype == DType::F32,
+        "cuda embedding: table dtype ", dtype_name(p.table.dtype),
+        " is not supported (BF16, F16, F32)");
     CHECK(p.m >= 0, "cuda embedding: negative m = ", p.m);
     CHECK(p.table.ld >= p.table.cols, "cuda embedding: table ld ", p.table.ld, " < cols ",
           p.table.cols);
@@ -354,10 +357,10 @@ class CudaBackend final : public Backend {
   }
 
   void copy_2d(const Copy2dParams& p) override {
-    CHECK(p.rows >= 0 && p.cols >= 0, "cuda copy_2d: negative rows = ", p.rows, " or cols = ",
-          p.cols);
-    CHECK(p.ld_src >= p.cols && p.ld_dst >= p.cols, "cuda copy_2d: ld_src ", p.ld_src,
-          " / ld_dst ", p.ld_dst, " < cols ", p.cols);
+    CHECK(p.rows >= 0 && p.cols >= 0, "cuda copy_2d: negative rows = ", p.rows,
+          " or cols = ", p.cols);
+    CHECK(p.ld_src >= p.cols && p.ld_dst >= p.cols, "cuda copy_2d: ld_src ", p.ld_src, " / ld_dst ",
+          p.ld_dst, " < cols ", p.cols);
     if (p.rows == 0 || p.cols == 0) return;
     CHECK(p.src && p.dst, "cuda copy_2d: null pointer");
     DeviceScope ds(device_);
@@ -367,6 +370,13 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Per-row key sets of the attention ops: s * (topk_len + 1) ints (none for dense causal).
+  int32_t* key_scratch(int64_t s, int64_t topk_len, const int32_t* topk) {
+    if (!topk) return nullptr;
+    reserve(&keys_, &keys_cap_, size_t(s) * size_t(topk_len + 1) * sizeof(int32_t));
+    return static_cast<int32_t*>(keys_);
+  }
+
   // Grow-only scratch; a resize waits for the stream so no kernel still reads the old buffer.
   void reserve(void** buf, size_t* cap, size_t bytes) {
     if (bytes <= *cap) return;
@@ -390,7 +400,8 @@ class CudaBackend final : public Backend {
     CHECK(p.n < (int64_t(1) << 31) && ldk < (int64_t(1) << 31) && p.w.ld < (int64_t(1) << 31),
           "cuda gemm: n = ", p.n, ", k = ", p.k, " or weight ld = ", p.w.ld,
           " exceed cuBLAS's 32-bit sizes");
-    const size_t chunk_bytes = size_t(t_rows) * (size_t(ldk) * x_elem + size_t(ldc) * sizeof(float));
+    const size_t chunk_bytes =
+        size_t(t_rows) * (size_t(ldk) * x_elem + size_t(ldc) * sizeof(float));
     const int64_t chunks = (p.m + kChunkRows - 1) / kChunkRows;
     const int64_t group = std::clamp<int64_t>(int64_t(kGemmScratchBytes / chunk_bytes), 1, chunks);
     reserve(&xs_, &xs_cap_, size_t(group) * size_t(t_rows) * size_t(ldk) * x_elem);
@@ -426,6 +437,8 @@ class CudaBackend final : public Backend {
   size_t xs_cap_ = 0;
   void* cs_ = nullptr;
   size_t cs_cap_ = 0;
+  void* keys_ = nullptr;
+  size_t keys_cap_ = 0;
 };
 
 }  // namespace

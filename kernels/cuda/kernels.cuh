@@ -19,8 +19,8 @@ enum DeviceErrorCode : int {
   kDeviceOk = 0,
   kEmbeddingIdOutOfRange = 1,  // bound: table rows
   kGatherRowNegative = 2,
-  kMoeSlotInvalid = 3,         // slot < -1
-  kTopkEntryOutOfRange = 4,    // mla_prefill / mla_decode; bound: t
+  kMoeSlotInvalid = 3,       // slot < -1
+  kTopkEntryOutOfRange = 4,  // mla_prefill / mla_decode; bound: t
 };
 
 // ops_rowwise.cu
@@ -49,8 +49,11 @@ void launch_gemm_simt(const GemmParams& p, cudaStream_t st);
 // ops_attention.cu
 void launch_indexer_scores(const IndexerScoresParams& p, cudaStream_t st);
 void launch_topk(const TopkParams& p, cudaStream_t st);
-void launch_mla_prefill(const MlaPrefillParams& p, int* error_word, cudaStream_t st);
-void launch_mla_decode(const MlaDecodeParams& p, int* error_word, cudaStream_t st);
+// With a top-k list, `scratch` holds s * (topk_len + 1) ints (the per-row key sets).
+void launch_mla_prefill(const MlaPrefillParams& p, int32_t* scratch, int* error_word,
+                        cudaStream_t st);
+void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, int* error_word,
+                       cudaStream_t st);
 
 // A kernel whose presence proves the module has code for the current device (cuda_available()).
 const void* probe_kernel();

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kIdxWarps * 32) indexer_scores_kernel(IndexerS
       row[t] = -INFINITY;
     return;
   }
-  float* q = smem;        // [n_heads * head_dim]
+  float* q = smem;         // [n_heads * head_dim]
   float* w = q + nh * hd;  // [n_heads]
   for (int64_t i = threadIdx.x; i < nh * hd; i += blockDim.x) q[i] = p.q[s * nh * hd + i];
   for (int64_t i = threadIdx.x; i < nh; i += blockDim.x) w[i] = p.weights[s * nh + i];
@@ -201,6 +201,53 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(TopkParams p) {
 
 // ---- MLA attention (both modes) ----------------------------------------------------------------
 
+constexpr int kSelectThreads = 512;
+constexpr int kMaxTopkLen = 16384;  // the sort of one row's list lives in shared memory
+
+// One block per query row: the row's top-k list as a set, as the reference reads it. Sorts the
+// list in shared memory (bitonic), then writes each key once, ascending, if 0 <= t <= q_pos and
+// t < T: keys[s, 0:counts[s]]. Entries outside [-1, T) are reported as errors and skipped.
+__global__ void __launch_bounds__(kSelectThreads)
+    select_keys_kernel(const int32_t* topk, int64_t len, const int32_t* q_pos, int64_t t_count,
+                       int n_pow2, int32_t* keys, int32_t* counts, int* err) {
+  extern __shared__ int32_t list[];  // [n_pow2], then 33 ints of scan scratch
+  int* scan = list + n_pow2;
+  const int64_t s = blockIdx.x;
+  const int32_t* row = topk + s * len;
+  for (int i = threadIdx.x; i < n_pow2; i += blockDim.x) {
+    int32_t v = INT32_MAX;  // padding and -1 sort last and are dropped
+    if (i < len) {
+      v = row[i];
+      if (v < -1 || v >= t_count) report_error(err, kTopkEntryOutOfRange, v, s, t_count);
+      if (v < 0 || v >= t_count) v = INT32_MAX;
+    }
+    list[i] = v;
+  }
+  __syncthreads();
+  for (int size = 2; size <= n_pow2; size <<= 1)
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < n_pow2 / 2; i += blockDim.x) {
+        const int lo = ((i & ~(stride - 1)) << 1) | (i & (stride - 1)), hi = lo + stride;
+        const bool ascending = (lo & size) == 0;
+        const int32_t a = list[lo], b = list[hi];
+        if ((a > b) == ascending) list[lo] = b, list[hi] = a;
+      }
+      __syncthreads();
+    }
+  const int64_t last = q_pos[s] < t_count - 1 ? q_pos[s] : t_count - 1;
+  int written = 0;
+  for (int base = 0; base < n_pow2; base += blockDim.x) {
+    const int i = base + threadIdx.x;
+    const int32_t v = i < n_pow2 ? list[i] : INT32_MAX;
+    const bool keep = v != INT32_MAX && v <= last && (i == 0 || list[i - 1] != v);
+    int total;
+    const int pos = written + block_exclusive_scan(keep ? 1 : 0, scan, &total);
+    if (keep) keys[s * len + pos] = v;
+    written += total;
+  }
+  if (threadIdx.x == 0) counts[s] = written;
+}
+
 // One query row (s, h) attends over keys t. The key is [ka(t, h) (da values) | kb(t) (db)], the
 // value v(t, h) (dv values). prefill: ka = k_nope, kb = k_pe, v = v;  decode: ka = c_kv,
 // kb = k_pe (both rows of the latent cache), v = c_kv.
@@ -214,49 +261,39 @@ struct AttnArgs {
   const float* v;
   int64_t v_stride_t, v_stride_h, dv;
   const int32_t* q_pos;
-  const int32_t* topk;
-  int64_t topk_len;
+  const int32_t* keys;    // select_keys_kernel output [s, keys_ld], or nullptr: dense causal
+  const int32_t* counts;  // [s]
+  int64_t keys_ld;
   float* out;
   int64_t s, t, n_heads;
   float scale;
-  int* err;
 };
 
 constexpr int kAttnWarps = 8;
 
 // Block = (s, h); warp w takes candidates w, w + 8, ... with its own running max / sum /
-// accumulator (online softmax); the 8 partial results are merged in warp order at the end.
-// Candidates: dense causal t = 0..q_pos, or the row's top-k list: -1 and future entries are
-// skipped, an entry equal to the one before it is skipped (topk writes sorted distinct lists; an
-// unsorted list with repeats would count a repeated key twice, unlike the reference's set), an
-// entry outside [-1, t) is reported as an error. No allowed key: zeros.
+// accumulator (online softmax); the 8 partial results are merged in warp order at the end, so
+// the order depends only on the row's own keys. Candidates: t = 0..min(q_pos, T - 1), or the
+// row's selected keys. No allowed key: zeros (as the reference).
 __global__ void __launch_bounds__(kAttnWarps * 32) mla_attention_kernel(AttnArgs a) {
   extern __shared__ float smem[];
   __shared__ float warp_m[kAttnWarps], warp_l[kAttnWarps];
   const int64_t s = blockIdx.x / a.n_heads, h = blockIdx.x % a.n_heads;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t dq = a.da + a.db;
-  float* q = smem;                      // [da + db]
-  float* acc = q + dq + warp * a.dv;    // this warp's [dv]
+  float* q = smem;                    // [da + db]
+  float* acc = q + dq + warp * a.dv;  // this warp's [dv]
   const float* qg = a.q + s * a.q_stride_s + h * a.q_stride_h;
   for (int64_t i = threadIdx.x; i < dq; i += blockDim.x) q[i] = qg[i];
   for (int64_t i = lane; i < a.dv; i += 32) acc[i] = 0.0f;
   __syncthreads();
   const int64_t qpos = a.q_pos[s];
   const int64_t last = qpos < a.t - 1 ? qpos : a.t - 1;
-  const int64_t n_cand = a.topk ? a.topk_len : last + 1;
+  const int64_t n_cand = a.keys ? int64_t(a.counts[s]) : last + 1;
+  const int32_t* keys = a.keys ? a.keys + s * a.keys_ld : nullptr;
   float m = -INFINITY, l = 0.0f;
   for (int64_t j = warp; j < n_cand; j += kAttnWarps) {
-    int64_t t = j;
-    if (a.topk) {
-      const int32_t* list = a.topk + s * a.topk_len;
-      t = list[j];
-      if (t < -1 || t >= a.t) {
-        if (lane == 0 && h == 0) report_error(a.err, kTopkEntryOutOfRange, t, s, a.t);
-        continue;
-      }
-      if (t < 0 || t > last || (j > 0 && list[j - 1] == t)) continue;
-    }
+    const int64_t t = keys ? int64_t(keys[j]) : j;
     const float* ka = a.ka + t * a.ka_stride_t + h * a.ka_stride_h;
     const float* kb = a.kb + t * a.kb_stride_t;
     float part = 0.0f;
@@ -295,13 +332,28 @@ __global__ void __launch_bounds__(kAttnWarps * 32) mla_attention_kernel(AttnArgs
   }
 }
 
-void launch_attention(const AttnArgs& a, cudaStream_t st, const char* op) {
+// Runs the key selection when a top-k list is given (into `scratch`, which holds
+// s * (topk_len + 1) ints), then the attention.
+void launch_attention(AttnArgs a, const int32_t* topk, int64_t topk_len, int32_t* scratch, int* err,
+                      cudaStream_t st, const char* op) {
   if (a.s == 0 || a.n_heads == 0) return;
+  CHECK(a.s < (int64_t(1) << 31) / (a.n_heads > 0 ? a.n_heads : 1), "cuda ", op, ": s = ", a.s,
+        " x n_heads = ", a.n_heads, " too large for one launch");
+  if (topk) {
+    CHECK(topk_len <= kMaxTopkLen, "cuda ", op, ": topk_len ", topk_len, " > ", kMaxTopkLen,
+          " is not supported");
+    int n_pow2 = 1;
+    while (n_pow2 < topk_len) n_pow2 <<= 1;
+    const size_t smem = size_t(n_pow2 + 33) * sizeof(int32_t);
+    reserve_smem(select_keys_kernel, smem, op, "topk_len");
+    a.keys = scratch, a.counts = scratch + a.s * topk_len, a.keys_ld = topk_len;
+    select_keys_kernel<<<unsigned(a.s), kSelectThreads, smem, st>>>(
+        topk, topk_len, a.q_pos, a.t, n_pow2, scratch, scratch + a.s * topk_len, err);
+    CUDA_CHECK_LAUNCH(op);
+  }
   const size_t smem = size_t(a.da + a.db + kAttnWarps * a.dv) * sizeof(float);
   reserve_smem(mla_attention_kernel, smem, op, "head dims");
-  const int64_t blocks = a.s * a.n_heads;
-  CHECK(blocks < (int64_t(1) << 31), "cuda ", op, ": s * n_heads = ", blocks, " too large");
-  mla_attention_kernel<<<unsigned(blocks), kAttnWarps * 32, smem, st>>>(a);
+  mla_attention_kernel<<<unsigned(a.s * a.n_heads), kAttnWarps * 32, smem, st>>>(a);
   CUDA_CHECK_LAUNCH(op);
 }
 
@@ -322,29 +374,33 @@ void launch_topk(const TopkParams& p, cudaStream_t st) {
   CUDA_CHECK_LAUNCH("topk");
 }
 
-void launch_mla_prefill(const MlaPrefillParams& p, int* error_word, cudaStream_t st) {
-  const int64_t kv_row = p.qk_nope_head_dim + p.v_head_dim, dq = p.qk_nope_head_dim + p.qk_rope_head_dim;
+void launch_mla_prefill(const MlaPrefillParams& p, int32_t* scratch, int* error_word,
+                        cudaStream_t st) {
+  const int64_t kv_row = p.qk_nope_head_dim + p.v_head_dim;
+  const int64_t dq = p.qk_nope_head_dim + p.qk_rope_head_dim;
   AttnArgs a{};
   a.q = p.q, a.q_stride_h = dq, a.q_stride_s = p.n_heads * dq;
-  a.ka = p.kv, a.ka_stride_t = p.n_heads * kv_row, a.ka_stride_h = kv_row, a.da = p.qk_nope_head_dim;
+  a.ka = p.kv, a.ka_stride_t = p.n_heads * kv_row, a.ka_stride_h = kv_row;
+  a.da = p.qk_nope_head_dim;
   a.kb = p.k_pe, a.kb_stride_t = p.ld_k_pe, a.db = p.qk_rope_head_dim;
   a.v = p.kv + p.qk_nope_head_dim, a.v_stride_t = p.n_heads * kv_row, a.v_stride_h = kv_row;
   a.dv = p.v_head_dim;
-  a.q_pos = p.q_pos, a.topk = p.topk, a.topk_len = p.topk_len, a.out = p.out;
-  a.s = p.s, a.t = p.t, a.n_heads = p.n_heads, a.scale = p.scale, a.err = error_word;
-  launch_attention(a, st, "mla_prefill");
+  a.q_pos = p.q_pos, a.out = p.out, a.s = p.s, a.t = p.t, a.n_heads = p.n_heads;
+  a.scale = p.scale;
+  launch_attention(a, p.topk, p.topk_len, scratch, error_word, st, "mla_prefill");
 }
 
-void launch_mla_decode(const MlaDecodeParams& p, int* error_word, cudaStream_t st) {
+void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, int* error_word,
+                       cudaStream_t st) {
   const int64_t row = p.kv_lora_rank + p.qk_rope_head_dim;
   AttnArgs a{};
   a.q = p.q_lat, a.q_stride_h = row, a.q_stride_s = p.n_heads * row;
   a.ka = p.cache, a.ka_stride_t = row, a.ka_stride_h = 0, a.da = p.kv_lora_rank;
   a.kb = p.cache + p.kv_lora_rank, a.kb_stride_t = row, a.db = p.qk_rope_head_dim;
   a.v = p.cache, a.v_stride_t = row, a.v_stride_h = 0, a.dv = p.kv_lora_rank;
-  a.q_pos = p.q_pos, a.topk = p.topk, a.topk_len = p.topk_len, a.out = p.out_lat;
-  a.s = p.s, a.t = p.t, a.n_heads = p.n_heads, a.scale = p.scale, a.err = error_word;
-  launch_attention(a, st, "mla_decode");
+  a.q_pos = p.q_pos, a.out = p.out_lat, a.s = p.s, a.t = p.t, a.n_heads = p.n_heads;
+  a.scale = p.scale;
+  launch_attention(a, p.topk, p.topk_len, scratch, error_word, st, "mla_decode");
 }
 
 }  // namespace glm5::kernels::cuda

@@ -132,8 +132,10 @@ __global__ void router_kernel(RouterParams p) {
       float t1 = -INFINITY, t2 = -INFINITY;
       for (int j = g * gsize; j < (g + 1) * gsize; ++j) {
         const float v = isnan(b[j]) ? -INFINITY : b[j];
-        if (v > t1) t2 = t1, t1 = v;
-        else if (v > t2) t2 = v;
+        if (v > t1)
+          t2 = t1, t1 = v;
+        else if (v > t2)
+          t2 = v;
       }
       gscore[g] = gsize > 1 ? t1 + t2 : t1;
     }
@@ -246,8 +248,8 @@ __global__ void add_kernel(AddParams p) {
 // ---- GEMM helpers ------------------------------------------------------------------------------
 
 // x = hi + mid + lo exactly (each step's remainder is exact in fp32 and fits the next bf16).
-__global__ void gemm_split_x_kernel(const float* x, int64_t ldx, int64_t rows, int64_t k,
-                                    int terms, int64_t chunk_rows, void* xs, int64_t ldk) {
+__global__ void gemm_split_x_kernel(const float* x, int64_t ldx, int64_t rows, int64_t k, int terms,
+                                    int64_t chunk_rows, void* xs, int64_t ldk) {
   const int64_t rows_pad = (rows + chunk_rows - 1) / chunk_rows * chunk_rows, total = rows_pad * k;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
@@ -363,8 +365,8 @@ void launch_rope(const RopeParams& p, cudaStream_t st) {
 }
 
 void launch_router(const RouterParams& p, cudaStream_t st) {
-  const size_t smem = size_t(p.n_experts) * (2 * sizeof(float) + 1) +
-                      size_t(p.n_group) * (sizeof(float) + 1) + 16;
+  const size_t smem =
+      size_t(p.n_experts) * (2 * sizeof(float) + 1) + size_t(p.n_group) * (sizeof(float) + 1) + 16;
   if (smem > 48 * 1024)
     CUDA_CHECK(cudaFuncSetAttribute(router_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(smem)));
@@ -380,10 +382,17 @@ void launch_swiglu(const SwigluParams& p, cudaStream_t st) {
 void launch_embedding(const EmbeddingParams& p, int* error_word, cudaStream_t st) {
   const unsigned grid = grid_for(p.m * p.table.cols, 256);
   switch (p.table.dtype) {
-    case DType::F32: embedding_kernel<float><<<grid, 256, 0, st>>>(p, error_word); break;
-    case DType::BF16: embedding_kernel<__nv_bfloat16><<<grid, 256, 0, st>>>(p, error_word); break;
-    case DType::F16: embedding_kernel<__half><<<grid, 256, 0, st>>>(p, error_word); break;
-    default: GLM5_FAIL("cuda embedding: table dtype ", dtype_name(p.table.dtype), " not supported");
+    case DType::F32:
+      embedding_kernel<float><<<grid, 256, 0, st>>>(p, error_word);
+      break;
+    case DType::BF16:
+      embedding_kernel<__nv_bfloat16><<<grid, 256, 0, st>>>(p, error_word);
+      break;
+    case DType::F16:
+      embedding_kernel<__half><<<grid, 256, 0, st>>>(p, error_word);
+      break;
+    default:
+      GLM5_FAIL("cuda embedding: table dtype ", dtype_name(p.table.dtype), " not supported");
   }
   CUDA_CHECK_LAUNCH("embedding");
 }
@@ -414,18 +423,25 @@ void launch_gemm_split_x(const float* x, int64_t ldx, int64_t rows, int64_t k, i
 void launch_gemm_combine(const float* cs, int64_t ldc, int64_t rows, int64_t n, int terms,
                          int64_t chunk_rows, float* y, int64_t ldy, bool accumulate,
                          cudaStream_t st) {
-  gemm_combine_kernel<<<grid_for(rows * n, 256), 256, 0, st>>>(cs, ldc, rows, n, terms,
-                                                               chunk_rows, y, ldy, accumulate);
+  gemm_combine_kernel<<<grid_for(rows * n, 256), 256, 0, st>>>(cs, ldc, rows, n, terms, chunk_rows,
+                                                               y, ldy, accumulate);
   CUDA_CHECK_LAUNCH("gemm combine");
 }
 
 void launch_gemm_simt(const GemmParams& p, cudaStream_t st) {
   CHECK((p.m + kBM - 1) / kBM <= 65535, "cuda gemm: m = ", p.m, " too large for the plain GEMM");
   switch (p.w.dtype) {
-    case DType::F32: gemm_simt_typed<float>(p, st); break;
-    case DType::BF16: gemm_simt_typed<__nv_bfloat16>(p, st); break;
-    case DType::F16: gemm_simt_typed<__half>(p, st); break;
-    default: GLM5_FAIL("cuda gemm: weight dtype ", dtype_name(p.w.dtype), " not supported");
+    case DType::F32:
+      gemm_simt_typed<float>(p, st);
+      break;
+    case DType::BF16:
+      gemm_simt_typed<__nv_bfloat16>(p, st);
+      break;
+    case DType::F16:
+      gemm_simt_typed<__half>(p, st);
+      break;
+    default:
+      GLM5_FAIL("cuda gemm: weight dtype ", dtype_name(p.w.dtype), " not supported");
   }
   CUDA_CHECK_LAUNCH("gemm (plain)");
 }

@@ -2,18 +2,18 @@
 // message naming the file, the key, the expected and the found value; plan_stages splits tiny-a as
 // expected (balanced and explicit) and refuses impossible layouts; layer_parameters matches the
 // tensor sizes in tiny-a's checkpoint; launch_command builds the mpirun line a user would type.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "core/check.h"
 #include "launcher/cluster_config.h"
@@ -69,11 +69,16 @@ TEST(ClusterConfigFiles, EveryShippedFileParses) {
     const char* comm;
   };
   const std::map<std::string, Expect> expect = {
-      {"cpu-1.yaml", {1, 1, "cpu", "mpi"}},         {"cpu-pp2.yaml", {2, 1, "cpu", "mpi"}},
-      {"cpu-ep2.yaml", {1, 2, "cpu", "mpi"}},       {"cpu-pp2-ep2.yaml", {2, 2, "cpu", "mpi"}},
-      {"cpu-ep4.yaml", {1, 4, "cpu", "mpi"}},       {"cpu-pp4.yaml", {4, 1, "cpu", "mpi"}},
-      {"cpu-uneven.yaml", {2, 1, "cpu", "mpi"}},    {"cpu-pp2-ep2-ucx.yaml", {2, 2, "cpu", "mpi"}},
-      {"cuda-1.yaml", {1, 1, "cuda", "nccl"}},      {"h100x8.yaml", {1, 8, "cuda", "nccl"}},
+      {"cpu-1.yaml", {1, 1, "cpu", "mpi"}},
+      {"cpu-pp2.yaml", {2, 1, "cpu", "mpi"}},
+      {"cpu-ep2.yaml", {1, 2, "cpu", "mpi"}},
+      {"cpu-pp2-ep2.yaml", {2, 2, "cpu", "mpi"}},
+      {"cpu-ep4.yaml", {1, 4, "cpu", "mpi"}},
+      {"cpu-pp4.yaml", {4, 1, "cpu", "mpi"}},
+      {"cpu-uneven.yaml", {2, 1, "cpu", "mpi"}},
+      {"cpu-pp2-ep2-ucx.yaml", {2, 2, "cpu", "mpi"}},
+      {"cuda-1.yaml", {1, 1, "cuda", "nccl"}},
+      {"h100x8.yaml", {1, 8, "cuda", "nccl"}},
       {"h100x16-2nodes.yaml", {2, 8, "cuda", "nccl"}},
   };
   std::vector<std::string> found;
@@ -107,9 +112,8 @@ TEST(ClusterConfigFiles, DetailsOfSpecialFiles) {
   EXPECT_EQ(pairs(uneven.layer_ranges), (std::vector<std::pair<int, int>>{{0, 1}, {1, 4}}));
 
   ClusterConfig ucx = load_cluster_config(kConfigs + "/cpu-pp2-ep2-ucx.yaml");
-  const std::vector<std::string> ucx_args = {"--mca", "pml",         "ucx", "--mca",
-                                             "pml_ucx_tls", "any", "--mca", "pml_ucx_devices",
-                                             "any"};
+  const std::vector<std::string> ucx_args = {
+      "--mca", "pml", "ucx", "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any"};
   EXPECT_EQ(ucx.mpirun_args, ucx_args);
 
   ClusterConfig two = load_cluster_config(kConfigs + "/h100x16-2nodes.yaml");
@@ -204,7 +208,8 @@ TEST(ClusterConfigErrors, WrongTypes) {
   expect_yaml_error("prefill_chunk:\n", {"key 'prefill_chunk'", "an integer", "an empty value"});
   expect_yaml_error("kv_budget_gb: lots\n", {"key 'kv_budget_gb'", "a number >= 0", "'lots'"});
   expect_yaml_error("backend: [cpu]\n", {"key 'backend'", "one of cpu, cuda", "a list"});
-  expect_yaml_error("hosts: node1\n", {"key 'hosts'", "a list of {host: NAME, slots: N}", "'node1'"});
+  expect_yaml_error("hosts: node1\n",
+                    {"key 'hosts'", "a list of {host: NAME, slots: N}", "'node1'"});
   expect_yaml_error("mpirun_args: --oversubscribe\n",
                     {"key 'mpirun_args'", "a list of strings", "'--oversubscribe'"});
   expect_yaml_error("mpirun_args: [[a]]\n", {"key 'mpirun_args[0]'", "a string", "a list"});
@@ -217,7 +222,8 @@ TEST(ClusterConfigErrors, CountsBelowOne) {
   expect_yaml_error("stages: 0\n", {"key 'stages'", "an integer >= 1", "found '0'"});
   expect_yaml_error("stages: -2\n", {"key 'stages'", "an integer >= 1", "found '-2'"});
   expect_yaml_error("stages: []\n", {"key 'stages'", "layer ranges", "a list of 0"});
-  expect_yaml_error("expert_parallel: 0\n", {"key 'expert_parallel'", "an integer >= 1", "found '0'"});
+  expect_yaml_error("expert_parallel: 0\n",
+                    {"key 'expert_parallel'", "an integer >= 1", "found '0'"});
   expect_yaml_error("micro_batches: 0\n", {"key 'micro_batches'", "an integer >= 1", "found '0'"});
   expect_yaml_error("max_batch: 0\n", {"key 'max_batch'", "an integer >= 1", "found '0'"});
 }
@@ -225,8 +231,8 @@ TEST(ClusterConfigErrors, CountsBelowOne) {
 TEST(ClusterConfigErrors, BackendAndComm) {
   expect_yaml_error("backend: tpu\n", {"key 'backend'", "one of cpu, cuda", "found 'tpu'"});
   expect_yaml_error("comm: gloo\n", {"key 'comm'", "one of mpi, nccl", "found 'gloo'"});
-  expect_yaml_error("backend: cpu\ncomm: nccl\n",
-                    {"key 'comm'", "mpi with backend cpu", "nccl needs backend cuda", "found 'nccl'"});
+  expect_yaml_error("backend: cpu\ncomm: nccl\n", {"key 'comm'", "mpi with backend cpu",
+                                                   "nccl needs backend cuda", "found 'nccl'"});
   // The default backend is cpu, so nccl alone is the same mistake.
   expect_yaml_error("comm: nccl\n", {"key 'comm'", "nccl needs backend cuda", "found 'nccl'"});
   EXPECT_NO_THROW(parse_cluster_config("backend: cuda\ncomm: mpi\n", "ok.yaml"));
@@ -239,15 +245,18 @@ TEST(ClusterConfigErrors, NegativeKvBudget) {
 }
 
 TEST(ClusterConfigErrors, MalformedHosts) {
-  expect_yaml_error("hosts: [{host: a, slots: 0}]\n", {"key 'hosts[0].slots'", "an integer >= 1", "'0'"});
+  expect_yaml_error("hosts: [{host: a, slots: 0}]\n",
+                    {"key 'hosts[0].slots'", "an integer >= 1", "'0'"});
   expect_yaml_error("hosts: [{host: a, slots: many}]\n", {"key 'hosts[0].slots'", "'many'"});
   expect_yaml_error("hosts: [{host: a}, {slots: 2}]\n",
                     {"key 'hosts[1].host'", "a host name", "no 'host' key"});
-  expect_yaml_error("hosts: [{host: a, name: b}]\n", {"key 'hosts[0]'", "only the keys host, slots", "'name'"});
+  expect_yaml_error("hosts: [{host: a, name: b}]\n",
+                    {"key 'hosts[0]'", "only the keys host, slots", "'name'"});
   expect_yaml_error("hosts: [\"a:x\"]\n", {"key 'hosts[0]'", "NAME:SLOTS", "'a:x'"});
   expect_yaml_error("hosts: [\"a:0\"]\n", {"key 'hosts[0]'", "SLOTS an integer >= 1", "'a:0'"});
   expect_yaml_error("hosts: [[a, 2]]\n", {"key 'hosts[0]'", "{host: NAME, slots: N}", "a list"});
-  expect_yaml_error("hosts: [{host: \"a b\"}]\n", {"key 'hosts[0].host'", "without spaces", "'a b'"});
+  expect_yaml_error("hosts: [{host: \"a b\"}]\n",
+                    {"key 'hosts[0].host'", "without spaces", "'a b'"});
   expect_yaml_error("hosts: [{host: \"\"}]\n", {"key 'hosts[0].host'", "a host name", "''"});
 }
 
@@ -257,12 +266,14 @@ TEST(ClusterConfigErrors, ExplicitRangesShape) {
   expect_yaml_error("stages: [[1, 4]]\n", {"key 'stages[0]'", "first = 0", "found first = 1"});
   expect_yaml_error("stages: [[0, 2], [2, 2]]\n",
                     {"key 'stages[1]'", "non-empty range", "found [2, 2]"});
-  expect_yaml_error("stages: [[0, 1, 2]]\n", {"key 'stages[0]'", "[first, last) pair", "a list of 3"});
+  expect_yaml_error("stages: [[0, 1, 2]]\n",
+                    {"key 'stages[0]'", "[first, last) pair", "a list of 3"});
   expect_yaml_error("stages: [[0, x]]\n", {"key 'stages[0][1]'", "an integer >= 0", "'x'"});
   expect_yaml_error("stages: [3]\n", {"key 'stages[0]'", "[first, last) pair", "'3'"});
 }
 
-// ---- plan_stages and layer_parameters on tiny-a --------------------------------------------------
+// ---- plan_stages and layer_parameters on tiny-a
+// --------------------------------------------------
 
 // Reads the tensor shapes of every shard's safetensors header (8-byte length + JSON).
 std::map<std::string, int64_t> tensor_sizes(const std::string& dir) {
@@ -321,7 +332,8 @@ TEST(PlanStages, TinyABalanced) {
 
 TEST(PlanStages, TinyAExplicitUneven) {
   ClusterConfig cc = load_cluster_config(kConfigs + "/cpu-uneven.yaml");
-  EXPECT_EQ(pairs(plan_stages(cc, tiny_a(), 2)), (std::vector<std::pair<int, int>>{{0, 1}, {1, 4}}));
+  EXPECT_EQ(pairs(plan_stages(cc, tiny_a(), 2)),
+            (std::vector<std::pair<int, int>>{{0, 1}, {1, 4}}));
 }
 
 TEST(PlanStages, ExplicitRangesMustCoverAllLayers) {
@@ -362,7 +374,8 @@ TEST(PlanStages, MoreStagesThanLayers) {
                {kBad, "key 'stages'", "at most num_hidden_layers (4)", "found 5", "tiny-a"});
 }
 
-// ---- launch_command ------------------------------------------------------------------------------
+// ---- launch_command
+// ------------------------------------------------------------------------------
 
 std::ptrdiff_t index_of(const std::vector<std::string>& v, const std::string& s) {
   auto it = std::find(v.begin(), v.end(), s);
@@ -380,14 +393,32 @@ env: {UCX_TLS: "tcp,self", B: "x y"}
                                           "conf/c.yaml");
   const std::vector<std::string> cmd =
       launch_command(cc, "/opt/glm5", {"generate", "--model", "m", "--prompt", "hi there"}, true);
-  const std::vector<std::string> expect = {
-      "mpirun", "-np", "4", "--allow-run-as-root", "--host", "n1:2,n2:2", "--mca", "pml", "ucx",
-      "-x", "B=x y", "-x", "UCX_TLS=tcp,self", "/opt/glm5", "generate", "--model", "m",
-      "--prompt", "hi there", "--cluster", "conf/c.yaml"};
+  const std::vector<std::string> expect = {"mpirun",
+                                           "-np",
+                                           "4",
+                                           "--allow-run-as-root",
+                                           "--host",
+                                           "n1:2,n2:2",
+                                           "--mca",
+                                           "pml",
+                                           "ucx",
+                                           "-x",
+                                           "B=x y",
+                                           "-x",
+                                           "UCX_TLS=tcp,self",
+                                           "/opt/glm5",
+                                           "generate",
+                                           "--model",
+                                           "m",
+                                           "--prompt",
+                                           "hi there",
+                                           "--cluster",
+                                           "conf/c.yaml"};
   EXPECT_EQ(cmd, expect);  // slots (4) cover the world: no --oversubscribe
-  EXPECT_EQ(shell_join(cmd),
-            "mpirun -np 4 --allow-run-as-root --host n1:2,n2:2 --mca pml ucx -x 'B=x y' -x "
-            "UCX_TLS=tcp,self /opt/glm5 generate --model m --prompt 'hi there' --cluster conf/c.yaml");
+  EXPECT_EQ(
+      shell_join(cmd),
+      "mpirun -np 4 --allow-run-as-root --host n1:2,n2:2 --mca pml ucx -x 'B=x y' -x "
+      "UCX_TLS=tcp,self /opt/glm5 generate --model m --prompt 'hi there' --cluster conf/c.yaml");
 }
 
 TEST(LaunchCommand, RootFlagAndOversubscription) {
@@ -421,10 +452,16 @@ TEST(LaunchCommand, RootFlagAndOversubscription) {
 
 TEST(LaunchCommand, RefusesASecondCluster) {
   ClusterConfig cc = parse_cluster_config("stages: 1\n", "c.yaml");
-  expect_error([&] { launch_command(cc, "glm5", {"generate", "--cluster", "x.yaml"}, false); },
-               {"--cluster", "c.yaml"});
-  expect_error([&] { launch_command(cc, "glm5", {"generate", "--cluster=x.yaml"}, false); },
-               {"--cluster=x.yaml"});
+  expect_error(
+      [&] {
+        launch_command(cc, "glm5", {"generate", "--cluster", "x.yaml"}, false);
+      },
+      {"--cluster", "c.yaml"});
+  expect_error(
+      [&] {
+        launch_command(cc, "glm5", {"generate", "--cluster=x.yaml"}, false);
+      },
+      {"--cluster=x.yaml"});
 }
 
 TEST(LaunchCommand, ShippedUcxConfig) {

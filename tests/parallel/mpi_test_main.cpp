@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <string>
 
 #include "parallel/mpi_comm.h"
 
@@ -13,17 +14,21 @@ namespace {
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  // The name is kept here: UnitTest::current_test_info() would take the lock that gtest holds
+  // while it reports a part result.
+  void OnTestStart(const ::testing::TestInfo& t) override {
+    test_ = std::string(t.test_suite_name()) + "." + t.name();
+  }
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (!r.failed()) return;
-    const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::fprintf(stderr, "[rank %d] %s.%s: %s:%d: Failure\n%s\n", rank_,
-                 t ? t->test_suite_name() : "?", t ? t->name() : "?",
+    std::fprintf(stderr, "[rank %d] %s: %s:%d: Failure\n%s\n", rank_, test_.c_str(),
                  r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
     std::fflush(stderr);
   }
 
  private:
   int rank_;
+  std::string test_ = "?";
 };
 
 }  // namespace

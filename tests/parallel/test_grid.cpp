@@ -145,7 +145,7 @@ TEST(ExpertRange, EvenSplit) {
 TEST(ExpertRange, BadSplitsAreErrors) {
   EXPECT_THROW(expert_range(10, 4, 0), Error);  // not divisible
   EXPECT_THROW(expert_range(8, 0, 0), Error);
-  EXPECT_THROW(expert_range(8, 4, 4), Error);   // column outside the grid
+  EXPECT_THROW(expert_range(8, 4, 4), Error);  // column outside the grid
   EXPECT_THROW(expert_range(8, 4, -1), Error);
   try {
     expert_range(10, 4, 0);

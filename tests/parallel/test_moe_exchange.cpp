@@ -41,7 +41,7 @@ Inputs make_inputs(int round, int me, int p, int64_t d, int64_t top_k, int n_tag
   in.top_k = top_k;
   // Rank 1 has no tokens in every round, rank 0 none in round 2; the others vary.
   in.m = (me == 1 || (round == 2 && me == 0)) ? 0 : int64_t(mix(round, me, 7) % 9 + 1);
-  if (round == 3) in.m = 0;  // nobody has tokens
+  if (round == 3) in.m = 0;         // nobody has tokens
   if (round == 4) in.m = 150 + me;  // big enough for the threaded copies
   in.x.resize(size_t(in.m * d));
   for (int64_t t = 0; t < in.m; ++t)
@@ -119,31 +119,33 @@ void run_round(Comm& comm, MoeExchange& ex, int round, int64_t d, int64_t top_k,
 
   // ASSERTs leave only these lambdas: every rank must still reach combine().
   [&] {
-  ASSERT_EQ(ex.recv_count(), int64_t(want.size())) << "round " << round;
-  for (int64_t i = 0; i < ex.recv_count(); ++i) {
-    ASSERT_EQ(ex.recv_tag()[i], want[i].tag) << "round " << round << " row " << i;
-    ASSERT_EQ(ex.recv_src()[i], want[i].src) << "round " << round << " row " << i;
-    ASSERT_EQ(std::memcmp(ex.recv_x() + i * d, want[i].row.data(), d * sizeof(float)), 0)
-        << "round " << round << " row " << i << " from rank " << want[i].src << " slot "
-        << want[i].slot;
-    if (i > 0) {  // the order rule itself
-      ASSERT_LE(std::tie(ex.recv_tag()[i - 1], ex.recv_src()[i - 1]),
-                std::tie(ex.recv_tag()[i], ex.recv_src()[i]));
+    ASSERT_EQ(ex.recv_count(), int64_t(want.size())) << "round " << round;
+    for (int64_t i = 0; i < ex.recv_count(); ++i) {
+      ASSERT_EQ(ex.recv_tag()[i], want[i].tag) << "round " << round << " row " << i;
+      ASSERT_EQ(ex.recv_src()[i], want[i].src) << "round " << round << " row " << i;
+      ASSERT_EQ(std::memcmp(ex.recv_x() + i * d, want[i].row.data(), d * sizeof(float)), 0)
+          << "round " << round << " row " << i << " from rank " << want[i].src << " slot "
+          << want[i].slot;
+      if (i > 0) {  // the order rule itself
+        ASSERT_LE(std::tie(ex.recv_tag()[i - 1], ex.recv_src()[i - 1]),
+                  std::tie(ex.recv_tag()[i], ex.recv_src()[i]));
+      }
     }
-  }
   }();
 
   // "Experts": y = 2x + tag, then back to the slots.
   std::vector<float> y(size_t(ex.recv_count() * d));
   for (int64_t i = 0; i < ex.recv_count(); ++i)
-    for (int64_t c = 0; c < d; ++c) y[i * d + c] = y_value(ex.recv_x()[i * d + c], ex.recv_tag()[i]);
+    for (int64_t c = 0; c < d; ++c)
+      y[i * d + c] = y_value(ex.recv_x()[i * d + c], ex.recv_tag()[i]);
   ex.combine(y.data());
   EXPECT_EQ(ex.m(), in.m);
   [&] {
     for (int64_t s = 0; s < in.m * top_k; ++s)
       for (int64_t c = 0; c < d; ++c) {
         float want_v = in.dest[s] < 0 ? 0.0f : y_value(x_value(me, s / top_k, c), in.tag[s]);
-        ASSERT_EQ(ex.out()[s * d + c], want_v) << "round " << round << " slot " << s << " col " << c;
+        ASSERT_EQ(ex.out()[s * d + c], want_v)
+            << "round " << round << " slot " << s << " col " << c;
       }
   }();
 

@@ -6,6 +6,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -63,8 +64,8 @@ TEST_F(MpiCommTest, RingSendRecv) {
     }
     [&] {  // ASSERT leaves only this lambda: every rank must still reach the next collective
       for (size_t i = 0; i < in.size(); ++i)
-        ASSERT_EQ(in[i], byte_of(prev, me, i)) << "byte " << i << " from rank " << prev
-                                               << ", limit " << limit;
+        ASSERT_EQ(in[i], byte_of(prev, me, i))
+            << "byte " << i << " from rank " << prev << ", limit " << limit;
     }();
   }
 }
@@ -77,17 +78,18 @@ TEST_F(MpiCommTest, SendRecvChecksPeerAndTag) {
 }
 
 // all_to_all_v against a naive exchange: every ordered pair in one global order, send/recv.
-void check_all_to_all_v(Comm& comm, int salt) {
+// bytes(src, dst) gives each pair's size; gaps leaves unused bytes between the blocks.
+void check_all_to_all_v(Comm& comm, const std::function<size_t(int, int)>& bytes, bool gaps) {
   const int p = comm.size(), me = comm.rank();
   std::vector<size_t> sb(p), so(p), rb(p), ro(p);
   size_t stot = 0, rtot = 0;
   for (int r = 0; r < p; ++r) {
-    sb[r] = pair_bytes(me, r, salt);
+    sb[r] = bytes(me, r);
     so[r] = stot;
-    stot += sb[r] + 3;  // gaps between blocks
-    rb[r] = pair_bytes(r, me, salt);
-    ro[r] = rtot + 2;
-    rtot += rb[r] + 5;
+    stot += sb[r] + (gaps ? 3 : 0);
+    rb[r] = bytes(r, me);
+    ro[r] = rtot + (gaps ? 2 : 0);
+    rtot += rb[r] + (gaps ? 5 : 0);
   }
   std::vector<uint8_t> send(stot, 0xEE);
   for (int r = 0; r < p; ++r)
@@ -105,7 +107,7 @@ void check_all_to_all_v(Comm& comm, int salt) {
         comm.recv(&naive[ro[src]], rb[src], src, 11);
     }
   // Identical to the naive exchange, gaps untouched (0xAB), each byte from the right sender.
-  EXPECT_EQ(recv, naive) << "salt " << salt << " limit " << mpi_message_limit();
+  EXPECT_EQ(recv, naive) << "limit " << mpi_message_limit();
   for (int r = 0; r < p; ++r)
     for (size_t i = 0; i < rb[r]; ++i)
       ASSERT_EQ(recv[ro[r] + i], byte_of(r, me, i)) << "from rank " << r << " byte " << i;
@@ -118,8 +120,13 @@ void check_all_to_all_v(Comm& comm, int salt) {
   }
 }
 
+void check_uneven(Comm& comm, int salt) {
+  check_all_to_all_v(
+      comm, [salt](int src, int dst) { return pair_bytes(src, dst, salt); }, true);
+}
+
 TEST_F(MpiCommTest, AllToAllVUnevenMatchesNaive) {
-  for (int salt = 0; salt < 4; ++salt) check_all_to_all_v(*world, salt);
+  for (int salt = 0; salt < 4; ++salt) check_uneven(*world, salt);
 }
 
 TEST_F(MpiCommTest, AllToAllVPointToPointPath) {
@@ -127,8 +134,18 @@ TEST_F(MpiCommTest, AllToAllVPointToPointPath) {
   // pass 40 bytes see it, and the others must follow them.
   for (size_t limit : {size_t(7), size_t(40)}) {
     LimitGuard guard(limit);
-    for (int salt = 0; salt < 3; ++salt) check_all_to_all_v(*world, salt);
+    for (int salt = 0; salt < 3; ++salt) check_uneven(*world, salt);
   }
+}
+
+TEST_F(MpiCommTest, AllToAllVPathAgreesWhenOnlySomeRanksAreLarge) {
+  // Only rank 0 -> rank P-1 passes the 16-byte limit: those two ranks see it, the others have
+  // 1-byte blocks at small offsets and must still take the point-to-point path with them.
+  LimitGuard guard(16);
+  const int p = world->size();
+  check_all_to_all_v(
+      *world, [p](int src, int dst) { return (src == 0 && dst == p - 1) ? size_t(20) : size_t(1); },
+      false);
 }
 
 TEST_F(MpiCommTest, AllToAllVAllEmpty) {

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include "kernels/core/check.h"
@@ -43,7 +44,10 @@ std::string show(const std::string& s) {
 
 std::string show(const std::vector<int32_t>& ids) {
   std::string out = "[";
-  for (size_t i = 0; i < ids.size() && i < 60; ++i) out += (i ? "," : "") + std::to_string(ids[i]);
+  for (size_t i = 0; i < ids.size() && i < 60; ++i) {
+    if (i) out += ',';
+    out += std::to_string(ids[i]);
+  }
   return out + (ids.size() > 60 ? ",...]" : "]");
 }
 
@@ -53,12 +57,14 @@ const Tokenizer& deepseek() {
 }
 
 // Checks every reference line against `tok`; reports at most a few failing lines in full.
-void check_reference(const Tokenizer& tok, const std::vector<json>& lines, const std::string& what) {
+void check_reference(const Tokenizer& tok, const std::vector<json>& lines,
+                     const std::string& what) {
   int failures = 0;
   for (const json& r : lines) {
     std::string text = r["text"];
     std::vector<int32_t> want = r["ids"];
-    std::vector<int32_t> want_plain = r.contains("ids_plain") ? r["ids_plain"].get<std::vector<int32_t>>() : want;
+    std::vector<int32_t> want_plain =
+        r.contains("ids_plain") ? r["ids_plain"].get<std::vector<int32_t>>() : want;
     std::vector<int32_t> got = tok.encode(text);
     std::vector<int32_t> got_plain = tok.encode(text, /*parse_special=*/false);
     // HF's decode output; it differs from the text only where a normalizer, a Removed split or
@@ -98,14 +104,14 @@ TEST(Tokenizer, VariantsMatchHuggingFaceReference) {
 TEST(Tokenizer, DeepSeekLiteralCases) {
   const Tokenizer& tok = deepseek();
   EXPECT_EQ(tok.encode("Hello, 世界! 12345 tokens 😀🚀 naïve café"),
-            (std::vector<int32_t>{19923, 14, 223, 3427, 3, 223, 6895, 1883, 35977, 53769, 225, 74287,
-                                  225, 112752, 57664}));
+            (std::vector<int32_t>{19923, 14, 223, 3427, 3, 223, 6895, 1883, 35977, 53769, 225,
+                                  74287, 225, 112752, 57664}));
   EXPECT_EQ(tok.encode("DeepSeek-V3 是一个混合专家模型，参数量为671B。"),
             (std::vector<int32_t>{53091, 4374, 1465, 13582, 21, 223, 6715, 14769, 10756, 8842, 303,
                                   2294, 9853, 545, 26612, 36, 320}));
   EXPECT_EQ(tok.encode("  leading spaces\n\nnewlines\ttabs 3.14159 "),
-            (std::vector<int32_t>{223, 6646, 13564, 271, 2839, 12678, 17299, 10284, 223, 21, 16, 9926,
-                                  3318, 223}));
+            (std::vector<int32_t>{223, 6646, 13564, 271, 2839, 12678, 17299, 10284, 223, 21, 16,
+                                  9926, 3318, 223}));
   EXPECT_EQ(tok.encode("<｜begin▁of▁sentence｜>hi<｜end▁of▁sentence｜>"),
             (std::vector<int32_t>{0, 6366, 1}));
   // Without special-token parsing the markers are spelled out as text.
@@ -142,10 +148,22 @@ TEST(Tokenizer, DecodeSkipsIdsWithoutToken) {
 TEST(Tokenizer, InvalidUtf8RoundTripsByteForByte) {
   const Tokenizer& tok = deepseek();
   Tokenizer tiny = Tokenizer::load(kTiny);
-  std::vector<std::string> cases = {
-      "\xff", "\x80", "abc\x80" "def", "\xe4\xb8", "\xe4\xb8 end", "\xed\xa0\x80", "\xc0\xaf",
-      "\xf5\x80\x80\x80", "\xf4\x90\x80\x80", "中\xff文", "<｜User｜>\xfe<｜User｜>", "\xff<think>\xfe",
-      "  \xc3\n\n\xa9 12\xff" "345", std::string("nul\0byte", 8)};
+  std::vector<std::string> cases = {"\xff",
+                                    "\x80",
+                                    "abc\x80"
+                                    "def",
+                                    "\xe4\xb8",
+                                    "\xe4\xb8 end",
+                                    "\xed\xa0\x80",
+                                    "\xc0\xaf",
+                                    "\xf5\x80\x80\x80",
+                                    "\xf4\x90\x80\x80",
+                                    "中\xff文",
+                                    "<｜User｜>\xfe<｜User｜>",
+                                    "\xff<think>\xfe",
+                                    "  \xc3\n\n\xa9 12\xff"
+                                    "345",
+                                    std::string("nul\0byte", 8)};
   // Deterministic pseudo-random byte strings, half of them mostly ASCII.
   uint64_t state = 12345;
   for (int n = 0; n < 300; ++n) {
@@ -177,9 +195,9 @@ TEST(Tokenizer, TinyTokenizerLayout) {
   Tokenizer tok = Tokenizer::load(kData + "/tiny-tokenizer");  // a directory works too
   EXPECT_EQ(tok.vocab_size(), 512);
   const std::vector<std::pair<std::string, int32_t>> specials = {
-      {"[gMASK]", 503},      {"<sop>", 504},  {"<|system|>", 505},     {"<|assistant|>", 506},
-      {"<think>", 507},      {"</think>", 508}, {"<|endoftext|>", 509}, {"<|user|>", 510},
-      {"<|observation|>", 511}};
+      {"[gMASK]", 503},       {"<sop>", 504},    {"<|system|>", 505},
+      {"<|assistant|>", 506}, {"<think>", 507},  {"</think>", 508},
+      {"<|endoftext|>", 509}, {"<|user|>", 510}, {"<|observation|>", 511}};
   for (const auto& [text, id] : specials) {
     EXPECT_EQ(tok.token_id(text), id) << text;
     EXPECT_TRUE(tok.is_special(id)) << text;
@@ -187,7 +205,8 @@ TEST(Tokenizer, TinyTokenizerLayout) {
   }
   std::vector<int32_t> ids = tok.encode("[gMASK]<sop><|user|>hello<|assistant|><think>");
   ASSERT_GE(ids.size(), 5u);
-  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.begin() + 3), (std::vector<int32_t>{503, 504, 510}));
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.begin() + 3),
+            (std::vector<int32_t>{503, 504, 510}));
   EXPECT_EQ(std::vector<int32_t>(ids.end() - 2, ids.end()), (std::vector<int32_t>{506, 507}));
   for (int32_t id : ids) EXPECT_LT(id, 512);
   EXPECT_EQ(tok.decode(ids, /*skip_special=*/true), "hello");
@@ -202,7 +221,8 @@ TEST(Tokenizer, ConcurrentEncodeGivesSameIds) {
   for (int t = 0; t < 4; ++t)
     threads.emplace_back([&, t] {
       for (size_t i = t; i < lines.size(); i += 2)  // overlapping halves: shared cache entries
-        if (tok.encode(lines[i]["text"].get<std::string>()) != lines[i]["ids"].get<std::vector<int32_t>>())
+        if (tok.encode(lines[i]["text"].get<std::string>()) !=
+            lines[i]["ids"].get<std::vector<int32_t>>())
           ++bad[t];
     });
   for (auto& th : threads) th.join();
@@ -214,8 +234,9 @@ TEST(Tokenizer, ConcurrentEncodeGivesSameIds) {
 class TokenizerErrors : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / ("glm5_tok_" + std::to_string(::getpid()) + "_" +
-                                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::path(::testing::TempDir()) /
+           ("glm5_tok_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }

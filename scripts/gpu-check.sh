@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# One command for a machine with an NVIDIA GPU: configure with CUDA + NCCL, build, run the GPU
+# tests (ctest -R 'Cuda|nccl'), run the tiny-a golden on the cuda backend, print a summary.
+# Needs the CI packages (MPI, yaml-cpp, json, PCRE2, GoogleTest) plus the CUDA toolkit with
+# cuBLAS and NCCL. It does not install anything and does not change GPU settings.
+#
+# Usage: scripts/gpu-check.sh [BUILD_DIR]          (default: build-gpu in the repository)
+# Env:   CUDA_ARCH (default 90), JOBS (default nproc), GOLDEN_ATOL (default 1e-4, the tiny-a
+#        README's float32 tolerance), GLM5_RUN_PREFIX (e.g. "mpirun --allow-run-as-root -np 1"
+#        if the cluster config must be launched under MPI).
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${1:-$root/build-gpu}
+arch=${CUDA_ARCH:-90}
+jobs=${JOBS:-$(nproc)}
+atol=${GOLDEN_ATOL:-1e-4}
+logs=$build/gpu-check-logs
+mkdir -p "$logs"
+summary=()
+failed=0   # any step failed: the exit status
+blocked=0  # configure or build failed: later steps cannot run
+
+# record NAME RESULT SECONDS DETAIL
+record() { summary+=("$(printf '%-9s %-4s %5ss  %s' "$1" "$2" "$3" "$4")"); if [ "$2" = FAIL ]; then failed=1; fi; }
+
+# run_step NAME COMMAND...: runs with output to $logs/NAME.log; PASS on exit 0.
+run_step() {
+  local name=$1 t0=$SECONDS
+  shift
+  echo "== $name: $*" >&2
+  if "$@" >"$logs/$name.log" 2>&1; then
+    record "$name" PASS $((SECONDS - t0)) "log: $logs/$name.log"
+    return 0
+  fi
+  record "$name" FAIL $((SECONDS - t0)) "log: $logs/$name.log (last lines below)"
+  tail -n 25 "$logs/$name.log" >&2
+  return 1
+}
+
+print_summary() {
+  echo
+  echo "gpu-check summary ($(date -u +%Y-%m-%dT%H:%M:%SZ), build $build)"
+  printf '%s\n' "${summary[@]}"
+  [ $failed = 0 ] && echo "RESULT: PASS" || echo "RESULT: FAIL"
+}
+
+# 1. The device.
+if command -v nvidia-smi >/dev/null &&
+  gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1); then
+  record gpu PASS 0 "$(echo "$gpu" | head -n 1)"
+else
+  record gpu FAIL 0 "nvidia-smi found no GPU: ${gpu:-nvidia-smi not installed}"
+fi
+
+# 2. Configure. CMake before 3.26 has no flag for CUDA C++20 with nvcc: supply it (newer CMake
+#    ignores these cache entries).
+nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+if ! run_step configure cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER="$nvcc_bin" \
+  -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
+  -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20; then
+  blocked=1
+elif ! grep -q "glm5: CUDA backend ON" "$logs/configure.log"; then
+  record cuda-on FAIL 0 "configure did not enable the CUDA backend: $(grep 'glm5:' "$logs/configure.log")"
+  blocked=1
+fi
+
+# 3. Build everything (library, glm5, tests).
+[ $blocked = 0 ] && { run_step build cmake --build "$build" -j "$jobs" || blocked=1; }
+
+# 4. GPU tests. A GPU test that skips on a GPU machine is a failure (the device was not usable).
+if [ $blocked = 0 ]; then
+  t0=$SECONDS
+  (cd "$build" && ctest -R 'Cuda|nccl' --output-on-failure --timeout 600) >"$logs/gpu-tests.log" 2>&1
+  rc=$?
+  counts=$(grep -E 'tests passed|No tests were found' "$logs/gpu-tests.log" | tail -n 1)
+  skipped=$(grep -c '(Skipped)' "$logs/gpu-tests.log")
+  if [ $rc != 0 ] || [ "$skipped" != 0 ] || grep -q 'No tests were found' "$logs/gpu-tests.log"; then
+    record gpu-tests FAIL $((SECONDS - t0)) "$counts; $skipped skipped; log: $logs/gpu-tests.log"
+    grep -E '\(Failed\)|\(Skipped\)|\(Timeout\)|no usable CUDA device' "$logs/gpu-tests.log" | head -n 20 >&2
+  else
+    record gpu-tests PASS $((SECONDS - t0)) "$counts"
+  fi
+fi
+
+# 5. tiny-a golden on the cuda backend. DEPENDS ON THE MODEL RUNNING ON CUDA: needs the glm5
+#    executable, cluster-configs/cuda-1.yaml and `glm5 generate --dump-logits`; skipped (not
+#    failed) until those exist.
+golden=$root/tests/data/tiny-a/golden.safetensors
+cluster=$root/cluster-configs/cuda-1.yaml
+if [ $blocked = 0 ]; then
+  if [ ! -x "$build/glm5" ] || [ ! -f "$cluster" ]; then
+    record golden SKIP 0 "needs $build/glm5 and cluster-configs/cuda-1.yaml (model on cuda not wired yet)"
+  else
+    t0=$SECONDS
+    out=$logs/tiny-a-cuda-logits.safetensors
+    read_ids='import json,struct,sys
+f=open(sys.argv[1],"rb"); n=struct.unpack("<Q",f.read(8))[0]; h=json.loads(f.read(n))
+e=h["prompt_ids"]; f.seek(8+n+e["data_offsets"][0]); c=(e["data_offsets"][1]-e["data_offsets"][0])//4
+print(",".join(str(v) for v in struct.unpack("<%di"%c,f.read(4*c))))'
+    ids=$(python3 -c "$read_ids" "$golden")
+    # shellcheck disable=SC2086
+    if ${GLM5_RUN_PREFIX:-} "$build/glm5" generate --model "$root/tests/data/tiny-a" --cluster "$cluster" \
+      --prompt-ids "$ids" --max-new-tokens 16 --temperature 0 --dump-logits "$out" \
+      >"$logs/golden.log" 2>&1 &&
+      python3 - "$golden" "$out" "$atol" >>"$logs/golden.log" 2>&1 <<'PY'
+# Compares a --dump-logits file with golden.safetensors: decode tokens exact, logits within atol.
+import json, struct, sys
+
+def load(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = e["data_offsets"]
+        code = {"F32": "f", "I32": "i"}.get(e["dtype"])
+        if code:
+            out[name] = struct.unpack("<%d%s" % ((b - a) // 4, code), data[a:b])
+    return out
+
+gold, got, atol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+ok = True
+toks_g, toks_c = list(gold["decode_tokens"]), list(got.get("decode_tokens", []))
+print("decode_tokens golden", toks_g)
+print("decode_tokens cuda  ", toks_c)
+ok &= toks_g == toks_c
+for name in ("prefill_logits", "decode_logits"):
+    g, c = gold[name], got.get(name, ())
+    if len(g) != len(c):
+        print(f"{name}: {len(c)} values, golden has {len(g)}")
+        ok = False
+        continue
+    worst = max(abs(x - y) for x, y in zip(g, c))
+    print(f"{name}: max |cuda - golden| = {worst:.3g} (atol {atol:g})")
+    ok &= worst <= atol
+print("golden:", "PASS" if ok else "FAIL")
+sys.exit(0 if ok else 1)
+PY
+    then
+      record golden PASS $((SECONDS - t0)) "$(grep 'max |' "$logs/golden.log" | tr '\n' ';')"
+    else
+      record golden FAIL $((SECONDS - t0)) "log: $logs/golden.log"
+      tail -n 15 "$logs/golden.log" >&2
+    fi
+  fi
+fi
+
+print_summary
+exit $failed

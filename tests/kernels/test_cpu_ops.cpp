@@ -1,0 +1,162 @@
+// The fast CPU backend against the reference on every case of op_cases.h, its batch invariance
+// (a row's bytes do not depend on the other rows or on their number, nor on the thread count),
+// and the parameter errors both CPU backends raise.
+#include <omp.h>
+
+#include "op_cases.h"
+
+namespace glm5::kernels::test {
+namespace {
+
+class CpuVsReference : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(CpuVsReference, MatchesReference) {
+  auto cpu = make_cpu_backend();
+  auto ref = make_reference_backend();
+  EXPECT_TRUE(compare(*cpu, *ref, GetParam()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, CpuVsReference, ::testing::ValuesIn(op_cases()),
+                         [](const auto& info) { return test_name(info.param.name); });
+
+class CpuBatchInvariance : public ::testing::TestWithParam<RowCase> {};
+
+// The probe row alone, as row 3 of 7 and as row 41 of 64 (other rows random): same bytes.
+TEST_P(CpuBatchInvariance, RowBitsIndependentOfBatch) {
+  auto cpu = make_cpu_backend();
+  const RowCase& c = GetParam();
+  auto alone = probe_bytes(*cpu, c, 1, 0);
+  auto in7 = probe_bytes(*cpu, c, 7, 3);
+  auto in64 = probe_bytes(*cpu, c, 64, 41);
+  ASSERT_EQ(alone.size(), in7.size());
+  ASSERT_EQ(alone.size(), in64.size());
+  EXPECT_EQ(0, std::memcmp(alone.data(), in7.data(), alone.size())) << c.name << ": m=1 vs m=7";
+  EXPECT_EQ(0, std::memcmp(alone.data(), in64.data(), alone.size())) << c.name << ": m=1 vs m=64";
+  // And the reference agrees up to rounding (the probe is not trivially zero or garbage).
+  auto ref = make_reference_backend();
+  auto r = probe_bytes(*ref, c, 1, 0);
+  std::vector<float> a(alone.size() / 4), b(r.size() / 4);
+  std::memcpy(a.data(), alone.data(), alone.size());
+  std::memcpy(b.data(), r.data(), r.size());
+  EXPECT_TRUE(compare_floats(c.name, a, b, 1e-5));
+}
+
+INSTANTIATE_TEST_SUITE_P(Rows, CpuBatchInvariance, ::testing::ValuesIn(row_cases()),
+                         [](const auto& info) { return test_name(info.param.name); });
+
+// The thread count changes which thread computes a column, never how.
+TEST(CpuBackend, GemmBitsIndependentOfThreadCount) {
+  auto cpu = make_cpu_backend();
+  for (int64_t m : {1, 64}) {
+    OpCase c = cases::gemm_case(m, 300, 1100, DType::BF16, false, false, 0, 77);
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    Outputs one = run_case(*cpu, c);
+    omp_set_num_threads(std::max(saved, 2));
+    Outputs many = run_case(*cpu, c);
+    omp_set_num_threads(saved);
+    ASSERT_EQ(one.floats[0].size(), many.floats[0].size());
+    EXPECT_EQ(0, std::memcmp(one.floats[0].data(), many.floats[0].data(), one.floats[0].size() * 4))
+        << "m = " << m;
+  }
+}
+
+// Both CPU backends reject bad parameters with a message naming the op and the value.
+class CpuBackendErrors : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::unique_ptr<Backend> backend() {
+    return GetParam() == "cpu" ? make_cpu_backend() : make_reference_backend();
+  }
+};
+
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const glm5::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_P(CpuBackendErrors, GemmUnsupportedDtype) {
+  auto b = backend();
+  std::vector<float> x(4), y(4);
+  std::vector<uint8_t> w(16);
+  GemmParams p;
+  p.x = x.data(), p.ldx = 2, p.y = y.data(), p.ldy = 2, p.m = 2, p.n = 2, p.k = 2;
+  p.w = Weight{w.data(), DType::F8_E4M3, 2, 2, 2};
+  std::string msg = error_of([&] { b->gemm(p); });
+  EXPECT_NE(msg.find("gemm"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("F8_E4M3"), std::string::npos) << msg;
+  p.w.dtype = DType::I32;
+  msg = error_of([&] { b->gemm(p); });
+  EXPECT_NE(msg.find("I32"), std::string::npos) << msg;
+}
+
+TEST_P(CpuBackendErrors, GemmShapeMismatch) {
+  auto b = backend();
+  std::vector<float> x(6), y(6);
+  std::vector<uint16_t> w(9);
+  GemmParams p;
+  p.x = x.data(), p.ldx = 3, p.y = y.data(), p.ldy = 3, p.m = 2, p.n = 3, p.k = 3;
+  p.w = Weight{w.data(), DType::BF16, 2, 3, 3};  // 2 rows but n = 3
+  std::string msg = error_of([&] { b->gemm(p); });
+  EXPECT_NE(msg.find("weight is [2, 3]"), std::string::npos) << msg;
+}
+
+TEST_P(CpuBackendErrors, EmbeddingIdOutOfRangeAndDtype) {
+  auto b = backend();
+  std::vector<uint16_t> table(6);
+  std::vector<int32_t> ids = {0, 3};
+  std::vector<float> out(4);
+  EmbeddingParams p;
+  p.table = Weight{table.data(), DType::BF16, 3, 2, 2};
+  p.ids = ids.data(), p.m = 2, p.out = out.data();
+  std::string msg = error_of([&] { b->embedding(p); });
+  EXPECT_NE(msg.find("token id 3"), std::string::npos) << msg;
+  ids[1] = 1;
+  p.table.dtype = DType::U8;
+  msg = error_of([&] { b->embedding(p); });
+  EXPECT_NE(msg.find("U8"), std::string::npos) << msg;
+}
+
+TEST_P(CpuBackendErrors, AttentionTopkEntryOutOfRange) {
+  auto b = backend();
+  std::vector<float> q(4), kv(8), k_pe(2), out(2);
+  std::vector<int32_t> q_pos = {1}, topk = {0, 7};
+  MlaPrefillParams p;
+  p.q = q.data(), p.kv = kv.data(), p.k_pe = k_pe.data(), p.ld_k_pe = 1;
+  p.q_pos = q_pos.data(), p.topk = topk.data(), p.topk_len = 2, p.out = out.data();
+  p.s = 1, p.t = 2, p.n_heads = 1, p.qk_nope_head_dim = 1, p.qk_rope_head_dim = 1, p.v_head_dim = 2;
+  std::string msg = error_of([&] { b->mla_prefill(p); });
+  EXPECT_NE(msg.find("topk entry 7"), std::string::npos) << msg;
+}
+
+TEST_P(CpuBackendErrors, RouterBadGroups) {
+  auto b = backend();
+  std::vector<float> logits(10), w(2);
+  std::vector<int32_t> ids(2);
+  RouterParams p;
+  p.logits = logits.data(), p.m = 1, p.n_experts = 10, p.top_k = 2, p.n_group = 4, p.topk_group = 2;
+  p.expert_ids = ids.data(), p.expert_weights = w.data();
+  std::string msg = error_of([&] { b->router(p); });
+  EXPECT_NE(msg.find("not divisible by n_group 4"), std::string::npos) << msg;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CpuBackendErrors, ::testing::Values("cpu", "reference"));
+
+TEST(CpuBackend, HostMemory) {
+  auto b = make_cpu_backend();
+  EXPECT_EQ(b->name(), "cpu");
+  std::vector<float> host = {1, 2, 3}, back(3);
+  void* d = b->alloc(12);
+  b->to_device(d, host.data(), 12);
+  b->to_host(back.data(), d, 12);
+  EXPECT_EQ(back, host);
+  b->free(d);
+  EXPECT_EQ(b->upload(host.data(), 12), host.data());  // weights are used in place
+}
+
+}  // namespace
+}  // namespace glm5::kernels::test

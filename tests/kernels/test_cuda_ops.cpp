@@ -1,0 +1,959 @@
+// Every op of the CUDA backend against the reference backend: the shared case lists of
+// op_cases.h (as the CPU backend is checked), then CUDA-specific cases: GLM-5 sizes (64 heads,
+// 576/512 latent, index top-k 2048 over a 128k context), every GEMM activation split, batch
+// invariance, device-side input errors. Outputs are poisoned before each op and guarded after
+// their end. Without a usable GPU every test skips with the reason.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "core/dtype.h"
+#include "op_cases.h"
+#include "ops.h"
+
+namespace glm5::kernels {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr size_t kGuard = 64;  // elements after every device buffer, checked for stray writes
+
+// Why cuda_available() is false, in the factory's own words.
+std::string cuda_skip_reason() {
+  try {
+    make_cuda_backend(0);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "cuda_available() is false";
+}
+
+template <class T>
+T guard_value() {
+  if constexpr (std::is_same_v<T, float>)
+    return 12345.678f;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return int32_t(0x5eed5eed);
+  else
+    return T(0xbeef);
+}
+
+// A device copy of a host vector with kGuard sentinel elements after it.
+template <class T>
+class Dev {
+ public:
+  Dev(Backend& b, const std::vector<T>& host) : b_(b), n_(host.size()) {
+    p_ = static_cast<T*>(b_.alloc((n_ + kGuard) * sizeof(T)));
+    std::vector<T> full(host);
+    full.resize(n_ + kGuard, guard_value<T>());
+    b_.to_device(p_, full.data(), full.size() * sizeof(T));
+  }
+  ~Dev() { b_.free(p_); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  T* get() const { return p_; }
+  // Contents back on the host; a changed guard element is a failure of `what`.
+  std::vector<T> host(const std::string& what = "") const {
+    std::vector<T> v(n_ + kGuard);
+    b_.to_host(v.data(), p_, v.size() * sizeof(T));
+    const T guard = guard_value<T>();
+    for (size_t i = n_; i < v.size(); ++i)
+      if (std::memcmp(&v[i], &guard, sizeof(T)) != 0) {
+        ADD_FAILURE() << what << ": write past the end of the buffer at element " << i << " (size "
+                      << n_ << ")";
+        break;
+      }
+    v.resize(n_);
+    return v;
+  }
+
+ private:
+  Backend& b_;
+  size_t n_;
+  T* p_ = nullptr;
+};
+
+struct Rng {
+  std::mt19937 gen;
+  explicit Rng(uint32_t seed) : gen(seed) {}
+  float uniform(float lo = -1.0f, float hi = 1.0f) {
+    return std::uniform_real_distribution<float>(lo, hi)(gen);
+  }
+  int integer(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); }
+  std::vector<float> floats(size_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = uniform(lo, hi);
+    return v;
+  }
+};
+
+std::vector<float> nan_vec(size_t n) { return std::vector<float>(n, std::nanf("")); }
+
+// |got - want| <= atol + rtol * |want| elementwise; NaN and infinities must match exactly.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, float atol,
+                  float rtol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0;
+  double worst = 0.0;
+  std::ostringstream first;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float g = got[i], w = want[i];
+    bool ok;
+    if (std::isnan(w) || std::isnan(g))
+      ok = std::isnan(w) && std::isnan(g);
+    else if (std::isinf(w) || std::isinf(g))
+      ok = g == w;
+    else {
+      const double err = std::fabs(double(g) - double(w));
+      worst = std::max(worst, err / (atol + rtol * std::fabs(double(w))));
+      ok = err <= atol + rtol * std::fabs(double(w));
+    }
+    if (!ok && bad++ < 5) first << "\n  [" << i << "] got " << g << ", want " << w;
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size()
+                     << " elements differ (worst error " << worst << " x tolerance)" << first.str();
+}
+
+template <class T>
+void expect_equal(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0;
+  std::ostringstream first;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0 && bad++ < 5)
+      first << "\n  [" << i << "] got " << got[i] << ", want " << want[i];
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ"
+                     << first.str();
+}
+
+// Raw weight bytes of a [rows, ld] matrix with random values in about [-1, 1].
+std::vector<uint8_t> random_weight(Rng& rng, DType dt, int64_t rows, int64_t ld) {
+  const size_t n = size_t(rows * ld);
+  std::vector<uint8_t> bytes(n * dtype_size(dt));
+  for (size_t i = 0; i < n; ++i) {
+    if (dt == DType::F32) {
+      const float v = rng.uniform();
+      std::memcpy(&bytes[i * 4], &v, 4);
+    } else if (dt == DType::BF16) {
+      const uint16_t v = f32_to_bf16(rng.uniform());
+      std::memcpy(&bytes[i * 2], &v, 2);
+    } else {  // F16: sign, exponent 10..15 (2^-5 .. 1.99), random mantissa
+      const uint16_t v =
+          uint16_t((rng.integer(0, 1) << 15) | (rng.integer(10, 15) << 10) | rng.integer(0, 1023));
+      std::memcpy(&bytes[i * 2], &v, 2);
+    }
+  }
+  return bytes;
+}
+
+float weight_value(DType dt, const std::vector<uint8_t>& bytes, size_t i) {
+  uint16_t h;
+  switch (dt) {
+    case DType::F32: {
+      float f;
+      std::memcpy(&f, &bytes[i * 4], 4);
+      return f;
+    }
+    case DType::BF16:
+      std::memcpy(&h, &bytes[i * 2], 2);
+      return bf16_to_f32(h);
+    default:
+      std::memcpy(&h, &bytes[i * 2], 2);
+      return f16_to_f32(h);
+  }
+}
+
+// Scoped GLM5_CUDA_GEMM_TERMS (read when a CUDA backend is created).
+class GemmTermsEnv {
+ public:
+  explicit GemmTermsEnv(const char* v) {
+    if (const char* old = std::getenv("GLM5_CUDA_GEMM_TERMS")) old_ = old, had_ = true;
+    if (v)
+      setenv("GLM5_CUDA_GEMM_TERMS", v, 1);
+    else
+      unsetenv("GLM5_CUDA_GEMM_TERMS");
+  }
+  ~GemmTermsEnv() {
+    if (had_)
+      setenv("GLM5_CUDA_GEMM_TERMS", old_.c_str(), 1);
+    else
+      unsetenv("GLM5_CUDA_GEMM_TERMS");
+  }
+
+ private:
+  std::string old_;
+  bool had_ = false;
+};
+
+// ---- the shared case lists (op_cases.h) ---------------------------------------------------------
+
+// One backend for all parameterised cases (creating cuBLAS handles per case costs time); never
+// destroyed, so nothing runs after the CUDA runtime has shut down at exit.
+Backend& shared_gpu() {
+  static Backend* gpu = make_cuda_backend(0).release();
+  return *gpu;
+}
+
+class CudaVsReference : public ::testing::TestWithParam<test::OpCase> {};
+
+TEST_P(CudaVsReference, MatchesReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto ref = make_reference_backend();
+  EXPECT_TRUE(test::compare(shared_gpu(), *ref, GetParam()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, CudaVsReference, ::testing::ValuesIn(test::op_cases()),
+                         [](const auto& info) { return test::test_name(info.param.name); });
+
+class CudaBatchInvariance : public ::testing::TestWithParam<test::RowCase> {};
+
+// The probe row alone, as row 3 of 7 and as row 41 of 64 (other rows random): same bytes, and
+// close to the reference.
+TEST_P(CudaBatchInvariance, RowBitsIndependentOfBatch) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  Backend& gpu = shared_gpu();
+  const test::RowCase& c = GetParam();
+  auto alone = test::probe_bytes(gpu, c, 1, 0);
+  auto in7 = test::probe_bytes(gpu, c, 7, 3);
+  auto in64 = test::probe_bytes(gpu, c, 64, 41);
+  ASSERT_EQ(alone.size(), in7.size());
+  ASSERT_EQ(alone.size(), in64.size());
+  EXPECT_EQ(0, std::memcmp(alone.data(), in7.data(), alone.size())) << c.name << ": m=1 vs m=7";
+  EXPECT_EQ(0, std::memcmp(alone.data(), in64.data(), alone.size())) << c.name << ": m=1 vs m=64";
+  auto ref = make_reference_backend();
+  auto r = test::probe_bytes(*ref, c, 1, 0);
+  std::vector<float> a(alone.size() / 4), b(r.size() / 4);
+  std::memcpy(a.data(), alone.data(), alone.size());
+  std::memcpy(b.data(), r.data(), r.size());
+  EXPECT_TRUE(test::compare_floats(c.name, a, b, 1e-5));
+}
+
+INSTANTIATE_TEST_SUITE_P(Rows, CudaBatchInvariance, ::testing::ValuesIn(test::row_cases()),
+                         [](const auto& info) { return test::test_name(info.param.name); });
+
+// ---- GEMM --------------------------------------------------------------------------------------
+
+struct GemmCase {
+  int64_t m, n, k;
+  DType dt;
+  bool trans, accumulate;
+};
+
+// One GEMM on both backends; tolerance rel_tol * sum_k |x w| per output (the bound of any
+// reordering of the fp32 sum) plus 1e-6.
+void check_gemm(Backend& gpu, const GemmCase& c, float rel_tol, uint32_t seed) {
+  Rng rng(seed);
+  const int64_t ldx = c.k + 3, ldy = c.n + 5;
+  const int64_t w_rows = c.trans ? c.k : c.n, w_cols = c.trans ? c.n : c.k, w_ld = w_cols + 2;
+  // One spare leading row so that the weight pointer handed over is a slice (odd alignment).
+  const auto wbytes = random_weight(rng, c.dt, w_rows + 1, w_ld);
+  auto x = rng.floats(size_t(c.m * ldx));
+  auto y0 = rng.floats(size_t(c.m * ldy));
+  const std::string what = "gemm m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
+                           " k=" + std::to_string(c.k) + " dtype=" + std::string(dtype_name(c.dt)) +
+                           (c.trans ? " trans_w" : "") + (c.accumulate ? " accumulate" : "");
+
+  auto ref = make_reference_backend();
+  Weight wh{wbytes.data(), c.dt, w_rows + 1, w_cols, w_ld};
+  GemmParams p;
+  p.x = x.data(), p.ldx = ldx, p.w = wh.slice_rows(1, w_rows), p.trans_w = c.trans;
+  p.ldy = ldy, p.m = c.m, p.n = c.n, p.k = c.k, p.accumulate = c.accumulate;
+  std::vector<float> want = y0;
+  p.y = want.data();
+  ref->gemm(p);
+
+  Weight wd{gpu.upload(wbytes.data(), wbytes.size()), c.dt, w_rows + 1, w_cols, w_ld};
+  Dev<float> dx(gpu, x), dy(gpu, c.accumulate ? y0 : nan_vec(y0.size()));
+  GemmParams q = p;
+  q.x = dx.get(), q.y = dy.get(), q.w = wd.slice_rows(1, w_rows);
+  gpu.gemm(q);
+  auto got = dy.host(what);
+  if (!c.accumulate)  // padding columns of y are not part of the result
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = c.n; j < ldy; ++j) got[i * ldy + j] = want[i * ldy + j] = 0.0f;
+
+  size_t bad = 0;
+  std::ostringstream first;
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = 0; j < c.n; ++j) {
+      double bound = 0.0;
+      for (int64_t kk = 0; kk < c.k; ++kk) {
+        const size_t wi = c.trans ? size_t((kk + 1) * w_ld + j) : size_t((j + 1) * w_ld + kk);
+        bound += std::fabs(double(x[i * ldx + kk]) * weight_value(c.dt, wbytes, wi));
+      }
+      const double err = std::fabs(double(got[i * ldy + j]) - double(want[i * ldy + j]));
+      if (!(err <= rel_tol * bound + 1e-6) && bad++ < 5)
+        first << "\n  [" << i << ", " << j << "] got " << got[i * ldy + j] << ", want "
+              << want[i * ldy + j] << " (sum |x w| " << bound << ")";
+    }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " outputs out of tolerance" << first.str();
+}
+
+const std::vector<GemmCase>& gemm_cases() {
+  static const std::vector<GemmCase> cases = {
+      {1, 1, 1, DType::BF16, false, false},      {3, 5, 7, DType::BF16, false, true},
+      {17, 33, 65, DType::BF16, true, false},    {64, 128, 256, DType::BF16, false, false},
+      {65, 70, 300, DType::BF16, true, true},    {130, 257, 129, DType::BF16, false, false},
+      {70, 512, 1536, DType::BF16, false, true}, {5, 9, 11, DType::F32, false, false},
+      {66, 40, 200, DType::F32, true, true},     {7, 13, 19, DType::F16, false, true},
+      {70, 65, 130, DType::F16, true, false},    {2, 3, 0, DType::BF16, false, false},
+      {0, 4, 4, DType::BF16, false, false},
+  };
+  return cases;
+}
+
+TEST(CudaOps, GemmMatchesReferenceExactActivations) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  GemmTermsEnv env(nullptr);  // default: 3 bf16 terms, activations exact
+  auto gpu = make_cuda_backend(0);
+  uint32_t seed = 1;
+  for (const auto& c : gemm_cases()) check_gemm(*gpu, c, 2e-5f, seed++);
+}
+
+TEST(CudaOps, GemmOtherActivationSplits) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  // terms: 0 = plain fp32 kernel, 2 = ~16-bit activations, 1 = bf16 activations.
+  const std::pair<const char*, float> modes[] = {{"0", 2e-5f}, {"2", 6e-5f}, {"1", 6e-3f}};
+  for (const auto& [terms, tol] : modes) {
+    SCOPED_TRACE(std::string("GLM5_CUDA_GEMM_TERMS=") + terms);
+    GemmTermsEnv env(terms);
+    auto gpu = make_cuda_backend(0);
+    uint32_t seed = 100;
+    for (const auto& c : gemm_cases()) check_gemm(*gpu, c, tol, seed++);
+  }
+}
+
+TEST(CudaOps, GemmRowsAreBatchInvariant) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  for (const char* terms : {"3", "0"}) {
+    for (DType dt : {DType::BF16, DType::F32, DType::F16}) {
+      SCOPED_TRACE(std::string("terms ") + terms + " dtype " + std::string(dtype_name(dt)));
+      GemmTermsEnv env(terms);
+      auto gpu = make_cuda_backend(0);
+      Rng rng(7);
+      const int64_t m = 150, n = 96, k = 333;
+      const auto wbytes = random_weight(rng, dt, n, k);
+      Weight w{gpu->upload(wbytes.data(), wbytes.size()), dt, n, k, k};
+      Dev<float> dx(*gpu, rng.floats(size_t(m * k))), dy(*gpu, nan_vec(size_t(m * n)));
+      GemmParams p;
+      p.x = dx.get(), p.ldx = k, p.w = w, p.y = dy.get(), p.ldy = n, p.m = m, p.n = n, p.k = k;
+      gpu->gemm(p);
+      const auto all = dy.host("gemm batch");
+      for (int64_t r0 : {0, 1, 63, 64, 100, 149}) {
+        const int64_t rows = std::min<int64_t>(r0 == 1 ? 5 : 1, m - r0);
+        Dev<float> dy1(*gpu, nan_vec(size_t(rows * n)));
+        GemmParams q = p;
+        q.x = dx.get() + r0 * k, q.y = dy1.get(), q.m = rows;
+        gpu->gemm(q);
+        const auto part = dy1.host("gemm part");
+        const std::vector<float> want(all.begin() + r0 * n, all.begin() + (r0 + rows) * n);
+        expect_equal(part, want,
+                     "rows " + std::to_string(r0) + ".." + std::to_string(r0 + rows - 1) +
+                         " alone vs in a batch of 150");
+      }
+    }
+  }
+}
+
+// ---- norms, rope, element-wise -----------------------------------------------------------------
+
+TEST(CudaOps, RmsNormAndLayerNorm) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  auto ref = make_reference_backend();
+  Rng rng(11);
+  struct Case {
+    int64_t m, d;
+    bool in_place;
+  };
+  for (const Case c : {Case{1, 1, false}, Case{3, 7, true}, Case{37, 256, false},
+                       Case{5, 1000, true}, Case{2, 6144, false}}) {
+    const int64_t ld = c.d + 3;
+    const std::string what = "m=" + std::to_string(c.m) + " d=" + std::to_string(c.d);
+    auto x = rng.floats(size_t(c.m * ld), -3.0f, 3.0f);
+    auto w = rng.floats(size_t(c.d)), bias = rng.floats(size_t(c.d));
+    Dev<float> dw(*gpu, w), db(*gpu, bias);
+    {  // rms_norm
+      std::vector<float> want = c.in_place ? x : nan_vec(x.size());
+      RmsNormParams p;
+      p.x = x.data(), p.ldx = ld, p.weight = w.data(), p.y = want.data(), p.ldy = ld;
+      p.m = c.m, p.d = c.d, p.eps = 1e-5f;
+      if (c.in_place) p.x = want.data();
+      ref->rms_norm(p);
+      Dev<float> dx(*gpu, x), dy(*gpu, nan_vec(x.size()));
+      RmsNormParams q = p;
+      q.x = dx.get(), q.weight = dw.get(), q.y = c.in_place ? dx.get() : dy.get();
+      gpu->rms_norm(q);
+      auto got = (c.in_place ? dx : dy).host("rms_norm");
+      expect_close(got, want, 1e-5f, 1e-5f, "rms_norm " + what);
+    }
+    {  // layer_norm
+      std::vector<float> want = c.in_place ? x : nan_vec(x.size());
+      LayerNormParams p;
+      p.x = x.data(), p.ldx = ld, p.weight = w.data(), p.bias = bias.data(), p.y = want.data();
+      p.ldy = ld, p.m = c.m, p.d = c.d, p.eps = 1e-6f;
+      if (c.in_place) p.x = want.data();
+      ref->layer_norm(p);
+      Dev<float> dx(*gpu, x), dy(*gpu, nan_vec(x.size()));
+      LayerNormParams q = p;
+      q.x = dx.get(), q.weight = dw.get(), q.bias = db.get(),
+      q.y = c.in_place ? dx.get() : dy.get();
+      gpu->layer_norm(q);
+      auto got = (c.in_place ? dx : dy).host("layer_norm");
+      expect_close(got, want, 2e-5f, 2e-5f, "layer_norm " + what);
+    }
+  }
+}
+
+TEST(CudaOps, RopeBothLayouts) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  auto ref = make_reference_backend();
+  Rng rng(12);
+  struct Case {
+    int64_t m, heads, head_stride, offset, rope_dim;
+    float mscale;
+  };
+  // GLM-5 q: 64 heads of 256 with the rope slice at 192; indexer q: rope slice first.
+  for (const Case c : {Case{1, 1, 2, 0, 2, 1.0f}, Case{3, 4, 48, 32, 16, 1.0f},
+                       Case{5, 64, 256, 192, 64, 1.0f}, Case{7, 32, 128, 0, 64, 1.3689f}}) {
+    for (bool interleaved : {true, false}) {
+      const int64_t token_stride = c.heads * c.head_stride + 5;
+      auto x = rng.floats(size_t(c.m * token_stride));
+      std::vector<int32_t> pos(size_t(c.m));
+      for (auto& v : pos) v = rng.integer(0, 131071);
+      pos[0] = 0;
+      std::vector<float> inv_freq(size_t(c.rope_dim / 2));
+      for (size_t i = 0; i < inv_freq.size(); ++i)
+        inv_freq[i] = std::pow(1e6f, -2.0f * float(i) / float(c.rope_dim));
+      std::vector<float> want = x;
+      RopeParams p;
+      p.x = want.data(), p.m = c.m, p.n_heads = c.heads, p.token_stride = token_stride;
+      p.head_stride = c.head_stride, p.offset = c.offset, p.rope_dim = c.rope_dim;
+      p.positions = pos.data(), p.inv_freq = inv_freq.data(), p.mscale = c.mscale;
+      p.interleaved = interleaved;
+      ref->rope(p);
+      Dev<float> dx(*gpu, x), dinv(*gpu, inv_freq);
+      Dev<int32_t> dpos(*gpu, pos);
+      RopeParams q = p;
+      q.x = dx.get(), q.positions = dpos.get(), q.inv_freq = dinv.get();
+      gpu->rope(q);
+      expect_close(dx.host("rope"), want, 2e-6f, 2e-5f,
+                   "rope heads=" + std::to_string(c.heads) + " dim=" + std::to_string(c.rope_dim) +
+                       (interleaved ? " interleaved" : " half-split"));
+    }
+  }
+}
+
+TEST(CudaOps, SwigluAddCopy2dGatherRows) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  auto ref = make_reference_backend();
+  Rng rng(13);
+  for (auto [m, n] : {std::pair<int64_t, int64_t>{1, 1}, {3, 17}, {33, 2048}}) {
+    const std::string what = " m=" + std::to_string(m) + " n=" + std::to_string(n);
+    const int64_t ld_in = 2 * n + 1, ld_out = n + 2;
+    {  // swiglu, gate and up interleaved in one buffer as [gate | up] rows
+      auto in = rng.floats(size_t(m * ld_in), -10.0f, 10.0f);
+      std::vector<float> want = nan_vec(size_t(m * ld_out));
+      SwigluParams p;
+      p.gate = in.data(), p.up = in.data() + n, p.ld_in = ld_in, p.out = want.data();
+      p.ld_out = ld_out, p.m = m, p.n = n;
+      ref->swiglu(p);
+      Dev<float> din(*gpu, in), dout(*gpu, nan_vec(want.size()));
+      SwigluParams q = p;
+      q.gate = din.get(), q.up = din.get() + n, q.out = dout.get();
+      gpu->swiglu(q);
+      expect_close(dout.host("swiglu"), want, 1e-6f, 1e-5f, "swiglu" + what);
+    }
+    {  // add: one rounding on both sides, so bitwise equal
+      auto x = rng.floats(size_t(m * n)), y = rng.floats(size_t(m * n));
+      std::vector<float> want = y;
+      AddParams p;
+      p.x = x.data(), p.y = want.data(), p.n = m * n;
+      ref->add(p);
+      Dev<float> dx(*gpu, x), dy(*gpu, y);
+      gpu->add(AddParams{dx.get(), dy.get(), m * n});
+      expect_equal(dy.host("add"), want, "add" + what);
+    }
+    {  // copy_2d between strided blocks
+      auto src = rng.floats(size_t(m * ld_in));
+      auto dst = rng.floats(size_t(m * ld_out));
+      std::vector<float> want = dst;
+      Copy2dParams p;
+      p.src = src.data(), p.ld_src = ld_in, p.dst = want.data(), p.ld_dst = ld_out;
+      p.rows = m, p.cols = n;
+      ref->copy_2d(p);
+      Dev<float> ds(*gpu, src), dd(*gpu, dst);
+      Copy2dParams q = p;
+      q.src = ds.get(), q.dst = dd.get();
+      gpu->copy_2d(q);
+      expect_equal(dd.host("copy_2d"), want, "copy_2d" + what);
+    }
+    {  // gather_rows with repeats
+      const int64_t src_rows = m + 3;
+      auto src = rng.floats(size_t(src_rows * n));
+      std::vector<int32_t> rows(size_t(2 * m));
+      for (auto& r : rows) r = rng.integer(0, int(src_rows - 1));
+      std::vector<float> want = nan_vec(rows.size() * size_t(n));
+      GatherRowsParams p;
+      p.src = src.data(), p.rows = rows.data(), p.n = int64_t(rows.size()), p.d = n;
+      p.dst = want.data();
+      ref->gather_rows(p);
+      Dev<float> ds(*gpu, src), dd(*gpu, nan_vec(want.size()));
+      Dev<int32_t> dr(*gpu, rows);
+      GatherRowsParams q = p;
+      q.src = ds.get(), q.rows = dr.get(), q.dst = dd.get();
+      gpu->gather_rows(q);
+      expect_equal(dd.host("gather_rows"), want, "gather_rows" + what);
+    }
+  }
+}
+
+TEST(CudaOps, EmbeddingAllDtypes) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  auto ref = make_reference_backend();
+  Rng rng(14);
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    const int64_t vocab = 513, hidden = 67, ld = 70;
+    const auto bytes = random_weight(rng, dt, vocab, ld);
+    std::vector<int32_t> ids = {0, 512, 7, 7, 300};
+    std::vector<float> want = nan_vec(ids.size() * size_t(hidden));
+    EmbeddingParams p;
+    p.table = Weight{bytes.data(), dt, vocab, hidden, ld};
+    p.ids = ids.data(), p.m = int64_t(ids.size()), p.out = want.data();
+    ref->embedding(p);
+    Dev<int32_t> dids(*gpu, ids);
+    Dev<float> dout(*gpu, nan_vec(want.size()));
+    EmbeddingParams q = p;
+    q.table.data = gpu->upload(bytes.data(), bytes.size());
+    q.ids = dids.get(), q.out = dout.get();
+    gpu->embedding(q);
+    expect_equal(dout.host("embedding"), want, "embedding " + std::string(dtype_name(dt)));
+  }
+}
+
+TEST(CudaOps, MoeCombine) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  auto ref = make_reference_backend();
+  Rng rng(15);
+  for (auto [m, top_k, d] :
+       {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {5, 4, 33}, {17, 8, 6144}}) {
+    for (bool accumulate : {false, true}) {
+      const int64_t n_slots = m * top_k + 2;
+      auto expert_out = rng.floats(size_t(n_slots * d));
+      std::vector<int32_t> slots(size_t(m * top_k));
+      for (auto& s : slots) s = rng.integer(-1, int(n_slots - 1));  // -1: expert not here
+      auto weights = rng.floats(slots.size(), 0.0f, 2.5f);
+      auto out0 = rng.floats(size_t(m * d));
+      std::vector<float> want = accumulate ? out0 : nan_vec(out0.size());
+      MoeCombineParams p;
+      p.expert_out = expert_out.data(), p.slots = slots.data(), p.weights = weights.data();
+      p.out = want.data(), p.m = m, p.top_k = top_k, p.d = d, p.accumulate = accumulate;
+      ref->moe_combine(p);
+      Dev<float> de(*gpu, expert_out), dw(*gpu, weights),
+          dout(*gpu, accumulate ? out0 : nan_vec(out0.size()));
+      Dev<int32_t> ds(*gpu, slots);
+      MoeCombineParams q = p;
+      q.expert_out = de.get(), q.slots = ds.get(), q.weights = dw.get(), q.out = dout.get();
+      gpu->moe_combine(q);
+      expect_close(dout.host("moe_combine"), want, 1e-6f, 1e-6f,
+                   "moe_combine m=" + std::to_string(m) + " top_k=" + std::to_string(top_k) +
+                       (accumulate ? " accumulate" : ""));
+    }
+  }
+}
+
+// ---- router ------------------------------------------------------------------------------------
+
+TEST(CudaOps, RouterMatchesReferenceIncludingTies) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  auto ref = make_reference_backend();
+  Rng rng(16);
+  struct Case {
+    int64_t m, n_experts, top_k, n_group, topk_group;
+    bool bias, norm, ties;
+  };
+  // GLM-5, DeepSeek-V3.2, tiny-a, odd sizes; `ties` draws logits from 8 levels only.
+  for (const Case c :
+       {Case{9, 256, 8, 1, 1, true, true, false}, Case{9, 256, 8, 8, 4, true, true, false},
+        Case{33, 16, 4, 4, 2, true, true, false}, Case{1, 7, 1, 1, 1, false, false, false},
+        Case{20, 64, 6, 4, 2, true, true, true}, Case{20, 48, 5, 1, 1, false, true, true}}) {
+    // Logits on a 0.01 grid (distinct sigmoids stay far apart in float), bias on a 0.125 grid.
+    std::vector<float> logits(size_t(c.m * c.n_experts));
+    for (auto& v : logits)
+      v = c.ties ? 0.5f * float(rng.integer(-4, 3)) : 0.01f * float(rng.integer(-400, 400));
+    std::vector<float> bias(size_t(c.n_experts));
+    for (auto& v : bias) v = 0.125f * float(rng.integer(-2, 2));
+    RouterParams p;
+    p.logits = logits.data(), p.bias = c.bias ? bias.data() : nullptr, p.m = c.m;
+    p.n_experts = c.n_experts, p.top_k = c.top_k, p.n_group = c.n_group;
+    p.topk_group = c.topk_group, p.norm_topk_prob = c.norm, p.routed_scaling_factor = 2.5f;
+    std::vector<int32_t> want_ids(size_t(c.m * c.top_k), -7);
+    std::vector<float> want_w = nan_vec(want_ids.size());
+    p.expert_ids = want_ids.data(), p.expert_weights = want_w.data();
+    ref->router(p);
+    Dev<float> dl(*gpu, logits), db(*gpu, bias), dw(*gpu, nan_vec(want_w.size()));
+    Dev<int32_t> di(*gpu, std::vector<int32_t>(want_ids.size(), -7));
+    RouterParams q = p;
+    q.logits = dl.get(), q.bias = c.bias ? db.get() : nullptr, q.expert_ids = di.get();
+    q.expert_weights = dw.get();
+    gpu->router(q);
+    const std::string what = "router n_experts=" + std::to_string(c.n_experts) +
+                             " top_k=" + std::to_string(c.top_k) +
+                             " groups=" + std::to_string(c.n_group) + (c.ties ? " ties" : "");
+    expect_equal(di.host("router ids"), want_ids, what + " ids");
+    expect_close(dw.host("router weights"), want_w, 1e-6f, 1e-5f, what + " weights");
+  }
+}
+
+// ---- indexer, top-k ----------------------------------------------------------------------------
+
+TEST(CudaOps, IndexerScores) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  auto ref = make_reference_backend();
+  Rng rng(17);
+  struct Case {
+    int64_t s, t, heads, dim;
+  };
+  // GLM-5: 32 heads x 128; DeepSeek-V3.2: 64 x 128; head_dim 300 takes the no-register path.
+  for (const Case c : {Case{1, 1, 1, 1}, Case{3, 17, 2, 5}, Case{5, 300, 8, 32},
+                       Case{4, 1000, 32, 128}, Case{2, 513, 64, 128}, Case{2, 700, 3, 300}}) {
+    const int64_t ld = c.t + 3;
+    auto q = rng.floats(size_t(c.s * c.heads * c.dim));
+    auto k = rng.floats(size_t(c.t * c.dim));
+    auto w = rng.floats(size_t(c.s * c.heads), -0.3f, 0.3f);  // signed: applied after the ReLU
+    std::vector<int32_t> qpos(size_t(c.s));
+    for (int64_t i = 0; i < c.s; ++i) qpos[size_t(i)] = int32_t(c.t - c.s + i);  // causal tail
+    if (c.s >= 3) qpos[0] = -1, qpos[1] = int32_t(c.t + 5);  // fully masked; all keys allowed
+    std::vector<float> want = nan_vec(size_t(c.s * ld));
+    IndexerScoresParams p;
+    p.q = q.data(), p.weights = w.data(), p.k = k.data(), p.q_pos = qpos.data();
+    p.scores = want.data(), p.s = c.s, p.t = c.t, p.n_heads = c.heads, p.head_dim = c.dim;
+    p.ld_scores = ld;
+    ref->indexer_scores(p);
+    Dev<float> dq(*gpu, q), dk(*gpu, k), dw(*gpu, w), ds(*gpu, nan_vec(want.size()));
+    Dev<int32_t> dp(*gpu, qpos);
+    IndexerScoresParams g = p;
+    g.q = dq.get(), g.weights = dw.get(), g.k = dk.get(), g.q_pos = dp.get(), g.scores = ds.get();
+    gpu->indexer_scores(g);
+    auto got = ds.host("indexer_scores");
+    for (int64_t i = 0; i < c.s; ++i)  // padding columns are not written
+      for (int64_t j = c.t; j < ld; ++j) got[i * ld + j] = want[i * ld + j] = 0.0f;
+    const float scale = float(c.heads) * 0.3f * std::sqrt(float(c.dim));
+    expect_close(got, want, 2e-6f * scale, 1e-5f,
+                 "indexer_scores s=" + std::to_string(c.s) + " t=" + std::to_string(c.t) +
+                     " heads=" + std::to_string(c.heads) + " dim=" + std::to_string(c.dim));
+  }
+}
+
+// Runs topk on both backends over the same scores; the selections must be identical.
+void check_topk(Backend& gpu, const std::vector<float>& scores, int64_t rows, int64_t cols,
+                int64_t ld, int64_t k, const std::string& what) {
+  auto ref = make_reference_backend();
+  std::vector<int32_t> want(size_t(rows * k), -7);
+  TopkParams p;
+  p.scores = scores.data(), p.rows = rows, p.cols = cols, p.ld = ld, p.k = k;
+  p.indices = want.data();
+  ref->topk(p);
+  Dev<float> ds(gpu, scores);
+  Dev<int32_t> di(gpu, std::vector<int32_t>(want.size(), -7));
+  TopkParams q = p;
+  q.scores = ds.get(), q.indices = di.get();
+  gpu.topk(q);
+  expect_equal(di.host("topk " + what), want, "topk " + what);
+}
+
+TEST(CudaOps, TopkSmallAndEdgeCases) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  Rng rng(18);
+  check_topk(*gpu, {0.5f}, 1, 1, 1, 1, "one entry");
+  check_topk(*gpu, {-kInf}, 1, 1, 1, 1, "one masked entry");
+  check_topk(*gpu, rng.floats(30), 3, 10, 10, 20, "k > cols");
+  check_topk(*gpu, rng.floats(4 * 107), 4, 100, 107, 7, "ld > cols");
+  {  // heavy ties: 5 levels, so the k-th value is shared by many entries
+    std::vector<float> v(2 * 1000);
+    for (auto& x : v) x = 0.25f * float(rng.integer(-2, 2));
+    check_topk(*gpu, v, 2, 1000, 1000, 64, "ties");
+    check_topk(*gpu, v, 2, 1000, 1000, 999, "ties, k = cols - 1");
+  }
+  {  // a fully masked row, a row with one finite entry, NaN / +inf / -0 / +0 mixed in
+    const int64_t cols = 50;
+    std::vector<float> v(size_t(4 * cols), -kInf);
+    v[size_t(cols + 17)] = 3.0f;
+    for (int64_t j = 0; j < cols; ++j) {
+      float x = rng.uniform();
+      if (j % 7 == 0) x = std::nanf("");
+      if (j % 11 == 0) x = kInf;
+      if (j % 5 == 1) x = (j % 2) ? -0.0f : 0.0f;
+      v[size_t(2 * cols + j)] = x;
+      v[size_t(3 * cols + j)] = j % 3 ? -kInf : rng.uniform();
+    }
+    check_topk(*gpu, v, 4, cols, cols, 16, "masked / one finite / specials / causal");
+  }
+  {  // causal prefill rows: row r has r + 1 finite entries, fewer than k for the first rows
+    const int64_t rows = 40, cols = 40, k = 16;
+    std::vector<float> v(size_t(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) v[size_t(r * cols + c)] = c <= r ? rng.uniform() : -kInf;
+    check_topk(*gpu, v, rows, cols, cols, k, "causal rows");
+  }
+  {  // floats that differ only in the low bits (all four radix passes matter)
+    std::vector<float> v(3000);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = 1.0f + float(rng.integer(0, 2000)) * 1.1920929e-7f;
+    check_topk(*gpu, v, 1, 3000, 3000, 100, "low-bit differences");
+  }
+}
+
+TEST(CudaOps, TopkIndex2048Over128kContext) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  Rng rng(19);
+  const int64_t cols = 131072, k = 2048;
+  std::vector<float> v(size_t(3 * cols));
+  for (int64_t c = 0; c < cols; ++c) {
+    v[size_t(c)] = rng.uniform(0.0f, 4.0f);                              // decode row
+    v[size_t(cols + c)] = c < 100000 ? rng.uniform(0.0f, 4.0f) : -kInf;  // causal
+    v[size_t(2 * cols + c)] = 0.001f * float(rng.integer(0, 3000));      // many ties
+  }
+  check_topk(*gpu, v, 3, cols, cols, k, "2048 of 128k");
+}
+
+TEST(CudaOps, IndexerThenTopkPipeline) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  // Scores computed on the device, then top-k on the device, against top-k of those same scores
+  // on the reference: checks that the two kernels compose (layout, -inf of the causal mask).
+  auto gpu = make_cuda_backend(0);
+  Rng rng(20);
+  const int64_t s = 4, t = 3000, heads = 32, dim = 128, k = 2048;
+  auto q = rng.floats(size_t(s * heads * dim)), kk = rng.floats(size_t(t * dim));
+  auto w = rng.floats(size_t(s * heads), -0.2f, 0.2f);
+  std::vector<int32_t> qpos = {0, 100, 2047, 2999};
+  Dev<float> dq(*gpu, q), dk(*gpu, kk), dw(*gpu, w), ds(*gpu, nan_vec(size_t(s * t)));
+  Dev<int32_t> dp(*gpu, qpos), di(*gpu, std::vector<int32_t>(size_t(s * k), -7));
+  IndexerScoresParams p;
+  p.q = dq.get(), p.weights = dw.get(), p.k = dk.get(), p.q_pos = dp.get(), p.scores = ds.get();
+  p.s = s, p.t = t, p.n_heads = heads, p.head_dim = dim, p.ld_scores = t;
+  gpu->indexer_scores(p);
+  TopkParams tp;
+  tp.scores = ds.get(), tp.rows = s, tp.cols = t, tp.ld = t, tp.k = k, tp.indices = di.get();
+  gpu->topk(tp);
+  const auto scores = ds.host("scores");
+  const auto got = di.host("indices");
+  check_topk(*gpu, scores, s, t, t, k, "pipeline recheck");
+  auto ref = make_reference_backend();
+  std::vector<int32_t> want(size_t(s * k));
+  TopkParams rp = tp;
+  rp.scores = scores.data(), rp.indices = want.data();
+  ref->topk(rp);
+  expect_equal(got, want, "indexer -> topk on device");
+  EXPECT_EQ(got[1], -1) << "row at position 0 keeps exactly one key";
+}
+
+// ---- MLA ---------------------------------------------------------------------------------------
+
+// Top-k lists as the indexer makes them: sorted ascending, -1 padded (reference topk of random
+// causal scores), and optionally shuffled (order must not matter).
+std::vector<int32_t> make_topk_lists(Rng& rng, const std::vector<int32_t>& qpos, int64_t t,
+                                     int64_t len, bool shuffle) {
+  const int64_t s = int64_t(qpos.size());
+  std::vector<float> scores(size_t(s * t));
+  for (int64_t i = 0; i < s; ++i)
+    for (int64_t j = 0; j < t; ++j)
+      scores[size_t(i * t + j)] = j <= qpos[size_t(i)] ? rng.uniform() : -kInf;
+  std::vector<int32_t> out(size_t(s * len));
+  auto ref = make_reference_backend();
+  TopkParams p;
+  p.scores = scores.data(), p.rows = s, p.cols = t, p.ld = t, p.k = len, p.indices = out.data();
+  ref->topk(p);
+  if (shuffle)
+    for (int64_t i = 0; i < s; ++i)
+      std::shuffle(out.begin() + i * len, out.begin() + (i + 1) * len, rng.gen);
+  return out;
+}
+
+struct MlaCase {
+  int64_t s, t, heads, nope, rope, v;
+  int64_t topk_len;  // 0: dense causal
+  bool shuffle;
+};
+
+void check_mla_prefill(Backend& gpu, const MlaCase& c, uint32_t seed) {
+  Rng rng(seed);
+  const int64_t dq = c.nope + c.rope, ld_k_pe = c.rope + 3;
+  auto q = rng.floats(size_t(c.s * c.heads * dq));
+  auto kv = rng.floats(size_t(c.t * c.heads * (c.nope + c.v)));
+  auto k_pe = rng.floats(size_t(c.t * ld_k_pe));
+  std::vector<int32_t> qpos(size_t(c.s));
+  for (int64_t i = 0; i < c.s; ++i) qpos[size_t(i)] = int32_t(std::max<int64_t>(0, c.t - c.s + i));
+  if (c.s >= 3) qpos[0] = -1, qpos[1] = int32_t(c.t + 4);  // fully masked row; beyond the keys
+  std::vector<int32_t> topk;
+  if (c.topk_len) topk = make_topk_lists(rng, qpos, c.t, c.topk_len, c.shuffle);
+  const float scale = 1.0f / std::sqrt(float(dq));
+  std::vector<float> want = nan_vec(size_t(c.s * c.heads * c.v));
+  MlaPrefillParams p;
+  p.q = q.data(), p.kv = kv.data(), p.k_pe = k_pe.data(), p.ld_k_pe = ld_k_pe;
+  p.q_pos = qpos.data(), p.topk = c.topk_len ? topk.data() : nullptr, p.topk_len = c.topk_len;
+  p.out = want.data(), p.s = c.s, p.t = c.t, p.n_heads = c.heads, p.qk_nope_head_dim = c.nope;
+  p.qk_rope_head_dim = c.rope, p.v_head_dim = c.v, p.scale = scale;
+  make_reference_backend()->mla_prefill(p);
+  Dev<float> dq_(gpu, q), dkv(gpu, kv), dpe(gpu, k_pe), dout(gpu, nan_vec(want.size()));
+  Dev<int32_t> dpos(gpu, qpos), dtk(gpu, c.topk_len ? topk : std::vector<int32_t>{0});
+  MlaPrefillParams g = p;
+  g.q = dq_.get(), g.kv = dkv.get(), g.k_pe = dpe.get(), g.q_pos = dpos.get();
+  g.topk = c.topk_len ? dtk.get() : nullptr, g.out = dout.get();
+  gpu.mla_prefill(g);
+  expect_close(dout.host("mla_prefill"), want, 2e-6f, 1e-4f,
+               "mla_prefill s=" + std::to_string(c.s) + " t=" + std::to_string(c.t) +
+                   " heads=" + std::to_string(c.heads) + " topk_len=" + std::to_string(c.topk_len) +
+                   (c.shuffle ? " shuffled" : ""));
+}
+
+void check_mla_decode(Backend& gpu, const MlaCase& c, uint32_t seed) {
+  Rng rng(seed);
+  const int64_t lora = c.nope, row = c.nope + c.rope;  // MlaCase.nope = kv_lora_rank here
+  auto q = rng.floats(size_t(c.s * c.heads * row));
+  auto cache = rng.floats(size_t(c.t * row));
+  std::vector<int32_t> qpos(size_t(c.s));
+  for (int64_t i = 0; i < c.s; ++i) qpos[size_t(i)] = int32_t(std::max<int64_t>(0, c.t - c.s + i));
+  if (c.s >= 3) qpos[0] = -1, qpos[1] = int32_t(c.t / 2);
+  std::vector<int32_t> topk;
+  if (c.topk_len) topk = make_topk_lists(rng, qpos, c.t, c.topk_len, c.shuffle);
+  std::vector<float> want = nan_vec(size_t(c.s * c.heads * lora));
+  MlaDecodeParams p;
+  p.q_lat = q.data(), p.cache = cache.data(), p.q_pos = qpos.data();
+  p.topk = c.topk_len ? topk.data() : nullptr, p.topk_len = c.topk_len, p.out_lat = want.data();
+  p.s = c.s, p.t = c.t, p.n_heads = c.heads, p.kv_lora_rank = lora, p.qk_rope_head_dim = c.rope;
+  p.scale = 1.0f / std::sqrt(float(row));
+  make_reference_backend()->mla_decode(p);
+  Dev<float> dq_(gpu, q), dc(gpu, cache), dout(gpu, nan_vec(want.size()));
+  Dev<int32_t> dpos(gpu, qpos), dtk(gpu, c.topk_len ? topk : std::vector<int32_t>{0});
+  MlaDecodeParams g = p;
+  g.q_lat = dq_.get(), g.cache = dc.get(), g.q_pos = dpos.get();
+  g.topk = c.topk_len ? dtk.get() : nullptr, g.out_lat = dout.get();
+  gpu.mla_decode(g);
+  expect_close(dout.host("mla_decode"), want, 2e-6f, 1e-4f,
+               "mla_decode s=" + std::to_string(c.s) + " t=" + std::to_string(c.t) +
+                   " heads=" + std::to_string(c.heads) + " topk_len=" + std::to_string(c.topk_len) +
+                   (c.shuffle ? " shuffled" : ""));
+}
+
+TEST(CudaOps, MlaPrefillDenseAndSparse) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  uint32_t seed = 30;
+  for (const MlaCase& c : {MlaCase{1, 1, 1, 1, 1, 1, 0, false}, MlaCase{3, 7, 2, 5, 3, 4, 0, false},
+                           MlaCase{3, 7, 2, 5, 3, 4, 16, false},  // top-k wider than the context
+                           MlaCase{64, 64, 4, 32, 16, 32, 16, false},  // tiny-a prefill
+                           MlaCase{6, 300, 8, 192, 64, 256, 64, true},
+                           MlaCase{4, 400, 64, 192, 64, 256, 2048, false},  // GLM-5 heads
+                           MlaCase{5, 50, 3, 0, 16, 8, 0, false}})          // no nope part
+    check_mla_prefill(*gpu, c, seed++);
+}
+
+TEST(CudaOps, MlaDecodeGlm5Shapes) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  uint32_t seed = 40;
+  // {s, t, heads, kv_lora_rank, rope, -, topk_len, shuffle}
+  for (const MlaCase& c :
+       {MlaCase{1, 1, 1, 1, 0, 0, 0, false}, MlaCase{1, 80, 4, 32, 16, 0, 16, false},
+        MlaCase{3, 37, 5, 7, 3, 0, 0, false}, MlaCase{3, 37, 5, 7, 3, 0, 64, true},
+        MlaCase{2, 5000, 64, 512, 64, 0, 2048, false},  // GLM-5 decode
+        MlaCase{3, 1500, 64, 512, 64, 0, 2048, true},   // top-k > context
+        MlaCase{2, 700, 16, 512, 64, 0, 0, false}})
+    check_mla_decode(*gpu, c, seed++);
+}
+
+// ---- memory and device-side input errors -------------------------------------------------------
+
+TEST(CudaOps, MemoryRoundTripAndUpload) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  EXPECT_EQ(gpu->name(), "cuda");
+  std::vector<uint8_t> bytes(1000003);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t(i * 2654435761u >> 13);
+  const void* up = gpu->upload(bytes.data(), bytes.size());
+  ASSERT_NE(up, nullptr);
+  EXPECT_NE(up, static_cast<const void*>(bytes.data())) << "upload must copy to the device";
+  std::vector<uint8_t> back(bytes.size());
+  gpu->to_host(back.data(), up, back.size());
+  EXPECT_EQ(back, bytes);
+  void* p = gpu->alloc(bytes.size());
+  gpu->to_device(p, bytes.data(), bytes.size());
+  std::fill(back.begin(), back.end(), 0);
+  gpu->to_host(back.data(), p, back.size());
+  EXPECT_EQ(back, bytes);
+  gpu->free(p);
+  gpu->synchronize();
+}
+
+TEST(CudaOps, BadDeviceInputThrowsAtSynchronize) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  auto expect_sync_error = [&](const char* needle) {
+    try {
+      gpu->synchronize();
+      ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    gpu->synchronize();  // reported once, then cleared
+  };
+  std::vector<uint16_t> table(4 * 3, f32_to_bf16(1.0f));
+  Dev<int32_t> ids(*gpu, {1, 4});
+  Dev<float> out(*gpu, nan_vec(6));
+  EmbeddingParams e;
+  e.table = Weight{gpu->upload(table.data(), table.size() * 2), DType::BF16, 4, 3, 3};
+  e.ids = ids.get(), e.m = 2, e.out = out.get();
+  gpu->embedding(e);
+  expect_sync_error("token id 4");
+
+  Dev<float> src(*gpu, std::vector<float>(8, 1.0f)), dst(*gpu, nan_vec(8));
+  Dev<int32_t> rows(*gpu, {0, -3});
+  gpu->gather_rows(GatherRowsParams{src.get(), rows.get(), 2, 4, dst.get()});
+  expect_sync_error("source row -3");
+
+  Dev<int32_t> slots(*gpu, {0, -2});
+  Dev<float> w(*gpu, {1.0f, 1.0f});
+  MoeCombineParams mc;
+  mc.expert_out = src.get(), mc.slots = slots.get(), mc.weights = w.get(), mc.out = dst.get();
+  mc.m = 1, mc.top_k = 2, mc.d = 4;
+  gpu->moe_combine(mc);
+  expect_sync_error("slot -2");
+
+  Dev<float> cache(*gpu, std::vector<float>(4 * 3, 0.5f)), q(*gpu, std::vector<float>(3, 1.0f));
+  Dev<int32_t> qpos(*gpu, {3}), topk(*gpu, {0, 9});
+  MlaDecodeParams md;
+  md.q_lat = q.get(), md.cache = cache.get(), md.q_pos = qpos.get(), md.topk = topk.get();
+  md.topk_len = 2, md.out_lat = dst.get(), md.s = 1, md.t = 4, md.n_heads = 1;
+  md.kv_lora_rank = 2, md.qk_rope_head_dim = 1;
+  gpu->mla_decode(md);
+  expect_sync_error("topk entry 9");
+
+  // Host-side checks throw at the call.
+  GemmParams bad;
+  bad.m = 1, bad.n = 2, bad.k = 3, bad.w = Weight{table.data(), DType::BF16, 5, 3, 3};
+  EXPECT_THROW(gpu->gemm(bad), Error);
+  RouterParams r;
+  r.m = 1, r.n_experts = 10, r.top_k = 2, r.n_group = 3;
+  EXPECT_THROW(gpu->router(r), Error);
+}
+
+}  // namespace
+}  // namespace glm5::kernels
