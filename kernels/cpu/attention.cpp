@@ -20,19 +20,64 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// scale * ([a1 | a2] . [b1 | b2]) with one 16-lane FMA chain over both parts (each part
-// zero-padded to a multiple of 16), then simd::reduce.
-inline float dot2(const float* a1, const float* b1, int64_t d1, const float* a2, const float* b2,
-                  int64_t d2) {
-  simd::vf acc = simd::zero();
+// One part of the dot2 recipe: the chunks of a[r][0:d] . b[c][0:d] into acc[r][c], the tail
+// chunk zero-padded.
+template <int MR, int NR>
+inline void dot_part(simd::vf (&acc)[MR][NR], const float* const* a, const float* const* b,
+                     int64_t d) {
   int64_t i = 0;
-  for (; i + simd::kLanes <= d1; i += simd::kLanes)
-    acc = simd::fma(simd::load(a1 + i), simd::load(b1 + i), acc);
-  if (i < d1) acc = simd::fma(simd::load_n(a1 + i, int(d1 - i)), simd::load_n(b1 + i, int(d1 - i)), acc);
-  for (i = 0; i + simd::kLanes <= d2; i += simd::kLanes)
-    acc = simd::fma(simd::load(a2 + i), simd::load(b2 + i), acc);
-  if (i < d2) acc = simd::fma(simd::load_n(a2 + i, int(d2 - i)), simd::load_n(b2 + i, int(d2 - i)), acc);
-  return simd::reduce(acc);
+  for (; i + simd::kLanes <= d; i += simd::kLanes) {
+    simd::vf av[MR];
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) av[r] = simd::pin(simd::load(a[r] + i));
+#pragma GCC unroll 4
+    for (int c = 0; c < NR; ++c) {
+      simd::vf bv = simd::pin(simd::load(b[c] + i));
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) acc[r][c] = simd::fma(av[r], bv, acc[r][c]);
+    }
+  }
+  if (i < d) {
+    const int n = int(d - i);
+#pragma GCC unroll 4
+    for (int c = 0; c < NR; ++c) {
+      simd::vf bv = simd::load_n(b[c] + i, n);
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) acc[r][c] = simd::fma(simd::load_n(a[r] + i, n), bv, acc[r][c]);
+    }
+  }
+}
+
+// out[r * ldo + c] = scale * ([a1[r] | a2[r]] . [b1[c] | b2[c]]) for r < MR, c < NR: one
+// 16-lane FMA chain per pair over part 1 then part 2, then simd::reduce. Every score of every
+// attention op is this recipe, whatever the tile, so rows never depend on their neighbours.
+template <int MR, int NR>
+inline void dot2_tile(const float* const* a1, const float* const* a2, const float* const* b1,
+                      const float* const* b2, int64_t d1, int64_t d2, float scale, float* out,
+                      int64_t ldo) {
+  simd::vf acc[MR][NR];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < NR; ++c) acc[r][c] = simd::zero();
+  dot_part<MR, NR>(acc, a1, b1, d1);
+  if (d2 > 0) dot_part<MR, NR>(acc, a2, b2, d2);
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < NR; ++c) out[r * ldo + c] = scale * simd::reduce(acc[r][c]);
+}
+
+template <int MR>
+inline void dot2_tile_n(int nr, const float* const* a1, const float* const* a2,
+                        const float* const* b1, const float* const* b2, int64_t d1, int64_t d2,
+                        float scale, float* out, int64_t ldo) {
+  switch (nr) {
+    case 1: dot2_tile<MR, 1>(a1, a2, b1, b2, d1, d2, scale, out, ldo); break;
+    case 2: dot2_tile<MR, 2>(a1, a2, b1, b2, d1, d2, scale, out, ldo); break;
+    case 3: dot2_tile<MR, 3>(a1, a2, b1, b2, d1, d2, scale, out, ldo); break;
+    default: dot2_tile<MR, 4>(a1, a2, b1, b2, d1, d2, scale, out, ldo); break;
+  }
 }
 
 // Where the keys and values of one attention problem live: key t is [k1(t) | k2(t)], value t is
@@ -97,17 +142,43 @@ void attend(const KeyValues& kv, const QueryRow* rows, int64_t n_rows, std::vect
   }
   scratch.resize(size_t(n_rows * max_keys));
   std::vector<int64_t> cur(size_t(n_rows), 0);
-  // Scores.
+  // Scores. Within a key block, 4 rows that attend to the same keys (all heads of a decode
+  // row, causal prefill rows away from the diagonal) share each key load in a 4 x 4 tile;
+  // other rows go one at a time against 4 keys.
+  std::vector<int64_t> lo(size_t(n_rows)), hi(size_t(n_rows));
   for (int64_t t0 = 0; t0 < end; t0 += kKeyBlock) {
     for (int64_t r = 0; r < n_rows; ++r) {
       const QueryRow& q = rows[r];
-      float* score = scratch.data() + r * max_keys;
-      int64_t& i = cur[size_t(r)];
-      for (; i < q.n_keys && q.keys[i] < t0 + kKeyBlock; ++i) {
-        int64_t t = q.keys[i];
-        score[i] = kv.scale * dot2(q.q1, kv.k1 + t * kv.k1_stride, kv.d1, q.q2,
-                                   kv.k2 + t * kv.k2_stride, kv.d2);
+      int64_t i = cur[size_t(r)];
+      lo[r] = i;
+      while (i < q.n_keys && q.keys[i] < t0 + kKeyBlock) ++i;
+      hi[r] = cur[size_t(r)] = i;
+    }
+    for (int64_t r = 0; r < n_rows;) {
+      int64_t group = 1;
+      if (r + 4 <= n_rows) {
+        group = 4;
+        for (int64_t g = 1; g < 4; ++g)
+          if (rows[r + g].keys + lo[r + g] != rows[r].keys + lo[r] || hi[r + g] - lo[r + g] != hi[r] - lo[r])
+            group = 1;
       }
+      const float* a1[4];
+      const float* a2[4];
+      for (int64_t g = 0; g < group; ++g) a1[g] = rows[r + g].q1, a2[g] = rows[r + g].q2;
+      const int32_t* keys = rows[r].keys;
+      for (int64_t i = lo[r]; i < hi[r]; i += 4) {
+        const int nr = int(std::min<int64_t>(4, hi[r] - i));
+        const float* b1[4];
+        const float* b2[4];
+        for (int c = 0; c < nr; ++c) {
+          b1[c] = kv.k1 + keys[i + c] * kv.k1_stride;
+          b2[c] = kv.k2 + keys[i + c] * kv.k2_stride;
+        }
+        float* out = scratch.data() + r * max_keys + i;
+        if (group == 4) dot2_tile_n<4>(nr, a1, a2, b1, b2, kv.d1, kv.d2, kv.scale, out, max_keys);
+        else dot2_tile_n<1>(nr, a1, a2, b1, b2, kv.d1, kv.d2, kv.scale, out, max_keys);
+      }
+      r += group;
     }
   }
   // Softmax weights, in place: w = exp(s - max) / sum.

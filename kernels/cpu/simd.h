@@ -11,8 +11,9 @@
 #include "core/dtype.h"
 
 #if defined(__AVX512F__)
-// GCC 12 reports its own AVX-512 headers' "undefined vector" idiom as maybe-uninitialized.
+// GCC 12 reports its own AVX-512 headers' "undefined vector" idiom as uninitialized use.
 #pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop

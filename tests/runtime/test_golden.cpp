@@ -88,3 +88,7 @@ TEST(Golden, TinyAReferenceBackend) { check_golden(std::string(GLM5_TEST_DATA) +
 TEST(Golden, TinyAInternals) { check_golden_internals(std::string(GLM5_TEST_DATA) + "/tiny-a"); }
 TEST(Golden, TinyV32) { check_golden(std::string(GLM5_TEST_DATA) + "/tiny-v32", false); }
 TEST(Golden, TinyV32Internals) { check_golden_internals(std::string(GLM5_TEST_DATA) + "/tiny-v32"); }
+// tiny-b: another shape (2 dense layers, 2 shared experts, 5 heads, theta 1e4, prompt of 100 >
+// index_topk 24), golden from Hugging Face transformers' GlmMoeDsaForCausalLM (float32).
+TEST(Golden, TinyB) { check_golden(std::string(GLM5_TEST_DATA) + "/tiny-b", false); }
+TEST(Golden, TinyBInternals) { check_golden_internals(std::string(GLM5_TEST_DATA) + "/tiny-b"); }
