@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -201,6 +202,10 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
       Back b;
       b.req = s.req;
       const float* last = logits.data() + (at + cnt - 1) * V;
+      // NaN guard: a broken weight or kernel stops the job here, naming where it showed.
+      for (int64_t v = 0; v < cnt * V; ++v)
+        CHECK(std::isfinite(logits[size_t(at * V + v)]), "non-finite logits (NaN or inf) for request ",
+              s.req, " at positions ", s.start, "..", s.start + s.n - 1, ", vocab entry ", v % V);
       if (s.sample) {
         const Request& r = reqs[size_t(s.req)];
         auto& gen = generated[s.req];

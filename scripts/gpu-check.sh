@@ -72,13 +72,15 @@ fi
 # 4. GPU tests. A GPU test that skips on a GPU machine is a failure (the device was not usable).
 if [ $blocked = 0 ]; then
   t0=$SECONDS
-  (cd "$build" && ctest -R 'Cuda|nccl' --output-on-failure --timeout 600) >"$logs/gpu-tests.log" 2>&1
+  (cd "$build" && ctest -R 'Cuda|nccl' -j 4 --output-on-failure --timeout 600) \
+    >"$logs/gpu-tests.log" 2>&1
   rc=$?
   counts=$(grep -E 'tests passed|No tests were found' "$logs/gpu-tests.log" | tail -n 1)
   skipped=$(grep -c '(Skipped)' "$logs/gpu-tests.log")
   if [ $rc != 0 ] || [ "$skipped" != 0 ] || grep -q 'No tests were found' "$logs/gpu-tests.log"; then
     record gpu-tests FAIL $((SECONDS - t0)) "$counts; $skipped skipped; log: $logs/gpu-tests.log"
-    grep -E '\(Failed\)|\(Skipped\)|\(Timeout\)|no usable CUDA device' "$logs/gpu-tests.log" | head -n 20 >&2
+    grep -E '\((Failed|Skipped|Timeout)\)|no usable CUDA device' "$logs/gpu-tests.log" |
+      sed 's/  # GetParam() = .*(/ (/' | head -n 20 >&2
   else
     record gpu-tests PASS $((SECONDS - t0)) "$counts"
   fi

@@ -145,7 +145,7 @@ void attend(const KeyValues& kv, const QueryRow* rows, int64_t n_rows, std::vect
   // Scores. Within a key block, 4 rows that attend to the same keys (all heads of a decode
   // row, causal prefill rows away from the diagonal) share each key load in a 4 x 4 tile;
   // other rows go one at a time against 4 keys.
-  std::vector<int64_t> lo(size_t(n_rows)), hi(size_t(n_rows));
+  std::vector<int64_t> lo(static_cast<size_t>(n_rows)), hi(lo);
   for (int64_t t0 = 0; t0 < end; t0 += kKeyBlock) {
     for (int64_t r = 0; r < n_rows; ++r) {
       const QueryRow& q = rows[r];
