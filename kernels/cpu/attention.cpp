@@ -103,36 +103,92 @@ struct QueryRow {
 
 // Keys per block: a block's keys stay in cache while every row of the task uses them.
 constexpr int64_t kKeyBlock = 32;
-// Output columns accumulated in registers at a time (8 vectors).
-constexpr int64_t kOutCols = 128;
+// Output columns per value tile (4 vectors).
+constexpr int64_t kValueCols = 64;
 
-// out[0:dv] += sum_{i < n} w[i] * v(keys[i])[0:dv], one sequential FMA chain per element.
-void accumulate_values(const KeyValues& kv, const int32_t* keys, const float* w, int64_t n,
-                       float* out) {
-  int64_t d0 = 0;
-  for (; d0 + kOutCols <= kv.dv; d0 += kOutCols) {
-    simd::vf acc[8];
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) acc[j] = simd::load(out + d0 + 16 * j);
-    for (int64_t i = 0; i < n; ++i) {
-      const float* v = kv.v + keys[i] * kv.v_stride + d0;
-      simd::vf wi = simd::splat(w[i]);
-#pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) acc[j] = simd::fma(wi, simd::load(v + 16 * j), acc[j]);
+// out[r][d0 + j] += sum_{i < n} w[r][i] * v(keys[i])[d0 + j] for r < MR, j < 16 * (NV - 1) + last:
+// one sequential FMA chain over the keys per output element, whatever the tile.
+template <int MR, int NV>
+void value_tile(const KeyValues& kv, const int32_t* keys, int64_t n, const float* const* w,
+                float* const* out, int64_t d0, int last) {
+  simd::vf acc[MR][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = simd::load_n(out[r] + d0 + 16 * v, v == NV - 1 ? last : simd::kLanes);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = kv.v + keys[i] * kv.v_stride + d0;
+    simd::vf vv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      vv[v] = simd::pin(v == NV - 1 && last < simd::kLanes ? simd::load_n(row + 16 * v, last)
+                                                           : simd::load(row + 16 * v));
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      simd::vf wr = simd::splat(w[r][i]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = simd::fma(wr, vv[v], acc[r][v]);
     }
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) simd::store(out + d0 + 16 * j, acc[j]);
   }
-  for (; d0 < kv.dv; d0 += simd::kLanes) {  // remaining columns, one vector at a time
-    int cnt = int(std::min<int64_t>(simd::kLanes, kv.dv - d0));
-    simd::vf acc = simd::load_n(out + d0, cnt);
-    for (int64_t i = 0; i < n; ++i)
-      acc = simd::fma(simd::splat(w[i]), simd::load_n(kv.v + keys[i] * kv.v_stride + d0, cnt), acc);
-    simd::store_n(out + d0, acc, cnt);
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      simd::store_n(out[r] + d0 + 16 * v, acc[r][v], v == NV - 1 ? last : simd::kLanes);
+}
+
+template <int MR>
+void value_tile_n(int nv, const KeyValues& kv, const int32_t* keys, int64_t n,
+                  const float* const* w, float* const* out, int64_t d0, int last) {
+  switch (nv) {
+    case 1: value_tile<MR, 1>(kv, keys, n, w, out, d0, last); break;
+    case 2: value_tile<MR, 2>(kv, keys, n, w, out, d0, last); break;
+    case 3: value_tile<MR, 3>(kv, keys, n, w, out, d0, last); break;
+    default: value_tile<MR, 4>(kv, keys, n, w, out, d0, last); break;
   }
 }
 
-// Attention for the rows of one task. Keys are visited in blocks of kKeyBlock positions so a
+// Splits the rows of a task at key block [t0, t0 + kKeyBlock): row r's keys in the block are
+// keys[lo[r]:hi[r]] (cursor cur[r] advances), and runs of 4 rows that see exactly the same keys
+// there (all heads of a decode row, causal prefill rows off the diagonal) are grouped so that
+// each key load serves 4 rows. Grouping only changes which tile computes a value, never how.
+struct KeyBlock {
+  std::vector<int64_t> cur, lo, hi, group_start;
+  std::vector<int> group_size;
+
+  explicit KeyBlock(int64_t n_rows)
+      : cur(size_t(n_rows), 0), lo(size_t(n_rows)), hi(size_t(n_rows)) {}
+
+  void next(const QueryRow* rows, int64_t n_rows, int64_t t0) {
+    for (int64_t r = 0; r < n_rows; ++r) {
+      int64_t i = cur[r];
+      lo[r] = i;
+      while (i < rows[r].n_keys && rows[r].keys[i] < t0 + kKeyBlock) ++i;
+      hi[r] = cur[r] = i;
+    }
+    group_start.clear();
+    group_size.clear();
+    for (int64_t r = 0; r < n_rows;) {
+      int g = 1;
+      if (r + 4 <= n_rows) {
+        g = 4;
+        for (int64_t j = 1; j < 4; ++j)
+          if (rows[r + j].keys + lo[r + j] != rows[r].keys + lo[r] ||
+              hi[r + j] - lo[r + j] != hi[r] - lo[r])
+            g = 1;
+      }
+      if (hi[r] > lo[r]) {
+        group_start.push_back(r);
+        group_size.push_back(g);
+      }
+      r += g;
+    }
+  }
+};
+
+// Attention for the rows of one task, in three passes over the rows' allowed keys: scores,
+// softmax weights, weighted values. Keys are visited in blocks of kKeyBlock positions so a
 // block is read from memory once for all rows; each row's arithmetic is unaffected by that.
 void attend(const KeyValues& kv, const QueryRow* rows, int64_t n_rows, std::vector<float>& scratch) {
   int64_t max_keys = 0, end = 0;
@@ -141,33 +197,19 @@ void attend(const KeyValues& kv, const QueryRow* rows, int64_t n_rows, std::vect
     if (rows[r].n_keys) end = std::max<int64_t>(end, rows[r].keys[rows[r].n_keys - 1] + 1);
   }
   scratch.resize(size_t(n_rows * max_keys));
-  std::vector<int64_t> cur(size_t(n_rows), 0);
-  // Scores. Within a key block, 4 rows that attend to the same keys (all heads of a decode
-  // row, causal prefill rows away from the diagonal) share each key load in a 4 x 4 tile;
-  // other rows go one at a time against 4 keys.
-  std::vector<int64_t> lo(static_cast<size_t>(n_rows)), hi(lo);
+  // Scores: row r, key i at scratch[r * max_keys + i].
+  KeyBlock blk(n_rows);
   for (int64_t t0 = 0; t0 < end; t0 += kKeyBlock) {
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const QueryRow& q = rows[r];
-      int64_t i = cur[size_t(r)];
-      lo[r] = i;
-      while (i < q.n_keys && q.keys[i] < t0 + kKeyBlock) ++i;
-      hi[r] = cur[size_t(r)] = i;
-    }
-    for (int64_t r = 0; r < n_rows;) {
-      int64_t group = 1;
-      if (r + 4 <= n_rows) {
-        group = 4;
-        for (int64_t g = 1; g < 4; ++g)
-          if (rows[r + g].keys + lo[r + g] != rows[r].keys + lo[r] || hi[r + g] - lo[r + g] != hi[r] - lo[r])
-            group = 1;
-      }
+    blk.next(rows, n_rows, t0);
+    for (size_t g = 0; g < blk.group_start.size(); ++g) {
+      const int64_t r = blk.group_start[g];
+      const int mr = blk.group_size[g];
       const float* a1[4];
       const float* a2[4];
-      for (int64_t g = 0; g < group; ++g) a1[g] = rows[r + g].q1, a2[g] = rows[r + g].q2;
+      for (int j = 0; j < mr; ++j) a1[j] = rows[r + j].q1, a2[j] = rows[r + j].q2;
       const int32_t* keys = rows[r].keys;
-      for (int64_t i = lo[r]; i < hi[r]; i += 4) {
-        const int nr = int(std::min<int64_t>(4, hi[r] - i));
+      for (int64_t i = blk.lo[r]; i < blk.hi[r]; i += 4) {
+        const int nr = int(std::min<int64_t>(4, blk.hi[r] - i));
         const float* b1[4];
         const float* b2[4];
         for (int c = 0; c < nr; ++c) {
@@ -175,13 +217,13 @@ void attend(const KeyValues& kv, const QueryRow* rows, int64_t n_rows, std::vect
           b2[c] = kv.k2 + keys[i + c] * kv.k2_stride;
         }
         float* out = scratch.data() + r * max_keys + i;
-        if (group == 4) dot2_tile_n<4>(nr, a1, a2, b1, b2, kv.d1, kv.d2, kv.scale, out, max_keys);
+        if (mr == 4) dot2_tile_n<4>(nr, a1, a2, b1, b2, kv.d1, kv.d2, kv.scale, out, max_keys);
         else dot2_tile_n<1>(nr, a1, a2, b1, b2, kv.d1, kv.d2, kv.scale, out, max_keys);
       }
-      r += group;
     }
   }
-  // Softmax weights, in place: w = exp(s - max) / sum.
+  // Softmax weights, in place: w = exp(s - max) / sum, keys in ascending order. A row without
+  // keys gets zeros.
   for (int64_t r = 0; r < n_rows; ++r) {
     float* w = scratch.data() + r * max_keys;
     const int64_t n = rows[r].n_keys;
@@ -194,17 +236,26 @@ void attend(const KeyValues& kv, const QueryRow* rows, int64_t n_rows, std::vect
     }
     for (int64_t i = 0; i < n; ++i) w[i] = w[i] / sum;
     std::fill(rows[r].out, rows[r].out + kv.dv, 0.0f);
-    cur[size_t(r)] = 0;
   }
-  // Weighted values.
+  // Weighted values, column chunk outside the rows so a chunk of the block's values stays in L1.
+  KeyBlock vblk(n_rows);
   for (int64_t t0 = 0; t0 < end; t0 += kKeyBlock) {
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const QueryRow& q = rows[r];
-      int64_t& i = cur[size_t(r)];
-      int64_t j = i;
-      while (j < q.n_keys && q.keys[j] < t0 + kKeyBlock) ++j;
-      accumulate_values(kv, q.keys + i, scratch.data() + r * max_keys + i, j - i, q.out);
-      i = j;
+    vblk.next(rows, n_rows, t0);
+    for (int64_t d0 = 0; d0 < kv.dv; d0 += kValueCols) {
+      const int64_t cols = std::min(kValueCols, kv.dv - d0);
+      const int nv = int((cols + 15) / 16), last = int(cols - 16 * (nv - 1));
+      for (size_t g = 0; g < vblk.group_start.size(); ++g) {
+        const int64_t r = vblk.group_start[g], i = vblk.lo[r], n = vblk.hi[r] - i;
+        const int mr = vblk.group_size[g];
+        const float* w[4];
+        float* out[4];
+        for (int j = 0; j < mr; ++j) {
+          w[j] = scratch.data() + (r + j) * max_keys + i;
+          out[j] = rows[r + j].out;
+        }
+        if (mr == 4) value_tile_n<4>(nv, kv, rows[r].keys + i, n, w, out, d0, last);
+        else value_tile_n<1>(nv, kv, rows[r].keys + i, n, w, out, d0, last);
+      }
     }
   }
 }

@@ -33,7 +33,8 @@ int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
 // GLM5_CUDA_GEMM_TERMS: bf16 terms per activation for bf16-weight GEMMs. 3 (default) represents
 // every fp32 activation exactly; 2 keeps ~16 bits (about 1e-5 relative); 1 is plain bf16
-// activations (as the upstream references run); 0 uses the plain fp32 kernel instead of cuBLAS.
+// activations (as the upstream references run); 0 uses the plain fp32 kernel instead of cuBLAS
+// for every dtype (a check on cuBLAS; slow). F32 weights use an fp32 cuBLAS GEMM for 1..3.
 int gemm_terms_from_env() {
   const char* v = std::getenv("GLM5_CUDA_GEMM_TERMS");
   if (!v || !*v) return 3;
@@ -195,11 +196,11 @@ class CudaBackend final : public Backend {
     CHECK(p.y && (p.k == 0 || (p.x && p.w.data)), "cuda gemm: null x, y or weight data");
     DeviceScope ds(device_);
     const bool use_cublas =
-        p.k > 0 && ((p.w.dtype == DType::BF16 && gemm_terms_ > 0) || p.w.dtype == DType::F32);
+        gemm_terms_ > 0 && p.k > 0 && (p.w.dtype == DType::BF16 || p.w.dtype == DType::F32);
     if (use_cublas)
       gemm_cublas(p);
     else
-      cuda::launch_gemm_simt(p, stream_);  // F16 weights, GLM5_CUDA_GEMM_TERMS=0, k == 0
+      cuda::launch_gemm_simt(p, stream_);  // F16 weights, GLM5_CUDA_GEMM_TERMS=0, k = 0
   }
 
   void rms_norm(const RmsNormParams& p) override {
