@@ -205,6 +205,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // True when backend memory is host memory (cpu backends): MPI can send it directly.
+  virtual bool host_memory() const { return true; }
 
   // Memory in the backend's address space.
   virtual void* alloc(size_t bytes) = 0;

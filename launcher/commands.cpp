@@ -37,6 +37,9 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   job->checkpoint = std::make_unique<runtime::Checkpoint>(model_dir);
   if (rank == 0) runtime::check_checkpoint(*job->checkpoint, job->config);
   job->stage_comm = job->world->split(stage, column);
+  if (rank == 0 && job->cluster.comm == "nccl" && job->world->size() > 1)
+    std::fprintf(stderr, "[glm5] comm: nccl: the engine's MoE and pipeline traffic is staged through "
+                         "host memory over MPI in this version\n");
 
   runtime::ModelShard shard;
   shard.first_layer = job->stages[size_t(stage)].first;

@@ -82,6 +82,22 @@ std::vector<char> recv_bytes(parallel::Comm& c, int src, int tag) {
   return b;
 }
 
+// Hidden states between stages travel over the host communicator; device backends stage them.
+void send_hidden(parallel::Comm& c, kernels::Backend& be, const float* h, int64_t n, int dst) {
+  if (n == 0) return;
+  if (be.host_memory()) return c.send(h, size_t(n) * sizeof(float), dst, kHidden);
+  std::vector<float> tmp(static_cast<size_t>(n));
+  be.to_host(tmp.data(), h, tmp.size() * sizeof(float));
+  c.send(tmp.data(), tmp.size() * sizeof(float), dst, kHidden);
+}
+void recv_hidden(parallel::Comm& c, kernels::Backend& be, float* h, int64_t n, int src) {
+  if (n == 0) return;
+  if (be.host_memory()) return c.recv(h, size_t(n) * sizeof(float), src, kHidden);
+  std::vector<float> tmp(static_cast<size_t>(n));
+  c.recv(tmp.data(), tmp.size() * sizeof(float), src, kHidden);
+  be.to_device(h, tmp.data(), tmp.size() * sizeof(float));
+}
+
 void put_request(Writer& w, const Request& r) {
   w.put(r.index);
   w.put_vec(r.prompt);
@@ -515,7 +531,7 @@ void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Res
       put_step(sw, step);
       auto ts = Clock::now();
       send_bytes(world_, next, kStep, sw.b);
-      if (m > 0) world_.send(h, size_t(m * H) * sizeof(float), next, kHidden);
+      send_hidden(world_, be, h, m * H, next);
       stats_.bytes_sent += sw.b.size() + size_t(m * H) * sizeof(float);
       stats_.comm_s += since(ts);
       inflight[size_t(g)] = true;
@@ -543,7 +559,7 @@ void Engine::run_later_stage(std::vector<Request>& reqs) {
     Step step = get_step(rd);
     const int64_t m = step.rows();
     float* h = static_cast<float*>(be.alloc(size_t(std::max<int64_t>(m, 1) * H) * sizeof(float)));
-    if (m > 0) world_.recv(h, size_t(m * H) * sizeof(float), prev, kHidden);
+    recv_hidden(world_, be, h, m * H, prev);
     stats_.comm_s += since(t);
     if (trace_) std::fprintf(stderr, "[trace] rank %d got step rows %lld stop %d\n", world_.rank(), (long long)m, int(step.stop));
     if (step.stop) {
@@ -572,7 +588,7 @@ void Engine::run_later_stage(std::vector<Request>& reqs) {
     if (next >= 0) {
       auto ts = Clock::now();
       send_bytes(world_, next, kStep, msg);
-      if (m > 0) world_.send(h, size_t(m * H) * sizeof(float), next, kHidden);
+      send_hidden(world_, be, h, m * H, next);
       stats_.bytes_sent += msg.size() + size_t(m * H) * sizeof(float);
       stats_.comm_s += since(ts);
     } else {

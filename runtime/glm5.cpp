@@ -400,24 +400,43 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
     dest[i] = int32_t(ids_host[i] / per);
     tag[i] = int32_t(ids_host[i] % per);
   }
+  // The exchange works on host memory: a device backend stages rows through the host.
+  const bool host = be.host_memory();
+  std::vector<float> x_host;
+  if (!host) {
+    x_host.resize(size_t(m * H));
+    be.to_host(x_host.data(), x, x_host.size() * sizeof(float));
+  }
   auto t0 = std::chrono::steady_clock::now();
   auto& ex = exchange_->ex;
-  ex.dispatch(x, m, H, K, dest.data(), tag.data());
+  ex.dispatch(host ? x : x_host.data(), m, H, K, dest.data(), tag.data());
   moe_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Received rows are grouped by local expert (tag ascending).
   const int64_t n_recv = ex.recv_count();
   const int32_t* rtag = ex.recv_tag();
+  const float* rx = ex.recv_x();
+  std::unique_ptr<Buf<float>> rx_dev;
+  if (!host) {
+    rx_dev = std::make_unique<Buf<float>>(be, n_recv * H);
+    be.to_device(*rx_dev, rx, size_t(n_recv * H) * sizeof(float));
+    rx = *rx_dev;
+  }
   Buf<float> out(be, n_recv * H);
   for (int64_t i = 0; i < n_recv;) {
     int64_t j = i;
     while (j < n_recv && rtag[j] == rtag[i]) ++j;
     expert_tokens_[size_t(rtag[i])] += j - i;
-    swiglu_expert(L.experts[size_t(rtag[i])], ex.recv_x() + i * H, j - i, out + i * H);
+    swiglu_expert(L.experts[size_t(rtag[i])], rx + i * H, j - i, out + i * H);
     i = j;
   }
+  std::vector<float> out_host;
+  if (!host) {
+    out_host.resize(size_t(n_recv * H));
+    be.to_host(out_host.data(), out, out_host.size() * sizeof(float));
+  }
   t0 = std::chrono::steady_clock::now();
-  ex.combine(out);
+  ex.combine(host ? out.p : out_host.data());
   moe_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // y = sum_j w[t, j] * expert_out[t, j] (j in expert-id order) + shared(x)
@@ -425,7 +444,14 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
   for (size_t i = 0; i < slots.size(); ++i) slots[i] = int32_t(i);
   Buf<int32_t> d_slots(be, m * K);
   be.to_device(d_slots, slots.data(), slots.size() * sizeof(int32_t));
-  be.moe_combine({ex.out(), d_slots, weights, y, m, K, H, false});
+  const float* expert_out = ex.out();
+  std::unique_ptr<Buf<float>> eo_dev;
+  if (!host) {
+    eo_dev = std::make_unique<Buf<float>>(be, m * K * H);
+    be.to_device(*eo_dev, expert_out, size_t(m * K * H) * sizeof(float));
+    expert_out = *eo_dev;
+  }
+  be.moe_combine({expert_out, d_slots, weights, y, m, K, H, false});
   if (cfg_.n_shared_experts > 0) {
     Buf<float> s(be, m * H);
     swiglu_expert(L.shared, x, m, s);

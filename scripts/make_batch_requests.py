@@ -36,6 +36,11 @@ def ids(rng, n):
     return [rng.randrange(TEXT_IDS) for _ in range(n)]
 
 
+def length(rng, i, longest):
+    """Mostly short prompts (the CPU test stays fast), every 13th line a long one."""
+    return rng.randint(longest * 2 // 3, longest) if i % 13 == 5 else rng.randint(1, 24)
+
+
 def sampling(rng, body, allow_stop):
     body["max_tokens"] = rng.randint(1, 12)
     mode = rng.random()
@@ -57,7 +62,7 @@ def valid_line(rng, i):
     cid = f"req-{i:03d}"
     kind = i % 4
     if kind == 0:  # OpenAI Batch completions, text prompt
-        body = {"model": "tiny-a", "prompt": text_prompt(rng, 40)}
+        body = {"model": "tiny-a", "prompt": text_prompt(rng, length(rng, i, 60) // 2 + 1)}
         sampling(rng, body, True)
         if rng.random() < 0.3:
             body["logprobs"] = rng.randint(0, 3)
@@ -66,7 +71,7 @@ def valid_line(rng, i):
         msgs = []
         if rng.random() < 0.3:
             msgs.append({"role": "system", "content": text_prompt(rng, 8)})
-        msgs.append({"role": "user", "content": text_prompt(rng, 25)})
+        msgs.append({"role": "user", "content": text_prompt(rng, length(rng, i, 50) // 2 + 1)})
         if rng.random() < 0.2:
             msgs += [{"role": "assistant", "content": text_prompt(rng, 6)},
                      {"role": "user", "content": text_prompt(rng, 6)}]
@@ -79,13 +84,13 @@ def valid_line(rng, i):
             body["chat_template_kwargs"] = {"enable_thinking": rng.random() < 0.5}
         return {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body}
     if kind == 2:  # plain form with prompt_ids
-        line = {"custom_id": cid, "prompt_ids": ids(rng, rng.randint(1, 150))}
+        line = {"custom_id": cid, "prompt_ids": ids(rng, length(rng, i, 150))}
         sampling(rng, line, False)
         if rng.random() < 0.3:
             line["logprobs"] = rng.randint(0, 2)
         return line
     # OpenAI Batch completions with the prompt as a list of ids
-    body = {"prompt": ids(rng, rng.randint(1, 150))}
+    body = {"prompt": ids(rng, length(rng, i, 150))}
     sampling(rng, body, False)
     return {"custom_id": cid, "method": "POST", "url": "/v1/completions", "body": body}
 

@@ -222,20 +222,35 @@ void attend(const KeyValues& kv, const QueryRow* rows, int64_t n_rows, std::vect
       }
     }
   }
-  // Softmax weights, in place: w = exp(s - max) / sum, keys in ascending order. A row without
-  // keys gets zeros.
+  // Softmax weights, in place: w = exp(s - max) / sum over the row's keys in ascending order,
+  // 16 lanes at a time (vector exp, fixed lane sums). A row without keys gets zeros.
   for (int64_t r = 0; r < n_rows; ++r) {
     float* w = scratch.data() + r * max_keys;
     const int64_t n = rows[r].n_keys;
-    float mx = kNegInf;
-    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, w[i]);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; ++i) {
-      w[i] = std::exp(w[i] - mx);
-      sum += w[i];
-    }
-    for (int64_t i = 0; i < n; ++i) w[i] = w[i] / sum;
     std::fill(rows[r].out, rows[r].out + kv.dv, 0.0f);
+    if (n == 0) continue;
+    // Max: full chunks in lanes, the tail in scalar (max is exact in any order).
+    simd::vf vmax = simd::splat(kNegInf);
+    int64_t i = 0;
+    for (; i + simd::kLanes <= n; i += simd::kLanes) vmax = simd::max(vmax, simd::load(w + i));
+    float mx = simd::reduce_max(vmax);
+    for (int64_t j = i; j < n; ++j) mx = std::max(mx, w[j]);
+    const simd::vf vmx = simd::splat(mx);
+    simd::vf vsum = simd::zero();
+    for (i = 0; i + simd::kLanes <= n; i += simd::kLanes) {
+      simd::vf e = simd::exp(simd::sub(simd::load(w + i), vmx));
+      simd::store(w + i, e);
+      vsum = simd::add(vsum, e);
+    }
+    if (i < n) {
+      const int tail = int(n - i);
+      simd::store_n(w + i, simd::exp(simd::sub(simd::load_n(w + i, tail), vmx)), tail);
+      vsum = simd::add(vsum, simd::load_n(w + i, tail));
+    }
+    const simd::vf vtot = simd::splat(simd::reduce(vsum));
+    for (i = 0; i + simd::kLanes <= n; i += simd::kLanes)
+      simd::store(w + i, simd::div(simd::load(w + i), vtot));
+    if (i < n) simd::store_n(w + i, simd::div(simd::load_n(w + i, int(n - i)), vtot), int(n - i));
   }
   // Weighted values, column chunk outside the rows so a chunk of the block's values stays in L1.
   KeyBlock vblk(n_rows);

@@ -2,8 +2,9 @@
 // output columns. Batch-invariant by construction: y[i, j] is always the dot_tile recipe
 // (cpu/dot_tile.h) over x row i and W row j, whatever m, the tile shape or the thread count.
 // Not here: library GEMMs (they change the reduction order with the shape), weight prepacking.
+#include <omp.h>
+
 #include <algorithm>
-#include <vector>
 
 #include "cpu/dot_tile.h"
 #include "cpu/fast_ops.h"
@@ -19,19 +20,29 @@ namespace {
 constexpr int64_t kBlockBytes = 256 * 1024;
 
 // y = x W^T, W [n, k] rows of L::T, widened on the fly (exact, so no dtype changes a bit).
+// Work items are column blocks; when there are too few of them to keep the threads busy (small
+// n, large m) the rows are split too, at the price of reading W once per row block.
 template <class L>
 void gemm_nt(const GemmParams& p) {
   using T = typename L::T;
   const T* w = static_cast<const T*>(p.w.data);
   int64_t nb = kBlockBytes / int64_t(sizeof(T) * std::max<int64_t>(p.k, 1));
   nb = std::clamp<int64_t>(nb / kTileCols * kTileCols, kTileCols, 256);
-  const int64_t blocks = (p.n + nb - 1) / nb;
-#pragma omp parallel for schedule(static) if (p.m * p.n * p.k >= (1 << 17))
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t j0 = b * nb;
-    dot_block<L>(p.x, p.ldx, w + j0 * p.w.ld, p.w.ld, p.m, std::min(nb, p.n - j0), p.k, p.y + j0,
-                 p.ldy, p.accumulate);
+  const int64_t col_blocks = (p.n + nb - 1) / nb;
+  const int64_t threads = omp_get_max_threads();
+  int64_t mb = p.m;  // rows per work item
+  if (col_blocks < 2 * threads && p.m >= 64) {
+    const int64_t want = std::min<int64_t>((2 * threads + col_blocks - 1) / col_blocks, p.m / 32);
+    mb = ((p.m + want - 1) / want + kTileRows - 1) / kTileRows * kTileRows;
   }
+  const int64_t row_blocks = (p.m + mb - 1) / mb;
+#pragma omp parallel for collapse(2) schedule(static) if (p.m * p.n * p.k >= (1 << 17))
+  for (int64_t rb = 0; rb < row_blocks; ++rb)
+    for (int64_t cb = 0; cb < col_blocks; ++cb) {
+      const int64_t i0 = rb * mb, j0 = cb * nb;
+      dot_block<L>(p.x + i0 * p.ldx, p.ldx, w + j0 * p.w.ld, p.w.ld, std::min(mb, p.m - i0),
+                   std::min(nb, p.n - j0), p.k, p.y + i0 * p.ldy + j0, p.ldy, p.accumulate);
+    }
 }
 
 // y[r, j0 + 16v + l] for r < MR, v < NV: sequential FMA over k of x[r, k] * W[k, j], W [k, n].

@@ -5,6 +5,7 @@
 // Weight loaders widen BF16/F16/F32 to float exactly (bit-exact conversions, no rounding).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -55,6 +56,28 @@ inline float reduce(vf v) {
   __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
   return _mm_cvtss_f32(d);
 }
+inline vf sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline vf div(vf a, vf b) { return _mm512_div_ps(a, b); }
+inline vf max(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline float reduce_max(vf v) { return _mm512_reduce_max_ps(v); }  // exact in any order
+// e^x, about 1 ulp (Cephes expf polynomial on x - n ln2, then x 2^n by scalef, which also
+// gives the denormals and zero below -87). For softmax inputs (<= 0); x < -104 gives 0.
+inline vf exp(vf x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
+  vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  vf y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(y, n);
+}
 inline vf widen_bf16(const uint16_t* p) {
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -87,6 +110,21 @@ inline float reduce(vf v) {
   for (int w = 8; w >= 1; w /= 2)
     for (int i = 0; i < w; ++i) t[i] += t[i + w];
   return t[0];
+}
+inline vf sub(vf a, vf b) { return a - b; }
+inline vf div(vf a, vf b) { return a / b; }
+inline vf max(vf a, vf b) {
+  for (int i = 0; i < 16; ++i) a[i] = a[i] > b[i] ? a[i] : b[i];
+  return a;
+}
+inline float reduce_max(vf v) {
+  float m = v[0];
+  for (int i = 1; i < 16; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+inline vf exp(vf x) {
+  for (int i = 0; i < 16; ++i) x[i] = std::exp(x[i]);
+  return x;
 }
 inline vf widen_bf16(const uint16_t* p) {
   vu u;

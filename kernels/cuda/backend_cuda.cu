@@ -65,6 +65,7 @@ class DeviceScope {
 
 class CudaBackend final : public Backend {
  public:
+  bool host_memory() const override { return false; }
   explicit CudaBackend(int device) : device_(device) {
     int n = 0;
     CUDA_CHECK(cudaGetDeviceCount(&n));

@@ -155,7 +155,7 @@ inline std::vector<int32_t> attention_topk(int64_t s, int64_t t, int64_t len, ui
 }
 
 inline OpCase mla_prefill_case(int64_t s, int64_t t, int64_t heads, int64_t nope, int64_t rope,
-                               int64_t vdim, int64_t topk_len, uint64_t seed) {
+                               int64_t vdim, int64_t topk_len, uint64_t seed, float scale = 0.0f) {
   const int64_t dq = nope + rope, dkv = nope + vdim, ld_k_pe = rope + 4;
   auto q = random_floats(size_t(s * heads * dq), seed);
   auto kv = random_floats(size_t(t * heads * dkv), seed + 1);
@@ -163,10 +163,11 @@ inline OpCase mla_prefill_case(int64_t s, int64_t t, int64_t heads, int64_t nope
   auto q_pos = random_ints(size_t(s), seed + 3, 0, int32_t(t) - 1);
   if (s > 1) q_pos[1] = -1;  // a fully masked row
   auto topk = topk_len ? attention_topk(s, t, topk_len, seed + 4) : std::vector<int32_t>{};
-  const float scale = 1.0f / std::sqrt(float(dq));
+  if (scale == 0.0f) scale = 1.0f / std::sqrt(float(dq));
   return {"mla_prefill_s" + std::to_string(s) + "_t" + std::to_string(t) + "_h" +
               std::to_string(heads) + "_" + std::to_string(nope) + "_" + std::to_string(rope) + "_" +
-              std::to_string(vdim) + "_topk" + std::to_string(topk_len),
+              std::to_string(vdim) + "_topk" + std::to_string(topk_len) + "_scale" +
+              std::to_string(int(scale * 1000)),
           [=](Buffers& b) {
             MlaPrefillParams p;
             p.q = b.in(q), p.kv = b.in(kv), p.k_pe = b.in(k_pe), p.ld_k_pe = ld_k_pe;
@@ -180,7 +181,7 @@ inline OpCase mla_prefill_case(int64_t s, int64_t t, int64_t heads, int64_t nope
 }
 
 inline OpCase mla_decode_case(int64_t s, int64_t t, int64_t heads, int64_t rank, int64_t rope,
-                              int64_t topk_len, uint64_t seed) {
+                              int64_t topk_len, uint64_t seed, float scale = 0.3f) {
   const int64_t dk = rank + rope;
   auto q = random_floats(size_t(s * heads * dk), seed, -0.5f, 0.5f);
   auto cache = random_floats(size_t(t * dk), seed + 1);
@@ -191,14 +192,14 @@ inline OpCase mla_decode_case(int64_t s, int64_t t, int64_t heads, int64_t rank,
   if (topk_len && s == 1) topk[0] = 0;  // keep the single row from being empty
   return {"mla_decode_s" + std::to_string(s) + "_t" + std::to_string(t) + "_h" +
               std::to_string(heads) + "_" + std::to_string(rank) + "_" + std::to_string(rope) +
-              "_topk" + std::to_string(topk_len),
+              "_topk" + std::to_string(topk_len) + "_scale" + std::to_string(int(scale * 1000)),
           [=](Buffers& b) {
             MlaDecodeParams p;
             p.q_lat = b.in(q), p.cache = b.in(cache), p.q_pos = b.in(q_pos);
             if (topk_len) p.topk = b.in(topk), p.topk_len = topk_len;
             p.out_lat = b.out("out_lat", size_t(s * heads * rank));
             p.s = s, p.t = t, p.n_heads = heads, p.kv_lora_rank = rank, p.qk_rope_head_dim = rope;
-            p.scale = 0.3f;
+            p.scale = scale;
             b.backend().mla_decode(p);
           }};
 }
@@ -342,6 +343,9 @@ inline std::vector<OpCase> op_cases() {
     v.push_back(mla_decode_case(1, 90, 5, 40, 8, topk_len, seed++));
     v.push_back(mla_decode_case(4, 70, 9, 512, 64, topk_len, seed++));
   }
+  // Sharp softmax: score gaps of hundreds, so most weights underflow to 0.
+  v.push_back(mla_prefill_case(9, 40, 3, 24, 8, 20, 0, seed++, 40.0f));
+  v.push_back(mla_decode_case(3, 90, 5, 40, 8, 0, seed++, 60.0f));
   v.push_back(router_case(7, 16, 4, 4, 2, true, true, seed++));
   v.push_back(router_case(5, 32, 8, 1, 1, true, true, seed++));
   v.push_back(router_case(3, 64, 6, 8, 3, false, false, seed++));

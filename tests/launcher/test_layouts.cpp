@@ -22,12 +22,16 @@ const std::string kBin = GLM5_BINARY;
 const std::string kSrc = GLM5_SOURCE_DIR;
 const std::string kData = GLM5_TEST_DATA;
 
+std::string log_path() {
+  return (fs::temp_directory_path() / ("glm5_layouts_" + std::to_string(getpid()) + ".log")).string();
+}
+
 int sh(const std::string& cmd) {
-  int rc = std::system((cmd + " > /tmp/glm5_layout_last.log 2>&1").c_str());
+  int rc = std::system((cmd + " > " + log_path() + " 2>&1").c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
 }
 std::string last_log() {
-  std::ifstream f("/tmp/glm5_layout_last.log");
+  std::ifstream f(log_path());
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
