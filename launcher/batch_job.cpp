@@ -3,16 +3,21 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "core/check.h"
+#include "launcher/cluster_config.h"
 #include "launcher/commands.h"
 #include "runtime/chat.h"
 #include "runtime/tokenizer.h"
@@ -32,8 +37,18 @@ bool read_number(const json& body, const char* key, T& out, std::string& err) {
     return false;
   }
   if constexpr (std::is_integral_v<T>) {
-    if (!v.is_number_integer()) {
-      err = std::string("field '") + key + "': expected an integer, found " + v.dump();
+    // Out-of-range integers would wrap (max_tokens 4294967297 -> 1, seed -1 -> 2^64-1).
+    using lim = std::numeric_limits<T>;
+    bool fits = false;
+    if (v.is_number_unsigned()) {
+      fits = v.get<uint64_t>() <= uint64_t(lim::max());
+    } else if (v.is_number_integer()) {
+      const int64_t x = v.get<int64_t>();
+      fits = x < 0 ? std::is_signed_v<T> && x >= int64_t(lim::min()) : uint64_t(x) <= uint64_t(lim::max());
+    }
+    if (!v.is_number_integer() || !fits) {
+      err = std::string("field '") + key + "': expected an integer in [" +
+            std::to_string(lim::min()) + ", " + std::to_string(lim::max()) + "], found " + v.dump();
       return false;
     }
   }
@@ -102,8 +117,12 @@ BatchLine parse_batch_line(const std::string& text, int64_t line_no, const runti
         msgs.push_back(cm);
       }
       bool thinking = true;
-      if (body.contains("chat_template_kwargs") && body["chat_template_kwargs"].contains("enable_thinking"))
-        thinking = body["chat_template_kwargs"]["enable_thinking"].get<bool>();
+      if (body.contains("chat_template_kwargs") && body["chat_template_kwargs"].contains("enable_thinking")) {
+        const json& t = body["chat_template_kwargs"]["enable_thinking"];
+        CHECK(t.is_boolean(), "field 'chat_template_kwargs.enable_thinking': expected true or false, found ",
+              t.dump());
+        thinking = t.get<bool>();
+      }
       r.prompt = tok->encode(runtime::format_chat(mc.model_type, msgs, true, thinking), true);
     } else if (body.contains("prompt_ids")) {
       r.prompt = ids_from_json(body["prompt_ids"], "prompt_ids", mc.vocab_size);
@@ -138,13 +157,17 @@ BatchLine parse_batch_line(const std::string& text, int64_t line_no, const runti
       const json& lp = body["logprobs"];
       if (lp.is_boolean()) {
         s.logprobs = lp.get<bool>() ? 0 : -1;
-        if (lp.get<bool>() && body.contains("top_logprobs")) read_number(body, "top_logprobs", s.logprobs, err);
+        if (lp.get<bool>()) CHECK(read_number(body, "top_logprobs", s.logprobs, err), err);
       } else {
         CHECK(lp.is_number_integer(), "field 'logprobs': expected an integer or boolean, found ", lp.dump());
         s.logprobs = lp.get<int32_t>();
       }
     }
-    if (body.contains("ignore_eos")) s.ignore_eos = body["ignore_eos"].get<bool>();
+    if (body.contains("ignore_eos")) {
+      CHECK(body["ignore_eos"].is_boolean(), "field 'ignore_eos': expected true or false, found ",
+            body["ignore_eos"].dump());
+      s.ignore_eos = body["ignore_eos"].get<bool>();
+    }
     if (body.contains("stop") && !body["stop"].is_null()) {
       const json& st = body["stop"];
       if (st.is_string()) s.stop.push_back(st);
@@ -161,14 +184,14 @@ BatchLine parse_batch_line(const std::string& text, int64_t line_no, const runti
     const int64_t need = int64_t(r.prompt.size()) + s.max_tokens;
     if (need > mc.max_position_embeddings) {
       b.error_code = "context_length_exceeded";
-      b.error = "prompt of " + std::to_string(r.prompt.size()) + " tokens + max_tokens " +
-                std::to_string(s.max_tokens) + " exceeds the model's context of " +
+      b.error = "line " + std::to_string(line_no) + ": prompt of " + std::to_string(r.prompt.size()) +
+                " tokens + max_tokens " + std::to_string(s.max_tokens) + " exceeds the model's context of " +
                 std::to_string(mc.max_position_embeddings) + " tokens";
     }
-  } catch (const json::exception& e) {
+  } catch (const json::parse_error& e) {
     b.error_code = "invalid_json";
     b.error = std::string("line ") + std::to_string(line_no) + ": malformed JSON: " + e.what();
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // glm5::Error, or a json type error on a field not checked above
     b.error_code = "invalid_request";
     b.error = std::string("line ") + std::to_string(line_no) + ": " + e.what();
   }
@@ -234,13 +257,70 @@ std::vector<std::string> finished_keys(const std::string& path) {
   while (std::getline(f, line)) {
     try {  // a line cut short by a kill is ignored (its request runs again)
       json j = json::parse(line);
-      if (j.contains("custom_id") && j["custom_id"].is_string()) keys.push_back("id:" + j["custom_id"].get<std::string>());
-      else if (j.contains("line")) keys.push_back("line:" + std::to_string(j["line"].get<int64_t>()));
+      // A repeated custom_id is answered by its line: the id itself belongs to its first line.
+      const bool duplicate = j.contains("error") && j["error"].is_object() &&
+                             j["error"].value("code", "") == "duplicate_custom_id";
+      if (j.contains("custom_id") && j["custom_id"].is_string() && !duplicate)
+        keys.push_back("id:" + j["custom_id"].get<std::string>());
+      else if (j.contains("line"))
+        keys.push_back("line:" + std::to_string(j["line"].get<int64_t>()));
     } catch (...) {
     }
   }
   return keys;
 }
+
+namespace {
+
+// A killed run may leave a record cut short at the end of the output: cut it off (its request
+// runs again) so that the appended records start on a line of their own and the file stays JSONL.
+// A whole record that only lacks its newline gets the newline.
+void end_with_whole_record(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec || size == 0) return;
+  std::ifstream f(path, std::ios::binary);
+  CHECK(f, "cannot read --output ", path);
+  // Find the start of the last line, reading backwards in blocks.
+  uintmax_t end = size, start = 0;
+  std::string tail;
+  char c = 0;
+  f.seekg(std::streamoff(size - 1));
+  f.get(c);
+  if (c == '\n') return;
+  while (end > 0) {
+    const uintmax_t n = std::min<uintmax_t>(end, 1 << 16);
+    std::string block(size_t(n), '\0');
+    f.seekg(std::streamoff(end - n));
+    f.read(block.data(), std::streamsize(n));
+    const size_t nl = block.rfind('\n');
+    if (nl != std::string::npos) {
+      start = end - n + nl + 1;
+      tail = block.substr(nl + 1) + tail;
+      break;
+    }
+    tail = block + tail;
+    end -= n;
+  }
+  f.close();
+  bool whole = false;
+  try {
+    json j = json::parse(tail);
+    whole = j.is_object() && j.contains("line");
+  } catch (const json::exception&) {
+  }
+  if (whole) {
+    std::ofstream(path, std::ios::app) << '\n';
+  } else {
+    std::fprintf(stderr, "[glm5] batch: %s ends in a partial record (%llu bytes), cut off; it runs again\n",
+                 path.c_str(), (unsigned long long)(size - start));
+    std::filesystem::resize_file(path, start, ec);
+    CHECK(!ec, "cannot cut the partial last record off --output ", path, ": ", ec.message());
+  }
+}
+
+}  // namespace
 
 int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
   auto job = make_job(a.model, a.cluster, std::move(world), true);
@@ -256,19 +336,10 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
   if (root) {
     std::ifstream in(a.input);
     CHECK(in, "cannot open --input ", a.input);
+    end_with_whole_record(a.output);
     auto done_list = finished_keys(a.output);
     std::set<std::string> done(done_list.begin(), done_list.end()), seen;
     seq_no = int64_t(done_list.size());
-    // A killed run may leave a partial last line: end the file with a newline before appending.
-    {
-      std::ifstream chk(a.output, std::ios::binary | std::ios::ate);
-      if (chk && chk.tellg() > 0) {
-        chk.seekg(-1, std::ios::end);
-        char c = 0;
-        chk.get(c);
-        if (c != '\n') std::ofstream(a.output, std::ios::app) << '\n';
-      }
-    }
     out.open(a.output, std::ios::app);
     CHECK(out, "cannot open --output ", a.output, " for appending");
     std::string text;
@@ -277,12 +348,15 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
       ++line_no;
       if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
       BatchLine b = parse_batch_line(text, line_no, job->config, tok.get());
-      if (done.count(b.key)) continue;
-      if (b.error.empty() && !b.custom_id.empty() && seen.count(b.key)) {
+      if (!b.custom_id.empty() && !seen.insert(b.key).second) {
+        // The first line owns the id; this one gets an error record, keyed by its line number
+        // (see finished_keys), so a rerun neither skips the first line nor answers this one twice.
+        b.key = "line:" + std::to_string(line_no);
         b.error_code = "duplicate_custom_id";
-        b.error = "line " + std::to_string(line_no) + ": custom_id '" + b.custom_id + "' appears earlier in the input";
+        b.error = "line " + std::to_string(line_no) + ": custom_id '" + b.custom_id +
+                  "' appears earlier in the input";
       }
-      seen.insert(b.key);
+      if (done.count(b.key)) continue;
       if (!b.error.empty()) {  // error records go out at once
         out << batch_record(b, nullptr, tok.get(), seq_no++) << '\n';
         out.flush();
@@ -381,12 +455,7 @@ int run_launch(const std::string& cluster, const std::vector<std::string>& args,
   auto abs = std::filesystem::canonical("/proc/self/exe", ec);
   if (!ec) self = abs.string();
   std::vector<std::string> cmd = launch_command(cc, self, args, geteuid() == 0);
-  std::string line;
-  for (auto& c : cmd) {
-    bool plain = c.find_first_of(" \t'\"$\\;&|<>()*?{}[]") == std::string::npos && !c.empty();
-    line += (line.empty() ? "" : " ") + (plain ? c : "'" + c + "'");
-  }
-  std::cout << line << std::endl;
+  std::cout << shell_join(cmd) << std::endl;
   if (!run) return 0;
   std::vector<char*> av;
   for (auto& c : cmd) av.push_back(c.data());

@@ -260,7 +260,13 @@ int main_entry(int argc, char** argv) {
   lau->add_flag("--run", lrun, "execute it");
   lau->add_option("args", rest, "glm5 subcommand and arguments (after --)");
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // app.exit prints the message (or the help). Usage errors exit with 2, as shell tools do:
+    // CLI11's own codes (104 conversion, 106 required, 109 extras, ...) look like crashes.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
   const bool distributed =
       (gen->parsed() && !ga.cluster.empty()) || (bat->parsed() && !ba.cluster.empty());

@@ -1,24 +1,25 @@
 // Fast CPU attention-side ops: MLA prefill (MHA mode), MLA decode (absorbed MQA mode), DSA indexer
-// scores, and top-k. OpenMP over (query row, head) blocks; every row is computed by the same
-// per-row recipe (16-lane dot products, softmax over the row's allowed keys in ascending order,
-// sequential FMA of values) whatever other rows share the call, so results are batch-invariant.
+// scores, and top-k. OpenMP over (head, query rows) or (query row, heads) blocks, and over key
+// blocks for the indexer. Every row is computed by one per-row recipe (16-lane dot products, a
+// vectorised softmax over the row's allowed keys in ascending order, sequential FMA of values)
+// whatever other rows share the call, so results are batch-invariant.
 // Not here: online (flash) softmax, which would tie a row's rounding to its key blocking.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <limits>
 #include <numeric>
 #include <vector>
 
-#include "cpu/dot_tile.h"
 #include "cpu/fast_ops.h"
-#include "cpu/reference.h"
+#include "cpu/simd.h"
 
 namespace glm5::kernels::cpu::fast {
 
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Multiply-adds below which a call stays on one thread (a fork/join costs a few microseconds).
+constexpr int64_t kParallelMacs = int64_t(1) << 18;
 
 // One part of the dot2 recipe: the chunks of a[r][0:d] . b[c][0:d] into acc[r][c], the tail
 // chunk zero-padded.
@@ -326,7 +327,7 @@ void mla_prefill(const MlaPrefillParams& p) {
   const int64_t dq = p.qk_nope_head_dim + p.qk_rope_head_dim;
   const int64_t dkv = p.qk_nope_head_dim + p.v_head_dim;
   const int64_t row_blocks = (p.s + kPrefillRows - 1) / kPrefillRows;
-#pragma omp parallel
+#pragma omp parallel if (p.s * p.t * p.n_heads * (dq + p.v_head_dim) >= kParallelMacs)
   {
     std::vector<float> scratch;
     QueryRow rows[kPrefillRows];
@@ -354,7 +355,7 @@ void mla_decode(const MlaDecodeParams& p) {
   const int64_t dk = p.kv_lora_rank + p.qk_rope_head_dim;
   const int64_t head_blocks = (p.n_heads + kDecodeHeads - 1) / kDecodeHeads;
   const KeyValues kv{p.cache, dk, dk, p.cache, 0, 0, p.cache, dk, p.kv_lora_rank, p.scale};
-#pragma omp parallel
+#pragma omp parallel if (p.s * p.t * p.n_heads * (dk + p.kv_lora_rank) >= kParallelMacs)
   {
     std::vector<float> scratch;
     QueryRow rows[kDecodeHeads];
@@ -372,30 +373,80 @@ void mla_decode(const MlaDecodeParams& p) {
   }
 }
 
-// Per query row s: dots[h, t] = q[s, h] . k[t] by dot tiles over a block of keys, then
-// scores[s, t] = sum_h weights[s, h] * relu(dots[h, t]) in head order.
+namespace {
+
+// Keys per indexer work item (4 vectors).
+constexpr int64_t kIndexerKeys = 64;
+
+// sc[v] (16 keys each) += sum_{r < MR} w[r] * relu(q[r, :] . kt[:, 16v : 16v + 16]) with
+// kt the key block transposed ([D][kIndexerKeys]): each dot is a sequential FMA chain over d,
+// vectorised across keys, and heads are added in ascending order.
+template <int MR>
+inline void indexer_heads(const float* q, int64_t D, const float* w, const float* kt,
+                          simd::vf (&sc)[4]) {
+  simd::vf acc[MR][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) acc[r][v] = simd::zero();
+  for (int64_t d = 0; d < D; ++d) {
+    simd::vf kv[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) kv[v] = simd::pin(simd::load(kt + d * kIndexerKeys + 16 * v));
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      simd::vf qb = simd::splat(q[r * D + d]);
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) acc[r][v] = simd::fma(qb, kv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) {
+    simd::vf wr = simd::splat(w[r]);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) sc[v] = simd::fma(wr, simd::max(acc[r][v], simd::zero()), sc[v]);
+  }
+}
+
+}  // namespace
+
+// Work items are blocks of kIndexerKeys keys: the block is transposed once into L1 and every
+// query row that can see it is scored against it (scores[s, t] for t > q_pos[s] are -inf).
 void indexer_scores(const IndexerScoresParams& p) {
-  constexpr int64_t kBlock = 64;
   const int64_t H = p.n_heads, D = p.head_dim;
-#pragma omp parallel
+  const int64_t blocks = (p.t + kIndexerKeys - 1) / kIndexerKeys;
+#pragma omp parallel if (p.s * p.t * H * D >= kParallelMacs)
   {
-    std::vector<float> dots(size_t(H * kBlock));
+    struct alignas(64) Lanes { float v[simd::kLanes]; };
+    std::vector<Lanes> kt_buf(size_t(D * kIndexerKeys / simd::kLanes));
+    float* kt = kt_buf.data()->v;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t s = 0; s < p.s; ++s) {
-      float* out = p.scores + s * p.ld_scores;
-      const int64_t valid = std::clamp<int64_t>(int64_t(p.q_pos[s]) + 1, 0, p.t);
-      const float* q = p.q + s * H * D;
-      const float* w = p.weights + s * H;
-      for (int64_t t0 = 0; t0 < valid; t0 += kBlock) {
-        int64_t nt = std::min(kBlock, valid - t0);
-        dot_block<LoadF32>(q, D, p.k + t0 * D, D, H, nt, D, dots.data(), kBlock, false);
-        for (int64_t j = 0; j < nt; ++j) {
-          float acc = 0.0f;
-          for (int64_t h = 0; h < H; ++h) acc += w[h] * std::max(dots[h * kBlock + j], 0.0f);
-          out[t0 + j] = acc;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t t0 = b * kIndexerKeys, nt = std::min(kIndexerKeys, p.t - t0);
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t j = 0; j < kIndexerKeys; ++j)
+          kt[d * kIndexerKeys + j] = j < nt ? p.k[(t0 + j) * D + d] : 0.0f;
+      for (int64_t s = 0; s < p.s; ++s) {
+        float* out = p.scores + s * p.ld_scores + t0;
+        const int64_t nv = std::clamp<int64_t>(int64_t(p.q_pos[s]) + 1 - t0, 0, nt);
+        if (nv > 0) {
+          simd::vf sc[4] = {simd::zero(), simd::zero(), simd::zero(), simd::zero()};
+          const float* q = p.q + s * H * D;
+          const float* w = p.weights + s * H;
+          int64_t h = 0;
+          for (; h + 4 <= H; h += 4) indexer_heads<4>(q + h * D, D, w + h, kt, sc);
+          switch (H - h) {
+            case 1: indexer_heads<1>(q + h * D, D, w + h, kt, sc); break;
+            case 2: indexer_heads<2>(q + h * D, D, w + h, kt, sc); break;
+            case 3: indexer_heads<3>(q + h * D, D, w + h, kt, sc); break;
+            default: break;
+          }
+          alignas(64) float tmp[kIndexerKeys];
+          for (int v = 0; v < 4; ++v) simd::store(tmp + 16 * v, sc[v]);
+          std::copy(tmp, tmp + nv, out);
         }
+        std::fill(out + nv, out + nt, kNegInf);
       }
-      for (int64_t t = valid; t < p.t; ++t) out[t] = kNegInf;
     }
   }
 }

@@ -18,6 +18,9 @@ namespace {
 // Measured on Zen 4 (1 MiB L2): 256 KiB beats 128 KiB and 512 KiB; splitting k to keep x rows
 // in L1 was slower.
 constexpr int64_t kBlockBytes = 256 * 1024;
+// Multiply-adds below which a call stays on one thread: an OpenMP fork/join costs a few
+// microseconds, as much as ~2^18 multiply-adds of streamed weights (decode calls are often small).
+constexpr int64_t kParallelMacs = int64_t(1) << 18;
 
 // y = x W^T, W [n, k] rows of L::T, widened on the fly (exact, so no dtype changes a bit).
 // Work items are column blocks; when there are too few of them to keep the threads busy (small
@@ -36,7 +39,7 @@ void gemm_nt(const GemmParams& p) {
     mb = ((p.m + want - 1) / want + kTileRows - 1) / kTileRows * kTileRows;
   }
   const int64_t row_blocks = (p.m + mb - 1) / mb;
-#pragma omp parallel for collapse(2) schedule(static) if (p.m * p.n * p.k >= (1 << 17))
+#pragma omp parallel for collapse(2) schedule(static) if (p.m * p.n * p.k >= kParallelMacs)
   for (int64_t rb = 0; rb < row_blocks; ++rb)
     for (int64_t cb = 0; cb < col_blocks; ++cb) {
       const int64_t i0 = rb * mb, j0 = cb * nb;
@@ -102,7 +105,7 @@ void gemm_tn(const GemmParams& p) {
   using T = typename L::T;
   const T* w = static_cast<const T*>(p.w.data);
   const int64_t rb = (p.m + 3) / 4, cb = (p.n + 63) / 64;
-#pragma omp parallel for collapse(2) schedule(static) if (p.m * p.n * p.k >= (1 << 16))
+#pragma omp parallel for collapse(2) schedule(static) if (p.m * p.n * p.k >= 2 * kParallelMacs)
   for (int64_t ib = 0; ib < rb; ++ib)
     for (int64_t jb = 0; jb < cb; ++jb) {
       int64_t i0 = ib * 4, j0 = jb * 64;

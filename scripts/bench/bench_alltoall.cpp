@@ -3,6 +3,8 @@
 // same run, interleaved. Tokens route uniformly: top_k distinct experts of n_experts per token,
 // expert e on rank e / (n_experts / P). GB/s = row bytes that cross between different ranks (both
 // directions, all ranks) / time. Headers and tags that MoeExchange also sends are not counted.
+// A third column splits MoeExchange's time: its four Comm::all_to_all_v calls (counts, rows, tags,
+// results) on pre-packed buffers, without its packing, sorting and unpacking copies.
 //   mpirun -np 4 bench_alltoall [--tokens 64,256,1024] [--hidden 1024,6144] [--top-k 8]
 //                               [--experts 256] [--reps 3] [--min-time 0.2]
 #include <mpi.h>
@@ -93,8 +95,8 @@ int main(int argc, char** argv) {
       std::printf("# bench_alltoall: %d ranks, top_k %lld of %lld experts (uniform), %d reps, "
                   "median; GB/s = off-rank row bytes (dispatch + combine, all ranks) / time\n",
                   P, (long long)top_k, (long long)n_experts, reps);
-      std::printf("%5s %7s %6s %10s %10s %10s %9s %9s %6s\n", "ranks", "tokens", "hidden",
-                  "offrank_MB", "moe_ms", "mpi_ms", "moe_GB/s", "mpi_GB/s", "ratio");
+      std::printf("%5s %7s %6s %10s %9s %9s %9s %9s %9s %6s\n", "ranks", "tokens", "hidden",
+                  "offrank_MB", "moe_ms", "a2a_ms", "mpi_ms", "moe_GB/s", "mpi_GB/s", "ratio");
     }
 
     for (int64_t d : hidden) {
@@ -102,7 +104,7 @@ int main(int argc, char** argv) {
         // Routing: top_k distinct experts per token, uniform (partial Fisher-Yates).
         std::mt19937_64 rng(uint64_t(1000003) * uint64_t(me + 1) + uint64_t(m * 7 + d));
         std::vector<int32_t> dest(size_t(m * top_k)), tag(size_t(m * top_k));
-        std::vector<int32_t> perm(size_t(n_experts));
+        std::vector<int32_t> perm(static_cast<size_t>(n_experts));
         for (int64_t t = 0; t < m; ++t) {
           for (int64_t e = 0; e < n_experts; ++e) perm[size_t(e)] = int32_t(e);
           for (int64_t j = 0; j < top_k; ++j) {
@@ -122,7 +124,7 @@ int main(int argc, char** argv) {
         for (int32_t r : dest) ++send_rows[size_t(r)];
         MPI_CHECK(MPI_Alltoall(send_rows.data(), 1, MPI_INT64_T, recv_rows.data(), 1, MPI_INT64_T,
                                MPI_COMM_WORLD));
-        std::vector<int> sc(size_t(P)), sd(size_t(P)), rc_(size_t(P)), rd(size_t(P));
+        std::vector<int> sc(static_cast<size_t>(P)), sd(sc), rc_(sc), rd(sc);
         int64_t n_send = 0, n_recv = 0;
         double offrank = 0;
         for (int r = 0; r < P; ++r) {
@@ -142,6 +144,32 @@ int main(int argc, char** argv) {
         std::vector<float> ref_send(size_t(n_send * d), 1.0f), ref_recv(size_t(n_recv * d));
         std::vector<float> ref_back(size_t(n_send * d));
 
+        // MoeExchange's own four exchanges, sizes as it sends them (see moe_exchange.cpp).
+        const size_t np = static_cast<size_t>(P);
+        std::vector<size_t> hb(np, 24), ho(np), xb(np), xo(np), xrb(np), xro(np), tb(np), to(np),
+            trb(np), tro(np);
+        for (int r = 0; r < P; ++r) {
+          ho[size_t(r)] = size_t(r) * 24;
+          xb[size_t(r)] = size_t(sc[size_t(r)]);
+          xo[size_t(r)] = size_t(sd[size_t(r)]);
+          xrb[size_t(r)] = size_t(rc_[size_t(r)]);
+          xro[size_t(r)] = size_t(rd[size_t(r)]);
+          tb[size_t(r)] = xb[size_t(r)] / size_t(d);
+          to[size_t(r)] = xo[size_t(r)] / size_t(d);
+          trb[size_t(r)] = xrb[size_t(r)] / size_t(d);
+          tro[size_t(r)] = xro[size_t(r)] / size_t(d);
+        }
+        std::vector<char> hs(np * 24), hr(np * 24), ts(static_cast<size_t>(n_send) * 4),
+            tr(static_cast<size_t>(n_recv) * 4);
+        auto a2a_once = [&]() {
+          world.all_to_all_v(hs.data(), hb.data(), ho.data(), hr.data(), hb.data(), ho.data());
+          world.all_to_all_v(ref_send.data(), xb.data(), xo.data(), ref_recv.data(), xrb.data(),
+                             xro.data());
+          world.all_to_all_v(ts.data(), tb.data(), to.data(), tr.data(), trb.data(), tro.data());
+          world.all_to_all_v(ref_recv.data(), xrb.data(), xro.data(), ref_back.data(), xb.data(),
+                             xo.data());
+        };
+
         parallel::MoeExchange ex(world);
         auto moe_once = [&]() {
           ex.dispatch(x.data(), m, d, top_k, dest.data(), tag.data());
@@ -157,6 +185,7 @@ int main(int argc, char** argv) {
         // Warm-up and check: every slot comes back as its own token's row.
         moe_once();
         mpi_once();
+        a2a_once();
         int bad = 0;
         for (int64_t s = 0; s < m * top_k && !bad; ++s)
           if (std::memcmp(ex.out() + s * d, x.data() + (s / top_k) * d, size_t(d) * 4) != 0) bad = 1;
@@ -170,7 +199,7 @@ int main(int argc, char** argv) {
         const double one = max_over_ranks(seconds(t));
         const int iters = int(std::clamp(min_time / std::max(one, 1e-6), 1.0, 2000.0));
 
-        std::vector<double> t_moe, t_mpi;
+        std::vector<double> t_moe, t_a2a, t_mpi;
         for (int rep = 0; rep < reps; ++rep) {
           MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
           t = Clock::now();
@@ -178,13 +207,18 @@ int main(int argc, char** argv) {
           t_moe.push_back(max_over_ranks(seconds(t)) / iters);
           MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
           t = Clock::now();
+          for (int i = 0; i < iters; ++i) a2a_once();
+          t_a2a.push_back(max_over_ranks(seconds(t)) / iters);
+          MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+          t = Clock::now();
           for (int i = 0; i < iters; ++i) mpi_once();
           t_mpi.push_back(max_over_ranks(seconds(t)) / iters);
         }
-        const double a = median(t_moe), b = median(t_mpi);
+        const double a = median(t_moe), c = median(t_a2a), b = median(t_mpi);
         if (me == 0)
-          std::printf("%5d %7lld %6lld %10.2f %10.3f %10.3f %9.2f %9.2f %6.2f\n", P, (long long)m,
-                      (long long)d, offrank_all / 1e6, a * 1e3, b * 1e3, offrank_all / a / 1e9,
+          std::printf("%5d %7lld %6lld %10.2f %9.3f %9.3f %9.3f %9.2f %9.2f %6.2f\n", P,
+                      (long long)m, (long long)d, offrank_all / 1e6, a * 1e3, c * 1e3, b * 1e3,
+                      offrank_all / a / 1e9,
                       offrank_all / b / 1e9, b / a);
         std::fflush(stdout);
       }

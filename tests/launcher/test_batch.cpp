@@ -21,6 +21,10 @@
 #include <string>
 #include <vector>
 
+#include "launcher/batch_job.h"
+#include "runtime/config.h"
+#include "runtime/tokenizer.h"
+
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
@@ -38,6 +42,16 @@ fs::path scratch(const std::string& name) {
   fs::create_directories(p.parent_path());
   return p;
 }
+
+// Removes this process's scratch folder when every test passed (kept to look at otherwise).
+class RemoveScratch : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (::testing::UnitTest::GetInstance()->Passed()) fs::remove_all(scratch("x").parent_path());
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kRemoveScratch =
+    ::testing::AddGlobalTestEnvironment(new RemoveScratch);
 
 std::string slurp(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -206,7 +220,8 @@ void check_records_against_input(const std::map<int64_t, json>& recs) {
       } else {
         const WantError& w = kWantErrors.at(cid);
         EXPECT_EQ(rec["error"]["code"], w.code) << msg;
-        for (const std::string& word : w.words) EXPECT_TRUE(contains(msg, word)) << "'" << word << "' in " << msg;
+        for (const std::string& word : w.words)
+          EXPECT_TRUE(contains(msg, word)) << "'" << word << "' in " << msg;
       }
       continue;
     }
@@ -225,21 +240,27 @@ void check_records_against_input(const std::map<int64_t, json>& recs) {
     ASSERT_LE(toks.size(), size_t(max_tokens));
     for (int32_t t : toks) EXPECT_TRUE(t >= 0 && t < 512) << t;
     EXPECT_EQ(body["usage"]["completion_tokens"], toks.size());
-    const json* ids = b.contains("prompt_ids") ? &b["prompt_ids"]
-                      : (b.contains("prompt") && b["prompt"].is_array()) ? &b["prompt"] : nullptr;
-    if (ids) EXPECT_EQ(body["usage"]["prompt_tokens"], ids->size());
-    else EXPECT_GE(body["usage"]["prompt_tokens"].get<int>(), 1);
+    const json* ids = b.contains("prompt_ids")                           ? &b["prompt_ids"]
+                      : (b.contains("prompt") && b["prompt"].is_array()) ? &b["prompt"]
+                                                                         : nullptr;
+    if (ids) {
+      EXPECT_EQ(body["usage"]["prompt_tokens"], ids->size());
+    } else {
+      EXPECT_GE(body["usage"]["prompt_tokens"].get<int>(), 1);
+    }
     const std::string finish = ch["finish_reason"];
     EXPECT_TRUE(finish == "length" || finish == "stop") << finish;
     if (toks.size() < size_t(max_tokens)) EXPECT_EQ(finish, "stop") << "ended early";
-    const std::string text = chat ? ch["message"]["content"].get<std::string>() : ch["text"].get<std::string>();
+    const std::string text =
+        chat ? ch["message"]["content"].get<std::string>() : ch["text"].get<std::string>();
     if (b.contains("stop")) {
       std::vector<std::string> stops = b["stop"].is_string() ? std::vector<std::string>{b["stop"]}
                                                              : b["stop"].get<std::vector<std::string>>();
       for (const std::string& s : stops) EXPECT_FALSE(contains(text, s)) << "stop '" << s << "' in " << text;
       stopped += finish == "stop";
     }
-    const bool want_lp = b.contains("logprobs") && !(b["logprobs"].is_boolean() && !b["logprobs"].get<bool>());
+    const bool want_lp =
+        b.contains("logprobs") && !(b["logprobs"].is_boolean() && !b["logprobs"].get<bool>());
     if (want_lp) {
       ++with_logprobs;
       ASSERT_TRUE(ch["logprobs"].is_object()) << rec.dump();
@@ -283,8 +304,8 @@ bool run_and_kill(const fs::path& in, const fs::path& out) {
     int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
-    execl(kBin.c_str(), kBin.c_str(), "batch", "--model", kModel.c_str(), "--input", in.c_str(),
-          "--output", out.c_str(), static_cast<char*>(nullptr));
+    execl(kBin.c_str(), kBin.c_str(), "batch", "--model", kModel.c_str(), "--input", in.c_str(), "--output",
+          out.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
   for (int i = 0; i < 600000; ++i) {  // at most ~10 minutes
@@ -353,14 +374,33 @@ TEST(Batch, ModelWithoutTokenizerServesTokenIdPrompts) {
   const fs::path in = scratch("tiny-b.jsonl");
   {
     std::ofstream f(in);
-    f << json({{"custom_id", "ids"}, {"prompt_ids", ids}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", 2}}).dump() << "\n";
-    f << json({{"custom_id", "list"}, {"method", "POST"}, {"url", "/v1/completions"},
-               {"body", {{"prompt", {1, 2, 3}}, {"max_tokens", 3}, {"temperature", 0.8}, {"seed", 5}}}}).dump() << "\n";
-    f << json({{"custom_id", "text"}, {"method", "POST"}, {"url", "/v1/completions"},
-               {"body", {{"prompt", "hello world"}, {"max_tokens", 3}}}}).dump() << "\n";
-    f << json({{"custom_id", "chat"}, {"method", "POST"}, {"url", "/v1/chat/completions"},
-               {"body", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 3}}}}).dump() << "\n";
-    f << json({{"custom_id", "stop"}, {"prompt_ids", {4, 5}}, {"max_tokens", 3}, {"stop", "x"}}).dump() << "\n";
+    f << json({{"custom_id", "ids"},
+               {"prompt_ids", ids},
+               {"max_tokens", 5},
+               {"temperature", 0},
+               {"logprobs", 2}})
+             .dump()
+      << "\n";
+    f << json({{"custom_id", "list"},
+               {"method", "POST"},
+               {"url", "/v1/completions"},
+               {"body", {{"prompt", {1, 2, 3}}, {"max_tokens", 3}, {"temperature", 0.8}, {"seed", 5}}}})
+             .dump()
+      << "\n";
+    f << json({{"custom_id", "text"},
+               {"method", "POST"},
+               {"url", "/v1/completions"},
+               {"body", {{"prompt", "hello world"}, {"max_tokens", 3}}}})
+             .dump()
+      << "\n";
+    f << json({{"custom_id", "chat"},
+               {"method", "POST"},
+               {"url", "/v1/chat/completions"},
+               {"body", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 3}}}})
+             .dump()
+      << "\n";
+    f << json({{"custom_id", "stop"}, {"prompt_ids", {4, 5}}, {"max_tokens", 3}, {"stop", "x"}}).dump()
+      << "\n";
   }
   const fs::path out = scratch("tiny-b-out.jsonl");
   fs::remove(out);
@@ -394,7 +434,9 @@ TEST(Batch, ModelWithoutTokenizerServesTokenIdPrompts) {
   for (int x : ids) csv += (csv.empty() ? "" : ",") + std::to_string(x);
   const fs::path log = scratch("tiny-b-generate.out"), err = scratch("tiny-b-generate.err");
   ASSERT_EQ(0, sh(kBin + " generate --model " + model + " --prompt-ids " + csv +
-                      " --max-new-tokens 5 --temperature 0", log, err)) << slurp(err);
+                      " --max-new-tokens 5 --temperature 0",
+                  log, err))
+      << slurp(err);
   const json gen = json::parse(slurp(log));
   EXPECT_EQ(gen["token_ids"].get<std::vector<int32_t>>(), tokens_of(by_id["ids"]));
   EXPECT_FALSE(gen.contains("text"));
@@ -403,8 +445,9 @@ TEST(Batch, ModelWithoutTokenizerServesTokenIdPrompts) {
 json probe_request(const std::string& id, uint64_t seed) {
   std::vector<int> prompt;
   for (int i = 0; i < 30; ++i) prompt.push_back((i * 37 + 11) % 503);
-  return {{"custom_id", id}, {"prompt_ids", prompt}, {"max_tokens", 12}, {"temperature", 0.9},
-          {"top_p", 0.95}, {"top_k", 40}, {"seed", seed}, {"ignore_eos", true}, {"logprobs", 1}};
+  return {{"custom_id", id},    {"prompt_ids", prompt}, {"max_tokens", 12},
+          {"temperature", 0.9}, {"top_p", 0.95},        {"top_k", 40},
+          {"seed", seed},       {"ignore_eos", true},   {"logprobs", 1}};
 }
 
 TEST(Batch, SeededRequestSamplesTheSameWhateverElseIsInTheFile) {
@@ -420,8 +463,13 @@ TEST(Batch, SeededRequestSamplesTheSameWhateverElseIsInTheFile) {
       if (i == 9) f << probe_request("other-seed", 1235).dump() << "\n";
       std::vector<int> p;
       for (int t = 0; t < 1 + 13 * i; ++t) p.push_back((t * 7 + i * 101) % 503);
-      f << json({{"custom_id", "n" + std::to_string(i)}, {"prompt_ids", p}, {"max_tokens", 1 + i % 7},
-                 {"temperature", i % 3 ? 1.0 : 0.0}, {"seed", i}}).dump() << "\n";
+      f << json({{"custom_id", "n" + std::to_string(i)},
+                 {"prompt_ids", p},
+                 {"max_tokens", 1 + i % 7},
+                 {"temperature", i % 3 ? 1.0 : 0.0},
+                 {"seed", i}})
+               .dump()
+        << "\n";
     }
   }
   for (auto* p : {&alone_out, &mixed_out}) fs::remove(*p);
@@ -470,6 +518,97 @@ TEST(Batch, SeededRequestSamplesTheSameWhateverElseIsInTheFile) {
     ASSERT_TRUE(rec["error"].is_null()) << rec.dump();
     EXPECT_EQ(tokens_of(rec), want[rec["custom_id"]]) << rec["custom_id"];
   }
+}
+
+// parse_batch_line on single lines: a field of the wrong type or range is an invalid_request
+// naming the line and the field (never "malformed JSON", never a wrapped value).
+TEST(BatchLines, FieldErrorsNameTheLineAndTheField) {
+  const glm5::runtime::ModelConfig mc = glm5::runtime::load_config(kModel);
+  const glm5::runtime::Tokenizer tok = glm5::runtime::Tokenizer::load(kModel);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> bad = {
+      {R"({"custom_id": "a", "prompt_ids": [1], "ignore_eos": "yes"})", {"ignore_eos", "\"yes\""}},
+      {R"({"custom_id": "a", "prompt_ids": [1], "max_tokens": 4294967297})", {"max_tokens", "4294967297"}},
+      {R"({"custom_id": "a", "prompt_ids": [1], "max_tokens": 2.5})", {"max_tokens", "2.5"}},
+      {R"({"custom_id": "a", "prompt_ids": [1], "seed": -1})", {"seed", "-1"}},
+      {R"({"custom_id": "a", "prompt_ids": [1], "temperature": "hot"})", {"temperature", "hot"}},
+      {R"({"custom_id": "a", "prompt_ids": [1], "logprobs": true, "top_logprobs": "x"})", {"top_logprobs"}},
+      {R"({"custom_id": "a", "prompt_ids": [1], "logprobs": 50})", {"logprobs", "50"}},
+      {R"({"custom_id": "a", "prompt_ids": [1], "stop": [1]})", {"stop"}},
+      {R"({"custom_id": "a", "prompt_ids": []})", {"prompt", "empty"}},
+      {R"({"custom_id": "a", "prompt": {"text": "x"}})", {"prompt"}},
+      {R"({"custom_id": 7, "prompt_ids": [1]})", {"custom_id", "7"}},
+      {R"({"custom_id": "a", "messages": [{"role": "user", "content": "hi"}],
+           "chat_template_kwargs": {"enable_thinking": "no"}})",
+       {"enable_thinking"}},
+      {R"({"custom_id": "a", "messages": [{"role": "user"}]})", {"messages", "content"}},
+      {R"({"custom_id": "a", "method": "GET", "url": "/v1/completions", "body": {"prompt": "x"}})",
+       {"method", "GET"}},
+      {R"([1, 2, 3])", {"JSON object"}},
+  };
+  for (const auto& [text, words] : bad) {
+    SCOPED_TRACE(text);
+    const glm5::launcher::BatchLine b = glm5::launcher::parse_batch_line(text, 3, mc, &tok);
+    EXPECT_EQ(b.error_code, "invalid_request");
+    EXPECT_TRUE(contains(b.error, "line 3: ")) << b.error;
+    for (const std::string& w : words) EXPECT_TRUE(contains(b.error, w)) << "'" << w << "' in " << b.error;
+  }
+  const glm5::launcher::BatchLine cut =
+      glm5::launcher::parse_batch_line(R"({"custom_id": "a", "pro)", 4, mc, &tok);
+  EXPECT_EQ(cut.error_code, "invalid_json");
+  EXPECT_TRUE(contains(cut.error, "line 4: malformed JSON")) << cut.error;
+
+  // A good line: every field read.
+  const glm5::launcher::BatchLine ok = glm5::launcher::parse_batch_line(
+      R"({"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": {"prompt": [4, 5, 6],
+          "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 3, "seed": 18446744073709551615,
+          "logprobs": 2, "ignore_eos": true, "model": "m"}})",
+      9, mc, &tok);
+  EXPECT_TRUE(ok.error.empty()) << ok.error;
+  EXPECT_EQ(ok.key, "id:x");
+  EXPECT_EQ(ok.model_name, "m");
+  EXPECT_EQ(ok.request.prompt, (std::vector<int32_t>{4, 5, 6}));
+  EXPECT_EQ(ok.request.sampling.max_tokens, 7);
+  EXPECT_FLOAT_EQ(ok.request.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(ok.request.sampling.top_p, 0.9f);
+  EXPECT_EQ(ok.request.sampling.top_k, 3);
+  EXPECT_EQ(ok.request.sampling.seed, 18446744073709551615ull);
+  EXPECT_EQ(ok.request.sampling.logprobs, 2);
+  EXPECT_TRUE(ok.request.sampling.ignore_eos);
+}
+
+// finished_keys: records by custom_id, by line when they have none or repeat an earlier id, and a
+// record cut short is not finished.
+TEST(BatchLines, FinishedKeys) {
+  const fs::path out = scratch("finished.jsonl");
+  std::ofstream(out) << R"({"custom_id": "a", "line": 1, "error": null, "response": {}})"
+                     << "\n"
+                     << R"({"custom_id": null, "line": 2, "error": {"code": "invalid_json"}})"
+                     << "\n"
+                     << R"({"custom_id": "a", "line": 5, "error": {"code": "duplicate_custom_id"}})"
+                     << "\n"
+                     << R"({"custom_id": "b", "line": 6, "err)";
+  EXPECT_EQ(glm5::launcher::finished_keys(out.string()),
+            (std::vector<std::string>{"id:a", "line:2", "line:5"}));
+}
+
+// A kill between a record and its newline: the rerun keeps the record, ends its line and adds
+// nothing.
+TEST(Batch, WholeLastRecordWithoutItsNewlineIsKept) {
+  const fs::path in = scratch("newline.jsonl"), out = scratch("newline-out.jsonl");
+  {
+    std::ofstream f(in);
+    for (int i = 0; i < 3; ++i)
+      f << json({{"custom_id", "r" + std::to_string(i)}, {"prompt_ids", {1 + i, 2, 3}}, {"max_tokens", 2}})
+               .dump()
+        << "\n";
+  }
+  fs::remove(out);
+  run_batch(kModel, in, out, false);
+  const std::string full = slurp(out);
+  ASSERT_EQ(std::count(full.begin(), full.end(), '\n'), 3);
+  fs::resize_file(out, full.size() - 1);
+  run_batch(kModel, in, out, false);
+  EXPECT_EQ(slurp(out), full);
 }
 
 }  // namespace

@@ -1,0 +1,188 @@
+// Kernel benchmark of the fast CPU backend (not a test): gemm with BF16 weights next to OpenBLAS
+// sgemm on the same shape (FP32 weights, its own blocking) and, for m = 1, next to the memory read
+// bandwidth measured in the same run; then the attention ops at GLM-5 head sizes. Median wall
+// time of --reps runs after one warm-up, all OpenMP threads (set OMP_NUM_THREADS to change).
+// Built and run by scripts/bench_kernels.sh; without OpenBLAS (-DGLM5_NO_BLAS) the sgemm
+// column is left out.
+//   bench_kernels [--reps N] [--quick]
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops.h"
+
+#ifndef GLM5_NO_BLAS
+#include <cblas.h>
+#endif
+
+using namespace glm5;
+using namespace glm5::kernels;
+
+namespace {
+
+int g_reps = 7;
+
+double median_seconds(const std::function<void()>& f) {
+  f();  // warm-up: page faults, caches, thread start
+  std::vector<double> t;
+  for (int r = 0; r < g_reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+std::vector<float> random_floats(size_t n, unsigned seed) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(g);
+  return v;
+}
+
+// Memory read bandwidth in GB/s: a vectorisable sum over 1 GiB, all threads.
+double read_bandwidth() {
+  const size_t n = size_t(1) << 28;
+  std::vector<float> a(n, 1.0f);
+  volatile float sink = 0.0f;
+  double s = median_seconds([&] {
+    float tot = 0.0f;
+#pragma omp parallel for reduction(+ : tot) schedule(static)
+    for (size_t i = 0; i < n; i += 64) {
+      float part = 0.0f;
+      for (size_t j = i; j < i + 64; ++j) part += a[j];
+      tot += part;
+    }
+    sink = tot;
+  });
+  (void)sink;
+  return double(n) * 4 / s / 1e9;
+}
+
+void gemm_row(int64_t m, int64_t n, int64_t k, bool trans, Backend& cpu, double bandwidth) {
+  auto x = random_floats(size_t(m * k), 1);
+  auto wf = random_floats(size_t(n * k), 2);
+  std::vector<uint16_t> wb(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+  std::vector<float> y(size_t(m * n));
+  GemmParams p;
+  p.x = x.data(), p.ldx = k;
+  p.w = Weight{wb.data(), DType::BF16, trans ? k : n, trans ? n : k, trans ? n : k};
+  p.trans_w = trans;
+  p.y = y.data(), p.ldy = n, p.m = m, p.n = n, p.k = k;
+  double t = median_seconds([&] { cpu.gemm(p); });
+  double flops = 2.0 * double(m) * double(n) * double(k);
+  std::printf("| gemm%s bf16 | m=%ld n=%ld k=%ld | %.3f ms | %.1f GFLOP/s", trans ? " trans_w" : "",
+              long(m), long(n), long(k), t * 1e3, flops / t / 1e9);
+  if (m == 1) {
+    double gbs = double(n) * double(k) * 2 / t / 1e9;
+    std::printf(" (%.1f GB/s of weights) | memory read %.1f GB/s | %.2f |\n", gbs, bandwidth,
+                gbs / bandwidth);
+    return;
+  }
+#ifndef GLM5_NO_BLAS
+  double tb = median_seconds([&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans ? CblasNoTrans : CblasTrans, int(m), int(n),
+                int(k), 1.0f, x.data(), int(k), wf.data(), trans ? int(n) : int(k), 0.0f, y.data(),
+                int(n));
+  });
+  std::printf(" | OpenBLAS sgemm %.1f GFLOP/s | %.2f |\n", flops / tb / 1e9, tb / t);
+#else
+  std::printf(" | - | - |\n");
+#endif
+}
+
+void attention_rows(Backend& cpu, bool quick) {
+  {  // decode: one query row, 64 heads, latent cache of T tokens (576 = 512 + 64)
+    const int64_t H = 64, T = quick ? 1024 : 4096, R = 512, P = 64, D = R + P;
+    auto q = random_floats(size_t(H * D), 3), cache = random_floats(size_t(T * D), 4);
+    std::vector<float> out(size_t(H * R));
+    std::vector<int32_t> q_pos = {int32_t(T - 1)}, topk(2048);
+    for (size_t i = 0; i < topk.size(); ++i) topk[i] = int32_t(i * T / topk.size());
+    MlaDecodeParams p;
+    p.q_lat = q.data(), p.cache = cache.data(), p.q_pos = q_pos.data(), p.out_lat = out.data();
+    p.s = 1, p.t = T, p.n_heads = H, p.kv_lora_rank = R, p.qk_rope_head_dim = P, p.scale = 0.0625f;
+    for (bool sparse : {false, true}) {
+      p.topk = sparse ? topk.data() : nullptr;
+      p.topk_len = sparse ? int64_t(topk.size()) : 0;
+      int64_t keys = sparse ? std::min<int64_t>(int64_t(topk.size()), T) : T;  // distinct keys
+      double t = median_seconds([&] { cpu.mla_decode(p); });
+      double flops = 2.0 * double(H) * double(keys) * double(D + R);
+      std::printf("| mla_decode%s | s=1 t=%ld heads=%ld | %.3f ms | %.1f GFLOP/s | | |\n",
+                  sparse ? " top-2048" : "", long(T), long(H), t * 1e3, flops / t / 1e9);
+    }
+  }
+  {  // prefill: causal, 192 + 64 query/key dims, 256 value dims
+    const int64_t S = quick ? 256 : 1024, H = 16, N = 192, P = 64, V = 256;
+    auto q = random_floats(size_t(S * H * (N + P)), 5), kv = random_floats(size_t(S * H * (N + V)), 6);
+    auto k_pe = random_floats(size_t(S * P), 7);
+    std::vector<float> out(size_t(S * H * V));
+    std::vector<int32_t> q_pos(static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; ++i) q_pos[size_t(i)] = int32_t(i);
+    MlaPrefillParams p;
+    p.q = q.data(), p.kv = kv.data(), p.k_pe = k_pe.data(), p.ld_k_pe = P, p.q_pos = q_pos.data();
+    p.out = out.data(), p.s = S, p.t = S, p.n_heads = H, p.qk_nope_head_dim = N;
+    p.qk_rope_head_dim = P, p.v_head_dim = V, p.scale = 0.0625f;
+    double t = median_seconds([&] { cpu.mla_prefill(p); });
+    double flops = 2.0 * double(H) * (double(S) * double(S + 1) / 2) * double(N + P + V);
+    std::printf("| mla_prefill causal | s=t=%ld heads=%ld | %.3f ms | %.1f GFLOP/s | | |\n", long(S),
+                long(H), t * 1e3, flops / t / 1e9);
+  }
+  {  // indexer: 32 heads of 128, causal, then top-k over the scores
+    const int64_t S = quick ? 256 : 1024, T = S, H = 32, D = 128, K = 2048;
+    auto q = random_floats(size_t(S * H * D), 8), w = random_floats(size_t(S * H), 9);
+    auto k = random_floats(size_t(T * D), 10);
+    std::vector<float> scores(size_t(S * T));
+    std::vector<int32_t> q_pos(static_cast<size_t>(S)), idx(static_cast<size_t>(S * K));
+    for (int64_t i = 0; i < S; ++i) q_pos[size_t(i)] = int32_t(i);
+    IndexerScoresParams p;
+    p.q = q.data(), p.weights = w.data(), p.k = k.data(), p.q_pos = q_pos.data();
+    p.scores = scores.data(), p.s = S, p.t = T, p.n_heads = H, p.head_dim = D, p.ld_scores = T;
+    double t = median_seconds([&] { cpu.indexer_scores(p); });
+    double flops = 2.0 * double(H) * double(D) * (double(S) * double(S + 1) / 2);
+    std::printf("| indexer_scores causal | s=t=%ld heads=%ld dim=%ld | %.3f ms | %.1f GFLOP/s | | |\n",
+                long(S), long(H), long(D), t * 1e3, flops / t / 1e9);
+    TopkParams tp;
+    tp.scores = scores.data(), tp.rows = S, tp.cols = T, tp.ld = T, tp.k = K, tp.indices = idx.data();
+    t = median_seconds([&] { cpu.topk(tp); });
+    std::printf("| topk | rows=%ld cols=%ld k=%ld | %.3f ms | | | |\n", long(S), long(T), long(K),
+                t * 1e3);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) g_reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--quick") quick = true;
+    else {
+      std::fprintf(stderr, "usage: bench_kernels [--reps N] [--quick]\n");
+      return 2;
+    }
+  }
+  auto cpu = make_cpu_backend();
+  std::printf("threads: %d, median of %d runs\n\n", omp_get_max_threads(), g_reps);
+  const double bw = read_bandwidth();
+  std::printf("| op | shape | time | rate | yardstick | ratio |\n|---|---|---|---|---|---|\n");
+  gemm_row(1, 2048, 2048, false, *cpu, bw);
+  gemm_row(1, 6144, quick ? 2048 : 6144, false, *cpu, bw);
+  gemm_row(512, 2048, 2048, false, *cpu, bw);
+  if (!quick) gemm_row(512, 6144, 2048, false, *cpu, bw);
+  gemm_row(64, 2048, 2048, false, *cpu, bw);
+  gemm_row(512, 512, 192, true, *cpu, bw);
+  attention_rows(*cpu, quick);
+  return 0;
+}

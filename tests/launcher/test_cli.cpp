@@ -1,0 +1,370 @@
+// The glm5 command line as a user meets it: each bad input (model directory, config field, shard,
+// tensor shape, prompt ids, sampling value, missing tokenizer, cluster config, usage) ends with one
+// message naming the file / field / tensor and exit code 1 (2 for usage errors), never a signal;
+// `launch` prints an mpirun line the shell reads back word for word (and --run runs it);
+// `inspect` prints one row per rank; `tokenize` round-trips text. Runs the real glm5 executable.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const std::string kBin = GLM5_BINARY;
+const std::string kSrc = GLM5_SOURCE_DIR;
+const std::string kData = GLM5_TEST_DATA;
+const std::string kTinyA = kData + "/tiny-a";
+const std::string kCluster22 = kSrc + "/cluster-configs/cpu-pp2-ep2.yaml";
+
+fs::path scratch(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("glm5_cli_" + std::to_string(getpid())) / name;
+  fs::create_directories(p.parent_path());
+  return p;
+}
+
+// Removes this process's scratch folder when every test passed (kept to look at otherwise).
+class RemoveScratch : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (::testing::UnitTest::GetInstance()->Passed()) fs::remove_all(scratch("x").parent_path());
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kRemoveScratch =
+    ::testing::AddGlobalTestEnvironment(new RemoveScratch);
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+struct Proc {
+  int code = -1;  // exit code, or 128 + signal
+  bool signaled = false;
+  std::string out, err;
+};
+
+// Runs a shell command line (stdout and stderr captured apart). A plain command is exec'd by
+// the shell, so a signal that ends it shows as `signaled`.
+Proc run(const std::string& cmd, bool exec = true) {
+  static int n = 0;
+  const fs::path out = scratch("run" + std::to_string(++n) + ".out");
+  const fs::path err = scratch("run" + std::to_string(n) + ".err");
+  setenv("OMP_NUM_THREADS", "1", 1);
+  const std::string line =
+      (exec ? "exec " : "") + cmd + " > '" + out.string() + "' 2> '" + err.string() + "'";
+  const int rc = std::system(line.c_str());
+  Proc p;
+  p.signaled = WIFSIGNALED(rc);
+  p.code = p.signaled ? 128 + WTERMSIG(rc) : WIFEXITED(rc) ? WEXITSTATUS(rc) : 255;
+  p.out = slurp(out);
+  p.err = slurp(err);
+  return p;
+}
+
+// A failed run as the user wants it: exit code 1 (or 2 for usage errors), no signal, no crash
+// text, one error line, naming every one of `words`.
+void expect_clean_failure(const Proc& p, const std::vector<std::string>& words, int want_code = 1) {
+  EXPECT_FALSE(p.signaled) << p.err;
+  EXPECT_EQ(p.code, want_code) << p.err;
+  for (const char* crash : {"terminate called", "Segmentation", "Aborted", "core dumped"})
+    EXPECT_FALSE(contains(p.err, crash)) << p.err;
+  if (want_code == 1) {
+    size_t lines = 0;
+    std::stringstream ss(p.err);
+    for (std::string l; std::getline(ss, l);) lines += contains(l, "glm5: error");
+    EXPECT_EQ(lines, 1u) << "expected one error message:\n" << p.err;
+  }
+  for (const std::string& w : words) EXPECT_TRUE(contains(p.err, w)) << "'" << w << "' not in:\n" << p.err;
+}
+
+std::string generate(const std::string& model, const std::string& extra) {
+  return kBin + " generate --model " + model + " " + extra;
+}
+
+// A copy of tiny-a in a scratch folder: config, index and tokenizer copied, shards linked unless
+// named in `copy_shards` (those are copied, to be edited).
+fs::path copy_of_tiny_a(const std::string& name, const std::vector<std::string>& copy_shards = {}) {
+  const fs::path dir = scratch(name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(kTinyA)) {
+    const std::string f = e.path().filename().string();
+    const bool shard = f.ends_with(".safetensors") && f.starts_with("model-");
+    if (shard && std::find(copy_shards.begin(), copy_shards.end(), f) == copy_shards.end())
+      fs::create_symlink(fs::absolute(e.path()), dir / f);
+    else
+      fs::copy_file(e.path(), dir / f);
+  }
+  return dir;
+}
+
+void edit_config(const fs::path& dir, const std::function<void(json&)>& edit) {
+  json c = json::parse(slurp(dir / "config.json"));
+  edit(c);
+  std::ofstream(dir / "config.json") << c.dump(2);
+}
+
+TEST(CliErrors, MissingModelDirectory) {
+  const std::string dir = scratch("no-such-model").string();
+  expect_clean_failure(run(generate(dir, "--prompt-ids 1,2")), {dir + "/config.json"});
+}
+
+TEST(CliErrors, ConfigWithAMissingField) {
+  const fs::path dir = copy_of_tiny_a("no-kv-lora-rank");
+  edit_config(dir, [](json& c) { c.erase("kv_lora_rank"); });
+  expect_clean_failure(run(generate(dir.string(), "--prompt-ids 1,2")),
+                       {(dir / "config.json").string(), "kv_lora_rank", "missing"});
+}
+
+TEST(CliErrors, TruncatedShard) {
+  const std::string shard = "model-00002-of-00002.safetensors";
+  const fs::path dir = copy_of_tiny_a("truncated", {shard});
+  fs::resize_file(dir / shard, fs::file_size(dir / shard) * 2 / 3);
+  expect_clean_failure(run(generate(dir.string(), "--prompt-ids 1,2")),
+                       {(dir / shard).string(), "truncated"});
+}
+
+TEST(CliErrors, MissingShard) {
+  const std::string shard = "model-00001-of-00002.safetensors";
+  const fs::path dir = copy_of_tiny_a("missing-shard");
+  fs::remove(dir / shard);
+  expect_clean_failure(run(generate(dir.string(), "--prompt-ids 1,2")), {shard, "missing", "does not exist"});
+}
+
+TEST(CliErrors, TensorShapeDoesNotMatchConfig) {
+  const fs::path dir = copy_of_tiny_a("misshaped");
+  edit_config(dir, [](json& c) { c["hidden_size"] = 128; });
+  // The first tensor checked names both shapes: [vocab, 128] from the config, [vocab, 256] found.
+  const Proc p = run(generate(dir.string(), "--prompt-ids 1,2"));
+  expect_clean_failure(p, {"tensor ", "[512, 128]", "[512, 256]", (dir / "config.json").string()});
+  EXPECT_TRUE(std::regex_search(p.err, std::regex("tensor model\\.[a-z_.0-9]+weight"))) << p.err;
+}
+
+TEST(CliErrors, BadPromptIds) {
+  expect_clean_failure(run(generate(kTinyA, "--prompt-ids 1,x")), {"--prompt-ids", "'x'"});
+  expect_clean_failure(run(generate(kTinyA, "--prompt-ids 1,-3")), {"--prompt-ids", "'-3'"});
+}
+
+TEST(CliErrors, TokenIdOutsideTheVocabulary) {
+  expect_clean_failure(run(generate(kTinyA, "--prompt-ids 1,512")), {"512", "[0, 512)"});
+}
+
+TEST(CliErrors, InvalidSamplingValues) {
+  expect_clean_failure(run(generate(kTinyA, "--prompt-ids 1,2 --temperature -1")), {"temperature", "-1"});
+  expect_clean_failure(run(generate(kTinyA, "--prompt-ids 1,2 --top-p 2")), {"top_p", "2"});
+}
+
+TEST(CliErrors, TextPromptWithoutTokenizer) {
+  expect_clean_failure(run(generate(kData + "/tiny-b", "--prompt hello")),
+                       {"--prompt", "tiny-b/tokenizer.json", "--prompt-ids"});
+}
+
+TEST(CliErrors, UsageErrorsExitWith2) {
+  expect_clean_failure(run(generate(kTinyA, "--prompt-ids 1 --max-new-tokens abc")),
+                       {"--max-new-tokens", "abc"}, 2);
+  expect_clean_failure(run(kBin + " generate --prompt-ids 1"), {"--model"}, 2);
+  expect_clean_failure(run(generate(kTinyA, "--prompt-ids 1 --no-such-flag")), {"--no-such-flag"}, 2);
+  expect_clean_failure(run(kBin), {"subcommand"}, 2);
+  const Proc help = run(kBin + " --help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_TRUE(contains(help.out, "batch")) << help.out;
+}
+
+TEST(CliErrors, BatchFilesThatCannotBeOpened) {
+  const std::string in = scratch("no-such-input.jsonl").string();
+  expect_clean_failure(
+      run(kBin + " batch --model " + kTinyA + " --input " + in + " --output " + scratch("o.jsonl").string()),
+      {"--input", in});
+  const std::string out = scratch("no-such-dir/o.jsonl").string();
+  fs::remove_all(scratch("no-such-dir"));
+  expect_clean_failure(run(kBin + " batch --model " + kTinyA + " --input " + kData +
+                           "/batch/requests-200.jsonl --output " + out),
+                       {"--output", out});
+}
+
+TEST(CliErrors, WorldSizeDoesNotMatchTheClusterConfig) {
+  // Every rank must stop (no hang: `timeout` would exit 124) with a non-zero code and say why.
+  const Proc p =
+      run("timeout 120 " + std::string(GLM5_MPIRUN) +
+          " --allow-run-as-root --oversubscribe --mca btl self,vader,tcp -x OMP_NUM_THREADS=1 -np 2 " +
+          generate(kTinyA, "--prompt-ids 1,2 --cluster " + kCluster22));
+  EXPECT_NE(p.code, 0) << p.err;
+  EXPECT_NE(p.code, 124) << "the job hung:\n" << p.err;
+  EXPECT_LT(p.code, 128) << p.err;
+  EXPECT_TRUE(contains(p.err, "of 2: cluster config " + kCluster22)) << p.err;
+  EXPECT_TRUE(contains(p.err, "= 4 ranks, but the job has 2 ranks")) << p.err;
+  EXPECT_FALSE(contains(p.err, "Segmentation")) << p.err;
+}
+
+TEST(CliErrors, UnknownKeyInClusterConfig) {
+  const fs::path yaml = scratch("typo.yaml");
+  std::ofstream(yaml) << "stages: 2\nstagez: 3\n";
+  expect_clean_failure(run(kBin + " inspect --model " + kTinyA + " --cluster " + yaml.string()),
+                       {yaml.string(), "line 2", "'stagez'", "expert_parallel"});
+}
+
+TEST(CliErrors, TokenizeBadInput) {
+  const fs::path in = scratch("tok-bad.jsonl");
+  std::ofstream(in) << "{\"text\": \"fine\"}\n{\"text\": 5}\n";
+  expect_clean_failure(run(kBin + " tokenize --tokenizer " + kTinyA + " < " + in.string()),
+                       {"stdin line 2", "\"text\""});
+  std::ofstream(in, std::ios::trunc) << "{\"ids\": [1, 999]}\n";
+  expect_clean_failure(run(kBin + " tokenize --decode --tokenizer " + kTinyA + " < " + in.string()),
+                       {"stdin line 1", "999", "[0, 512)"});
+  expect_clean_failure(run(kBin + " tokenize --tokenizer " + kData + "/tiny-b < /dev/null"),
+                       {"tiny-b/tokenizer.json"});
+}
+
+// The words a POSIX shell reads from `line`.
+std::vector<std::string> shell_words(const std::string& line) {
+  const fs::path script = scratch("words.sh");
+  std::ofstream(script) << "set -- " << line << "\nfor w in \"$@\"; do printf '%s\\0' \"$w\"; done\n";
+  const Proc p = run("sh " + script.string(), false);
+  EXPECT_EQ(p.code, 0) << p.err;
+  std::vector<std::string> words;
+  std::string w;
+  for (char c : p.out) {
+    if (c == '\0') {
+      words.push_back(w);
+      w.clear();
+    } else {
+      w += c;
+    }
+  }
+  return words;
+}
+
+TEST(Cli, LaunchPrintsAnMpirunLineTheShellReadsBack) {
+  const std::string cfg = "cluster-configs/cpu-pp2-ep2.yaml";
+  const std::vector<std::string> args = {"batch",    "--model",         "my model", "--input", "it's.jsonl",
+                                         "--output", "o$x \"q\".jsonl", "--report", ""};
+  std::string cmd = "cd " + kSrc + " && " + kBin + " launch --cluster " + cfg + " --";
+  for (const std::string& a : args) cmd += " '" + std::regex_replace(a, std::regex("'"), "'\\''") + "'";
+  const Proc p = run(cmd, false);
+  ASSERT_EQ(p.code, 0) << p.err;
+  ASSERT_EQ(std::count(p.out.begin(), p.out.end(), '\n'), 1) << p.out;
+  const std::vector<std::string> words = shell_words(p.out);
+  ASSERT_GE(words.size(), 4 + args.size() + 2) << p.out;
+  EXPECT_EQ(words[0], "mpirun");
+  EXPECT_EQ(words[1], "-np");
+  EXPECT_EQ(words[2], "4");
+  if (geteuid() == 0) EXPECT_NE(std::find(words.begin(), words.end(), "--allow-run-as-root"), words.end());
+  // ... glm5 <args> --cluster FILE at the end, each argument one word as given.
+  const size_t n = words.size();
+  EXPECT_EQ(words[n - 2], "--cluster");
+  EXPECT_EQ(words[n - 1], cfg);
+  const std::vector<std::string> tail(words.end() - 2 - long(args.size()), words.end() - 2);
+  EXPECT_EQ(tail, args) << p.out;
+  EXPECT_TRUE(fs::equivalent(words[n - 3 - args.size()], kBin)) << p.out;
+}
+
+TEST(Cli, LaunchRunGivesWhatOneProcessGives) {
+  const std::string gen_args =
+      "generate --model " + kTinyA + " --prompt-ids 3,1,4,1,5,9,2,6 --max-new-tokens 4 --temperature 0";
+  const Proc one = run(kBin + " " + gen_args);
+  ASSERT_EQ(one.code, 0) << one.err;
+  // `launch --run` execs "mpirun" from PATH: put the configured one first.
+  const std::string path = fs::path(GLM5_MPIRUN).parent_path().string() + ":" + std::getenv("PATH");
+  const Proc four = run("cd " + kSrc + " && PATH='" + path + "' timeout 120 " + kBin +
+                            " launch --run --cluster cluster-configs/cpu-pp2-ep2.yaml -- " + gen_args,
+                        false);
+  ASSERT_EQ(four.code, 0) << four.err;
+  // The printed mpirun line, then the result.
+  std::stringstream ss(four.out);
+  std::string first, result;
+  std::getline(ss, first);
+  std::getline(ss, result);
+  EXPECT_TRUE(first.starts_with("mpirun -np 4")) << four.out;
+  EXPECT_EQ(json::parse(result), json::parse(one.out));
+}
+
+// Rows "rank stage column layers ..." of `glm5 inspect`.
+std::vector<std::vector<std::string>> rank_rows(const std::string& out) {
+  std::vector<std::vector<std::string>> rows;
+  std::stringstream ss(out);
+  bool table = false;
+  for (std::string l; std::getline(ss, l);) {
+    std::stringstream ls(l);
+    std::vector<std::string> cols;
+    for (std::string c; ls >> c;) cols.push_back(c);
+    if (!cols.empty() && cols[0] == "rank")
+      table = true;
+    else if (table && !cols.empty())
+      rows.push_back(cols);
+  }
+  return rows;
+}
+
+TEST(Cli, InspectPrintsOneRowPerRank) {
+  const Proc p = run(kBin + " inspect --model " + kTinyA + " --cluster " + kCluster22);
+  ASSERT_EQ(p.code, 0) << p.err;
+  EXPECT_TRUE(contains(p.out, "2 stage(s) x 2 expert-parallel = 4 rank(s)")) << p.out;
+  const auto rows = rank_rows(p.out);
+  ASSERT_EQ(rows.size(), 4u) << p.out;
+  const char* want[4][4] = {
+      {"0", "0", "0", "0-1"}, {"1", "0", "1", "0-1"}, {"2", "1", "0", "2-3"}, {"3", "1", "1", "2-3"}};
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_GE(rows[size_t(r)].size(), 4u);
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(rows[size_t(r)][size_t(c)], want[r][c]) << p.out;
+  }
+  // Without --cluster: the single process.
+  const Proc one = run(kBin + " inspect --model " + kTinyA);
+  ASSERT_EQ(one.code, 0) << one.err;
+  const auto one_rows = rank_rows(one.out);
+  ASSERT_EQ(one_rows.size(), 1u) << one.out;
+  EXPECT_EQ(one_rows[0][3], "0-3");
+}
+
+TEST(Cli, TokenizeRoundTrip) {
+  const std::vector<std::string> texts = {"hello", "Hello, world! The capital of France is",
+                                          "h\u00e9llo \u4e16\u754c\ttabs\nand newlines", "  spaces  ",
+                                          "<|user|>hi"};
+  const fs::path in = scratch("tok-in.jsonl");
+  {
+    std::ofstream f(in);
+    for (const std::string& t : texts) f << json({{"text", t}}).dump() << "\n";
+  }
+  // Encode alone: ids inside the vocabulary, "hello" in few tokens.
+  const Proc enc = run(kBin + " tokenize --tokenizer " + kTinyA + " < " + in.string());
+  ASSERT_EQ(enc.code, 0) << enc.err;
+  std::stringstream ss(enc.out);
+  std::vector<json> ids;
+  for (std::string l; std::getline(ss, l);) ids.push_back(json::parse(l));
+  ASSERT_EQ(ids.size(), texts.size());
+  for (const json& j : ids) {
+    ASSERT_TRUE(j.contains("ids") && !j["ids"].empty()) << j.dump();
+    for (const json& x : j["ids"]) EXPECT_TRUE(x.get<int>() >= 0 && x.get<int>() < 512) << j.dump();
+  }
+  EXPECT_LT(ids[0]["ids"].size(), 5u);
+  // Encode | decode, as a user pipes it (directory on one side, tokenizer.json on the other).
+  const Proc dec = run(kBin + " tokenize --tokenizer " + kTinyA + " < " + in.string() + " | " + kBin +
+                           " tokenize --decode --tokenizer " + kTinyA + "/tokenizer.json",
+                       false);
+  ASSERT_EQ(dec.code, 0) << dec.err;
+  std::stringstream ds(dec.out);
+  size_t i = 0;
+  for (std::string l; std::getline(ds, l); ++i) {
+    ASSERT_LT(i, texts.size());
+    EXPECT_EQ(json::parse(l)["text"], texts[i]);
+  }
+  EXPECT_EQ(i, texts.size());
+}
+
+}  // namespace
