@@ -2,7 +2,12 @@
 // rank 0 reads inputs and writes outputs.
 #include "launcher/commands.h"
 
+#include <omp.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -215,7 +220,19 @@ int run_inspect(const std::string& model_dir, const std::string& cluster_file) {
 
 }  // namespace
 
+// Threads per rank when OMP_NUM_THREADS is not set: the cores divided among the ranks that
+// mpirun placed on this host, so that ranks do not fight over cores (OpenMP barriers stall badly
+// when their threads are descheduled).
+static void default_threads() {
+  if (std::getenv("OMP_NUM_THREADS")) return;
+  int local = 1;
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local = std::max(1, std::atoi(s));
+  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+  omp_set_num_threads(std::max(1, cores / local));
+}
+
 int main_entry(int argc, char** argv) {
+  default_threads();
   CLI::App app{"glm5: distributed inference for GLM-5 / DeepSeek-V3.2 checkpoints"};
   app.require_subcommand(1);
   GenerateArgs ga;
