@@ -72,7 +72,6 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   std::stringstream ss(s);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
     size_t used = 0;
     long v = 0;
     try {
@@ -80,7 +79,7 @@ std::vector<int32_t> parse_ids(const std::string& s) {
     } catch (...) {
       used = 0;
     }
-    CHECK(used == item.size() && v >= 0 && v <= INT32_MAX,
+    CHECK(!item.empty() && used == item.size() && v >= 0 && v <= INT32_MAX,
           "--prompt-ids: expected comma-separated non-negative integers, found '", item, "'");
     ids.push_back(int32_t(v));
   }
@@ -111,6 +110,9 @@ int run_generate(const GenerateArgs& a, std::unique_ptr<parallel::Comm> world) {
     CHECK(a.prompt.empty() != a.prompt_ids.empty(), "give exactly one of --prompt and --prompt-ids");
     if (!a.prompt_ids.empty()) {
       r.prompt = parse_ids(a.prompt_ids);
+      for (int32_t id : r.prompt)
+        CHECK(id < job->config.vocab_size, "--prompt-ids: token id ", id, " is outside the vocabulary [0, ",
+              job->config.vocab_size, ") of ", job->config.source);
     } else {
       CHECK(tok, "--prompt needs a tokenizer, but ", a.model, "/tokenizer.json does not exist; use --prompt-ids");
       r.prompt = tok->encode(a.prompt);
@@ -299,14 +301,12 @@ int main_entry(int argc, char** argv) {
     } else {
       world = parallel::make_self_comm();
     }
-    parallel::Comm* w = world.get();
     int rc = 0;
     if (gen->parsed()) rc = run_generate(ga, std::move(world));
     else if (bat->parsed()) rc = run_batch(ba, std::move(world));
     else if (ins->parsed()) rc = run_inspect(im, ic);
     else if (tok->parsed()) rc = run_tokenize(tk, decode);
     else if (lau->parsed()) rc = run_launch(lc, rest, lrun, argv[0]);
-    (void)w;
     return rc;
   } catch (const std::exception& e) {
     if (size > 1) {

@@ -292,7 +292,7 @@ void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Res
   const ModelConfig& cfg = model_.config();
   const int P = grid_.stages, E = grid_.expert_parallel, col = stats_.column;
   const int G = P == 1 ? 1 : opt_.micro_batches;
-  const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
+  const int64_t H = cfg.hidden_size;
   const int next = grid_.rank_of(1 % P, col), last = grid_.rank_of(P - 1, col);
   kernels::Backend& be = model_.backend();
   const size_t kv_per_token = SeqCache::bytes_per_token(cfg, model_.n_local_layers());
@@ -539,7 +539,6 @@ void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Res
     }
     be.free(h);
     stats_.tokens_generated = tokens_total;
-    (void)V;
   }
 }
 

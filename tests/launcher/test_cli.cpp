@@ -160,10 +160,11 @@ TEST(CliErrors, TensorShapeDoesNotMatchConfig) {
 TEST(CliErrors, BadPromptIds) {
   expect_clean_failure(run(generate(kTinyA, "--prompt-ids 1,x")), {"--prompt-ids", "'x'"});
   expect_clean_failure(run(generate(kTinyA, "--prompt-ids 1,-3")), {"--prompt-ids", "'-3'"});
+  expect_clean_failure(run(generate(kTinyA, "--prompt-ids 1,,2")), {"--prompt-ids", "found ''"});
 }
 
 TEST(CliErrors, TokenIdOutsideTheVocabulary) {
-  expect_clean_failure(run(generate(kTinyA, "--prompt-ids 1,512")), {"512", "[0, 512)"});
+  expect_clean_failure(run(generate(kTinyA, "--prompt-ids 1,512")), {"--prompt-ids", "512", "[0, 512)"});
 }
 
 TEST(CliErrors, InvalidSamplingValues) {
