@@ -39,7 +39,7 @@ void gemm_nt(const GemmParams& p) {
     mb = ((p.m + want - 1) / want + kTileRows - 1) / kTileRows * kTileRows;
   }
   const int64_t row_blocks = (p.m + mb - 1) / mb;
-#pragma omp parallel for collapse(2) schedule(static) if (p.m * p.n * p.k >= kParallelMacs)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (p.m * p.n * p.k >= kParallelMacs)
   for (int64_t rb = 0; rb < row_blocks; ++rb)
     for (int64_t cb = 0; cb < col_blocks; ++cb) {
       const int64_t i0 = rb * mb, j0 = cb * nb;
@@ -105,7 +105,7 @@ void gemm_tn(const GemmParams& p) {
   using T = typename L::T;
   const T* w = static_cast<const T*>(p.w.data);
   const int64_t rb = (p.m + 3) / 4, cb = (p.n + 63) / 64;
-#pragma omp parallel for collapse(2) schedule(static) if (p.m * p.n * p.k >= 2 * kParallelMacs)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (p.m * p.n * p.k >= 2 * kParallelMacs)
   for (int64_t ib = 0; ib < rb; ++ib)
     for (int64_t jb = 0; jb < cb; ++jb) {
       int64_t i0 = ib * 4, j0 = jb * 64;

@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
   auto self = parallel::make_self_comm();
   runtime::Model model(cfg, ckpt, *be, runtime::ModelShard{}, *self);
   const double load_s = secs(t_load);
+  const double rss_load = double(rss_kb() - rss0) * 1024;
   const double weight_bytes = double(model.weight_bytes());
 
   // Weights touched per token (bf16 bytes): everything but the embedding table, with only
@@ -151,8 +152,7 @@ int main(int argc, char** argv) {
   std::printf("machine: %d threads, read bandwidth %.1f GB/s, OpenBLAS sgemm %.1f GFLOP/s\n", threads,
               read_gbs, sgemm_gflops);
   std::printf("model: %s, %.3f GB of weights, loaded in %.2f s; RSS after load %.3f GB (%.2fx weights)\n",
-              model_dir.c_str(), weight_bytes / 1e9, load_s, double(rss_kb() - rss0) * 1024 / 1e9,
-              double(rss_kb() - rss0) * 1024 / weight_bytes);
+              model_dir.c_str(), weight_bytes / 1e9, load_s, rss_load / 1e9, rss_load / weight_bytes);
   std::printf("decode  batch 1: %.2f tok/s (%.1f ms/token); %.3f GB of weights per token -> "
               "bandwidth bound %.2f tok/s; achieved %.0f%% of bound\n",
               1 / decode_s, decode_s * 1e3, touched / 1e9, bound_tps, 100.0 / decode_s / bound_tps);
