@@ -31,7 +31,7 @@ namespace {
 
 const char* const kAllowedKeys[] = {
     "stages",    "expert_parallel", "micro_batches", "backend",     "comm", "kv_budget_gb",
-    "max_batch", "prefill_chunk",   "hosts",         "mpirun_args", "env"};
+    "max_batch", "prefill_chunk",   "hosts",         "mpirun_args", "env", "device_memory_gb"};
 
 std::string where(const std::string& source) {
   return "cluster config " + (source.empty() ? std::string("(built-in default)") : source);
@@ -232,6 +232,8 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
         cc.comm = rd.one_of(v, key, {"mpi", "nccl"});
       else if (key == "kv_budget_gb")
         cc.kv_budget_gb = rd.number(v, key, 0.0);
+      else if (key == "device_memory_gb")
+        cc.device_memory_gb = rd.number(v, key, 0.0);
       else if (key == "max_batch")
         cc.max_batch = int(rd.integer(v, key, 1));
       else if (key == "prefill_chunk")

@@ -7,6 +7,7 @@
 //   backend: cpu                   # cpu | cuda
 //   comm: mpi                      # mpi | nccl
 //   kv_budget_gb: 8                # KV cache budget per rank (0 or absent: unlimited)
+//   device_memory_gb: 80           # per-rank device memory; `glm5 inspect` checks the plan fits
 //   max_batch: 64                  # running sequences per column
 //   prefill_chunk: 256             # prompt tokens per sequence per step
 //   hosts: [{host: node1, slots: 8}, {host: node2, slots: 8}]   # for `glm5 launch`
@@ -37,6 +38,7 @@ struct ClusterConfig {
   std::string backend = "cpu";
   std::string comm = "mpi";
   double kv_budget_gb = 0;
+  double device_memory_gb = 0;  // memory of one rank's device (e.g. 80 for H100); 0 = unchecked
   int max_batch = 64;
   int prefill_chunk = 256;
   std::vector<HostSlots> hosts;

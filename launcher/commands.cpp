@@ -198,6 +198,7 @@ int run_inspect(const std::string& model_dir, const std::string& cluster_file) {
   std::printf("%-5s %-6s %-6s %-9s %-12s %-12s %-12s\n", "rank", "stage", "column", "layers",
               "parameters", "weights", "kv budget");
   const parallel::Grid g = cc.grid();
+  double worst = 0;
   for (int r = 0; r < cc.world_size(); ++r) {
     const int s = g.stage_of(r);
     double p = 0;
@@ -216,6 +217,13 @@ int run_inspect(const std::string& model_dir, const std::string& cluster_file) {
     std::printf("%-5d %-6d %-6d %-9s %-12.4g %-12s %-12s\n", r, s, g.column_of(r), layers, p,
                 human_bytes(p * wbytes).c_str(),
                 cc.kv_budget_gb > 0 ? human_bytes(cc.kv_budget_gb * 1e9).c_str() : "unlimited");
+    worst = std::max(worst, p * wbytes + cc.kv_budget_gb * 1e9);
+  }
+  if (cc.device_memory_gb > 0) {
+    const bool fits = worst <= cc.device_memory_gb * 1e9;
+    std::printf("memory     largest rank needs %.1f GB (bf16 weights + KV budget) of %.1f GB device "
+                "memory: %s\n", worst / 1e9, cc.device_memory_gb,
+                fits ? "fits" : "DOES NOT FIT (more ranks, more stages, or a quantised checkpoint)");
   }
   return 0;
 }
