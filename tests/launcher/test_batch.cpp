@@ -24,6 +24,7 @@
 #include "launcher/batch_job.h"
 #include "runtime/config.h"
 #include "runtime/tokenizer.h"
+#include "tests/test_support.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -37,44 +38,12 @@ const std::string kModel = kData + "/tiny-a";
 const std::string kRequests = kData + "/batch/requests-200.jsonl";
 const std::string kCluster22 = kSrc + "/cluster-configs/cpu-pp2-ep2.yaml";
 
-fs::path scratch(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("glm5_batch_" + std::to_string(getpid())) / name;
-  fs::create_directories(p.parent_path());
-  return p;
-}
+using glm5::testing::contains;
+using glm5::testing::mpirun;
+using glm5::testing::sh;
+using glm5::testing::slurp;
 
-// Removes this process's scratch folder when every test passed (kept to look at otherwise).
-class RemoveScratch : public ::testing::Environment {
- public:
-  void TearDown() override {
-    if (::testing::UnitTest::GetInstance()->Passed()) fs::remove_all(scratch("x").parent_path());
-  }
-};
-[[maybe_unused]] ::testing::Environment* const kRemoveScratch =
-    ::testing::AddGlobalTestEnvironment(new RemoveScratch);
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// Runs a shell command with stdout to `log` and stderr to `err` (default: `log` too); returns its
-// exit code (128+n for signal n).
-int sh(const std::string& cmd, const fs::path& log, const fs::path& err = {}) {
-  // One BLAS thread per process: the machine is small and shared (threads would only spin).
-  setenv("OMP_NUM_THREADS", "1", 1);
-  const std::string to_err = err.empty() ? std::string(" 2>&1") : " 2> '" + err.string() + "'";
-  int rc = std::system((cmd + " > '" + log.string() + "'" + to_err).c_str());
-  if (WIFSIGNALED(rc)) return 128 + WTERMSIG(rc);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 255;
-}
-
-std::string mpirun(int np) {
-  return std::string(GLM5_MPIRUN) + " --allow-run-as-root --oversubscribe --mca btl self,vader,tcp " +
-         "-x OMP_NUM_THREADS=1 -np " + std::to_string(np) + " ";
-}
+const glm5::testing::ScratchDir scratch("glm5_batch");
 
 std::string batch_cmd(const std::string& model, const fs::path& in, const fs::path& out) {
   return kBin + " batch --model " + model + " --input " + in.string() + " --output " + out.string();
@@ -151,7 +120,6 @@ std::vector<int32_t> tokens_of(const json& rec) {
   return choice_of(rec)["token_ids"].get<std::vector<int32_t>>();
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // The uninterrupted single-process run of the 200-line file, made once per test process.
 const fs::path& reference_output() {

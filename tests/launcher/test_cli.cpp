@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_support.h"
+
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
@@ -29,53 +31,20 @@ const std::string kData = GLM5_TEST_DATA;
 const std::string kTinyA = kData + "/tiny-a";
 const std::string kCluster22 = kSrc + "/cluster-configs/cpu-pp2-ep2.yaml";
 
-fs::path scratch(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("glm5_cli_" + std::to_string(getpid())) / name;
-  fs::create_directories(p.parent_path());
-  return p;
-}
+using glm5::testing::contains;
+using glm5::testing::mpirun;
+using glm5::testing::Proc;
+using glm5::testing::slurp;
 
-// Removes this process's scratch folder when every test passed (kept to look at otherwise).
-class RemoveScratch : public ::testing::Environment {
- public:
-  void TearDown() override {
-    if (::testing::UnitTest::GetInstance()->Passed()) fs::remove_all(scratch("x").parent_path());
-  }
-};
-[[maybe_unused]] ::testing::Environment* const kRemoveScratch =
-    ::testing::AddGlobalTestEnvironment(new RemoveScratch);
+const glm5::testing::ScratchDir scratch("glm5_cli");
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-struct Proc {
-  int code = -1;  // exit code, or 128 + signal
-  bool signaled = false;
-  std::string out, err;
-};
-
-// Runs a shell command line (stdout and stderr captured apart). A plain command is exec'd by
-// the shell, so a signal that ends it shows as `signaled`.
+// Runs a shell command line (stdout and stderr captured apart, through files in the scratch
+// folder). A plain command is exec'd by the shell, so a signal that ends it shows as `signaled`.
 Proc run(const std::string& cmd, bool exec = true) {
   static int n = 0;
-  const fs::path out = scratch("run" + std::to_string(++n) + ".out");
-  const fs::path err = scratch("run" + std::to_string(n) + ".err");
-  setenv("OMP_NUM_THREADS", "1", 1);
-  const std::string line =
-      (exec ? "exec " : "") + cmd + " > '" + out.string() + "' 2> '" + err.string() + "'";
-  const int rc = std::system(line.c_str());
-  Proc p;
-  p.signaled = WIFSIGNALED(rc);
-  p.code = p.signaled ? 128 + WTERMSIG(rc) : WIFEXITED(rc) ? WEXITSTATUS(rc) : 255;
-  p.out = slurp(out);
-  p.err = slurp(err);
-  return p;
+  ++n;
+  return glm5::testing::run_captured(cmd, scratch("run" + std::to_string(n) + ".out"),
+                                     scratch("run" + std::to_string(n) + ".err"), exec);
 }
 
 // A failed run as the user wants it: exit code 1 (or 2 for usage errors), no signal, no crash
@@ -203,9 +172,7 @@ TEST(CliErrors, BatchFilesThatCannotBeOpened) {
 TEST(CliErrors, WorldSizeDoesNotMatchTheClusterConfig) {
   // Every rank must stop (no hang: `timeout` would exit 124) with a non-zero code and say why.
   const Proc p =
-      run("timeout 120 " + std::string(GLM5_MPIRUN) +
-          " --allow-run-as-root --oversubscribe --mca btl self,vader,tcp -x OMP_NUM_THREADS=1 -np 2 " +
-          generate(kTinyA, "--prompt-ids 1,2 --cluster " + kCluster22));
+      run("timeout 120 " + mpirun(2) + generate(kTinyA, "--prompt-ids 1,2 --cluster " + kCluster22));
   EXPECT_NE(p.code, 0) << p.err;
   EXPECT_NE(p.code, 124) << "the job hung:\n" << p.err;
   EXPECT_LT(p.code, 128) << p.err;

@@ -17,6 +17,7 @@
 
 #include "core/check.h"
 #include "launcher/cluster_config.h"
+#include "tests/test_support.h"
 
 namespace glm5::launcher {
 namespace {
@@ -26,21 +27,7 @@ const std::string kData = GLM5_TEST_DATA;
 const std::string kConfigs = std::string(GLM5_SOURCE_DIR) + "/cluster-configs";
 const char* const kBad = "bad-cluster.yaml";
 
-// Runs f and expects a glm5::Error whose message contains every part.
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    for (const std::string& p : parts)
-      EXPECT_NE(m.find(p), std::string::npos) << "expected '" << p << "' in: " << m;
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected glm5::Error, got another exception: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "expected glm5::Error, nothing was thrown";
-}
+using glm5::testing::expect_error;
 
 // Parses `yaml` as the file bad-cluster.yaml and expects an error naming that file and `parts`.
 void expect_yaml_error(const std::string& yaml, std::vector<std::string> parts) {

@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "tests/test_support.h"
+
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
@@ -21,17 +23,16 @@ struct JobRun {
   std::string output;
 };
 
+const glm5::testing::ScratchDir scratch("glm5_failure");
+
+// Runs cmd under `timeout 120` with stdout and stderr to one log; times it.
 JobRun run_job(const std::string& cmd) {
-  const fs::path log = fs::temp_directory_path() / ("glm5_failure_" + std::to_string(getpid()) + ".log");
+  const fs::path log = scratch("job.log");
   auto t = std::chrono::steady_clock::now();
-  int rc = std::system(("timeout 120 " + cmd + " > " + log.string() + " 2>&1").c_str());
   JobRun r;
+  r.rc = glm5::testing::sh("timeout 120 " + cmd, log);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  r.rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-  std::ifstream f(log);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  r.output = ss.str();
+  r.output = glm5::testing::slurp(log);
   return r;
 }
 
@@ -58,10 +59,8 @@ fs::path model_with_nan(const std::string& name) {
   return dst;
 }
 
-std::string mpirun(int np) {
-  return std::string(GLM5_MPIRUN) + " --allow-run-as-root --oversubscribe --mca btl self,vader,tcp " +
-         "-x OMP_NUM_THREADS=1 -np " + std::to_string(np) + " " + GLM5_BINARY;
-}
+// The mpirun prefix for np ranks followed by the glm5 executable.
+std::string mpirun(int np) { return glm5::testing::mpirun(np) + GLM5_BINARY; }
 
 }  // namespace
 

@@ -9,11 +9,14 @@
 #include <string>
 
 #include "runtime/safetensors.h"
+#include "tests/test_support.h"
 
 namespace fs = std::filesystem;
 using glm5::runtime::SafetensorsFile;
 
 namespace {
+
+const glm5::testing::ScratchDir scratch("glm5_golden_cli");
 
 template <typename T>
 std::vector<T> tensor(const SafetensorsFile& f, const std::string& name) {
@@ -33,12 +36,12 @@ TEST_P(GoldenCli, GenerateDumpMatchesGolden) {
   auto tokens = tensor<int32_t>(golden, "decode_tokens");
   std::string ids;
   for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  const fs::path out = fs::temp_directory_path() / ("glm5_golden_cli_" + GetParam() + "_" +
-                                                    std::to_string(getpid()) + ".safetensors");
+  const fs::path out = scratch(GetParam() + ".safetensors");
+  const fs::path log = scratch(GetParam() + ".log");
   const std::string cmd = std::string(GLM5_BINARY) + " generate --model " + dir + " --prompt-ids " + ids +
                           " --max-new-tokens " + std::to_string(tokens.size()) +
-                          " --temperature 0 --dump-logits " + out.string() + " > /dev/null";
-  ASSERT_EQ(0, std::system(cmd.c_str())) << cmd;
+                          " --temperature 0 --dump-logits " + out.string();
+  ASSERT_EQ(0, glm5::testing::sh(cmd, log)) << cmd << "\n" << glm5::testing::slurp(log);
   SafetensorsFile got(out.string());
   EXPECT_EQ(tensor<int32_t>(got, "decode_tokens"), tokens);
   for (const char* name : {"prefill_logits", "decode_logits"}) {

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "runtime/safetensors.h"
+#include "tests/test_support.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -22,31 +23,14 @@ const std::string kBin = GLM5_BINARY;
 const std::string kSrc = GLM5_SOURCE_DIR;
 const std::string kData = GLM5_TEST_DATA;
 
-std::string log_path() {
-  return (fs::temp_directory_path() / ("glm5_layouts_" + std::to_string(getpid()) + ".log")).string();
-}
+using glm5::testing::mpirun;
+using glm5::testing::slurp;
 
-int sh(const std::string& cmd) {
-  int rc = std::system((cmd + " > " + log_path() + " 2>&1").c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-}
-std::string last_log() {
-  std::ifstream f(log_path());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+const glm5::testing::ScratchDir scratch("glm5_layouts");
 
-std::string mpirun(int np) {
-  return std::string(GLM5_MPIRUN) + " --allow-run-as-root --oversubscribe --mca btl self,vader,tcp " +
-         "-x OMP_NUM_THREADS=1 -np " + std::to_string(np) + " ";
-}
-
-fs::path scratch(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("glm5_layouts_" + std::to_string(getpid())) / name;
-  fs::create_directories(p.parent_path());
-  return p;
-}
+// Runs a shell command with stdout and stderr to the scratch folder's last.log; returns its exit code.
+int sh(const std::string& cmd) { return glm5::testing::sh(cmd, scratch("last.log")); }
+std::string last_log() { return slurp(scratch("last.log")); }
 
 // Bitwise equality of every tensor of two safetensors files.
 void expect_same_tensors(const fs::path& a, const fs::path& b) {

@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "runtime/config.h"
+#include "tests/test_support.h"
 
 namespace glm5::runtime {
 namespace {
@@ -26,21 +27,7 @@ json read_json(const std::string& path) {
   return json::parse(in);
 }
 
-// Runs f and expects a glm5::Error whose message contains every part.
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    for (const std::string& p : parts)
-      EXPECT_NE(m.find(p), std::string::npos) << "expected '" << p << "' in: " << m;
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected glm5::Error, got another exception: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "expected glm5::Error, nothing was thrown";
-}
+using glm5::testing::expect_error;
 
 // tiny-a's config.json with one edit applied, parsed under a recognisable source name.
 ModelConfig parse_edited(const std::function<void(json&)>& edit, const std::string& base = "tiny-a") {

@@ -18,6 +18,7 @@
 #include "runtime/config.h"
 #include "runtime/name_table.h"
 #include "runtime/safetensors.h"
+#include "tests/test_support.h"
 
 namespace glm5::runtime {
 namespace {
@@ -27,20 +28,7 @@ using json = nlohmann::json;
 
 const std::string kData = GLM5_TEST_DATA;
 
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    for (const std::string& p : parts)
-      EXPECT_NE(m.find(p), std::string::npos) << "expected '" << p << "' in: " << m;
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected glm5::Error, got another exception: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "expected glm5::Error, nothing was thrown";
-}
+using glm5::testing::expect_error;
 
 std::map<std::string, std::vector<int64_t>> by_name(const std::vector<TensorSpec>& table) {
   std::map<std::string, std::vector<int64_t>> m;

@@ -19,6 +19,7 @@
 #include "runtime/config.h"
 #include "runtime/name_table.h"
 #include "runtime/safetensors.h"
+#include "tests/test_support.h"
 
 namespace glm5::runtime {
 namespace {
@@ -30,21 +31,7 @@ const std::string kTinyA = std::string(GLM5_TEST_DATA) + "/tiny-a";
 const std::string kShard1 = "model-00001-of-00002.safetensors";
 const std::string kShard2 = "model-00002-of-00002.safetensors";
 
-// Runs f and expects a glm5::Error whose message contains every part.
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    for (const std::string& p : parts)
-      EXPECT_NE(m.find(p), std::string::npos) << "expected '" << p << "' in: " << m;
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected glm5::Error, got another exception: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "expected glm5::Error, nothing was thrown";
-}
+using glm5::testing::expect_error;
 
 // A fresh directory under the system temp dir, removed with its contents at scope exit.
 struct TempDir {
