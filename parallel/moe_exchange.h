@@ -22,8 +22,9 @@ class MoeExchange {
   //   dest_rank [m * top_k]: rank (in stage_comm) that gets slot t*top_k + j, or -1 = not sent
   //   tag       [m * top_k]: ordering key at the receiver, e.g. the local expert id
   // A slot's row is sent once per slot (a token going twice to one rank travels twice).
-  // Exchanges per-destination row counts first (one all_to_all_v), then rows and tags (one
-  // all_to_all_v each). Bad arguments on any rank make every rank throw, none hangs.
+  // Exchanges per-destination row counts first (one all_to_all_v), then rows with their tags (one
+  // all_to_all_v); on a one-rank comm it makes no call. Bad arguments on any rank make every rank
+  // throw, none hangs.
   void dispatch(const float* x, int64_t m, int64_t d, int64_t top_k, const int32_t* dest_rank,
                 const int32_t* tag);
 
@@ -56,25 +57,29 @@ class MoeExchange {
   uint64_t bytes_sent_ = 0;
 
   // Send side: slots grouped by destination rank, in slot order within a destination.
-  std::vector<int64_t> send_rows_;  // [P] rows to each rank
-  std::vector<int64_t> send_slot_;  // [n_send] slot index of each grouped row
-  std::vector<float> send_x_;       // [n_send, d]
-  std::vector<int32_t> send_tag_;   // [n_send]
+  std::vector<int64_t> send_rows_;    // [P] rows to each rank
+  std::vector<int64_t> send_first_;   // [P + 1] first grouped row of each destination
+  std::vector<int64_t> send_slot_;    // [n_send] slot index of each grouped row
+  std::vector<int64_t> unsent_slot_;  // slots with dest_rank -1 (zero in out())
+  // Wire blocks, one per peer rank: [rows, d] f32 then [rows] int32 tags. The block for this rank
+  // itself is never packed: its rows are read from x and its results written to out_ directly.
+  std::vector<char> send_wire_, recv_wire_;
   // Receive side, as it arrives (source-major, slot order within a source) ...
-  std::vector<int64_t> recv_rows_;  // [P] rows from each rank
-  std::vector<float> raw_x_;        // [n_recv, d]
-  std::vector<int32_t> raw_tag_;    // [n_recv]
-  // ... and in (tag, source, slot) order: recv row i is raw row order_[i].
+  std::vector<int64_t> recv_rows_;   // [P] rows from each rank
+  std::vector<int64_t> recv_first_;  // [P + 1] first arrival row of each source
+  std::vector<int32_t> raw_tag_, raw_src_;  // [n_recv]
+  // ... and in (tag, source, slot) order: recv row i is arrival row order_[i].
   std::vector<int64_t> order_;
   std::vector<float> recv_x_;
   std::vector<int32_t> recv_tag_, recv_src_;
   // Combine.
-  std::vector<float> back_;  // [n_recv, d] results in raw order
-  std::vector<float> ret_;   // [n_send, d] results in grouped order
+  std::vector<float> back_;  // [n_recv, d] results in arrival order (own block unused)
+  std::vector<float> ret_;   // [n_send, d] results in grouped order (own block unused)
   std::vector<float> out_;   // [m * top_k, d]
   // all_to_all_v scratch.
   std::vector<int64_t> hdr_send_, hdr_recv_;
   std::vector<size_t> sb_, so_, rb_, ro_;
+  bool self_through_comm_ = false;  // exchange(): include this rank's own block (headers only)
 };
 
 }  // namespace glm5::parallel

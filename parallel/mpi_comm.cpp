@@ -3,10 +3,13 @@
 #include "parallel/mpi_comm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 namespace glm5::parallel {
 
@@ -121,7 +124,6 @@ MpiComm::MpiComm(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
 
 MpiComm::~MpiComm() {
   if (!mpi_active()) return;
-  if (p2p_ != MPI_COMM_NULL) MPI_Comm_free(&p2p_);
   if (owned_) MPI_Comm_free(&comm_);
 }
 
@@ -134,6 +136,25 @@ void MpiComm::check_tag(int tag, const char* what) const {
   CHECK(tag >= 0 && tag <= tag_ub_, what, ": tag ", tag, " is outside [0, ", tag_ub_, "]");
 }
 
+namespace {
+// Waits for one request without spinning a core: a few immediate MPI_Test calls, then sleeps
+// that double from 2 us up to 1 ms between tests (a rank waiting on the pipeline sleeps).
+void wait_polling(MPI_Request* req, MPI_Status* st) {
+  int done = 0;
+  for (int i = 0; i < 16; ++i) {
+    MPI_CHECK(MPI_Test(req, &done, st));
+    if (done) return;
+  }
+  auto nap = std::chrono::microseconds(2);
+  while (true) {
+    std::this_thread::sleep_for(nap);
+    MPI_CHECK(MPI_Test(req, &done, st));
+    if (done) return;
+    nap = std::min(nap * 2, std::chrono::microseconds(1000));
+  }
+}
+}  // namespace
+
 void MpiComm::send(const void* buf, size_t bytes, int dst, int tag) {
   check_peer(dst, "send");
   check_tag(tag, "send");
@@ -142,7 +163,9 @@ void MpiComm::send(const void* buf, size_t bytes, int dst, int tag) {
   size_t off = 0;
   do {  // a zero-byte send is still one message, matching a zero-byte recv
     size_t n = std::min(bytes - off, limit);
-    MPI_CHECK(MPI_Send(p + off, int(n), MPI_BYTE, dst, tag, comm_));
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_CHECK(MPI_Isend(p + off, int(n), MPI_BYTE, dst, tag, comm_, &req));
+    wait_polling(&req, MPI_STATUS_IGNORE);
     off += n;
   } while (off < bytes);
 }
@@ -155,8 +178,10 @@ void MpiComm::recv(void* buf, size_t bytes, int src, int tag) {
   size_t off = 0;
   do {
     size_t n = std::min(bytes - off, limit);
+    MPI_Request req = MPI_REQUEST_NULL;
     MPI_Status st;
-    MPI_CHECK(MPI_Recv(p + off, int(n), MPI_BYTE, src, tag, comm_, &st));
+    MPI_CHECK(MPI_Irecv(p + off, int(n), MPI_BYTE, src, tag, comm_, &req));
+    wait_polling(&req, &st);
     int got = 0;
     MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &got));
     CHECK(size_t(got) == n, "recv from rank ", src, " tag ", tag, ": expected ", n,
@@ -165,66 +190,51 @@ void MpiComm::recv(void* buf, size_t bytes, int src, int tag) {
   } while (off < bytes);
 }
 
+// One MPI_Alltoallw on every call, so no agreement between ranks is needed: MPI matches each
+// pair's data by type signature (a sequence of bytes), not by how each side describes it. A
+// block within the message limit is `bytes` x MPI_BYTE at an int displacement; a larger one (or
+// one at a larger offset) is one derived type: `bytes / limit` chunks of `limit` bytes plus the
+// rest, placed with 64-bit MPI_Aint displacements.
 void MpiComm::all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets,
                            void* recv, const size_t* recv_bytes, const size_t* recv_offsets) {
   CHECK(send_bytes[rank_] == recv_bytes[rank_], "all_to_all_v: rank ", rank_, " sends ",
         send_bytes[rank_], " bytes to itself but expects ", recv_bytes[rank_]);
   const size_t limit = g_message_limit;
-  int big = 0;
-  for (int r = 0; r < size_; ++r)
-    if (send_bytes[r] > limit || send_offsets[r] > limit || recv_bytes[r] > limit ||
-        recv_offsets[r] > limit)
-      big = 1;
-  // The path must be the same on every rank, and only this rank sees its own sizes.
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &big, 1, MPI_INT, MPI_MAX, comm_));
-  if (big) {
-    all_to_all_v_p2p(static_cast<const char*>(send), send_bytes, send_offsets,
-                     static_cast<char*>(recv), recv_bytes, recv_offsets);
-    return;
-  }
   counts_.resize(size_);
   displs_.resize(size_);
   rcounts_.resize(size_);
   rdispls_.resize(size_);
-  for (int r = 0; r < size_; ++r) {
-    counts_[r] = int(send_bytes[r]);
-    displs_[r] = int(send_offsets[r]);
-    rcounts_[r] = int(recv_bytes[r]);
-    rdispls_[r] = int(recv_offsets[r]);
-  }
-  MPI_CHECK(MPI_Alltoallv(send, counts_.data(), displs_.data(), MPI_BYTE, recv, rcounts_.data(),
-                          rdispls_.data(), MPI_BYTE, comm_));
-}
-
-// Every pair's bytes in chunks of at most the limit, as Isend/Irecv on a private communicator (so
-// they never match the caller's send/recv). Chunks of one pair keep their order: MPI messages
-// between two ranks with the same tag and communicator do not overtake each other.
-void MpiComm::all_to_all_v_p2p(const char* send, const size_t* send_bytes,
-                               const size_t* send_offsets, char* recv, const size_t* recv_bytes,
-                               const size_t* recv_offsets) {
-  if (p2p_ == MPI_COMM_NULL)
-    MPI_CHECK(MPI_Comm_dup(comm_, &p2p_));  // collective: all ranks are here
-  const size_t limit = g_message_limit;
-  std::vector<MPI_Request> reqs;
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    for (size_t off = 0; off < recv_bytes[r]; off += limit) {
-      reqs.emplace_back();
-      MPI_CHECK(MPI_Irecv(recv + recv_offsets[r] + off, int(std::min(limit, recv_bytes[r] - off)),
-                          MPI_BYTE, r, 0, p2p_, &reqs.back()));
+  stypes_.assign(size_, MPI_BYTE);
+  rtypes_.assign(size_, MPI_BYTE);
+  std::vector<MPI_Datatype> made;
+  // Describes `bytes` at `offset` as (count, displacement, type).
+  auto describe = [&](size_t bytes, size_t offset, int& count, int& displ, MPI_Datatype& type) {
+    if (bytes == 0 || (bytes <= limit && offset <= limit)) {
+      count = int(bytes);
+      displ = bytes == 0 ? 0 : int(offset);
+      type = MPI_BYTE;
+      return;
     }
-  }
+    MPI_Datatype chunk = MPI_DATATYPE_NULL;
+    MPI_CHECK(MPI_Type_contiguous(int(limit), MPI_BYTE, &chunk));
+    made.push_back(chunk);
+    int lens[2] = {int(bytes / limit), int(bytes % limit)};
+    MPI_Aint at[2] = {MPI_Aint(offset), MPI_Aint(offset + (bytes / limit) * limit)};
+    MPI_Datatype parts[2] = {chunk, MPI_BYTE};
+    MPI_CHECK(MPI_Type_create_struct(2, lens, at, parts, &type));
+    MPI_CHECK(MPI_Type_commit(&type));
+    made.push_back(type);
+    count = 1;
+    displ = 0;
+  };
   for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    for (size_t off = 0; off < send_bytes[r]; off += limit) {
-      reqs.emplace_back();
-      MPI_CHECK(MPI_Isend(send + send_offsets[r] + off, int(std::min(limit, send_bytes[r] - off)),
-                          MPI_BYTE, r, 0, p2p_, &reqs.back()));
-    }
+    describe(send_bytes[r], send_offsets[r], counts_[r], displs_[r], stypes_[r]);
+    describe(recv_bytes[r], recv_offsets[r], rcounts_[r], rdispls_[r], rtypes_[r]);
   }
-  if (send_bytes[rank_] > 0)
-    std::memcpy(recv + recv_offsets[rank_], send + send_offsets[rank_], send_bytes[rank_]);
-  MPI_CHECK(MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+  int rc = MPI_Alltoallw(send, counts_.data(), displs_.data(), stypes_.data(), recv,
+                         rcounts_.data(), rdispls_.data(), rtypes_.data(), comm_);
+  for (MPI_Datatype& t : made) MPI_Type_free(&t);
+  MPI_CHECK(rc);
 }
 
 void MpiComm::all_gather(const void* send, size_t bytes, void* recv) {

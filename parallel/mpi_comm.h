@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/check.h"
 #include "parallel/comm.h"
@@ -54,9 +55,11 @@ class MpiRuntime {
 // Comm over an MPI communicator, all transfers as MPI_BYTE on host memory.
 // - Messages larger than mpi_message_limit() (INT_MAX by default: MPI counts are int) go in
 //   chunks; both sides chunk the same way since sizes agree by contract.
-// - all_to_all_v uses MPI_Alltoallv when every count and offset of every rank fits the limit,
-//   otherwise Isend/Irecv on a private duplicate of the communicator. The ranks agree on the
-//   path with one 4-byte MPI_Allreduce per call.
+// - all_to_all_v is one MPI_Alltoallw per call: blocks within the limit go as MPI_BYTE, larger
+//   ones (or ones at larger offsets) as derived types with 64-bit displacements. Every rank takes
+//   the same path whatever its sizes, so no agreement step is needed.
+// - send/recv post MPI_Isend/MPI_Irecv and poll MPI_Test with sleeps growing from 2 us to 1 ms,
+//   so a rank that waits (e.g. for the pipeline) does not keep a core busy.
 // - all_reduce of F32/F64 Sum is MPI's reduction order: not layout-invariant, so not for
 //   activations that must be bitwise reproducible across layouts.
 class MpiComm final : public Comm {
@@ -89,15 +92,13 @@ class MpiComm final : public Comm {
  private:
   void check_peer(int peer, const char* what) const;
   void check_tag(int tag, const char* what) const;
-  void all_to_all_v_p2p(const char* send, const size_t* send_bytes, const size_t* send_offsets,
-                        char* recv, const size_t* recv_bytes, const size_t* recv_offsets);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
-  MPI_Comm p2p_ = MPI_COMM_NULL;  // duplicate for the all_to_all_v fallback, made on first use
   bool owned_ = false;
   int rank_ = 0, size_ = 1;
   int tag_ub_ = 32767;
-  std::vector<int> counts_, displs_, rcounts_, rdispls_;  // MPI_Alltoallv scratch
+  std::vector<int> counts_, displs_, rcounts_, rdispls_;  // MPI_Alltoallw scratch
+  std::vector<MPI_Datatype> stypes_, rtypes_;
 };
 
 // Largest number of bytes handed to MPI in one call (1..INT_MAX, default INT_MAX). Tests lower it

@@ -281,7 +281,7 @@ void Engine::run(std::vector<Request> requests, const std::function<void(Result&
   stats_.wall_s = since(t0);
   stats_.comm_s += model_.moe_comm_seconds();
   stats_.compute_s -= model_.moe_comm_seconds();
-  stats_.idle_s = std::max(0.0, stats_.wall_s - stats_.compute_s - stats_.comm_s);
+  // idle_s: time spent waiting for pipeline messages (measured where it happens).
   stats_.bytes_sent += model_.moe_bytes_sent();
   stats_.expert_tokens = model_.expert_tokens();
   stats_.peak_rss_kb = peak_rss_kb();
@@ -388,7 +388,7 @@ void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Res
   auto receive = [&](int g) {
     auto t = Clock::now();
     std::vector<char> msg = recv_bytes(world_, last, kBack);
-    stats_.comm_s += since(t);
+    stats_.idle_s += since(t);  // waiting for the pipeline: the bubble
     Reader rd(msg);
     std::vector<Back> backs;
     int64_t nb = rd.get<int64_t>();
@@ -409,8 +409,11 @@ void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Res
   for (int64_t tick = 0;; ++tick) {
     const int g = int(tick % G);
     if (P > 1 && inflight[size_t(g)]) receive(g);  // this group's previous step came back
-    // Admit waiting requests into this group (continuous batching).
-    while (!pending.empty() && int(live.size()) < opt_.max_batch) {
+    // Admit waiting requests into this group (continuous batching), keeping the micro-batches
+    // even: a group takes at most its share of max_batch and of the work there is.
+    const size_t work_now = live.size() + pending.size();
+    const int group_cap = int(std::min<size_t>((size_t(opt_.max_batch) + G - 1) / G, (work_now + G - 1) / G));
+    while (!pending.empty() && int(live.size()) < opt_.max_batch && group_size[size_t(g)] < group_cap) {
       const Request& r = reqs[size_t(pending.front())];
       double need = double(r.prompt.size() + size_t(r.sampling.max_tokens) + 1) * double(kv_per_token);
       if (opt_.kv_budget_bytes > 0 && kv_used + need > opt_.kv_budget_bytes) break;  // wait
@@ -538,8 +541,8 @@ void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Res
       inflight_rows[size_t(g)] = m > 0;
     }
     be.free(h);
-    stats_.tokens_generated = tokens_total;
   }
+  stats_.tokens_generated = tokens_total;
 }
 
 void Engine::run_later_stage(std::vector<Request>& reqs) {
@@ -554,6 +557,8 @@ void Engine::run_later_stage(std::vector<Request>& reqs) {
   for (;;) {
     auto t = Clock::now();
     std::vector<char> msg = recv_bytes(world_, prev, kStep);
+    stats_.idle_s += since(t);  // waiting for the previous stage: the bubble
+    t = Clock::now();
     Reader rd(msg);
     Step step = get_step(rd);
     const int64_t m = step.rows();

@@ -53,6 +53,8 @@ struct EngineOptions {
 // Per-rank counters for the run report.
 struct EngineStats {
   int rank = 0, stage = 0, column = 0;
+  // compute: kernels; comm: sending, collectives, MoE exchange, and receiving payloads that had
+  // arrived; idle: waiting for the neighbouring stage's next message (pipeline bubble).
   double wall_s = 0, compute_s = 0, comm_s = 0, idle_s = 0;
   size_t bytes_sent = 0;
   int64_t tokens_generated = 0, prompt_tokens = 0, ticks = 0;
