@@ -295,7 +295,9 @@ void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Res
   const int64_t H = cfg.hidden_size;
   const int next = grid_.rank_of(1 % P, col), last = grid_.rank_of(P - 1, col);
   kernels::Backend& be = model_.backend();
-  const size_t kv_per_token = SeqCache::bytes_per_token(cfg, model_.n_local_layers());
+  // Stage 0 admits for its whole column: budget by the stage that holds the most layers.
+  const size_t kv_per_token =
+      SeqCache::bytes_per_token(cfg, opt_.kv_layers > 0 ? opt_.kv_layers : model_.n_local_layers());
 
   struct Live {
     int64_t req = 0;

@@ -47,6 +47,7 @@ struct EngineOptions {
   int64_t prefill_chunk = 256;   // prompt tokens per sequence per step (fixed: results never
                                  // depend on what else is scheduled)
   double kv_budget_bytes = 0;    // per rank; 0 = unlimited
+  int kv_layers = 0;             // layers of the largest stage (budget accounting); 0 = this rank's
   bool progress = false;         // progress line on stderr of rank 0
 };
 

@@ -1,0 +1,77 @@
+// Engine scheduling rules that do not show in the goldens: the KV budget (a request that can never
+// fit is refused with a clear error, requests that fit one at a time wait their turn), bad
+// requests answered with errors, and EOS / max_tokens handling.
+#include <gtest/gtest.h>
+
+#include "model_fixture.h"
+#include "runtime/model.h"
+
+using namespace glm5;
+using namespace glm5::testing;
+
+namespace {
+
+runtime::Request greedy(std::vector<int32_t> prompt, int max_tokens, int64_t index) {
+  runtime::Request r;
+  r.index = index;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+}  // namespace
+
+TEST(Engine, KvBudgetRefusesWhatCanNeverFitAndQueuesTheRest) {
+  OneProcessModel m(std::string(GLM5_TEST_DATA) + "/tiny-a");
+  const double per_token = double(runtime::SeqCache::bytes_per_token(m.cfg, int(m.cfg.num_hidden_layers)));
+  std::vector<runtime::Request> reqs = {greedy({1, 2, 3, 4, 5, 6, 7, 8}, 4, 0),
+                                        greedy({9, 10, 11, 12, 13, 14, 15, 16}, 4, 1),
+                                        greedy(std::vector<int32_t>(40, 3), 4, 2)};
+  runtime::EngineOptions opt;
+  opt.kv_budget_bytes = per_token * 20;  // one short request (8 + 4 + 1 tokens) at a time
+  auto res = m.run(reqs, opt);
+  ASSERT_EQ(res.size(), 3u);
+  EXPECT_TRUE(res[0].error.empty()) << res[0].error;
+  EXPECT_TRUE(res[1].error.empty()) << res[1].error;
+  EXPECT_EQ(res[0].tokens.size(), 4u);
+  EXPECT_EQ(res[1].tokens.size(), 4u);
+  EXPECT_EQ(res[2].finish_reason, "error");
+  EXPECT_NE(res[2].error.find("bytes of KV cache, more than the budget"), std::string::npos) << res[2].error;
+  // Queued behind the budget, the answers equal those of an unlimited run.
+  auto free_run = m.run(reqs);
+  EXPECT_EQ(res[0].tokens, free_run[0].tokens);
+  EXPECT_EQ(res[1].tokens, free_run[1].tokens);
+  EXPECT_EQ(free_run[2].tokens.size(), 4u);
+}
+
+TEST(Engine, BadRequestsGetErrorsAndTheOthersRun) {
+  OneProcessModel m(std::string(GLM5_TEST_DATA) + "/tiny-a");
+  auto too_long = greedy(std::vector<int32_t>(size_t(m.cfg.max_position_embeddings), 1), 8, 1);
+  auto empty = greedy({}, 4, 2);
+  auto res = m.run({greedy({5, 6, 7}, 3, 0), too_long, empty});
+  ASSERT_EQ(res.size(), 3u);
+  EXPECT_EQ(res[0].tokens.size(), 3u);
+  EXPECT_NE(res[1].error.find("exceeds the context length"), std::string::npos) << res[1].error;
+  EXPECT_NE(res[2].error.find("prompt is empty"), std::string::npos) << res[2].error;
+}
+
+TEST(Engine, StopsAtEosUnlessIgnored) {
+  OneProcessModel m(std::string(GLM5_TEST_DATA) + "/tiny-a");
+  // The tiny-a golden run produces eos id 510 as its 14th token (index 13).
+  Golden g(std::string(GLM5_TEST_DATA) + "/tiny-a/golden.safetensors");
+  auto prompt = g.get<int32_t>("prompt_ids");
+  auto gold = g.get<int32_t>("decode_tokens");
+  auto r = greedy(prompt, 16, 0);
+  r.sampling.ignore_eos = false;
+  auto res = m.run({r});
+  ASSERT_EQ(res[0].tokens.size(), 14u);
+  EXPECT_EQ(res[0].tokens.back(), 510);
+  EXPECT_EQ(res[0].finish_reason, "stop");
+  EXPECT_EQ(res[0].tokens, std::vector<int32_t>(gold.begin(), gold.begin() + 14));
+  r.sampling.ignore_eos = true;
+  res = m.run({r});
+  EXPECT_EQ(res[0].tokens, gold);
+  EXPECT_EQ(res[0].finish_reason, "length");
+}
