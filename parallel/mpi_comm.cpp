@@ -190,7 +190,7 @@ void MpiComm::recv(void* buf, size_t bytes, int src, int tag) {
   } while (off < bytes);
 }
 
-// One MPI_Alltoallw on every call, so no agreement between ranks is needed: MPI matches each
+// One MPI_Ialltoallw on every call, so no agreement between ranks is needed: MPI matches each
 // pair's data by type signature (a sequence of bytes), not by how each side describes it. A
 // block within the message limit is `bytes` x MPI_BYTE at an int displacement; a larger one (or
 // one at a larger offset) is one derived type: `bytes / limit` chunks of `limit` bytes plus the
@@ -231,8 +231,18 @@ void MpiComm::all_to_all_v(const void* send, const size_t* send_bytes, const siz
     describe(send_bytes[r], send_offsets[r], counts_[r], displs_[r], stypes_[r]);
     describe(recv_bytes[r], recv_offsets[r], rcounts_[r], rdispls_[r], rtypes_[r]);
   }
-  int rc = MPI_Alltoallw(send, counts_.data(), displs_.data(), stypes_.data(), recv,
-                         rcounts_.data(), rdispls_.data(), rtypes_.data(), comm_);
+  // Nonblocking, then the sleeping wait: a rank that arrives early does not spin a core.
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Ialltoallw(send, counts_.data(), displs_.data(), stypes_.data(), recv,
+                          rcounts_.data(), rdispls_.data(), rtypes_.data(), comm_, &req);
+  if (rc == MPI_SUCCESS) {
+    try {
+      wait_polling(&req, MPI_STATUS_IGNORE);
+    } catch (...) {
+      for (MPI_Datatype& t : made) MPI_Type_free(&t);
+      throw;
+    }
+  }
   for (MPI_Datatype& t : made) MPI_Type_free(&t);
   MPI_CHECK(rc);
 }

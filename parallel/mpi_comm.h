@@ -55,11 +55,11 @@ class MpiRuntime {
 // Comm over an MPI communicator, all transfers as MPI_BYTE on host memory.
 // - Messages larger than mpi_message_limit() (INT_MAX by default: MPI counts are int) go in
 //   chunks; both sides chunk the same way since sizes agree by contract.
-// - all_to_all_v is one MPI_Alltoallw per call: blocks within the limit go as MPI_BYTE, larger
+// - all_to_all_v is one MPI_Ialltoallw per call: blocks within the limit go as MPI_BYTE, larger
 //   ones (or ones at larger offsets) as derived types with 64-bit displacements. Every rank takes
 //   the same path whatever its sizes, so no agreement step is needed.
-// - send/recv post MPI_Isend/MPI_Irecv and poll MPI_Test with sleeps growing from 2 us to 1 ms,
-//   so a rank that waits (e.g. for the pipeline) does not keep a core busy.
+// - send, recv and all_to_all_v post nonblocking calls and poll MPI_Test with sleeps growing from
+//   2 us to 1 ms, so a rank that waits (e.g. for the pipeline) does not keep a core busy.
 // - all_reduce of F32/F64 Sum is MPI's reduction order: not layout-invariant, so not for
 //   activations that must be bitwise reproducible across layouts.
 class MpiComm final : public Comm {
