@@ -336,3 +336,36 @@ TEST(Cli, TokenizeRoundTrip) {
 }
 
 }  // namespace
+
+// `inspect` checks the per-rank plan against `device_memory_gb`: the real GLM-5 shape (config.json
+// values of spec §1.1) does not fit 8 x 80 GB in BF16; tiny-a fits anything.
+TEST(Cli, InspectChecksTheDeviceMemoryPlan) {
+  const fs::path dir = scratch("glm5-config/config.json").parent_path();
+  json cfg = json::parse(slurp(kTinyA + "/config.json"));
+  for (auto [k, v] : std::map<std::string, int64_t>{
+           {"vocab_size", 154880}, {"hidden_size", 6144}, {"num_hidden_layers", 78},
+           {"num_attention_heads", 64}, {"num_key_value_heads", 64}, {"head_dim", 64},
+           {"qk_head_dim", 256}, {"q_lora_rank", 2048}, {"kv_lora_rank", 512},
+           {"qk_nope_head_dim", 192}, {"qk_rope_head_dim", 64}, {"v_head_dim", 256},
+           {"index_n_heads", 32}, {"index_head_dim", 128}, {"index_topk", 2048},
+           {"intermediate_size", 12288}, {"moe_intermediate_size", 2048}, {"n_routed_experts", 256},
+           {"num_experts_per_tok", 8}, {"n_group", 1}, {"topk_group", 1}, {"first_k_dense_replace", 3},
+           {"max_position_embeddings", 202752}, {"pad_token_id", 154820}})
+    cfg[k] = v;
+  cfg["eos_token_id"] = {154820, 154827, 154829};
+  std::ofstream(dir / "config.json") << cfg.dump(1);
+  const Proc big = run(kBin + " inspect --model " + dir.string() + " --cluster " + kSrc +
+                       "/cluster-configs/h100x8.yaml");
+  ASSERT_EQ(big.code, 0) << big.err;
+  EXPECT_TRUE(contains(big.out, "parameters 7.439e+11")) << big.out;
+  EXPECT_TRUE(contains(big.out, "of 80.0 GB device memory: DOES NOT FIT")) << big.out;
+  const Proc tiny = run(kBin + " inspect --model " + kTinyA + " --cluster " + kSrc +
+                        "/cluster-configs/h100x8.yaml");
+  ASSERT_EQ(tiny.code, 0) << tiny.err;
+  EXPECT_TRUE(contains(tiny.out, "of 80.0 GB device memory: fits")) << tiny.out;
+  const fs::path yaml = scratch("fits.yaml");
+  std::ofstream(yaml) << "stages: 2\nexpert_parallel: 2\ndevice_memory_gb: 80\nkv_budget_gb: 1\n";
+  const Proc fits = run(kBin + " inspect --model " + kTinyA + " --cluster " + yaml.string());
+  ASSERT_EQ(fits.code, 0) << fits.err;
+  EXPECT_TRUE(contains(fits.out, "of 80.0 GB device memory: fits")) << fits.out;
+}
