@@ -1,7 +1,9 @@
-// MoeExchange: counts, then rows with their tags, with Comm::all_to_all_v; results back the same
-// way. The receive order (tag, source rank, source slot) comes from a stable sort by tag of the
-// source-major arrival order, so it is fixed by the data alone, never by timing or rank count.
-// Rows a rank sends to itself never go through the communicator; on one rank nothing does.
+// MoeExchange: counts, then token rows with their (row, tag) slot entries, with
+// Comm::all_to_all_v; results back the same way. The receive order (tag, source rank, source
+// slot) comes from a stable sort by tag of the source-major arrival order, so it is fixed by the
+// data alone, never by timing or rank count. Local copies: each token row sent is packed once,
+// the rank's own tokens are copied into the table once (none on a one-rank comm), and results
+// for other ranks are put in arrival order once; everything else is addressed by index.
 #include "parallel/moe_exchange.h"
 
 #include <algorithm>
@@ -19,17 +21,26 @@ constexpr int64_t kParallelCopy = int64_t(1) << 15;
 
 // Per-destination header of the count exchange.
 struct Header {
-  int64_t rows;   // rows this rank sends to the receiver
+  int64_t slots;  // slots this rank sends to the receiver
+  int64_t toks;   // distinct token rows among them
   int64_t d;      // row width, must agree on all ranks
   int64_t error;  // 1: this rank's arguments were bad (it throws its own message)
 };
 constexpr size_t kHeaderWords = sizeof(Header) / sizeof(int64_t);
+
+// Whole rows of d floats that hold n (row, tag) int32 pairs.
+int64_t entry_rows(int64_t n, int64_t d) { return (2 * n + d - 1) / d; }
+
+void copy_rows(float* dst, const float* src, int64_t d) {
+  std::memcpy(dst, src, size_t(d) * sizeof(float));
+}
 }  // namespace
 
 MoeExchange::MoeExchange(Comm& stage_comm) : comm_(stage_comm) {}
 
 void MoeExchange::exchange(const void* send, const std::vector<int64_t>& send_rows,
-                           size_t row_bytes, void* recv, const std::vector<int64_t>& recv_rows) {
+                           size_t row_bytes, void* recv, const std::vector<int64_t>& recv_rows,
+                           bool include_self) {
   const int p = comm_.size(), me = comm_.rank();
   sb_.resize(p);
   so_.resize(p);
@@ -38,11 +49,11 @@ void MoeExchange::exchange(const void* send, const std::vector<int64_t>& send_ro
   size_t soff = 0, roff = 0;
   for (int r = 0; r < p; ++r) {
     const size_t sb = size_t(send_rows[r]) * row_bytes, rb = size_t(recv_rows[r]) * row_bytes;
-    // Rows for this rank itself are handled by the caller (the block is left out of the call).
-    sb_[r] = r == me && !self_through_comm_ ? 0 : sb;
+    // This rank's own block keeps its place in both buffers but is left out of the call.
+    sb_[r] = r == me && !include_self ? 0 : sb;
     so_[r] = soff;
     soff += sb;
-    rb_[r] = r == me && !self_through_comm_ ? 0 : rb;
+    rb_[r] = r == me && !include_self ? 0 : rb;
     ro_[r] = roff;
     roff += rb;
     if (r != me) bytes_sent_ += sb;
@@ -67,9 +78,11 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
             ": null x, dest_rank or tag with m = " + std::to_string(m);
   }
   const int64_t n_slots = error.empty() ? m * top_k : 0;
-  send_rows_.assign(p, 0);
+  send_slots_.assign(p, 0);
+  send_toks_.assign(p, 0);
+  std::vector<int64_t> last_tok(p, -1);
   for (int64_t s = 0; s < n_slots && error.empty(); ++s) {
-    int32_t r = dest_rank[s];
+    const int32_t r = dest_rank[s];
     if (r == -1) continue;
     if (r < 0 || r >= p) {
       std::ostringstream os;
@@ -78,155 +91,210 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
       error = os.str();
       break;
     }
-    ++send_rows_[r];
+    ++send_slots_[r];
+    if (last_tok[r] != s / top_k) {
+      last_tok[r] = s / top_k;
+      ++send_toks_[r];
+    }
   }
-  if (!error.empty()) send_rows_.assign(p, 0);
+  if (error.empty() && m * top_k >= (int64_t(1) << 31)) {
+    error = "MoE dispatch on rank " + std::to_string(me) + ": " + std::to_string(m * top_k) +
+            " slots, more than the 2^31 - 1 that int32 slot indices can address";
+  }
+  if (!error.empty()) {
+    send_slots_.assign(p, 0);
+    send_toks_.assign(p, 0);
+  }
 
   // 1. Counts (and d, and the error flag) to every rank; one rank needs no exchange.
-  recv_rows_.assign(p, 0);
+  recv_slots_.assign(p, 0);
+  std::vector<int64_t> recv_toks(p, 0);
   if (p == 1) {
     if (!error.empty()) GLM5_FAIL(error);
-    recv_rows_[0] = send_rows_[0];
+    recv_slots_[0] = send_slots_[0];
+    recv_toks[0] = send_toks_[0];
   } else {
     hdr_send_.resize(p * kHeaderWords);
     hdr_recv_.resize(p * kHeaderWords);
     for (int r = 0; r < p; ++r) {
-      hdr_send_[r * kHeaderWords + 0] = send_rows_[r];
-      hdr_send_[r * kHeaderWords + 1] = d;
-      hdr_send_[r * kHeaderWords + 2] = error.empty() ? 0 : 1;
+      hdr_send_[r * kHeaderWords + 0] = send_slots_[r];
+      hdr_send_[r * kHeaderWords + 1] = send_toks_[r];
+      hdr_send_[r * kHeaderWords + 2] = d;
+      hdr_send_[r * kHeaderWords + 3] = error.empty() ? 0 : 1;
     }
     std::vector<int64_t> ones(p, 1);
-    self_through_comm_ = true;
-    exchange(hdr_send_.data(), ones, sizeof(Header), hdr_recv_.data(), ones);
-    self_through_comm_ = false;
+    exchange(hdr_send_.data(), ones, sizeof(Header), hdr_recv_.data(), ones, true);
     if (!error.empty()) GLM5_FAIL(error);
     for (int r = 0; r < p; ++r) {
       const int64_t* h = &hdr_recv_[r * kHeaderWords];
-      CHECK(h[2] == 0, "MoE dispatch: rank ", r,
+      CHECK(h[3] == 0, "MoE dispatch: rank ", r,
             " of the stage passed invalid arguments (its own error names them); rank ", me,
             " stops too");
-      CHECK(h[1] == d, "MoE dispatch: rank ", r, " uses rows of width d = ", h[1], " but rank ",
+      CHECK(h[2] == d, "MoE dispatch: rank ", r, " uses rows of width d = ", h[2], " but rank ",
             me, " uses d = ", d, " (d must be equal on all ranks)");
-      recv_rows_[r] = h[0];
+      recv_slots_[r] = h[0];
+      recv_toks[r] = h[1];
     }
   }
-
-  // 2. Group slots by destination (stable: slot order within a destination); remember the
-  //    slots that are not sent, which combine() zeroes.
   m_ = m;
   d_ = d;
   top_k_ = top_k;
+
+  // 2. Group slots by destination (slot order within one) and give each destination's distinct
+  //    tokens a row in its block (token order); a slot's entry is (that row, its tag).
   send_first_.assign(p + 1, 0);
-  for (int r = 0; r < p; ++r) send_first_[r + 1] = send_first_[r] + send_rows_[r];
+  send_tok_first_.assign(p + 1, 0);
+  for (int r = 0; r < p; ++r) {
+    send_first_[r + 1] = send_first_[r] + send_slots_[r];
+    send_tok_first_[r + 1] = send_tok_first_[r] + send_toks_[r];
+  }
   const int64_t n_send = send_first_[p];
   send_slot_.resize(n_send);
-  unsent_slot_.clear();
+  send_entry_.resize(2 * n_send);
+  send_tok_.resize(send_tok_first_[p]);
   {
     std::vector<int64_t> pos(send_first_.begin(), send_first_.end() - 1);
+    std::vector<int64_t> tpos(send_tok_first_.begin(), send_tok_first_.end() - 1);
+    last_tok.assign(p, -1);
     for (int64_t s = 0; s < n_slots; ++s) {
-      if (dest_rank[s] >= 0)
-        send_slot_[pos[dest_rank[s]]++] = s;
-      else
-        unsent_slot_.push_back(s);
+      const int32_t r = dest_rank[s];
+      if (r < 0) continue;
+      const int64_t t = s / top_k;
+      if (last_tok[r] != t) {
+        last_tok[r] = t;
+        send_tok_[tpos[r]++] = int32_t(t);
+      }
+      const int64_t g = pos[r]++;
+      send_slot_[g] = s;
+      send_entry_[2 * g] = int32_t(tpos[r] - 1 - send_tok_first_[r]);
+      send_entry_[2 * g + 1] = tag[s];
     }
   }
 
-  // 3. Pack the rows for other ranks, each destination's block as [rows, d] f32 then [rows]
-  //    int32 tags, and exchange them in one call. The block for this rank stays out of it.
-  const size_t row_bytes = size_t(d) * sizeof(float), wire_row = row_bytes + sizeof(int32_t);
+  // 3. Block sizes in rows: a peer's block is its token rows then its entries; this rank's own
+  //    block in the table is just its tokens (its entries are known here).
+  send_block_rows_.assign(p, 0);
+  recv_block_rows_.assign(p, 0);
+  block_first_.assign(p, 0);
+  int64_t rows = 0;
+  for (int r = 0; r < p; ++r) {
+    if (r != me) send_block_rows_[r] = send_toks_[r] + entry_rows(send_slots_[r], d);
+    recv_block_rows_[r] = r == me ? recv_toks[r] : recv_toks[r] + entry_rows(recv_slots_[r], d);
+    block_first_[r] = rows;
+    rows += recv_block_rows_[r];
+  }
   recv_first_.assign(p + 1, 0);
-  for (int r = 0; r < p; ++r) recv_first_[r + 1] = recv_first_[r] + recv_rows_[r];
-  const int64_t n_recv = recv_first_[p];
-  if (p > 1) {
-    send_wire_.resize(size_t(n_send) * wire_row);
+  for (int r = 0; r < p; ++r) recv_first_[r + 1] = recv_first_[r] + recv_slots_[r];
+  n_recv_ = recv_first_[p];
+  n_ret_ = p > 1 ? n_send : 0;
+  CHECK(rows < (int64_t(1) << 31) && n_recv_ + n_ret_ < (int64_t(1) << 31), "MoE dispatch on rank ",
+        me, ": ", rows, " table rows and ", n_recv_ + n_ret_,
+        " result rows, more than int32 row indices can address");
+
+  // 4. Pack and exchange, or on one rank use x itself as the table.
+  const size_t row_bytes = size_t(d) * sizeof(float);
+  if (p == 1) {
+    table_ = x;
+    table_rows_ = m;
+  } else {
+    int64_t send_total = 0;
+    for (int r = 0; r < p; ++r) send_total += send_block_rows_[r];
+    float* wire = send_wire_.reserve(size_t(std::max<int64_t>(send_total, 1) * d));
+    float* table = recv_wire_.reserve(size_t(std::max<int64_t>(rows, 1) * d));
+    int64_t off = 0;
     for (int r = 0; r < p; ++r) {
       if (r == me) continue;
-      const int64_t k0 = send_first_[r], rows = send_rows_[r];
-      char* block = send_wire_.data() + size_t(k0) * wire_row;
-      char* tags = block + size_t(rows) * row_bytes;
-#pragma omp parallel for schedule(static) if (rows * d >= kParallelCopy)
-      for (int64_t k = 0; k < rows; ++k) {
-        const int64_t s = send_slot_[k0 + k];
-        std::memcpy(block + size_t(k) * row_bytes, x + (s / top_k) * d, row_bytes);
-        std::memcpy(tags + size_t(k) * sizeof(int32_t), &tag[s], sizeof(int32_t));
-      }
+      float* block = wire + off * d;
+      const int32_t* toks = &send_tok_[send_tok_first_[r]];
+      const int64_t n_tok = send_toks_[r];
+#pragma omp parallel for schedule(static) if (n_tok * d >= kParallelCopy)
+      for (int64_t u = 0; u < n_tok; ++u) copy_rows(block + u * d, x + int64_t(toks[u]) * d, d);
+      char* entries = reinterpret_cast<char*>(block + n_tok * d);
+      const size_t entry_bytes = size_t(send_slots_[r]) * 2 * sizeof(int32_t);
+      std::memcpy(entries, &send_entry_[2 * send_first_[r]], entry_bytes);
+      std::memset(entries + entry_bytes, 0,
+                  size_t(entry_rows(send_slots_[r], d)) * row_bytes - entry_bytes);
+      off += send_block_rows_[r];
     }
-    recv_wire_.resize(size_t(n_recv) * wire_row);
-    exchange(send_wire_.data(), send_rows_, wire_row, recv_wire_.data(), recv_rows_);
+    exchange(wire, send_block_rows_, row_bytes, table, recv_block_rows_);
+    // This rank's own tokens go into its block of the table.
+    const int32_t* toks = &send_tok_[send_tok_first_[me]];
+    const int64_t n_tok = send_toks_[me];
+    float* own = table + block_first_[me] * d;
+#pragma omp parallel for schedule(static) if (n_tok * d >= kParallelCopy)
+    for (int64_t u = 0; u < n_tok; ++u) copy_rows(own + u * d, x + int64_t(toks[u]) * d, d);
+    table_ = table;
+    table_rows_ = rows;
   }
 
-  // 4. Arrival is source-major with slot order inside a source; a stable sort by tag gives
-  //    (tag, source, slot). Arrival row k of source r is row k - recv_first_[r] of r's block;
-  //    for r == me that is this rank's own slot send_slot_[send_first_[me] + k - ...].
-  raw_tag_.resize(n_recv);
-  raw_src_.resize(n_recv);
+  // 5. Arrival order is source-major, slot order within a source; a stable sort by tag gives
+  //    (tag, source, slot).
+  raw_tag_.resize(n_recv_);
+  raw_row_.resize(n_recv_);
   for (int r = 0; r < p; ++r) {
-    const int64_t k0 = recv_first_[r], rows = recv_rows_[r];
+    const int64_t k0 = recv_first_[r], n = recv_slots_[r];
     if (r == me) {
-      for (int64_t k = 0; k < rows; ++k) raw_tag_[k0 + k] = tag[send_slot_[send_first_[me] + k]];
+      const int32_t* e = &send_entry_[2 * send_first_[me]];
+      const int32_t* toks = &send_tok_[send_tok_first_[me]];
+      for (int64_t k = 0; k < n; ++k) {
+        raw_row_[k0 + k] = p == 1 ? toks[e[2 * k]] : int32_t(block_first_[me] + e[2 * k]);
+        raw_tag_[k0 + k] = e[2 * k + 1];
+      }
     } else {
-      const char* tags = recv_wire_.data() + size_t(k0) * wire_row + size_t(rows) * row_bytes;
-      std::memcpy(&raw_tag_[k0], tags, size_t(rows) * sizeof(int32_t));
+      int32_t e[2];
+      const char* entries =
+          reinterpret_cast<const char*>(table_ + (block_first_[r] + recv_toks[r]) * d);
+      for (int64_t k = 0; k < n; ++k) {
+        std::memcpy(e, entries + size_t(k) * sizeof(e), sizeof(e));
+        CHECK(e[0] >= 0 && e[0] < recv_toks[r], "MoE dispatch on rank ", me, ": slot entry ", k,
+              " from rank ", r, " names token row ", e[0], " of ", recv_toks[r]);
+        raw_row_[k0 + k] = int32_t(block_first_[r] + e[0]);
+        raw_tag_[k0 + k] = e[1];
+      }
     }
-    std::fill(raw_src_.begin() + k0, raw_src_.begin() + k0 + rows, int32_t(r));
   }
-  order_.resize(n_recv);
+  order_.resize(n_recv_);
   std::iota(order_.begin(), order_.end(), int64_t(0));
   std::stable_sort(order_.begin(), order_.end(),
                    [&](int64_t a, int64_t b) { return raw_tag_[a] < raw_tag_[b]; });
-  recv_x_.resize(size_t(n_recv * d));
-  recv_tag_.resize(n_recv);
-  recv_src_.resize(n_recv);
-  const int64_t self0 = recv_first_[me], self1 = recv_first_[me + 1];
-#pragma omp parallel for schedule(static) if (n_recv * d >= kParallelCopy)
-  for (int64_t i = 0; i < n_recv; ++i) {
+  recv_tag_.resize(n_recv_);
+  recv_src_.resize(n_recv_);
+  recv_row_.resize(n_recv_);
+  std::vector<int64_t> sorted_pos(n_recv_);
+  for (int64_t i = 0; i < n_recv_; ++i) {
     const int64_t k = order_[i];
-    const int32_t r = raw_src_[k];
-    const void* row;
-    if (k >= self0 && k < self1)
-      row = x + (send_slot_[send_first_[me] + k - self0] / top_k) * d;
-    else
-      row = recv_wire_.data() + size_t(recv_first_[r]) * wire_row +
-            size_t(k - recv_first_[r]) * row_bytes;
-    std::memcpy(&recv_x_[i * d], row, row_bytes);
     recv_tag_[i] = raw_tag_[k];
-    recv_src_[i] = r;
+    recv_row_[i] = raw_row_[k];
+    recv_src_[i] = int32_t(std::upper_bound(recv_first_.begin(), recv_first_.end(), k) -
+                           recv_first_.begin() - 1);
+    sorted_pos[k] = i;
   }
+
+  // 6. Where each of this rank's slots will find its result: its own slots in the caller's rows,
+  //    the others in the returns region (grouped by destination).
+  slot_row_.assign(m * top_k, -1);
+  for (int r = 0; r < p; ++r)
+    for (int64_t g = send_first_[r]; g < send_first_[r + 1]; ++g)
+      slot_row_[send_slot_[g]] =
+          int32_t(r == me ? sorted_pos[recv_first_[me] + g - send_first_[me]] : n_recv_ + g);
+  results_.reserve(size_t(std::max<int64_t>(n_recv_ + n_ret_, 1) * d));
   dispatched_ = true;
 }
 
-void MoeExchange::combine(const float* y) {
+void MoeExchange::combine() {
   CHECK(dispatched_, "MoE combine on rank ", comm_.rank(),
         " without a successful dispatch before it");
   const int p = comm_.size(), me = comm_.rank();
-  const int64_t n_recv = recv_count(), n_send = int64_t(send_slot_.size()), d = d_;
-  CHECK(n_recv == 0 || y, "MoE combine on rank ", comm_.rank(), ": null y with ", n_recv,
-        " received rows");
-  const size_t row_bytes = size_t(d) * sizeof(float);
-  out_.resize(size_t(m_ * top_k_ * d));
-  // Results for this rank's own slots go straight to out_; the others back to arrival order,
-  // so each source gets its rows in the order it sent them.
-  const int64_t self0 = recv_first_[me], self1 = recv_first_[me + 1];
-  if (p > 1) back_.resize(size_t(n_recv * d));
-#pragma omp parallel for schedule(static) if (n_recv * d >= kParallelCopy)
-  for (int64_t i = 0; i < n_recv; ++i) {
-    const int64_t k = order_[i];
-    float* dst = (k >= self0 && k < self1) ? &out_[send_slot_[send_first_[me] + k - self0] * d]
-                                           : &back_[k * d];
-    std::memcpy(dst, y + i * d, row_bytes);
-  }
-  if (p > 1) {
-    ret_.resize(size_t(n_send * d));
-    exchange(back_.data(), recv_rows_, row_bytes, ret_.data(), send_rows_);
-    for (int r = 0; r < p; ++r) {
-      if (r == me) continue;
-      const int64_t k0 = send_first_[r], k1 = send_first_[r + 1];
-#pragma omp parallel for schedule(static) if ((k1 - k0) * d >= kParallelCopy)
-      for (int64_t k = k0; k < k1; ++k)
-        std::memcpy(&out_[send_slot_[k] * d], &ret_[k * d], row_bytes);
-    }
-  }
-  for (int64_t s : unsent_slot_) std::fill_n(&out_[s * d], d, 0.0f);
+  if (p == 1) return;  // every result is already where slot_row() points
+  const int64_t d = d_;
+  // Results for other ranks go back to arrival order (each source's slots, in its slot order).
+  float* back = back_.reserve(size_t(std::max<int64_t>(n_recv_, 1) * d));
+  const float* res = results_.data();
+#pragma omp parallel for schedule(static) if (n_recv_ * d >= kParallelCopy)
+  for (int64_t i = 0; i < n_recv_; ++i)
+    if (recv_src_[i] != me) copy_rows(back + order_[i] * d, res + i * d, d);
+  exchange(back, recv_slots_, size_t(d) * sizeof(float), results_.data() + n_recv_ * d,
+           send_slots_);
 }
 
 }  // namespace glm5::parallel

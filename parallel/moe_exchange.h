@@ -1,16 +1,43 @@
 // MoE dispatch/combine over Comm::all_to_all_v, in rows and ranks only: no experts, no weights.
-// dispatch() sends each (token, j) slot's row to a destination rank; the receiver sees rows ordered
-// by (tag, source rank, source slot), an order that does not depend on how many ranks there are,
-// so expert outputs and their sums are bitwise layout-invariant. combine() returns each result to
-// the slot it came from. Host memory only (f32 rows); weighting and summing over j is the caller's.
+// dispatch() sends each token's row once to every rank that owns one of its chosen experts,
+// with a (row, tag) entry per slot; the receiver sees slots ordered by (tag, source rank, source
+// slot), an order that does not depend on how many ranks there are, so expert outputs and their
+// sums are bitwise layout-invariant. combine() returns each slot's result to its source.
+// Nothing is copied into expert order here: slots point at rows by index (the caller gathers
+// them for its GEMMs, as a fused-MoE kernel would) and the caller's weighted sum reads the
+// results by index. Host memory only (f32 rows); weighting and summing over slots is the caller's.
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <vector>
 
 #include "parallel/comm.h"
 
 namespace glm5::parallel {
+
+// A growable host buffer that is never initialised: pages are touched only where written.
+template <class T>
+class Scratch {
+ public:
+  T* reserve(size_t n) {
+    if (n > cap_) {
+      p_.reset(static_cast<T*>(std::malloc(n * sizeof(T))));
+      if (!p_) throw std::bad_alloc();
+      cap_ = n;
+    }
+    return p_.get();
+  }
+  T* data() const { return p_.get(); }
+
+ private:
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  std::unique_ptr<T, Free> p_;
+  size_t cap_ = 0;
+};
 
 class MoeExchange {
  public:
@@ -18,68 +45,85 @@ class MoeExchange {
   explicit MoeExchange(Comm& stage_comm);
 
   // Collective over stage_comm: every rank calls it, with m = 0 when it has no tokens.
-  //   x         [m, d] f32, one row per token (d must be equal on all ranks)
+  //   x         [m, d] f32, one row per token (d must be equal on all ranks); on a one-rank comm
+  //             recv_table() is x itself, so x must then stay valid while the table is read
   //   dest_rank [m * top_k]: rank (in stage_comm) that gets slot t*top_k + j, or -1 = not sent
   //   tag       [m * top_k]: ordering key at the receiver, e.g. the local expert id
-  // A slot's row is sent once per slot (a token going twice to one rank travels twice).
-  // Exchanges per-destination row counts first (one all_to_all_v), then rows with their tags (one
-  // all_to_all_v); on a one-rank comm it makes no call. Bad arguments on any rank make every rank
-  // throw, none hangs.
+  // Exchanges per-destination counts first (one all_to_all_v), then each destination's rows with
+  // one (row, tag) entry per slot (one all_to_all_v); on a one-rank comm it makes no call. Bad
+  // arguments on any rank make every rank throw, none hangs.
   void dispatch(const float* x, int64_t m, int64_t d, int64_t top_k, const int32_t* dest_rank,
                 const int32_t* tag);
 
-  // The rows this rank received, ordered by (tag ascending, source rank ascending, source slot).
-  int64_t recv_count() const { return int64_t(recv_tag_.size()); }
-  const float* recv_x() const { return recv_x_.data(); }        // [recv_count, d]
+  // The slots this rank received, ordered by (tag ascending, source rank ascending, source slot).
+  int64_t recv_count() const { return n_recv_; }
   const int32_t* recv_tag() const { return recv_tag_.data(); }  // [recv_count]
   const int32_t* recv_src() const { return recv_src_.data(); }  // [recv_count] source rank
+  // Slot i's row is recv_table() + recv_row()[i] * d: each token arrives once per source however
+  // many of its slots came (the table also holds this rank's own tokens for its local slots).
+  const float* recv_table() const { return table_; }            // [recv_table_rows, d]
+  int64_t recv_table_rows() const { return table_rows_; }
+  const int32_t* recv_row() const { return recv_row_.data(); }  // [recv_count]
+  const float* recv_row_data(int64_t i) const { return table_ + int64_t(recv_row_[i]) * d_; }
 
-  // Collective: y [recv_count, d] holds the result for each received row, in recv order. Sends
-  // them back; out() is then [m * top_k, d] with row t*top_k + j the result for that slot, zero
-  // for slots whose dest_rank was -1. May be called again after the same dispatch.
-  void combine(const float* y);
-  const float* out() const { return out_.data(); }
+  // After dispatch: [recv_count, d] host rows where the caller writes the result for slot i;
+  // then combine() (collective) sends them back. May be called again after the same dispatch.
+  float* results() { return results_.data(); }
+  void combine();
+  // After combine: the result for the caller's slot s = t*top_k + j is row slot_row()[s] of
+  // result_rows(), or -1 when its dest_rank was -1 (the layout of ops.h's MoeCombineParams).
+  const float* result_rows() const { return results_.data(); }  // [result_row_count, d]
+  int64_t result_row_count() const { return n_recv_ + n_ret_; }
+  const int32_t* slot_row() const { return slot_row_.data(); }  // [m * top_k]
 
   int64_t d() const { return d_; }
   int64_t m() const { return m_; }
   int64_t top_k() const { return top_k_; }
-  // Cumulative bytes this rank handed to other ranks (count headers, rows, tags and results);
-  // rows kept on this rank are not counted.
+  // Cumulative bytes this rank handed to other ranks (count headers, rows, slot entries and
+  // results); rows kept on this rank are not counted.
   uint64_t bytes_sent() const { return bytes_sent_; }
 
  private:
   void exchange(const void* send, const std::vector<int64_t>& send_rows, size_t row_bytes,
-                void* recv, const std::vector<int64_t>& recv_rows);
+                void* recv, const std::vector<int64_t>& recv_rows, bool include_self = false);
 
   Comm& comm_;
   bool dispatched_ = false;
   int64_t m_ = 0, d_ = 0, top_k_ = 0;
   uint64_t bytes_sent_ = 0;
 
-  // Send side: slots grouped by destination rank, in slot order within a destination.
-  std::vector<int64_t> send_rows_;    // [P] rows to each rank
-  std::vector<int64_t> send_first_;   // [P + 1] first grouped row of each destination
-  std::vector<int64_t> send_slot_;    // [n_send] slot index of each grouped row
-  std::vector<int64_t> unsent_slot_;  // slots with dest_rank -1 (zero in out())
-  // Wire blocks, one per peer rank: [rows, d] f32 then [rows] int32 tags. The block for this rank
-  // itself is never packed: its rows are read from x and its results written to out_ directly.
-  std::vector<char> send_wire_, recv_wire_;
-  // Receive side, as it arrives (source-major, slot order within a source) ...
-  std::vector<int64_t> recv_rows_;   // [P] rows from each rank
-  std::vector<int64_t> recv_first_;  // [P + 1] first arrival row of each source
-  std::vector<int32_t> raw_tag_, raw_src_;  // [n_recv]
-  // ... and in (tag, source, slot) order: recv row i is arrival row order_[i].
-  std::vector<int64_t> order_;
-  std::vector<float> recv_x_;
-  std::vector<int32_t> recv_tag_, recv_src_;
-  // Combine.
-  std::vector<float> back_;  // [n_recv, d] results in arrival order (own block unused)
-  std::vector<float> ret_;   // [n_send, d] results in grouped order (own block unused)
-  std::vector<float> out_;   // [m * top_k, d]
+  // Send side. Slots grouped by destination rank, in slot order within a destination ...
+  std::vector<int64_t> send_slots_;  // [P] slots to each rank
+  std::vector<int64_t> send_first_;  // [P + 1] first grouped slot of each destination
+  std::vector<int64_t> send_slot_;   // [n_send] slot index of each grouped slot
+  // ... and each destination's distinct tokens, in token order.
+  std::vector<int64_t> send_toks_;       // [P] distinct tokens to each rank
+  std::vector<int64_t> send_tok_first_;  // [P + 1]
+  std::vector<int32_t> send_tok_;        // token index of each grouped token row
+  std::vector<int32_t> send_entry_;      // [n_send] (token row within its block, tag) pairs x2
+  // Wire blocks, one per peer rank, in whole rows of d floats: the block's token rows, then its
+  // (row, tag) int32 pairs padded to whole rows. The block for this rank is never sent.
+  std::vector<int64_t> send_block_rows_, recv_block_rows_;  // [P]
+  Scratch<float> send_wire_;
+  // Receive side: the table is the received wire blocks in source order, with this rank's own
+  // tokens copied into its own block; slots arrive source-major, slot order within a source.
+  Scratch<float> recv_wire_;
+  const float* table_ = nullptr;
+  int64_t table_rows_ = 0;
+  std::vector<int64_t> recv_slots_;  // [P] slots from each rank
+  std::vector<int64_t> recv_first_;  // [P + 1] first arrival slot of each source
+  std::vector<int64_t> block_first_;  // [P] first table row of each source's block
+  std::vector<int32_t> raw_tag_, raw_row_;  // [n_recv] in arrival order
+  std::vector<int64_t> order_;              // recv slot i is arrival slot order_[i]
+  int64_t n_recv_ = 0, n_ret_ = 0;  // n_ret_: rows of the returns region
+  std::vector<int32_t> recv_tag_, recv_src_, recv_row_;
+  // Combine: results_ = [n_recv rows written by the caller | n_send rows coming back, grouped by
+  // destination (this rank's own block unused)]; back_ = results for other ranks in arrival order.
+  Scratch<float> results_, back_;
+  std::vector<int32_t> slot_row_;
   // all_to_all_v scratch.
   std::vector<int64_t> hdr_send_, hdr_recv_;
   std::vector<size_t> sb_, so_, rb_, ro_;
-  bool self_through_comm_ = false;  // exchange(): include this rank's own block (headers only)
 };
 
 }  // namespace glm5::parallel

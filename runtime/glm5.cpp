@@ -380,8 +380,8 @@ void Model::swiglu_expert(const Expert& e, const float* x, int64_t m, float* y) 
 void Model::dense_mlp(Layer& L, const float* x, int64_t m, float* y) { swiglu_expert(L.dense, x, m, y); }
 
 // MoE (spec §3.8): route every row, send rows to the ranks owning their experts (all_to_all_v in
-// the stage; a one-rank stage just copies), run each local expert on its rows, bring results back
-// and combine them in expert-id order, then add the shared expert.
+// the stage; a one-rank stage only sorts indices), run each local expert on its rows, bring
+// results back and combine them in expert-id order, then add the shared expert.
 void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
   const int64_t H = cfg_.hidden_size, E = cfg_.n_routed_experts, K = cfg_.num_experts_per_tok;
   const int64_t per = E / shard_.expert_parallel;
@@ -412,46 +412,57 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
   ex.dispatch(host ? x : x_host.data(), m, H, K, dest.data(), tag.data());
   moe_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  // Received rows are grouped by local expert (tag ascending).
+  // Received slots come grouped by local expert (tag ascending); slot i's row is row
+  // recv_row[i] of the table (each token once per source). Each expert gathers its rows and
+  // writes its outputs in slot order into the exchange's results.
   const int64_t n_recv = ex.recv_count();
   const int32_t* rtag = ex.recv_tag();
-  const float* rx = ex.recv_x();
-  std::unique_ptr<Buf<float>> rx_dev;
+  const float* table = ex.recv_table();
+  const int32_t* rrow = ex.recv_row();
+  std::unique_ptr<Buf<float>> table_dev, out_dev;
+  std::unique_ptr<Buf<int32_t>> rrow_dev;
   if (!host) {
-    rx_dev = std::make_unique<Buf<float>>(be, n_recv * H);
-    be.to_device(*rx_dev, rx, size_t(n_recv * H) * sizeof(float));
-    rx = *rx_dev;
+    table_dev = std::make_unique<Buf<float>>(be, ex.recv_table_rows() * H);
+    be.to_device(*table_dev, table, size_t(ex.recv_table_rows() * H) * sizeof(float));
+    table = *table_dev;
+    rrow_dev = std::make_unique<Buf<int32_t>>(be, n_recv);
+    be.to_device(*rrow_dev, rrow, size_t(n_recv) * sizeof(int32_t));
+    rrow = *rrow_dev;
+    out_dev = std::make_unique<Buf<float>>(be, n_recv * H);
   }
-  Buf<float> out(be, n_recv * H);
-  for (int64_t i = 0; i < n_recv;) {
-    int64_t j = i;
-    while (j < n_recv && rtag[j] == rtag[i]) ++j;
+  float* out = host ? ex.results() : out_dev->p;
+  int64_t max_run = 0;
+  for (int64_t i = 0, j = 0; i < n_recv; i = j) {
+    for (j = i; j < n_recv && rtag[j] == rtag[i];) ++j;
+    max_run = std::max(max_run, j - i);
+  }
+  Buf<float> expert_in(be, max_run * H);
+  for (int64_t i = 0, j = 0; i < n_recv; i = j) {
+    for (j = i; j < n_recv && rtag[j] == rtag[i];) ++j;
     expert_tokens_[size_t(rtag[i])] += j - i;
-    swiglu_expert(L.experts[size_t(rtag[i])], rx + i * H, j - i, out + i * H);
-    i = j;
+    be.gather_rows({table, rrow + i, j - i, H, expert_in});
+    swiglu_expert(L.experts[size_t(rtag[i])], expert_in, j - i, out + i * H);
   }
-  std::vector<float> out_host;
-  if (!host) {
-    out_host.resize(size_t(n_recv * H));
-    be.to_host(out_host.data(), out, out_host.size() * sizeof(float));
-  }
+  if (!host) be.to_host(ex.results(), out, size_t(n_recv * H) * sizeof(float));
   t0 = std::chrono::steady_clock::now();
-  ex.combine(host ? out.p : out_host.data());
+  ex.combine();
   moe_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  // y = sum_j w[t, j] * expert_out[t, j] (j in expert-id order) + shared(x)
-  std::vector<int32_t> slots(size_t(m * K));
-  for (size_t i = 0; i < slots.size(); ++i) slots[i] = int32_t(i);
-  Buf<int32_t> d_slots(be, m * K);
-  be.to_device(d_slots, slots.data(), slots.size() * sizeof(int32_t));
-  const float* expert_out = ex.out();
-  std::unique_ptr<Buf<float>> eo_dev;
+  // y = sum_j w[t, j] * result[t, j] (j in expert-id order) + shared(x)
+  const float* results = ex.result_rows();
+  const int32_t* slot_row = ex.slot_row();
+  std::unique_ptr<Buf<float>> results_dev;
+  std::unique_ptr<Buf<int32_t>> slot_row_dev;
   if (!host) {
-    eo_dev = std::make_unique<Buf<float>>(be, m * K * H);
-    be.to_device(*eo_dev, expert_out, size_t(m * K * H) * sizeof(float));
-    expert_out = *eo_dev;
+    const size_t n = size_t(ex.result_row_count() * H);
+    results_dev = std::make_unique<Buf<float>>(be, int64_t(n));
+    be.to_device(*results_dev, results, n * sizeof(float));
+    results = *results_dev;
+    slot_row_dev = std::make_unique<Buf<int32_t>>(be, m * K);
+    be.to_device(*slot_row_dev, slot_row, size_t(m * K) * sizeof(int32_t));
+    slot_row = *slot_row_dev;
   }
-  be.moe_combine({expert_out, d_slots, weights, y, m, K, H, false});
+  be.moe_combine({results, slot_row, weights, y, m, K, H, false});
   if (cfg_.n_shared_experts > 0) {
     Buf<float> s(be, m * H);
     swiglu_expert(L.shared, x, m, s);

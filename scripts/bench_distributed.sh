@@ -134,7 +134,7 @@ EOF
 # --- 2. MoE exchange against MPI_Alltoallv ----------------------------------------------------
 if [[ -z ${SKIP_ALLTOALL:-} ]]; then
   echo
-  echo "== 2. bench_alltoall (MoeExchange dispatch+combine vs two MPI_Alltoallv, same bytes per pair)"
+  echo "== 2. bench_alltoall (MoeExchange dispatch+combine vs two MPI_Alltoallv of one row per slot each way)"
   for np in 2 4; do
     "${MPI[@]}" -np "$np" "$A2A" --reps "$REPS" ${ALLTOALL_ARGS:-}
   done

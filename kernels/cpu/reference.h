@@ -68,9 +68,11 @@ void copy_2d(const Copy2dParams& p);
 }  // namespace ref
 
 // Host memory: malloc/free/memcpy; weights are used in place (upload returns the host pointer).
-// Freed blocks are kept (up to kMaxCachedBytes) and handed out again for the same size: the model
-// allocates the same scratch sizes every layer and step, and returning them to the OS each time
-// costs page faults and page clearing that showed up as a tenth of the CPU time.
+// Freed blocks are kept (up to kMaxCachedBytes) and handed out again for the same size class
+// (sizes rounded up to 4 classes per power of two, so at most a quarter is wasted): the model
+// allocates similar scratch sizes every layer and step (row counts change from step to step),
+// and returning them to the OS each time costs page faults and page clearing that showed up as
+// a tenth of the CPU time.
 class HostBackend : public Backend {
  public:
   static constexpr size_t kMaxCachedBytes = size_t(1) << 30;
@@ -78,9 +80,8 @@ class HostBackend : public Backend {
     for (auto& [size, p] : cache_) std::free(p);
   }
   void* alloc(size_t bytes) override {
-    // 64-byte alignment keeps vector loads of a buffer's first row aligned.
-    size_t rounded = (bytes + 63) / 64 * 64;
-    if (!rounded) return nullptr;
+    if (!bytes) return nullptr;
+    const size_t rounded = size_class(bytes);
     void* p = nullptr;
     if (auto it = cache_.find(rounded); it != cache_.end()) {
       p = it->second;
@@ -92,6 +93,14 @@ class HostBackend : public Backend {
     }
     sizes_[p] = rounded;
     return p;
+  }
+  // 64-byte multiples up to 4 KiB, then 2^k * {4, 5, 6, 7} / 4 (64-byte alignment keeps vector
+  // loads of a buffer's first row aligned).
+  static size_t size_class(size_t bytes) {
+    if (bytes <= 4096) return (bytes + 63) / 64 * 64;
+    const int top = 63 - __builtin_clzll(bytes);  // 2^top <= bytes
+    const size_t step = size_t(1) << (top - 2);
+    return (bytes + step - 1) / step * step;
   }
   void free(void* p) override {
     if (!p) return;

@@ -1,10 +1,15 @@
-// MoE exchange benchmark (run under mpirun): MoeExchange dispatch+combine next to two plain
-// MPI_Alltoallv calls with exactly the same per-pair row bytes (rows out, results back), in the
-// same run, interleaved. Tokens route uniformly: top_k distinct experts of n_experts per token,
-// expert e on rank e / (n_experts / P). GB/s = row bytes that cross between different ranks (both
-// directions, all ranks) / time. Headers and tags that MoeExchange also sends are not counted.
-// A third column splits MoeExchange's time: its four Comm::all_to_all_v calls (counts, rows, tags,
-// results) on pre-packed buffers, without its packing, sorting and unpacking copies.
+// MoE exchange benchmark (run under mpirun): MoeExchange dispatch + identity "experts" + combine
+// next to two plain MPI_Alltoallv calls that move what an exchange built directly on Alltoallv
+// moves: one row per (token, expert) slot out and one result per slot back, packed by
+// destination beforehand (packing not timed). Same run, interleaved. Tokens route uniformly:
+// top_k distinct experts of n_experts per token, expert e on rank e / (n_experts / P).
+// Neither side is timed with expert work: the reference's received rows are not grouped by
+// expert, and MoeExchange's results are not written in the timed loop (in the model the expert
+// GEMMs write them in place); one untimed round with identity "experts" checks every slot.
+// GB/s = slot row bytes delivered between different ranks (dispatch + combine, all ranks) / time,
+// the same count for both. A third column times plain MPI_Alltoallv of exactly the bytes
+// MoeExchange puts on the wire (each token once per destination rank, slot entries, results):
+// the transport floor of its own traffic.
 //   mpirun -np 4 bench_alltoall [--tokens 64,256,1024] [--hidden 1024,6144] [--top-k 8]
 //                               [--experts 256] [--reps 3] [--min-time 0.2]
 #include <mpi.h>
@@ -95,8 +100,9 @@ int main(int argc, char** argv) {
       std::printf("# bench_alltoall: %d ranks, top_k %lld of %lld experts (uniform), %d reps, "
                   "median; GB/s = off-rank row bytes (dispatch + combine, all ranks) / time\n",
                   P, (long long)top_k, (long long)n_experts, reps);
-      std::printf("%5s %7s %6s %10s %9s %9s %9s %9s %9s %6s\n", "ranks", "tokens", "hidden",
-                  "offrank_MB", "moe_ms", "a2a_ms", "mpi_ms", "moe_GB/s", "mpi_GB/s", "ratio");
+      std::printf("%5s %7s %6s %10s %9s %9s %9s %9s %9s %9s %6s\n", "ranks", "tokens", "hidden",
+                  "slot_MB", "wire_MB", "moe_ms", "mpi_ms", "wire_ms", "moe_GB/s", "mpi_GB/s",
+                  "ratio");
     }
 
     for (int64_t d : hidden) {
@@ -143,37 +149,16 @@ int main(int argc, char** argv) {
         const double offrank_all = sum_over_ranks(offrank);
         std::vector<float> ref_send(size_t(n_send * d), 1.0f), ref_recv(size_t(n_recv * d));
         std::vector<float> ref_back(size_t(n_send * d));
-
-        // MoeExchange's own four exchanges, sizes as it sends them (see moe_exchange.cpp).
-        const size_t np = static_cast<size_t>(P);
-        std::vector<size_t> hb(np, 24), ho(np), xb(np), xo(np), xrb(np), xro(np), tb(np), to(np),
-            trb(np), tro(np);
-        for (int r = 0; r < P; ++r) {
-          ho[size_t(r)] = size_t(r) * 24;
-          xb[size_t(r)] = size_t(sc[size_t(r)]);
-          xo[size_t(r)] = size_t(sd[size_t(r)]);
-          xrb[size_t(r)] = size_t(rc_[size_t(r)]);
-          xro[size_t(r)] = size_t(rd[size_t(r)]);
-          tb[size_t(r)] = xb[size_t(r)] / size_t(d);
-          to[size_t(r)] = xo[size_t(r)] / size_t(d);
-          trb[size_t(r)] = xrb[size_t(r)] / size_t(d);
-          tro[size_t(r)] = xro[size_t(r)] / size_t(d);
-        }
-        std::vector<char> hs(np * 24), hr(np * 24), ts(static_cast<size_t>(n_send) * 4),
-            tr(static_cast<size_t>(n_recv) * 4);
-        auto a2a_once = [&]() {
-          world.all_to_all_v(hs.data(), hb.data(), ho.data(), hr.data(), hb.data(), ho.data());
-          world.all_to_all_v(ref_send.data(), xb.data(), xo.data(), ref_recv.data(), xrb.data(),
-                             xro.data());
-          world.all_to_all_v(ts.data(), tb.data(), to.data(), tr.data(), trb.data(), tro.data());
-          world.all_to_all_v(ref_recv.data(), xrb.data(), xro.data(), ref_back.data(), xb.data(),
-                             xo.data());
-        };
+        std::vector<char> wire_send, wire_recv;
+        double wire_all = 0;
 
         parallel::MoeExchange ex(world);
-        auto moe_once = [&]() {
+        auto moe_once = [&](bool identity_experts) {
           ex.dispatch(x.data(), m, d, top_k, dest.data(), tag.data());
-          ex.combine(ex.recv_x());  // identity "experts": results = received rows
+          if (identity_experts)
+            for (int64_t i = 0; i < ex.recv_count(); ++i)
+              std::memcpy(ex.results() + i * d, ex.recv_row_data(i), size_t(d) * 4);
+          ex.combine();
         };
         auto mpi_once = [&]() {
           MPI_CHECK(MPI_Alltoallv(ref_send.data(), sc.data(), sd.data(), MPI_BYTE, ref_recv.data(),
@@ -182,44 +167,96 @@ int main(int argc, char** argv) {
                                   sc.data(), sd.data(), MPI_BYTE, MPI_COMM_WORLD));
         };
 
+        // MoeExchange's wire bytes per pair, from its byte counter over one round: dispatch
+        // blocks (distinct tokens + entries) and results; sent as two plain Alltoallv calls.
+        std::vector<int> wsc(static_cast<size_t>(P)), wsd(wsc), wrc(wsc), wrd(wsc), bsc(wsc),
+            bsd(wsc), brc(wsc), brd(wsc);
+        {
+          // Distinct (token, destination) pairs and slot entries, as moe_exchange.cpp packs them.
+          std::vector<int64_t> toks(static_cast<size_t>(P), 0), slots(static_cast<size_t>(P), 0);
+          for (int64_t t = 0; t < m; ++t) {
+            std::vector<char> seen(static_cast<size_t>(P), 0);
+            for (int64_t j = 0; j < top_k; ++j) {
+              const int32_t r = dest[size_t(t * top_k + j)];
+              ++slots[size_t(r)];
+              if (!seen[size_t(r)]) seen[size_t(r)] = 1, ++toks[size_t(r)];
+            }
+          }
+          std::vector<int64_t> wsend(static_cast<size_t>(P)), wrecv(static_cast<size_t>(P));
+          for (int r = 0; r < P; ++r)
+            wsend[size_t(r)] = r == me ? 0 : (toks[size_t(r)] + (2 * slots[size_t(r)] + d - 1) / d) * d * 4;
+          MPI_CHECK(MPI_Alltoall(wsend.data(), 1, MPI_INT64_T, wrecv.data(), 1, MPI_INT64_T,
+                                 MPI_COMM_WORLD));
+          int64_t so = 0, ro = 0, bso = 0, bro = 0;
+          for (int r = 0; r < P; ++r) {
+            wsc[size_t(r)] = int(wsend[size_t(r)]);
+            wsd[size_t(r)] = int(so);
+            wrc[size_t(r)] = int(wrecv[size_t(r)]);
+            wrd[size_t(r)] = int(ro);
+            so += wsend[size_t(r)];
+            ro += wrecv[size_t(r)];
+            // Results: one row per slot, back along the reverse direction.
+            bsc[size_t(r)] = r == me ? 0 : rc_[size_t(r)];
+            bsd[size_t(r)] = int(bso);
+            brc[size_t(r)] = r == me ? 0 : sc[size_t(r)];
+            brd[size_t(r)] = int(bro);
+            bso += rc_[size_t(r)];
+            bro += sc[size_t(r)];
+          }
+          wire_all = sum_over_ranks(double(so + bso - rc_[size_t(me)]));
+          wire_send.assign(size_t(std::max<int64_t>(so, 1)), 0);
+          wire_recv.assign(size_t(std::max<int64_t>(ro, 1)), 0);
+        }
+        auto wire_once = [&]() {
+          MPI_CHECK(MPI_Alltoallv(wire_send.data(), wsc.data(), wsd.data(), MPI_BYTE,
+                                  wire_recv.data(), wrc.data(), wrd.data(), MPI_BYTE,
+                                  MPI_COMM_WORLD));
+          MPI_CHECK(MPI_Alltoallv(ref_recv.data(), bsc.data(), bsd.data(), MPI_BYTE,
+                                  ref_back.data(), brc.data(), brd.data(), MPI_BYTE,
+                                  MPI_COMM_WORLD));
+        };
+
         // Warm-up and check: every slot comes back as its own token's row.
-        moe_once();
+        moe_once(true);
         mpi_once();
-        a2a_once();
+        wire_once();
         int bad = 0;
-        for (int64_t s = 0; s < m * top_k && !bad; ++s)
-          if (std::memcmp(ex.out() + s * d, x.data() + (s / top_k) * d, size_t(d) * 4) != 0) bad = 1;
+        for (int64_t s = 0; s < m * top_k && !bad; ++s) {
+          const int32_t row = ex.slot_row()[s];
+          if (row < 0 || std::memcmp(ex.result_rows() + int64_t(row) * d,
+                                     x.data() + (s / top_k) * d, size_t(d) * 4) != 0)
+            bad = 1;
+        }
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
         CHECK(!bad, "bench_alltoall: MoeExchange returned a wrong row (m = ", m, ", d = ", d, ")");
 
         // Iterations per timed block: enough for min_time, the same on every rank.
         MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
         auto t = Clock::now();
-        moe_once();
+        moe_once(false);
         const double one = max_over_ranks(seconds(t));
         const int iters = int(std::clamp(min_time / std::max(one, 1e-6), 1.0, 2000.0));
 
-        std::vector<double> t_moe, t_a2a, t_mpi;
+        std::vector<double> t_moe, t_wire, t_mpi;
         for (int rep = 0; rep < reps; ++rep) {
           MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
           t = Clock::now();
-          for (int i = 0; i < iters; ++i) moe_once();
+          for (int i = 0; i < iters; ++i) moe_once(false);
           t_moe.push_back(max_over_ranks(seconds(t)) / iters);
           MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
           t = Clock::now();
-          for (int i = 0; i < iters; ++i) a2a_once();
-          t_a2a.push_back(max_over_ranks(seconds(t)) / iters);
+          for (int i = 0; i < iters; ++i) wire_once();
+          t_wire.push_back(max_over_ranks(seconds(t)) / iters);
           MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
           t = Clock::now();
           for (int i = 0; i < iters; ++i) mpi_once();
           t_mpi.push_back(max_over_ranks(seconds(t)) / iters);
         }
-        const double a = median(t_moe), c = median(t_a2a), b = median(t_mpi);
+        const double a = median(t_moe), c = median(t_wire), b = median(t_mpi);
         if (me == 0)
-          std::printf("%5d %7lld %6lld %10.2f %9.3f %9.3f %9.3f %9.2f %9.2f %6.2f\n", P,
-                      (long long)m, (long long)d, offrank_all / 1e6, a * 1e3, c * 1e3, b * 1e3,
-                      offrank_all / a / 1e9,
-                      offrank_all / b / 1e9, b / a);
+          std::printf("%5d %7lld %6lld %10.2f %9.2f %9.3f %9.3f %9.3f %9.2f %9.2f %6.2f\n", P,
+                      (long long)m, (long long)d, offrank_all / 1e6, wire_all / 1e6, a * 1e3,
+                      b * 1e3, c * 1e3, offrank_all / a / 1e9, offrank_all / b / 1e9, b / a);
         std::fflush(stdout);
       }
     }

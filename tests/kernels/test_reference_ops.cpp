@@ -1,8 +1,10 @@
 // Hand-worked oracles for every op: small inputs whose results are written out as literal numbers
 // (worked by hand; the comments show the arithmetic). They pin the reference backend to ops.h and
 // run on the fast CPU backend too. Calls go through Buffers, so guard values are checked as well.
+#include <algorithm>
 #include <cmath>
 
+#include "cpu/reference.h"
 #include "op_check.h"
 
 namespace glm5::kernels::test {
@@ -373,3 +375,37 @@ INSTANTIATE_TEST_SUITE_P(Backends, Oracle, ::testing::Values("reference", "cpu")
 
 }  // namespace
 }  // namespace glm5::kernels::test
+
+// The host backends' allocator: 64-byte aligned blocks, sizes rounded to 4 classes per power of
+// two (at most a quarter wasted), and a freed block handed out again for any size of its class,
+// which is what keeps step-to-step row-count changes from faulting in fresh pages.
+TEST(HostAllocator, SizeClassesAndReuse) {
+  using glm5::kernels::make_cpu_backend;
+  using glm5::kernels::make_reference_backend;
+  using glm5::kernels::cpu::HostBackend;
+  EXPECT_EQ(HostBackend::size_class(1), 64u);
+  EXPECT_EQ(HostBackend::size_class(4096), 4096u);
+  EXPECT_EQ(HostBackend::size_class(4097), 5120u);
+  EXPECT_EQ(HostBackend::size_class(6144), 6144u);
+  EXPECT_EQ(HostBackend::size_class(7169), 8192u);
+  EXPECT_EQ(HostBackend::size_class((size_t(1) << 20) + 1), (size_t(1) << 20) * 5 / 4);
+  for (size_t b = 1; b < (size_t(1) << 26); b = b * 3 / 2 + 1) {
+    const size_t c = HostBackend::size_class(b);
+    EXPECT_GE(c, b);
+    EXPECT_LE(c, std::max<size_t>(b + 63, b + b / 4)) << b;
+    EXPECT_EQ(c % 64, 0u) << b;
+  }
+  for (const char* which : {"reference", "cpu"}) {
+    auto be = std::string(which) == "cpu" ? make_cpu_backend() : make_reference_backend();
+    void* a = be->alloc(1000 * 1024 + 8);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
+    be->free(a);
+    void* b = be->alloc(1020 * 1024);  // same class (0.875 MiB < size <= 1 MiB): the same block
+    EXPECT_EQ(a, b) << which;
+    void* c = be->alloc(2000 * 1024);  // another class: a new block
+    EXPECT_NE(c, b) << which;
+    be->free(b);
+    be->free(c);
+    EXPECT_EQ(be->alloc(0), nullptr);
+  }
+}

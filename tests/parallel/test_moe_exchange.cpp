@@ -1,7 +1,8 @@
 // MoeExchange under mpirun: rows tagged with (source rank, token) are dispatched and combined,
 // and compared with a naive exchange made of send/recv. Covers ranks with no tokens, slots that
 // are not sent (dest -1), the (tag, source, slot) receive order, combine back to the slots,
-// repeated rounds, byte accounting and bad arguments that must stop every rank, not hang one.
+// repeated rounds, byte accounting (a token travels once per destination rank, however many of
+// its slots go there) and bad arguments that must stop every rank, not hang one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -123,7 +124,9 @@ void run_round(Comm& comm, MoeExchange& ex, int round, int64_t d, int64_t top_k,
     for (int64_t i = 0; i < ex.recv_count(); ++i) {
       ASSERT_EQ(ex.recv_tag()[i], want[i].tag) << "round " << round << " row " << i;
       ASSERT_EQ(ex.recv_src()[i], want[i].src) << "round " << round << " row " << i;
-      ASSERT_EQ(std::memcmp(ex.recv_x() + i * d, want[i].row.data(), d * sizeof(float)), 0)
+      ASSERT_GE(ex.recv_row()[i], 0);
+      ASSERT_LT(ex.recv_row()[i], ex.recv_table_rows());
+      ASSERT_EQ(std::memcmp(ex.recv_row_data(i), want[i].row.data(), d * sizeof(float)), 0)
           << "round " << round << " row " << i << " from rank " << want[i].src << " slot "
           << want[i].slot;
       if (i > 0) {  // the order rule itself
@@ -134,25 +137,40 @@ void run_round(Comm& comm, MoeExchange& ex, int round, int64_t d, int64_t top_k,
   }();
 
   // "Experts": y = 2x + tag, then back to the slots.
-  std::vector<float> y(size_t(ex.recv_count() * d));
+  float* y = ex.results();
   for (int64_t i = 0; i < ex.recv_count(); ++i)
-    for (int64_t c = 0; c < d; ++c)
-      y[i * d + c] = y_value(ex.recv_x()[i * d + c], ex.recv_tag()[i]);
-  ex.combine(y.data());
+    for (int64_t c = 0; c < d; ++c) y[i * d + c] = y_value(ex.recv_row_data(i)[c], ex.recv_tag()[i]);
+  ex.combine();
   EXPECT_EQ(ex.m(), in.m);
   [&] {
-    for (int64_t s = 0; s < in.m * top_k; ++s)
-      for (int64_t c = 0; c < d; ++c) {
-        float want_v = in.dest[s] < 0 ? 0.0f : y_value(x_value(me, s / top_k, c), in.tag[s]);
-        ASSERT_EQ(ex.out()[s * d + c], want_v)
-            << "round " << round << " slot " << s << " col " << c;
+    for (int64_t s = 0; s < in.m * top_k; ++s) {
+      const int32_t row = ex.slot_row()[s];
+      if (in.dest[s] < 0) {
+        ASSERT_EQ(row, -1) << "round " << round << " slot " << s << " was not sent";
+        continue;
       }
+      ASSERT_GE(row, 0);
+      ASSERT_LT(row, ex.result_row_count());
+      for (int64_t c = 0; c < d; ++c)
+        ASSERT_EQ(ex.result_rows()[row * d + c], y_value(x_value(me, s / top_k, c), in.tag[s]))
+            << "round " << round << " slot " << s << " col " << c;
+    }
   }();
 
-  // Payload bytes to other ranks: rows + tags out, results back. Headers come on top.
+  // Payload bytes to other ranks: each destination's distinct token rows and its (row, tag)
+  // slot entries padded to whole rows, then one result row per slot back. Headers on top.
   uint64_t payload = 0;
-  for (int64_t s = 0; s < in.m * top_k; ++s)
-    if (in.dest[s] >= 0 && in.dest[s] != me) payload += d * sizeof(float) + sizeof(int32_t);
+  for (int r = 0; r < p; ++r) {
+    if (r == me) continue;
+    int64_t toks = 0, slots = 0;
+    for (int64_t t = 0; t < in.m; ++t) {
+      bool any = false;
+      for (int64_t j = 0; j < top_k; ++j)
+        if (in.dest[t * top_k + j] == r) any = true, ++slots;
+      toks += any;
+    }
+    payload += uint64_t(toks + (2 * slots + d - 1) / d) * d * sizeof(float);
+  }
   for (const Expected& e : want)
     if (e.src != me) payload += d * sizeof(float);
   const uint64_t delta = ex.bytes_sent() - bytes_before;
@@ -199,7 +217,7 @@ TEST(MoeExchange, BadArgumentsStopEveryRank) {
     else
       EXPECT_NE(msg.find("rank " + std::to_string(p - 1)), std::string::npos) << msg;
   }
-  EXPECT_THROW(ex.combine(nullptr), Error);  // no successful dispatch to combine
+  EXPECT_THROW(ex.combine(), Error);  // no successful dispatch to combine
 
   // Row widths that disagree.
   if (p > 1) {
@@ -212,10 +230,11 @@ TEST(MoeExchange, BadArgumentsStopEveryRank) {
   dest[0] = (me + 1) % p;
   ex.dispatch(x.data(), 2, 4, 2, dest.data(), tag.data());
   EXPECT_EQ(ex.recv_count(), 1);
-  std::vector<float> y(4, 3.0f);
-  ex.combine(y.data());
-  EXPECT_EQ(ex.out()[0], 3.0f);
-  EXPECT_EQ(ex.out()[4], 0.0f);
+  std::fill_n(ex.results(), 4, 3.0f);
+  ex.combine();
+  ASSERT_GE(ex.slot_row()[0], 0);
+  EXPECT_EQ(ex.result_rows()[ex.slot_row()[0] * 4], 3.0f);
+  EXPECT_EQ(ex.slot_row()[1], -1);
 }
 
 }  // namespace

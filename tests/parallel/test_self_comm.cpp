@@ -57,22 +57,24 @@ TEST(SelfComm, MoeExchangeOrdersByTagThenSlot) {
   for (int i = 0; i < 5; ++i) {
     EXPECT_EQ(ex.recv_tag()[i], want_tag[i]) << i;
     EXPECT_EQ(ex.recv_src()[i], 0) << i;
-    EXPECT_EQ(ex.recv_x()[i * 2], want_x0[i]) << i;
-    EXPECT_EQ(ex.recv_x()[i * 2 + 1], want_x0[i] + 1) << i;
+    EXPECT_EQ(ex.recv_row_data(i)[0], want_x0[i]) << i;
+    EXPECT_EQ(ex.recv_row_data(i)[1], want_x0[i] + 1) << i;
   }
+  EXPECT_EQ(ex.recv_table(), x);  // one rank: the table is x itself, nothing is copied
   EXPECT_EQ(ex.bytes_sent(), 0u);  // nothing left this rank
 
-  std::vector<float> y(10);
-  for (int i = 0; i < 10; ++i) y[i] = float(100 + i);
-  ex.combine(y.data());
-  // Slot s gets the result of the recv row that came from it; slot 2 was not sent.
-  const float want_out[] = {104, 105, 100, 101, 0, 0, 106, 107, 102, 103, 108, 109};
-  for (int i = 0; i < 12; ++i) EXPECT_EQ(ex.out()[i], want_out[i]) << i;
+  for (int i = 0; i < 10; ++i) ex.results()[i] = float(100 + i);
+  ex.combine();
+  // Slot s finds the result of the recv row that came from it; slot 2 was not sent.
+  const int32_t want_row[] = {2, 0, -1, 3, 1, 4};
+  for (int s = 0; s < 6; ++s) EXPECT_EQ(ex.slot_row()[s], want_row[s]) << s;
+  EXPECT_EQ(ex.result_row_count(), 5);
+  EXPECT_EQ(ex.result_rows()[2 * 2 + 1], 105.0f);
 
   // No tokens at all.
   ex.dispatch(nullptr, 0, 2, 2, nullptr, nullptr);
   EXPECT_EQ(ex.recv_count(), 0);
-  ex.combine(nullptr);
+  ex.combine();
   EXPECT_EQ(ex.m(), 0);
   // Bad arguments are errors.
   const int32_t bad_dest[] = {1, 0, 0, 0, 0, 0};
