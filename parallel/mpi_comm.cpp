@@ -138,7 +138,9 @@ void MpiComm::check_tag(int tag, const char* what) const {
 
 namespace {
 // Waits for one request without spinning a core: a few immediate MPI_Test calls, then sleeps
-// that double from 2 us up to 1 ms between tests (a rank waiting on the pipeline sleeps).
+// that double from 2 us up to 1 ms between tests (a rank waiting on the pipeline sleeps). Every
+// call that can wait on another rank (point-to-point and collectives) is nonblocking + this wait,
+// so a rank that arrives early never busy-polls inside MPI, taking a core from a rank at work.
 void wait_polling(MPI_Request* req, MPI_Status* st) {
   int done = 0;
   for (int i = 0; i < 16; ++i) {
@@ -253,7 +255,9 @@ void MpiComm::all_gather(const void* send, size_t bytes, void* recv) {
   char* mine = out + size_t(rank_) * bytes;
   if (bytes * size_t(size_) <= g_message_limit) {
     const void* src = (send == mine) ? MPI_IN_PLACE : send;
-    MPI_CHECK(MPI_Allgather(src, int(bytes), MPI_BYTE, out, int(bytes), MPI_BYTE, comm_));
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_CHECK(MPI_Iallgather(src, int(bytes), MPI_BYTE, out, int(bytes), MPI_BYTE, comm_, &req));
+    wait_polling(&req, MPI_STATUS_IGNORE);
     return;
   }
   if (send != mine) std::memmove(mine, send, bytes);
@@ -266,8 +270,10 @@ void MpiComm::all_reduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op
   char* p = static_cast<char*>(buf);
   for (size_t off = 0; off < count; off += chunk) {
     size_t n = std::min(chunk, count - off);
-    MPI_CHECK(
-        MPI_Allreduce(MPI_IN_PLACE, p + off * es, int(n), mpi_type(dtype), mpi_op(op), comm_));
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, p + off * es, int(n), mpi_type(dtype), mpi_op(op),
+                             comm_, &req));
+    wait_polling(&req, MPI_STATUS_IGNORE);
   }
 }
 
@@ -275,11 +281,19 @@ void MpiComm::broadcast(void* buf, size_t bytes, int root) {
   check_peer(root, "broadcast");
   char* p = static_cast<char*>(buf);
   const size_t limit = g_message_limit;
-  for (size_t off = 0; off < bytes; off += limit)
-    MPI_CHECK(MPI_Bcast(p + off, int(std::min(limit, bytes - off)), MPI_BYTE, root, comm_));
+  for (size_t off = 0; off < bytes; off += limit) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_CHECK(
+        MPI_Ibcast(p + off, int(std::min(limit, bytes - off)), MPI_BYTE, root, comm_, &req));
+    wait_polling(&req, MPI_STATUS_IGNORE);
+  }
 }
 
-void MpiComm::barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiComm::barrier() {
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_CHECK(MPI_Ibarrier(comm_, &req));
+  wait_polling(&req, MPI_STATUS_IGNORE);
+}
 
 std::unique_ptr<Comm> MpiComm::split(int color, int key) {
   CHECK(color >= 0, "split: color must be >= 0, got ", color, " on rank ", rank_);
