@@ -9,10 +9,11 @@
 # Every number is the median of REPS runs (default 3), the layouts interleaved within a repetition.
 #
 #   scripts/bench_distributed.sh MODEL_DIR [BUILD_DIR]      (BUILD_DIR default: build)
-#   env: REPS=3  SKIP_ALLTOALL=1  ALLTOALL_ARGS="--tokens 64,256,1024 --hidden 1024,6144"
+#   env: REPS=3  SKIP_ALLTOALL=1  SKIP_BUBBLE=1  ALLTOALL_ARGS="--tokens 64,256,1024 --hidden 1024,6144"
+#        REQUESTS=32  MAX_TOKENS=16 (the batch job's size)
 # Needs glm5 and bench_alltoall built in BUILD_DIR, mpirun (Open MPI), /usr/bin/time and python3.
-# The batch job: 32 requests of token ids (prompts of 2 to 200 tokens), greedy, max_tokens 16,
-# ignore_eos (every request generates 16 tokens whatever the weights).
+# The batch job: REQUESTS requests of token ids (prompts of 2 to 200 tokens), greedy, MAX_TOKENS
+# tokens each, ignore_eos (every request generates them all whatever the weights).
 set -euo pipefail
 
 if [[ $# -lt 1 ]]; then
@@ -23,6 +24,8 @@ MODEL=$1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${2:-$ROOT/build}
 REPS=${REPS:-3}
+REQUESTS=${REQUESTS:-32}
+MAX_TOKENS=${MAX_TOKENS:-16}
 GLM5=$BUILD/glm5
 A2A=$BUILD/bench_alltoall
 for f in "$GLM5" "$MODEL/config.json"; do
@@ -39,15 +42,16 @@ echo "cores: $(nproc), load average: $(cut -d' ' -f1-3 /proc/loadavg), $(grep -m
 echo "memory: $(free -g | awk '/Mem:/ {print $2 " GiB total, " $7 " GiB available"}'), $(mpirun --version 2>&1 | head -1)"
 
 # --- the batch job ---------------------------------------------------------------------------
-python3 - "$MODEL/config.json" "$WORK/requests.jsonl" <<'EOF'
+python3 - "$MODEL/config.json" "$WORK/requests.jsonl" "$REQUESTS" "$MAX_TOKENS" <<'EOF'
 import json, random, sys
 vocab = json.load(open(sys.argv[1]))["vocab_size"]
+n_req, max_tokens = int(sys.argv[3]), int(sys.argv[4])
 rng = random.Random(7)
 with open(sys.argv[2], "w") as f:
-    for i in range(32):
+    for i in range(n_req):
         top = rng.choice([4, 16, 32, 64, 128, 200])
         n = rng.randint(max(2, top // 2), top)
-        f.write(json.dumps({"custom_id": f"r{i:02d}", "max_tokens": 16, "temperature": 0,
+        f.write(json.dumps({"custom_id": f"r{i:03d}", "max_tokens": max_tokens, "temperature": 0,
                             "ignore_eos": True,
                             "prompt_ids": [rng.randrange(min(vocab, 8000)) for _ in range(n)]}) + "\n")
 EOF
@@ -67,7 +71,7 @@ run_job() {
 
 # same_tokens A B: the generated token ids of every request agree.
 same_tokens() {
-  python3 - "$WORK/$1.jsonl" "$WORK/$2.jsonl" <<'EOF'
+  python3 - "$WORK/$1.jsonl" "$WORK/$2.jsonl" "$REQUESTS" <<'EOF'
 import json, sys
 def load(p):
     out = {}
@@ -76,13 +80,13 @@ def load(p):
         out[j["custom_id"]] = j["response"]["body"]["choices"][0]["token_ids"]
     return out
 a, b = load(sys.argv[1]), load(sys.argv[2])
-sys.exit(0 if a == b and len(a) == 32 else 1)
+sys.exit(0 if a == b and len(a) == int(sys.argv[3]) else 1)
 EOF
 }
 
 # --- 1. CPU time of 2x2 over 1x1 ---------------------------------------------------------------
 echo
-echo "== 1. batch job (32 requests, greedy, max_tokens 16): 2x2 (cpu-pp2-ep2) over 1x1 (cpu-1)"
+echo "== 1. batch job ($REQUESTS requests, greedy, max_tokens $MAX_TOKENS): 2x2 (cpu-pp2-ep2) over 1x1 (cpu-1)"
 : > "$WORK/times"
 MISMATCH=0
 for rep in $(seq 1 "$REPS"); do
@@ -113,7 +117,7 @@ for y in (0, 1):
         w, u, s = med[lay]
         tail = f"{cr:9.2f} {wr:10.2f}" if lay == "2x2" else ""
         print(f"{y:>5} {lay:>6} {w:7.2f} {u:7.2f} {s:6.2f} {u + s:6.2f} | {tail}")
-print("outputs identical (token ids of all 32 requests, every run):",
+print("outputs identical (token ids of all requests, every run):",
       "yes" if sys.argv[3] == "0" else "NO")
 EOF
 python3 - "$WORK" "$REPS" <<'EOF'
@@ -141,6 +145,11 @@ if [[ -z ${SKIP_ALLTOALL:-} ]]; then
 fi
 
 # --- 3. pipeline bubble ---------------------------------------------------------------------
+if [[ -n ${SKIP_BUBBLE:-} ]]; then
+  echo
+  echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+  exit 0
+fi
 echo
 echo "== 3. pipeline bubble, 2 stages x 1 (cpu-pp2 with micro_batches 1 and 2), same batch job"
 for mb in 1 2; do

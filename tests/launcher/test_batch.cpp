@@ -218,7 +218,9 @@ void check_records_against_input(const std::map<int64_t, json>& recs) {
     }
     const std::string finish = ch["finish_reason"];
     EXPECT_TRUE(finish == "length" || finish == "stop") << finish;
-    if (toks.size() < size_t(max_tokens)) EXPECT_EQ(finish, "stop") << "ended early";
+    if (toks.size() < size_t(max_tokens)) {
+      EXPECT_EQ(finish, "stop") << "ended early";
+    }
     const std::string text =
         chat ? ch["message"]["content"].get<std::string>() : ch["text"].get<std::string>();
     if (b.contains("stop")) {

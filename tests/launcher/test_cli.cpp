@@ -233,7 +233,9 @@ TEST(Cli, LaunchPrintsAnMpirunLineTheShellReadsBack) {
   EXPECT_EQ(words[0], "mpirun");
   EXPECT_EQ(words[1], "-np");
   EXPECT_EQ(words[2], "4");
-  if (geteuid() == 0) EXPECT_NE(std::find(words.begin(), words.end(), "--allow-run-as-root"), words.end());
+  if (geteuid() == 0) {
+    EXPECT_NE(std::find(words.begin(), words.end(), "--allow-run-as-root"), words.end());
+  }
   // ... glm5 <args> --cluster FILE at the end, each argument one word as given.
   const size_t n = words.size();
   EXPECT_EQ(words[n - 2], "--cluster");
