@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <sched.h>
+
 #include <thread>
 #include <vector>
 
@@ -137,15 +139,21 @@ void MpiComm::check_tag(int tag, const char* what) const {
 }
 
 namespace {
-// Waits for one request without spinning a core: a few immediate MPI_Test calls, then sleeps
-// that double from 2 us up to 1 ms between tests (a rank waiting on the pipeline sleeps). Every
-// call that can wait on another rank (point-to-point and collectives) is nonblocking + this wait,
-// so a rank that arrives early never busy-polls inside MPI, taking a core from a rank at work.
+// Waits for one request without holding a core: MPI_Test with sched_yield in between for up to
+// 50 us (an exchange between ranks that arrive together completes at polling latency, while a
+// rank sharing the core gets it on every yield), then sleeps that double from 2 us up to 1 ms
+// between tests (a rank waiting on the pipeline sleeps). Every call that can wait on another rank
+// (point-to-point and collectives) is nonblocking + this wait, so a rank that arrives early never
+// busy-polls inside MPI, taking a core from a rank at work.
 void wait_polling(MPI_Request* req, MPI_Status* st) {
+  constexpr auto kSpin = std::chrono::microseconds(50);
   int done = 0;
-  for (int i = 0; i < 16; ++i) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0;; ++i) {
     MPI_CHECK(MPI_Test(req, &done, st));
     if (done) return;
+    if (i >= 16 && std::chrono::steady_clock::now() - t0 > kSpin) break;
+    sched_yield();
   }
   auto nap = std::chrono::microseconds(2);
   while (true) {
