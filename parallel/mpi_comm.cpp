@@ -2,14 +2,14 @@
 // Large transfers are chunked to the int counts MPI takes; nothing here is model-specific.
 #include "parallel/mpi_comm.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <sched.h>
-
 #include <thread>
 #include <vector>
 

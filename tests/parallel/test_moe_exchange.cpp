@@ -158,7 +158,7 @@ void run_round(Comm& comm, MoeExchange& ex, int round, int64_t d, int64_t top_k,
   }();
 
   // Payload bytes to other ranks: each destination's distinct token rows and its (row, tag)
-  // slot entries padded to whole rows, then one result row per slot back. Headers on top.
+  // slot entries padded to whole rows, then one result row per slot back.
   uint64_t payload = 0;
   for (int r = 0; r < p; ++r) {
     if (r == me) continue;
@@ -174,8 +174,8 @@ void run_round(Comm& comm, MoeExchange& ex, int round, int64_t d, int64_t top_k,
   for (const Expected& e : want)
     if (e.src != me) payload += d * sizeof(float);
   const uint64_t delta = ex.bytes_sent() - bytes_before;
-  EXPECT_GE(delta, payload);
-  EXPECT_LE(delta, payload + 64 * uint64_t(p - 1));
+  // Plus one 32-byte count header to every other rank.
+  EXPECT_EQ(delta, payload + 32 * uint64_t(p - 1)) << "round " << round;
 }
 
 TEST(MoeExchange, DispatchCombineMatchNaiveExchange) {
