@@ -30,8 +30,9 @@ namespace glm5::launcher {
 namespace {
 
 const char* const kAllowedKeys[] = {
-    "stages",    "expert_parallel", "micro_batches", "backend",     "comm", "kv_budget_gb",
-    "max_batch", "prefill_chunk",   "hosts",         "mpirun_args", "env", "device_memory_gb"};
+    "stages",        "expert_parallel", "micro_batches",   "backend", "comm",
+    "kv_budget_gb",  "max_batch",       "prefill_chunk",   "hosts",   "mpirun_args",
+    "env",           "device_memory_gb", "max_step_tokens"};
 
 std::string where(const std::string& source) {
   return "cluster config " + (source.empty() ? std::string("(built-in default)") : source);
@@ -238,6 +239,8 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
         cc.max_batch = int(rd.integer(v, key, 1));
       else if (key == "prefill_chunk")
         cc.prefill_chunk = int(rd.integer(v, key, 1));
+      else if (key == "max_step_tokens")
+        cc.max_step_tokens = int(rd.integer(v, key, 1));
       else if (key == "hosts")
         rd.hosts(v, cc);
       else if (key == "mpirun_args")
@@ -247,6 +250,13 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
       else
         rd.bad(it->first, key, "one of the keys (" + allowed_keys_list() + ")",
                "unknown key '" + key + "'");
+    }
+    if (cc.max_step_tokens < cc.max_batch) {
+      const YAML::Node n = root["max_step_tokens"] ? root["max_step_tokens"] : root["max_batch"];
+      rd.bad(n, "max_step_tokens",
+             "at least max_batch (" + std::to_string(cc.max_batch) +
+                 ": every running sequence decodes in one step)",
+             std::to_string(cc.max_step_tokens));
     }
     if (cc.comm == "nccl" && cc.backend != "cuda")
       rd.bad(root["comm"], "comm",

@@ -10,6 +10,7 @@
 //   device_memory_gb: 80           # per-rank device memory; `glm5 inspect` checks the plan fits
 //   max_batch: 64                  # running sequences per column
 //   prefill_chunk: 256             # prompt tokens per sequence per step
+//   max_step_tokens: 8192          # rows one micro-batch forwards in a step (>= max_batch)
 //   hosts: [{host: node1, slots: 8}, {host: node2, slots: 8}]   # for `glm5 launch`
 //   mpirun_args: ["--mca", "pml", "ucx"]                        # extra mpirun flags
 //   env: {UCX_TLS: "rc,sm,self"}                                 # exported to every rank (-x)
@@ -41,6 +42,7 @@ struct ClusterConfig {
   double device_memory_gb = 0;  // memory of one rank's device (e.g. 80 for H100); 0 = unchecked
   int max_batch = 64;
   int prefill_chunk = 256;
+  int max_step_tokens = 8192;
   std::vector<HostSlots> hosts;
   std::vector<std::string> mpirun_args;
   std::map<std::string, std::string> env;

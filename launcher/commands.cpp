@@ -59,6 +59,7 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   opt.micro_batches = job->cluster.micro_batches;
   opt.max_batch = job->cluster.max_batch;
   opt.prefill_chunk = job->cluster.prefill_chunk;
+  opt.max_step_tokens = job->cluster.max_step_tokens;
   opt.kv_budget_bytes = job->cluster.kv_budget_gb * 1e9;
   for (const auto& range : job->stages) opt.kv_layers = std::max(opt.kv_layers, range.size());
   opt.progress = progress;

@@ -248,6 +248,9 @@ Engine::Engine(Model& model, parallel::Comm& world, parallel::Comm& stage_comm,
   CHECK(opt_.micro_batches >= 1, "micro_batches must be >= 1, found ", opt_.micro_batches);
   CHECK(opt_.max_batch >= 1, "max_batch must be >= 1, found ", opt_.max_batch);
   CHECK(opt_.prefill_chunk >= 1, "prefill_chunk must be >= 1, found ", opt_.prefill_chunk);
+  CHECK(opt_.max_step_tokens >= opt_.max_batch, "max_step_tokens must be >= max_batch (",
+        opt_.max_batch, ") so that every running sequence can decode in one step, found ",
+        opt_.max_step_tokens);
 }
 
 void Engine::run(std::vector<Request> requests, const std::function<void(Result&&)>& on_result,
@@ -430,10 +433,12 @@ void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Res
       live.emplace(r.index, std::move(L));
       pending.pop_front();
     }
-    // Build this group's step: prefill chunks and decode tokens (decode first, see Model::forward).
+    // Build this group's step: decode tokens first (see Model::forward), then prefill chunks while
+    // the step has room (the last one cut to fit; results do not depend on the chunking).
     Step step;
     std::vector<int32_t> tokens;
     std::vector<SeqStep> batch;
+    int64_t room = opt_.max_step_tokens;
     for (int pass = 0; pass < 2; ++pass) {
       for (auto& [id, L] : live) {
         if (L.group != g) continue;
@@ -451,13 +456,15 @@ void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Res
           s.logits_sampled = r.want_logits;
           tokens.push_back(L.result.tokens.back());
         } else {
-          s.n = std::min(opt_.prefill_chunk, P_len - L.pos);
+          s.n = std::min({opt_.prefill_chunk, P_len - L.pos, room});
+          if (s.n <= 0) continue;  // no room left in this step: next one
           s.sample = L.pos + s.n == P_len;
           s.logits_all = r.want_prompt_logits;
           tokens.insert(tokens.end(), r.prompt.begin() + L.pos, r.prompt.begin() + L.pos + s.n);
           stats_.prompt_tokens += s.n;
         }
         L.pos += s.n;
+        room -= s.n;
         step.seqs.push_back(s);
         batch.push_back({L.cache.get(), s.start, s.n, s.decode});
       }
@@ -520,6 +527,7 @@ void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Res
 
     // Run the step on this stage (possibly empty: the stage's MoE exchanges still pair up).
     const int64_t m = step.rows();
+    stats_.max_step_rows = std::max(stats_.max_step_rows, m);
     if (trace_) std::fprintf(stderr, "[trace] rank %d tick %lld group %d rows %lld work %lld\n", world_.rank(), (long long)tick, g, (long long)m, (long long)global_work);
     auto tc = Clock::now();
     float* h = static_cast<float*>(be.alloc(size_t(std::max<int64_t>(m, 1) * H) * sizeof(float)));
@@ -564,6 +572,7 @@ void Engine::run_later_stage(std::vector<Request>& reqs) {
     Reader rd(msg);
     Step step = get_step(rd);
     const int64_t m = step.rows();
+    stats_.max_step_rows = std::max(stats_.max_step_rows, m);
     float* h = static_cast<float*>(be.alloc(size_t(std::max<int64_t>(m, 1) * H) * sizeof(float)));
     recv_hidden(world_, be, h, m * H, prev);
     stats_.comm_s += since(t);

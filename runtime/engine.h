@@ -46,6 +46,9 @@ struct EngineOptions {
   int max_batch = 64;            // running sequences per column
   int64_t prefill_chunk = 256;   // prompt tokens per sequence per step (fixed: results never
                                  // depend on what else is scheduled)
+  int64_t max_step_tokens = 8192;  // rows one micro-batch forwards in a step (decode tokens +
+                                   // prefill chunks, the last chunk cut to fit): bounds the
+                                   // activation memory; >= max_batch
   double kv_budget_bytes = 0;    // per rank; 0 = unlimited
   int kv_layers = 0;             // layers of the largest stage (budget accounting); 0 = this rank's
   bool progress = false;         // progress line on stderr of rank 0
@@ -59,6 +62,7 @@ struct EngineStats {
   double wall_s = 0, compute_s = 0, comm_s = 0, idle_s = 0;
   size_t bytes_sent = 0;
   int64_t tokens_generated = 0, prompt_tokens = 0, ticks = 0;
+  int64_t max_step_rows = 0;  // largest step this rank forwarded (rows of one micro-batch)
   std::vector<int64_t> expert_tokens;  // per local expert, summed over this rank's MoE layers
   long peak_rss_kb = 0;
 };

@@ -127,6 +127,7 @@ comm: nccl
 kv_budget_gb: 8.5
 max_batch: 32
 prefill_chunk: 128
+max_step_tokens: 1024
 hosts: [{host: node1, slots: 2}, "node2:3", node3]
 mpirun_args: ["--mca", "pml", "ucx"]
 env: {UCX_TLS: "rc,sm,self", EMPTY: }
@@ -141,6 +142,7 @@ env: {UCX_TLS: "rc,sm,self", EMPTY: }
   EXPECT_DOUBLE_EQ(cc.kv_budget_gb, 8.5);
   EXPECT_EQ(cc.max_batch, 32);
   EXPECT_EQ(cc.prefill_chunk, 128);
+  EXPECT_EQ(cc.max_step_tokens, 1024);
   ASSERT_EQ(cc.hosts.size(), 3u);
   EXPECT_EQ(cc.hosts[1].host, "node2");
   EXPECT_EQ(cc.hosts[1].slots, 3);
@@ -193,6 +195,12 @@ TEST(ClusterConfigErrors, WrongTypes) {
   expect_yaml_error("micro_batches: [1]\n", {"key 'micro_batches'", "an integer", "a list"});
   expect_yaml_error("max_batch: true\n", {"key 'max_batch'", "an integer", "'true'"});
   expect_yaml_error("prefill_chunk:\n", {"key 'prefill_chunk'", "an integer", "an empty value"});
+  expect_yaml_error("max_step_tokens: 0\n", {"key 'max_step_tokens'", "an integer >= 1", "'0'"});
+  // A step must hold one decode token of every running sequence.
+  expect_yaml_error("max_batch: 64\nmax_step_tokens: 32\n",
+                    {"key 'max_step_tokens'", "line 2", "at least max_batch (64", "found 32"});
+  expect_yaml_error("max_batch: 9000\n", {"key 'max_step_tokens'", "at least max_batch (9000",
+                                           "found 8192"});
   expect_yaml_error("kv_budget_gb: lots\n", {"key 'kv_budget_gb'", "a number >= 0", "'lots'"});
   expect_yaml_error("backend: [cpu]\n", {"key 'backend'", "one of cpu, cuda", "a list"});
   expect_yaml_error("hosts: node1\n",

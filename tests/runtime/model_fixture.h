@@ -42,8 +42,10 @@ struct OneProcessModel {
     runtime::Engine engine(*model, *world, *stage, parallel::Grid{1, 1}, opt);
     std::map<int64_t, runtime::Result> out;
     engine.run(reqs, [&](runtime::Result&& r) { out[r.index] = std::move(r); });
+    last_stats = engine.stats();
     return out;
   }
+  runtime::EngineStats last_stats;  // of the latest run()
 };
 
 // The golden convention of tests/data/tiny-a: greedy, N tokens, EOS ignored, all logits.

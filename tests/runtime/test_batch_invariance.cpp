@@ -36,15 +36,19 @@ void check_invariance(const std::string& dir) {
   batch.push_back(golden_request(target, 6, 6));
   for (int max_batch : {2, 7}) {
     for (int64_t chunk : {int64_t(256), int64_t(7)}) {
-      runtime::EngineOptions opt;
-      opt.max_batch = max_batch;
-      opt.prefill_chunk = chunk;
-      auto res = m.run(batch, opt);
-      ASSERT_EQ(res.size(), batch.size());
-      SCOPED_TRACE("max_batch " + std::to_string(max_batch) + " chunk " + std::to_string(chunk));
-      EXPECT_EQ(res[6].tokens, alone[0].tokens);
-      EXPECT_TRUE(bitwise_equal(res[6].prompt_logits, alone[0].prompt_logits));
-      EXPECT_TRUE(bitwise_equal(res[6].decode_logits, alone[0].decode_logits));
+      for (int64_t step_tokens : {int64_t(8192), int64_t(9)}) {  // 9: chunks cut to fit the step
+        runtime::EngineOptions opt;
+        opt.max_batch = max_batch;
+        opt.prefill_chunk = chunk;
+        opt.max_step_tokens = step_tokens;
+        auto res = m.run(batch, opt);
+        ASSERT_EQ(res.size(), batch.size());
+        SCOPED_TRACE("max_batch " + std::to_string(max_batch) + " chunk " + std::to_string(chunk) +
+                     " max_step_tokens " + std::to_string(step_tokens));
+        EXPECT_EQ(res[6].tokens, alone[0].tokens);
+        EXPECT_TRUE(bitwise_equal(res[6].prompt_logits, alone[0].prompt_logits));
+        EXPECT_TRUE(bitwise_equal(res[6].decode_logits, alone[0].decode_logits));
+      }
     }
   }
 }

@@ -1,6 +1,6 @@
 // Engine scheduling rules that do not show in the goldens: the KV budget (a request that can never
-// fit is refused with a clear error, requests that fit one at a time wait their turn), bad
-// requests answered with errors, and EOS / max_tokens handling.
+// fit is refused with a clear error, requests that fit one at a time wait their turn), the step
+// token budget, bad requests answered with errors, and EOS / max_tokens handling.
 #include <gtest/gtest.h>
 
 #include "model_fixture.h"
@@ -44,6 +44,31 @@ TEST(Engine, KvBudgetRefusesWhatCanNeverFitAndQueuesTheRest) {
   EXPECT_EQ(res[0].tokens, free_run[0].tokens);
   EXPECT_EQ(res[1].tokens, free_run[1].tokens);
   EXPECT_EQ(free_run[2].tokens.size(), 4u);
+}
+
+TEST(Engine, StepTokenBudgetBoundsEveryStep) {
+  OneProcessModel m(std::string(GLM5_TEST_DATA) + "/tiny-a");
+  std::vector<runtime::Request> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(greedy(std::vector<int32_t>(size_t(30 + i), 7 + i), 5, i));
+  auto free_run = m.run(reqs);
+  EXPECT_EQ(m.last_stats.max_step_rows, 4 * 30 + 6);  // every prompt in the first step
+  runtime::EngineOptions opt;
+  opt.max_batch = 4;
+  opt.max_step_tokens = 16;
+  auto res = m.run(reqs, opt);
+  EXPECT_EQ(m.last_stats.max_step_rows, 16);
+  EXPECT_EQ(m.last_stats.prompt_tokens, 4 * 30 + 6);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(res[i].tokens, free_run[i].tokens) << i;
+  // The budget must leave room for one decode token per running sequence.
+  opt.max_step_tokens = 3;
+  try {
+    m.run(reqs, opt);
+    ADD_FAILURE() << "max_step_tokens 3 < max_batch 4 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_step_tokens must be >= max_batch (4)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Engine, BadRequestsGetErrorsAndTheOthersRun) {
