@@ -1,4 +1,4 @@
-// MoE exchange benchmark (run under mpirun): MoeExchange dispatch + identity "experts" + combine
+// MoE exchange benchmark (run under mpirun): MoeExchange dispatch + combine
 // next to two plain MPI_Alltoallv calls that move what an exchange built directly on Alltoallv
 // moves: one row per (token, expert) slot out and one result per slot back, packed by
 // destination beforehand (packing not timed). Same run, interleaved. Tokens route uniformly:
