@@ -3,9 +3,9 @@
 // runs NCCL on its own stream, and polls that stream to completion while watching NCCL's async
 // error state, so a failed peer ends in an exception (or abort) rather than a silent hang.
 // Not here: overlapping communication with compute (needs a stream-aware interface).
-#include "parallel/nccl_comm.h"
-
+// Compiled into the CUDA plugin (kernels/cuda_plugin.h); parallel/nccl_loader.cpp calls it.
 #include <cuda_runtime.h>
+#include <mpi.h>
 #include <nccl.h>
 
 #include <cstdlib>
@@ -13,10 +13,19 @@
 #include <thread>
 
 #include "core/check.h"
-#include "parallel/mpi_comm.h"
+#include "parallel/comm.h"
 
 namespace glm5::parallel {
 namespace {
+
+// The world rank for messages (-1 outside MPI); the plugin has its own copy of this helper.
+int world_rank() {
+  int init = 0, fin = 0, r = -1;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
 
 // NCCL_CHECK / CUDA_CHECK: throw glm5::Error naming the call, the world rank and the library's
 // message (ncclGetLastError carries NCCL's detailed reason, e.g. "Duplicate GPU detected").
@@ -24,7 +33,7 @@ namespace {
   do {                                                                                         \
     const ncclResult_t glm5_nccl_rc_ = (call);                                                 \
     if (glm5_nccl_rc_ != ncclSuccess)                                                          \
-      GLM5_FAIL("nccl: ", #call, " failed on rank ", ::glm5::parallel::mpi_world_rank(), ": ", \
+      GLM5_FAIL("nccl: ", #call, " failed on rank ", world_rank(), ": ",                       \
                 ncclGetErrorString(glm5_nccl_rc_), " (", ncclGetLastError(nullptr), ")");      \
   } while (0)
 
@@ -32,7 +41,7 @@ namespace {
   do {                                                                                          \
     const cudaError_t glm5_cuda_rc_ = (call);                                                   \
     if (glm5_cuda_rc_ != cudaSuccess)                                                           \
-      GLM5_FAIL("cuda: ", #call, " failed on rank ", ::glm5::parallel::mpi_world_rank(), ": ",  \
+      GLM5_FAIL("cuda: ", #call, " failed on rank ", world_rank(), ": ",                       \
                 cudaGetErrorName(glm5_cuda_rc_), " (", cudaGetErrorString(glm5_cuda_rc_), ")"); \
   } while (0)
 
@@ -222,7 +231,7 @@ class NcclComm final : public Comm {
 
 }  // namespace
 
-std::unique_ptr<Comm> make_nccl_comm(Comm& host_comm, int device) {
+std::unique_ptr<Comm> make_nccl_comm_impl(Comm& host_comm, int device) {
   // Local set-up first, then agree on success over the host comm, so that a rank without a
   // usable GPU makes every rank throw instead of leaving the others in ncclCommInitRank.
   std::string error;
@@ -251,3 +260,9 @@ std::unique_ptr<Comm> make_nccl_comm(Comm& host_comm, int device) {
 }
 
 }  // namespace glm5::parallel
+
+// The plugin's entry point (see nccl_loader.cpp): ownership of the result passes to the caller.
+extern "C" glm5::parallel::Comm* glm5_cuda_make_nccl_comm(glm5::parallel::Comm* host_comm,
+                                                          int device) {
+  return glm5::parallel::make_nccl_comm_impl(*host_comm, device).release();
+}

@@ -445,12 +445,17 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
-  return std::make_unique<CudaBackend>(device);
+}  // namespace glm5::kernels
+
+// The plugin's entry points (kernels/cuda_plugin.h; called by kernels/cuda_loader.cpp's
+// make_cuda_backend and cuda_available). The caller owns the backend.
+extern "C" glm5::kernels::Backend* glm5_cuda_make_backend(int device) {
+  return new glm5::kernels::CudaBackend(device);
 }
 
 // True when a device is visible and this build has kernels for it; never throws.
-bool cuda_available() {
+extern "C" bool glm5_cuda_available() {
+  using namespace glm5::kernels;
   static const bool ok = [] {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n <= 0) {
@@ -466,5 +471,3 @@ bool cuda_available() {
   }();
   return ok;
 }
-
-}  // namespace glm5::kernels

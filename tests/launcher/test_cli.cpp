@@ -219,6 +219,29 @@ std::vector<std::string> shell_words(const std::string& line) {
   return words;
 }
 
+// A CPU run never loads the CUDA libraries, even from a build with the CUDA backend (it is a
+// plugin loaded on first use): they would cost every rank ~150 MiB of RSS and start-up time.
+TEST(Cli, CpuRunsDoNotLoadCudaLibraries) {
+  Proc p = run("env LD_DEBUG=files " + kBin + " generate --model " + kTinyA +
+               " --prompt-ids 1,2,3 --max-new-tokens 2 --temperature 0");
+  ASSERT_EQ(p.code, 0) << p.err.substr(0, 2000);
+  EXPECT_TRUE(contains(p.err, "libmpi")) << "LD_DEBUG output missing: " << p.err.substr(0, 500);
+  for (const char* lib : {"libcublas", "libcudart", "libnccl", "libglm5_cuda"})
+    EXPECT_FALSE(contains(p.err, lib)) << lib << " was loaded by a CPU run";
+}
+
+TEST(CliErrors, CudaBackendWithoutItsPlugin) {
+  Proc p = run("env GLM5_CUDA_PLUGIN=/nonexistent/libglm5_cuda.so " + kBin + " generate --model " +
+               kTinyA + " --prompt-ids 1,2,3 --max-new-tokens 2 --cluster " + kSrc +
+               "/cluster-configs/cuda-1.yaml");
+#ifdef GLM5_HAVE_CUDA
+  expect_clean_failure(p, {"libglm5_cuda.so could not be loaded", "GLM5_CUDA_PLUGIN",
+                           "/nonexistent/libglm5_cuda.so: no such file"});
+#else
+  expect_clean_failure(p, {"backend: cuda", "no CUDA support"});
+#endif
+}
+
 TEST(Cli, LaunchPrintsAnMpirunLineTheShellReadsBack) {
   const std::string cfg = "cluster-configs/cpu-pp2-ep2.yaml";
   const std::vector<std::string> args = {"batch",    "--model",         "my model", "--input", "it's.jsonl",
