@@ -205,20 +205,20 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
     for (int r = 0; r < p; ++r) {
       if (r == me) continue;
       float* block = wire + off * d;
-      const int32_t* toks = &send_tok_[send_tok_first_[r]];
+      const int32_t* toks = send_tok_.data() + send_tok_first_[r];
       const int64_t n_tok = send_toks_[r];
 #pragma omp parallel for schedule(static) if (n_tok * d >= kParallelCopy)
       for (int64_t u = 0; u < n_tok; ++u) copy_rows(block + u * d, x + int64_t(toks[u]) * d, d);
       char* entries = reinterpret_cast<char*>(block + n_tok * d);
       const size_t entry_bytes = size_t(send_slots_[r]) * 2 * sizeof(int32_t);
-      std::memcpy(entries, &send_entry_[2 * send_first_[r]], entry_bytes);
+      if (entry_bytes) std::memcpy(entries, send_entry_.data() + 2 * send_first_[r], entry_bytes);
       std::memset(entries + entry_bytes, 0,
                   size_t(entry_rows(send_slots_[r], d)) * row_bytes - entry_bytes);
       off += send_block_rows_[r];
     }
     exchange(wire, send_block_rows_, row_bytes, table, recv_block_rows_);
     // This rank's own tokens go into its block of the table.
-    const int32_t* toks = &send_tok_[send_tok_first_[me]];
+    const int32_t* toks = send_tok_.data() + send_tok_first_[me];
     const int64_t n_tok = send_toks_[me];
     float* own = table + block_first_[me] * d;
 #pragma omp parallel for schedule(static) if (n_tok * d >= kParallelCopy)
@@ -234,8 +234,8 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
   for (int r = 0; r < p; ++r) {
     const int64_t k0 = recv_first_[r], n = recv_slots_[r];
     if (r == me) {
-      const int32_t* e = &send_entry_[2 * send_first_[me]];
-      const int32_t* toks = &send_tok_[send_tok_first_[me]];
+      const int32_t* e = send_entry_.data() + 2 * send_first_[me];
+      const int32_t* toks = send_tok_.data() + send_tok_first_[me];
       for (int64_t k = 0; k < n; ++k) {
         raw_row_[k0 + k] = p == 1 ? toks[e[2 * k]] : int32_t(block_first_[me] + e[2 * k]);
         raw_tag_[k0 + k] = e[2 * k + 1];
