@@ -219,7 +219,7 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
     for (auto it = root.begin(); it != root.end(); ++it) {
       if (!it->first.IsScalar()) rd.bad(it->first, "(top level)", "a key name");
       const std::string key = it->first.Scalar();
-      const YAML::Node& v = it->second;
+      const YAML::Node v = it->second;  // a handle: it-> is a temporary proxy
       if (!seen.insert(key).second) rd.bad(it->first, key, "each key once", "it twice");
       if (key == "stages")
         rd.stages(v, cc);

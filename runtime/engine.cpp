@@ -62,7 +62,7 @@ struct Reader {
     int64_t n = get<int64_t>();
     CHECK(n >= 0 && p + size_t(n) * sizeof(T) <= end, "internal: truncated engine message");
     std::vector<T> v(static_cast<size_t>(n));
-    std::memcpy(static_cast<void*>(v.data()), p, size_t(n) * sizeof(T));
+    if (n) std::memcpy(static_cast<void*>(v.data()), p, size_t(n) * sizeof(T));
     p += size_t(n) * sizeof(T);
     return v;
   }
