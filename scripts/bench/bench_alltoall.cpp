@@ -151,6 +151,7 @@ int main(int argc, char** argv) {
         std::vector<float> ref_back(size_t(n_send * d));
         std::vector<char> wire_send, wire_recv;
         double wire_all = 0;
+        int64_t wire_mine = 0;  // bytes this rank puts on the wire per round (no count headers)
 
         parallel::MoeExchange ex(world);
         auto moe_once = [&](bool identity_experts) {
@@ -167,8 +168,9 @@ int main(int argc, char** argv) {
                                   sc.data(), sd.data(), MPI_BYTE, MPI_COMM_WORLD));
         };
 
-        // MoeExchange's wire bytes per pair, from its byte counter over one round: dispatch
-        // blocks (distinct tokens + entries) and results; sent as two plain Alltoallv calls.
+        // MoeExchange's wire bytes per pair: dispatch blocks (distinct tokens + entries, packed as
+        // moe_exchange.cpp packs them) and results, sent as two plain Alltoallv calls. The total is
+        // checked against the exchange's own byte counter below.
         std::vector<int> wsc(static_cast<size_t>(P)), wsd(wsc), wrc(wsc), wrd(wsc), bsc(wsc),
             bsd(wsc), brc(wsc), brd(wsc);
         {
@@ -203,7 +205,8 @@ int main(int argc, char** argv) {
             bso += rc_[size_t(r)];
             bro += sc[size_t(r)];
           }
-          wire_all = sum_over_ranks(double(so + bso - rc_[size_t(me)]));
+          wire_mine = so + bso - rc_[size_t(me)];
+          wire_all = sum_over_ranks(double(wire_mine));
           wire_send.assign(size_t(std::max<int64_t>(so, 1)), 0);
           wire_recv.assign(size_t(std::max<int64_t>(ro, 1)), 0);
         }
@@ -217,7 +220,12 @@ int main(int argc, char** argv) {
         };
 
         // Warm-up and check: every slot comes back as its own token's row.
+        const uint64_t sent_before = ex.bytes_sent();
         moe_once(true);
+        // The wire reference moves what the exchange moved, apart from its 32-byte count headers.
+        CHECK(ex.bytes_sent() - sent_before == uint64_t(wire_mine) + 32 * uint64_t(P - 1),
+              "bench_alltoall: the wire reference (", wire_mine, " bytes) does not match what "
+              "MoeExchange sent (", ex.bytes_sent() - sent_before, " bytes incl. headers)");
         mpi_once();
         wire_once();
         int bad = 0;
