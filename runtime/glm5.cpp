@@ -431,17 +431,19 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
     out_dev = std::make_unique<Buf<float>>(be, n_recv * H);
   }
   float* out = host ? ex.results() : out_dev->p;
+  std::vector<int64_t> run_start;  // first received slot of each local expert's run, then n_recv
   int64_t max_run = 0;
-  for (int64_t i = 0, j = 0; i < n_recv; i = j) {
-    for (j = i; j < n_recv && rtag[j] == rtag[i];) ++j;
-    max_run = std::max(max_run, j - i);
-  }
+  for (int64_t i = 0; i < n_recv; ++i)
+    if (i == 0 || rtag[i] != rtag[i - 1]) run_start.push_back(i);
+  run_start.push_back(n_recv);
+  for (size_t r = 0; r + 1 < run_start.size(); ++r)
+    max_run = std::max(max_run, run_start[r + 1] - run_start[r]);
   Buf<float> expert_in(be, max_run * H);
-  for (int64_t i = 0, j = 0; i < n_recv; i = j) {
-    for (j = i; j < n_recv && rtag[j] == rtag[i];) ++j;
-    expert_tokens_[size_t(rtag[i])] += j - i;
-    be.gather_rows({table, rrow + i, j - i, H, expert_in});
-    swiglu_expert(L.experts[size_t(rtag[i])], expert_in, j - i, out + i * H);
+  for (size_t r = 0; r + 1 < run_start.size(); ++r) {
+    const int64_t i = run_start[r], n = run_start[r + 1] - i;
+    expert_tokens_[size_t(rtag[i])] += n;
+    be.gather_rows({table, rrow + i, n, H, expert_in});
+    swiglu_expert(L.experts[size_t(rtag[i])], expert_in, n, out + i * H);
   }
   if (!host) be.to_host(ex.results(), out, size_t(n_recv * H) * sizeof(float));
   t0 = std::chrono::steady_clock::now();
