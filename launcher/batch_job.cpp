@@ -1,6 +1,7 @@
 // Batch jobs over the engine, plus the tokenize and launch subcommands.
 #include "launcher/batch_job.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <iostream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <set>
 
 #include "core/check.h"
@@ -67,6 +69,26 @@ std::vector<int32_t> ids_from_json(const json& v, const char* field, int64_t voc
   return ids;
 }
 
+// Fields the request body may carry: what we implement, metadata we may ignore, and OpenAI
+// fields we accept only at their default value. Anything else is an error, never ignored.
+void check_supported_fields(const json& body, bool batch_form) {
+  static const std::set<std::string> implemented = {
+      "model", "prompt", "prompt_ids", "messages", "max_tokens", "max_completion_tokens", "temperature",
+      "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
+      "stop", "logprobs", "top_logprobs", "ignore_eos", "chat_template_kwargs", "user", "metadata"};
+  static const std::map<std::string, json> only_default = {
+      {"n", 1}, {"best_of", 1}, {"stream", false}, {"echo", false}, {"suffix", nullptr},
+      {"logit_bias", json::object()}, {"stream_options", nullptr}};
+  for (auto& [key, v] : body.items()) {
+    if (implemented.count(key) || (!batch_form && key == "custom_id")) continue;
+    auto d = only_default.find(key);
+    CHECK(d != only_default.end(), "field '", key, "' is not supported by this runtime");
+    CHECK(v.is_null() || v == d->second, "field '", key, "': only ", d->second.dump(),
+          " is supported, found ", v.dump(), key == "n" || key == "best_of"
+              ? " (send the request several times with different seeds)" : "");
+  }
+}
+
 }  // namespace
 
 BatchLine parse_batch_line(const std::string& text, int64_t line_no, const runtime::ModelConfig& mc,
@@ -100,6 +122,7 @@ BatchLine parse_batch_line(const std::string& text, int64_t line_no, const runti
     CHECK(b.url == "/v1/completions" || b.url == "/v1/chat/completions",
           "field 'url': expected /v1/completions or /v1/chat/completions, found ", b.url);
     if (body.contains("model") && body["model"].is_string()) b.model_name = body["model"];
+    check_supported_fields(body, j.contains("body"));
 
     runtime::Request& r = b.request;
     if (b.url == "/v1/chat/completions") {
@@ -210,15 +233,18 @@ std::string batch_record(const BatchLine& in, const runtime::Result* res, const 
     rec["error"] = {{"code", in.error_code.empty() ? "request_failed" : in.error_code}, {"message", err}};
     return rec.dump(-1, ' ', false, json::error_handler_t::replace);
   }
-  std::vector<int32_t> tokens = res->tokens;
+  // With a stop string the engine ends the request at the token that completes it: token_ids,
+  // logprobs and usage keep every generated token up to and including that one (as vLLM does);
+  // text is their decoding cut before the earliest stop string (the stop string is not returned).
+  const std::vector<int32_t>& tokens = res->tokens;
   std::string text = tok ? tok->decode(tokens, true) : "";
   std::string finish = res->finish_reason;
-  for (const std::string& s : in.request.sampling.stop) {  // cut at the first stop string
-    auto p = text.find(s);
-    if (p != std::string::npos) {
-      text = text.substr(0, p);
-      finish = "stop";
-    }
+  size_t cut = std::string::npos;
+  for (const std::string& s : in.request.sampling.stop)
+    if (!s.empty()) cut = std::min(cut, text.find(s));
+  if (cut != std::string::npos) {
+    text.resize(cut);
+    finish = "stop";
   }
   json choice = {{"index", 0}, {"finish_reason", finish}, {"token_ids", tokens}};
   const bool chat = in.url == "/v1/chat/completions";
@@ -322,103 +348,263 @@ void end_with_whole_record(const std::string& path) {
 
 }  // namespace
 
-int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
-  auto job = make_job(a.model, a.cluster, std::move(world), true);
-  const bool root = job->rank() == 0;
-  std::unique_ptr<runtime::Tokenizer> tok;
-  if (std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json"))
-    tok = std::make_unique<runtime::Tokenizer>(runtime::Tokenizer::load(a.model));
+namespace {
 
-  std::vector<BatchLine> lines;  // rank 0: the lines to answer in this run
-  std::vector<runtime::Request> reqs;
-  std::ofstream out;
-  int64_t seq_no = 0;
-  if (root) {
-    std::ifstream in(a.input);
-    CHECK(in, "cannot open --input ", a.input);
-    end_with_whole_record(a.output);
-    auto done_list = finished_keys(a.output);
-    std::set<std::string> done(done_list.begin(), done_list.end()), seen;
-    seq_no = int64_t(done_list.size());
-    out.open(a.output, std::ios::app);
-    CHECK(out, "cannot open --output ", a.output, " for appending");
+// A set of 64-bit key hashes (open addressing, load <= 1/2): the ids seen in the input and those
+// already answered in the output, at 16 bytes per key instead of a string set's ~80, so that a
+// million-line job's bookkeeping stays a few MB. Two different keys share a hash with
+// probability ~n^2 / 2^65 (3e-8 for a million keys).
+class KeySet {
+ public:
+  // True when the key was not in the set before.
+  bool insert(const std::string& key) { return insert_hash(hash(key)); }
+  bool contains(const std::string& key) const {
+    if (slots_.empty()) return false;
+    const uint64_t h = hash(key);
+    for (size_t i = h & (slots_.size() - 1);; i = (i + 1) & (slots_.size() - 1)) {
+      if (slots_[i] == h) return true;
+      if (slots_[i] == 0) return false;
+    }
+  }
+  size_t size() const { return count_; }
+
+ private:
+  static uint64_t hash(const std::string& key) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a, then a finaliser; 0 marks an empty slot
+    for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h ? h : 1;
+  }
+  bool insert_hash(uint64_t h) {
+    if (2 * (count_ + 1) > slots_.size()) grow();
+    for (size_t i = h & (slots_.size() - 1);; i = (i + 1) & (slots_.size() - 1)) {
+      if (slots_[i] == h) return false;
+      if (slots_[i] == 0) {
+        slots_[i] = h;
+        ++count_;
+        return true;
+      }
+    }
+  }
+  void grow() {
+    std::vector<uint64_t> old(std::max<size_t>(64, slots_.size() * 2), 0);
+    old.swap(slots_);
+    count_ = 0;
+    for (uint64_t h : old) if (h) insert_hash(h);
+  }
+  std::vector<uint64_t> slots_;
+  size_t count_ = 0;
+};
+
+// The output JSONL, appended one whole record per write(2), every call checked. A failed or
+// short write (disk full, I/O error) is cut off again, so the file keeps only whole records, and
+// the job stops with one message naming the file; rerunning the same command answers the rest.
+class OutputFile {
+ public:
+  explicit OutputFile(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    CHECK(fd_ >= 0, "cannot open --output ", path, " for appending: ", std::strerror(errno));
+  }
+  ~OutputFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  void write_record(std::string rec) {
+    rec += '\n';
+    const off_t before = ::lseek(fd_, 0, SEEK_END);
+    size_t done = 0;
+    while (done < rec.size()) {
+      const ssize_t n = ::write(fd_, rec.data() + done, rec.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail(before, n < 0 ? errno : ENOSPC);
+      done += size_t(n);
+    }
+    ++written_;
+  }
+  // Flushes to the device and closes, checked (a full disk can show only here on some filesystems).
+  void close() {
+    if (fd_ < 0) return;
+    const int rc = ::fsync(fd_);
+    const int err = errno;
+    const int crc = ::close(fd_);
+    fd_ = -1;
+    CHECK(rc == 0 || err == EINVAL || err == EROFS, "cannot write --output ", path_, ": ", std::strerror(err));
+    CHECK(crc == 0, "cannot write --output ", path_, ": ", std::strerror(errno));
+  }
+
+ private:
+  [[noreturn]] void fail(off_t before, int err) {
+    if (before >= 0 && ::ftruncate(fd_, before) != 0) {
+      // The partial record stays; the next run cuts it off (end_with_whole_record).
+    }
+    GLM5_FAIL("cannot write --output ", path_, ": ", std::strerror(err), " (", written_,
+              " records written in this run; the file holds only whole records: rerun the same command "
+              "to answer the rest)");
+  }
+  std::string path_;
+  int fd_ = -1;
+  int64_t written_ = 0;
+};
+
+// Non-blank lines of a file, counted without holding it (progress line).
+int64_t count_lines(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::vector<char> buf(1 << 16);
+  int64_t n = 0;
+  bool blank = true;
+  while (f.read(buf.data(), std::streamsize(buf.size())) || f.gcount() > 0) {
+    for (std::streamsize i = 0; i < f.gcount(); ++i) {
+      const char c = buf[size_t(i)];
+      if (c == '\n') {
+        n += blank ? 0 : 1;
+        blank = true;
+      } else if (c != ' ' && c != '\t' && c != '\r') {
+        blank = false;
+      }
+    }
+  }
+  return n + (blank ? 0 : 1);
+}
+
+// The input, read lazily: the engine pulls requests as the columns have room, so only the lines
+// in flight are held. Lines already answered are skipped; bad lines get their error record here.
+class BatchSource final : public runtime::RequestSource {
+ public:
+  BatchSource(const BatchArgs& a, const runtime::ModelConfig& mc, const runtime::Tokenizer* tok, OutputFile& out,
+              int64_t seq_no)
+      : in_(a.input), mc_(mc), tok_(tok), out_(out), seq_no_(seq_no) {
+    CHECK(in_, "cannot open --input ", a.input);
+  }
+  // Keys (custom_id or line) that a previous run answered.
+  KeySet done;
+
+  std::optional<runtime::Request> next() override {
     std::string text;
-    int64_t line_no = 0;
-    while (std::getline(in, text)) {
-      ++line_no;
+    while (!eof_) {
+      if (!std::getline(in_, text)) {
+        eof_ = true;
+        break;
+      }
+      ++line_no_;
       if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
-      BatchLine b = parse_batch_line(text, line_no, job->config, tok.get());
-      if (!b.custom_id.empty() && !seen.insert(b.key).second) {
+      ++lines_seen_;
+      BatchLine b = parse_batch_line(text, line_no_, mc_, tok_);
+      if (!b.custom_id.empty() && !seen_.insert(b.key)) {
         // The first line owns the id; this one gets an error record, keyed by its line number
         // (see finished_keys), so a rerun neither skips the first line nor answers this one twice.
-        b.key = "line:" + std::to_string(line_no);
+        b.key = "line:" + std::to_string(line_no_);
         b.error_code = "duplicate_custom_id";
-        b.error = "line " + std::to_string(line_no) + ": custom_id '" + b.custom_id +
-                  "' appears earlier in the input";
+        b.error = "line " + std::to_string(line_no_) + ": custom_id '" + b.custom_id + "' appears earlier in the input";
       }
-      if (done.count(b.key)) continue;
-      if (!b.error.empty()) {  // error records go out at once
-        out << batch_record(b, nullptr, tok.get(), seq_no++) << '\n';
-        out.flush();
+      if (done.contains(b.key)) {
+        ++skipped_;
         continue;
       }
-      b.request.index = int64_t(lines.size());
-      reqs.push_back(b.request);
-      lines.push_back(std::move(b));
+      if (!b.error.empty()) {  // error records go out at once
+        out_.write_record(batch_record(b, nullptr, tok_, seq_no_++));
+        ++skipped_;
+        continue;
+      }
+      b.request.index = next_index_++;
+      runtime::Request r = b.request;
+      held_.emplace(r.index, std::move(b));
+      ++to_run_;
+      return r;
     }
-    std::fprintf(stderr, "[glm5] batch: %zu requests to run (%zu already done) on %d rank(s)\n",
-                 reqs.size(), done_list.size(), job->world->size());
+    return std::nullopt;
   }
-  auto is_stop = [&](const runtime::Request& r, const std::vector<int32_t>& gen) {
-    if (r.sampling.stop.empty() || !tok) return false;
-    std::string t = tok->decode(gen, true);
-    for (auto& s : r.sampling.stop)
-      if (t.find(s) != std::string::npos) return true;
-    return false;
-  };
-  job->engine->run(reqs, [&](runtime::Result&& r) {
-    out << batch_record(lines[size_t(r.index)], &r, tok.get(), seq_no++) << '\n';
-    out.flush();
-  }, is_stop);
+  bool exhausted() override { return eof_; }
+  int64_t size_hint() const override { return total_lines_ < 0 ? -1 : total_lines_ - skipped_; }
 
-  // Per-rank report, gathered on rank 0.
-  const auto& st = job->engine->stats();
+  // Writes the record of a finished request and forgets its line.
+  void write(const runtime::Result& r) {
+    auto it = held_.find(r.index);
+    CHECK(it != held_.end(), "internal: a result for request ", r.index, ", which is not in flight");
+    out_.write_record(batch_record(it->second, &r, tok_, seq_no_++));
+    held_.erase(it);
+  }
+  void set_total_lines(int64_t n) { total_lines_ = n; }
+  int64_t to_run() const { return to_run_; }
+  int64_t skipped() const { return skipped_; }
+
+ private:
+  std::ifstream in_;
+  const runtime::ModelConfig& mc_;
+  const runtime::Tokenizer* tok_;
+  OutputFile& out_;
+  int64_t seq_no_ = 0, line_no_ = 0, lines_seen_ = 0, next_index_ = 0, to_run_ = 0, skipped_ = 0;
+  int64_t total_lines_ = -1;
+  bool eof_ = false;
+  KeySet seen_;
+  std::map<int64_t, BatchLine> held_;  // requests in flight, by index
+};
+
+// Gathers every rank's counters on rank 0: the report file and one line per rank on stderr.
+void write_report(Job& job, const std::string& report) {
+  const auto& st = job.engine->stats();
   json mine = {{"rank", st.rank}, {"stage", st.stage}, {"column", st.column}, {"wall_s", st.wall_s},
                {"compute_s", st.compute_s}, {"comm_s", st.comm_s}, {"idle_s", st.idle_s},
                {"bytes_sent", st.bytes_sent}, {"tokens_generated", st.tokens_generated},
                {"prompt_tokens", st.prompt_tokens}, {"ticks", st.ticks},
                {"max_step_rows", st.max_step_rows},
                {"expert_tokens", st.expert_tokens}, {"peak_rss_kb", st.peak_rss_kb},
-               {"weight_bytes", job->model->weight_bytes()},
+               {"weight_bytes", job.model->weight_bytes()},
                {"tokens_per_s", st.wall_s > 0 ? double(st.tokens_generated) / st.wall_s : 0.0}};
   std::string s = mine.dump();
-  const int n = job->world->size();
+  const int n = job.world->size();
   std::vector<int64_t> sizes(static_cast<size_t>(n));
   int64_t my = int64_t(s.size());
-  job->world->all_gather(&my, sizeof my, sizes.data());
-  if (root) {
-    json ranks = json::array({mine});
-    for (int r = 1; r < n; ++r) {
-      std::string b(size_t(sizes[size_t(r)]), '\0');
-      job->world->recv(b.data(), b.size(), r, 21);
-      ranks.push_back(json::parse(b));
-    }
-    if (!a.report.empty()) {
-      std::ofstream rep(a.report);
-      CHECK(rep, "cannot write --report ", a.report);
-      rep << json({{"world_size", n}, {"ranks", ranks}}).dump(1) << '\n';
-    }
-    for (auto& r : ranks)
-      std::fprintf(stderr, "[glm5] rank %d (stage %d, column %d): peak RSS %.1f MiB, weights %.1f MiB\n",
-                   r["rank"].get<int>(), r["stage"].get<int>(), r["column"].get<int>(),
-                   r["peak_rss_kb"].get<double>() / 1024.0, r["weight_bytes"].get<double>() / 1048576.0);
-  } else {
-    job->world->send(s.data(), s.size(), 0, 21);
+  job.world->all_gather(&my, sizeof my, sizes.data());
+  if (job.rank() != 0) return job.world->send(s.data(), s.size(), 0, 21);
+  json ranks = json::array({mine});
+  for (int r = 1; r < n; ++r) {
+    std::string b(size_t(sizes[size_t(r)]), '\0');
+    job.world->recv(b.data(), b.size(), r, 21);
+    ranks.push_back(json::parse(b));
   }
+  if (!report.empty()) {
+    std::ofstream rep(report);
+    rep << json({{"world_size", n}, {"ranks", ranks}}).dump(1) << '\n';
+    rep.close();
+    CHECK(rep, "cannot write --report ", report);
+  }
+  for (auto& r : ranks)
+    std::fprintf(stderr, "[glm5] rank %d (stage %d, column %d): peak RSS %.1f MiB, weights %.1f MiB\n",
+                 r["rank"].get<int>(), r["stage"].get<int>(), r["column"].get<int>(),
+                 r["peak_rss_kb"].get<double>() / 1024.0, r["weight_bytes"].get<double>() / 1048576.0);
+}
+
+}  // namespace
+
+int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
+  auto job = make_job(a.model, a.cluster, std::move(world), true);
+  std::unique_ptr<runtime::Tokenizer> tok;
+  if (std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json"))
+    tok = std::make_unique<runtime::Tokenizer>(runtime::Tokenizer::load(a.model));
+  job->engine->set_tokenizer(tok.get());
+  if (job->rank() != 0) {
+    job->engine->run(nullptr, [](runtime::Result&&) {});
+    write_report(*job, a.report);
+    return 0;
+  }
+  CHECK(std::ifstream(a.input), "cannot open --input ", a.input);
+  end_with_whole_record(a.output);
+  KeySet done;
+  for (auto& k : finished_keys(a.output)) done.insert(k);
+  OutputFile out(a.output);
+  BatchSource src(a, job->config, tok.get(), out, int64_t(done.size()));
+  src.done = std::move(done);
+  src.set_total_lines(count_lines(a.input));
+  std::fprintf(stderr, "[glm5] batch: %lld lines in %s (%zu already answered) on %d rank(s)\n",
+               (long long)src.size_hint(), a.input.c_str(), src.done.size(), job->world->size());
+  job->engine->run(&src, [&](runtime::Result&& r) { src.write(r); });
+  out.close();
+  write_report(*job, a.report);
   return 0;
 }
 
-int run_tokenize(const std::string& path, bool decode) {
+int run_tokenize(const std::string& path, bool decode, bool literal_special) {
   runtime::Tokenizer tok = runtime::Tokenizer::load(path);
   std::string line;
   int64_t n = 0;
@@ -442,7 +628,7 @@ int run_tokenize(const std::string& path, bool decode) {
       std::cout << json({{"text", tok.decode(ids)}}).dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
     } else {
       CHECK(j.contains("text") && j["text"].is_string(), "stdin line ", n, ": expected {\"text\": \"...\"}");
-      std::cout << json({{"ids", tok.encode(j["text"].get<std::string>(), false)}}).dump() << '\n';
+      std::cout << json({{"ids", tok.encode(j["text"].get<std::string>(), !literal_special)}}).dump() << '\n';
     }
   }
   return 0;

@@ -42,7 +42,9 @@ std::string batch_record(const BatchLine& in, const runtime::Result* result,
 std::vector<std::string> finished_keys(const std::string& output_path);
 
 int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world);
-int run_tokenize(const std::string& tokenizer, bool decode);
+// Tokenizes as prompts are tokenized: special tokens written in the text become their ids (as HF
+// `tokenizers` encodes them); literal_special keeps them as plain text.
+int run_tokenize(const std::string& tokenizer, bool decode, bool literal_special);
 int run_launch(const std::string& cluster, const std::vector<std::string>& args, bool run,
                const std::string& argv0);
 

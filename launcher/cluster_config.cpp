@@ -32,7 +32,7 @@ namespace {
 const char* const kAllowedKeys[] = {
     "stages",        "expert_parallel", "micro_batches",   "backend", "comm",
     "kv_budget_gb",  "max_batch",       "prefill_chunk",   "hosts",   "mpirun_args",
-    "env",           "device_memory_gb", "max_step_tokens"};
+    "env",           "device_memory_gb", "max_step_tokens", "watchdog_s"};
 
 std::string where(const std::string& source) {
   return "cluster config " + (source.empty() ? std::string("(built-in default)") : source);
@@ -241,6 +241,8 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
         cc.prefill_chunk = int(rd.integer(v, key, 1));
       else if (key == "max_step_tokens")
         cc.max_step_tokens = int(rd.integer(v, key, 1));
+      else if (key == "watchdog_s")
+        cc.watchdog_s = rd.number(v, key, 0.0);
       else if (key == "hosts")
         rd.hosts(v, cc);
       else if (key == "mpirun_args")

@@ -42,6 +42,7 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   job->checkpoint = std::make_unique<runtime::Checkpoint>(model_dir);
   if (rank == 0) runtime::check_checkpoint(*job->checkpoint, job->config);
   job->stage_comm = job->world->split(stage, column);
+  parallel::set_watchdog_seconds(job->cluster.watchdog_s);
   if (rank == 0 && job->cluster.comm == "nccl" && job->world->size() > 1)
     std::fprintf(stderr, "[glm5] comm: nccl: the engine's MoE and pipeline traffic is staged through "
                          "host memory over MPI in this version\n");
@@ -136,6 +137,7 @@ int run_generate(const GenerateArgs& a, std::unique_ptr<parallel::Comm> world) {
   }
   runtime::Result result;
   bool got = false;
+  job->engine->set_tokenizer(tok.get());
   job->engine->run(reqs, [&](runtime::Result&& r) { result = std::move(r); got = true; });
   if (!root) return 0;
   CHECK(got, "internal: no result for the request");
@@ -280,6 +282,9 @@ int main_entry(int argc, char** argv) {
   auto* tok = app.add_subcommand("tokenize", "JSON lines {\"text\"} on stdin -> {\"ids\"} on stdout");
   tok->add_option("--tokenizer", tk, "tokenizer.json or a model directory")->required();
   tok->add_flag("--decode", decode, "read {\"ids\"} and write {\"text\"}");
+  bool literal = false;
+  tok->add_flag("--literal-special", literal,
+                "encode special tokens written in the text as plain text (default: as their ids, like prompts)");
 
   std::string lc;
   bool lrun = false;
@@ -315,7 +320,7 @@ int main_entry(int argc, char** argv) {
     if (gen->parsed()) rc = run_generate(ga, std::move(world));
     else if (bat->parsed()) rc = run_batch(ba, std::move(world));
     else if (ins->parsed()) rc = run_inspect(im, ic);
-    else if (tok->parsed()) rc = run_tokenize(tk, decode);
+    else if (tok->parsed()) rc = run_tokenize(tk, decode, literal);
     else if (lau->parsed()) rc = run_launch(lc, rest, lrun, argv[0]);
     return rc;
   } catch (const std::exception& e) {

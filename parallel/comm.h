@@ -11,6 +11,15 @@
 namespace glm5::parallel {
 
 enum class ReduceDType { F32, F64, I32, I64 };
+
+// A send in flight (Comm::isend). The buffer it reads must stay valid and unchanged until done()
+// returns true or wait() returns; destroying an unfinished one waits for it.
+class PendingSend {
+ public:
+  virtual ~PendingSend() = default;
+  virtual bool done() = 0;  // drives progress; true once the buffer may be reused
+  virtual void wait() = 0;
+};
 enum class ReduceOp { Sum, Max, Min };
 
 class Comm {
@@ -21,6 +30,11 @@ class Comm {
 
   virtual void send(const void* buf, size_t bytes, int dst, int tag) = 0;
   virtual void recv(void* buf, size_t bytes, int src, int tag) = 0;
+  // Starts a send and returns without waiting for the receiver: a rank that only ever blocks in
+  // receives and collectives cannot join a cycle of ranks blocked in sends to each other (the
+  // pipeline's sends are all isends). Messages between a pair keep their order. This default
+  // sends with the blocking send() (communicators without nonblocking point-to-point).
+  virtual std::unique_ptr<PendingSend> isend(const void* buf, size_t bytes, int dst, int tag);
   // Every rank sends send_bytes[r] bytes at send + send_offsets[r] to rank r and receives
   // recv_bytes[r] bytes from rank r at recv + recv_offsets[r]. Sizes must agree pairwise.
   virtual void all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets,
@@ -35,6 +49,16 @@ class Comm {
   // Ends the whole job (all ranks of the world) after a fatal error on this rank; never returns.
   [[noreturn]] virtual void abort(int code) = 0;
 };
+
+// Header-inline so that the CUDA plugin (which implements Comm) needs no symbol from this library.
+inline std::unique_ptr<PendingSend> Comm::isend(const void* buf, size_t bytes, int dst, int tag) {
+  struct Sent final : PendingSend {
+    bool done() override { return true; }
+    void wait() override {}
+  };
+  send(buf, bytes, dst, tag);
+  return std::make_unique<Sent>();
+}
 
 // The world over MPI (MPI must be initialised; see MpiRuntime in mpi_comm.h).
 std::unique_ptr<Comm> make_mpi_world();

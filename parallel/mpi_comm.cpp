@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -139,13 +140,67 @@ void MpiComm::check_tag(int tag, const char* what) const {
 }
 
 namespace {
+
+double g_watchdog_s = 300;
+
+// What a wait is for, as the watchdog reports it. peer: rank in comm, or -1 for a collective.
+struct WaitFor {
+  const char* op;
+  MPI_Comm comm = MPI_COMM_WORLD;
+  int peer = -1;
+  int tag = -1;
+  size_t bytes = 0;
+};
+
+int world_rank_in(MPI_Comm comm, int r);
+
+std::string describe(const WaitFor& w) {
+  const std::string op = w.op;
+  std::string s = op;
+  if (w.peer >= 0)  // world ranks, as mpirun and the error messages number them
+    s += (op == "send" ? " to rank " : " from rank ") + std::to_string(world_rank_in(w.comm, w.peer));
+  if (w.tag >= 0) s += ", tag " + std::to_string(w.tag);
+  return s + ", " + std::to_string(w.bytes) + " bytes";
+}
+
+// Sends started by isend and not yet complete on this rank (only the main thread talks to MPI).
+std::map<uint64_t, WaitFor>& sends_in_flight() {
+  static std::map<uint64_t, WaitFor> m;
+  return m;
+}
+
+int world_rank_in(MPI_Comm comm, int r) {
+  MPI_Group g = MPI_GROUP_NULL, wg = MPI_GROUP_NULL;
+  int out = r;
+  if (MPI_Comm_group(comm, &g) == MPI_SUCCESS && MPI_Comm_group(MPI_COMM_WORLD, &wg) == MPI_SUCCESS)
+    MPI_Group_translate_ranks(g, 1, &r, wg, &out);
+  if (g != MPI_GROUP_NULL) MPI_Group_free(&g);
+  if (wg != MPI_GROUP_NULL) MPI_Group_free(&wg);
+  return out;
+}
+
+void watchdog_report(const WaitFor& w, double waited, double grace) {
+  std::string msg = "[glm5] watchdog: rank " + std::to_string(mpi_world_rank()) + " has waited " +
+                    std::to_string(int(waited)) + " s with no progress for " + describe(w);
+  const auto& sends = sends_in_flight();
+  if (!sends.empty()) {
+    msg += "; its sends in flight:";
+    for (auto& [id, s] : sends) msg += " [" + describe(s) + "]";
+  }
+  msg += "; the job aborts in " + std::to_string(int(grace)) + " s unless this completes "
+         "(cluster key watchdog_s; 0 turns the watchdog off)\n";
+  std::fputs(msg.c_str(), stderr);
+  std::fflush(stderr);
+}
+
 // Waits for one request without holding a core: MPI_Test with sched_yield in between for up to
 // 50 us (an exchange between ranks that arrive together completes at polling latency, while a
 // rank sharing the core gets it on every yield), then sleeps that double from 2 us up to 1 ms
 // between tests (a rank waiting on the pipeline sleeps). Every call that can wait on another rank
 // (point-to-point and collectives) is nonblocking + this wait, so a rank that arrives early never
-// busy-polls inside MPI, taking a core from a rank at work.
-void wait_polling(MPI_Request* req, MPI_Status* st) {
+// busy-polls inside MPI, taking a core from a rank at work. The watchdog (set_watchdog_seconds)
+// reports and aborts a wait that never ends.
+void wait_polling(MPI_Request* req, MPI_Status* st, const WaitFor& what) {
   constexpr auto kSpin = std::chrono::microseconds(50);
   int done = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -155,29 +210,94 @@ void wait_polling(MPI_Request* req, MPI_Status* st) {
     if (i >= 16 && std::chrono::steady_clock::now() - t0 > kSpin) break;
     sched_yield();
   }
+  const double limit = g_watchdog_s, grace = std::clamp(limit / 10, 1.0, 30.0);
+  bool reported = false;
   auto nap = std::chrono::microseconds(2);
   while (true) {
     std::this_thread::sleep_for(nap);
     MPI_CHECK(MPI_Test(req, &done, st));
-    if (done) return;
+    if (done) {
+      if (reported) std::fprintf(stderr, "[glm5] watchdog: rank %d: the wait completed after all\n", mpi_world_rank());
+      return;
+    }
     nap = std::min(nap * 2, std::chrono::microseconds(1000));
+    if (limit <= 0 || nap < std::chrono::microseconds(1000)) continue;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!reported && waited > limit) {
+      watchdog_report(what, waited, grace);
+      reported = true;
+    } else if (reported && waited > limit + grace) {
+      std::fprintf(stderr, "[glm5] watchdog: rank %d aborts the job (no progress for %.0f s)\n",
+                   mpi_world_rank(), waited);
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 3);
+    }
   }
 }
+
+// Chunks of an isend, each its own MPI request; registered in sends_in_flight until complete.
+class MpiPendingSend final : public PendingSend {
+ public:
+  MpiPendingSend(std::vector<MPI_Request> reqs, WaitFor what) : reqs_(std::move(reqs)), what_(what) {
+    static uint64_t next_id = 0;
+    id_ = ++next_id;
+    sends_in_flight()[id_] = what_;
+  }
+  ~MpiPendingSend() override {
+    try {
+      wait();
+    } catch (...) {  // MPI failed: the error surfaced elsewhere (or aborts the job)
+      sends_in_flight().erase(id_);
+    }
+  }
+  bool done() override {
+    if (finished_) return true;
+    int flag = 0;
+    MPI_CHECK(MPI_Testall(int(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE));
+    if (flag) finish();
+    return finished_;
+  }
+  void wait() override {
+    if (finished_) return;
+    for (MPI_Request& r : reqs_) wait_polling(&r, MPI_STATUS_IGNORE, what_);
+    finish();
+  }
+
+ private:
+  void finish() {
+    finished_ = true;
+    sends_in_flight().erase(id_);
+  }
+  std::vector<MPI_Request> reqs_;
+  WaitFor what_;
+  uint64_t id_ = 0;
+  bool finished_ = false;
+};
+
 }  // namespace
 
-void MpiComm::send(const void* buf, size_t bytes, int dst, int tag) {
+void set_watchdog_seconds(double seconds) {
+  CHECK(seconds >= 0, "watchdog: expected seconds >= 0 (0 = off), found ", seconds);
+  g_watchdog_s = seconds;
+}
+double watchdog_seconds() { return g_watchdog_s; }
+
+void MpiComm::send(const void* buf, size_t bytes, int dst, int tag) { isend(buf, bytes, dst, tag)->wait(); }
+
+std::unique_ptr<PendingSend> MpiComm::isend(const void* buf, size_t bytes, int dst, int tag) {
   check_peer(dst, "send");
   check_tag(tag, "send");
   const char* p = static_cast<const char*>(buf);
   const size_t limit = g_message_limit;
+  std::vector<MPI_Request> reqs;
   size_t off = 0;
   do {  // a zero-byte send is still one message, matching a zero-byte recv
     size_t n = std::min(bytes - off, limit);
-    MPI_Request req = MPI_REQUEST_NULL;
-    MPI_CHECK(MPI_Isend(p + off, int(n), MPI_BYTE, dst, tag, comm_, &req));
-    wait_polling(&req, MPI_STATUS_IGNORE);
+    reqs.push_back(MPI_REQUEST_NULL);
+    MPI_CHECK(MPI_Isend(p + off, int(n), MPI_BYTE, dst, tag, comm_, &reqs.back()));
     off += n;
   } while (off < bytes);
+  return std::make_unique<MpiPendingSend>(std::move(reqs), WaitFor{"send", comm_, dst, tag, bytes});
 }
 
 void MpiComm::recv(void* buf, size_t bytes, int src, int tag) {
@@ -191,7 +311,7 @@ void MpiComm::recv(void* buf, size_t bytes, int src, int tag) {
     MPI_Request req = MPI_REQUEST_NULL;
     MPI_Status st;
     MPI_CHECK(MPI_Irecv(p + off, int(n), MPI_BYTE, src, tag, comm_, &req));
-    wait_polling(&req, &st);
+    wait_polling(&req, &st, WaitFor{"recv", comm_, src, tag, n});
     int got = 0;
     MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &got));
     CHECK(size_t(got) == n, "recv from rank ", src, " tag ", tag, ": expected ", n,
@@ -247,7 +367,9 @@ void MpiComm::all_to_all_v(const void* send, const size_t* send_bytes, const siz
                           rcounts_.data(), rdispls_.data(), rtypes_.data(), comm_, &req);
   if (rc == MPI_SUCCESS) {
     try {
-      wait_polling(&req, MPI_STATUS_IGNORE);
+      size_t total = 0;
+      for (int r = 0; r < size_; ++r) total += recv_bytes[r];
+      wait_polling(&req, MPI_STATUS_IGNORE, WaitFor{"all_to_all_v (MoE exchange)", comm_, -1, -1, total});
     } catch (...) {
       for (MPI_Datatype& t : made) MPI_Type_free(&t);
       throw;
@@ -265,7 +387,7 @@ void MpiComm::all_gather(const void* send, size_t bytes, void* recv) {
     const void* src = (send == mine) ? MPI_IN_PLACE : send;
     MPI_Request req = MPI_REQUEST_NULL;
     MPI_CHECK(MPI_Iallgather(src, int(bytes), MPI_BYTE, out, int(bytes), MPI_BYTE, comm_, &req));
-    wait_polling(&req, MPI_STATUS_IGNORE);
+    wait_polling(&req, MPI_STATUS_IGNORE, WaitFor{"all_gather", comm_, -1, -1, bytes * size_t(size_)});
     return;
   }
   if (send != mine) std::memmove(mine, send, bytes);
@@ -281,7 +403,7 @@ void MpiComm::all_reduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op
     MPI_Request req = MPI_REQUEST_NULL;
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, p + off * es, int(n), mpi_type(dtype), mpi_op(op),
                              comm_, &req));
-    wait_polling(&req, MPI_STATUS_IGNORE);
+    wait_polling(&req, MPI_STATUS_IGNORE, WaitFor{"all_reduce", comm_, -1, -1, n * es});
   }
 }
 
@@ -293,14 +415,14 @@ void MpiComm::broadcast(void* buf, size_t bytes, int root) {
     MPI_Request req = MPI_REQUEST_NULL;
     MPI_CHECK(
         MPI_Ibcast(p + off, int(std::min(limit, bytes - off)), MPI_BYTE, root, comm_, &req));
-    wait_polling(&req, MPI_STATUS_IGNORE);
+    wait_polling(&req, MPI_STATUS_IGNORE, WaitFor{"broadcast", comm_, root, -1, bytes});
   }
 }
 
 void MpiComm::barrier() {
   MPI_Request req = MPI_REQUEST_NULL;
   MPI_CHECK(MPI_Ibarrier(comm_, &req));
-  wait_polling(&req, MPI_STATUS_IGNORE);
+  wait_polling(&req, MPI_STATUS_IGNORE, WaitFor{"barrier", comm_, -1, -1, 0});
 }
 
 std::unique_ptr<Comm> MpiComm::split(int color, int key) {

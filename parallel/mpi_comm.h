@@ -76,6 +76,7 @@ class MpiComm final : public Comm {
   // tag: 0..MPI_TAG_UB (at least 32767).
   void send(const void* buf, size_t bytes, int dst, int tag) override;
   void recv(void* buf, size_t bytes, int src, int tag) override;
+  std::unique_ptr<PendingSend> isend(const void* buf, size_t bytes, int dst, int tag) override;
   void all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets,
                     void* recv, const size_t* recv_bytes, const size_t* recv_offsets) override;
   void all_gather(const void* send, size_t bytes, void* recv) override;
@@ -100,6 +101,15 @@ class MpiComm final : public Comm {
   std::vector<int> counts_, displs_, rcounts_, rdispls_;  // MPI_Alltoallw scratch
   std::vector<MPI_Datatype> stypes_, rtypes_;
 };
+
+// The watchdog: a wait on another rank (receive, collective, send completion) that sees no
+// progress for this many seconds prints what this rank waits for (operation, peer, tag, bytes,
+// plus its sends still in flight) on stderr, keeps waiting a grace period (a tenth of the limit,
+// at least 1 s, at most 30 s) so that the other stuck ranks print theirs too, then aborts the
+// job with MPI_Abort (exit code 3). 0 turns it off. Default 300; set from the cluster config's
+// `watchdog_s`. Must be equal on all ranks.
+void set_watchdog_seconds(double seconds);
+double watchdog_seconds();
 
 // Largest number of bytes handed to MPI in one call (1..INT_MAX, default INT_MAX). Tests lower it
 // to exercise the chunked and point-to-point paths with small buffers. Must be equal on all ranks.

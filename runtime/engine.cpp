@@ -1,7 +1,10 @@
-// Engine: scheduling on stage 0, the pipeline between stages, sampling on the last stage.
-// Message flow per tick (one micro-batch step of one column):
-//   stage 0 --header+hidden--> stage 1 --> ... --> stage P-1 --tokens(+logits)--> stage 0
-// Every message is (int64 size, payload) on the world communicator between ranks of a column.
+// Engine: executes the scheduler's steps and moves their bytes. Per tick (one micro-batch step of
+// one column):
+//   stage 0 --step+hidden--> stage 1 --> ... --> stage P-1 --tokens(+logits)--> stage 0
+// Every message is (int64 size, payload) on the world communicator between ranks of a column,
+// sent with isend (see engine.h: why that cannot deadlock). Between ticks the stage-0 ranks
+// share their state (all_gather over the stage), send finished results to world rank 0, and
+// rank 0 hands out new requests (two broadcasts over the stage).
 #include "runtime/engine.h"
 
 #include <sys/resource.h>
@@ -15,8 +18,10 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <thread>
 
 #include "core/check.h"
+#include "runtime/scheduler.h"
 
 namespace glm5::runtime {
 
@@ -31,7 +36,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-enum Tag : int { kStep = 11, kHidden = 12, kBack = 13, kResults = 14 };
+enum Tag : int { kStep = 11, kHidden = 12, kBack = 13, kResults = 14, kAssign = 15 };
 
 struct Writer {
   std::vector<char> b;
@@ -69,11 +74,6 @@ struct Reader {
   std::string get_str() { auto v = get_vec<char>(); return std::string(v.begin(), v.end()); }
 };
 
-void send_bytes(parallel::Comm& c, int dst, int tag, const std::vector<char>& b) {
-  int64_t n = int64_t(b.size());
-  c.send(&n, sizeof n, dst, tag);
-  if (n) c.send(b.data(), b.size(), dst, tag);
-}
 std::vector<char> recv_bytes(parallel::Comm& c, int src, int tag) {
   int64_t n = 0;
   c.recv(&n, sizeof n, src, tag);
@@ -83,13 +83,6 @@ std::vector<char> recv_bytes(parallel::Comm& c, int src, int tag) {
 }
 
 // Hidden states between stages travel over the host communicator; device backends stage them.
-void send_hidden(parallel::Comm& c, kernels::Backend& be, const float* h, int64_t n, int dst) {
-  if (n == 0) return;
-  if (be.host_memory()) return c.send(h, size_t(n) * sizeof(float), dst, kHidden);
-  std::vector<float> tmp(static_cast<size_t>(n));
-  be.to_host(tmp.data(), h, tmp.size() * sizeof(float));
-  c.send(tmp.data(), tmp.size() * sizeof(float), dst, kHidden);
-}
 void recv_hidden(parallel::Comm& c, kernels::Backend& be, float* h, int64_t n, int src) {
   if (n == 0) return;
   if (be.host_memory()) return c.recv(h, size_t(n) * sizeof(float), src, kHidden);
@@ -145,22 +138,13 @@ Result get_result(Reader& rd) {
   return r;
 }
 
-// One sequence's entry in a step.
-struct StepSeq {
-  int64_t req = 0, start = 0, n = 0;
-  bool decode = false, sample = false, logits_all = false, logits_sampled = false;
-};
-struct Step {
-  bool stop = false;
-  std::vector<StepSeq> seqs;
-  std::vector<int64_t> released;  // requests whose caches can be freed (before this step)
-  int64_t rows() const { int64_t m = 0; for (auto& s : seqs) m += s.n; return m; }
-};
 void put_step(Writer& w, const Step& s) {
   w.put(s.stop);
   w.put<int64_t>(int64_t(s.seqs.size()));
   for (auto& q : s.seqs) w.put(q);
   w.put_vec(s.released);
+  w.put<int64_t>(int64_t(s.added.size()));
+  for (auto& r : s.added) put_request(w, r);
 }
 Step get_step(Reader& rd) {
   Step s;
@@ -168,24 +152,134 @@ Step get_step(Reader& rd) {
   int64_t n = rd.get<int64_t>();
   for (int64_t i = 0; i < n; ++i) s.seqs.push_back(rd.get<StepSeq>());
   s.released = rd.get_vec<int64_t>();
+  n = rd.get<int64_t>();
+  for (int64_t i = 0; i < n; ++i) s.added.push_back(get_request(rd));
   return s;
 }
 
-// What the last stage returns for one sequence of a step.
-struct Back {
-  int64_t req = 0;
-  bool has_token = false;
-  Sampled sampled;
-  std::vector<float> logits;  // rows x vocab
+void put_backs(Writer& w, const std::vector<Back>& backs) {
+  w.put<int64_t>(int64_t(backs.size()));
+  for (auto& b : backs) {
+    w.put(b.req); w.put(b.has_token); w.put(b.sampled.token); w.put(b.sampled.logprob);
+    w.put_vec(b.sampled.top); w.put_vec(b.logits); w.put_str(b.error);
+  }
+}
+std::vector<Back> get_backs(Reader& rd) {
+  std::vector<Back> backs(static_cast<size_t>(rd.get<int64_t>()));
+  for (Back& b : backs) {
+    b.req = rd.get<int64_t>();
+    b.has_token = rd.get<bool>();
+    b.sampled.token = rd.get<int32_t>();
+    b.sampled.logprob = rd.get<float>();
+    b.sampled.top = rd.get_vec<std::pair<int32_t, float>>();
+    b.logits = rd.get_vec<float>();
+    b.error = rd.get_str();
+  }
+  return backs;
+}
+
+// Messages in flight: each owns its bytes until the send completes. Sizes and payloads go as two
+// messages (the receiver allocates from the size).
+class Outbox {
+ public:
+  void send_bytes(parallel::Comm& c, int dst, int tag, std::vector<char> b) {
+    auto m = std::make_unique<Msg>();
+    m->size = int64_t(b.size());
+    m->bytes = std::move(b);
+    m->sends.push_back(c.isend(&m->size, sizeof m->size, dst, tag));
+    if (m->size) m->sends.push_back(c.isend(m->bytes.data(), m->bytes.size(), dst, tag));
+    push(std::move(m));
+  }
+  // n floats at h (no size message: the step before it gives the row count). `release` frees
+  // h once the send is complete; device backends copy to the host first.
+  void send_hidden(parallel::Comm& c, kernels::Backend& be, float* h, int64_t n, int dst) {
+    if (n == 0) return be.free(h);
+    auto m = std::make_unique<Msg>();
+    const size_t bytes = size_t(n) * sizeof(float);
+    if (be.host_memory()) {
+      m->release = [&be, h] { be.free(h); };
+      m->sends.push_back(c.isend(h, bytes, dst, kHidden));
+    } else {
+      m->floats.resize(size_t(n));
+      be.to_host(m->floats.data(), h, bytes);
+      be.free(h);
+      m->sends.push_back(c.isend(m->floats.data(), bytes, dst, kHidden));
+    }
+    push(std::move(m));
+  }
+  // Waits for every send (end of the run).
+  void drain() {
+    for (auto& m : q_) for (auto& s : m->sends) s->wait();
+    reap();
+  }
+  ~Outbox() { drain(); }
+
+ private:
+  struct Msg {
+    int64_t size = 0;
+    std::vector<char> bytes;
+    std::vector<float> floats;
+    std::function<void()> release;
+    std::vector<std::unique_ptr<parallel::PendingSend>> sends;
+    bool done() {
+      for (auto& s : sends) if (!s->done()) return false;
+      return true;
+    }
+    ~Msg() {
+      for (auto& s : sends) s->wait();
+      if (release) release();
+    }
+  };
+  void push(std::unique_ptr<Msg> m) {
+    q_.push_back(std::move(m));
+    reap();
+  }
+  void reap() {  // completed messages, oldest first
+    while (!q_.empty() && q_.front()->done()) q_.pop_front();
+  }
+  std::deque<std::unique_ptr<Msg>> q_;
+};
+
+// The state a stage keeps per running sequence: its request (from the step that first carries
+// it), its KV cache and, on the last stage, the tokens it has sampled (penalties).
+class SeqTable {
+ public:
+  SeqTable(Model& model) : model_(model) {}
+  // Applies a step's releases and additions, then returns its batch for Model::forward.
+  std::vector<SeqStep> enter(const Step& step) {
+    for (int64_t r : step.released) seqs_.erase(r);
+    for (const Request& r : step.added) {
+      Entry e;
+      e.req = r;
+      e.cache = std::make_unique<SeqCache>(model_.backend(), model_.config(), model_.n_local_layers(),
+                                           int64_t(r.prompt.size()) + r.sampling.max_tokens + 1);
+      CHECK(seqs_.emplace(r.index, std::move(e)).second, "internal: request ", r.index, " added twice");
+    }
+    std::vector<SeqStep> batch;
+    for (auto& s : step.seqs) batch.push_back({at(s.req).cache.get(), s.start, s.n, s.decode});
+    return batch;
+  }
+  struct Entry {
+    Request req;
+    std::unique_ptr<SeqCache> cache;
+    std::vector<int32_t> generated;
+  };
+  Entry& at(int64_t req) {
+    auto it = seqs_.find(req);
+    CHECK(it != seqs_.end(), "internal: step names request ", req, ", which this stage does not hold");
+    return it->second;
+  }
+
+ private:
+  Model& model_;
+  std::map<int64_t, Entry> seqs_;
 };
 
 }  // namespace
 
-// The last stage's work on a step: logits of the rows that need them, then sampling.
-// Shared by the one-stage path and the pipeline's last stage.
-static std::vector<Back> finish_step(Model& model, const Step& step, const float* h,
-                                     const std::vector<Request>& reqs,
-                                     std::map<int64_t, std::vector<int32_t>>& generated) {
+// The last stage's work on a step: logits of the rows that need them, then sampling. A sequence
+// whose logits are not finite gets an error (it ends; the others go on) and a line on stderr.
+static std::vector<Back> finish_step(Model& model, const Step& step, const float* h, SeqTable& table, int rank) {
   kernels::Backend& be = model.backend();
   const int64_t H = model.config().hidden_size, V = model.config().vocab_size;
   // Rows that need logits, gathered contiguously.
@@ -214,29 +308,57 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
   for (size_t i = 0; i < step.seqs.size(); ++i) {
     const StepSeq& s = step.seqs[i];
     const int64_t cnt = rows[i].second;
-    if (s.sample || s.logits_all) {
-      Back b;
-      b.req = s.req;
-      const float* last = logits.data() + (at + cnt - 1) * V;
-      // NaN guard: a broken weight or kernel stops the job here, naming where it showed.
-      for (int64_t v = 0; v < cnt * V; ++v)
-        CHECK(std::isfinite(logits[size_t(at * V + v)]), "non-finite logits (NaN or inf) for request ",
-              s.req, " at positions ", s.start, "..", s.start + s.n - 1, ", vocab entry ", v % V);
-      if (s.sample) {
-        const Request& r = reqs[size_t(s.req)];
-        auto& gen = generated[s.req];
-        b.has_token = true;
-        b.sampled = sample(last, V, r.sampling, r.prompt, gen, int64_t(gen.size()));
-        gen.push_back(b.sampled.token);
-      }
-      if (s.logits_all) b.logits.assign(logits.data() + at * V, logits.data() + (at + cnt) * V);
-      else if (s.logits_sampled) b.logits.assign(last, last + V);
-      out.push_back(std::move(b));
-    }
+    const float* mine = logits.data() + at * V;
     at += cnt;
+    if (!s.sample && !s.logits_all) continue;
+    Back b;
+    b.req = s.req;
+    auto& e = table.at(s.req);
+    if (!std::all_of(mine, mine + cnt * V, [](float x) { return std::isfinite(x); })) {
+      b.error = "non-finite logits (NaN or inf) at positions " + std::to_string(s.start) + ".." +
+                std::to_string(s.start + s.n - 1) + " (generated token " + std::to_string(e.generated.size()) +
+                ")";
+      std::fprintf(stderr, "[glm5] rank %d: request %lld: %s; the request ends with an error, the others go on\n",
+                   rank, (long long)s.req, b.error.c_str());
+      out.push_back(std::move(b));
+      continue;
+    }
+    const float* last = mine + (cnt - 1) * V;
+    if (s.sample) {
+      b.has_token = true;
+      b.sampled = sample(last, V, e.req.sampling, e.req.prompt, e.generated, int64_t(e.generated.size()));
+      e.generated.push_back(b.sampled.token);
+    }
+    if (s.logits_all) b.logits.assign(mine, mine + cnt * V);
+    else if (s.logits_sampled) b.logits.assign(last, last + V);
+    out.push_back(std::move(b));
   }
   return out;
 }
+
+namespace {
+
+// The list form of run(): requests in order, indexed by position (callers' indexes need not be
+// unique); results get the caller's index back.
+class ListSource final : public RequestSource {
+ public:
+  explicit ListSource(const std::vector<Request>& reqs) : reqs_(reqs) {}
+  std::optional<Request> next() override {
+    if (at_ >= reqs_.size()) return std::nullopt;
+    Request r = reqs_[at_];
+    r.index = int64_t(at_++);
+    return r;
+  }
+  bool exhausted() override { return at_ >= reqs_.size(); }
+  int64_t size_hint() const override { return int64_t(reqs_.size()); }
+  int64_t caller_index(int64_t i) const { return reqs_[size_t(i)].index; }
+
+ private:
+  const std::vector<Request>& reqs_;
+  size_t at_ = 0;
+};
+
+}  // namespace
 
 Engine::Engine(Model& model, parallel::Comm& world, parallel::Comm& stage_comm,
                const parallel::Grid& grid, const EngineOptions& opt)
@@ -253,34 +375,19 @@ Engine::Engine(Model& model, parallel::Comm& world, parallel::Comm& stage_comm,
         opt_.max_step_tokens);
 }
 
-void Engine::run(std::vector<Request> requests, const std::function<void(Result&&)>& on_result,
-                 const std::function<bool(const Request&, const std::vector<int32_t>&)>& is_stop) {
-  auto t0 = Clock::now();
-  // Every rank gets the request table (prompts and sampling parameters) from rank 0.
-  Writer w;
-  if (world_.rank() == 0) {
-    w.put<int64_t>(int64_t(requests.size()));
-    for (auto& r : requests) put_request(w, r);
-  }
-  int64_t n = int64_t(w.b.size());
-  world_.broadcast(&n, sizeof n, 0);
-  w.b.resize(size_t(n));
-  world_.broadcast(w.b.data(), w.b.size(), 0);
-  Reader rd(w.b);
-  std::vector<Request> reqs;
-  int64_t count = rd.get<int64_t>();
-  for (int64_t i = 0; i < count; ++i) {
-    reqs.push_back(get_request(rd));
-    reqs.back().index = i;  // engine-internal id = position; callers' ids are restored below
-  }
-  std::vector<int64_t> caller_index;
-  for (auto& r : requests) caller_index.push_back(r.index);
-  auto deliver = [&](Result&& r) {
-    if (!caller_index.empty()) r.index = caller_index[size_t(r.index)];
+void Engine::run(const std::vector<Request>& requests, const std::function<void(Result&&)>& on_result) {
+  ListSource src(requests);
+  run(world_.rank() == 0 ? &src : nullptr, [&](Result&& r) {
+    r.index = src.caller_index(r.index);
     on_result(std::move(r));
-  };
-  if (stats_.stage == 0) run_stage0(reqs, deliver, is_stop);
-  else run_later_stage(reqs);
+  });
+}
+
+void Engine::run(RequestSource* source, const std::function<void(Result&&)>& on_result) {
+  CHECK(world_.rank() != 0 || source, "internal: world rank 0 needs a request source");
+  auto t0 = Clock::now();
+  if (stats_.stage == 0) run_stage0(source, on_result);
+  else run_later_stage();
   stats_.wall_s = since(t0);
   stats_.comm_s += model_.moe_comm_seconds();
   stats_.compute_s -= model_.moe_comm_seconds();
@@ -290,280 +397,224 @@ void Engine::run(std::vector<Request> requests, const std::function<void(Result&
   stats_.peak_rss_kb = peak_rss_kb();
 }
 
-void Engine::run_stage0(std::vector<Request>& reqs, const std::function<void(Result&&)>& on_result,
-                        const std::function<bool(const Request&, const std::vector<int32_t>&)>& is_stop) {
+// Stage-0 state of one run (one column).
+struct Engine::Stage0 {
+  Scheduler sched;
+  RequestSource* source = nullptr;                   // world rank 0 only
+  const std::function<void(Result&&)>* on_result = nullptr;
+  Outbox out;
+  std::vector<bool> inflight;                        // per group: a step awaits its results
+  std::vector<bool> inflight_rows;                   // ... and it had rows
+  int64_t done = 0, total = -1;                      // progress (rank 0)
+  Clock::time_point t_start = Clock::now(), t_progress = Clock::now();
+  Stage0(const ModelConfig& cfg, const SchedulerOptions& so, const Tokenizer* tok, int G)
+      : sched(cfg, so, tok), inflight(size_t(G), false), inflight_rows(size_t(G), false) {}
+  int64_t steps_in_flight() const {
+    int64_t n = 0;
+    for (bool b : inflight_rows) n += b ? 1 : 0;
+    return n;
+  }
+};
+
+// Between ticks on the stage-0 ranks: results go to world rank 0, which hands out new requests
+// (to the least-loaded columns with room) and decides when the run is over. False: over.
+bool Engine::exchange(Stage0& s) {
+  const int E = grid_.expert_parallel, col = stats_.column;
+  std::vector<Result> finished = s.sched.take_finished();
+  // Column state: work (running, waiting, results, steps in flight), load, free slots, results.
+  Writer res;
+  for (auto& r : finished) put_result(res, r);
+  int64_t mine[5] = {s.sched.work() + s.steps_in_flight() + int64_t(finished.size()), s.sched.load(),
+                     s.sched.free_slots(), int64_t(res.b.size()), int64_t(finished.size())};
+  std::vector<int64_t> all(size_t(5 * E));
+  auto t = Clock::now();
+  if (E > 1) stage_comm_.all_gather(mine, sizeof mine, all.data());
+  else std::copy(mine, mine + 5, all.begin());
+  auto deliver = [&](Result&& r) {
+    ++s.done;
+    (*s.on_result)(std::move(r));
+  };
+  if (col == 0) {
+    for (auto& r : finished) deliver(std::move(r));
+    for (int c = 1; c < E; ++c) {
+      if (all[size_t(5 * c + 3)] == 0) continue;
+      std::vector<char> b = recv_bytes(stage_comm_, c, kResults);
+      Reader rd(b);
+      for (int64_t i = 0; i < all[size_t(5 * c + 4)]; ++i) deliver(get_result(rd));
+    }
+  } else if (!res.b.empty()) {
+    s.out.send_bytes(stage_comm_, 0, kResults, std::move(res.b));
+  }
+  // Rank 0: new requests for the columns, and the end of the run.
+  std::vector<std::vector<Request>> assigned(static_cast<size_t>(E));
+  int64_t stop = 0;
+  if (col == 0) {
+    int64_t work = 0, room = 0;
+    std::vector<int64_t> load(static_cast<size_t>(E)), free(static_cast<size_t>(E));
+    for (int c = 0; c < E; ++c) {
+      work += all[size_t(5 * c)];
+      load[size_t(c)] = all[size_t(5 * c + 1)];
+      room += free[size_t(c)] = all[size_t(5 * c + 2)];
+    }
+    int64_t handed = 0;
+    while (room > 0) {
+      std::optional<Request> r = s.source->next();
+      if (!r) break;
+      if (std::string why = s.sched.refuse_reason(*r); !why.empty()) {
+        Result err;
+        err.index = r->index;
+        err.finish_reason = "error";
+        err.error = why;
+        deliver(std::move(err));
+        continue;
+      }
+      int best = -1;  // the least-loaded column with room (lowest column on ties)
+      for (int c = 0; c < E; ++c)
+        if (free[size_t(c)] > 0 && (best < 0 || load[size_t(c)] < load[size_t(best)])) best = c;
+      load[size_t(best)] += int64_t(r->prompt.size()) + r->sampling.max_tokens;
+      --free[size_t(best)];
+      --room;
+      ++handed;
+      assigned[size_t(best)].push_back(std::move(*r));
+    }
+    stop = work == 0 && handed == 0 && s.source->exhausted();
+    if (work == 0 && handed == 0 && !stop)  // an idle server: wait for requests, do not spin
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (s.total < 0) s.total = s.source->size_hint();
+    show_progress(s, stop);
+  }
+  if (E > 1) {  // stop flag and the assignments, to every column of the stage
+    Writer w;
+    if (col == 0)
+      for (int c = 0; c < E; ++c) {
+        w.put<int64_t>(int64_t(assigned[size_t(c)].size()));
+        for (auto& r : assigned[size_t(c)]) put_request(w, r);
+      }
+    int64_t head[2] = {stop, int64_t(w.b.size())};
+    stage_comm_.broadcast(head, sizeof head, 0);
+    stop = head[0];
+    w.b.resize(size_t(head[1]));
+    if (head[1]) stage_comm_.broadcast(w.b.data(), w.b.size(), 0);
+    if (col != 0) {
+      Reader rd(w.b);
+      for (int c = 0; c < E; ++c) {
+        const int64_t n = rd.get<int64_t>();
+        for (int64_t i = 0; i < n; ++i) {
+          Request r = get_request(rd);
+          if (c == col) assigned[size_t(c)].push_back(std::move(r));
+        }
+      }
+    }
+  }
+  for (auto& r : assigned[size_t(col)]) s.sched.add(std::move(r));
+  stats_.comm_s += since(t);
+  return !stop;
+}
+
+void Engine::show_progress(Stage0& s, bool end) {
+  if (!opt_.progress || (since(s.t_progress) < 1.0 && !end)) return;
+  const double el = since(s.t_start), rate = double(s.sched.tokens_generated()) / std::max(el, 1e-9);
+  if (s.total >= 0) {
+    const double eta = s.done > 0 ? el / double(s.done) * double(s.total - s.done) : 0;
+    std::fprintf(stderr, "\r[glm5] %lld/%lld requests, %.1f tok/s (column 0), ETA %.0f s   ",
+                 (long long)s.done, (long long)s.total, rate, eta);
+  } else {
+    std::fprintf(stderr, "\r[glm5] %lld requests done, %.1f tok/s (column 0)   ", (long long)s.done, rate);
+  }
+  if (end) std::fprintf(stderr, "\n");
+  s.t_progress = Clock::now();
+}
+
+void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&)>& on_result) {
   const ModelConfig& cfg = model_.config();
-  const int P = grid_.stages, E = grid_.expert_parallel, col = stats_.column;
+  const int P = grid_.stages, col = stats_.column;
   const int G = P == 1 ? 1 : opt_.micro_batches;
   const int64_t H = cfg.hidden_size;
   const int next = grid_.rank_of(1 % P, col), last = grid_.rank_of(P - 1, col);
   kernels::Backend& be = model_.backend();
+  SchedulerOptions so;
+  so.micro_batches = G;
+  so.max_batch = opt_.max_batch;
+  so.prefill_chunk = opt_.prefill_chunk;
+  so.max_step_tokens = opt_.max_step_tokens;
+  so.kv_budget_bytes = opt_.kv_budget_bytes;
   // Stage 0 admits for its whole column: budget by the stage that holds the most layers.
-  const size_t kv_per_token =
-      SeqCache::bytes_per_token(cfg, opt_.kv_layers > 0 ? opt_.kv_layers : model_.n_local_layers());
+  so.kv_bytes_per_token = SeqCache::bytes_per_token(cfg, opt_.kv_layers > 0 ? opt_.kv_layers : model_.n_local_layers());
+  Stage0 s(cfg, so, opt_.tokenizer, G);
+  s.source = source;
+  s.on_result = &on_result;
+  SeqTable table(model_);
 
-  struct Live {
-    int64_t req = 0;
-    int group = 0;
-    int64_t pos = 0;          // tokens already in the cache
-    bool finishing = false;   // the extra final step is pending
-    Result result;
-    std::unique_ptr<SeqCache> cache;
-    double kv_bytes = 0;
-  };
-  std::deque<int64_t> pending;
-  std::vector<Result> finished;  // results final on this rank, not yet sent to rank 0
-  for (auto& r : reqs) {
-    if (r.index % E != col) continue;
-    Result err;
-    err.index = r.index;
-    err.finish_reason = "error";
-    if (!r.error.empty()) err.error = r.error;
-    else if (r.prompt.empty()) err.error = "prompt is empty";
-    else if (int64_t(r.prompt.size()) + r.sampling.max_tokens > cfg.max_position_embeddings)
-      err.error = "prompt of " + std::to_string(r.prompt.size()) + " tokens + max_tokens " +
-                  std::to_string(r.sampling.max_tokens) + " exceeds the context length " +
-                  std::to_string(cfg.max_position_embeddings) + " (max_position_embeddings)";
-    else if (opt_.kv_budget_bytes > 0 &&
-             double(r.prompt.size() + size_t(r.sampling.max_tokens) + 1) * double(kv_per_token) >
-                 opt_.kv_budget_bytes)
-      err.error = "request needs " + std::to_string(size_t(r.prompt.size() + size_t(r.sampling.max_tokens) + 1) * kv_per_token) +
-                  " bytes of KV cache, more than the budget of " +
-                  std::to_string(size_t(opt_.kv_budget_bytes)) + " bytes per rank";
-    if (!err.error.empty()) finished.push_back(std::move(err));
-    else pending.push_back(r.index);
-  }
-  std::map<int64_t, Live> live;
-  std::map<int64_t, std::vector<int32_t>> generated;  // one-stage: sampling history
-  std::vector<int64_t> released;
-  std::vector<bool> inflight(size_t(G), false), inflight_rows(size_t(G), false);
-  std::vector<int> group_size(size_t(G), 0);
-  double kv_used = 0;
-  int64_t done_total = 0, tokens_total = 0;
-  const int64_t n_total = int64_t(reqs.size());
-  auto t_start = Clock::now(), t_progress = Clock::now();
-  int64_t shown_done = 0;
-
-  // Applies what the last stage returned for one group's step.
-  auto apply = [&](const std::vector<Back>& backs) {
-    for (const Back& b : backs) {
-      Live& L = live.at(b.req);
-      const Request& r = reqs[size_t(b.req)];
-      bool decode_step = L.pos > int64_t(r.prompt.size());
-      if (!b.logits.empty()) {
-        if (r.want_prompt_logits && !decode_step)
-          L.result.prompt_logits.insert(L.result.prompt_logits.end(), b.logits.begin(), b.logits.end());
-        else if (r.want_logits && decode_step)
-          L.result.decode_logits.insert(L.result.decode_logits.end(), b.logits.begin(), b.logits.end());
-      }
-      if (!b.has_token) continue;
-      bool done = false;
-      if (L.finishing) {
-        done = true;  // the extra step's token is not part of the answer
-      } else {
-        L.result.tokens.push_back(b.sampled.token);
-        ++tokens_total;
-        if (r.sampling.logprobs >= 0) {
-          L.result.logprobs.push_back(b.sampled.logprob);
-          L.result.top_logprobs.push_back(b.sampled.top);
-        }
-        auto& eos = cfg.eos_token_id;
-        bool stop = !r.sampling.ignore_eos &&
-                    std::find(eos.begin(), eos.end(), b.sampled.token) != eos.end();
-        if (!stop && is_stop) stop = is_stop(r, L.result.tokens);
-        if (stop || int64_t(L.result.tokens.size()) >= r.sampling.max_tokens) {
-          L.result.finish_reason = stop ? "stop" : "length";
-          if (r.extra_final_step) L.finishing = true;
-          else done = true;
-        }
-      }
-      if (done) {
-        L.result.index = b.req;
-        finished.push_back(std::move(L.result));
-        kv_used -= L.kv_bytes;
-        --group_size[size_t(L.group)];
-        released.push_back(b.req);
-        generated.erase(b.req);
-        live.erase(b.req);
-      }
-    }
-  };
-
-  // Receives what the last stage returned for group g's step in flight.
+  // What the last stage returned for group g's step in flight.
   auto receive = [&](int g) {
     auto t = Clock::now();
     std::vector<char> msg = recv_bytes(world_, last, kBack);
     stats_.idle_s += since(t);  // waiting for the pipeline: the bubble
     Reader rd(msg);
-    std::vector<Back> backs;
-    int64_t nb = rd.get<int64_t>();
-    for (int64_t i = 0; i < nb; ++i) {
-      Back b;
-      b.req = rd.get<int64_t>();
-      b.has_token = rd.get<bool>();
-      b.sampled.token = rd.get<int32_t>();
-      b.sampled.logprob = rd.get<float>();
-      b.sampled.top = rd.get_vec<std::pair<int32_t, float>>();
-      b.logits = rd.get_vec<float>();
-      backs.push_back(std::move(b));
-    }
-    apply(backs);
-    inflight[size_t(g)] = inflight_rows[size_t(g)] = false;
+    s.sched.apply(get_backs(rd));
+    s.inflight[size_t(g)] = s.inflight_rows[size_t(g)] = false;
   };
 
   for (int64_t tick = 0;; ++tick) {
     const int g = int(tick % G);
-    if (P > 1 && inflight[size_t(g)]) receive(g);  // this group's previous step came back
-    // Admit waiting requests into this group (continuous batching), keeping the micro-batches
-    // even: a group takes at most its share of max_batch and of the work there is.
-    const size_t work_now = live.size() + pending.size();
-    const int group_cap = int(std::min<size_t>((size_t(opt_.max_batch) + G - 1) / G, (work_now + G - 1) / G));
-    while (!pending.empty() && int(live.size()) < opt_.max_batch && group_size[size_t(g)] < group_cap) {
-      const Request& r = reqs[size_t(pending.front())];
-      double need = double(r.prompt.size() + size_t(r.sampling.max_tokens) + 1) * double(kv_per_token);
-      if (opt_.kv_budget_bytes > 0 && kv_used + need > opt_.kv_budget_bytes) break;  // wait
-      Live L;
-      L.req = r.index;
-      L.group = g;
-      L.kv_bytes = need;
-      L.cache = std::make_unique<SeqCache>(be, cfg, model_.n_local_layers(),
-                                           int64_t(r.prompt.size()) + r.sampling.max_tokens + 1);
-      kv_used += need;
-      ++group_size[size_t(g)];
-      live.emplace(r.index, std::move(L));
-      pending.pop_front();
-    }
-    // Build this group's step: decode tokens first (see Model::forward), then prefill chunks while
-    // the step has room (the last one cut to fit; results do not depend on the chunking).
-    Step step;
-    std::vector<int32_t> tokens;
-    std::vector<SeqStep> batch;
-    int64_t room = opt_.max_step_tokens;
-    for (int pass = 0; pass < 2; ++pass) {
-      for (auto& [id, L] : live) {
-        if (L.group != g) continue;
-        const Request& r = reqs[size_t(id)];
-        const int64_t P_len = int64_t(r.prompt.size());
-        const bool decode = L.pos >= P_len;
-        if (decode != (pass == 0)) continue;
-        StepSeq s;
-        s.req = id;
-        s.start = L.pos;
-        if (decode) {
-          s.n = 1;
-          s.decode = true;
-          s.sample = true;
-          s.logits_sampled = r.want_logits;
-          tokens.push_back(L.result.tokens.back());
-        } else {
-          s.n = std::min({opt_.prefill_chunk, P_len - L.pos, room});
-          if (s.n <= 0) continue;  // no room left in this step: next one
-          s.sample = L.pos + s.n == P_len;
-          s.logits_all = r.want_prompt_logits;
-          tokens.insert(tokens.end(), r.prompt.begin() + L.pos, r.prompt.begin() + L.pos + s.n);
-          stats_.prompt_tokens += s.n;
-        }
-        L.pos += s.n;
-        room -= s.n;
-        step.seqs.push_back(s);
-        batch.push_back({L.cache.get(), s.start, s.n, s.decode});
-      }
-    }
-    step.released = released;
-    released.clear();
-
-    // Lockstep of the stage-0 ranks: remaining work, and results waiting to go to rank 0.
-    int64_t work = int64_t(pending.size() + live.size());
-    for (int i = 0; i < G; ++i) work += inflight_rows[size_t(i)] ? 1 : 0;
-    Writer res;
-    for (auto& r : finished) put_result(res, r);
-    done_total += int64_t(finished.size());
-    int64_t mine[3] = {work, int64_t(res.b.size()), int64_t(finished.size())};
-    std::vector<int64_t> all(size_t(3 * E));
-    auto t = Clock::now();
-    stage_comm_.all_gather(mine, sizeof mine, all.data());
-    if (col == 0) {
-      for (auto& r : finished) on_result(std::move(r));
-      for (int c = 1; c < E; ++c) {
-        if (all[size_t(3 * c + 1)] == 0) continue;
-        std::vector<char> b = recv_bytes(stage_comm_, c, kResults);
-        Reader rd(b);
-        for (int64_t i = 0; i < all[size_t(3 * c + 2)]; ++i) on_result(get_result(rd));
-      }
-    } else if (!res.b.empty()) {
-      send_bytes(stage_comm_, 0, kResults, res.b);
-    }
-    stats_.comm_s += since(t);
-    finished.clear();
-    int64_t global_work = 0, global_done = 0;
-    for (int c = 0; c < E; ++c) {
-      global_work += all[size_t(3 * c)];
-      global_done += all[size_t(3 * c + 2)];
-    }
-    if (world_.rank() == 0 && opt_.progress) {
-      shown_done += global_done;
-      if (since(t_progress) > 1.0 || global_work == 0) {
-        double el = since(t_start), rate = double(tokens_total) / std::max(el, 1e-9);
-        double eta = shown_done > 0 ? el / double(shown_done) * double(n_total - shown_done) : 0;
-        std::fprintf(stderr, "\r[glm5] %lld/%lld requests, %.1f tok/s (column 0), ETA %.0f s   ",
-                     (long long)shown_done, (long long)n_total, rate, eta);
-        if (global_work == 0) std::fprintf(stderr, "\n");
-        t_progress = Clock::now();
-      }
-    }
-    if (global_work == 0) {
-      if (P > 1) {
-        for (int i = 0; i < G; ++i)  // drain the empty steps still in the pipeline
-          if (inflight[size_t(i)]) receive(i);
-        Step stop;
-        stop.stop = true;
-        Writer sw;
-        put_step(sw, stop);
-        send_bytes(world_, next, kStep, sw.b);
-      }
-      break;
-    }
+    if (P > 1 && s.inflight[size_t(g)]) receive(g);  // this group's previous step came back
+    if (!exchange(s)) break;
     ++stats_.ticks;
-
+    std::vector<int32_t> tokens;
+    Step step = s.sched.next_step(g, tokens);
     // Run the step on this stage (possibly empty: the stage's MoE exchanges still pair up).
     const int64_t m = step.rows();
     stats_.max_step_rows = std::max(stats_.max_step_rows, m);
-    if (trace_) std::fprintf(stderr, "[trace] rank %d tick %lld group %d rows %lld work %lld\n", world_.rank(), (long long)tick, g, (long long)m, (long long)global_work);
+    if (trace_)
+      std::fprintf(stderr, "[trace] rank %d tick %lld group %d rows %lld\n", world_.rank(), (long long)tick, g,
+                   (long long)m);
     auto tc = Clock::now();
+    std::vector<SeqStep> batch = table.enter(step);
     float* h = static_cast<float*>(be.alloc(size_t(std::max<int64_t>(m, 1) * H) * sizeof(float)));
     if (m > 0) model_.embed(tokens.data(), m, h);
     model_.forward(batch, h);
     stats_.compute_s += since(tc);
     if (P == 1) {
       tc = Clock::now();
-      std::vector<Back> backs = finish_step(model_, step, h, reqs, generated);
+      std::vector<Back> backs = finish_step(model_, step, h, table, world_.rank());
       stats_.compute_s += since(tc);
-      apply(backs);
-    } else {
-      Writer sw;
-      put_step(sw, step);
-      auto ts = Clock::now();
-      send_bytes(world_, next, kStep, sw.b);
-      send_hidden(world_, be, h, m * H, next);
-      stats_.bytes_sent += sw.b.size() + size_t(m * H) * sizeof(float);
-      stats_.comm_s += since(ts);
-      inflight[size_t(g)] = true;
-      inflight_rows[size_t(g)] = m > 0;
+      be.free(h);
+      s.sched.apply(backs);
+      continue;
     }
-    be.free(h);
+    Writer sw;
+    put_step(sw, step);
+    auto ts = Clock::now();
+    stats_.bytes_sent += sw.b.size() + size_t(m * H) * sizeof(float);
+    s.out.send_bytes(world_, next, kStep, std::move(sw.b));
+    s.out.send_hidden(world_, be, h, m * H, next);
+    stats_.comm_s += since(ts);
+    s.inflight[size_t(g)] = true;
+    s.inflight_rows[size_t(g)] = m > 0;
   }
-  stats_.tokens_generated = tokens_total;
+  if (P > 1) {
+    for (int i = 0; i < G; ++i)  // drain the empty steps still in the pipeline
+      if (s.inflight[size_t(i)]) receive(i);
+    Step stop;
+    stop.stop = true;
+    Writer sw;
+    put_step(sw, stop);
+    s.out.send_bytes(world_, next, kStep, std::move(sw.b));
+  }
+  s.out.drain();
+  stats_.tokens_generated = s.sched.tokens_generated();
+  stats_.prompt_tokens = s.sched.prompt_rows();
 }
 
-void Engine::run_later_stage(std::vector<Request>& reqs) {
+void Engine::run_later_stage() {
   const ModelConfig& cfg = model_.config();
   const int P = grid_.stages, col = stats_.column, stage = stats_.stage;
   const int prev = grid_.rank_of(stage - 1, col), first = grid_.rank_of(0, col);
   const int next = stage + 1 < P ? grid_.rank_of(stage + 1, col) : -1;
   const int64_t H = cfg.hidden_size;
   kernels::Backend& be = model_.backend();
-  std::map<int64_t, std::unique_ptr<SeqCache>> caches;
-  std::map<int64_t, std::vector<int32_t>> generated;
+  SeqTable table(model_);
+  Outbox out;
   for (;;) {
     auto t = Clock::now();
     std::vector<char> msg = recv_bytes(world_, prev, kStep);
@@ -576,54 +627,39 @@ void Engine::run_later_stage(std::vector<Request>& reqs) {
     float* h = static_cast<float*>(be.alloc(size_t(std::max<int64_t>(m, 1) * H) * sizeof(float)));
     recv_hidden(world_, be, h, m * H, prev);
     stats_.comm_s += since(t);
-    if (trace_) std::fprintf(stderr, "[trace] rank %d got step rows %lld stop %d\n", world_.rank(), (long long)m, int(step.stop));
+    if (trace_)
+      std::fprintf(stderr, "[trace] rank %d got step rows %lld stop %d\n", world_.rank(), (long long)m, int(step.stop));
     if (step.stop) {
-      if (next >= 0) send_bytes(world_, next, kStep, msg);
       be.free(h);
+      if (next >= 0) out.send_bytes(world_, next, kStep, std::move(msg));
       break;
     }
     ++stats_.ticks;
-    for (int64_t r : step.released) {
-      caches.erase(r);
-      generated.erase(r);
-    }
-    std::vector<SeqStep> batch;
-    for (auto& s : step.seqs) {
-      auto& c = caches[s.req];
-      if (!c) {
-        const Request& r = reqs[size_t(s.req)];
-        c = std::make_unique<SeqCache>(be, cfg, model_.n_local_layers(),
-                                       int64_t(r.prompt.size()) + r.sampling.max_tokens + 1);
-      }
-      batch.push_back({c.get(), s.start, s.n, s.decode});
-    }
+    std::vector<SeqStep> batch = table.enter(step);
     auto tc = Clock::now();
     model_.forward(batch, h);
     stats_.compute_s += since(tc);
     if (next >= 0) {
       auto ts = Clock::now();
-      send_bytes(world_, next, kStep, msg);
-      send_hidden(world_, be, h, m * H, next);
       stats_.bytes_sent += msg.size() + size_t(m * H) * sizeof(float);
+      out.send_bytes(world_, next, kStep, std::move(msg));
+      out.send_hidden(world_, be, h, m * H, next);
       stats_.comm_s += since(ts);
-    } else {
-      tc = Clock::now();
-      std::vector<Back> backs = finish_step(model_, step, h, reqs, generated);
-      stats_.compute_s += since(tc);
-      for (auto& b : backs) if (b.has_token) ++stats_.tokens_generated;
-      Writer bw;
-      bw.put<int64_t>(int64_t(backs.size()));
-      for (auto& b : backs) {
-        bw.put(b.req); bw.put(b.has_token); bw.put(b.sampled.token); bw.put(b.sampled.logprob);
-        bw.put_vec(b.sampled.top); bw.put_vec(b.logits);
-      }
-      auto ts = Clock::now();
-      send_bytes(world_, first, kBack, bw.b);
-      stats_.bytes_sent += bw.b.size();
-      stats_.comm_s += since(ts);
+      continue;
     }
+    tc = Clock::now();
+    std::vector<Back> backs = finish_step(model_, step, h, table, world_.rank());
     be.free(h);
+    stats_.compute_s += since(tc);
+    for (auto& b : backs) if (b.has_token) ++stats_.tokens_generated;
+    Writer bw;
+    put_backs(bw, backs);
+    auto ts = Clock::now();
+    stats_.bytes_sent += bw.b.size();
+    out.send_bytes(world_, first, kBack, std::move(bw.b));
+    stats_.comm_s += since(ts);
   }
+  out.drain();
 }
 
 }  // namespace glm5::runtime

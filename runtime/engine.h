@@ -1,15 +1,22 @@
-// The execution engine: runs a set of requests over the process grid (P pipeline stages x E
+// The execution engine: runs requests over the process grid (P pipeline stages x E
 // expert-parallel columns) with continuous batching, chunked prefill and micro-batches in flight.
 //
-// Requests are assigned to columns (request i -> column i % E); the stage-0 rank of a column
-// schedules its requests and sends each micro-batch's step (which sequences, which positions) with
-// the hidden states down its column; the last stage samples and sends token ids (and logits on
-// request) back to stage 0. Stage-0 ranks tick in lockstep (one small all_gather per tick) so the
-// MoE exchanges of a stage always pair up, and finished results flow to world rank 0.
+// World rank 0 pulls requests from a RequestSource as the columns have room (a bounded window:
+// a million-line input is never held whole) and hands each to the least-loaded column. A column's
+// stage-0 rank schedules its requests (runtime/scheduler.h) and sends each micro-batch's step
+// (which sequences, which positions, and the requests new to the column) with the hidden states
+// down its column; the last stage samples and sends token ids (and logits on request) back to
+// stage 0. Stage-0 ranks tick in lockstep (one small all_gather per tick) so the MoE exchanges of
+// a stage always pair up, and finished results flow to world rank 0.
+//
+// Deadlock freedom: every pipeline message goes out with a nonblocking send whose buffer the
+// engine keeps until it completes, so a rank only ever blocks in a receive or a collective, and
+// each of those is matched by a send that was already started (by induction over the ticks).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +48,22 @@ struct Result {
   std::vector<float> decode_logits;  // [steps, vocab] when asked
 };
 
+// Where requests come from, on world rank 0 (other ranks pass none). Called between steps: next()
+// must not block for long (a server returns nullopt when its queue is empty).
+class RequestSource {
+ public:
+  virtual ~RequestSource() = default;
+  // The next request to run, or nullopt when none is ready now. Request::index must be unique
+  // among the requests in flight: results carry it back.
+  virtual std::optional<Request> next() = 0;
+  // True once next() will never return a request again (the run ends when all work is done).
+  virtual bool exhausted() = 0;
+  // Number of requests in all, when known (progress line), else -1.
+  virtual int64_t size_hint() const { return -1; }
+};
+
+class Tokenizer;
+
 struct EngineOptions {
   int micro_batches = 1;         // micro-batches in flight per column (>= stages keeps all busy)
   int max_batch = 64;            // running sequences per column
@@ -52,6 +75,7 @@ struct EngineOptions {
   double kv_budget_bytes = 0;    // per rank; 0 = unlimited
   int kv_layers = 0;             // layers of the largest stage (budget accounting); 0 = this rank's
   bool progress = false;         // progress line on stderr of rank 0
+  const Tokenizer* tokenizer = nullptr;  // for stop strings (stage-0 ranks)
 };
 
 // Per-rank counters for the run report.
@@ -74,18 +98,21 @@ class Engine {
   Engine(Model& model, parallel::Comm& world, parallel::Comm& stage_comm, const parallel::Grid& grid,
          const EngineOptions& opt);
 
-  // Collective over the world. On world rank 0, `requests` are the work (other ranks' are
-  // ignored) and on_result is called for each result as soon as it is final (any order).
-  // `is_stop` (optional, stage-0 ranks) ends a request early, e.g. on a stop string.
-  void run(std::vector<Request> requests, const std::function<void(Result&&)>& on_result,
-           const std::function<bool(const Request&, const std::vector<int32_t>&)>& is_stop = {});
+  // Collective over the world. On world rank 0, `source` gives the work (other ranks pass
+  // nullptr) and on_result is called for each result as soon as it is final (any order).
+  void run(RequestSource* source, const std::function<void(Result&&)>& on_result);
+  // The same over a list (rank 0's list is the work); results carry the requests' own index.
+  void run(const std::vector<Request>& requests, const std::function<void(Result&&)>& on_result);
 
   const EngineStats& stats() const { return stats_; }
+  void set_tokenizer(const Tokenizer* tok) { opt_.tokenizer = tok; }
 
  private:
-  void run_stage0(std::vector<Request>& reqs, const std::function<void(Result&&)>& on_result,
-                  const std::function<bool(const Request&, const std::vector<int32_t>&)>& is_stop);
-  void run_later_stage(std::vector<Request>& reqs);
+  struct Stage0;
+  void run_stage0(RequestSource* source, const std::function<void(Result&&)>& on_result);
+  bool exchange(Stage0& s);
+  void show_progress(Stage0& s, bool end);
+  void run_later_stage();
 
   Model& model_;
   parallel::Comm& world_;

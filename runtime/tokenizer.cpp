@@ -1368,17 +1368,20 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
-  const Impl& m = *impl_;
   std::string out;
   bool first = true;
-  for (int32_t id : ids) {
-    if (id < 0 || id >= m.size || !m.id_present[id]) continue;
-    if (skip_special && m.added_index[id] >= 0 && m.added[m.added_index[id]].special) continue;
-    if (!m.byte_level_decoder && !first) out += ' ';
-    out += m.id_bytes[id];
-    first = false;
-  }
+  for (int32_t id : ids)
+    if (append_decoded(out, id, skip_special, first)) first = false;
   return out;
+}
+
+bool Tokenizer::append_decoded(std::string& out, int32_t id, bool skip_special, bool first) const {
+  const Impl& m = *impl_;
+  if (id < 0 || id >= m.size || !m.id_present[id]) return false;
+  if (skip_special && m.added_index[id] >= 0 && m.added[m.added_index[id]].special) return false;
+  if (!m.byte_level_decoder && !first) out += ' ';
+  out += m.id_bytes[id];
+  return true;
 }
 
 int32_t Tokenizer::token_id(std::string_view token) const {

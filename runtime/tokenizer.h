@@ -31,6 +31,10 @@ class Tokenizer {
   // does: models pad their embedding past the tokenizer). The result is the raw byte string; it
   // is not repaired to valid UTF-8 (HF would put U+FFFD where a multi-byte char is cut).
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
+  // Appends one id's bytes to `out` exactly as decode() joins it after the ids before it (`first`:
+  // no id was appended before), so that appending ids one by one gives decode(ids). Returns
+  // whether the id counted (false: skipped, like a special token with skip_special).
+  bool append_decoded(std::string& out, int32_t id, bool skip_special, bool first) const;
 
   // Id of a token given by its vocabulary string (added tokens first, then the BPE vocab), e.g.
   // token_id("<|endoftext|>") or token_id("Ġthe"); -1 if absent.

@@ -1,0 +1,113 @@
+// The scheduler of one pipeline column (it runs on the column's stage-0 rank): which requests run,
+// when they are admitted, and what each micro-batch step contains. It never touches tensors or
+// communicators; the engine (engine.cpp) executes the steps it builds and feeds back what the
+// last stage returned.
+//
+//   add(request)            queue a request (checked with refuse_reason first)
+//   next_step(g, tokens)    admit waiting requests into micro-batch group g (continuous batching,
+//                           FCFS, a KV budget), then build g's step: decode rows first, then
+//                           prefill chunks of prefill_chunk tokens while the step has room
+//   apply(g, backs)         take the sampled tokens (or errors) of g's step; requests that end
+//                           (EOS, stop string, max_tokens, error) become results
+//   take_finished()         the results to deliver
+//   load(), free_slots()    what the engine's request distributor balances columns by
+//
+// When the KV budget is full the head of the queue waits until running requests finish (no
+// preemption); a request that could never fit is refused by refuse_reason.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/config.h"
+#include "runtime/engine.h"
+#include "runtime/stop.h"
+
+namespace glm5::runtime {
+
+class Tokenizer;
+
+struct SchedulerOptions {
+  int micro_batches = 1;           // groups that take turns (1 on a one-stage pipeline)
+  int max_batch = 64;              // running sequences per column, over all groups
+  int64_t prefill_chunk = 256;     // prompt tokens per sequence per step
+  int64_t max_step_tokens = 8192;  // rows per step (the last prefill chunk is cut to fit)
+  double kv_budget_bytes = 0;      // 0 = unlimited
+  size_t kv_bytes_per_token = 0;   // of the largest stage
+};
+
+// One sequence's entry in a step: rows [start, start + n) of request `req`.
+struct StepSeq {
+  int64_t req = 0, start = 0, n = 0;
+  bool decode = false;          // one generated token (else a prompt chunk)
+  bool sample = false;          // the last row is sampled
+  bool logits_all = false;      // return every row's logits (prompt-logit dumps)
+  bool logits_sampled = false;  // return the sampled row's logits (decode-logit dumps)
+};
+
+// One micro-batch step, as it travels down the column.
+struct Step {
+  bool stop = false;               // no more steps: the stages end
+  std::vector<StepSeq> seqs;       // decode rows first, then prefill chunks
+  std::vector<int64_t> released;   // requests finished before this step: free their state
+  std::vector<Request> added;      // requests that appear in this step for the first time
+  int64_t rows() const;
+};
+
+// What the last stage returns for one sequence of a step.
+struct Back {
+  int64_t req = 0;
+  bool has_token = false;
+  Sampled sampled;
+  std::vector<float> logits;  // rows x vocab, when the step asked for them
+  std::string error;          // non-empty: the request failed at this step (e.g. NaN logits)
+};
+
+class Scheduler {
+ public:
+  // tok: for stop strings (may be null when no request has any).
+  Scheduler(const ModelConfig& cfg, const SchedulerOptions& opt, const Tokenizer* tok);
+  ~Scheduler();
+
+  // Why `r` can never run ("" when it can): its own error, an empty prompt, the context length,
+  // a KV need larger than the whole budget.
+  std::string refuse_reason(const Request& r) const;
+  void add(Request r);
+
+  Step next_step(int group, std::vector<int32_t>& tokens);
+  void apply(const std::vector<Back>& backs);
+  std::vector<Result> take_finished();
+
+  // Tokens still to process over running and waiting requests (prompt rows not yet prefilled +
+  // tokens not yet generated): the distributor sends new requests to the least-loaded column.
+  int64_t load() const { return load_; }
+  // Requests this column takes now: running + waiting up to twice max_batch.
+  int64_t free_slots() const;
+  // Running + waiting requests + results not yet taken.
+  int64_t work() const { return int64_t(live_.size() + waiting_.size() + finished_.size()); }
+  int64_t tokens_generated() const { return tokens_generated_; }
+  int64_t prompt_rows() const { return prompt_rows_; }
+
+ private:
+  struct Live;
+  void admit(int group);
+  void finish(Live& L);
+  static int64_t cost(const Request& r);
+
+  ModelConfig cfg_;
+  SchedulerOptions opt_;
+  const Tokenizer* tok_;
+  std::deque<Request> waiting_;
+  std::map<int64_t, std::unique_ptr<Live>> live_;  // by request index
+  std::vector<int> group_size_;
+  std::vector<int64_t> released_;
+  std::vector<Result> finished_;
+  double kv_used_ = 0;
+  int64_t load_ = 0, tokens_generated_ = 0, prompt_rows_ = 0;
+};
+
+}  // namespace glm5::runtime

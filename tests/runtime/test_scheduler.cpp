@@ -1,0 +1,237 @@
+// Scheduler rules on their own, without a model: admission (max_batch, even micro-batches, the KV
+// budget), step building (decode rows first, prefill chunks, the step row budget), requests
+// announced once and released once, completion (EOS, max_tokens, stop strings, errors), and the
+// load / free-slot figures the request distributor balances columns by.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "runtime/config.h"
+#include "runtime/scheduler.h"
+#include "runtime/tokenizer.h"
+
+using namespace glm5;
+using namespace glm5::runtime;
+
+namespace {
+
+ModelConfig small_config() {
+  ModelConfig c;
+  c.vocab_size = 100;
+  c.max_position_embeddings = 64;
+  c.eos_token_id = {99};
+  return c;
+}
+
+Request req(int64_t index, int prompt_len, int max_tokens) {
+  Request r;
+  r.index = index;
+  r.prompt.assign(size_t(prompt_len), 7);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+// The last stage's answer to a step: token `tok` for every sampled sequence.
+std::vector<Back> answer(const Step& s, int32_t tok) {
+  std::vector<Back> out;
+  for (auto& q : s.seqs) {
+    if (!q.sample) continue;
+    Back b;
+    b.req = q.req;
+    b.has_token = true;
+    b.sampled.token = tok;
+    out.push_back(b);
+  }
+  return out;
+}
+
+// Runs one group to completion, answering every step with `tok`; returns the steps taken.
+int drain(Scheduler& s, int32_t tok) {
+  std::vector<int32_t> tokens;
+  int steps = 0;
+  for (; s.work() > int64_t(0) && steps < 1000; ++steps) {
+    Step st = s.next_step(0, tokens);
+    s.apply(answer(st, tok));
+    s.take_finished();
+  }
+  return steps;
+}
+
+}  // namespace
+
+TEST(Scheduler, RefusesWhatCanNeverRun) {
+  SchedulerOptions o;
+  o.kv_budget_bytes = 500;
+  o.kv_bytes_per_token = 10;
+  Scheduler s(small_config(), o, nullptr);
+  EXPECT_EQ(s.refuse_reason(req(0, 4, 4)), "");
+  EXPECT_EQ(s.refuse_reason(req(0, 0, 4)), "prompt is empty");
+  EXPECT_NE(s.refuse_reason(req(0, 60, 8)).find("exceeds the context length 64"), std::string::npos);
+  EXPECT_NE(s.refuse_reason(req(0, 50, 50 - 1)).find("exceeds"), std::string::npos);
+  EXPECT_NE(s.refuse_reason(req(0, 61, 4)).find("exceeds"), std::string::npos);
+  EXPECT_EQ(s.refuse_reason(req(0, 60, 4)), "");  // exactly the context
+  // (40 + 20 + 1) slots x 10 bytes > 500
+  EXPECT_NE(s.refuse_reason(req(0, 40, 20)).find("610 bytes of KV cache, more than the budget of 500"),
+            std::string::npos);
+  EXPECT_EQ(s.refuse_reason(req(0, 40, 9)), "");
+  Request bad = req(0, 3, 3);
+  bad.error = "line 4: bad";
+  EXPECT_EQ(s.refuse_reason(bad), "line 4: bad");
+}
+
+TEST(Scheduler, StepsPutDecodeFirstAndCutPrefillToTheRowBudget) {
+  SchedulerOptions o;
+  o.max_batch = 4;
+  o.prefill_chunk = 5;
+  o.max_step_tokens = 8;
+  Scheduler s(small_config(), o, nullptr);
+  s.add(req(0, 12, 3));
+  s.add(req(1, 3, 3));
+  std::vector<int32_t> tokens;
+  Step a = s.next_step(0, tokens);
+  ASSERT_EQ(a.seqs.size(), 2u);
+  EXPECT_EQ(a.seqs[0].n, 5);   // a full chunk
+  EXPECT_EQ(a.seqs[1].n, 3);   // the rest of the row budget (8), all of request 1's prompt
+  EXPECT_FALSE(a.seqs[0].sample);
+  EXPECT_TRUE(a.seqs[1].sample);
+  EXPECT_EQ(a.rows(), 8);
+  EXPECT_EQ(tokens.size(), 8u);
+  ASSERT_EQ(a.added.size(), 2u);  // both are new to the column
+  s.apply(answer(a, 5));
+  Step b = s.next_step(0, tokens);
+  ASSERT_EQ(b.seqs.size(), 2u);
+  EXPECT_TRUE(b.seqs[0].decode);  // request 1 decodes first
+  EXPECT_EQ(b.seqs[0].req, 1);
+  EXPECT_EQ(tokens[0], 5);        // feeding back the sampled token
+  EXPECT_EQ(b.seqs[1].req, 0);
+  EXPECT_EQ(b.seqs[1].start, 5);
+  EXPECT_EQ(b.seqs[1].n, 5);
+  EXPECT_TRUE(b.added.empty());   // announced once
+  EXPECT_EQ(s.prompt_rows(), 13);
+}
+
+TEST(Scheduler, MaxBatchAndEvenGroups) {
+  SchedulerOptions o;
+  o.micro_batches = 2;
+  o.max_batch = 4;
+  Scheduler s(small_config(), o, nullptr);
+  for (int i = 0; i < 10; ++i) s.add(req(i, 2, 2));
+  EXPECT_EQ(s.free_slots(), 0);  // 10 waiting > 2 x max_batch
+  std::vector<int32_t> tokens;
+  Step g0 = s.next_step(0, tokens), g1 = s.next_step(1, tokens);
+  EXPECT_EQ(g0.seqs.size(), 2u);  // each group takes its share of max_batch
+  EXPECT_EQ(g1.seqs.size(), 2u);
+  EXPECT_EQ(g0.seqs[0].req, 0);   // in arrival order
+  EXPECT_EQ(g1.seqs[0].req, 2);
+}
+
+TEST(Scheduler, KvBudgetMakesTheQueueWaitAndReleasesOnFinish) {
+  SchedulerOptions o;
+  o.kv_bytes_per_token = 1;
+  o.kv_budget_bytes = 10;  // one request of 4 + 4 + 1 slots at a time
+  Scheduler s(small_config(), o, nullptr);
+  s.add(req(0, 4, 4));
+  s.add(req(1, 4, 4));
+  std::vector<int32_t> tokens;
+  Step a = s.next_step(0, tokens);
+  ASSERT_EQ(a.seqs.size(), 1u);
+  EXPECT_EQ(a.seqs[0].req, 0);
+  int64_t finished_first = -1;
+  for (int i = 0; i < 10 && finished_first < 0; ++i) {
+    s.apply(answer(a, 3));
+    for (auto& r : s.take_finished()) finished_first = r.index;
+    a = s.next_step(0, tokens);
+  }
+  EXPECT_EQ(finished_first, 0);
+  ASSERT_EQ(a.released.size(), 1u);  // the next step tells the stages to free request 0
+  EXPECT_EQ(a.released[0], 0);
+  ASSERT_EQ(a.seqs.size(), 1u);
+  EXPECT_EQ(a.seqs[0].req, 1);  // admitted once the budget was free
+}
+
+TEST(Scheduler, EndsOnEosOrMaxTokensAndLoadReturnsToZero) {
+  Scheduler s(small_config(), SchedulerOptions{}, nullptr);
+  s.add(req(0, 3, 5));
+  Request no_eos = req(1, 3, 5);
+  no_eos.sampling.ignore_eos = true;
+  s.add(no_eos);
+  EXPECT_EQ(s.load(), 2 * (3 + 5));
+  std::vector<int32_t> tokens;
+  s.apply(answer(s.next_step(0, tokens), 99));  // EOS
+  std::vector<Result> done = s.take_finished();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].index, 0);
+  EXPECT_EQ(done[0].finish_reason, "stop");
+  EXPECT_EQ(done[0].tokens, std::vector<int32_t>{99});
+  drain(s, 99);
+  EXPECT_EQ(s.load(), 0);
+  EXPECT_EQ(s.work(), 0);
+  EXPECT_EQ(s.tokens_generated(), 1 + 5);
+}
+
+TEST(Scheduler, AnErrorFromTheLastStageEndsOnlyThatRequest) {
+  Scheduler s(small_config(), SchedulerOptions{}, nullptr);
+  s.add(req(0, 3, 4));
+  s.add(req(1, 3, 4));
+  std::vector<int32_t> tokens;
+  Step st = s.next_step(0, tokens);
+  std::vector<Back> backs = answer(st, 4);
+  backs[0].has_token = false;
+  backs[0].error = "non-finite logits (NaN or inf) at positions 0..2";
+  s.apply(backs);
+  std::vector<Result> done = s.take_finished();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].index, 0);
+  EXPECT_EQ(done[0].finish_reason, "error");
+  EXPECT_EQ(done[0].error, backs[0].error);
+  drain(s, 4);
+  EXPECT_EQ(s.tokens_generated(), 4);
+  EXPECT_EQ(s.load(), 0);
+}
+
+TEST(Scheduler, StopStringEndsAtTheTokenThatCompletesIt) {
+  Tokenizer tok = Tokenizer::load(std::string(GLM5_TEST_DATA) + "/tiny-a");
+  ModelConfig c = small_config();
+  c.vocab_size = tok.vocab_size();
+  c.eos_token_id = {};
+  Scheduler s(c, SchedulerOptions{}, &tok);
+  const std::vector<int32_t> text = tok.encode("one two three four five", false);
+  ASSERT_GE(text.size(), 4u);
+  Request r = req(0, 2, 32);
+  r.sampling.stop = {"thr"};
+  s.add(r);
+  std::vector<int32_t> tokens;
+  std::vector<Result> done;
+  for (size_t i = 0; i < text.size() && done.empty(); ++i) {
+    s.apply(answer(s.next_step(0, tokens), text[i]));
+    done = s.take_finished();
+  }
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].finish_reason, "stop");
+  const std::string got = tok.decode(done[0].tokens, true);
+  EXPECT_NE(got.find("thr"), std::string::npos) << got;  // the completing token is kept
+  std::vector<int32_t> shorter(done[0].tokens.begin(), done[0].tokens.end() - 1);
+  EXPECT_EQ(tok.decode(shorter, true).find("thr"), std::string::npos);  // and it is the first such
+}
+
+TEST(StopMatcher, FindsStopsSplitAcrossTokensAndOnlyOnce) {
+  Tokenizer tok = Tokenizer::load(std::string(GLM5_TEST_DATA) + "/tiny-a");
+  const std::string text = "hello world, this is a test of stop strings";
+  const std::vector<int32_t> ids = tok.encode(text, false);
+  for (const std::string stop : {"world", "o w", "s s", "strings", "zzz", "t"}) {
+    StopMatcher m({stop}, &tok);
+    std::vector<int32_t> so_far;
+    int fired_at = -1;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      so_far.push_back(ids[i]);
+      const bool naive = tok.decode(so_far, true).find(stop) != std::string::npos;
+      const bool fast = m.feed(ids[i]);
+      if (fired_at < 0) {
+        EXPECT_EQ(fast, naive) << "stop '" << stop << "' at token " << i;
+        if (fast) fired_at = int(i);
+      }
+    }
+    EXPECT_EQ(fired_at >= 0, text.find(stop) != std::string::npos) << stop;
+  }
+}
