@@ -227,7 +227,9 @@ std::string batch_record(const BatchLine& in, const runtime::Result* res, const 
   rec["id"] = "batch_req_" + std::to_string(seq_no);
   rec["custom_id"] = in.custom_id.empty() ? json(nullptr) : json(in.custom_id);
   rec["line"] = in.line;
-  const std::string err = !in.error.empty() ? in.error : (res && !res->error.empty() ? res->error : "");
+  const std::string err = !in.error.empty()                ? in.error
+                          : res && !res->error.empty() ? "line " + std::to_string(in.line) + ": " + res->error
+                                                       : "";
   if (!err.empty() || !res) {
     rec["response"] = nullptr;
     rec["error"] = {{"code", in.error_code.empty() ? "request_failed" : in.error_code}, {"message", err}};
@@ -600,6 +602,8 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
                (long long)src.size_hint(), a.input.c_str(), src.done.size(), job->world->size());
   job->engine->run(&src, [&](runtime::Result&& r) { src.write(r); });
   out.close();
+  std::fprintf(stderr, "[glm5] batch: ran %lld requests; %lld lines were already answered or got an error record\n",
+               (long long)src.to_run(), (long long)src.skipped());
   write_report(*job, a.report);
   return 0;
 }

@@ -334,7 +334,7 @@ TEST(Batch, ResumeAfterSigkillAnswersEachRequestOnce) {
   const std::string before = slurp(out);
   ASSERT_EQ(0, sh(batch_cmd(kModel, kRequests, out), log)) << slurp(log);
   EXPECT_EQ(slurp(out), before);
-  EXPECT_TRUE(contains(slurp(log), "0 requests to run")) << slurp(log);
+  EXPECT_TRUE(contains(slurp(log), "ran 0 requests")) << slurp(log);
 }
 
 TEST(Batch, ModelWithoutTokenizerServesTokenIdPrompts) {
