@@ -92,12 +92,19 @@ inline ExitStatus exit_status(int system_rc) {
   return s;
 }
 
+// OpenMP threads per test process and per mpirun rank: 1, or GLM5_TEST_THREADS (ctest runs the
+// invariance tests a second time with 2, so the threaded kernel paths are checked too).
+inline std::string test_threads() {
+  const char* t = std::getenv("GLM5_TEST_THREADS");
+  return t && *t ? t : "1";
+}
+
 // Runs a shell command line with stdout to `out` and stderr to `err` (empty: to `out` too).
 // With `exec` the shell execs a plain command, so a signal that ends it shows as `signaled`.
 inline ExitStatus run_shell(const std::string& cmd, const std::filesystem::path& out,
                             const std::filesystem::path& err = {}, bool exec = false) {
-  // One BLAS thread per process: the machine is small and shared (threads would only spin).
-  setenv("OMP_NUM_THREADS", "1", 1);
+  // One thread per process unless asked: the machine is small and shared (threads would only spin).
+  setenv("OMP_NUM_THREADS", test_threads().c_str(), 1);
   const std::string to_err = err.empty() ? std::string(" 2>&1") : " 2> '" + err.string() + "'";
   const std::string line = (exec ? "exec " : "") + cmd + " > '" + out.string() + "'" + to_err;
   return exit_status(std::system(line.c_str()));
@@ -129,10 +136,10 @@ inline Proc run_captured(const std::string& cmd, const std::filesystem::path& ou
 }
 
 #ifdef GLM5_MPIRUN
-// The mpirun prefix for np local ranks (one BLAS thread each), ending in a space.
+// The mpirun prefix for np local ranks (test_threads() threads each), ending in a space.
 inline std::string mpirun(int np) {
   return std::string(GLM5_MPIRUN) + " --allow-run-as-root --oversubscribe --mca btl self,vader,tcp " +
-         "-x OMP_NUM_THREADS=1 -np " + std::to_string(np) + " ";
+         "-x OMP_NUM_THREADS=" + test_threads() + " -np " + std::to_string(np) + " ";
 }
 #endif
 
