@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <thread>
 #include <vector>
@@ -245,10 +246,11 @@ class MpiPendingSend final : public PendingSend {
   }
   ~MpiPendingSend() override {
     try {
-      wait();
+      // Not while unwinding to the job's abort: the peer may never receive.
+      if (std::uncaught_exceptions() == 0) wait();
     } catch (...) {  // MPI failed: the error surfaced elsewhere (or aborts the job)
-      sends_in_flight().erase(id_);
     }
+    sends_in_flight().erase(id_);
   }
   bool done() override {
     if (finished_) return true;

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <map>
 #include <memory>
 #include <thread>
@@ -207,8 +208,9 @@ class Outbox {
     }
     push(std::move(m));
   }
-  // Waits for every send (end of the run).
+  // Waits for every send (end of the run; not while unwinding, see ~Msg).
   void drain() {
+    if (std::uncaught_exceptions() > 0) return;
     for (auto& m : q_) for (auto& s : m->sends) s->wait();
     reap();
   }
@@ -226,6 +228,11 @@ class Outbox {
       return true;
     }
     ~Msg() {
+      if (std::uncaught_exceptions() > 0) {
+        // Unwinding to the job's abort: waiting could hang on a peer that waits for us.
+        for (auto& s : sends) s.release();  // leaked on purpose, with the buffer
+        return;
+      }
       for (auto& s : sends) s->wait();
       if (release) release();
     }
