@@ -259,8 +259,49 @@ void Model::forward(const std::vector<SeqStep>& batch, float* h) {
   }
 }
 
+// Weight-absorbed ("MQA mode") attention for consecutive rows of the step starting at `row`:
+// `segs` are their sequences in order, each with n_tokens rows at positions start_pos onwards.
+// W_UK is absorbed into the queries of all rows at once (one GEMM per head), each row attends
+// over its sequence's latent cache (to its indexer top-k when its causal span exceeds
+// index_topk), and W_UV expands the results into attn [m, NH, v_head_dim] (one GEMM per head).
+void Model::absorbed_attention(Layer& L, int li, const std::vector<SeqStep>& segs, int64_t row, const float* q,
+                               const float* qi, const float* iw, const int32_t* pos, float* attn) {
+  const int64_t NH = cfg_.num_attention_heads, dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim;
+  const int64_t dv = cfg_.v_head_dim, R = cfg_.kv_lora_rank, LAT = R + dr, DQ = dn + dr, DKV = dn + dv;
+  const int64_t IH = cfg_.index_n_heads, ID = cfg_.index_head_dim, TOPK = cfg_.index_topk;
+  int64_t n = 0;
+  for (const SeqStep& s : segs) n += s.n_tokens;
+  Backend& be = backend_;
+  Buf<float> q_lat(be, n * NH * LAT), o_lat(be, n * NH * R);
+  for (int64_t hd = 0; hd < NH; ++hd) {
+    // q_lat[:, hd, 0:R] = q_nope[:, hd] · W_UK[hd]  (W_UK[hd] = kv_b rows hd*DKV + [0, dn))
+    be.gemm({q + row * NH * DQ + hd * DQ, NH * DQ, L.kv_b_proj.slice_rows(hd * DKV, dn), true,
+             q_lat + hd * LAT, NH * LAT, n, R, dn});
+    be.copy_2d({q + row * NH * DQ + hd * DQ + dn, NH * DQ, q_lat + hd * LAT + R, NH * LAT, n, dr});
+  }
+  int64_t at = 0;  // row within this run
+  for (const SeqStep& s : segs) {
+    const int64_t k = s.n_tokens, T = s.start_pos + k, r = row + at;  // T: keys its last row sees
+    Buf<int32_t> sel(be, k * TOPK);
+    const bool sparse = T > TOPK;
+    if (sparse) {
+      Buf<float> scores(be, k * T);
+      be.indexer_scores({qi + r * IH * ID, iw + r * IH, s.cache->index_k(li), pos + r, scores, k, T, IH, ID, T});
+      be.topk({scores, k, T, T, TOPK, sel});
+    }
+    if (debug_ && sparse) debug_("indexer_topk", L.index, sel, DType::I32, k, TOPK);
+    be.mla_decode({q_lat + at * NH * LAT, s.cache->latent(li), pos + r, sparse ? sel.p : nullptr, TOPK,
+                   o_lat + at * NH * R, k, T, NH, R, dr, cfg_.softmax_scale()});
+    at += k;
+  }
+  for (int64_t hd = 0; hd < NH; ++hd)  // o[:, hd] = W_UV[hd] o_lat[:, hd]
+    be.gemm({o_lat + hd * R, NH * R, L.kv_b_proj.slice_rows(hd * DKV + dn, dv), false, attn + row * NH * dv + hd * dv,
+             NH * dv, n, dv, R});
+}
+
 // MLA with the DSA indexer (spec §3.3-3.6). Writes this step's latent and indexer keys into each
-// sequence's cache, then attends: prefill rows through the naive form, decode rows through the
+// sequence's cache, then attends: prefill rows within index_topk of the start through the naive
+// form, every other row (decode, and prefill rows with a sparse selection) through the
 // weight-absorbed form over the latent cache. Adds o_proj(attention) to h.
 void Model::attention(Layer& L, int li, const std::vector<SeqStep>& batch, const int32_t* pos,
                       const float* a, int64_t m, float* h) {
@@ -308,59 +349,33 @@ void Model::attention(Layer& L, int li, const std::vector<SeqStep>& batch, const
   for (size_t b = 0; b < batch.size();) {
     const SeqStep& s = batch[b];
     if (!s.decode) {
-      // Prefill chunk: indexer top-k per query row over all T keys, then naive MLA over the
-      // kv_b_proj expansion of the cached latents.
+      // Prefill chunk, rows at positions start .. start + S - 1. Rows whose causal span fits in
+      // index_topk (position < TOPK) attend to every earlier key: naive MLA over the kv_b_proj
+      // expansion of at most TOPK latents. The rest attend to their top-k keys through the
+      // weight-absorbed form over the latent cache, as decode rows do: nothing scales with T but
+      // the indexer's scores block.
       const int64_t S = s.n_tokens, T = s.start_pos + S;
-      const float* lat = s.cache->latent(li);
-      Buf<int32_t> sel(be, S * TOPK);
-      const bool sparse = T > TOPK;  // otherwise top-k keeps every causal key: dense attention
-      if (sparse) {
-        Buf<float> scores(be, S * T);
-        be.indexer_scores({qi + row * IH * ID, iw + row * IH, s.cache->index_k(li), pos + row,
-                           scores, S, T, IH, ID, T});
-        be.topk({scores, S, T, T, TOPK, sel});
+      const int64_t dense = std::clamp<int64_t>(TOPK - s.start_pos, 0, S);
+      if (dense > 0) {
+        const int64_t Td = s.start_pos + dense;  // keys the dense rows can see
+        const float* lat = s.cache->latent(li);
+        Buf<float> kvx(be, Td * NH * DKV);
+        be.gemm({lat, LAT, L.kv_b_proj, false, kvx, NH * DKV, Td, NH * DKV, R});
+        be.mla_prefill({q + row * NH * DQ, kvx, lat + R, LAT, pos + row, nullptr, TOPK, attn + row * NH * dv,
+                        dense, Td, NH, dn, dr, dv, scale});
       }
-      if (debug_ && sparse) debug_("indexer_topk", L.index, sel, DType::I32, S, TOPK);
-      Buf<float> kvx(be, T * NH * DKV);
-      be.gemm({lat, LAT, L.kv_b_proj, false, kvx, NH * DKV, T, NH * DKV, R});
-      be.mla_prefill({q + row * NH * DQ, kvx, lat + R, LAT, pos + row, sparse ? sel.p : nullptr,
-                      TOPK, attn + row * NH * dv, S, T, NH, dn, dr, dv, scale});
+      if (dense < S)
+        absorbed_attention(L, li, {{s.cache, s.start_pos + dense, S - dense, false}}, row + dense, q, qi, iw,
+                           pos, attn);
       row += S;
       ++b;
       continue;
     }
-    // A run of decode sequences (one token each): absorb W_UK into the queries for all of them,
-    // attend per sequence over its latent cache, then expand with W_UV.
+    // A run of decode sequences (one token each).
     size_t e = b;
     while (e < batch.size() && batch[e].decode) ++e;
-    const int64_t md = int64_t(e - b);
-    Buf<float> q_lat(be, md * NH * LAT), o_lat(be, md * NH * R);
-    for (int64_t hd = 0; hd < NH; ++hd) {
-      // q_lat[:, hd, 0:R] = q_nope[:, hd] · W_UK[hd]  (W_UK[hd] = kv_b rows hd*DKV + [0, dn))
-      be.gemm({q + row * NH * DQ + hd * DQ, NH * DQ, L.kv_b_proj.slice_rows(hd * DKV, dn), true,
-               q_lat + hd * LAT, NH * LAT, md, R, dn});
-      be.copy_2d({q + row * NH * DQ + hd * DQ + dn, NH * DQ, q_lat + hd * LAT + R, NH * LAT, md, dr});
-    }
-    for (size_t j = b; j < e; ++j) {
-      const SeqStep& d = batch[j];
-      const int64_t r = row + int64_t(j - b), T = d.start_pos + 1;
-      Buf<int32_t> sel(be, TOPK);
-      const bool sparse = T > TOPK;
-      if (sparse) {
-        Buf<float> scores(be, T);
-        be.indexer_scores({qi + r * IH * ID, iw + r * IH, d.cache->index_k(li), pos + r, scores, 1,
-                           T, IH, ID, T});
-        be.topk({scores, 1, T, T, TOPK, sel});
-      }
-      if (debug_ && sparse) debug_("indexer_topk", L.index, sel, DType::I32, 1, TOPK);
-      be.mla_decode({q_lat + (r - row) * NH * LAT, d.cache->latent(li), pos + r,
-                     sparse ? sel.p : nullptr, TOPK, o_lat + (r - row) * NH * R, 1, T, NH, R, dr,
-                     scale});
-    }
-    for (int64_t hd = 0; hd < NH; ++hd)  // o[:, hd] = W_UV[hd] o_lat[:, hd]
-      be.gemm({o_lat + hd * R, NH * R, L.kv_b_proj.slice_rows(hd * DKV + dn, dv), false,
-               attn + row * NH * dv + hd * dv, NH * dv, md, dv, R});
-    row += md;
+    absorbed_attention(L, li, std::vector<SeqStep>(batch.begin() + b, batch.begin() + e), row, q, qi, iw, pos, attn);
+    row += int64_t(e - b);
     b = e;
   }
   // h += W_o attn

@@ -95,6 +95,8 @@ class Model {
                                     float scale);
   void attention(Layer& L, int li, const std::vector<SeqStep>& batch, const int32_t* pos,
                  const float* a, int64_t m, float* h);
+  void absorbed_attention(Layer& L, int li, const std::vector<SeqStep>& segs, int64_t row, const float* q, const float* qi,
+                          const float* iw, const int32_t* pos, float* attn);
   void dense_mlp(Layer& L, const float* x, int64_t m, float* y);
   void moe(Layer& L, const float* x, int64_t m, float* y);
   void swiglu_expert(const Expert& e, const float* x, int64_t m, float* y);
