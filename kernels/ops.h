@@ -80,7 +80,28 @@ struct RopeParams {
   bool interleaved = true;
 };
 
-// DSA lightning-indexer scores of S query rows against T keys of one sequence:
+#ifdef __CUDACC__
+#define GLM5_HOST_DEVICE __host__ __device__
+#else
+#define GLM5_HOST_DEVICE
+#endif
+
+// Where the cached key (latent / indexer key) at position t of query row s lives. Without a
+// block table the cache is contiguous: row t. With one (a paged cache: a pool of fixed-size
+// blocks), row  block_table[s * ld_table + t / block_size] * block_size + t % block_size  of the
+// pool; ld_table 0 means every query row reads one table (rows of one sequence), > 0 one table
+// per row (decode rows of different sequences in one call). Only positions t <= q_pos[s] are
+// ever read, so a row's table needs to cover its own positions only.
+struct KeyPages {
+  const int32_t* block_table = nullptr;
+  int64_t ld_table = 0, block_size = 0;
+  GLM5_HOST_DEVICE int64_t row(int64_t s, int64_t t) const {
+    if (!block_table) return t;
+    return int64_t(block_table[s * ld_table + t / block_size]) * block_size + t % block_size;
+  }
+};
+
+// DSA lightning-indexer scores of S query rows against T keys (see KeyPages for where key t is):
 //   scores[s, t] = sum_h weights[s, h] * relu(q[s, h, :] . k[t, :])     for t <= q_pos[s]
 //   scores[s, t] = -inf                                                  for t >  q_pos[s]
 // `weights` already carry n_heads^-0.5 * head_dim^-0.5. Key t sits at position t.
@@ -91,6 +112,7 @@ struct IndexerScoresParams {
   const int32_t* q_pos = nullptr;  // [s]
   float* scores = nullptr;         // [s, ld_scores]
   int64_t s = 0, t = 0, n_heads = 0, head_dim = 0, ld_scores = 0;
+  KeyPages pages;                  // addressing of k (contiguous by default)
 };
 
 // Per row: the indices of the min(k, #finite) largest finite entries among scores[row, 0:cols],
@@ -131,6 +153,7 @@ struct MlaDecodeParams {
   float* out_lat = nullptr;  // [s, n_heads, kv_lora_rank]
   int64_t s = 0, t = 0, n_heads = 0, kv_lora_rank = 0, qk_rope_head_dim = 0;
   float scale = 1.0f;
+  KeyPages pages;            // addressing of cache rows (contiguous by default)
 };
 
 // The noaux_tc sigmoid router, per token row:

@@ -91,6 +91,9 @@ struct KeyValues {
   const float* v;
   int64_t v_stride, dv;
   float scale;
+  KeyPages pages = {};  // row of key t (paged caches); every row of a task reads one sequence
+  int64_t page_row = 0;  // the query row whose table `pages` uses
+  int64_t at(int32_t t) const { return pages.row(page_row, t); }
 };
 
 // One query row: its two query parts, its allowed keys (ascending) and its output [dv].
@@ -119,7 +122,7 @@ void value_tile(const KeyValues& kv, const int32_t* keys, int64_t n, const float
     for (int v = 0; v < NV; ++v)
       acc[r][v] = simd::load_n(out[r] + d0 + 16 * v, v == NV - 1 ? last : simd::kLanes);
   for (int64_t i = 0; i < n; ++i) {
-    const float* row = kv.v + keys[i] * kv.v_stride + d0;
+    const float* row = kv.v + kv.at(keys[i]) * kv.v_stride + d0;
     simd::vf vv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v)
@@ -214,8 +217,9 @@ void attend(const KeyValues& kv, const QueryRow* rows, int64_t n_rows, std::vect
         const float* b1[4];
         const float* b2[4];
         for (int c = 0; c < nr; ++c) {
-          b1[c] = kv.k1 + keys[i + c] * kv.k1_stride;
-          b2[c] = kv.k2 + keys[i + c] * kv.k2_stride;
+          const int64_t at = kv.at(keys[i + c]);
+          b1[c] = kv.k1 + at * kv.k1_stride;
+          b2[c] = kv.k2 + at * kv.k2_stride;
         }
         float* out = scratch.data() + r * max_keys + i;
         if (mr == 4) dot2_tile_n<4>(nr, a1, a2, b1, b2, kv.d1, kv.d2, kv.scale, out, max_keys);
@@ -354,7 +358,6 @@ void mla_decode(const MlaDecodeParams& p) {
   AllowedKeys allowed(p.s, p.t, p.q_pos, p.topk, p.topk_len, "mla_decode");
   const int64_t dk = p.kv_lora_rank + p.qk_rope_head_dim;
   const int64_t head_blocks = (p.n_heads + kDecodeHeads - 1) / kDecodeHeads;
-  const KeyValues kv{p.cache, dk, dk, p.cache, 0, 0, p.cache, dk, p.kv_lora_rank, p.scale};
 #pragma omp parallel if (p.s * p.t * p.n_heads * (dk + p.kv_lora_rank) >= kParallelMacs)
   {
     std::vector<float> scratch;
@@ -362,6 +365,7 @@ void mla_decode(const MlaDecodeParams& p) {
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t s = 0; s < p.s; ++s)
       for (int64_t b = 0; b < head_blocks; ++b) {
+        const KeyValues kv{p.cache, dk, dk, p.cache, 0, 0, p.cache, dk, p.kv_lora_rank, p.scale, p.pages, s};
         int64_t h0 = b * kDecodeHeads, n = std::min(kDecodeHeads, p.n_heads - h0);
         for (int64_t r = 0; r < n; ++r) {
           int64_t h = h0 + r;
@@ -408,44 +412,70 @@ inline void indexer_heads(const float* q, int64_t D, const float* w, const float
   }
 }
 
+// Transposes keys [t0, t0 + nt) of query row s (nt <= kIndexerKeys) into kt [D][kIndexerKeys],
+// zero-padded.
+void transpose_keys(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t nt, float* kt) {
+  const int64_t D = p.head_dim;
+  for (int64_t j = 0; j < kIndexerKeys; ++j) {
+    const float* k = j < nt ? p.k + p.pages.row(s, t0 + j) * D : nullptr;
+    for (int64_t d = 0; d < D; ++d) kt[d * kIndexerKeys + j] = k ? k[d] : 0.0f;
+  }
+}
+
+// Scores of query row s against the transposed key block kt at [t0, t0 + nt).
+void score_block(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t nt, const float* kt) {
+  const int64_t H = p.n_heads, D = p.head_dim;
+  float* out = p.scores + s * p.ld_scores + t0;
+  const int64_t nv = std::clamp<int64_t>(int64_t(p.q_pos[s]) + 1 - t0, 0, nt);
+  if (nv > 0) {
+    simd::vf sc[4] = {simd::zero(), simd::zero(), simd::zero(), simd::zero()};
+    const float* q = p.q + s * H * D;
+    const float* w = p.weights + s * H;
+    int64_t h = 0;
+    for (; h + 4 <= H; h += 4) indexer_heads<4>(q + h * D, D, w + h, kt, sc);
+    switch (H - h) {
+      case 1: indexer_heads<1>(q + h * D, D, w + h, kt, sc); break;
+      case 2: indexer_heads<2>(q + h * D, D, w + h, kt, sc); break;
+      case 3: indexer_heads<3>(q + h * D, D, w + h, kt, sc); break;
+      default: break;
+    }
+    alignas(64) float tmp[kIndexerKeys];
+    for (int v = 0; v < 4; ++v) simd::store(tmp + 16 * v, sc[v]);
+    std::copy(tmp, tmp + nv, out);
+  }
+  std::fill(out + nv, out + nt, kNegInf);
+}
+
 }  // namespace
 
 // Work items are blocks of kIndexerKeys keys: the block is transposed once into L1 and every
-// query row that can see it is scored against it (scores[s, t] for t > q_pos[s] are -inf).
+// query row that can see it is scored against it (scores[s, t] for t > q_pos[s] are -inf). With
+// one table per row (decode rows of different sequences), a work item is (row, key block) and
+// only the row's own keys are read. Either way a score is the same sequence of FMAs.
 void indexer_scores(const IndexerScoresParams& p) {
-  const int64_t H = p.n_heads, D = p.head_dim;
+  const int64_t D = p.head_dim;
   const int64_t blocks = (p.t + kIndexerKeys - 1) / kIndexerKeys;
-#pragma omp parallel if (p.s * p.t * H * D >= kParallelMacs)
+  const bool per_row = p.pages.block_table && p.pages.ld_table > 0;
+#pragma omp parallel if (p.s * p.t * p.n_heads * D >= kParallelMacs)
   {
     struct alignas(64) Lanes { float v[simd::kLanes]; };
     std::vector<Lanes> kt_buf(size_t(D * kIndexerKeys / simd::kLanes));
     float* kt = kt_buf.data()->v;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t t0 = b * kIndexerKeys, nt = std::min(kIndexerKeys, p.t - t0);
-      for (int64_t d = 0; d < D; ++d)
-        for (int64_t j = 0; j < kIndexerKeys; ++j)
-          kt[d * kIndexerKeys + j] = j < nt ? p.k[(t0 + j) * D + d] : 0.0f;
-      for (int64_t s = 0; s < p.s; ++s) {
-        float* out = p.scores + s * p.ld_scores + t0;
-        const int64_t nv = std::clamp<int64_t>(int64_t(p.q_pos[s]) + 1 - t0, 0, nt);
-        if (nv > 0) {
-          simd::vf sc[4] = {simd::zero(), simd::zero(), simd::zero(), simd::zero()};
-          const float* q = p.q + s * H * D;
-          const float* w = p.weights + s * H;
-          int64_t h = 0;
-          for (; h + 4 <= H; h += 4) indexer_heads<4>(q + h * D, D, w + h, kt, sc);
-          switch (H - h) {
-            case 1: indexer_heads<1>(q + h * D, D, w + h, kt, sc); break;
-            case 2: indexer_heads<2>(q + h * D, D, w + h, kt, sc); break;
-            case 3: indexer_heads<3>(q + h * D, D, w + h, kt, sc); break;
-            default: break;
-          }
-          alignas(64) float tmp[kIndexerKeys];
-          for (int v = 0; v < 4; ++v) simd::store(tmp + 16 * v, sc[v]);
-          std::copy(tmp, tmp + nv, out);
+    if (per_row) {
+#pragma omp for collapse(2) schedule(dynamic, 1)
+      for (int64_t s = 0; s < p.s; ++s)
+        for (int64_t b = 0; b < blocks; ++b) {
+          const int64_t t0 = b * kIndexerKeys, nt = std::min(kIndexerKeys, p.t - t0);
+          const int64_t seen = std::clamp<int64_t>(int64_t(p.q_pos[s]) + 1 - t0, 0, nt);
+          if (seen > 0) transpose_keys(p, s, t0, seen, kt);
+          score_block(p, s, t0, nt, kt);
         }
-        std::fill(out + nv, out + nt, kNegInf);
+    } else {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t t0 = b * kIndexerKeys, nt = std::min(kIndexerKeys, p.t - t0);
+        transpose_keys(p, 0, t0, nt, kt);
+        for (int64_t s = 0; s < p.s; ++s) score_block(p, s, t0, nt, kt);
       }
     }
   }

@@ -296,7 +296,7 @@ void indexer_scores(const IndexerScoresParams& p) {
       float acc = 0.0f;
       for (int64_t h = 0; h < p.n_heads; ++h) {
         const float* q = p.q + (s * p.n_heads + h) * p.head_dim;
-        const float* k = p.k + t * p.head_dim;
+        const float* k = p.k + p.pages.row(s, t) * p.head_dim;
         float dot = 0.0f;
         for (int64_t d = 0; d < p.head_dim; ++d) dot += q[d] * k[d];
         acc += p.weights[s * p.n_heads + h] * std::max(dot, 0.0f);
@@ -356,12 +356,12 @@ void mla_decode(const MlaDecodeParams& p) {
       const float* q = p.q_lat + (s * p.n_heads + h) * dk;
       score.assign(keys.size(), 0.0f);
       for (size_t i = 0; i < keys.size(); ++i) {
-        const float* c = p.cache + keys[i] * dk;
+        const float* c = p.cache + p.pages.row(s, keys[i]) * dk;
         float dot = 0.0f;
         for (int64_t d = 0; d < dk; ++d) dot += q[d] * c[d];
         score[i] = p.scale * dot;
       }
-      auto value = [&](int32_t t) { return p.cache + t * dk; };
+      auto value = [&](int32_t t) { return p.cache + p.pages.row(s, t) * dk; };
       softmax_weighted_sum(score, keys, value, p.kv_lora_rank,
                            p.out_lat + (s * p.n_heads + h) * p.kv_lora_rank);
     }

@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kIdxWarps * 32) indexer_scores_kernel(IndexerS
       if (lane == 0) row[t] = -INFINITY;
       continue;
     }
-    const float* k = p.k + t * hd;
+    const float* k = p.k + p.pages.row(s, t) * hd;
     float acc = 0.0f;
     if (hd <= 32 * kIdxMaxPerLane) {
       float kr[kIdxMaxPerLane];
@@ -267,6 +267,7 @@ struct AttnArgs {
   float* out;
   int64_t s, t, n_heads;
   float scale;
+  KeyPages pages;  // paged key/value rows (decode over a paged latent cache); contiguous by default
 };
 
 constexpr int kAttnWarps = 8;
@@ -293,7 +294,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) mla_attention_kernel(AttnArgs
   const int32_t* keys = a.keys ? a.keys + s * a.keys_ld : nullptr;
   float m = -INFINITY, l = 0.0f;
   for (int64_t j = warp; j < n_cand; j += kAttnWarps) {
-    const int64_t t = keys ? int64_t(keys[j]) : j;
+    const int64_t t = a.pages.row(s, keys ? int64_t(keys[j]) : j);  // the key's row in the cache
     const float* ka = a.ka + t * a.ka_stride_t + h * a.ka_stride_h;
     const float* kb = a.kb + t * a.kb_stride_t;
     float part = 0.0f;
@@ -400,6 +401,7 @@ void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, int* error_wo
   a.v = p.cache, a.v_stride_t = row, a.v_stride_h = 0, a.dv = p.kv_lora_rank;
   a.q_pos = p.q_pos, a.out = p.out_lat, a.s = p.s, a.t = p.t, a.n_heads = p.n_heads;
   a.scale = p.scale;
+  a.pages = p.pages;
   launch_attention(a, p.topk, p.topk_len, scratch, error_word, st, "mla_decode");
 }
 

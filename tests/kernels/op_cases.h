@@ -108,20 +108,60 @@ inline OpCase rope_case(int64_t m, int64_t n_heads, int64_t rope_dim, bool inter
           }};
 }
 
-inline OpCase indexer_case(int64_t s, int64_t t, int64_t heads, int64_t dim, uint64_t seed) {
+// How a case's cache is addressed: contiguous, paged with one block table for every query row, or
+// paged with a table per row (each row's blocks elsewhere in the pool, in shuffled order).
+enum class Paging { None, Shared, PerRow };
+
+inline std::string paging_str(Paging g) {
+  return g == Paging::None ? "" : g == Paging::Shared ? "_paged" : "_paged_rows";
+}
+
+// A paged copy of a contiguous cache [t, row] for s query rows: the pool (blocks of `bs` rows
+// plus spare blocks that hold garbage) and the block tables, such that every row reads exactly
+// the contiguous cache. Returns the pool; `tables` / `ld` get the tables and their stride.
+inline std::vector<float> paged_pool(const std::vector<float>& cache, int64_t t, int64_t row, int64_t s,
+                                     Paging g, int64_t bs, uint64_t seed, std::vector<int32_t>& tables,
+                                     int64_t& ld) {
+  const int64_t nb = std::max<int64_t>(1, (t + bs - 1) / bs), n_tables = g == Paging::PerRow ? s : 1;
+  const int64_t pool_blocks = nb * n_tables + 3;
+  std::vector<float> pool = random_floats(size_t(pool_blocks * bs * row), seed, -50.0f, 50.0f);
+  std::vector<int32_t> order(static_cast<size_t>(pool_blocks));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+  auto shuffle = random_ints(order.size(), seed + 1, 0, 1 << 30);
+  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[size_t(shuffle[i - 1]) % i]);
+  ld = g == Paging::PerRow ? nb : 0;
+  tables.assign(size_t(nb * n_tables), 0);
+  for (int64_t r = 0; r < n_tables; ++r)
+    for (int64_t j = 0; j < nb; ++j) {
+      const int32_t blk = order[size_t(r * nb + j)];
+      tables[size_t(r * nb + j)] = blk;
+      for (int64_t i = 0; i < bs && j * bs + i < t; ++i)
+        std::copy_n(cache.begin() + (j * bs + i) * row, row, pool.begin() + (int64_t(blk) * bs + i) * row);
+    }
+  return pool;
+}
+
+inline OpCase indexer_case(int64_t s, int64_t t, int64_t heads, int64_t dim, uint64_t seed,
+                           Paging g = Paging::None) {
   auto q = random_floats(size_t(s * heads * dim), seed);
   auto w = random_floats(size_t(s * heads), seed + 1, -0.3f, 0.5f);
   auto k = random_floats(size_t(t * dim), seed + 2);
   auto q_pos = random_ints(size_t(s), seed + 3, -1, int32_t(t) + 2);
   q_pos[0] = int32_t(t) - 1;  // one row that sees every key
-  const int64_t ld = t + 3;
+  if (g == Paging::PerRow)    // per-row tables cover only the row's own positions
+    for (auto& x : q_pos) x = std::min(x, int32_t(t) - 1);
+  const int64_t ld = t + 3, bs = 4;
+  std::vector<int32_t> tables;
+  int64_t ld_table = 0;
+  if (g != Paging::None) k = paged_pool(k, t, dim, s, g, bs, seed + 5, tables, ld_table);
   return {"indexer_scores_s" + std::to_string(s) + "_t" + std::to_string(t) + "_h" +
-              std::to_string(heads) + "_d" + std::to_string(dim),
+              std::to_string(heads) + "_d" + std::to_string(dim) + paging_str(g),
           [=](Buffers& b) {
             IndexerScoresParams p;
             p.q = b.in(q), p.weights = b.in(w), p.k = b.in(k), p.q_pos = b.in(q_pos);
             p.scores = b.out("scores", size_t(s * ld));
             p.s = s, p.t = t, p.n_heads = heads, p.head_dim = dim, p.ld_scores = ld;
+            if (g != Paging::None) p.pages = KeyPages{b.in(tables), ld_table, bs};
             b.backend().indexer_scores(p);
           }};
 }
@@ -181,10 +221,13 @@ inline OpCase mla_prefill_case(int64_t s, int64_t t, int64_t heads, int64_t nope
 }
 
 inline OpCase mla_decode_case(int64_t s, int64_t t, int64_t heads, int64_t rank, int64_t rope,
-                              int64_t topk_len, uint64_t seed, float scale = 0.3f) {
-  const int64_t dk = rank + rope;
+                              int64_t topk_len, uint64_t seed, float scale = 0.3f, Paging g = Paging::None) {
+  const int64_t dk = rank + rope, bs = 4;
   auto q = random_floats(size_t(s * heads * dk), seed, -0.5f, 0.5f);
   auto cache = random_floats(size_t(t * dk), seed + 1);
+  std::vector<int32_t> tables;
+  int64_t ld_table = 0;
+  if (g != Paging::None) cache = paged_pool(cache, t, dk, s, g, bs, seed + 5, tables, ld_table);
   auto q_pos = random_ints(size_t(s), seed + 3, 0, int32_t(t) - 1);
   q_pos[0] = int32_t(t) - 1;
   if (s > 1) q_pos[1] = -1;
@@ -192,7 +235,7 @@ inline OpCase mla_decode_case(int64_t s, int64_t t, int64_t heads, int64_t rank,
   if (topk_len && s == 1) topk[0] = 0;  // keep the single row from being empty
   return {"mla_decode_s" + std::to_string(s) + "_t" + std::to_string(t) + "_h" +
               std::to_string(heads) + "_" + std::to_string(rank) + "_" + std::to_string(rope) +
-              "_topk" + std::to_string(topk_len) + "_scale" + std::to_string(int(scale * 1000)),
+              "_topk" + std::to_string(topk_len) + "_scale" + std::to_string(int(scale * 1000)) + paging_str(g),
           [=](Buffers& b) {
             MlaDecodeParams p;
             p.q_lat = b.in(q), p.cache = b.in(cache), p.q_pos = b.in(q_pos);
@@ -200,6 +243,7 @@ inline OpCase mla_decode_case(int64_t s, int64_t t, int64_t heads, int64_t rank,
             p.out_lat = b.out("out_lat", size_t(s * heads * rank));
             p.s = s, p.t = t, p.n_heads = heads, p.kv_lora_rank = rank, p.qk_rope_head_dim = rope;
             p.scale = scale;
+            if (g != Paging::None) p.pages = KeyPages{b.in(tables), ld_table, bs};
             b.backend().mla_decode(p);
           }};
 }
@@ -298,6 +342,22 @@ inline OpCase copy_2d_case(int64_t rows, int64_t cols, uint64_t seed) {
 }  // namespace cases
 
 // Every op at several sizes, to be compared with the reference backend.
+// Pairs of (contiguous, paged) cases over the same logical cache: their outputs must be bitwise
+// equal on any backend (paging changes where a key is read, never how it is used).
+inline std::vector<std::pair<OpCase, OpCase>> paging_pairs() {
+  using namespace cases;
+  std::vector<std::pair<OpCase, OpCase>> v;
+  for (Paging g : {Paging::Shared, Paging::PerRow}) {
+    // (The per-row variant clamps q_pos to t - 1, which changes nothing: a row sees at most t keys.)
+    v.push_back({indexer_case(9, 70, 8, 128, 902, Paging::None), indexer_case(9, 70, 8, 128, 902, g)});
+    v.push_back({mla_decode_case(4, 70, 9, 512, 64, 50, 903, 0.3f, Paging::None),
+                 mla_decode_case(4, 70, 9, 512, 64, 50, 903, 0.3f, g)});
+    v.push_back({mla_decode_case(3, 90, 5, 40, 8, 0, 904, 0.3f, Paging::None),
+                 mla_decode_case(3, 90, 5, 40, 8, 0, 904, 0.3f, g)});
+  }
+  return v;
+}
+
 inline std::vector<OpCase> op_cases() {
   using namespace cases;
   std::vector<OpCase> v;
@@ -331,6 +391,12 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(indexer_case(5, 37, 3, 20, seed++));
   v.push_back(indexer_case(9, 70, 8, 128, seed++));
   v.push_back(indexer_case(2, 130, 32, 128, seed++));
+  for (Paging g : {Paging::Shared, Paging::PerRow}) {
+    v.push_back(indexer_case(5, 37, 3, 20, 901, g));
+    v.push_back(indexer_case(9, 70, 8, 128, 902, g));
+    v.push_back(mla_decode_case(4, 70, 9, 512, 64, 50, 903, 0.3f, g));
+    v.push_back(mla_decode_case(3, 90, 5, 40, 8, 0, 904, 0.3f, g));
+  }
   for (int64_t k : {1, 10, 150}) v.push_back(topk_case(6, 100, k, seed++));
   v.push_back(topk_case(3, 2100, 2048, seed++));
   for (int64_t topk_len : {0, 1}) {  // one token alone

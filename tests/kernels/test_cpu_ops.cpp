@@ -44,6 +44,24 @@ TEST_P(CpuBatchInvariance, RowBitsIndependentOfBatch) {
 INSTANTIATE_TEST_SUITE_P(Rows, CpuBatchInvariance, ::testing::ValuesIn(row_cases()),
                          [](const auto& info) { return test_name(info.param.name); });
 
+// A paged cache (shared or per-row block tables, shuffled blocks, garbage in the spare ones) gives
+// the bytes of the contiguous cache, on the fast backend and on the reference.
+TEST(CpuBackend, PagedCacheBitsEqualContiguous) {
+  auto cpu = make_cpu_backend();
+  auto ref = make_reference_backend();
+  for (const auto& [plain, paged] : paging_pairs()) {
+    for (Backend* b : {cpu.get(), ref.get()}) {
+      Outputs x = run_case(*b, plain), y = run_case(*b, paged);
+      ASSERT_EQ(x.floats.size(), y.floats.size()) << paged.name;
+      for (size_t i = 0; i < x.floats.size(); ++i) {
+        ASSERT_EQ(x.floats[i].size(), y.floats[i].size()) << paged.name;
+        EXPECT_EQ(0, std::memcmp(x.floats[i].data(), y.floats[i].data(), x.floats[i].size() * 4))
+            << paged.name << " differs from " << plain.name;
+      }
+    }
+  }
+}
+
 // The thread count changes which thread computes a column, never how.
 TEST(CpuBackend, GemmBitsIndependentOfThreadCount) {
   auto cpu = make_cpu_backend();
