@@ -549,7 +549,8 @@ void write_report(Job& job, const std::string& report) {
                {"compute_s", st.compute_s}, {"comm_s", st.comm_s}, {"idle_s", st.idle_s},
                {"bytes_sent", st.bytes_sent}, {"tokens_generated", st.tokens_generated},
                {"prompt_tokens", st.prompt_tokens}, {"ticks", st.ticks},
-               {"max_step_rows", st.max_step_rows},
+               {"max_step_rows", st.max_step_rows}, {"kv_blocks", st.kv_blocks},
+               {"kv_blocks_peak", st.kv_blocks_peak}, {"preemptions", st.preemptions},
                {"expert_tokens", st.expert_tokens}, {"peak_rss_kb", st.peak_rss_kb},
                {"weight_bytes", job.model->weight_bytes()},
                {"tokens_per_s", st.wall_s > 0 ? double(st.tokens_generated) / st.wall_s : 0.0}};

@@ -192,10 +192,10 @@ int run_inspect(const std::string& model_dir, const std::string& cluster_file) {
   double total = 2.0 * double(V * H) + double(H);
   for (int l = 0; l < mc.num_hidden_layers; ++l) total += layer_parameters(mc, l);
   std::printf("parameters %.4g (%s in bf16)\n", total, human_bytes(total * wbytes).c_str());
-  const double kv_token = double(runtime::SeqCache::bytes_per_token(mc, int(mc.num_hidden_layers)));
-  std::printf("kv cache   %s per token (fp32 latent %lld + indexer key %lld per layer)\n",
+  const double kv_token = double(runtime::KvPool::bytes_per_token(mc, int(mc.num_hidden_layers)));
+  std::printf("kv cache   %s per token (fp32 latent %lld + indexer key %lld per layer), paged in blocks of %lld tokens\n",
               human_bytes(kv_token).c_str(), (long long)(mc.kv_lora_rank + mc.qk_rope_head_dim),
-              (long long)mc.index_head_dim);
+              (long long)mc.index_head_dim, (long long)runtime::kBlockTokens);
   std::printf("cluster    %s: %d stage(s) x %d expert-parallel = %d rank(s), backend %s, comm %s\n",
               cc.source.empty() ? "(single process)" : cc.source.c_str(), cc.stages,
               cc.expert_parallel, cc.world_size(), cc.backend.c_str(), cc.comm.c_str());

@@ -103,6 +103,7 @@ void put_request(Writer& w, const Request& r) {
   for (auto& x : s.stop) w.put_str(x);
   w.put(r.want_prompt_logits); w.put(r.want_logits); w.put(r.extra_final_step);
   w.put_str(r.error);
+  w.put_vec(r.generated);
 }
 Request get_request(Reader& rd) {
   Request r;
@@ -119,6 +120,7 @@ Request get_request(Reader& rd) {
   r.want_prompt_logits = rd.get<bool>(); r.want_logits = rd.get<bool>();
   r.extra_final_step = rd.get<bool>();
   r.error = rd.get_str();
+  r.generated = rd.get_vec<int32_t>();
   return r;
 }
 
@@ -146,6 +148,7 @@ void put_step(Writer& w, const Step& s) {
   w.put_vec(s.released);
   w.put<int64_t>(int64_t(s.added.size()));
   for (auto& r : s.added) put_request(w, r);
+  w.put_vec(s.blocks);
 }
 Step get_step(Reader& rd) {
   Step s;
@@ -155,6 +158,7 @@ Step get_step(Reader& rd) {
   s.released = rd.get_vec<int64_t>();
   n = rd.get<int64_t>();
   for (int64_t i = 0; i < n; ++i) s.added.push_back(get_request(rd));
+  s.blocks = rd.get_vec<int32_t>();
   return s;
 }
 
@@ -248,27 +252,38 @@ class Outbox {
 };
 
 // The state a stage keeps per running sequence: its request (from the step that first carries
-// it), its KV cache and, on the last stage, the tokens it has sampled (penalties).
+// it), its KV block table (grown by the steps) and, on the last stage, the tokens it has sampled
+// (penalties and the sampling step).
 class SeqTable {
  public:
-  SeqTable(Model& model) : model_(model) {}
-  // Applies a step's releases and additions, then returns its batch for Model::forward.
+  // Applies a step's releases, additions and new blocks, then returns its batch for Model::forward.
   std::vector<SeqStep> enter(const Step& step) {
     for (int64_t r : step.released) seqs_.erase(r);
     for (const Request& r : step.added) {
       Entry e;
       e.req = r;
-      e.cache = std::make_unique<SeqCache>(model_.backend(), model_.config(), model_.n_local_layers(),
-                                           int64_t(r.prompt.size()) + r.sampling.max_tokens + 1);
+      e.generated = r.generated;
       CHECK(seqs_.emplace(r.index, std::move(e)).second, "internal: request ", r.index, " added twice");
     }
     std::vector<SeqStep> batch;
-    for (auto& s : step.seqs) batch.push_back({at(s.req).cache.get(), s.start, s.n, s.decode});
+    size_t at = 0;
+    for (auto& s : step.seqs) {
+      Entry& e = this->at(s.req);
+      CHECK(at + size_t(s.new_blocks) <= step.blocks.size(), "internal: step lists too few KV blocks");
+      e.blocks.insert(e.blocks.end(), step.blocks.begin() + int64_t(at), step.blocks.begin() + int64_t(at) + s.new_blocks);
+      at += size_t(s.new_blocks);
+      CHECK(int64_t(e.blocks.size()) >= blocks_for(s.start + s.n), "internal: request ", s.req,
+            " has KV blocks for ", e.blocks.size() * size_t(kBlockTokens), " positions, the step needs ", s.start + s.n);
+    }
+    for (auto& s : step.seqs) {
+      Entry& e = this->at(s.req);
+      batch.push_back({e.blocks.data(), s.start, s.n, int64_t(e.req.prompt.size())});
+    }
     return batch;
   }
   struct Entry {
     Request req;
-    std::unique_ptr<SeqCache> cache;
+    std::vector<int32_t> blocks;
     std::vector<int32_t> generated;
   };
   Entry& at(int64_t req) {
@@ -278,7 +293,6 @@ class SeqTable {
   }
 
  private:
-  Model& model_;
   std::map<int64_t, Entry> seqs_;
 };
 
@@ -393,6 +407,17 @@ void Engine::run(const std::vector<Request>& requests, const std::function<void(
 void Engine::run(RequestSource* source, const std::function<void(Result&&)>& on_result) {
   CHECK(world_.rank() != 0 || source, "internal: world rank 0 needs a request source");
   auto t0 = Clock::now();
+  // The paged KV cache: the same number of blocks on every rank (sized for the largest stage),
+  // so that the block ids the stage-0 schedulers hand out are valid all down the column.
+  const int kv_layers = opt_.kv_layers > 0 ? opt_.kv_layers : model_.n_local_layers();
+  kv_blocks_ = KvPool::blocks_for_budget(model_.config(), kv_layers, opt_.kv_budget_bytes, opt_.max_batch);
+  KvPool pool(model_.backend(), model_.config(), model_.n_local_layers(), kv_blocks_);
+  model_.set_kv_pool(&pool);
+  struct Unset {
+    Model& m;
+    ~Unset() { m.set_kv_pool(nullptr); }
+  } unset{model_};
+  stats_.kv_blocks = kv_blocks_;
   if (stats_.stage == 0) run_stage0(source, on_result);
   else run_later_stage();
   stats_.wall_s = since(t0);
@@ -544,13 +569,11 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
   so.max_batch = opt_.max_batch;
   so.prefill_chunk = opt_.prefill_chunk;
   so.max_step_tokens = opt_.max_step_tokens;
-  so.kv_budget_bytes = opt_.kv_budget_bytes;
-  // Stage 0 admits for its whole column: budget by the stage that holds the most layers.
-  so.kv_bytes_per_token = SeqCache::bytes_per_token(cfg, opt_.kv_layers > 0 ? opt_.kv_layers : model_.n_local_layers());
+  so.kv_blocks = kv_blocks_;
   Stage0 s(cfg, so, opt_.tokenizer, G);
   s.source = source;
   s.on_result = &on_result;
-  SeqTable table(model_);
+  SeqTable table;
 
   // What the last stage returned for group g's step in flight.
   auto receive = [&](int g) {
@@ -611,6 +634,8 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
   s.out.drain();
   stats_.tokens_generated = s.sched.tokens_generated();
   stats_.prompt_tokens = s.sched.prompt_rows();
+  stats_.preemptions = s.sched.preemptions();
+  stats_.kv_blocks_peak = s.sched.blocks_peak();
 }
 
 void Engine::run_later_stage() {
@@ -620,7 +645,7 @@ void Engine::run_later_stage() {
   const int next = stage + 1 < P ? grid_.rank_of(stage + 1, col) : -1;
   const int64_t H = cfg.hidden_size;
   kernels::Backend& be = model_.backend();
-  SeqTable table(model_);
+  SeqTable table;
   Outbox out;
   for (;;) {
     auto t = Clock::now();

@@ -35,6 +35,9 @@ struct Request {
   bool want_logits = false;         // logits of every generated step
   bool extra_final_step = false;    // feed the last token once more (its logits close the dump)
   std::string error;                // set: the request is answered with this error, not run
+  // Tokens it has already generated (a preempted request resumes: they are recomputed into the
+  // cache and count for the penalties and the sampling step). Set by the scheduler only.
+  std::vector<int32_t> generated;
 };
 
 struct Result {
@@ -72,7 +75,7 @@ struct EngineOptions {
   int64_t max_step_tokens = 8192;  // rows one micro-batch forwards in a step (decode tokens +
                                    // prefill chunks, the last chunk cut to fit): bounds the
                                    // activation memory; >= max_batch
-  double kv_budget_bytes = 0;    // per rank; 0 = unlimited
+  double kv_budget_bytes = 0;    // per rank: sizes the paged KV pool; 0 = max_batch full contexts
   int kv_layers = 0;             // layers of the largest stage (budget accounting); 0 = this rank's
   bool progress = false;         // progress line on stderr of rank 0
   const Tokenizer* tokenizer = nullptr;  // for stop strings (stage-0 ranks)
@@ -87,6 +90,8 @@ struct EngineStats {
   size_t bytes_sent = 0;
   int64_t tokens_generated = 0, prompt_tokens = 0, ticks = 0;
   int64_t max_step_rows = 0;  // largest step this rank forwarded (rows of one micro-batch)
+  int64_t kv_blocks = 0, kv_blocks_peak = 0;  // pool size and most blocks in use (stage 0)
+  int64_t preemptions = 0;    // sequences preempted (blocks freed, recomputed later)
   std::vector<int64_t> expert_tokens;  // per local expert, summed over this rank's MoE layers
   long peak_rss_kb = 0;
 };
@@ -121,6 +126,7 @@ class Engine {
   EngineOptions opt_;
   EngineStats stats_;
   bool trace_ = false;  // GLM5_TRACE set: one line per tick on stderr
+  int64_t kv_blocks_ = 0;  // KV pool blocks per rank in this run
 };
 
 long peak_rss_kb();

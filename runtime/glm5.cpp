@@ -67,26 +67,6 @@ struct Model::Exchange {
 // ---------------------------------------------------------------------------------------------
 // Caches
 
-SeqCache::SeqCache(Backend& backend, const ModelConfig& cfg, int n_layers, int64_t capacity)
-    : backend_(backend), capacity_(capacity) {
-  const int64_t lat = cfg.kv_lora_rank + cfg.qk_rope_head_dim;
-  for (int l = 0; l < n_layers; ++l) {
-    latent_.push_back(static_cast<float*>(backend.alloc(size_t(capacity * lat) * sizeof(float))));
-    index_k_.push_back(
-        static_cast<float*>(backend.alloc(size_t(capacity * cfg.index_head_dim) * sizeof(float))));
-  }
-}
-
-SeqCache::~SeqCache() {
-  for (float* p : latent_) backend_.free(p);
-  for (float* p : index_k_) backend_.free(p);
-}
-
-size_t SeqCache::bytes_per_token(const ModelConfig& cfg, int n_layers) {
-  return size_t(n_layers) * size_t(cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim) *
-         sizeof(float);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Loading: names and shapes of spec §2.1. A rank asks only for the tensors it owns.
 
@@ -235,9 +215,9 @@ void Model::forward(const std::vector<SeqStep>& batch, float* h) {
   const int64_t H = cfg_.hidden_size;
   int64_t m = 0;
   std::vector<int32_t> pos_host;
+  CHECK(kv_pool_ || batch.empty() || layers_.empty(), "internal: Model::forward without a KV pool");
   for (const SeqStep& s : batch) {
-    CHECK(s.start_pos + s.n_tokens <= s.cache->capacity(), "sequence of ", s.start_pos + s.n_tokens,
-          " tokens exceeds its cache capacity ", s.cache->capacity());
+    CHECK(s.blocks || s.n_tokens == 0, "internal: a sequence without a block table");
     for (int64_t i = 0; i < s.n_tokens; ++i) pos_host.push_back(int32_t(s.start_pos + i));
     m += s.n_tokens;
   }
@@ -259,57 +239,135 @@ void Model::forward(const std::vector<SeqStep>& batch, float* h) {
   }
 }
 
-// Weight-absorbed ("MQA mode") attention for consecutive rows of the step starting at `row`:
-// `segs` are their sequences in order, each with n_tokens rows at positions start_pos onwards.
-// W_UK is absorbed into the queries of all rows at once (one GEMM per head), each row attends
-// over its sequence's latent cache (to its indexer top-k when its causal span exceeds
-// index_topk), and W_UV expands the results into attn [m, NH, v_head_dim] (one GEMM per head).
-void Model::absorbed_attention(Layer& L, int li, const std::vector<SeqStep>& segs, int64_t row, const float* q,
-                               const float* qi, const float* iw, const int32_t* pos, float* attn) {
+// Writes rows [row, row + n) of src [*, width] to positions [pos, pos + n) of a paged pool
+// [blocks * kBlockTokens, width]: one copy per block the positions touch.
+static void write_paged(Backend& be, const float* src, int64_t width, const int32_t* blocks, int64_t pos, int64_t n,
+                        float* pool) {
+  for (int64_t done = 0; done < n;) {
+    const int64_t t = pos + done, off = t % kBlockTokens, k = std::min(n - done, kBlockTokens - off);
+    float* dst = pool + (int64_t(blocks[t / kBlockTokens]) * kBlockTokens + off) * width;
+    be.copy_2d({src + done * width, width, dst, width, k, width});
+    done += k;
+  }
+}
+
+// Positions [0, n) of a paged pool into dst [n, width] (contiguous).
+static void read_paged(Backend& be, const float* pool, int64_t width, const int32_t* blocks, int64_t n, float* dst) {
+  for (int64_t t = 0; t < n; t += kBlockTokens) {
+    const int64_t k = std::min(kBlockTokens, n - t);
+    be.copy_2d({pool + int64_t(blocks[t / kBlockTokens]) * kBlockTokens * width, width, dst + t * width, width, k,
+                width});
+  }
+}
+
+// Naive ("MHA mode") attention of rows [sp.row, sp.row + sp.n) at positions sp.pos onwards, all
+// within index_topk of the start (dense): the kv_b_proj expansion of their <= index_topk keys.
+void Model::naive_attention(Layer& L, int li, const Span& sp, const float* q, const int32_t* pos, float* attn) {
+  const int64_t NH = cfg_.num_attention_heads, dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim;
+  const int64_t dv = cfg_.v_head_dim, R = cfg_.kv_lora_rank, LAT = R + dr, DQ = dn + dr, DKV = dn + dv;
+  const int64_t T = sp.pos + sp.n;  // keys the last row sees
+  Backend& be = backend_;
+  Buf<float> lat(be, T * LAT), kvx(be, T * NH * DKV);
+  read_paged(be, kv_pool_->latent(li), LAT, sp.blocks, T, lat);
+  be.gemm({lat, LAT, L.kv_b_proj, false, kvx, NH * DKV, T, NH * DKV, R});
+  be.mla_prefill({q + sp.row * NH * DQ, kvx, lat + R, LAT, pos + sp.row, nullptr, 0, attn + sp.row * NH * dv, sp.n, T,
+                  NH, dn, dr, dv, cfg_.softmax_scale()});
+}
+
+// Weight-absorbed ("MQA mode") attention of the rows of `spans` (any sequences, any positions),
+// in one call per op: W_UK is absorbed into their queries (one GEMM per head), every row scores
+// its sequence's cached indexer keys and keeps its top-k (when some row's causal span exceeds
+// index_topk; for the others top-k keeps every causal key, which is dense attention), attends
+// over its sequence's latent cache through its own block table, and W_UV expands the results
+// into attn [m, NH, v_head_dim] (one GEMM per head). Rows of other spans are gathered first
+// unless the spans are all m rows in order.
+void Model::absorbed_attention(Layer& L, int li, const std::vector<Span>& spans, int64_t m, const float* q,
+                               const float* qi, const float* iw, float* attn) {
   const int64_t NH = cfg_.num_attention_heads, dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim;
   const int64_t dv = cfg_.v_head_dim, R = cfg_.kv_lora_rank, LAT = R + dr, DQ = dn + dr, DKV = dn + dv;
   const int64_t IH = cfg_.index_n_heads, ID = cfg_.index_head_dim, TOPK = cfg_.index_topk;
-  int64_t n = 0;
-  for (const SeqStep& s : segs) n += s.n_tokens;
   Backend& be = backend_;
+  int64_t n = 0, T = 0, max_blocks = 1;
+  bool in_order = true, sparse = false;
+  for (const Span& sp : spans) {
+    in_order = in_order && sp.row == n;
+    n += sp.n;
+    T = std::max(T, sp.pos + sp.n);
+    max_blocks = std::max(max_blocks, blocks_for(sp.pos + sp.n));
+    sparse = sparse || sp.pos + sp.n > TOPK;
+  }
+  const bool direct = in_order && n == m;
+  // The rows' positions and block tables (one per row), and their inputs, contiguous.
+  std::vector<int32_t> pos_host, table_host(size_t(n * max_blocks), 0);
+  for (const Span& sp : spans)
+    for (int64_t i = 0; i < sp.n; ++i) {
+      std::copy(sp.blocks, sp.blocks + blocks_for(sp.pos + sp.n), table_host.begin() + int64_t(pos_host.size()) * max_blocks);
+      pos_host.push_back(int32_t(sp.pos + i));
+    }
+  Buf<int32_t> rpos(be, n), tables(be, n * max_blocks);
+  be.to_device(rpos, pos_host.data(), pos_host.size() * sizeof(int32_t));
+  be.to_device(tables, table_host.data(), table_host.size() * sizeof(int32_t));
+  Buf<float> gq(be, direct ? 1 : n * NH * DQ), gqi(be, direct ? 1 : n * IH * ID), giw(be, direct ? 1 : n * IH);
+  Buf<float> gattn(be, direct ? 1 : n * NH * dv);
+  const float *rq = q, *rqi = qi, *riw = iw;
+  float* rattn = attn;
+  if (!direct) {
+    int64_t at = 0;
+    for (const Span& sp : spans) {
+      be.copy_2d({q + sp.row * NH * DQ, NH * DQ, gq + at * NH * DQ, NH * DQ, sp.n, NH * DQ});
+      be.copy_2d({qi + sp.row * IH * ID, IH * ID, gqi + at * IH * ID, IH * ID, sp.n, IH * ID});
+      be.copy_2d({iw + sp.row * IH, IH, giw + at * IH, IH, sp.n, IH});
+      at += sp.n;
+    }
+    rq = gq, rqi = gqi, riw = giw, rattn = gattn;
+  }
   Buf<float> q_lat(be, n * NH * LAT), o_lat(be, n * NH * R);
   for (int64_t hd = 0; hd < NH; ++hd) {
     // q_lat[:, hd, 0:R] = q_nope[:, hd] · W_UK[hd]  (W_UK[hd] = kv_b rows hd*DKV + [0, dn))
-    be.gemm({q + row * NH * DQ + hd * DQ, NH * DQ, L.kv_b_proj.slice_rows(hd * DKV, dn), true,
-             q_lat + hd * LAT, NH * LAT, n, R, dn});
-    be.copy_2d({q + row * NH * DQ + hd * DQ + dn, NH * DQ, q_lat + hd * LAT + R, NH * LAT, n, dr});
+    be.gemm({rq + hd * DQ, NH * DQ, L.kv_b_proj.slice_rows(hd * DKV, dn), true, q_lat + hd * LAT, NH * LAT, n, R, dn});
+    be.copy_2d({rq + hd * DQ + dn, NH * DQ, q_lat + hd * LAT + R, NH * LAT, n, dr});
   }
-  int64_t at = 0;  // row within this run
-  for (const SeqStep& s : segs) {
-    const int64_t k = s.n_tokens, T = s.start_pos + k, r = row + at;  // T: keys its last row sees
-    Buf<int32_t> sel(be, k * TOPK);
-    const bool sparse = T > TOPK;
-    if (sparse) {
-      Buf<float> scores(be, k * T);
-      be.indexer_scores({qi + r * IH * ID, iw + r * IH, s.cache->index_k(li), pos + r, scores, k, T, IH, ID, T});
-      be.topk({scores, k, T, T, TOPK, sel});
+  const kernels::KeyPages pages{tables, max_blocks, kBlockTokens};
+  Buf<int32_t> sel(be, sparse ? n * TOPK : 1);
+  if (sparse) {
+    Buf<float> scores(be, n * T);
+    be.indexer_scores({rqi, riw, kv_pool_->index_k(li), rpos, scores, n, T, IH, ID, T, pages});
+    be.topk({scores, n, T, T, TOPK, sel});
+    if (debug_) {
+      int64_t at = 0;
+      for (const Span& sp : spans) {
+        if (sp.pos + sp.n > TOPK) debug_("indexer_topk", L.index, sel + at * TOPK, DType::I32, sp.n, TOPK);
+        at += sp.n;
+      }
     }
-    if (debug_ && sparse) debug_("indexer_topk", L.index, sel, DType::I32, k, TOPK);
-    be.mla_decode({q_lat + at * NH * LAT, s.cache->latent(li), pos + r, sparse ? sel.p : nullptr, TOPK,
-                   o_lat + at * NH * R, k, T, NH, R, dr, cfg_.softmax_scale()});
-    at += k;
   }
+  be.mla_decode({q_lat, kv_pool_->latent(li), rpos, sparse ? sel.p : nullptr, TOPK, o_lat, n, T, NH, R, dr,
+                 cfg_.softmax_scale(), pages});
   for (int64_t hd = 0; hd < NH; ++hd)  // o[:, hd] = W_UV[hd] o_lat[:, hd]
-    be.gemm({o_lat + hd * R, NH * R, L.kv_b_proj.slice_rows(hd * DKV + dn, dv), false, attn + row * NH * dv + hd * dv,
-             NH * dv, n, dv, R});
+    be.gemm({o_lat + hd * R, NH * R, L.kv_b_proj.slice_rows(hd * DKV + dn, dv), false, rattn + hd * dv, NH * dv, n,
+             dv, R});
+  if (!direct) {
+    int64_t at = 0;
+    for (const Span& sp : spans) {
+      be.copy_2d({gattn + at * NH * dv, NH * dv, attn + sp.row * NH * dv, NH * dv, sp.n, NH * dv});
+      at += sp.n;
+    }
+  }
 }
 
-// MLA with the DSA indexer (spec §3.3-3.6). Writes this step's latent and indexer keys into each
-// sequence's cache, then attends: prefill rows within index_topk of the start through the naive
-// form, every other row (decode, and prefill rows with a sparse selection) through the
-// weight-absorbed form over the latent cache. Adds o_proj(attention) to h.
+// MLA with the DSA indexer (spec §3.3-3.6). Writes this step's latent and indexer keys into the
+// sequences' blocks, then attends: rows at positions below min(prompt length, index_topk) (prompt
+// rows whose whole causal span is attended) through the naive form, every other row (decode,
+// and prompt rows with a sparse selection) through the weight-absorbed form over the latent
+// cache. Which form a row takes depends only on its position and its prompt's length, never on
+// chunking, batching or preemption. Adds o_proj(attention) to h.
 void Model::attention(Layer& L, int li, const std::vector<SeqStep>& batch, const int32_t* pos,
                       const float* a, int64_t m, float* h) {
   const int64_t H = cfg_.hidden_size, NH = cfg_.num_attention_heads, QR = cfg_.q_lora_rank;
   const int64_t dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim, dv = cfg_.v_head_dim;
-  const int64_t R = cfg_.kv_lora_rank, LAT = R + dr, DQ = dn + dr, DKV = dn + dv;
+  const int64_t R = cfg_.kv_lora_rank, LAT = R + dr, DQ = dn + dr;
   const int64_t IH = cfg_.index_n_heads, ID = cfg_.index_head_dim, TOPK = cfg_.index_topk;
-  const float scale = cfg_.softmax_scale(), rope_scale = cfg_.rope_cos_sin_scale();
+  const float rope_scale = cfg_.rope_cos_sin_scale();
   const float eps_lora = 1e-6f;  // q_a_layernorm / kv_a_layernorm (HF class default)
   Backend& be = backend_;
 
@@ -336,48 +394,21 @@ void Model::attention(Layer& L, int li, const std::vector<SeqStep>& batch, const
   be.rope({ki, m, 1, ID, ID, 0, dr, pos, inv_freq_, rope_scale, cfg_.indexer_rope_interleave});
   be.gemm({a, H, L.weights_proj, false, iw, IH, m, IH, H});
 
-  // Append this step's keys to each sequence's caches.
+  // This step's keys into each sequence's blocks; each sequence's rows split by attention form.
+  std::vector<Span> naive, absorbed;
   int64_t row = 0;
   for (const SeqStep& s : batch) {
-    be.copy_2d({kv + row * LAT, LAT, s.cache->latent(li) + s.start_pos * LAT, LAT, s.n_tokens, LAT});
-    be.copy_2d({ki + row * ID, ID, s.cache->index_k(li) + s.start_pos * ID, ID, s.n_tokens, ID});
+    write_paged(be, kv + row * LAT, LAT, s.blocks, s.start_pos, s.n_tokens, kv_pool_->latent(li));
+    write_paged(be, ki + row * ID, ID, s.blocks, s.start_pos, s.n_tokens, kv_pool_->index_k(li));
+    const int64_t end = s.start_pos + s.n_tokens;
+    const int64_t cut = std::clamp(std::min(s.prompt_len, TOPK), s.start_pos, end);
+    if (cut > s.start_pos) naive.push_back({s.blocks, row, s.start_pos, cut - s.start_pos});
+    if (end > cut) absorbed.push_back({s.blocks, row + cut - s.start_pos, cut, end - cut});
     row += s.n_tokens;
   }
-
   Buf<float> attn(be, m * NH * dv);  // [m, NH, v_head_dim]
-  row = 0;
-  for (size_t b = 0; b < batch.size();) {
-    const SeqStep& s = batch[b];
-    if (!s.decode) {
-      // Prefill chunk, rows at positions start .. start + S - 1. Rows whose causal span fits in
-      // index_topk (position < TOPK) attend to every earlier key: naive MLA over the kv_b_proj
-      // expansion of at most TOPK latents. The rest attend to their top-k keys through the
-      // weight-absorbed form over the latent cache, as decode rows do: nothing scales with T but
-      // the indexer's scores block.
-      const int64_t S = s.n_tokens, T = s.start_pos + S;
-      const int64_t dense = std::clamp<int64_t>(TOPK - s.start_pos, 0, S);
-      if (dense > 0) {
-        const int64_t Td = s.start_pos + dense;  // keys the dense rows can see
-        const float* lat = s.cache->latent(li);
-        Buf<float> kvx(be, Td * NH * DKV);
-        be.gemm({lat, LAT, L.kv_b_proj, false, kvx, NH * DKV, Td, NH * DKV, R});
-        be.mla_prefill({q + row * NH * DQ, kvx, lat + R, LAT, pos + row, nullptr, TOPK, attn + row * NH * dv,
-                        dense, Td, NH, dn, dr, dv, scale});
-      }
-      if (dense < S)
-        absorbed_attention(L, li, {{s.cache, s.start_pos + dense, S - dense, false}}, row + dense, q, qi, iw,
-                           pos, attn);
-      row += S;
-      ++b;
-      continue;
-    }
-    // A run of decode sequences (one token each).
-    size_t e = b;
-    while (e < batch.size() && batch[e].decode) ++e;
-    absorbed_attention(L, li, std::vector<SeqStep>(batch.begin() + b, batch.begin() + e), row, q, qi, iw, pos, attn);
-    row += int64_t(e - b);
-    b = e;
-  }
+  if (!absorbed.empty()) absorbed_attention(L, li, absorbed, m, q, qi, iw, attn);
+  for (const Span& sp : naive) naive_attention(L, li, sp, q, pos, attn);
   // h += W_o attn
   be.gemm({attn, NH * dv, L.o_proj, false, h, H, m, H, NH * dv, /*accumulate=*/true});
 }

@@ -13,6 +13,7 @@
 #include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "runtime/config.h"
+#include "runtime/kv_cache.h"
 
 namespace glm5::runtime {
 
@@ -26,33 +27,14 @@ struct ModelShard {
   int expert_parallel = 1, column = 0;   // routed experts [column*n/E, (column+1)*n/E)
 };
 
-// One sequence's caches for the layers this rank holds, float32 in backend memory:
-// latent [capacity, kv_lora_rank + qk_rope_head_dim] (c_kv after kv_a_layernorm | k_pe after RoPE)
-// and indexer keys [capacity, index_head_dim] (after k_norm and RoPE), per layer.
-class SeqCache {
- public:
-  SeqCache(kernels::Backend& backend, const ModelConfig& cfg, int n_layers, int64_t capacity);
-  ~SeqCache();
-  SeqCache(const SeqCache&) = delete;
-  SeqCache& operator=(const SeqCache&) = delete;
-  int64_t capacity() const { return capacity_; }
-  float* latent(int local_layer) const { return latent_[local_layer]; }
-  float* index_k(int local_layer) const { return index_k_[local_layer]; }
-  static size_t bytes_per_token(const ModelConfig& cfg, int n_layers);
-
- private:
-  kernels::Backend& backend_;
-  int64_t capacity_;
-  std::vector<float*> latent_, index_k_;
-};
-
 // One sequence's part of a forward step: tokens at positions [start_pos, start_pos + n_tokens).
-// Its rows in the activation matrix follow the previous sequence's rows.
+// Its rows in the activation matrix follow the previous sequence's rows. Its KV cache is its
+// block table into the rank's KvPool (host ids, covering every position up to the step's end).
 struct SeqStep {
-  SeqCache* cache = nullptr;
+  const int32_t* blocks = nullptr;
   int64_t start_pos = 0;
   int64_t n_tokens = 0;
-  bool decode = false;  // one token through the weight-absorbed path (else naive prefill)
+  int64_t prompt_len = 0;  // rows at positions < min(prompt_len, index_topk) attend naively
 };
 
 // Intermediate values offered to a debug hook (tests diff them against reference dumps).
@@ -81,6 +63,8 @@ class Model {
   void logits(const float* h, int64_t m, float* logits_host);
 
   void set_debug_hook(DebugHook hook) { debug_ = std::move(hook); }
+  // The pool that forward() reads and writes KV rows in (owned by the caller).
+  void set_kv_pool(KvPool* pool) { kv_pool_ = pool; }
   // Tokens routed to each local expert so far (load-balance report), and MoE bytes sent.
   const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
   size_t moe_bytes_sent() const;
@@ -95,8 +79,14 @@ class Model {
                                     float scale);
   void attention(Layer& L, int li, const std::vector<SeqStep>& batch, const int32_t* pos,
                  const float* a, int64_t m, float* h);
-  void absorbed_attention(Layer& L, int li, const std::vector<SeqStep>& segs, int64_t row, const float* q, const float* qi,
-                          const float* iw, const int32_t* pos, float* attn);
+  // Rows [row, row + n) of a step at positions [pos, pos + n) of one sequence.
+  struct Span {
+    const int32_t* blocks;
+    int64_t row, pos, n;
+  };
+  void naive_attention(Layer& L, int li, const Span& sp, const float* q, const int32_t* pos, float* attn);
+  void absorbed_attention(Layer& L, int li, const std::vector<Span>& spans, int64_t m, const float* q,
+                          const float* qi, const float* iw, float* attn);
   void dense_mlp(Layer& L, const float* x, int64_t m, float* y);
   void moe(Layer& L, const float* x, int64_t m, float* y);
   void swiglu_expert(const Expert& e, const float* x, int64_t m, float* y);
@@ -118,6 +108,7 @@ class Model {
   struct Exchange;
   std::unique_ptr<Exchange> exchange_;
   DebugHook debug_;
+  KvPool* kv_pool_ = nullptr;
 };
 
 }  // namespace glm5::runtime

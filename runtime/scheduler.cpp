@@ -1,10 +1,9 @@
-// Scheduler: admission, KV accounting, step building and request completion for one column.
+// Scheduler: admission, KV blocks, preemption, step building and request completion for one column.
 #include "runtime/scheduler.h"
 
 #include <algorithm>
 
 #include "core/check.h"
-#include "runtime/model.h"
 
 namespace glm5::runtime {
 
@@ -14,32 +13,45 @@ int64_t Step::rows() const {
   return m;
 }
 
-// A running request.
+// A request of this column, waiting or running.
 struct Scheduler::Live {
   Request req;
   int group = 0;
-  int64_t pos = 0;         // tokens already in the cache
-  bool announced = false;  // sent down the column in a step's `added`
-  bool finishing = false;  // the extra final step (logit dumps) is pending
-  double kv_bytes = 0;
+  int64_t pos = 0;          // positions already in the cache
+  int64_t admitted = 0;     // admission order (the youngest is preempted first)
+  bool announced = false;   // sent down the column in a step's `added` since its admission
+  bool finishing = false;   // the extra final step (logit dumps) is pending
+  bool waiting = true;      // in waiting_ (not running)
+  std::vector<int32_t> blocks;
   Result result;
   std::unique_ptr<StopMatcher> stop;
+
+  int64_t prompt_len() const { return int64_t(req.prompt.size()); }
+  // Positions to fill before the next token is fed: the prompt and, after a preemption, every
+  // generated token but the last (which the next decode step feeds).
+  int64_t target() const {
+    return prompt_len() + std::max<int64_t>(0, int64_t(result.tokens.size()) - 1);
+  }
+  bool decoding() const { return pos >= target() && !result.tokens.empty(); }
+  int32_t token_at(int64_t p) const {
+    return p < prompt_len() ? req.prompt[size_t(p)] : result.tokens[size_t(p - prompt_len())];
+  }
 };
 
 Scheduler::Scheduler(const ModelConfig& cfg, const SchedulerOptions& opt, const Tokenizer* tok)
-    : cfg_(cfg), opt_(opt), tok_(tok), group_size_(size_t(std::max(1, opt.micro_batches)), 0) {
+    : cfg_(cfg), opt_(opt), tok_(tok), group_size_(size_t(std::max(1, opt.micro_batches)), 0),
+      blocks_(opt.kv_blocks) {
   CHECK(opt_.micro_batches >= 1, "micro_batches must be >= 1, found ", opt_.micro_batches);
   CHECK(opt_.max_batch >= 1, "max_batch must be >= 1, found ", opt_.max_batch);
   CHECK(opt_.prefill_chunk >= 1, "prefill_chunk must be >= 1, found ", opt_.prefill_chunk);
   CHECK(opt_.max_step_tokens >= opt_.max_batch, "max_step_tokens must be >= max_batch (",
         opt_.max_batch, ") so that every running sequence can decode in one step, found ",
         opt_.max_step_tokens);
+  CHECK(opt_.kv_blocks >= 1, "the KV cache has no block (kv_budget_gb too small for one block of ",
+        kBlockTokens, " tokens)");
 }
 
 Scheduler::~Scheduler() = default;
-
-// Cache slots a request holds: prompt + max_tokens + 1 (the extra final step of a logit dump).
-static double kv_slots(const Request& r) { return double(r.prompt.size()) + double(r.sampling.max_tokens) + 1; }
 
 int64_t Scheduler::cost(const Request& r) { return int64_t(r.prompt.size()) + r.sampling.max_tokens; }
 
@@ -50,44 +62,90 @@ std::string Scheduler::refuse_reason(const Request& r) const {
     return "prompt of " + std::to_string(r.prompt.size()) + " tokens + max_tokens " +
            std::to_string(r.sampling.max_tokens) + " exceeds the context length " +
            std::to_string(cfg_.max_position_embeddings) + " (max_position_embeddings)";
-  const double need = kv_slots(r) * double(opt_.kv_bytes_per_token);
-  if (opt_.kv_budget_bytes > 0 && need > opt_.kv_budget_bytes)
-    return "request needs " + std::to_string(size_t(need)) + " bytes of KV cache, more than the budget of " +
-           std::to_string(size_t(opt_.kv_budget_bytes)) + " bytes per rank";
+  // prompt + max_tokens + 1: the extra final step of a logit dump
+  const int64_t need = blocks_for(int64_t(r.prompt.size()) + r.sampling.max_tokens + 1);
+  if (need > opt_.kv_blocks)
+    return "request needs " + std::to_string(need) + " KV blocks of " + std::to_string(kBlockTokens) +
+           " tokens (prompt + max_tokens), more than the " + std::to_string(opt_.kv_blocks) +
+           " blocks of the KV cache per rank (kv_budget_gb)";
   return "";
 }
 
 void Scheduler::add(Request r) {
   load_ += cost(r);
-  waiting_.push_back(std::move(r));
+  auto L = std::make_unique<Live>();
+  L->result.index = r.index;
+  if (!r.sampling.stop.empty()) L->stop = std::make_unique<StopMatcher>(r.sampling.stop, tok_);
+  L->req = std::move(r);
+  waiting_.push_back(std::move(L));
 }
 
 int64_t Scheduler::free_slots() const {
   return std::max<int64_t>(0, 2 * int64_t(opt_.max_batch) - int64_t(live_.size() + waiting_.size()));
 }
 
-// Admits waiting requests into `group` in arrival order, keeping the micro-batches even: a group
-// takes at most its share of max_batch and of the work there is. The head waits while the KV
-// budget cannot hold it (refuse_reason has ruled out requests that never fit).
+// Admits waiting requests into `group` in queue order, keeping the micro-batches even: a group
+// takes at most its share of max_batch and of the work there is. The head waits unless the
+// blocks of its first chunk are free with one to spare for every running sequence.
 void Scheduler::admit(int group) {
   const size_t G = group_size_.size();
   const size_t work_now = live_.size() + waiting_.size();
   const int cap = int(std::min<size_t>((size_t(opt_.max_batch) + G - 1) / G, (work_now + G - 1) / G));
   while (!waiting_.empty() && int(live_.size()) < opt_.max_batch && group_size_[size_t(group)] < cap) {
-    const double need = kv_slots(waiting_.front()) * double(opt_.kv_bytes_per_token);
-    if (opt_.kv_budget_bytes > 0 && kv_used_ + need > opt_.kv_budget_bytes) break;
-    auto L = std::make_unique<Live>();
-    L->req = std::move(waiting_.front());
+    Live& W = *waiting_.front();
+    const int64_t first = blocks_for(std::min(opt_.prefill_chunk, std::max<int64_t>(1, W.target())));
+    if (blocks_.free_blocks() < first + int64_t(live_.size())) break;
+    std::unique_ptr<Live> L = std::move(waiting_.front());
     waiting_.pop_front();
     L->group = group;
-    L->kv_bytes = need;
-    L->result.index = L->req.index;
-    if (!L->req.sampling.stop.empty()) L->stop = std::make_unique<StopMatcher>(L->req.sampling.stop, tok_);
-    kv_used_ += need;
+    L->admitted = ++admissions_;
+    L->waiting = false;
     ++group_size_[size_t(group)];
     const int64_t id = L->req.index;
     CHECK(live_.emplace(id, std::move(L)).second, "internal: request index ", id, " is running twice");
   }
+}
+
+// Frees a running sequence's blocks and puts it back at the head of the queue; it is recomputed
+// (prompt + generated tokens) when admitted again. Its partial result is kept.
+void Scheduler::preempt(Live& L) {
+  for (int32_t b : L.blocks) blocks_.release(b);
+  L.blocks.clear();
+  load_ += L.pos;  // to be recomputed
+  if (L.result.tokens.empty()) L.result.prompt_logits.clear();  // recomputed identically
+  L.pos = 0;
+  L.announced = false;
+  L.waiting = true;
+  --group_size_[size_t(L.group)];
+  released_.push_back(L.req.index);
+  ++preemptions_;
+  auto it = live_.find(L.req.index);
+  waiting_.push_front(std::move(it->second));
+  live_.erase(it);
+}
+
+// Gives L the blocks for positions [0, tokens). When the pool is dry, preempts the youngest
+// sequence of `group` that is not in `step` yet (possibly L itself: then false).
+bool Scheduler::grow(Live& L, int64_t tokens, int group, const Step& step) {
+  auto in_step = [&](int64_t id) {
+    return std::any_of(step.seqs.begin(), step.seqs.end(), [&](const StepSeq& s) { return s.req == id; });
+  };
+  while (int64_t(L.blocks.size()) < blocks_for(tokens)) {
+    const int32_t b = blocks_.allocate();
+    if (b >= 0) {
+      L.blocks.push_back(b);
+      continue;
+    }
+    Live* victim = nullptr;
+    for (auto& [id, V] : live_)
+      if (V->group == group && !in_step(id) && (!victim || V->admitted > victim->admitted)) victim = V.get();
+    CHECK(victim, "internal: no sequence to preempt for a KV block");
+    const bool self = victim == &L;
+    preempt(*victim);
+    if (self) return false;
+  }
+  blocks_peak_ = std::max(blocks_peak_, blocks_in_use());
+  return true;
 }
 
 // Decode rows first (see Model::forward), then prefill chunks while the step has room (the last
@@ -95,35 +153,41 @@ void Scheduler::admit(int group) {
 Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
   admit(group);
   Step step;
-  step.released.swap(released_);
   tokens.clear();
   int64_t room = opt_.max_step_tokens;
   for (int pass = 0; pass < 2; ++pass) {
-    for (auto& [id, Lp] : live_) {
+    std::vector<Live*> members;  // a snapshot: grow() may preempt members
+    for (auto& [id, Lp] : live_)
+      if (Lp->group == group && Lp->decoding() == (pass == 0)) members.push_back(Lp.get());
+    for (Live* Lp : members) {
       Live& L = *Lp;
+      if (L.waiting) continue;  // preempted for an earlier member
       const Request& r = L.req;
-      const int64_t plen = int64_t(r.prompt.size());
-      const bool decode = L.pos >= plen;
-      if (L.group != group || decode != (pass == 0)) continue;
       StepSeq s;
-      s.req = id;
+      s.req = r.index;
       s.start = L.pos;
-      if (decode) {
+      if (pass == 0) {
         s.n = 1;
         s.decode = s.sample = true;
         s.logits_sampled = r.want_logits;
-        tokens.push_back(L.result.tokens.back());
       } else {
-        s.n = std::min({opt_.prefill_chunk, plen - L.pos, room});
+        s.n = std::min({opt_.prefill_chunk, L.target() - L.pos, room});
         if (s.n <= 0) continue;  // no room left in this step: next one
-        s.sample = L.pos + s.n == plen;
-        s.logits_all = r.want_prompt_logits;
-        tokens.insert(tokens.end(), r.prompt.begin() + L.pos, r.prompt.begin() + L.pos + s.n);
+        s.sample = L.pos + s.n == L.target() && L.result.tokens.empty();
+        s.logits_all = r.want_prompt_logits && L.result.tokens.empty();
+      }
+      const size_t had = L.blocks.size();
+      if (!grow(L, L.pos + s.n, group, step)) continue;
+      s.new_blocks = int64_t(L.blocks.size() - had);
+      step.blocks.insert(step.blocks.end(), L.blocks.begin() + int64_t(had), L.blocks.end());
+      for (int64_t p = L.pos; p < L.pos + s.n; ++p) tokens.push_back(pass == 0 ? L.result.tokens.back() : L.token_at(p));
+      if (pass == 1) {
         prompt_rows_ += s.n;
         load_ -= s.n;
       }
       if (!L.announced) {
         step.added.push_back(r);
+        step.added.back().generated = L.result.tokens;
         L.announced = true;
       }
       L.pos += s.n;
@@ -131,15 +195,16 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
       step.seqs.push_back(s);
     }
   }
+  step.released.swap(released_);  // finished before this step, or preempted while building it
   return step;
 }
 
 void Scheduler::finish(Live& L) {
   const int64_t id = L.req.index;
   // What was never generated no longer counts as load.
-  if (L.pos < int64_t(L.req.prompt.size())) load_ -= int64_t(L.req.prompt.size()) - L.pos;
+  if (L.pos < L.target()) load_ -= L.target() - L.pos;
   load_ -= L.req.sampling.max_tokens - int64_t(L.result.tokens.size());
-  kv_used_ -= L.kv_bytes;
+  for (int32_t b : L.blocks) blocks_.release(b);
   --group_size_[size_t(L.group)];
   released_.push_back(id);
   finished_.push_back(std::move(L.result));
@@ -158,7 +223,7 @@ void Scheduler::apply(const std::vector<Back>& backs) {
       finish(L);
       continue;
     }
-    const bool decode_step = L.pos > int64_t(r.prompt.size());
+    const bool decode_step = L.pos > L.prompt_len();
     if (!b.logits.empty()) {
       auto& dst = decode_step ? L.result.decode_logits : L.result.prompt_logits;
       if (decode_step ? r.want_logits : r.want_prompt_logits) dst.insert(dst.end(), b.logits.begin(), b.logits.end());

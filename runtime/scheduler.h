@@ -5,15 +5,20 @@
 //
 //   add(request)            queue a request (checked with refuse_reason first)
 //   next_step(g, tokens)    admit waiting requests into micro-batch group g (continuous batching,
-//                           FCFS, a KV budget), then build g's step: decode rows first, then
-//                           prefill chunks of prefill_chunk tokens while the step has room
+//                           FCFS, while KV blocks are free), then build g's step: decode rows
+//                           first, then prefill chunks of prefill_chunk tokens while the step
+//                           has room, handing out KV blocks as the sequences grow
 //   apply(g, backs)         take the sampled tokens (or errors) of g's step; requests that end
 //                           (EOS, stop string, max_tokens, error) become results
 //   take_finished()         the results to deliver
 //   load(), free_slots()    what the engine's request distributor balances columns by
 //
-// When the KV budget is full the head of the queue waits until running requests finish (no
-// preemption); a request that could never fit is refused by refuse_reason.
+// KV memory is a pool of fixed-size blocks (kv_cache.h). A waiting request is admitted when the
+// blocks for its first chunk are free with one block to spare per running sequence. When a
+// running sequence needs a block and none is free, the youngest sequence of the group is
+// preempted: its blocks are freed and it goes back to the head of the queue with the tokens it
+// has generated, to be recomputed (prompt + generated) when blocks free up; its output is the
+// same bits as without preemption. A request that could never fit the pool is refused.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +30,7 @@
 
 #include "runtime/config.h"
 #include "runtime/engine.h"
+#include "runtime/kv_cache.h"
 #include "runtime/stop.h"
 
 namespace glm5::runtime {
@@ -36,13 +42,13 @@ struct SchedulerOptions {
   int max_batch = 64;              // running sequences per column, over all groups
   int64_t prefill_chunk = 256;     // prompt tokens per sequence per step
   int64_t max_step_tokens = 8192;  // rows per step (the last prefill chunk is cut to fit)
-  double kv_budget_bytes = 0;      // 0 = unlimited
-  size_t kv_bytes_per_token = 0;   // of the largest stage
+  int64_t kv_blocks = 1 << 20;     // blocks in the column's KV pools
 };
 
 // One sequence's entry in a step: rows [start, start + n) of request `req`.
 struct StepSeq {
   int64_t req = 0, start = 0, n = 0;
+  int64_t new_blocks = 0;       // KV blocks appended to its table for this step (Step::blocks)
   bool decode = false;          // one generated token (else a prompt chunk)
   bool sample = false;          // the last row is sampled
   bool logits_all = false;      // return every row's logits (prompt-logit dumps)
@@ -55,6 +61,7 @@ struct Step {
   std::vector<StepSeq> seqs;       // decode rows first, then prefill chunks
   std::vector<int64_t> released;   // requests finished before this step: free their state
   std::vector<Request> added;      // requests that appear in this step for the first time
+  std::vector<int32_t> blocks;     // the new blocks of every seq, in seqs order
   int64_t rows() const;
 };
 
@@ -91,23 +98,29 @@ class Scheduler {
   int64_t work() const { return int64_t(live_.size() + waiting_.size() + finished_.size()); }
   int64_t tokens_generated() const { return tokens_generated_; }
   int64_t prompt_rows() const { return prompt_rows_; }
+  int64_t preemptions() const { return preemptions_; }
+  int64_t blocks_in_use() const { return blocks_.num_blocks() - blocks_.free_blocks(); }
+  int64_t blocks_peak() const { return blocks_peak_; }
 
  private:
   struct Live;
   void admit(int group);
+  bool grow(Live& L, int64_t tokens, int group, const Step& step);
+  void preempt(Live& L);
   void finish(Live& L);
   static int64_t cost(const Request& r);
 
   ModelConfig cfg_;
   SchedulerOptions opt_;
   const Tokenizer* tok_;
-  std::deque<Request> waiting_;
+  std::deque<std::unique_ptr<Live>> waiting_;     // new requests, preempted ones at the front
   std::map<int64_t, std::unique_ptr<Live>> live_;  // by request index
   std::vector<int> group_size_;
   std::vector<int64_t> released_;
   std::vector<Result> finished_;
-  double kv_used_ = 0;
-  int64_t load_ = 0, tokens_generated_ = 0, prompt_rows_ = 0;
+  BlockManager blocks_;
+  int64_t admissions_ = 0;  // admission counter: the youngest running sequence is preempted first
+  int64_t load_ = 0, tokens_generated_ = 0, prompt_rows_ = 0, preemptions_ = 0, blocks_peak_ = 0;
 };
 
 }  // namespace glm5::runtime

@@ -118,11 +118,15 @@ int main(int argc, char** argv) {
   // 4. Prefill `prompt` tokens (one chunk), then `decode` steps at batch 1.
   std::vector<int32_t> ids(static_cast<size_t>(prompt));
   for (int i = 0; i < prompt; ++i) ids[size_t(i)] = int32_t((i * 7919 + 13) % cfg.vocab_size);
-  runtime::SeqCache cache(*be, cfg, model.n_local_layers(), prompt + decode + 1);
+  const int64_t n_blocks = runtime::blocks_for(prompt + decode + 1);
+  runtime::KvPool pool(*be, cfg, model.n_local_layers(), n_blocks);
+  std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
+  model.set_kv_pool(&pool);
   std::vector<float> h(size_t(prompt) * size_t(cfg.hidden_size)), logits(size_t(cfg.vocab_size));
   auto t = Clock::now();
   model.embed(ids.data(), prompt, h.data());
-  model.forward({{&cache, 0, prompt, false}}, h.data());
+  model.forward({{table.data(), 0, prompt, prompt}}, h.data());
   model.logits(h.data() + size_t(prompt - 1) * size_t(cfg.hidden_size), 1, logits.data());
   const double prefill_s = secs(t);
   // FLOPs of the prefill: 2 x weights touched per token (no lm_head, one row of logits aside),
@@ -141,7 +145,7 @@ int main(int argc, char** argv) {
   t = Clock::now();
   for (int i = 0; i < decode; ++i) {
     model.embed(&tok, 1, h1.data());
-    model.forward({{&cache, prompt + i, 1, true}}, h1.data());
+    model.forward({{table.data(), prompt + i, 1, prompt}}, h1.data());
     model.logits(h1.data(), 1, logits.data());
     tok = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }

@@ -3,6 +3,8 @@
 // token budget, bad requests answered with errors, and EOS / max_tokens handling.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "model_fixture.h"
 #include "runtime/model.h"
 
@@ -25,12 +27,12 @@ runtime::Request greedy(std::vector<int32_t> prompt, int max_tokens, int64_t ind
 
 TEST(Engine, KvBudgetRefusesWhatCanNeverFitAndQueuesTheRest) {
   OneProcessModel m(std::string(GLM5_TEST_DATA) + "/tiny-a");
-  const double per_token = double(runtime::SeqCache::bytes_per_token(m.cfg, int(m.cfg.num_hidden_layers)));
+  const double per_block = double(runtime::KvPool::bytes_per_block(m.cfg, int(m.cfg.num_hidden_layers)));
   std::vector<runtime::Request> reqs = {greedy({1, 2, 3, 4, 5, 6, 7, 8}, 4, 0),
                                         greedy({9, 10, 11, 12, 13, 14, 15, 16}, 4, 1),
-                                        greedy(std::vector<int32_t>(40, 3), 4, 2)};
+                                        greedy(std::vector<int32_t>(70, 3), 4, 2)};
   runtime::EngineOptions opt;
-  opt.kv_budget_bytes = per_token * 20;  // one short request (8 + 4 + 1 tokens) at a time
+  opt.kv_budget_bytes = per_block * 1.5;  // one block: one short request (8 + 4 + 1 tokens) at a time
   auto res = m.run(reqs, opt);
   ASSERT_EQ(res.size(), 3u);
   EXPECT_TRUE(res[0].error.empty()) << res[0].error;
@@ -38,7 +40,8 @@ TEST(Engine, KvBudgetRefusesWhatCanNeverFitAndQueuesTheRest) {
   EXPECT_EQ(res[0].tokens.size(), 4u);
   EXPECT_EQ(res[1].tokens.size(), 4u);
   EXPECT_EQ(res[2].finish_reason, "error");
-  EXPECT_NE(res[2].error.find("bytes of KV cache, more than the budget"), std::string::npos) << res[2].error;
+  EXPECT_NE(res[2].error.find("request needs 2 KV blocks of 64 tokens (prompt + max_tokens), more than the 1 blocks"),
+            std::string::npos) << res[2].error;
   // Queued behind the budget, the answers equal those of an unlimited run.
   auto free_run = m.run(reqs);
   EXPECT_EQ(res[0].tokens, free_run[0].tokens);
@@ -99,4 +102,39 @@ TEST(Engine, StopsAtEosUnlessIgnored) {
   res = m.run({r});
   EXPECT_EQ(res[0].tokens, gold);
   EXPECT_EQ(res[0].finish_reason, "length");
+}
+
+// A KV pool of 3 blocks for sequences that grow to 2 blocks each: sequences get preempted and
+// recomputed, and every token and every logit is bitwise what the unconstrained run gives
+// (rows take the same attention form and reduction order however they are recomputed).
+TEST(Engine, PreemptionUnderATinyPoolChangesNoBit) {
+  for (const char* model : {"tiny-a", "tiny-v32"}) {
+    SCOPED_TRACE(model);
+    OneProcessModel m(std::string(GLM5_TEST_DATA) + "/" + model);
+    std::vector<runtime::Request> reqs;
+    for (int i = 0; i < 4; ++i) {
+      std::vector<int32_t> prompt;
+      for (int t = 0; t < 50 + 3 * i; ++t) prompt.push_back(int32_t((t * 31 + i * 7 + 1) % m.cfg.vocab_size));
+      runtime::Request r = greedy(prompt, 30, i);
+      r.want_logits = true;
+      r.sampling.logprobs = 3;
+      reqs.push_back(r);
+    }
+    auto free_run = m.run(reqs);
+    EXPECT_EQ(m.last_stats.preemptions, 0);
+    runtime::EngineOptions opt;
+    opt.kv_budget_bytes = 3.5 * double(runtime::KvPool::bytes_per_block(m.cfg, int(m.cfg.num_hidden_layers)));
+    opt.prefill_chunk = 16;
+    auto tight = m.run(reqs, opt);
+    EXPECT_GT(m.last_stats.preemptions, 0);
+    EXPECT_LE(m.last_stats.kv_blocks_peak, 3);
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(tight[i].error.empty()) << tight[i].error;
+      EXPECT_EQ(tight[i].tokens, free_run[i].tokens) << i;
+      EXPECT_EQ(tight[i].logprobs, free_run[i].logprobs) << i;
+      ASSERT_EQ(tight[i].decode_logits.size(), free_run[i].decode_logits.size()) << i;
+      EXPECT_EQ(0, std::memcmp(tight[i].decode_logits.data(), free_run[i].decode_logits.data(),
+                               tight[i].decode_logits.size() * sizeof(float))) << i;
+    }
+  }
 }

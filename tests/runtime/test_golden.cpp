@@ -58,10 +58,14 @@ void check_golden_internals(const std::string& dir) {
       final_hidden.assign(p, p + rows * cols);
     }
   });
-  runtime::SeqCache cache(m.model->backend(), m.cfg, int(L), P);
+  runtime::KvPool pool(m.model->backend(), m.cfg, int(L), runtime::blocks_for(P));
+  std::vector<int32_t> table(size_t(runtime::blocks_for(P)));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
+  m.model->set_kv_pool(&pool);
   std::vector<float> h(size_t(P * H)), logits(size_t(P * m.cfg.vocab_size));
   m.model->embed(prompt.data(), P, h.data());
-  m.model->forward({{&cache, 0, P, false}}, h.data());
+  m.model->forward({{table.data(), 0, P, P}}, h.data());
+  m.model->set_kv_pool(nullptr);
   m.model->logits(h.data(), P, logits.data());
 
   EXPECT_LT(max_abs_diff(layers, g.get<float>("prefill_layer_output")), 1e-4f);

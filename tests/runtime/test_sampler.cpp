@@ -146,7 +146,8 @@ SamplingParams random_params(std::mt19937_64& rng, int64_t vocab) {
   auto pick = [&](std::initializer_list<double> v) { return *(v.begin() + rng() % v.size()); };
   SamplingParams p;
   p.temperature = float(pick({0.0, 0.3, 0.8, 1.0, 1.0, 1.7}));
-  p.top_k = int32_t(pick({0.0, 0.0, -1.0, 1.0, 2.0, 5.0, 50.0, double(vocab - 1), double(vocab), double(vocab + 3)}));
+  p.top_k = int32_t(pick({0.0, 0.0, -1.0, 1.0, 2.0, 5.0, 50.0, 128.0, 129.0, 200.0, 1000.0, double(vocab - 1),
+                            double(vocab), double(vocab + 3)}));
   p.top_p = float(pick({1.0, 1.0, 0.95, 0.9, 0.5, 0.1, 1e-6}));
   p.min_p = float(pick({0.0, 0.0, 0.0, 0.01, 0.1, 0.5, 1.0}));
   p.repetition_penalty = float(pick({1.0, 1.0, 1.1, 1.5, 0.8}));

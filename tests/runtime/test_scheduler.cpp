@@ -4,6 +4,7 @@
 // load / free-slot figures the request distributor balances columns by.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <numeric>
 
 #include "runtime/config.h"
@@ -62,18 +63,18 @@ int drain(Scheduler& s, int32_t tok) {
 
 TEST(Scheduler, RefusesWhatCanNeverRun) {
   SchedulerOptions o;
-  o.kv_budget_bytes = 500;
-  o.kv_bytes_per_token = 10;
+  o.kv_blocks = 1;  // 64 positions
   Scheduler s(small_config(), o, nullptr);
   EXPECT_EQ(s.refuse_reason(req(0, 4, 4)), "");
   EXPECT_EQ(s.refuse_reason(req(0, 0, 4)), "prompt is empty");
   EXPECT_NE(s.refuse_reason(req(0, 60, 8)).find("exceeds the context length 64"), std::string::npos);
   EXPECT_NE(s.refuse_reason(req(0, 50, 50 - 1)).find("exceeds"), std::string::npos);
   EXPECT_NE(s.refuse_reason(req(0, 61, 4)).find("exceeds"), std::string::npos);
-  // (40 + 20 + 1) slots x 10 bytes > 500
-  EXPECT_NE(s.refuse_reason(req(0, 40, 20)).find("610 bytes of KV cache, more than the budget of 500"),
+  // 40 + 24 + 1 positions need 2 blocks
+  EXPECT_NE(s.refuse_reason(req(0, 40, 24)).find("request needs 2 KV blocks of 64 tokens (prompt + max_tokens), "
+                                                 "more than the 1 blocks"),
             std::string::npos);
-  EXPECT_EQ(s.refuse_reason(req(0, 40, 9)), "");
+  EXPECT_EQ(s.refuse_reason(req(0, 40, 23)), "");
   Request bad = req(0, 3, 3);
   bad.error = "line 4: bad";
   EXPECT_EQ(s.refuse_reason(bad), "line 4: bad");
@@ -127,8 +128,7 @@ TEST(Scheduler, MaxBatchAndEvenGroups) {
 
 TEST(Scheduler, KvBudgetMakesTheQueueWaitAndReleasesOnFinish) {
   SchedulerOptions o;
-  o.kv_bytes_per_token = 1;
-  o.kv_budget_bytes = 10;  // one request of 4 + 4 + 1 slots at a time
+  o.kv_blocks = 1;  // one request of 4 + 4 + 1 positions at a time
   Scheduler s(small_config(), o, nullptr);
   s.add(req(0, 4, 4));
   s.add(req(1, 4, 4));
@@ -233,4 +233,46 @@ TEST(StopMatcher, FindsStopsSplitAcrossTokensAndOnlyOnce) {
     }
     EXPECT_EQ(fired_at >= 0, text.find(stop) != std::string::npos) << stop;
   }
+}
+
+// A pool too small for both sequences at full length: the younger one is preempted when the older
+// needs a block, goes back to the queue with its tokens, is re-announced with them and recomputed
+// (prompt + generated but the last, no sampling at the end), then decodes on. Both finish.
+TEST(Scheduler, PreemptsTheYoungestAndRecomputesIt) {
+  ModelConfig c = small_config();
+  c.max_position_embeddings = 512;
+  SchedulerOptions o;
+  o.kv_blocks = 3;
+  o.prefill_chunk = 64;
+  o.max_step_tokens = 256;
+  Scheduler s(c, o, nullptr);
+  Request a = req(0, 60, 20), b = req(1, 60, 20);
+  a.sampling.ignore_eos = b.sampling.ignore_eos = true;
+  s.add(a);
+  s.add(b);
+  std::vector<int32_t> tokens;
+  std::map<int64_t, Result> done;
+  bool saw_recompute = false;
+  int32_t next = 10;
+  for (int i = 0; i < 200 && done.size() < 2; ++i) {
+    Step st = s.next_step(0, tokens);
+    for (const Request& r : st.added)
+      if (!r.generated.empty()) {
+        saw_recompute = true;
+        EXPECT_EQ(r.index, 1);  // the younger one
+        ASSERT_FALSE(st.seqs.empty());
+      }
+    for (const StepSeq& q : st.seqs)
+      if (q.req == 1 && !q.decode && q.start + q.n > 60) EXPECT_FALSE(q.sample) << "a recompute chunk sampled";
+    s.apply(answer(st, next++));
+    for (auto& r : s.take_finished()) done[r.index] = r;
+  }
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_GE(s.preemptions(), 1);
+  EXPECT_TRUE(saw_recompute);
+  EXPECT_EQ(done[0].tokens.size(), 20u);
+  EXPECT_EQ(done[1].tokens.size(), 20u);
+  EXPECT_LE(s.blocks_peak(), 3);
+  EXPECT_EQ(s.blocks_in_use(), 0);
+  EXPECT_EQ(s.load(), 0);
 }

@@ -1,0 +1,63 @@
+// KvPool and BlockManager: see kv_cache.h.
+#include "runtime/kv_cache.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace glm5::runtime {
+
+KvPool::KvPool(kernels::Backend& backend, const ModelConfig& cfg, int n_layers, int64_t num_blocks)
+    : backend_(backend), num_blocks_(num_blocks) {
+  CHECK(num_blocks >= 1, "KV cache: need at least one block, got ", num_blocks);
+  const size_t rows = size_t(num_blocks * kBlockTokens);
+  const size_t lat = size_t(cfg.kv_lora_rank + cfg.qk_rope_head_dim), ik = size_t(cfg.index_head_dim);
+  for (int l = 0; l < n_layers; ++l) {
+    latent_.push_back(static_cast<float*>(backend.alloc(rows * lat * sizeof(float))));
+    index_k_.push_back(static_cast<float*>(backend.alloc(rows * ik * sizeof(float))));
+  }
+}
+
+KvPool::~KvPool() {
+  for (float* p : latent_) backend_.free(p);
+  for (float* p : index_k_) backend_.free(p);
+}
+
+size_t KvPool::bytes_per_token(const ModelConfig& cfg, int n_layers) {
+  return size_t(n_layers) * size_t(cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim) *
+         sizeof(float);
+}
+
+int64_t KvPool::blocks_for_budget(const ModelConfig& cfg, int n_layers, double budget_bytes, int max_batch) {
+  const double per_block = double(bytes_per_block(cfg, std::max(1, n_layers)));
+  if (budget_bytes > 0) return int64_t(budget_bytes / per_block);
+  const double cap = double(int64_t(64) << 30) / per_block;
+  const double want = double(max_batch) * double(blocks_for(cfg.max_position_embeddings + 1));
+  return std::max<int64_t>(1, int64_t(std::min(want, cap)));
+}
+
+BlockManager::BlockManager(int64_t num_blocks) : refs_(size_t(std::max<int64_t>(0, num_blocks)), 0) {
+  for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(int32_t(b));  // block 0 first
+}
+
+int32_t BlockManager::allocate() {
+  if (free_.empty()) return -1;
+  const int32_t b = free_.back();
+  free_.pop_back();
+  refs_[size_t(b)] = 1;
+  return b;
+}
+
+void BlockManager::retain(int32_t block) {
+  CHECK(refs_[size_t(block)] > 0, "internal: retain of free KV block ", block);
+  ++refs_[size_t(block)];
+}
+
+bool BlockManager::release(int32_t block) {
+  CHECK(refs_[size_t(block)] > 0, "internal: release of free KV block ", block);
+  if (--refs_[size_t(block)] > 0) return false;
+  free_.push_back(block);
+  return true;
+}
+
+}  // namespace glm5::runtime
