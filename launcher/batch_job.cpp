@@ -551,6 +551,7 @@ void write_report(Job& job, const std::string& report) {
                {"prompt_tokens", st.prompt_tokens}, {"ticks", st.ticks},
                {"max_step_rows", st.max_step_rows}, {"kv_blocks", st.kv_blocks},
                {"kv_blocks_peak", st.kv_blocks_peak}, {"preemptions", st.preemptions},
+               {"prefix_hit_tokens", st.prefix_hit_tokens},
                {"expert_tokens", st.expert_tokens}, {"peak_rss_kb", st.peak_rss_kb},
                {"weight_bytes", job.model->weight_bytes()},
                {"tokens_per_s", st.wall_s > 0 ? double(st.tokens_generated) / st.wall_s : 0.0}};

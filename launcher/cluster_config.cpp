@@ -32,7 +32,7 @@ namespace {
 const char* const kAllowedKeys[] = {
     "stages",        "expert_parallel", "micro_batches",   "backend", "comm",
     "kv_budget_gb",  "max_batch",       "prefill_chunk",   "hosts",   "mpirun_args",
-    "env",           "device_memory_gb", "max_step_tokens", "watchdog_s"};
+    "env",           "device_memory_gb", "max_step_tokens", "watchdog_s", "prefix_caching"};
 
 std::string where(const std::string& source) {
   return "cluster config " + (source.empty() ? std::string("(built-in default)") : source);
@@ -84,6 +84,11 @@ struct Reader {
     if (!n.IsScalar() || !YAML::convert<double>::decode(n, x) || !std::isfinite(x))
       bad(n, key, expected.str());
     if (x < min_value) bad(n, key, expected.str());
+    return x;
+  }
+  bool boolean(const YAML::Node& n, const std::string& key) const {
+    bool x = false;
+    if (!n.IsScalar() || !YAML::convert<bool>::decode(n, x)) bad(n, key, "true or false");
     return x;
   }
   std::string text(const YAML::Node& n, const std::string& key, const std::string& expected) const {
@@ -243,6 +248,8 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
         cc.max_step_tokens = int(rd.integer(v, key, 1));
       else if (key == "watchdog_s")
         cc.watchdog_s = rd.number(v, key, 0.0);
+      else if (key == "prefix_caching")
+        cc.prefix_caching = rd.boolean(v, key);
       else if (key == "hosts")
         rd.hosts(v, cc);
       else if (key == "mpirun_args")

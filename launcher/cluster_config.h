@@ -11,6 +11,7 @@
 //   max_batch: 64                  # running sequences per column
 //   prefill_chunk: 256             # prompt tokens per sequence per step
 //   max_step_tokens: 8192          # rows one micro-batch forwards in a step (>= max_batch)
+//   prefix_caching: true           # share full prompt blocks (64 tokens) between sequences
 //   watchdog_s: 300                # a rank waiting this long with no progress reports and aborts (0: off)
 //   hosts: [{host: node1, slots: 8}, {host: node2, slots: 8}]   # for `glm5 launch`
 //   mpirun_args: ["--mca", "pml", "ucx"]                        # extra mpirun flags
@@ -45,6 +46,7 @@ struct ClusterConfig {
   int prefill_chunk = 256;
   int max_step_tokens = 8192;
   double watchdog_s = 300;
+  bool prefix_caching = true;
   std::vector<HostSlots> hosts;
   std::vector<std::string> mpirun_args;
   std::map<std::string, std::string> env;

@@ -62,6 +62,7 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   opt.prefill_chunk = job->cluster.prefill_chunk;
   opt.max_step_tokens = job->cluster.max_step_tokens;
   opt.kv_budget_bytes = job->cluster.kv_budget_gb * 1e9;
+  opt.prefix_sharing = job->cluster.prefix_caching;
   for (const auto& range : job->stages) opt.kv_layers = std::max(opt.kv_layers, range.size());
   opt.progress = progress;
   job->engine = std::make_unique<runtime::Engine>(*job->model, *job->world, *job->stage_comm, grid, opt);

@@ -570,6 +570,7 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
   so.prefill_chunk = opt_.prefill_chunk;
   so.max_step_tokens = opt_.max_step_tokens;
   so.kv_blocks = kv_blocks_;
+  so.prefix_sharing = opt_.prefix_sharing;
   Stage0 s(cfg, so, opt_.tokenizer, G);
   s.source = source;
   s.on_result = &on_result;
@@ -636,6 +637,7 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
   stats_.prompt_tokens = s.sched.prompt_rows();
   stats_.preemptions = s.sched.preemptions();
   stats_.kv_blocks_peak = s.sched.blocks_peak();
+  stats_.prefix_hit_tokens = s.sched.prefix_hit_tokens();
 }
 
 void Engine::run_later_stage() {

@@ -79,6 +79,7 @@ struct EngineOptions {
   int kv_layers = 0;             // layers of the largest stage (budget accounting); 0 = this rank's
   bool progress = false;         // progress line on stderr of rank 0
   const Tokenizer* tokenizer = nullptr;  // for stop strings (stage-0 ranks)
+  bool prefix_sharing = true;    // share full prompt blocks between sequences (runtime/scheduler.h)
 };
 
 // Per-rank counters for the run report.
@@ -92,6 +93,7 @@ struct EngineStats {
   int64_t max_step_rows = 0;  // largest step this rank forwarded (rows of one micro-batch)
   int64_t kv_blocks = 0, kv_blocks_peak = 0;  // pool size and most blocks in use (stage 0)
   int64_t preemptions = 0;    // sequences preempted (blocks freed, recomputed later)
+  int64_t prefix_hit_tokens = 0;  // prompt positions taken from shared blocks instead of computed
   std::vector<int64_t> expert_tokens;  // per local expert, summed over this rank's MoE layers
   long peak_rss_kb = 0;
 };

@@ -36,28 +36,52 @@ int64_t KvPool::blocks_for_budget(const ModelConfig& cfg, int n_layers, double b
   return std::max<int64_t>(1, int64_t(std::min(want, cap)));
 }
 
-BlockManager::BlockManager(int64_t num_blocks) : refs_(size_t(std::max<int64_t>(0, num_blocks)), 0) {
+BlockManager::BlockManager(int64_t num_blocks)
+    : refs_(size_t(std::max<int64_t>(0, num_blocks)), 0), cached_(refs_.size(), 0) {
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(int32_t(b));  // block 0 first
 }
 
-int32_t BlockManager::allocate() {
-  if (free_.empty()) return -1;
-  const int32_t b = free_.back();
-  free_.pop_back();
+int32_t BlockManager::allocate(int32_t* evicted) {
+  *evicted = -1;
+  int32_t b = -1;
+  if (!free_.empty()) {
+    b = free_.back();
+    free_.pop_back();
+  } else {
+    while (!lru_.empty() && b < 0) {
+      const int32_t c = lru_.front();
+      lru_.pop_front();
+      if (cached_[size_t(c)]) b = c;
+    }
+    if (b < 0) return -1;
+    cached_[size_t(b)] = 0;
+    --cached_count_;
+    *evicted = b;
+  }
   refs_[size_t(b)] = 1;
   return b;
 }
 
 void BlockManager::retain(int32_t block) {
-  CHECK(refs_[size_t(block)] > 0, "internal: retain of free KV block ", block);
+  if (cached_[size_t(block)]) {
+    cached_[size_t(block)] = 0;
+    --cached_count_;
+  } else {
+    CHECK(refs_[size_t(block)] > 0, "internal: retain of free KV block ", block);
+  }
   ++refs_[size_t(block)];
 }
 
-bool BlockManager::release(int32_t block) {
+void BlockManager::release(int32_t block, bool keep_cached) {
   CHECK(refs_[size_t(block)] > 0, "internal: release of free KV block ", block);
-  if (--refs_[size_t(block)] > 0) return false;
-  free_.push_back(block);
-  return true;
+  if (--refs_[size_t(block)] > 0) return;
+  if (keep_cached) {
+    cached_[size_t(block)] = 1;
+    ++cached_count_;
+    lru_.push_back(block);
+  } else {
+    free_.push_back(block);
+  }
 }
 
 }  // namespace glm5::runtime

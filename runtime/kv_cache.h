@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -47,23 +48,31 @@ class KvPool {
   std::vector<float*> latent_, index_k_;
 };
 
-// Block ids of one column's pools: a free list and reference counts (a block may be shared by
-// sequences with the same prompt prefix). Runs on the column's stage-0 rank.
+// Block ids of one column's pools: a free list, reference counts (a block may be shared by
+// sequences with the same prompt prefix), and cached blocks: unreferenced blocks that still
+// hold a shareable prompt prefix, reused last (least recently released first) so that later
+// requests of a job can still find the prefix. Runs on the column's stage-0 rank.
 class BlockManager {
  public:
   explicit BlockManager(int64_t num_blocks);
   int64_t num_blocks() const { return int64_t(refs_.size()); }
-  int64_t free_blocks() const { return int64_t(free_.size()); }
-  // A fresh block (reference count 1), or -1 when none is free.
-  int32_t allocate();
+  // Blocks a sequence can get now: free ones plus cached ones.
+  int64_t free_blocks() const { return int64_t(free_.size()) + cached_count_; }
+  // A block (reference count 1), or -1 when none is left. A cached block is reused when no free
+  // one is left: *evicted gets its id (its prefix is gone), else -1.
+  int32_t allocate(int32_t* evicted);
+  // One more reference; a cached block becomes referenced again.
   void retain(int32_t block);
-  // Drops one reference; the block is free again when none is left. True when it was freed.
-  bool release(int32_t block);
+  // Drops one reference. At zero the block is free again, or cached when keep_cached.
+  void release(int32_t block, bool keep_cached);
   int32_t refs(int32_t block) const { return refs_[size_t(block)]; }
 
  private:
-  std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
+  std::vector<int32_t> free_;    // a stack: the most recently freed block is reused first
   std::vector<int32_t> refs_;
+  std::vector<char> cached_;     // refs 0 and holding a prefix
+  std::deque<int32_t> lru_;      // cached blocks, oldest first (entries no longer cached are skipped)
+  int64_t cached_count_ = 0;
 };
 
 }  // namespace glm5::runtime

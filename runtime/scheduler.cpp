@@ -23,6 +23,8 @@ struct Scheduler::Live {
   bool finishing = false;   // the extra final step (logit dumps) is pending
   bool waiting = true;      // in waiting_ (not running)
   std::vector<int32_t> blocks;
+  std::vector<uint64_t> hashes;  // prefix hashes of its full prompt blocks (shareable ones)
+  size_t published = 0;          // of those, the blocks it filled and made shareable
   Result result;
   std::unique_ptr<StopMatcher> stop;
 
@@ -37,6 +39,31 @@ struct Scheduler::Live {
     return p < prompt_len() ? req.prompt[size_t(p)] : result.tokens[size_t(p - prompt_len())];
   }
 };
+
+namespace {
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Hash chain of the full blocks of prompt positions [0, P - 1): block j's hash covers every
+// token up to the end of block j. The last prompt position is left out (it must be computed:
+// its logits are sampled).
+std::vector<uint64_t> prefix_hashes(const std::vector<int32_t>& prompt) {
+  std::vector<uint64_t> out;
+  const int64_t full = (int64_t(prompt.size()) - 1) / kBlockTokens;
+  uint64_t h = 0x243f6a8885a308d3ull;
+  for (int64_t j = 0; j < full; ++j) {
+    for (int64_t t = j * kBlockTokens; t < (j + 1) * kBlockTokens; ++t) h = mix(h ^ uint32_t(prompt[size_t(t)]));
+    out.push_back(h);
+  }
+  return out;
+}
+
+}  // namespace
 
 Scheduler::Scheduler(const ModelConfig& cfg, const SchedulerOptions& opt, const Tokenizer* tok)
     : cfg_(cfg), opt_(opt), tok_(tok), group_size_(size_t(std::max(1, opt.micro_batches)), 0),
@@ -100,6 +127,10 @@ void Scheduler::admit(int group) {
     L->group = group;
     L->admitted = ++admissions_;
     L->waiting = false;
+    // Its prompt blocks nobody holds or computes yet are its to fill.
+    if (opt_.prefix_sharing) L->hashes = prefix_hashes(L->req.prompt);
+    L->published = 0;
+    for (uint64_t h : L->hashes) prefix_.try_emplace(h, Prefix{-1, L->req.index});
     ++group_size_[size_t(group)];
     const int64_t id = L->req.index;
     CHECK(live_.emplace(id, std::move(L)).second, "internal: request index ", id, " is running twice");
@@ -109,8 +140,8 @@ void Scheduler::admit(int group) {
 // Frees a running sequence's blocks and puts it back at the head of the queue; it is recomputed
 // (prompt + generated tokens) when admitted again. Its partial result is kept.
 void Scheduler::preempt(Live& L) {
-  for (int32_t b : L.blocks) blocks_.release(b);
-  L.blocks.clear();
+  release_blocks(L);
+  drop_pending(L);
   load_ += L.pos;  // to be recomputed
   if (L.result.tokens.empty()) L.result.prompt_logits.clear();  // recomputed identically
   L.pos = 0;
@@ -124,6 +155,77 @@ void Scheduler::preempt(Live& L) {
   live_.erase(it);
 }
 
+// Drops L's references. A block nobody references is free again, or stays cached while it
+// holds a shareable prefix (until the pool needs it: see evict).
+void Scheduler::release_blocks(Live& L) {
+  for (int32_t b : L.blocks) blocks_.release(b, block_hash_.count(b) > 0);
+  L.blocks.clear();
+}
+
+// A cached block was reused: its prefix leaves the prefix cache.
+void Scheduler::evict(int32_t b) {
+  auto it = block_hash_.find(b);
+  if (it == block_hash_.end()) return;
+  auto e = prefix_.find(it->second);
+  if (e != prefix_.end() && e->second.block == b) prefix_.erase(e);
+  block_hash_.erase(it);
+}
+
+// Forgets the prompt blocks L was to fill but has not (another sequence computes them now).
+void Scheduler::drop_pending(Live& L) {
+  for (uint64_t h : L.hashes) {
+    auto e = prefix_.find(h);
+    if (e != prefix_.end() && e->second.block < 0 && e->second.owner == L.req.index) prefix_.erase(e);
+  }
+  L.hashes.clear();
+  L.published = 0;
+}
+
+// At a block boundary of its prompt, L takes the blocks other sequences have filled with the
+// same tokens (checked: same parent block and same tokens, so a hash collision cannot share a
+// wrong block) and skips those positions. False: the next block is being filled by another
+// running sequence, so L waits a step rather than compute it twice.
+bool Scheduler::share_prefix(Live& L) {
+  // A prompt-logit dump needs every prompt row computed.
+  if (!opt_.prefix_sharing || L.req.want_prompt_logits) return true;
+  while (L.pos % kBlockTokens == 0 && size_t(L.pos / kBlockTokens) < L.hashes.size() &&
+         int64_t(L.blocks.size()) == L.pos / kBlockTokens) {
+    const size_t j = size_t(L.pos / kBlockTokens);
+    auto it = prefix_.find(L.hashes[j]);
+    if (it == prefix_.end()) {  // nobody has it: L fills it
+      prefix_.emplace(L.hashes[j], Prefix{-1, L.req.index});
+      return true;
+    }
+    const Prefix& e = it->second;
+    if (e.block < 0) return e.owner == L.req.index;  // L's own, or wait for the owner
+    const int32_t parent = j ? L.blocks[j - 1] : -1;
+    if (e.parent != parent ||
+        !std::equal(e.tokens.begin(), e.tokens.end(), L.req.prompt.begin() + int64_t(j) * kBlockTokens))
+      return true;  // a collision: compute it
+    blocks_.retain(e.block);
+    L.blocks.push_back(e.block);
+    L.pos += kBlockTokens;
+    L.published = j + 1;
+    load_ -= kBlockTokens;
+    prefix_hits_ += kBlockTokens;
+  }
+  return true;
+}
+
+// Makes the prompt blocks L has filled (its step covers their last position) shareable.
+void Scheduler::publish_blocks(Live& L) {
+  while (L.published < L.hashes.size() && int64_t(L.published + 1) * kBlockTokens <= L.pos) {
+    const size_t j = L.published++;
+    auto it = prefix_.find(L.hashes[j]);
+    if (it == prefix_.end() || it->second.block >= 0 || it->second.owner != L.req.index) continue;
+    Prefix& e = it->second;
+    e.block = L.blocks[j];
+    e.parent = j ? L.blocks[j - 1] : -1;
+    e.tokens.assign(L.req.prompt.begin() + int64_t(j) * kBlockTokens, L.req.prompt.begin() + int64_t(j + 1) * kBlockTokens);
+    block_hash_[e.block] = L.hashes[j];
+  }
+}
+
 // Gives L the blocks for positions [0, tokens). When the pool is dry, preempts the youngest
 // sequence of `group` that is not in `step` yet (possibly L itself: then false).
 bool Scheduler::grow(Live& L, int64_t tokens, int group, const Step& step) {
@@ -131,7 +233,9 @@ bool Scheduler::grow(Live& L, int64_t tokens, int group, const Step& step) {
     return std::any_of(step.seqs.begin(), step.seqs.end(), [&](const StepSeq& s) { return s.req == id; });
   };
   while (int64_t(L.blocks.size()) < blocks_for(tokens)) {
-    const int32_t b = blocks_.allocate();
+    int32_t evicted = -1;
+    const int32_t b = blocks_.allocate(&evicted);
+    if (evicted >= 0) evict(evicted);
     if (b >= 0) {
       L.blocks.push_back(b);
       continue;
@@ -170,13 +274,15 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
         s.n = 1;
         s.decode = s.sample = true;
         s.logits_sampled = r.want_logits;
-      } else {
+      }
+      const size_t had = L.blocks.size();
+      if (pass == 1) {
+        if (room <= 0 || !share_prefix(L)) continue;  // no room, or a prefix block is on its way
+        s.start = L.pos;
         s.n = std::min({opt_.prefill_chunk, L.target() - L.pos, room});
-        if (s.n <= 0) continue;  // no room left in this step: next one
         s.sample = L.pos + s.n == L.target() && L.result.tokens.empty();
         s.logits_all = r.want_prompt_logits && L.result.tokens.empty();
       }
-      const size_t had = L.blocks.size();
       if (!grow(L, L.pos + s.n, group, step)) continue;
       s.new_blocks = int64_t(L.blocks.size() - had);
       step.blocks.insert(step.blocks.end(), L.blocks.begin() + int64_t(had), L.blocks.end());
@@ -193,6 +299,7 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
       L.pos += s.n;
       room -= s.n;
       step.seqs.push_back(s);
+      publish_blocks(L);
     }
   }
   step.released.swap(released_);  // finished before this step, or preempted while building it
@@ -204,7 +311,8 @@ void Scheduler::finish(Live& L) {
   // What was never generated no longer counts as load.
   if (L.pos < L.target()) load_ -= L.target() - L.pos;
   load_ -= L.req.sampling.max_tokens - int64_t(L.result.tokens.size());
-  for (int32_t b : L.blocks) blocks_.release(b);
+  release_blocks(L);
+  drop_pending(L);
   --group_size_[size_t(L.group)];
   released_.push_back(id);
   finished_.push_back(std::move(L.result));

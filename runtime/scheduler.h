@@ -19,6 +19,14 @@
 // preempted: its blocks are freed and it goes back to the head of the queue with the tokens it
 // has generated, to be recomputed (prompt + generated) when blocks free up; its output is the
 // same bits as without preemption. A request that could never fit the pool is refused.
+//
+// Prefix sharing (as vLLM's automatic prefix caching): a full block of prompt positions is
+// identified by a hash chain over its tokens and every token before it. Once a sequence's step
+// fills such a block, later sequences whose prompt starts with the same tokens take the block
+// (a reference) instead of computing it, and skip those positions of their prefill; while a
+// running sequence is still computing a block that another needs, the other waits for it. The
+// last prompt position is never shared (its logits are sampled). KV rows depend only on the
+// tokens before them, so results are bitwise those of unshared runs.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/config.h"
@@ -43,6 +52,7 @@ struct SchedulerOptions {
   int64_t prefill_chunk = 256;     // prompt tokens per sequence per step
   int64_t max_step_tokens = 8192;  // rows per step (the last prefill chunk is cut to fit)
   int64_t kv_blocks = 1 << 20;     // blocks in the column's KV pools
+  bool prefix_sharing = true;      // share full prompt blocks between sequences
 };
 
 // One sequence's entry in a step: rows [start, start + n) of request `req`.
@@ -101,11 +111,17 @@ class Scheduler {
   int64_t preemptions() const { return preemptions_; }
   int64_t blocks_in_use() const { return blocks_.num_blocks() - blocks_.free_blocks(); }
   int64_t blocks_peak() const { return blocks_peak_; }
+  int64_t prefix_hit_tokens() const { return prefix_hits_; }
 
  private:
   struct Live;
   void admit(int group);
   bool grow(Live& L, int64_t tokens, int group, const Step& step);
+  bool share_prefix(Live& L);
+  void publish_blocks(Live& L);
+  void drop_pending(Live& L);
+  void release_blocks(Live& L);
+  void evict(int32_t block);
   void preempt(Live& L);
   void finish(Live& L);
   static int64_t cost(const Request& r);
@@ -119,6 +135,16 @@ class Scheduler {
   std::vector<int64_t> released_;
   std::vector<Result> finished_;
   BlockManager blocks_;
+  // Prefix cache: block hash -> the block holding it (ready) or the request computing it.
+  struct Prefix {
+    int32_t block = -1;           // >= 0: ready
+    int64_t owner = -1;           // request filling it while not ready
+    int32_t parent = -1;          // the block before it in the chain (-1: the first)
+    std::vector<int32_t> tokens;  // its tokens (ready blocks), to check a match exactly
+  };
+  std::unordered_map<uint64_t, Prefix> prefix_;
+  std::unordered_map<int32_t, uint64_t> block_hash_;  // ready blocks -> their hash
+  int64_t prefix_hits_ = 0;
   int64_t admissions_ = 0;  // admission counter: the youngest running sequence is preempted first
   int64_t load_ = 0, tokens_generated_ = 0, prompt_rows_ = 0, preemptions_ = 0, blocks_peak_ = 0;
 };

@@ -138,3 +138,38 @@ TEST(Engine, PreemptionUnderATinyPoolChangesNoBit) {
     }
   }
 }
+
+// Requests sharing a 150-token prefix (2 full blocks): with prefix sharing the later ones take
+// the first one's blocks instead of computing them, and every token and logit is bitwise the
+// unshared run's (also under a pool small enough to preempt).
+TEST(Engine, PrefixSharingChangesNoBit) {
+  OneProcessModel m(std::string(GLM5_TEST_DATA) + "/tiny-a");
+  std::vector<int32_t> prefix;
+  for (int t = 0; t < 150; ++t) prefix.push_back(int32_t((t * 17 + 3) % m.cfg.vocab_size));
+  std::vector<runtime::Request> reqs;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> prompt = prefix;
+    for (int t = 0; t < 1 + 5 * i; ++t) prompt.push_back(int32_t((t * 13 + i) % m.cfg.vocab_size));
+    runtime::Request r = greedy(prompt, 8, i);
+    r.want_logits = true;
+    reqs.push_back(r);
+  }
+  runtime::EngineOptions off;
+  off.prefix_sharing = false;
+  auto plain = m.run(reqs, off);
+  EXPECT_EQ(m.last_stats.prefix_hit_tokens, 0);
+  runtime::EngineOptions on;
+  on.max_batch = 3;  // later requests arrive after the first blocks are filled
+  auto shared = m.run(reqs, on);
+  EXPECT_EQ(m.last_stats.prefix_hit_tokens, 5 * 128);  // 5 requests x 2 full blocks
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(shared[i].tokens, plain[i].tokens) << i;
+    ASSERT_EQ(shared[i].decode_logits.size(), plain[i].decode_logits.size());
+    EXPECT_EQ(0, std::memcmp(shared[i].decode_logits.data(), plain[i].decode_logits.data(),
+                             plain[i].decode_logits.size() * sizeof(float))) << i;
+  }
+  on.kv_budget_bytes = 6.5 * double(runtime::KvPool::bytes_per_block(m.cfg, int(m.cfg.num_hidden_layers)));
+  auto tight = m.run(reqs, on);
+  EXPECT_GT(m.last_stats.prefix_hit_tokens, 0);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(tight[i].tokens, plain[i].tokens) << i;
+}
