@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -75,17 +76,17 @@ void check_supported_fields(const json& body, bool batch_form) {
   static const std::set<std::string> implemented = {
       "model", "prompt", "prompt_ids", "messages", "max_tokens", "max_completion_tokens", "temperature",
       "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
-      "stop", "logprobs", "top_logprobs", "ignore_eos", "chat_template_kwargs", "user", "metadata"};
+      "stop", "logprobs", "top_logprobs", "ignore_eos", "chat_template_kwargs", "user", "metadata", "n",
+      "best_of"};
   static const std::map<std::string, json> only_default = {
-      {"n", 1}, {"best_of", 1}, {"stream", false}, {"echo", false}, {"suffix", nullptr},
+      {"stream", false}, {"echo", false}, {"suffix", nullptr},
       {"logit_bias", json::object()}, {"stream_options", nullptr}};
   for (auto& [key, v] : body.items()) {
     if (implemented.count(key) || (!batch_form && key == "custom_id")) continue;
     auto d = only_default.find(key);
     CHECK(d != only_default.end(), "field '", key, "' is not supported by this runtime");
-    CHECK(v.is_null() || v == d->second, "field '", key, "': only ", d->second.dump(),
-          " is supported, found ", v.dump(), key == "n" || key == "best_of"
-              ? " (send the request several times with different seeds)" : "");
+    CHECK(v.is_null() || v == d->second, "field '", key, "': only ", d->second.dump(), " is supported, found ",
+          v.dump());
   }
 }
 
@@ -176,6 +177,11 @@ BatchLine parse_batch_line(const std::string& text, int64_t line_no, const runti
               read_number(body, "seed", s.seed, err);
     CHECK(ok, err);
     if (!body.contains("seed")) s.seed = uint64_t(line_no);  // reproducible per line
+    int64_t best_of = -1;
+    CHECK(read_number(body, "n", b.n, err) && read_number(body, "best_of", best_of, err), err);
+    CHECK(b.n >= 1 && b.n <= kMaxChoices, "field 'n': expected an integer in [1, ", kMaxChoices, "], found ", b.n);
+    CHECK(best_of < 0 || best_of == b.n, "field 'best_of': only best_of = n (", b.n,
+          ") is supported, found ", best_of);
     if (body.contains("logprobs") && !body["logprobs"].is_null()) {
       const json& lp = body["logprobs"];
       if (lp.is_boolean()) {
@@ -221,26 +227,15 @@ BatchLine parse_batch_line(const std::string& text, int64_t line_no, const runti
   return b;
 }
 
-std::string batch_record(const BatchLine& in, const runtime::Result* res, const runtime::Tokenizer* tok,
-                         int64_t seq_no) {
-  json rec;
-  rec["id"] = "batch_req_" + std::to_string(seq_no);
-  rec["custom_id"] = in.custom_id.empty() ? json(nullptr) : json(in.custom_id);
-  rec["line"] = in.line;
-  const std::string err = !in.error.empty()                ? in.error
-                          : res && !res->error.empty() ? "line " + std::to_string(in.line) + ": " + res->error
-                                                       : "";
-  if (!err.empty() || !res) {
-    rec["response"] = nullptr;
-    rec["error"] = {{"code", in.error_code.empty() ? "request_failed" : in.error_code}, {"message", err}};
-    return rec.dump(-1, ' ', false, json::error_handler_t::replace);
-  }
-  // With a stop string the engine ends the request at the token that completes it: token_ids,
-  // logprobs and usage keep every generated token up to and including that one (as vLLM does);
-  // text is their decoding cut before the earliest stop string (the stop string is not returned).
-  const std::vector<int32_t>& tokens = res->tokens;
+namespace {
+
+// One choice of a record. With a stop string the engine ends the request at the token that
+// completes it: token_ids, logprobs and usage keep every generated token up to and including that
+// one (as vLLM does); text is their decoding cut before the earliest stop string (not returned).
+json batch_choice(const BatchLine& in, const runtime::Result& res, const runtime::Tokenizer* tok, int64_t index) {
+  const std::vector<int32_t>& tokens = res.tokens;
   std::string text = tok ? tok->decode(tokens, true) : "";
-  std::string finish = res->finish_reason;
+  std::string finish = res.finish_reason;
   size_t cut = std::string::npos;
   for (const std::string& s : in.request.sampling.stop)
     if (!s.empty()) cut = std::min(cut, text.find(s));
@@ -248,31 +243,55 @@ std::string batch_record(const BatchLine& in, const runtime::Result* res, const 
     text.resize(cut);
     finish = "stop";
   }
-  json choice = {{"index", 0}, {"finish_reason", finish}, {"token_ids", tokens}};
-  const bool chat = in.url == "/v1/chat/completions";
-  if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
+  json choice = {{"index", index}, {"finish_reason", finish}, {"token_ids", tokens}};
+  if (in.url == "/v1/chat/completions") choice["message"] = {{"role", "assistant"}, {"content", text}};
   else choice["text"] = text;
+  choice["logprobs"] = nullptr;
   if (in.request.sampling.logprobs >= 0) {
-    json lp = {{"token_logprobs", res->logprobs}, {"tokens", json::array()}, {"top_logprobs", json::array()}};
+    json lp = {{"token_logprobs", res.logprobs}, {"tokens", json::array()}, {"top_logprobs", json::array()}};
     for (size_t i = 0; i < tokens.size(); ++i) {
       lp["tokens"].push_back(tok ? tok->decode({tokens[i]}) : std::to_string(tokens[i]));
       json top = json::object();
-      if (i < res->top_logprobs.size())
-        for (auto& [id, l] : res->top_logprobs[i]) top[tok ? tok->decode({id}) : std::to_string(id)] = l;
+      if (i < res.top_logprobs.size())
+        for (auto& [id, l] : res.top_logprobs[i]) top[tok ? tok->decode({id}) : std::to_string(id)] = l;
       lp["top_logprobs"].push_back(top);
     }
     choice["logprobs"] = lp;
-  } else {
-    choice["logprobs"] = nullptr;
+  }
+  return choice;
+}
+
+}  // namespace
+
+std::string batch_record(const BatchLine& in, const std::vector<runtime::Result>& results,
+                         const runtime::Tokenizer* tok, int64_t seq_no) {
+  json rec;
+  rec["id"] = "batch_req_" + std::to_string(seq_no);
+  rec["custom_id"] = in.custom_id.empty() ? json(nullptr) : json(in.custom_id);
+  rec["line"] = in.line;
+  std::string err = in.error;
+  for (const runtime::Result& r : results)  // one failed choice fails the record
+    if (err.empty() && !r.error.empty()) err = "line " + std::to_string(in.line) + ": " + r.error;
+  if (!err.empty() || results.empty()) {
+    rec["response"] = nullptr;
+    rec["error"] = {{"code", in.error_code.empty() ? "request_failed" : in.error_code}, {"message", err}};
+    return rec.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  const bool chat = in.url == "/v1/chat/completions";
+  json choices = json::array();
+  size_t completion = 0;
+  for (size_t j = 0; j < results.size(); ++j) {
+    choices.push_back(batch_choice(in, results[j], tok, int64_t(j)));
+    completion += results[j].tokens.size();
   }
   json body = {{"id", (chat ? "chatcmpl-" : "cmpl-") + std::to_string(seq_no)},
                {"object", chat ? "chat.completion" : "text_completion"},
                {"created", int64_t(std::time(nullptr))},
                {"model", in.model_name.empty() ? "glm5" : in.model_name},
-               {"choices", json::array({choice})},
+               {"choices", choices},
                {"usage", {{"prompt_tokens", in.request.prompt.size()},
-                          {"completion_tokens", tokens.size()},
-                          {"total_tokens", in.request.prompt.size() + tokens.size()}}}};
+                          {"completion_tokens", completion},
+                          {"total_tokens", in.request.prompt.size() + completion}}}};
   rec["response"] = {{"status_code", 200}, {"request_id", rec["id"]}, {"body", body}};
   rec["error"] = nullptr;
   return rec.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -481,16 +500,18 @@ class BatchSource final : public runtime::RequestSource {
   // Keys (custom_id or line) that a previous run answered.
   KeySet done;
 
-  std::optional<runtime::Request> next() override {
+ private:
+  // Reads input lines until one has requests to run (its n choices go to expand_) or the input
+  // ends. Blank and answered lines are skipped; bad lines get their error record at once.
+  void read_line() {
     std::string text;
     while (!eof_) {
       if (!std::getline(in_, text)) {
         eof_ = true;
-        break;
+        return;
       }
       ++line_no_;
       if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
-      ++lines_seen_;
       BatchLine b = parse_batch_line(text, line_no_, mc_, tok_);
       if (!b.custom_id.empty() && !seen_.insert(b.key)) {
         // The first line owns the id; this one gets an error record, keyed by its line number
@@ -504,27 +525,49 @@ class BatchSource final : public runtime::RequestSource {
         continue;
       }
       if (!b.error.empty()) {  // error records go out at once
-        out_.write_record(batch_record(b, nullptr, tok_, seq_no_++));
+        out_.write_record(batch_record(b, {}, tok_, seq_no_++));
         ++skipped_;
         continue;
       }
-      b.request.index = next_index_++;
-      runtime::Request r = b.request;
-      held_.emplace(r.index, std::move(b));
+      for (int64_t j = 0; j < b.n; ++j) {
+        runtime::Request r = b.request;
+        r.index = next_index_++;
+        r.sampling.seed += uint64_t(j) * kChoiceSeedStep;
+        choice_of_[r.index] = {line_no_, j};
+        expand_.push_back(std::move(r));
+      }
+      Held h;
+      h.results.resize(size_t(b.n));
+      h.missing = b.n;
+      h.line = std::move(b);
+      held_.emplace(line_no_, std::move(h));
       ++to_run_;
-      return r;
+      return;
     }
-    return std::nullopt;
   }
-  bool exhausted() override { return eof_; }
+
+ public:
+  std::optional<runtime::Request> next() override {
+    if (expand_.empty()) read_line();
+    if (expand_.empty()) return std::nullopt;
+    runtime::Request r = std::move(expand_.front());
+    expand_.pop_front();
+    return r;
+  }
+  bool exhausted() override { return eof_ && expand_.empty(); }
   int64_t size_hint() const override { return total_lines_ < 0 ? -1 : total_lines_ - skipped_; }
 
-  // Writes the record of a finished request and forgets its line.
-  void write(const runtime::Result& r) {
-    auto it = held_.find(r.index);
-    CHECK(it != held_.end(), "internal: a result for request ", r.index, ", which is not in flight");
-    out_.write_record(batch_record(it->second, &r, tok_, seq_no_++));
-    held_.erase(it);
+  // Takes the result of one choice; the record is written when the line's last choice is in.
+  void write(runtime::Result&& r) {
+    auto c = choice_of_.find(r.index);
+    CHECK(c != choice_of_.end(), "internal: a result for request ", r.index, ", which is not in flight");
+    auto [line, j] = c->second;
+    choice_of_.erase(c);
+    Held& h = held_.at(line);
+    h.results[size_t(j)] = std::move(r);
+    if (--h.missing > 0) return;
+    out_.write_record(batch_record(h.line, h.results, tok_, seq_no_++));
+    held_.erase(line);
   }
   void set_total_lines(int64_t n) { total_lines_ = n; }
   int64_t to_run() const { return to_run_; }
@@ -535,11 +578,18 @@ class BatchSource final : public runtime::RequestSource {
   const runtime::ModelConfig& mc_;
   const runtime::Tokenizer* tok_;
   OutputFile& out_;
-  int64_t seq_no_ = 0, line_no_ = 0, lines_seen_ = 0, next_index_ = 0, to_run_ = 0, skipped_ = 0;
+  int64_t seq_no_ = 0, line_no_ = 0, next_index_ = 0, to_run_ = 0, skipped_ = 0;
   int64_t total_lines_ = -1;
   bool eof_ = false;
   KeySet seen_;
-  std::map<int64_t, BatchLine> held_;  // requests in flight, by index
+  struct Held {  // a line in flight: its choices' results as they come
+    BatchLine line;
+    std::vector<runtime::Result> results;
+    int64_t missing = 0;
+  };
+  std::map<int64_t, Held> held_;                               // by line number
+  std::map<int64_t, std::pair<int64_t, int64_t>> choice_of_;  // request index -> (line, choice)
+  std::deque<runtime::Request> expand_;                       // choices of the line just read
 };
 
 // Gathers every rank's counters on rank 0: the report file and one line per rank on stderr.
@@ -602,7 +652,7 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
   src.set_total_lines(count_lines(a.input));
   std::fprintf(stderr, "[glm5] batch: %lld lines in %s (%zu already answered) on %d rank(s)\n",
                (long long)src.size_hint(), a.input.c_str(), src.done.size(), job->world->size());
-  job->engine->run(&src, [&](runtime::Result&& r) { src.write(r); });
+  job->engine->run(&src, [&](runtime::Result&& r) { src.write(std::move(r)); });
   out.close();
   std::fprintf(stderr, "[glm5] batch: ran %lld requests; %lld lines were already answered or got an error record\n",
                (long long)src.to_run(), (long long)src.skipped());

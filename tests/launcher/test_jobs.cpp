@@ -190,7 +190,7 @@ TEST(Jobs, UnsupportedFieldsGetAnErrorRecord) {
       b.update(extra);
       f << b.dump() << "\n";
     };
-    line("n2", {{"n", 2}});
+    line("n2", {{"n", 100}});
     line("n1", {{"n", 1}, {"stream", false}, {"user", "u"}, {"echo", false}});
     line("best_of", {{"best_of", 3}});
     line("tools", {{"tools", json::array()}});
@@ -203,8 +203,8 @@ TEST(Jobs, UnsupportedFieldsGetAnErrorRecord) {
   auto got = records(out);
   ASSERT_EQ(got.size(), 6u);
   EXPECT_TRUE(got["n1"]["error"].is_null()) << got["n1"].dump();
-  const std::map<std::string, std::string> expect = {{"n2", "field 'n': only 1 is supported, found 2"},
-                                                     {"best_of", "field 'best_of'"},
+  const std::map<std::string, std::string> expect = {{"n2", "field 'n': expected an integer in [1, 64], found 100"},
+                                                     {"best_of", "field 'best_of': only best_of = n (1) is supported, found 3"},
                                                      {"tools", "field 'tools' is not supported"},
                                                      {"bias", "field 'logit_bias'"},
                                                      {"stream", "field 'stream': only false"}};
@@ -244,4 +244,53 @@ TEST(Jobs, StopStringKeepsTextTokensLogprobsAndUsageTogether) {
   EXPECT_EQ(choice["logprobs"]["tokens"].size(), ids.size());
   const auto all = token_ids(free_rec);
   EXPECT_TRUE(std::equal(ids.begin(), ids.end(), all.begin()));
+}
+
+// OpenAI `n`: one record with n choices; choice j samples exactly as a lone request with seed
+// seed + j * 0x9e3779b97f4a7c15 would; usage sums the choices; the choices share the prompt's
+// full blocks (the report counts the prefix hits), and everything holds on a 2-stage pipeline.
+TEST(Jobs, NChoicesShareThePromptAndMatchLoneRequests) {
+  json prompt = json::array();
+  for (int t = 0; t < 140; ++t) prompt.push_back((t * 37 + 11) % 500);
+  const fs::path in = scratch("n_in.jsonl"), out = scratch("n_out.jsonl"), rep = scratch("n_rep.json");
+  std::ofstream(in) << json({{"custom_id", "multi"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0.9},
+                             {"seed", 5}, {"n", 4}, {"ignore_eos", true}, {"logprobs", 0}}).dump() << "\n";
+  const fs::path lone_in = scratch("n_lone.jsonl"), lone_out = scratch("n_lone_out.jsonl");
+  {
+    std::ofstream f(lone_in);
+    for (uint64_t j = 0; j < 4; ++j)
+      f << json({{"custom_id", "c" + std::to_string(j)}, {"prompt", prompt}, {"max_tokens", 6},
+                 {"temperature", 0.9}, {"seed", 5 + j * 0x9e3779b97f4a7c15ull}, {"ignore_eos", true}}).dump() << "\n";
+  }
+  fs::remove(lone_out);
+  ASSERT_EQ(run(kBin + batch(lone_in, lone_out)).rc, 0);
+  auto lone = records(lone_out);
+  for (const std::string cluster : {"", "cpu-pp2.yaml"}) {
+    SCOPED_TRACE(cluster.empty() ? "one process" : cluster);
+    fs::remove(out);
+    const std::string cmd = cluster.empty() ? kBin + batch(in, out, "", rep.string())
+                                            : glm5::testing::mpirun(2) + kBin +
+                                                  batch(in, out, kSrc + "/cluster-configs/" + cluster, rep.string());
+    Job j = run(cmd);
+    ASSERT_EQ(j.rc, 0) << j.log;
+    json rec = records(out)["multi"];
+    ASSERT_TRUE(rec["error"].is_null()) << rec.dump();
+    const json& choices = rec["response"]["body"]["choices"];
+    ASSERT_EQ(choices.size(), 4u);
+    size_t total = 0;
+    std::set<std::vector<int>> distinct;
+    for (int c = 0; c < 4; ++c) {
+      EXPECT_EQ(choices[c]["index"], c);
+      const auto ids = choices[c]["token_ids"].get<std::vector<int>>();
+      EXPECT_EQ(ids, token_ids(lone["c" + std::to_string(c)])) << "choice " << c;
+      EXPECT_EQ(choices[c]["logprobs"]["token_logprobs"].size(), ids.size());
+      total += ids.size();
+      distinct.insert(ids);
+    }
+    EXPECT_GT(distinct.size(), 1u) << "the choices did not sample differently";
+    EXPECT_EQ(rec["response"]["body"]["usage"]["completion_tokens"], total);
+    EXPECT_EQ(rec["response"]["body"]["usage"]["prompt_tokens"], 140);
+    json r = json::parse(std::ifstream(rep));
+    EXPECT_EQ(r["ranks"][0]["prefix_hit_tokens"], 3 * 128) << r.dump();  // 2 full blocks, 3 sharers
+  }
 }
