@@ -105,7 +105,7 @@ BatchLine parse_batch_line(const std::string& text, int64_t line_no, const runti
     if (j.contains("custom_id")) {
       CHECK(j["custom_id"].is_string(), "field 'custom_id': expected a string, found ", j["custom_id"].dump());
       b.custom_id = j["custom_id"].get<std::string>();
-      b.key = "id:" + b.custom_id;
+      if (!b.custom_id.empty()) b.key = "id:" + b.custom_id;  // "" is no id (its record says null)
     }
     json body = j;
     if (j.contains("body")) {  // OpenAI Batch form
@@ -358,7 +358,10 @@ void end_with_whole_record(const std::string& path) {
   } catch (const json::exception&) {
   }
   if (whole) {
-    std::ofstream(path, std::ios::app) << '\n';
+    std::ofstream f(path, std::ios::app);
+    f << '\n';
+    f.close();
+    CHECK(f, "cannot write --output ", path, ": ", std::strerror(errno));
   } else {
     std::fprintf(stderr, "[glm5] batch: %s ends in a partial record (%llu bytes), cut off; it runs again\n",
                  path.c_str(), (unsigned long long)(size - start));
@@ -512,8 +515,19 @@ class BatchSource final : public runtime::RequestSource {
       }
       ++line_no_;
       if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+      // A resumed job skips its answered lines before tokenizing them (a rerun of a big job would
+      // otherwise spend its first tick re-tokenizing everything already done).
+      bool duplicate = false, keyed = false;
+      if (done.size() > 0) {
+        keyed = true;
+        if (done.contains(line_key(text, duplicate))) {
+          ++skipped_;
+          continue;
+        }
+      }
       BatchLine b = parse_batch_line(text, line_no_, mc_, tok_);
-      if (!b.custom_id.empty() && !seen_.insert(b.key)) {
+      if (!keyed) duplicate = !b.custom_id.empty() && !seen_.insert(b.key);
+      if (duplicate) {
         // The first line owns the id; this one gets an error record, keyed by its line number
         // (see finished_keys), so a rerun neither skips the first line nor answers this one twice.
         b.key = "line:" + std::to_string(line_no_);
@@ -555,7 +569,22 @@ class BatchSource final : public runtime::RequestSource {
     return r;
   }
   bool exhausted() override { return eof_ && expand_.empty(); }
-  int64_t size_hint() const override { return total_lines_ < 0 ? -1 : total_lines_ - skipped_; }
+
+  // The line's key as parse_batch_line + read_line give it (custom_id, or the line number for a
+  // line without one or repeating an earlier one), from its JSON alone; records the id as seen.
+  std::string line_key(const std::string& text, bool& duplicate) {
+    try {
+      const json j = json::parse(text);
+      if (j.is_object() && j.contains("custom_id") && j["custom_id"].is_string() &&
+          !j["custom_id"].get<std::string>().empty()) {
+        const std::string id = "id:" + j["custom_id"].get<std::string>();
+        if (seen_.insert(id)) return id;
+        duplicate = true;
+      }
+    } catch (const json::exception&) {  // malformed: parse_batch_line's error record, by line
+    }
+    return "line:" + std::to_string(line_no_);
+  }
 
   // Takes the result of one choice; the record is written when the line's last choice is in.
   void write(runtime::Result&& r) {
@@ -638,6 +667,7 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
     tok = std::make_unique<runtime::Tokenizer>(runtime::Tokenizer::load(a.model));
   job->engine->set_tokenizer(tok.get());
   if (job->rank() != 0) {
+    job->start_watchdog();
     job->engine->run(nullptr, [](runtime::Result&&) {});
     write_report(*job, a.report);
     return 0;
@@ -652,6 +682,7 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
   src.set_total_lines(count_lines(a.input));
   std::fprintf(stderr, "[glm5] batch: %lld lines in %s (%zu already answered) on %d rank(s)\n",
                (long long)src.size_hint(), a.input.c_str(), src.done.size(), job->world->size());
+  job->start_watchdog();
   job->engine->run(&src, [&](runtime::Result&& r) { src.write(std::move(r)); });
   out.close();
   std::fprintf(stderr, "[glm5] batch: ran %lld requests; %lld lines were already answered or got an error record\n",

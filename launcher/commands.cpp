@@ -37,12 +37,14 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   const parallel::Grid grid = job->cluster.grid();
   const int rank = job->world->rank(), stage = grid.stage_of(rank), column = grid.column_of(rank);
 
+  CHECK(job->cluster.backend != "cuda" || job->cluster.kv_budget_gb > 0, "cluster config ", job->cluster.source,
+        ": backend cuda needs kv_budget_gb (the paged KV pool is allocated in device memory up front)");
   job->backend = job->cluster.backend == "cuda" ? kernels::make_cuda_backend(0)
                                                 : kernels::make_cpu_backend();
   job->checkpoint = std::make_unique<runtime::Checkpoint>(model_dir);
   if (rank == 0) runtime::check_checkpoint(*job->checkpoint, job->config);
+  parallel::set_watchdog_seconds(0);  // armed by start_watchdog once every rank is ready
   job->stage_comm = job->world->split(stage, column);
-  parallel::set_watchdog_seconds(job->cluster.watchdog_s);
   if (rank == 0 && job->cluster.comm == "nccl" && job->world->size() > 1)
     std::fprintf(stderr, "[glm5] comm: nccl: the engine's MoE and pipeline traffic is staged through "
                          "host memory over MPI in this version\n");
@@ -67,6 +69,12 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   opt.progress = progress;
   job->engine = std::make_unique<runtime::Engine>(*job->model, *job->world, *job->stage_comm, grid, opt);
   return job;
+}
+
+void Job::start_watchdog() {
+  parallel::set_watchdog_seconds(0);
+  world->barrier();
+  parallel::set_watchdog_seconds(cluster.watchdog_s);
 }
 
 namespace {
@@ -139,6 +147,7 @@ int run_generate(const GenerateArgs& a, std::unique_ptr<parallel::Comm> world) {
   runtime::Result result;
   bool got = false;
   job->engine->set_tokenizer(tok.get());
+  job->start_watchdog();
   job->engine->run(reqs, [&](runtime::Result&& r) { result = std::move(r); got = true; });
   if (!root) return 0;
   CHECK(got, "internal: no result for the request");

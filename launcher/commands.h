@@ -27,6 +27,9 @@ struct Job {
   std::unique_ptr<runtime::Engine> engine;
   std::vector<parallel::LayerRange> stages;
   int rank() const { return world->rank(); }
+  // Collective: waits (unwatched) until every rank is ready to run, then arms the watchdog with
+  // the cluster's watchdog_s. Loading and rank 0's input pre-scan are not timed by it.
+  void start_watchdog();
 };
 
 // Builds the job for this rank. `world` is the MPI world (with --cluster) or a self comm.

@@ -212,9 +212,15 @@ class Outbox {
     }
     push(std::move(m));
   }
-  // Waits for every send (end of the run; not while unwinding, see ~Msg).
+  // Waits for every send (end of the run). Not while unwinding to the job's abort: waiting could
+  // hang on a peer that waits for us, and MPI may still read the buffers, so the messages are
+  // leaked whole.
   void drain() {
-    if (std::uncaught_exceptions() > 0) return;
+    if (std::uncaught_exceptions() > 0) {
+      for (auto& m : q_) m.release();
+      q_.clear();
+      return;
+    }
     for (auto& m : q_) for (auto& s : m->sends) s->wait();
     reap();
   }
@@ -231,12 +237,7 @@ class Outbox {
       for (auto& s : sends) if (!s->done()) return false;
       return true;
     }
-    ~Msg() {
-      if (std::uncaught_exceptions() > 0) {
-        // Unwinding to the job's abort: waiting could hang on a peer that waits for us.
-        for (auto& s : sends) s.release();  // leaked on purpose, with the buffer
-        return;
-      }
+    ~Msg() {  // only for completed messages, or at the end of a run (see drain)
       for (auto& s : sends) s->wait();
       if (release) release();
     }
@@ -256,6 +257,7 @@ class Outbox {
 // (penalties and the sampling step).
 class SeqTable {
  public:
+  explicit SeqTable(int64_t num_blocks) : num_blocks_(num_blocks) {}
   // Applies a step's releases, additions and new blocks, then returns its batch for Model::forward.
   std::vector<SeqStep> enter(const Step& step) {
     for (int64_t r : step.released) seqs_.erase(r);
@@ -270,7 +272,11 @@ class SeqTable {
     for (auto& s : step.seqs) {
       Entry& e = this->at(s.req);
       CHECK(at + size_t(s.new_blocks) <= step.blocks.size(), "internal: step lists too few KV blocks");
-      e.blocks.insert(e.blocks.end(), step.blocks.begin() + int64_t(at), step.blocks.begin() + int64_t(at) + s.new_blocks);
+      for (int64_t i = 0; i < s.new_blocks; ++i) {
+        const int32_t b = step.blocks[at + size_t(i)];
+        CHECK(b >= 0 && b < num_blocks_, "internal: KV block ", b, " outside the pool of ", num_blocks_, " blocks");
+        e.blocks.push_back(b);
+      }
       at += size_t(s.new_blocks);
       CHECK(int64_t(e.blocks.size()) >= blocks_for(s.start + s.n), "internal: request ", s.req,
             " has KV blocks for ", e.blocks.size() * size_t(kBlockTokens), " positions, the step needs ", s.start + s.n);
@@ -294,6 +300,7 @@ class SeqTable {
 
  private:
   std::map<int64_t, Entry> seqs_;
+  int64_t num_blocks_;
 };
 
 }  // namespace
@@ -411,6 +418,7 @@ void Engine::run(RequestSource* source, const std::function<void(Result&&)>& on_
   // so that the block ids the stage-0 schedulers hand out are valid all down the column.
   const int kv_layers = opt_.kv_layers > 0 ? opt_.kv_layers : model_.n_local_layers();
   kv_blocks_ = KvPool::blocks_for_budget(model_.config(), kv_layers, opt_.kv_budget_bytes, opt_.max_batch);
+  world_.all_reduce(&kv_blocks_, 1, parallel::ReduceDType::I64, parallel::ReduceOp::Min);  // one size everywhere
   KvPool pool(model_.backend(), model_.config(), model_.n_local_layers(), kv_blocks_);
   model_.set_kv_pool(&pool);
   struct Unset {
@@ -574,7 +582,7 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
   Stage0 s(cfg, so, opt_.tokenizer, G);
   s.source = source;
   s.on_result = &on_result;
-  SeqTable table;
+  SeqTable table(kv_blocks_);
 
   // What the last stage returned for group g's step in flight.
   auto receive = [&](int g) {
@@ -647,7 +655,7 @@ void Engine::run_later_stage() {
   const int next = stage + 1 < P ? grid_.rank_of(stage + 1, col) : -1;
   const int64_t H = cfg.hidden_size;
   kernels::Backend& be = model_.backend();
-  SeqTable table;
+  SeqTable table(kv_blocks_);
   Outbox out;
   for (;;) {
     auto t = Clock::now();

@@ -30,6 +30,11 @@ struct Buf {
   ~Buf() { be->free(p); }
   Buf(const Buf&) = delete;
   Buf& operator=(const Buf&) = delete;
+  Buf& operator=(Buf&& o) noexcept {
+    std::swap(be, o.be);
+    std::swap(p, o.p);
+    return *this;
+  }
   operator T*() const { return p; }
 };
 
@@ -211,6 +216,60 @@ void Model::embed(const int32_t* ids, int64_t m, float* h) {
   backend_.embedding({embed_tokens_, d_ids, m, h});
 }
 
+// How the rows of one step attend, built once per forward (it is the same in every layer): each
+// sequence's rows at positions below min(prompt length, index_topk) take the naive form, the rest
+// the weight-absorbed form. The absorbed rows' positions and block tables (one per row, padded
+// to the longest) go to the backend once; their indexer calls are grouped so that no scores
+// block is wider than its own sequences need: a run of single-row spans (decode rows) is one
+// call with a table per row, every longer span (a prefill chunk: one sequence) a call of its own.
+struct Model::Layout {
+  std::vector<Span> naive, absorbed;
+  struct Group {
+    int64_t first = 0, rows = 0, t = 0;  // absorbed rows [first, first + rows), keys they see
+    bool one_table = false;              // rows of one sequence: one block table for all
+  };
+  std::vector<Group> groups;
+  int64_t n = 0, t = 0, max_blocks = 1;  // absorbed rows, keys the longest sees, table width
+  bool direct = false;                    // the absorbed rows are the step's rows, in order
+  bool sparse = false;                    // some row's causal span exceeds index_topk
+  Buf<int32_t> pos, tables;               // [n], [n, max_blocks]
+
+  Layout(Model& model, const std::vector<SeqStep>& batch) : pos(model.backend_, 1), tables(model.backend_, 1) {
+    const int64_t TOPK = model.cfg_.index_topk;
+    int64_t row = 0;
+    for (const SeqStep& s : batch) {
+      const int64_t end = s.start_pos + s.n_tokens;
+      const int64_t cut = std::clamp(std::min(s.prompt_len, TOPK), s.start_pos, end);
+      if (cut > s.start_pos) naive.push_back({s.blocks, row, s.start_pos, cut - s.start_pos});
+      if (end > cut) absorbed.push_back({s.blocks, row + cut - s.start_pos, cut, end - cut});
+      row += s.n_tokens;
+    }
+    direct = naive.empty();
+    for (const Span& sp : absorbed) {
+      if (sp.n > 1 || groups.empty() || groups.back().one_table)  // a chunk: its own call
+        groups.push_back({n, 0, 0, sp.n > 1});
+      Group& g = groups.back();
+      g.rows += sp.n;
+      g.t = std::max(g.t, sp.pos + sp.n);
+      n += sp.n;
+      t = std::max(t, sp.pos + sp.n);
+      max_blocks = std::max(max_blocks, blocks_for(sp.pos + sp.n));
+    }
+    sparse = t > TOPK;
+    std::vector<int32_t> pos_host, table_host(size_t(n * max_blocks), 0);
+    for (const Span& sp : absorbed)
+      for (int64_t i = 0; i < sp.n; ++i) {
+        std::copy(sp.blocks, sp.blocks + blocks_for(sp.pos + sp.n),
+                  table_host.begin() + int64_t(pos_host.size()) * max_blocks);
+        pos_host.push_back(int32_t(sp.pos + i));
+      }
+    pos = Buf<int32_t>(model.backend_, n);
+    tables = Buf<int32_t>(model.backend_, n * max_blocks);
+    model.backend_.to_device(pos, pos_host.data(), pos_host.size() * sizeof(int32_t));
+    model.backend_.to_device(tables, table_host.data(), table_host.size() * sizeof(int32_t));
+  }
+};
+
 void Model::forward(const std::vector<SeqStep>& batch, float* h) {
   const int64_t H = cfg_.hidden_size;
   int64_t m = 0;
@@ -224,12 +283,13 @@ void Model::forward(const std::vector<SeqStep>& batch, float* h) {
   Buf<int32_t> pos(backend_, m);
   backend_.to_device(pos, pos_host.data(), size_t(m) * sizeof(int32_t));
   Buf<float> a(backend_, m * H), y(backend_, m * H);
+  const Layout layout(*this, batch);  // how each row attends: the same in every layer
 
   for (size_t li = 0; li < layers_.size(); ++li) {
     Layer& L = *layers_[li];
     // a = RMSNorm(h); h += Attention(a)
     backend_.rms_norm({h, H, L.input_layernorm, a, H, m, H, float(cfg_.rms_norm_eps)});
-    attention(L, int(li), batch, pos, a, m, h);
+    attention(L, int(li), batch, layout, pos, a, m, h);
     // a = RMSNorm(h); h += MLP(a)
     backend_.rms_norm({h, H, L.post_attention_layernorm, a, H, m, H, float(cfg_.rms_norm_eps)});
     if (L.moe) moe(L, a, m, y);
@@ -274,46 +334,27 @@ void Model::naive_attention(Layer& L, int li, const Span& sp, const float* q, co
                   NH, dn, dr, dv, cfg_.softmax_scale()});
 }
 
-// Weight-absorbed ("MQA mode") attention of the rows of `spans` (any sequences, any positions),
-// in one call per op: W_UK is absorbed into their queries (one GEMM per head), every row scores
-// its sequence's cached indexer keys and keeps its top-k (when some row's causal span exceeds
-// index_topk; for the others top-k keeps every causal key, which is dense attention), attends
-// over its sequence's latent cache through its own block table, and W_UV expands the results
-// into attn [m, NH, v_head_dim] (one GEMM per head). Rows of other spans are gathered first
-// unless the spans are all m rows in order.
-void Model::absorbed_attention(Layer& L, int li, const std::vector<Span>& spans, int64_t m, const float* q,
-                               const float* qi, const float* iw, float* attn) {
+// Weight-absorbed ("MQA mode") attention of the layout's absorbed rows (any sequences, any
+// positions): W_UK is absorbed into their queries (one GEMM per head over all of them), every row
+// scores its sequence's cached indexer keys and keeps its top-k (when some row's causal span
+// exceeds index_topk; for the others top-k keeps every causal key, which is dense attention),
+// attends over its sequence's latent cache through its own block table (one call for all rows),
+// and W_UV expands the results into attn [m, NH, v_head_dim] (one GEMM per head). The rows are
+// gathered first unless they are all the step's rows in order.
+void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float* q, const float* qi, const float* iw,
+                               float* attn) {
   const int64_t NH = cfg_.num_attention_heads, dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim;
   const int64_t dv = cfg_.v_head_dim, R = cfg_.kv_lora_rank, LAT = R + dr, DQ = dn + dr, DKV = dn + dv;
   const int64_t IH = cfg_.index_n_heads, ID = cfg_.index_head_dim, TOPK = cfg_.index_topk;
+  const int64_t n = lay.n;
   Backend& be = backend_;
-  int64_t n = 0, T = 0, max_blocks = 1;
-  bool in_order = true, sparse = false;
-  for (const Span& sp : spans) {
-    in_order = in_order && sp.row == n;
-    n += sp.n;
-    T = std::max(T, sp.pos + sp.n);
-    max_blocks = std::max(max_blocks, blocks_for(sp.pos + sp.n));
-    sparse = sparse || sp.pos + sp.n > TOPK;
-  }
-  const bool direct = in_order && n == m;
-  // The rows' positions and block tables (one per row), and their inputs, contiguous.
-  std::vector<int32_t> pos_host, table_host(size_t(n * max_blocks), 0);
-  for (const Span& sp : spans)
-    for (int64_t i = 0; i < sp.n; ++i) {
-      std::copy(sp.blocks, sp.blocks + blocks_for(sp.pos + sp.n), table_host.begin() + int64_t(pos_host.size()) * max_blocks);
-      pos_host.push_back(int32_t(sp.pos + i));
-    }
-  Buf<int32_t> rpos(be, n), tables(be, n * max_blocks);
-  be.to_device(rpos, pos_host.data(), pos_host.size() * sizeof(int32_t));
-  be.to_device(tables, table_host.data(), table_host.size() * sizeof(int32_t));
-  Buf<float> gq(be, direct ? 1 : n * NH * DQ), gqi(be, direct ? 1 : n * IH * ID), giw(be, direct ? 1 : n * IH);
-  Buf<float> gattn(be, direct ? 1 : n * NH * dv);
+  Buf<float> gq(be, lay.direct ? 1 : n * NH * DQ), gqi(be, lay.direct ? 1 : n * IH * ID);
+  Buf<float> giw(be, lay.direct ? 1 : n * IH), gattn(be, lay.direct ? 1 : n * NH * dv);
   const float *rq = q, *rqi = qi, *riw = iw;
   float* rattn = attn;
-  if (!direct) {
+  if (!lay.direct) {
     int64_t at = 0;
-    for (const Span& sp : spans) {
+    for (const Span& sp : lay.absorbed) {
       be.copy_2d({q + sp.row * NH * DQ, NH * DQ, gq + at * NH * DQ, NH * DQ, sp.n, NH * DQ});
       be.copy_2d({qi + sp.row * IH * ID, IH * ID, gqi + at * IH * ID, IH * ID, sp.n, IH * ID});
       be.copy_2d({iw + sp.row * IH, IH, giw + at * IH, IH, sp.n, IH});
@@ -327,28 +368,32 @@ void Model::absorbed_attention(Layer& L, int li, const std::vector<Span>& spans,
     be.gemm({rq + hd * DQ, NH * DQ, L.kv_b_proj.slice_rows(hd * DKV, dn), true, q_lat + hd * LAT, NH * LAT, n, R, dn});
     be.copy_2d({rq + hd * DQ + dn, NH * DQ, q_lat + hd * LAT + R, NH * LAT, n, dr});
   }
-  const kernels::KeyPages pages{tables, max_blocks, kBlockTokens};
-  Buf<int32_t> sel(be, sparse ? n * TOPK : 1);
-  if (sparse) {
-    Buf<float> scores(be, n * T);
-    be.indexer_scores({rqi, riw, kv_pool_->index_k(li), rpos, scores, n, T, IH, ID, T, pages});
-    be.topk({scores, n, T, T, TOPK, sel});
+  Buf<int32_t> sel(be, lay.sparse ? n * TOPK : 1);
+  if (lay.sparse) {
+    for (const Layout::Group& g : lay.groups) {
+      const int32_t* table = lay.tables + g.first * lay.max_blocks;
+      const kernels::KeyPages pages{table, g.one_table ? 0 : lay.max_blocks, kBlockTokens};
+      Buf<float> scores(be, g.rows * g.t);
+      be.indexer_scores({rqi + g.first * IH * ID, riw + g.first * IH, kv_pool_->index_k(li), lay.pos + g.first, scores,
+                         g.rows, g.t, IH, ID, g.t, pages});
+      be.topk({scores, g.rows, g.t, g.t, TOPK, sel + g.first * TOPK});
+    }
     if (debug_) {
       int64_t at = 0;
-      for (const Span& sp : spans) {
+      for (const Span& sp : lay.absorbed) {
         if (sp.pos + sp.n > TOPK) debug_("indexer_topk", L.index, sel + at * TOPK, DType::I32, sp.n, TOPK);
         at += sp.n;
       }
     }
   }
-  be.mla_decode({q_lat, kv_pool_->latent(li), rpos, sparse ? sel.p : nullptr, TOPK, o_lat, n, T, NH, R, dr,
-                 cfg_.softmax_scale(), pages});
+  be.mla_decode({q_lat, kv_pool_->latent(li), lay.pos, lay.sparse ? sel.p : nullptr, TOPK, o_lat, n, lay.t, NH, R, dr,
+                 cfg_.softmax_scale(), kernels::KeyPages{lay.tables, lay.max_blocks, kBlockTokens}});
   for (int64_t hd = 0; hd < NH; ++hd)  // o[:, hd] = W_UV[hd] o_lat[:, hd]
     be.gemm({o_lat + hd * R, NH * R, L.kv_b_proj.slice_rows(hd * DKV + dn, dv), false, rattn + hd * dv, NH * dv, n,
              dv, R});
-  if (!direct) {
+  if (!lay.direct) {
     int64_t at = 0;
-    for (const Span& sp : spans) {
+    for (const Span& sp : lay.absorbed) {
       be.copy_2d({gattn + at * NH * dv, NH * dv, attn + sp.row * NH * dv, NH * dv, sp.n, NH * dv});
       at += sp.n;
     }
@@ -361,7 +406,7 @@ void Model::absorbed_attention(Layer& L, int li, const std::vector<Span>& spans,
 // and prompt rows with a sparse selection) through the weight-absorbed form over the latent
 // cache. Which form a row takes depends only on its position and its prompt's length, never on
 // chunking, batching or preemption. Adds o_proj(attention) to h.
-void Model::attention(Layer& L, int li, const std::vector<SeqStep>& batch, const int32_t* pos,
+void Model::attention(Layer& L, int li, const std::vector<SeqStep>& batch, const Layout& lay, const int32_t* pos,
                       const float* a, int64_t m, float* h) {
   const int64_t H = cfg_.hidden_size, NH = cfg_.num_attention_heads, QR = cfg_.q_lora_rank;
   const int64_t dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim, dv = cfg_.v_head_dim;
@@ -394,21 +439,16 @@ void Model::attention(Layer& L, int li, const std::vector<SeqStep>& batch, const
   be.rope({ki, m, 1, ID, ID, 0, dr, pos, inv_freq_, rope_scale, cfg_.indexer_rope_interleave});
   be.gemm({a, H, L.weights_proj, false, iw, IH, m, IH, H});
 
-  // This step's keys into each sequence's blocks; each sequence's rows split by attention form.
-  std::vector<Span> naive, absorbed;
+  // This step's keys into each sequence's blocks, then attention in the layout's two forms.
   int64_t row = 0;
   for (const SeqStep& s : batch) {
     write_paged(be, kv + row * LAT, LAT, s.blocks, s.start_pos, s.n_tokens, kv_pool_->latent(li));
     write_paged(be, ki + row * ID, ID, s.blocks, s.start_pos, s.n_tokens, kv_pool_->index_k(li));
-    const int64_t end = s.start_pos + s.n_tokens;
-    const int64_t cut = std::clamp(std::min(s.prompt_len, TOPK), s.start_pos, end);
-    if (cut > s.start_pos) naive.push_back({s.blocks, row, s.start_pos, cut - s.start_pos});
-    if (end > cut) absorbed.push_back({s.blocks, row + cut - s.start_pos, cut, end - cut});
     row += s.n_tokens;
   }
   Buf<float> attn(be, m * NH * dv);  // [m, NH, v_head_dim]
-  if (!absorbed.empty()) absorbed_attention(L, li, absorbed, m, q, qi, iw, attn);
-  for (const Span& sp : naive) naive_attention(L, li, sp, q, pos, attn);
+  if (lay.n > 0) absorbed_attention(L, li, lay, q, qi, iw, attn);
+  for (const Span& sp : lay.naive) naive_attention(L, li, sp, q, pos, attn);
   // h += W_o attn
   be.gemm({attn, NH * dv, L.o_proj, false, h, H, m, H, NH * dv, /*accumulate=*/true});
 }

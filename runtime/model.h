@@ -77,7 +77,8 @@ class Model {
   const float* vector(const std::string& name, int64_t n, float scale = 1.0f);
   kernels::Weight matrix_f32_scaled(const std::string& name, int64_t rows, int64_t cols,
                                     float scale);
-  void attention(Layer& L, int li, const std::vector<SeqStep>& batch, const int32_t* pos,
+  struct Layout;
+  void attention(Layer& L, int li, const std::vector<SeqStep>& batch, const Layout& lay, const int32_t* pos,
                  const float* a, int64_t m, float* h);
   // Rows [row, row + n) of a step at positions [pos, pos + n) of one sequence.
   struct Span {
@@ -85,8 +86,8 @@ class Model {
     int64_t row, pos, n;
   };
   void naive_attention(Layer& L, int li, const Span& sp, const float* q, const int32_t* pos, float* attn);
-  void absorbed_attention(Layer& L, int li, const std::vector<Span>& spans, int64_t m, const float* q,
-                          const float* qi, const float* iw, float* attn);
+  void absorbed_attention(Layer& L, int li, const Layout& lay, const float* q, const float* qi, const float* iw,
+                          float* attn);
   void dense_mlp(Layer& L, const float* x, int64_t m, float* y);
   void moe(Layer& L, const float* x, int64_t m, float* y);
   void swiglu_expert(const Expert& e, const float* x, int64_t m, float* y);

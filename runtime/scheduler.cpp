@@ -120,12 +120,16 @@ void Scheduler::admit(int group) {
   const int cap = int(std::min<size_t>((size_t(opt_.max_batch) + G - 1) / G, (work_now + G - 1) / G));
   while (!waiting_.empty() && int(live_.size()) < opt_.max_batch && group_size_[size_t(group)] < cap) {
     Live& W = *waiting_.front();
-    const int64_t first = blocks_for(std::min(opt_.prefill_chunk, std::max<int64_t>(1, W.target())));
+    // A new request needs its first chunk's blocks; a preempted one all of its recompute (else it
+    // would only be preempted again).
+    const int64_t first = W.result.tokens.empty()
+                              ? blocks_for(std::min(opt_.prefill_chunk, std::max<int64_t>(1, W.target())))
+                              : blocks_for(W.target() + 1);
     if (blocks_.free_blocks() < first + int64_t(live_.size())) break;
     std::unique_ptr<Live> L = std::move(waiting_.front());
     waiting_.pop_front();
     L->group = group;
-    L->admitted = ++admissions_;
+    if (L->admitted == 0) L->admitted = ++admissions_;  // a preempted request keeps its age
     L->waiting = false;
     // Its prompt blocks nobody holds or computes yet are its to fill.
     if (opt_.prefix_sharing) L->hashes = prefix_hashes(L->req.prompt);
@@ -240,10 +244,13 @@ bool Scheduler::grow(Live& L, int64_t tokens, int group, const Step& step) {
       L.blocks.push_back(b);
       continue;
     }
+    // The youngest other sequence of the group that holds blocks (one without frees nothing), else L.
     Live* victim = nullptr;
     for (auto& [id, V] : live_)
-      if (V->group == group && !in_step(id) && (!victim || V->admitted > victim->admitted)) victim = V.get();
-    CHECK(victim, "internal: no sequence to preempt for a KV block");
+      if (V.get() != &L && V->group == group && !V->blocks.empty() && !in_step(id) &&
+          (!victim || V->admitted > victim->admitted))
+        victim = V.get();
+    if (!victim || victim->admitted < L.admitted) victim = &L;
     const bool self = victim == &L;
     preempt(*victim);
     if (self) return false;

@@ -394,3 +394,30 @@ TEST(Cli, InspectChecksTheDeviceMemoryPlan) {
   ASSERT_EQ(fits.code, 0) << fits.err;
   EXPECT_TRUE(contains(fits.out, "of 80.0 GB device memory: fits")) << fits.out;
 }
+
+// `tokenize` encodes exactly as prompts are encoded: a special token written in the text becomes
+// its id (<|user|> is 510 in tiny-a), as in a batch prompt; --literal-special keeps it as text.
+TEST(Cli, TokenizeParsesSpecialTokensLikePrompts) {
+  const fs::path in = scratch("tok-special.jsonl");
+  std::ofstream(in) << json({{"text", "<|user|>hi"}}).dump() << "\n";
+  const Proc dflt = run(kBin + " tokenize --tokenizer " + kTinyA + " < " + in.string());
+  ASSERT_EQ(dflt.code, 0) << dflt.err;
+  const auto ids = json::parse(dflt.out)["ids"].get<std::vector<int>>();
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids[0], 510);
+  const Proc lit = run(kBin + " tokenize --literal-special --tokenizer " + kTinyA + " < " + in.string());
+  ASSERT_EQ(lit.code, 0) << lit.err;
+  const auto lit_ids = json::parse(lit.out)["ids"].get<std::vector<int>>();
+  EXPECT_GT(lit_ids.size(), ids.size());
+  EXPECT_EQ(std::find(lit_ids.begin(), lit_ids.end(), 510), lit_ids.end());
+  // The same text as a batch prompt: the same number of prompt tokens.
+  const fs::path bin = scratch("tok-batch.jsonl"), bout = scratch("tok-batch-out.jsonl");
+  std::ofstream(bin) << json({{"prompt", "<|user|>hi"}, {"max_tokens", 1}, {"temperature", 0}}).dump() << "\n";
+  fs::remove(bout);
+  const Proc b = run(kBin + " batch --model " + kTinyA + " --input " + bin.string() + " --output " + bout.string());
+  ASSERT_EQ(b.code, 0) << b.err;
+  std::ifstream f(bout);
+  std::string line;
+  std::getline(f, line);
+  EXPECT_EQ(json::parse(line)["response"]["body"]["usage"]["prompt_tokens"], ids.size());
+}
