@@ -92,9 +92,12 @@ struct RopeParams {
 // pool; ld_table 0 means every query row reads one table (rows of one sequence), > 0 one table
 // per row (decode rows of different sequences in one call). Only positions t <= q_pos[s] are
 // ever read, so a row's table needs to cover its own positions only.
+// `dtype` is how the cached rows are stored: F32, or BF16 (a bf16 KV cache: the key pointer then
+// points at uint16 elements, rows and strides counted in elements all the same).
 struct KeyPages {
   const int32_t* block_table = nullptr;
   int64_t ld_table = 0, block_size = 0;
+  DType dtype = DType::F32;
   GLM5_HOST_DEVICE int64_t row(int64_t s, int64_t t) const {
     if (!block_table) return t;
     return int64_t(block_table[s * ld_table + t / block_size]) * block_size + t % block_size;
@@ -208,13 +211,16 @@ struct MoeCombineParams {
   bool accumulate = false;
 };
 
-// dst[i, 0:cols] = src[i, 0:cols] for i < rows   (strided 2-D block copy: cache writes, slicing)
+// dst[i, 0:cols] = src[i, 0:cols] for i < rows   (strided 2-D block copy: cache writes, slicing).
+// Elements are F32 unless said otherwise; F32 -> BF16 rounds to nearest even (a bf16 KV cache's
+// writes), BF16 -> F32 is exact (its reads). Strides are in elements of each side's dtype.
 struct Copy2dParams {
-  const float* src = nullptr;
+  const void* src = nullptr;
   int64_t ld_src = 0;
-  float* dst = nullptr;
+  void* dst = nullptr;
   int64_t ld_dst = 0;
   int64_t rows = 0, cols = 0;
+  DType src_dtype = DType::F32, dst_dtype = DType::F32;
 };
 
 // y[i] += x[i]

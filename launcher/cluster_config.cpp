@@ -32,7 +32,7 @@ namespace {
 const char* const kAllowedKeys[] = {
     "stages",        "expert_parallel", "micro_batches",   "backend", "comm",
     "kv_budget_gb",  "max_batch",       "prefill_chunk",   "hosts",   "mpirun_args",
-    "env",           "device_memory_gb", "max_step_tokens", "watchdog_s", "prefix_caching"};
+    "env",           "device_memory_gb", "max_step_tokens", "watchdog_s", "prefix_caching", "kv_dtype"};
 
 std::string where(const std::string& source) {
   return "cluster config " + (source.empty() ? std::string("(built-in default)") : source);
@@ -250,6 +250,8 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
         cc.watchdog_s = rd.number(v, key, 0.0);
       else if (key == "prefix_caching")
         cc.prefix_caching = rd.boolean(v, key);
+      else if (key == "kv_dtype")
+        cc.kv_dtype = rd.one_of(v, key, {"f32", "bf16"});
       else if (key == "hosts")
         rd.hosts(v, cc);
       else if (key == "mpirun_args")

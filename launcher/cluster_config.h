@@ -11,6 +11,7 @@
 //   max_batch: 64                  # running sequences per column
 //   prefill_chunk: 256             # prompt tokens per sequence per step
 //   max_step_tokens: 8192          # rows one micro-batch forwards in a step (>= max_batch)
+//   kv_dtype: f32                  # KV cache elements: f32 | bf16 (half the memory per token)
 //   prefix_caching: true           # share full prompt blocks (64 tokens) between sequences
 //   watchdog_s: 300                # a rank waiting this long with no progress reports and aborts (0: off)
 //   hosts: [{host: node1, slots: 8}, {host: node2, slots: 8}]   # for `glm5 launch`
@@ -47,6 +48,7 @@ struct ClusterConfig {
   int max_step_tokens = 8192;
   double watchdog_s = 300;
   bool prefix_caching = true;
+  std::string kv_dtype = "f32";
   std::vector<HostSlots> hosts;
   std::vector<std::string> mpirun_args;
   std::map<std::string, std::string> env;

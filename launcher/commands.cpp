@@ -65,6 +65,7 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   opt.max_step_tokens = job->cluster.max_step_tokens;
   opt.kv_budget_bytes = job->cluster.kv_budget_gb * 1e9;
   opt.prefix_sharing = job->cluster.prefix_caching;
+  opt.kv_dtype = job->cluster.kv_dtype == "bf16" ? DType::BF16 : DType::F32;
   for (const auto& range : job->stages) opt.kv_layers = std::max(opt.kv_layers, range.size());
   opt.progress = progress;
   job->engine = std::make_unique<runtime::Engine>(*job->model, *job->world, *job->stage_comm, grid, opt);
@@ -202,9 +203,10 @@ int run_inspect(const std::string& model_dir, const std::string& cluster_file) {
   double total = 2.0 * double(V * H) + double(H);
   for (int l = 0; l < mc.num_hidden_layers; ++l) total += layer_parameters(mc, l);
   std::printf("parameters %.4g (%s in bf16)\n", total, human_bytes(total * wbytes).c_str());
-  const double kv_token = double(runtime::KvPool::bytes_per_token(mc, int(mc.num_hidden_layers)));
-  std::printf("kv cache   %s per token (fp32 latent %lld + indexer key %lld per layer), paged in blocks of %lld tokens\n",
-              human_bytes(kv_token).c_str(), (long long)(mc.kv_lora_rank + mc.qk_rope_head_dim),
+  const DType kv_dtype = cc.kv_dtype == "bf16" ? DType::BF16 : DType::F32;
+  const double kv_token = double(runtime::KvPool::bytes_per_token(mc, int(mc.num_hidden_layers), kv_dtype));
+  std::printf("kv cache   %s per token (%s latent %lld + indexer key %lld per layer), paged in blocks of %lld tokens\n",
+              human_bytes(kv_token).c_str(), cc.kv_dtype.c_str(), (long long)(mc.kv_lora_rank + mc.qk_rope_head_dim),
               (long long)mc.index_head_dim, (long long)runtime::kBlockTokens);
   std::printf("cluster    %s: %d stage(s) x %d expert-parallel = %d rank(s), backend %s, comm %s\n",
               cc.source.empty() ? "(single process)" : cc.source.c_str(), cc.stages,

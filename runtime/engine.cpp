@@ -417,9 +417,9 @@ void Engine::run(RequestSource* source, const std::function<void(Result&&)>& on_
   // The paged KV cache: the same number of blocks on every rank (sized for the largest stage),
   // so that the block ids the stage-0 schedulers hand out are valid all down the column.
   const int kv_layers = opt_.kv_layers > 0 ? opt_.kv_layers : model_.n_local_layers();
-  kv_blocks_ = KvPool::blocks_for_budget(model_.config(), kv_layers, opt_.kv_budget_bytes, opt_.max_batch);
+  kv_blocks_ = KvPool::blocks_for_budget(model_.config(), kv_layers, opt_.kv_budget_bytes, opt_.max_batch, opt_.kv_dtype);
   world_.all_reduce(&kv_blocks_, 1, parallel::ReduceDType::I64, parallel::ReduceOp::Min);  // one size everywhere
-  KvPool pool(model_.backend(), model_.config(), model_.n_local_layers(), kv_blocks_);
+  KvPool pool(model_.backend(), model_.config(), model_.n_local_layers(), kv_blocks_, opt_.kv_dtype);
   model_.set_kv_pool(&pool);
   struct Unset {
     Model& m;

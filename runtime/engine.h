@@ -80,6 +80,7 @@ struct EngineOptions {
   bool progress = false;         // progress line on stderr of rank 0
   const Tokenizer* tokenizer = nullptr;  // for stop strings (stage-0 ranks)
   bool prefix_sharing = true;    // share full prompt blocks between sequences (runtime/scheduler.h)
+  DType kv_dtype = DType::F32;   // KV cache elements: F32 (default: the goldens) or BF16 (half the bytes)
 };
 
 // Per-rank counters for the run report.

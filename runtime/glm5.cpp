@@ -299,24 +299,27 @@ void Model::forward(const std::vector<SeqStep>& batch, float* h) {
   }
 }
 
-// Writes rows [row, row + n) of src [*, width] to positions [pos, pos + n) of a paged pool
-// [blocks * kBlockTokens, width]: one copy per block the positions touch.
+// Writes rows [0, n) of src [*, width] (float32) to positions [pos, pos + n) of a paged pool
+// [blocks * kBlockTokens, width] of `dtype` elements: one copy per block the positions touch.
 static void write_paged(Backend& be, const float* src, int64_t width, const int32_t* blocks, int64_t pos, int64_t n,
-                        float* pool) {
+                        void* pool, DType dtype) {
   for (int64_t done = 0; done < n;) {
     const int64_t t = pos + done, off = t % kBlockTokens, k = std::min(n - done, kBlockTokens - off);
-    float* dst = pool + (int64_t(blocks[t / kBlockTokens]) * kBlockTokens + off) * width;
-    be.copy_2d({src + done * width, width, dst, width, k, width});
+    const int64_t row = int64_t(blocks[t / kBlockTokens]) * kBlockTokens + off;
+    void* dst = static_cast<char*>(pool) + size_t(row * width) * dtype_size(dtype);
+    be.copy_2d({src + done * width, width, dst, width, k, width, DType::F32, dtype});
     done += k;
   }
 }
 
-// Positions [0, n) of a paged pool into dst [n, width] (contiguous).
-static void read_paged(Backend& be, const float* pool, int64_t width, const int32_t* blocks, int64_t n, float* dst) {
+// Positions [0, n) of a paged pool into dst [n, width] (contiguous float32).
+static void read_paged(Backend& be, const void* pool, DType dtype, int64_t width, const int32_t* blocks, int64_t n,
+                       float* dst) {
   for (int64_t t = 0; t < n; t += kBlockTokens) {
     const int64_t k = std::min(kBlockTokens, n - t);
-    be.copy_2d({pool + int64_t(blocks[t / kBlockTokens]) * kBlockTokens * width, width, dst + t * width, width, k,
-                width});
+    const void* src =
+        static_cast<const char*>(pool) + size_t(int64_t(blocks[t / kBlockTokens]) * kBlockTokens * width) * dtype_size(dtype);
+    be.copy_2d({src, width, dst + t * width, width, k, width, dtype, DType::F32});
   }
 }
 
@@ -328,7 +331,7 @@ void Model::naive_attention(Layer& L, int li, const Span& sp, const float* q, co
   const int64_t T = sp.pos + sp.n;  // keys the last row sees
   Backend& be = backend_;
   Buf<float> lat(be, T * LAT), kvx(be, T * NH * DKV);
-  read_paged(be, kv_pool_->latent(li), LAT, sp.blocks, T, lat);
+  read_paged(be, kv_pool_->latent(li), kv_pool_->dtype(), LAT, sp.blocks, T, lat);
   be.gemm({lat, LAT, L.kv_b_proj, false, kvx, NH * DKV, T, NH * DKV, R});
   be.mla_prefill({q + sp.row * NH * DQ, kvx, lat + R, LAT, pos + sp.row, nullptr, 0, attn + sp.row * NH * dv, sp.n, T,
                   NH, dn, dr, dv, cfg_.softmax_scale()});
@@ -372,10 +375,10 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
   if (lay.sparse) {
     for (const Layout::Group& g : lay.groups) {
       const int32_t* table = lay.tables + g.first * lay.max_blocks;
-      const kernels::KeyPages pages{table, g.one_table ? 0 : lay.max_blocks, kBlockTokens};
+      const kernels::KeyPages pages{table, g.one_table ? 0 : lay.max_blocks, kBlockTokens, kv_pool_->dtype()};
       Buf<float> scores(be, g.rows * g.t);
-      be.indexer_scores({rqi + g.first * IH * ID, riw + g.first * IH, kv_pool_->index_k(li), lay.pos + g.first, scores,
-                         g.rows, g.t, IH, ID, g.t, pages});
+      be.indexer_scores({rqi + g.first * IH * ID, riw + g.first * IH, static_cast<const float*>(kv_pool_->index_k(li)),
+                         lay.pos + g.first, scores, g.rows, g.t, IH, ID, g.t, pages});
       be.topk({scores, g.rows, g.t, g.t, TOPK, sel + g.first * TOPK});
     }
     if (debug_) {
@@ -386,8 +389,9 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
       }
     }
   }
-  be.mla_decode({q_lat, kv_pool_->latent(li), lay.pos, lay.sparse ? sel.p : nullptr, TOPK, o_lat, n, lay.t, NH, R, dr,
-                 cfg_.softmax_scale(), kernels::KeyPages{lay.tables, lay.max_blocks, kBlockTokens}});
+  be.mla_decode({q_lat, static_cast<const float*>(kv_pool_->latent(li)), lay.pos, lay.sparse ? sel.p : nullptr, TOPK,
+                 o_lat, n, lay.t, NH, R, dr, cfg_.softmax_scale(),
+                 kernels::KeyPages{lay.tables, lay.max_blocks, kBlockTokens, kv_pool_->dtype()}});
   for (int64_t hd = 0; hd < NH; ++hd)  // o[:, hd] = W_UV[hd] o_lat[:, hd]
     be.gemm({o_lat + hd * R, NH * R, L.kv_b_proj.slice_rows(hd * DKV + dn, dv), false, rattn + hd * dv, NH * dv, n,
              dv, R});
@@ -442,8 +446,8 @@ void Model::attention(Layer& L, int li, const std::vector<SeqStep>& batch, const
   // This step's keys into each sequence's blocks, then attention in the layout's two forms.
   int64_t row = 0;
   for (const SeqStep& s : batch) {
-    write_paged(be, kv + row * LAT, LAT, s.blocks, s.start_pos, s.n_tokens, kv_pool_->latent(li));
-    write_paged(be, ki + row * ID, ID, s.blocks, s.start_pos, s.n_tokens, kv_pool_->index_k(li));
+    write_paged(be, kv + row * LAT, LAT, s.blocks, s.start_pos, s.n_tokens, kv_pool_->latent(li), kv_pool_->dtype());
+    write_paged(be, ki + row * ID, ID, s.blocks, s.start_pos, s.n_tokens, kv_pool_->index_k(li), kv_pool_->dtype());
     row += s.n_tokens;
   }
   Buf<float> attn(be, m * NH * dv);  // [m, NH, v_head_dim]

@@ -7,29 +7,31 @@
 
 namespace glm5::runtime {
 
-KvPool::KvPool(kernels::Backend& backend, const ModelConfig& cfg, int n_layers, int64_t num_blocks)
-    : backend_(backend), num_blocks_(num_blocks) {
+KvPool::KvPool(kernels::Backend& backend, const ModelConfig& cfg, int n_layers, int64_t num_blocks, DType dtype)
+    : backend_(backend), num_blocks_(num_blocks), dtype_(dtype) {
   CHECK(num_blocks >= 1, "KV cache: need at least one block, got ", num_blocks);
-  const size_t rows = size_t(num_blocks * kBlockTokens);
+  CHECK(dtype == DType::F32 || dtype == DType::BF16, "KV cache: kv_dtype must be f32 or bf16, found ",
+        dtype_name(dtype));
+  const size_t rows = size_t(num_blocks * kBlockTokens), es = dtype_size(dtype);
   const size_t lat = size_t(cfg.kv_lora_rank + cfg.qk_rope_head_dim), ik = size_t(cfg.index_head_dim);
   for (int l = 0; l < n_layers; ++l) {
-    latent_.push_back(static_cast<float*>(backend.alloc(rows * lat * sizeof(float))));
-    index_k_.push_back(static_cast<float*>(backend.alloc(rows * ik * sizeof(float))));
+    latent_.push_back(backend.alloc(rows * lat * es));
+    index_k_.push_back(backend.alloc(rows * ik * es));
   }
 }
 
 KvPool::~KvPool() {
-  for (float* p : latent_) backend_.free(p);
-  for (float* p : index_k_) backend_.free(p);
+  for (void* p : latent_) backend_.free(p);
+  for (void* p : index_k_) backend_.free(p);
 }
 
-size_t KvPool::bytes_per_token(const ModelConfig& cfg, int n_layers) {
-  return size_t(n_layers) * size_t(cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim) *
-         sizeof(float);
+size_t KvPool::bytes_per_token(const ModelConfig& cfg, int n_layers, DType dtype) {
+  return size_t(n_layers) * size_t(cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim) * dtype_size(dtype);
 }
 
-int64_t KvPool::blocks_for_budget(const ModelConfig& cfg, int n_layers, double budget_bytes, int max_batch) {
-  const double per_block = double(bytes_per_block(cfg, std::max(1, n_layers)));
+int64_t KvPool::blocks_for_budget(const ModelConfig& cfg, int n_layers, double budget_bytes, int max_batch,
+                                  DType dtype) {
+  const double per_block = double(bytes_per_block(cfg, std::max(1, n_layers), dtype));
   if (budget_bytes > 0) return int64_t(budget_bytes / per_block);
   const double cap = double(int64_t(64) << 30) / per_block;
   const double want = double(max_batch) * double(blocks_for(cfg.max_position_embeddings + 1));

@@ -1,7 +1,7 @@
 // The paged KV cache. Every rank holds, for each of its layers, a pool of fixed-size blocks of
 // kBlockTokens positions: latent rows [kv_lora_rank + qk_rope_head_dim] (c_kv after
 // kv_a_layernorm | k_pe after RoPE) and indexer-key rows [index_head_dim] (after k_norm and
-// RoPE), float32 in backend memory. A sequence's cache is its block table: position t lives in
+// RoPE), float32 or bfloat16 (kv_dtype) in backend memory. A sequence's cache is its block table: position t lives in
 // row table[t / kBlockTokens] * kBlockTokens + t % kBlockTokens of the pool (kernels/ops.h
 // KeyPages). Block ids are handed out by the column's scheduler (BlockManager) and are the same
 // on every stage of the column, whose pools have the same number of blocks.
@@ -24,28 +24,33 @@ class KvPool {
  public:
   // Memory is taken from the backend up front; on the CPU backend pages are touched only as
   // blocks are written, so an unused block costs address space, not RAM.
-  KvPool(kernels::Backend& backend, const ModelConfig& cfg, int n_layers, int64_t num_blocks);
+  KvPool(kernels::Backend& backend, const ModelConfig& cfg, int n_layers, int64_t num_blocks,
+         DType dtype = DType::F32);
   ~KvPool();
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
 
   int64_t num_blocks() const { return num_blocks_; }
-  float* latent(int local_layer) const { return latent_[size_t(local_layer)]; }
-  float* index_k(int local_layer) const { return index_k_[size_t(local_layer)]; }
+  DType dtype() const { return dtype_; }
+  // Row arrays [num_blocks * kBlockTokens, width] of `dtype` elements (F32 or BF16).
+  void* latent(int local_layer) const { return latent_[size_t(local_layer)]; }
+  void* index_k(int local_layer) const { return index_k_[size_t(local_layer)]; }
 
   // Bytes one cached position costs over n_layers layers, and one block.
-  static size_t bytes_per_token(const ModelConfig& cfg, int n_layers);
-  static size_t bytes_per_block(const ModelConfig& cfg, int n_layers) {
-    return bytes_per_token(cfg, n_layers) * size_t(kBlockTokens);
+  static size_t bytes_per_token(const ModelConfig& cfg, int n_layers, DType dtype = DType::F32);
+  static size_t bytes_per_block(const ModelConfig& cfg, int n_layers, DType dtype = DType::F32) {
+    return bytes_per_token(cfg, n_layers, dtype) * size_t(kBlockTokens);
   }
   // Blocks per rank for a KV budget (bytes; the layers of the largest stage). Without a budget:
   // enough for max_batch sequences at the full context, at most 64 GiB of address space.
-  static int64_t blocks_for_budget(const ModelConfig& cfg, int n_layers, double budget_bytes, int max_batch);
+  static int64_t blocks_for_budget(const ModelConfig& cfg, int n_layers, double budget_bytes, int max_batch,
+                                   DType dtype = DType::F32);
 
  private:
   kernels::Backend& backend_;
   int64_t num_blocks_;
-  std::vector<float*> latent_, index_k_;
+  DType dtype_;
+  std::vector<void*> latent_, index_k_;
 };
 
 // Block ids of one column's pools: a free list, reference counts (a block may be shared by

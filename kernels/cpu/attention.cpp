@@ -358,19 +358,37 @@ void mla_decode(const MlaDecodeParams& p) {
   AllowedKeys allowed(p.s, p.t, p.q_pos, p.topk, p.topk_len, "mla_decode");
   const int64_t dk = p.kv_lora_rank + p.qk_rope_head_dim;
   const int64_t head_blocks = (p.n_heads + kDecodeHeads - 1) / kDecodeHeads;
+  const bool bf16 = p.pages.dtype == DType::BF16;
 #pragma omp parallel if (p.s * p.t * p.n_heads * (dk + p.kv_lora_rank) >= kParallelMacs)
   {
-    std::vector<float> scratch;
+    std::vector<float> scratch, widened;
+    std::vector<int32_t> local;
     QueryRow rows[kDecodeHeads];
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t s = 0; s < p.s; ++s)
       for (int64_t b = 0; b < head_blocks; ++b) {
-        const KeyValues kv{p.cache, dk, dk, p.cache, 0, 0, p.cache, dk, p.kv_lora_rank, p.scale, p.pages, s};
+        KeyValues kv{p.cache, dk, dk, p.cache, 0, 0, p.cache, dk, p.kv_lora_rank, p.scale, p.pages, s};
+        const int32_t* keys = allowed.ptr[s];
+        const int64_t n_keys = allowed.len[s];
+        if (bf16) {
+          // A bf16 cache: the row's keys widened (exactly) into f32 rows 0..n_keys-1, then the
+          // f32 recipe. The grouping of keys into blocks changes, which never changes a bit.
+          widened.resize(size_t(n_keys * dk));
+          local.resize(size_t(n_keys));
+          const uint16_t* c = static_cast<const uint16_t*>(static_cast<const void*>(p.cache));
+          for (int64_t i = 0; i < n_keys; ++i) {
+            const uint16_t* src = c + p.pages.row(s, keys[i]) * dk;
+            for (int64_t d = 0; d < dk; ++d) widened[size_t(i * dk + d)] = bf16_to_f32(src[d]);
+            local[size_t(i)] = int32_t(i);
+          }
+          kv = KeyValues{widened.data(), dk, dk, widened.data(), 0, 0, widened.data(), dk, p.kv_lora_rank, p.scale};
+          keys = local.data();
+        }
         int64_t h0 = b * kDecodeHeads, n = std::min(kDecodeHeads, p.n_heads - h0);
         for (int64_t r = 0; r < n; ++r) {
           int64_t h = h0 + r;
-          rows[r] = QueryRow{p.q_lat + (s * p.n_heads + h) * dk, nullptr, allowed.ptr[s],
-                             allowed.len[s], p.out_lat + (s * p.n_heads + h) * p.kv_lora_rank};
+          rows[r] = QueryRow{p.q_lat + (s * p.n_heads + h) * dk, nullptr, keys, n_keys,
+                             p.out_lat + (s * p.n_heads + h) * p.kv_lora_rank};
         }
         attend(kv, rows, n, scratch);
       }
@@ -416,9 +434,17 @@ inline void indexer_heads(const float* q, int64_t D, const float* w, const float
 // zero-padded.
 void transpose_keys(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t nt, float* kt) {
   const int64_t D = p.head_dim;
+  const bool bf16 = p.pages.dtype == DType::BF16;
   for (int64_t j = 0; j < kIndexerKeys; ++j) {
-    const float* k = j < nt ? p.k + p.pages.row(s, t0 + j) * D : nullptr;
-    for (int64_t d = 0; d < D; ++d) kt[d * kIndexerKeys + j] = k ? k[d] : 0.0f;
+    const int64_t at = j < nt ? p.pages.row(s, t0 + j) * D : -1;
+    if (at < 0) {
+      for (int64_t d = 0; d < D; ++d) kt[d * kIndexerKeys + j] = 0.0f;
+    } else if (bf16) {  // widened exactly
+      const uint16_t* k = static_cast<const uint16_t*>(static_cast<const void*>(p.k)) + at;
+      for (int64_t d = 0; d < D; ++d) kt[d * kIndexerKeys + j] = bf16_to_f32(k[d]);
+    } else {
+      for (int64_t d = 0; d < D; ++d) kt[d * kIndexerKeys + j] = p.k[at + d];
+    }
   }
 }
 

@@ -174,10 +174,16 @@ class CpuBackend final : public HostBackend {
   }
   void copy_2d(const Copy2dParams& p) override {
     validate(p);
-    parallel_rows(p.rows, p.cols, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i)
-        std::memcpy(p.dst + i * p.ld_dst, p.src + i * p.ld_src, size_t(p.cols) * 4);
-    });
+    if (p.src_dtype == p.dst_dtype) {
+      const size_t es = dtype_size(p.src_dtype);
+      parallel_rows(p.rows, p.cols, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i)
+          std::memcpy(static_cast<char*>(p.dst) + size_t(i * p.ld_dst) * es,
+                      static_cast<const char*>(p.src) + size_t(i * p.ld_src) * es, size_t(p.cols) * es);
+      });
+      return;
+    }
+    ref::copy_2d(p);  // a dtype conversion (bf16 KV cache rows): the reference's exact rounding
   }
 };
 

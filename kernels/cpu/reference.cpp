@@ -193,6 +193,8 @@ void validate(const Copy2dParams& p) {
   CHECK(p.ld_src >= p.cols && p.ld_dst >= p.cols, "copy_2d: ld_src ", p.ld_src, " / ld_dst ",
         p.ld_dst, " < cols ", p.cols);
   CHECK(p.rows == 0 || p.cols == 0 || (p.src && p.dst), "copy_2d: null pointer");
+  for (DType t : {p.src_dtype, p.dst_dtype})
+    CHECK(t == DType::F32 || t == DType::BF16, "copy_2d: elements must be F32 or BF16, found ", dtype_name(t));
 }
 
 void validate(const AddParams& p) {
@@ -296,9 +298,9 @@ void indexer_scores(const IndexerScoresParams& p) {
       float acc = 0.0f;
       for (int64_t h = 0; h < p.n_heads; ++h) {
         const float* q = p.q + (s * p.n_heads + h) * p.head_dim;
-        const float* k = p.k + p.pages.row(s, t) * p.head_dim;
+        const int64_t k = p.pages.row(s, t) * p.head_dim;
         float dot = 0.0f;
-        for (int64_t d = 0; d < p.head_dim; ++d) dot += q[d] * k[d];
+        for (int64_t d = 0; d < p.head_dim; ++d) dot += q[d] * cache_at(p.pages.dtype, p.k, k + d);
         acc += p.weights[s * p.n_heads + h] * std::max(dot, 0.0f);
       }
       out[t] = acc;
@@ -356,13 +358,20 @@ void mla_decode(const MlaDecodeParams& p) {
       const float* q = p.q_lat + (s * p.n_heads + h) * dk;
       score.assign(keys.size(), 0.0f);
       for (size_t i = 0; i < keys.size(); ++i) {
-        const float* c = p.cache + p.pages.row(s, keys[i]) * dk;
+        const int64_t c = p.pages.row(s, keys[i]) * dk;
         float dot = 0.0f;
-        for (int64_t d = 0; d < dk; ++d) dot += q[d] * c[d];
+        for (int64_t d = 0; d < dk; ++d) dot += q[d] * cache_at(p.pages.dtype, p.cache, c + d);
         score[i] = p.scale * dot;
       }
-      auto value = [&](int32_t t) { return p.cache + p.pages.row(s, t) * dk; };
-      softmax_weighted_sum(score, keys, value, p.kv_lora_rank,
+      // Values widened once per key (exact for BF16), then the usual weighted sum.
+      std::vector<float> rows(keys.size() * size_t(p.kv_lora_rank));
+      for (size_t i = 0; i < keys.size(); ++i)
+        for (int64_t d = 0; d < p.kv_lora_rank; ++d)
+          rows[i * size_t(p.kv_lora_rank) + size_t(d)] = cache_at(p.pages.dtype, p.cache, p.pages.row(s, keys[i]) * dk + d);
+      std::vector<int32_t> local(keys.size());
+      for (size_t i = 0; i < local.size(); ++i) local[i] = int32_t(i);
+      auto value = [&](int32_t i) { return rows.data() + size_t(i) * size_t(p.kv_lora_rank); };
+      softmax_weighted_sum(score, local, value, p.kv_lora_rank,
                            p.out_lat + (s * p.n_heads + h) * p.kv_lora_rank);
     }
   }
@@ -451,7 +460,11 @@ void add(const AddParams& p) {
 
 void copy_2d(const Copy2dParams& p) {
   for (int64_t i = 0; i < p.rows; ++i)
-    for (int64_t j = 0; j < p.cols; ++j) p.dst[i * p.ld_dst + j] = p.src[i * p.ld_src + j];
+    for (int64_t j = 0; j < p.cols; ++j) {
+      const float v = cache_at(p.src_dtype, p.src, i * p.ld_src + j);
+      if (p.dst_dtype == DType::BF16) static_cast<uint16_t*>(p.dst)[i * p.ld_dst + j] = f32_to_bf16(v);
+      else static_cast<float*>(p.dst)[i * p.ld_dst + j] = v;
+    }
 }
 
 }  // namespace ref

@@ -31,6 +31,11 @@ void validate(const MoeCombineParams& p);
 void validate(const AddParams& p);
 void validate(const Copy2dParams& p);
 
+// Element i of a cached row array (F32 or BF16; kernels/ops.h KeyPages, Copy2dParams).
+inline float cache_at(DType t, const void* base, int64_t i) {
+  return t == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(base)[i]) : static_cast<const float*>(base)[i];
+}
+
 // Element `i` of a weight row widened to float (BF16/F16/F32; other dtypes fail in validate()).
 inline float weight_at(DType t, const void* row, int64_t i) {
   switch (t) {

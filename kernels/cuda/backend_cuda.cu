@@ -365,9 +365,12 @@ class CudaBackend final : public Backend {
           p.ld_dst, " < cols ", p.cols);
     if (p.rows == 0 || p.cols == 0) return;
     CHECK(p.src && p.dst, "cuda copy_2d: null pointer");
+    for (DType t : {p.src_dtype, p.dst_dtype})
+      CHECK(t == DType::F32 || t == DType::BF16, "cuda copy_2d: elements must be F32 or BF16, found ", dtype_name(t));
     DeviceScope ds(device_);
-    CUDA_CHECK(cudaMemcpy2DAsync(p.dst, size_t(p.ld_dst) * sizeof(float), p.src,
-                                 size_t(p.ld_src) * sizeof(float), size_t(p.cols) * sizeof(float),
+    if (p.src_dtype != p.dst_dtype) return cuda::launch_convert_2d(p, stream_);
+    const size_t es = dtype_size(p.src_dtype);
+    CUDA_CHECK(cudaMemcpy2DAsync(p.dst, size_t(p.ld_dst) * es, p.src, size_t(p.ld_src) * es, size_t(p.cols) * es,
                                  size_t(p.rows), cudaMemcpyDeviceToDevice, stream_));
   }
 

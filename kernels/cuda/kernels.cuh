@@ -33,6 +33,8 @@ void launch_embedding(const EmbeddingParams& p, int* error_word, cudaStream_t st
 void launch_gather_rows(const GatherRowsParams& p, int* error_word, cudaStream_t st);
 void launch_moe_combine(const MoeCombineParams& p, int* error_word, cudaStream_t st);
 void launch_add(const AddParams& p, cudaStream_t st);
+// copy_2d between F32 and BF16 elements (round to nearest even to BF16, exact back).
+void launch_convert_2d(const Copy2dParams& p, cudaStream_t st);
 // GEMM helpers for the cuBLAS path: split rows [0, rows) of x (fp32, row stride ldx) into `terms`
 // bf16 parts (x = hi + mid + lo) into xs laid out [chunk][term][chunk_rows][ldk]; rows past `rows`
 // up to a whole chunk are zero. With terms == 0 the rows are copied as fp32 (F32 weights).

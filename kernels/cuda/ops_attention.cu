@@ -12,6 +12,12 @@
 namespace glm5::kernels::cuda {
 namespace {
 
+// Element i of a cached row array stored as F32, or as BF16 (a bf16 KV cache; widened exactly).
+__device__ __forceinline__ float cached(const float* base, int64_t i, bool bf16) {
+  if (bf16) return __uint_as_float(uint32_t(reinterpret_cast<const unsigned short*>(base)[i]) << 16);
+  return __ldg(base + i);
+}
+
 // Largest dynamic shared memory one block may take on the current device (opt-in limit).
 int max_dynamic_smem() {
   int dev = 0, v = 0;
@@ -60,14 +66,15 @@ __global__ void __launch_bounds__(kIdxWarps * 32) indexer_scores_kernel(IndexerS
       if (lane == 0) row[t] = -INFINITY;
       continue;
     }
-    const float* k = p.k + p.pages.row(s, t) * hd;
+    const int64_t k = p.pages.row(s, t) * hd;  // element offset of the key row
+    const bool bf16 = p.pages.dtype == DType::BF16;
     float acc = 0.0f;
     if (hd <= 32 * kIdxMaxPerLane) {
       float kr[kIdxMaxPerLane];
 #pragma unroll
       for (int u = 0; u < kIdxMaxPerLane; ++u) {
         const int64_t d = lane + 32 * u;
-        kr[u] = d < hd ? __ldg(k + d) : 0.0f;
+        kr[u] = d < hd ? cached(p.k, k + d, bf16) : 0.0f;
       }
       for (int64_t h = 0; h < nh; ++h) {
         const float* qh = q + h * hd;
@@ -83,7 +90,7 @@ __global__ void __launch_bounds__(kIdxWarps * 32) indexer_scores_kernel(IndexerS
       for (int64_t h = 0; h < nh; ++h) {
         const float* qh = q + h * hd;
         float part = 0.0f;
-        for (int64_t d = lane; d < hd; d += 32) part = fmaf(qh[d], __ldg(k + d), part);
+        for (int64_t d = lane; d < hd; d += 32) part = fmaf(qh[d], cached(p.k, k + d, bf16), part);
         acc += w[h] * fmaxf(warp_sum(part), 0.0f);
       }
     }
@@ -258,6 +265,7 @@ struct AttnArgs {
   int64_t ka_stride_t, ka_stride_h, da;
   const float* kb;
   int64_t kb_stride_t, db;
+  int64_t kb_offset;  // elements from kb to the k_pe part of a row (decode: kv_lora_rank; prefill: 0)
   const float* v;
   int64_t v_stride_t, v_stride_h, dv;
   const int32_t* q_pos;
@@ -295,11 +303,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32) mla_attention_kernel(AttnArgs
   float m = -INFINITY, l = 0.0f;
   for (int64_t j = warp; j < n_cand; j += kAttnWarps) {
     const int64_t t = a.pages.row(s, keys ? int64_t(keys[j]) : j);  // the key's row in the cache
-    const float* ka = a.ka + t * a.ka_stride_t + h * a.ka_stride_h;
-    const float* kb = a.kb + t * a.kb_stride_t;
+    const bool bf16 = a.pages.dtype == DType::BF16;
+    const int64_t ka = t * a.ka_stride_t + h * a.ka_stride_h, kb = t * a.kb_stride_t + a.kb_offset;  // elements
     float part = 0.0f;
-    for (int64_t d = lane; d < a.da; d += 32) part = fmaf(q[d], __ldg(ka + d), part);
-    for (int64_t d = lane; d < a.db; d += 32) part = fmaf(q[a.da + d], __ldg(kb + d), part);
+    for (int64_t d = lane; d < a.da; d += 32) part = fmaf(q[d], cached(a.ka, ka + d, bf16), part);
+    for (int64_t d = lane; d < a.db; d += 32) part = fmaf(q[a.da + d], cached(a.kb, kb + d, bf16), part);
     const float score = a.scale * warp_sum(part);
     if (score > m) {
       const float corr = expf(m - score);  // 0 on the first key
@@ -309,8 +317,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) mla_attention_kernel(AttnArgs
     }
     const float pr = expf(score - m);
     l += pr;
-    const float* v = a.v + t * a.v_stride_t + h * a.v_stride_h;
-    for (int64_t d = lane; d < a.dv; d += 32) acc[d] = fmaf(pr, __ldg(v + d), acc[d]);
+    const int64_t v = t * a.v_stride_t + h * a.v_stride_h;
+    for (int64_t d = lane; d < a.dv; d += 32) acc[d] = fmaf(pr, cached(a.v, v + d, bf16), acc[d]);
   }
   if (lane == 0) warp_m[warp] = m, warp_l[warp] = l;
   __syncthreads();
@@ -397,7 +405,7 @@ void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, int* error_wo
   AttnArgs a{};
   a.q = p.q_lat, a.q_stride_h = row, a.q_stride_s = p.n_heads * row;
   a.ka = p.cache, a.ka_stride_t = row, a.ka_stride_h = 0, a.da = p.kv_lora_rank;
-  a.kb = p.cache + p.kv_lora_rank, a.kb_stride_t = row, a.db = p.qk_rope_head_dim;
+  a.kb = p.cache, a.kb_offset = p.kv_lora_rank, a.kb_stride_t = row, a.db = p.qk_rope_head_dim;
   a.v = p.cache, a.v_stride_t = row, a.v_stride_h = 0, a.dv = p.kv_lora_rank;
   a.q_pos = p.q_pos, a.out = p.out_lat, a.s = p.s, a.t = p.t, a.n_heads = p.n_heads;
   a.scale = p.scale;

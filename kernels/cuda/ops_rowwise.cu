@@ -245,6 +245,27 @@ __global__ void add_kernel(AddParams p) {
     p.y[i] += p.x[i];
 }
 
+// dst = src with an F32 <-> BF16 conversion (bf16 KV cache writes and reads).
+__global__ void convert_2d_kernel(Copy2dParams p) {
+  const int64_t total = p.rows * p.cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / p.cols, c = i % p.cols;
+    float v;
+    if (p.src_dtype == DType::BF16)
+      v = __uint_as_float(uint32_t(static_cast<const uint16_t*>(p.src)[r * p.ld_src + c]) << 16);
+    else
+      v = static_cast<const float*>(p.src)[r * p.ld_src + c];
+    if (p.dst_dtype == DType::BF16) {
+      uint32_t u = __float_as_uint(v);
+      uint16_t h = (u & 0x7fffffffu) > 0x7f800000u ? uint16_t((u >> 16) | 0x40)
+                                                   : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+      static_cast<uint16_t*>(p.dst)[r * p.ld_dst + c] = h;  // as f32_to_bf16 (core/dtype.h)
+    } else {
+      static_cast<float*>(p.dst)[r * p.ld_dst + c] = v;
+    }
+  }
+}
+
 // ---- GEMM helpers ------------------------------------------------------------------------------
 
 // x = hi + mid + lo exactly (each step's remainder is exact in fp32 and fits the next bf16).
@@ -410,6 +431,11 @@ void launch_moe_combine(const MoeCombineParams& p, int* error_word, cudaStream_t
 void launch_add(const AddParams& p, cudaStream_t st) {
   add_kernel<<<grid_for(p.n, 256), 256, 0, st>>>(p);
   CUDA_CHECK_LAUNCH("add");
+}
+
+void launch_convert_2d(const Copy2dParams& p, cudaStream_t st) {
+  convert_2d_kernel<<<grid_for(p.rows * p.cols, 256), 256, 0, st>>>(p);
+  CUDA_CHECK_LAUNCH("copy_2d (convert)");
 }
 
 void launch_gemm_split_x(const float* x, int64_t ldx, int64_t rows, int64_t k, int terms,
