@@ -288,6 +288,7 @@ void rope(const RopeParams& p) {
 }
 
 void indexer_scores(const IndexerScoresParams& p) {
+  std::vector<float> key(static_cast<size_t>(p.head_dim));
   for (int64_t s = 0; s < p.s; ++s) {
     float* out = p.scores + s * p.ld_scores;
     for (int64_t t = 0; t < p.t; ++t) {
@@ -299,8 +300,9 @@ void indexer_scores(const IndexerScoresParams& p) {
       for (int64_t h = 0; h < p.n_heads; ++h) {
         const float* q = p.q + (s * p.n_heads + h) * p.head_dim;
         const int64_t k = p.pages.row(s, t) * p.head_dim;
-        float dot = 0.0f;
-        for (int64_t d = 0; d < p.head_dim; ++d) dot += q[d] * cache_at(p.pages.dtype, p.k, k + d);
+        for (int64_t d = 0; d < p.head_dim; ++d) key[size_t(d)] = cache_at(p.pages.dtype, p.k, k + d);
+        float dot = 0.0f;  // the same loop for f32 and bf16 caches
+        for (int64_t d = 0; d < p.head_dim; ++d) dot += q[d] * key[size_t(d)];
         acc += p.weights[s * p.n_heads + h] * std::max(dot, 0.0f);
       }
       out[t] = acc;
@@ -350,6 +352,7 @@ void mla_prefill(const MlaPrefillParams& p) {
 
 void mla_decode(const MlaDecodeParams& p) {
   const int64_t dk = p.kv_lora_rank + p.qk_rope_head_dim;
+  std::vector<float> key(static_cast<size_t>(dk));
   std::vector<int32_t> keys;
   std::vector<float> score;
   for (int64_t s = 0; s < p.s; ++s) {
@@ -359,8 +362,9 @@ void mla_decode(const MlaDecodeParams& p) {
       score.assign(keys.size(), 0.0f);
       for (size_t i = 0; i < keys.size(); ++i) {
         const int64_t c = p.pages.row(s, keys[i]) * dk;
-        float dot = 0.0f;
-        for (int64_t d = 0; d < dk; ++d) dot += q[d] * cache_at(p.pages.dtype, p.cache, c + d);
+        for (int64_t d = 0; d < dk; ++d) key[size_t(d)] = cache_at(p.pages.dtype, p.cache, c + d);
+        float dot = 0.0f;  // the same loop for f32 and bf16 caches
+        for (int64_t d = 0; d < dk; ++d) dot += q[d] * key[size_t(d)];
         score[i] = p.scale * dot;
       }
       // Values widened once per key (exact for BF16), then the usual weighted sum.

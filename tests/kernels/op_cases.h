@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -141,8 +142,22 @@ inline std::vector<float> paged_pool(const std::vector<float>& cache, int64_t t,
   return pool;
 }
 
+// Values made bf16-representable (a bf16 KV cache holds exactly these), and their bf16 bits
+// packed two per float slot (so a Buffers input can carry them).
+inline std::vector<float> round_bf16(std::vector<float> v) {
+  for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+  return v;
+}
+inline std::vector<float> pack_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
+  std::vector<float> out((h.size() + 1) / 2, 0.0f);
+  std::memcpy(out.data(), h.data(), h.size() * 2);
+  return out;
+}
+
 inline OpCase indexer_case(int64_t s, int64_t t, int64_t heads, int64_t dim, uint64_t seed,
-                           Paging g = Paging::None) {
+                           Paging g = Paging::None, bool bf16 = false) {
   auto q = random_floats(size_t(s * heads * dim), seed);
   auto w = random_floats(size_t(s * heads), seed + 1, -0.3f, 0.5f);
   auto k = random_floats(size_t(t * dim), seed + 2);
@@ -153,15 +168,18 @@ inline OpCase indexer_case(int64_t s, int64_t t, int64_t heads, int64_t dim, uin
   const int64_t ld = t + 3, bs = 4;
   std::vector<int32_t> tables;
   int64_t ld_table = 0;
+  if (bf16) k = round_bf16(k);
   if (g != Paging::None) k = paged_pool(k, t, dim, s, g, bs, seed + 5, tables, ld_table);
+  const bool packed = bf16 && g != Paging::None;  // a bf16 pool (the contiguous twin stays f32)
+  if (packed) k = pack_bf16(k);
   return {"indexer_scores_s" + std::to_string(s) + "_t" + std::to_string(t) + "_h" +
-              std::to_string(heads) + "_d" + std::to_string(dim) + paging_str(g),
+              std::to_string(heads) + "_d" + std::to_string(dim) + paging_str(g) + (bf16 ? "_bf16" : ""),
           [=](Buffers& b) {
             IndexerScoresParams p;
             p.q = b.in(q), p.weights = b.in(w), p.k = b.in(k), p.q_pos = b.in(q_pos);
             p.scores = b.out("scores", size_t(s * ld));
             p.s = s, p.t = t, p.n_heads = heads, p.head_dim = dim, p.ld_scores = ld;
-            if (g != Paging::None) p.pages = KeyPages{b.in(tables), ld_table, bs};
+            if (g != Paging::None) p.pages = KeyPages{b.in(tables), ld_table, bs, packed ? DType::BF16 : DType::F32};
             b.backend().indexer_scores(p);
           }};
 }
@@ -221,13 +239,17 @@ inline OpCase mla_prefill_case(int64_t s, int64_t t, int64_t heads, int64_t nope
 }
 
 inline OpCase mla_decode_case(int64_t s, int64_t t, int64_t heads, int64_t rank, int64_t rope,
-                              int64_t topk_len, uint64_t seed, float scale = 0.3f, Paging g = Paging::None) {
+                              int64_t topk_len, uint64_t seed, float scale = 0.3f, Paging g = Paging::None,
+                              bool bf16 = false) {
   const int64_t dk = rank + rope, bs = 4;
   auto q = random_floats(size_t(s * heads * dk), seed, -0.5f, 0.5f);
   auto cache = random_floats(size_t(t * dk), seed + 1);
   std::vector<int32_t> tables;
   int64_t ld_table = 0;
+  if (bf16) cache = round_bf16(cache);
   if (g != Paging::None) cache = paged_pool(cache, t, dk, s, g, bs, seed + 5, tables, ld_table);
+  const bool packed = bf16 && g != Paging::None;
+  if (packed) cache = pack_bf16(cache);
   auto q_pos = random_ints(size_t(s), seed + 3, 0, int32_t(t) - 1);
   q_pos[0] = int32_t(t) - 1;
   if (s > 1) q_pos[1] = -1;
@@ -235,7 +257,8 @@ inline OpCase mla_decode_case(int64_t s, int64_t t, int64_t heads, int64_t rank,
   if (topk_len && s == 1) topk[0] = 0;  // keep the single row from being empty
   return {"mla_decode_s" + std::to_string(s) + "_t" + std::to_string(t) + "_h" +
               std::to_string(heads) + "_" + std::to_string(rank) + "_" + std::to_string(rope) +
-              "_topk" + std::to_string(topk_len) + "_scale" + std::to_string(int(scale * 1000)) + paging_str(g),
+              "_topk" + std::to_string(topk_len) + "_scale" + std::to_string(int(scale * 1000)) + paging_str(g) +
+              (bf16 ? "_bf16" : ""),
           [=](Buffers& b) {
             MlaDecodeParams p;
             p.q_lat = b.in(q), p.cache = b.in(cache), p.q_pos = b.in(q_pos);
@@ -243,7 +266,7 @@ inline OpCase mla_decode_case(int64_t s, int64_t t, int64_t heads, int64_t rank,
             p.out_lat = b.out("out_lat", size_t(s * heads * rank));
             p.s = s, p.t = t, p.n_heads = heads, p.kv_lora_rank = rank, p.qk_rope_head_dim = rope;
             p.scale = scale;
-            if (g != Paging::None) p.pages = KeyPages{b.in(tables), ld_table, bs};
+            if (g != Paging::None) p.pages = KeyPages{b.in(tables), ld_table, bs, packed ? DType::BF16 : DType::F32};
             b.backend().mla_decode(p);
           }};
 }
@@ -339,6 +362,18 @@ inline OpCase copy_2d_case(int64_t rows, int64_t cols, uint64_t seed) {
           }};
 }
 
+// F32 -> BF16 (rounding) -> F32 (exact) through a bf16 buffer: a bf16 KV cache's write and read.
+inline OpCase copy_2d_bf16_case(int64_t rows, int64_t cols, uint64_t seed) {
+  auto src = random_floats(size_t(rows * (cols + 5)), seed, -300.0f, 300.0f);
+  return {"copy_2d_bf16_r" + std::to_string(rows) + "_c" + std::to_string(cols), [=](Buffers& b) {
+            const int64_t ld_mid = cols + 3;
+            void* mid = const_cast<float*>(b.in(std::vector<float>(size_t(rows * ld_mid + 1) / 2 + 1, 0.0f)));
+            b.backend().copy_2d({b.in(src), cols + 5, mid, ld_mid, rows, cols, DType::F32, DType::BF16});
+            float* dst = b.out("dst", size_t(rows * (cols + 2)));
+            b.backend().copy_2d({mid, ld_mid, dst, cols + 2, rows, cols, DType::BF16, DType::F32});
+          }};
+}
+
 }  // namespace cases
 
 // Every op at several sizes, to be compared with the reference backend.
@@ -354,6 +389,10 @@ inline std::vector<std::pair<OpCase, OpCase>> paging_pairs() {
                  mla_decode_case(4, 70, 9, 512, 64, 50, 903, 0.3f, g)});
     v.push_back({mla_decode_case(3, 90, 5, 40, 8, 0, 904, 0.3f, Paging::None),
                  mla_decode_case(3, 90, 5, 40, 8, 0, 904, 0.3f, g)});
+    // A bf16 pool against f32 rows holding the same (bf16-representable) values.
+    v.push_back({indexer_case(9, 70, 8, 128, 905, Paging::None, true), indexer_case(9, 70, 8, 128, 905, g, true)});
+    v.push_back({mla_decode_case(4, 70, 9, 512, 64, 50, 906, 0.3f, Paging::None, true),
+                 mla_decode_case(4, 70, 9, 512, 64, 50, 906, 0.3f, g, true)});
   }
   return v;
 }
@@ -429,6 +468,12 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(add_case(100000, seed++));
   v.push_back(copy_2d_case(3, 17, seed++));
   v.push_back(copy_2d_case(200, 300, seed++));
+  v.push_back(copy_2d_bf16_case(3, 17, seed++));
+  v.push_back(copy_2d_bf16_case(64, 576, seed++));
+  for (Paging g : {Paging::Shared, Paging::PerRow}) {
+    v.push_back(indexer_case(9, 70, 8, 128, 905, g, true));
+    v.push_back(mla_decode_case(4, 70, 9, 512, 64, 50, 906, 0.3f, g, true));
+  }
   return v;
 }
 
