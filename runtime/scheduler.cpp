@@ -23,6 +23,7 @@ struct Scheduler::Live {
   bool finishing = false;   // the extra final step (logit dumps) is pending
   bool waiting = true;      // in waiting_ (not running)
   std::vector<int32_t> blocks;
+  size_t sent = 0;               // of those, the ones the stages know (sent in a step)
   std::vector<uint64_t> hashes;  // prefix hashes of its full prompt blocks (shareable ones)
   size_t published = 0;          // of those, the blocks it filled and made shareable
   Result result;
@@ -164,6 +165,7 @@ void Scheduler::preempt(Live& L) {
 void Scheduler::release_blocks(Live& L) {
   for (int32_t b : L.blocks) blocks_.release(b, block_hash_.count(b) > 0);
   L.blocks.clear();
+  L.sent = 0;
 }
 
 // A cached block was reused: its prefix leaves the prefix cache.
@@ -282,7 +284,6 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
         s.decode = s.sample = true;
         s.logits_sampled = r.want_logits;
       }
-      const size_t had = L.blocks.size();
       if (pass == 1) {
         if (room <= 0 || !share_prefix(L)) continue;  // no room, or a prefix block is on its way
         s.start = L.pos;
@@ -291,8 +292,10 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
         s.logits_all = r.want_prompt_logits && L.result.tokens.empty();
       }
       if (!grow(L, L.pos + s.n, group, step)) continue;
-      s.new_blocks = int64_t(L.blocks.size() - had);
-      step.blocks.insert(step.blocks.end(), L.blocks.begin() + int64_t(had), L.blocks.end());
+      // Blocks the stages do not know yet: grown now, or shared now or while it waited.
+      s.new_blocks = int64_t(L.blocks.size() - L.sent);
+      step.blocks.insert(step.blocks.end(), L.blocks.begin() + int64_t(L.sent), L.blocks.end());
+      L.sent = L.blocks.size();
       for (int64_t p = L.pos; p < L.pos + s.n; ++p) tokens.push_back(pass == 0 ? L.result.tokens.back() : L.token_at(p));
       if (pass == 1) {
         prompt_rows_ += s.n;

@@ -173,6 +173,18 @@ TEST(Engine, PrefixSharingChangesNoBit) {
   auto tight = m.run(reqs, on);
   EXPECT_GT(m.last_stats.prefix_hit_tokens, 0);
   for (int i = 0; i < 6; ++i) EXPECT_EQ(tight[i].tokens, plain[i].tokens) << i;
+  // One block per step: the others take each prefix block as soon as it is filled, waiting for
+  // the next (blocks shared while waiting reach the stages with the next step).
+  runtime::EngineOptions slow;
+  slow.prefill_chunk = 64;
+  slow.max_batch = 6;
+  auto progressive = m.run(reqs, slow);
+  EXPECT_EQ(m.last_stats.prefix_hit_tokens, 5 * 128);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(progressive[i].tokens, plain[i].tokens) << i;
+    EXPECT_EQ(0, std::memcmp(progressive[i].decode_logits.data(), plain[i].decode_logits.data(),
+                             plain[i].decode_logits.size() * sizeof(float))) << i;
+  }
 }
 
 // kv_dtype bf16: logits stay close to the f32 cache's (keys rounded to bf16 are the only
