@@ -223,6 +223,18 @@ struct Copy2dParams {
   DType src_dtype = DType::F32, dst_dtype = DType::F32;
 };
 
+// The KV cache write of a step: row i of src [n, width] (float32) goes to position pos[i] of its
+// sequence in a paged pool [blocks * block_size, width] of pages.dtype elements (F32, or BF16
+// rounded to nearest even), i.e. pool row pages.row(i, pos[i]); ld_table 0: one sequence.
+struct PagedWriteParams {
+  const float* src = nullptr;
+  int64_t ld_src = 0;
+  const int32_t* pos = nullptr;  // [n]
+  void* pool = nullptr;
+  int64_t n = 0, width = 0;
+  KeyPages pages;
+};
+
 // y[i] += x[i]
 struct AddParams {
   const float* x = nullptr;
@@ -262,6 +274,7 @@ class Backend {
   virtual void moe_combine(const MoeCombineParams& p) = 0;
   virtual void add(const AddParams& p) = 0;
   virtual void copy_2d(const Copy2dParams& p) = 0;
+  virtual void paged_write(const PagedWriteParams& p) = 0;
 };
 
 // The reference backend: plain loops, float32, one thread. Every other backend is tested against it.

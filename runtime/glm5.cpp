@@ -233,9 +233,25 @@ struct Model::Layout {
   bool direct = false;                    // the absorbed rows are the step's rows, in order
   bool sparse = false;                    // some row's causal span exceeds index_topk
   Buf<int32_t> pos, tables;               // [n], [n, max_blocks]
+  Buf<int32_t> row_tables;                // every row of the step: its sequence's table [m, row_ld]
+  int64_t row_ld = 1;
 
-  Layout(Model& model, const std::vector<SeqStep>& batch) : pos(model.backend_, 1), tables(model.backend_, 1) {
+  Layout(Model& model, const std::vector<SeqStep>& batch)
+      : pos(model.backend_, 1), tables(model.backend_, 1), row_tables(model.backend_, 1) {
     const int64_t TOPK = model.cfg_.index_topk;
+    // The cache writes of all rows: one table per row.
+    int64_t m = 0;
+    for (const SeqStep& s : batch) {
+      m += s.n_tokens;
+      row_ld = std::max(row_ld, blocks_for(s.start_pos + s.n_tokens));
+    }
+    std::vector<int32_t> rt(size_t(m * row_ld), 0);
+    int64_t r = 0;
+    for (const SeqStep& s : batch)
+      for (int64_t i = 0; i < s.n_tokens; ++i, ++r)
+        std::copy(s.blocks, s.blocks + blocks_for(s.start_pos + s.n_tokens), rt.begin() + r * row_ld);
+    row_tables = Buf<int32_t>(model.backend_, m * row_ld);
+    model.backend_.to_device(row_tables, rt.data(), rt.size() * sizeof(int32_t));
     int64_t row = 0;
     for (const SeqStep& s : batch) {
       const int64_t end = s.start_pos + s.n_tokens;
@@ -289,26 +305,13 @@ void Model::forward(const std::vector<SeqStep>& batch, float* h) {
     Layer& L = *layers_[li];
     // a = RMSNorm(h); h += Attention(a)
     backend_.rms_norm({h, H, L.input_layernorm, a, H, m, H, float(cfg_.rms_norm_eps)});
-    attention(L, int(li), batch, layout, pos, a, m, h);
+    attention(L, int(li), layout, pos, a, m, h);
     // a = RMSNorm(h); h += MLP(a)
     backend_.rms_norm({h, H, L.post_attention_layernorm, a, H, m, H, float(cfg_.rms_norm_eps)});
     if (L.moe) moe(L, a, m, y);
     else dense_mlp(L, a, m, y);
     backend_.add({y, h, m * H});
     if (debug_) debug_("layer_output", L.index, h, DType::F32, m, H);
-  }
-}
-
-// Writes rows [0, n) of src [*, width] (float32) to positions [pos, pos + n) of a paged pool
-// [blocks * kBlockTokens, width] of `dtype` elements: one copy per block the positions touch.
-static void write_paged(Backend& be, const float* src, int64_t width, const int32_t* blocks, int64_t pos, int64_t n,
-                        void* pool, DType dtype) {
-  for (int64_t done = 0; done < n;) {
-    const int64_t t = pos + done, off = t % kBlockTokens, k = std::min(n - done, kBlockTokens - off);
-    const int64_t row = int64_t(blocks[t / kBlockTokens]) * kBlockTokens + off;
-    void* dst = static_cast<char*>(pool) + size_t(row * width) * dtype_size(dtype);
-    be.copy_2d({src + done * width, width, dst, width, k, width, DType::F32, dtype});
-    done += k;
   }
 }
 
@@ -410,12 +413,12 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
 // and prompt rows with a sparse selection) through the weight-absorbed form over the latent
 // cache. Which form a row takes depends only on its position and its prompt's length, never on
 // chunking, batching or preemption. Adds o_proj(attention) to h.
-void Model::attention(Layer& L, int li, const std::vector<SeqStep>& batch, const Layout& lay, const int32_t* pos,
+void Model::attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
                       const float* a, int64_t m, float* h) {
   const int64_t H = cfg_.hidden_size, NH = cfg_.num_attention_heads, QR = cfg_.q_lora_rank;
   const int64_t dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim, dv = cfg_.v_head_dim;
   const int64_t R = cfg_.kv_lora_rank, LAT = R + dr, DQ = dn + dr;
-  const int64_t IH = cfg_.index_n_heads, ID = cfg_.index_head_dim, TOPK = cfg_.index_topk;
+  const int64_t IH = cfg_.index_n_heads, ID = cfg_.index_head_dim;
   const float rope_scale = cfg_.rope_cos_sin_scale();
   const float eps_lora = 1e-6f;  // q_a_layernorm / kv_a_layernorm (HF class default)
   Backend& be = backend_;
@@ -443,12 +446,12 @@ void Model::attention(Layer& L, int li, const std::vector<SeqStep>& batch, const
   be.rope({ki, m, 1, ID, ID, 0, dr, pos, inv_freq_, rope_scale, cfg_.indexer_rope_interleave});
   be.gemm({a, H, L.weights_proj, false, iw, IH, m, IH, H});
 
-  // This step's keys into each sequence's blocks, then attention in the layout's two forms.
-  int64_t row = 0;
-  for (const SeqStep& s : batch) {
-    write_paged(be, kv + row * LAT, LAT, s.blocks, s.start_pos, s.n_tokens, kv_pool_->latent(li), kv_pool_->dtype());
-    write_paged(be, ki + row * ID, ID, s.blocks, s.start_pos, s.n_tokens, kv_pool_->index_k(li), kv_pool_->dtype());
-    row += s.n_tokens;
+  // This step's keys into each sequence's blocks (one call per cache for all rows), then
+  // attention in the layout's two forms.
+  if (m > 0) {
+    const kernels::KeyPages rows{lay.row_tables, lay.row_ld, kBlockTokens, kv_pool_->dtype()};
+    be.paged_write({kv, LAT, pos, kv_pool_->latent(li), m, LAT, rows});
+    be.paged_write({ki, ID, pos, kv_pool_->index_k(li), m, ID, rows});
   }
   Buf<float> attn(be, m * NH * dv);  // [m, NH, v_head_dim]
   if (lay.n > 0) absorbed_attention(L, li, lay, q, qi, iw, attn);

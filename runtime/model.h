@@ -78,7 +78,7 @@ class Model {
   kernels::Weight matrix_f32_scaled(const std::string& name, int64_t rows, int64_t cols,
                                     float scale);
   struct Layout;
-  void attention(Layer& L, int li, const std::vector<SeqStep>& batch, const Layout& lay, const int32_t* pos,
+  void attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
                  const float* a, int64_t m, float* h);
   // Rows [row, row + n) of a step at positions [pos, pos + n) of one sequence.
   struct Span {

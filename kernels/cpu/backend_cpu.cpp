@@ -185,6 +185,20 @@ class CpuBackend final : public HostBackend {
     }
     ref::copy_2d(p);  // a dtype conversion (bf16 KV cache rows): the reference's exact rounding
   }
+  void paged_write(const PagedWriteParams& p) override {
+    validate(p);
+    parallel_rows(p.n, p.width, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t row = p.pages.row(i, p.pos[i]) * p.width;
+        if (p.pages.dtype == DType::BF16) {
+          uint16_t* dst = static_cast<uint16_t*>(p.pool) + row;
+          for (int64_t j = 0; j < p.width; ++j) dst[j] = f32_to_bf16(p.src[i * p.ld_src + j]);
+        } else {
+          std::memcpy(static_cast<float*>(p.pool) + row, p.src + i * p.ld_src, size_t(p.width) * sizeof(float));
+        }
+      }
+    });
+  }
 };
 
 }  // namespace

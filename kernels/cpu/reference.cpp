@@ -197,6 +197,15 @@ void validate(const Copy2dParams& p) {
     CHECK(t == DType::F32 || t == DType::BF16, "copy_2d: elements must be F32 or BF16, found ", dtype_name(t));
 }
 
+void validate(const PagedWriteParams& p) {
+  CHECK(p.n >= 0 && p.width >= 0 && p.ld_src >= p.width, "paged_write: bad sizes n = ", p.n, ", width = ", p.width,
+        ", ld_src = ", p.ld_src);
+  CHECK(p.n == 0 || p.width == 0 || (p.src && p.pos && p.pool && p.pages.block_table && p.pages.block_size > 0),
+        "paged_write: null pointer or no block table");
+  CHECK(p.pages.dtype == DType::F32 || p.pages.dtype == DType::BF16, "paged_write: pool elements must be F32 or BF16, found ",
+        dtype_name(p.pages.dtype));
+}
+
 void validate(const AddParams& p) {
   CHECK(p.n >= 0, "add: negative n = ", p.n);
   CHECK(p.n == 0 || (p.x && p.y), "add: null pointer");
@@ -471,6 +480,17 @@ void copy_2d(const Copy2dParams& p) {
     }
 }
 
+void paged_write(const PagedWriteParams& p) {
+  for (int64_t i = 0; i < p.n; ++i) {
+    const int64_t row = p.pages.row(i, p.pos[i]) * p.width;
+    for (int64_t j = 0; j < p.width; ++j) {
+      const float v = p.src[i * p.ld_src + j];
+      if (p.pages.dtype == DType::BF16) static_cast<uint16_t*>(p.pool)[row + j] = f32_to_bf16(v);
+      else static_cast<float*>(p.pool)[row + j] = v;
+    }
+  }
+}
+
 }  // namespace ref
 
 // ---------------------------------------------------------------------------------------------
@@ -493,6 +513,7 @@ class ReferenceBackend final : public HostBackend {
   void moe_combine(const MoeCombineParams& p) override { validate(p); ref::moe_combine(p); }
   void add(const AddParams& p) override { validate(p); ref::add(p); }
   void copy_2d(const Copy2dParams& p) override { validate(p); ref::copy_2d(p); }
+  void paged_write(const PagedWriteParams& p) override { validate(p); ref::paged_write(p); }
 };
 
 }  // namespace glm5::kernels::cpu

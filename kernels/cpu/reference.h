@@ -30,6 +30,7 @@ void validate(const GatherRowsParams& p);
 void validate(const MoeCombineParams& p);
 void validate(const AddParams& p);
 void validate(const Copy2dParams& p);
+void validate(const PagedWriteParams& p);
 
 // Element i of a cached row array (F32 or BF16; kernels/ops.h KeyPages, Copy2dParams).
 inline float cache_at(DType t, const void* base, int64_t i) {
@@ -70,6 +71,7 @@ void gather_rows(const GatherRowsParams& p);
 void moe_combine(const MoeCombineParams& p);
 void add(const AddParams& p);
 void copy_2d(const Copy2dParams& p);
+void paged_write(const PagedWriteParams& p);
 }  // namespace ref
 
 // Host memory: malloc/free/memcpy; weights are used in place (upload returns the host pointer).

@@ -374,6 +374,18 @@ class CudaBackend final : public Backend {
                                  size_t(p.rows), cudaMemcpyDeviceToDevice, stream_));
   }
 
+  void paged_write(const PagedWriteParams& p) override {
+    CHECK(p.n >= 0 && p.width >= 0 && p.ld_src >= p.width, "cuda paged_write: bad sizes n = ", p.n, ", width = ",
+          p.width, ", ld_src = ", p.ld_src);
+    if (p.n == 0 || p.width == 0) return;
+    CHECK(p.src && p.pos && p.pool && p.pages.block_table && p.pages.block_size > 0,
+          "cuda paged_write: null pointer or no block table");
+    CHECK(p.pages.dtype == DType::F32 || p.pages.dtype == DType::BF16,
+          "cuda paged_write: pool elements must be F32 or BF16, found ", dtype_name(p.pages.dtype));
+    DeviceScope ds(device_);
+    cuda::launch_paged_write(p, stream_);
+  }
+
  private:
   // Per-row key sets of the attention ops: s * (topk_len + 1) ints (none for dense causal).
   int32_t* key_scratch(int64_t s, int64_t topk_len, const int32_t* topk) {

@@ -35,6 +35,7 @@ void launch_moe_combine(const MoeCombineParams& p, int* error_word, cudaStream_t
 void launch_add(const AddParams& p, cudaStream_t st);
 // copy_2d between F32 and BF16 elements (round to nearest even to BF16, exact back).
 void launch_convert_2d(const Copy2dParams& p, cudaStream_t st);
+void launch_paged_write(const PagedWriteParams& p, cudaStream_t st);
 // GEMM helpers for the cuBLAS path: split rows [0, rows) of x (fp32, row stride ldx) into `terms`
 // bf16 parts (x = hi + mid + lo) into xs laid out [chunk][term][chunk_rows][ldk]; rows past `rows`
 // up to a whole chunk are zero. With terms == 0 the rows are copied as fp32 (F32 weights).

@@ -266,6 +266,24 @@ __global__ void convert_2d_kernel(Copy2dParams p) {
   }
 }
 
+// One thread per element: row i of src to pool row pages.row(i, pos[i]) (bf16: as f32_to_bf16).
+__global__ void paged_write_kernel(PagedWriteParams p) {
+  const int64_t total = p.n * p.width;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = e / p.width, j = e % p.width;
+    const int64_t at = p.pages.row(i, p.pos[i]) * p.width + j;
+    const float v = p.src[i * p.ld_src + j];
+    if (p.pages.dtype == DType::BF16) {
+      const uint32_t u = __float_as_uint(v);
+      static_cast<uint16_t*>(p.pool)[at] = (u & 0x7fffffffu) > 0x7f800000u
+                                               ? uint16_t((u >> 16) | 0x40)
+                                               : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    } else {
+      static_cast<float*>(p.pool)[at] = v;
+    }
+  }
+}
+
 // ---- GEMM helpers ------------------------------------------------------------------------------
 
 // x = hi + mid + lo exactly (each step's remainder is exact in fp32 and fits the next bf16).
@@ -431,6 +449,11 @@ void launch_moe_combine(const MoeCombineParams& p, int* error_word, cudaStream_t
 void launch_add(const AddParams& p, cudaStream_t st) {
   add_kernel<<<grid_for(p.n, 256), 256, 0, st>>>(p);
   CUDA_CHECK_LAUNCH("add");
+}
+
+void launch_paged_write(const PagedWriteParams& p, cudaStream_t st) {
+  paged_write_kernel<<<grid_for(p.n * p.width, 256), 256, 0, st>>>(p);
+  CUDA_CHECK_LAUNCH("paged_write");
 }
 
 void launch_convert_2d(const Copy2dParams& p, cudaStream_t st) {

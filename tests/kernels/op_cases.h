@@ -374,6 +374,38 @@ inline OpCase copy_2d_bf16_case(int64_t rows, int64_t cols, uint64_t seed) {
           }};
 }
 
+// The KV cache write of a step: n rows to their positions in a paged pool (per-row block tables
+// of 4-position blocks, rows of a few sequences), F32 or BF16 pool; the pool is the output (a
+// bf16 pool read back through copy_2d).
+inline OpCase paged_write_case(int64_t n, int64_t width, bool bf16, uint64_t seed) {
+  const int64_t bs = 4, seqs = 3, per_seq = (n + seqs - 1) / seqs, nb = (per_seq + bs - 1) / bs + 1;
+  auto src = random_floats(size_t(n * (width + 1)), seed, -200.0f, 200.0f);
+  std::vector<int32_t> pos(static_cast<size_t>(n)), tables(size_t(n * nb));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t q = i % seqs;  // row i belongs to sequence q at position i / seqs + 1
+    pos[size_t(i)] = int32_t(i / seqs + 1);
+    for (int64_t j = 0; j < nb; ++j) tables[size_t(i * nb + j)] = int32_t(q + seqs * (nb - 1 - j));  // interleaved
+  }
+  const int64_t pool_rows = seqs * nb * bs;
+  auto pool0 = random_floats(size_t(pool_rows * width), seed + 1);
+  return {"paged_write_n" + std::to_string(n) + "_w" + std::to_string(width) + (bf16 ? "_bf16" : ""),
+          [=](Buffers& b) {
+            PagedWriteParams p;
+            p.src = b.in(src), p.ld_src = width + 1, p.pos = b.in(pos), p.n = n, p.width = width;
+            p.pages = KeyPages{b.in(tables), nb, bs, bf16 ? DType::BF16 : DType::F32};
+            if (!bf16) {
+              p.pool = b.out("pool", pool0);
+              b.backend().paged_write(p);
+              return;
+            }
+            void* pool = const_cast<float*>(b.in(pack_bf16(pool0)));
+            p.pool = pool;
+            b.backend().paged_write(p);
+            float* out = b.out("pool", size_t(pool_rows * width));
+            b.backend().copy_2d({pool, width, out, width, pool_rows, width, DType::BF16, DType::F32});
+          }};
+}
+
 }  // namespace cases
 
 // Every op at several sizes, to be compared with the reference backend.
@@ -470,6 +502,10 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(copy_2d_case(200, 300, seed++));
   v.push_back(copy_2d_bf16_case(3, 17, seed++));
   v.push_back(copy_2d_bf16_case(64, 576, seed++));
+  for (bool bf16 : {false, true}) {
+    v.push_back(paged_write_case(1, 576, bf16, seed++));
+    v.push_back(paged_write_case(37, 128, bf16, seed++));
+  }
   for (Paging g : {Paging::Shared, Paging::PerRow}) {
     v.push_back(indexer_case(9, 70, 8, 128, 905, g, true));
     v.push_back(mla_decode_case(4, 70, 9, 512, 64, 50, 906, 0.3f, g, true));
