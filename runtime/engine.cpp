@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <thread>
+#include <unordered_map>
 
 #include "core/check.h"
 #include "runtime/scheduler.h"
@@ -446,6 +447,7 @@ struct Engine::Stage0 {
   std::vector<bool> inflight;                        // per group: a step awaits its results
   std::vector<bool> inflight_rows;                   // ... and it had rows
   int64_t done = 0, total = -1;                      // progress (rank 0)
+  std::unordered_map<uint64_t, uint64_t> prefix_columns;  // first prompt block -> columns with it (bits)
   Clock::time_point t_start = Clock::now(), t_progress = Clock::now();
   Stage0(const ModelConfig& cfg, const SchedulerOptions& so, const Tokenizer* tok, int G)
       : sched(cfg, so, tok), inflight(size_t(G), false), inflight_rows(size_t(G), false) {}
@@ -508,10 +510,24 @@ bool Engine::exchange(Stage0& s) {
         deliver(std::move(err));
         continue;
       }
-      int best = -1;  // the least-loaded column with room (lowest column on ties)
+      // The column with room whose load (tokens in flight) would be least after taking it; a
+      // column that already has the request's first prompt block (prefix sharing) is charged
+      // only for what it will compute. Lowest column on ties.
+      const int64_t cost = int64_t(r->prompt.size()) + r->sampling.max_tokens;
+      const int64_t shareable = (int64_t(r->prompt.size()) - 1) / kBlockTokens * kBlockTokens;
+      uint64_t* has = nullptr;
+      if (E > 1 && shareable > 0 && opt_.prefix_sharing) {
+        if (s.prefix_columns.size() > 65536) s.prefix_columns.clear();  // a bounded hint
+        has = &s.prefix_columns[prefix_hashes({r->prompt.begin(), r->prompt.begin() + kBlockTokens + 1})[0]];
+      }
+      auto charge = [&](int c) { return cost - (has && (*has >> (c % 64) & 1) ? shareable : 0); };
+      int best = -1;
       for (int c = 0; c < E; ++c)
-        if (free[size_t(c)] > 0 && (best < 0 || load[size_t(c)] < load[size_t(best)])) best = c;
-      load[size_t(best)] += int64_t(r->prompt.size()) + r->sampling.max_tokens;
+        if (free[size_t(c)] > 0 &&
+            (best < 0 || load[size_t(c)] + charge(c) < load[size_t(best)] + charge(best)))
+          best = c;
+      load[size_t(best)] += charge(best);
+      if (has) *has |= uint64_t(1) << (best % 64);
       --free[size_t(best)];
       --room;
       ++handed;

@@ -7,6 +7,26 @@
 
 namespace glm5::runtime {
 
+namespace {
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+std::vector<uint64_t> prefix_hashes(const std::vector<int32_t>& prompt) {
+  std::vector<uint64_t> out;
+  const int64_t full = (int64_t(prompt.size()) - 1) / kBlockTokens;
+  uint64_t h = 0x243f6a8885a308d3ull;
+  for (int64_t j = 0; j < full; ++j) {
+    for (int64_t t = j * kBlockTokens; t < (j + 1) * kBlockTokens; ++t) h = mix(h ^ uint32_t(prompt[size_t(t)]));
+    out.push_back(h);
+  }
+  return out;
+}
+
 KvPool::KvPool(kernels::Backend& backend, const ModelConfig& cfg, int n_layers, int64_t num_blocks, DType dtype)
     : backend_(backend), num_blocks_(num_blocks), dtype_(dtype) {
   CHECK(num_blocks >= 1, "KV cache: need at least one block, got ", num_blocks);

@@ -20,6 +20,11 @@ constexpr int64_t kBlockTokens = 64;  // FlashMLA's page size
 
 inline int64_t blocks_for(int64_t tokens) { return (tokens + kBlockTokens - 1) / kBlockTokens; }
 
+// Hash chain of the full blocks of prompt positions [0, P - 1): block j's hash covers every token
+// up to the end of block j (prefix sharing: runtime/scheduler.h). The last prompt position is left
+// out: it is always computed (its logits are sampled).
+std::vector<uint64_t> prefix_hashes(const std::vector<int32_t>& prompt);
+
 class KvPool {
  public:
   // Memory is taken from the backend up front; on the CPU backend pages are touched only as

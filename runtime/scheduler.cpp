@@ -41,31 +41,6 @@ struct Scheduler::Live {
   }
 };
 
-namespace {
-
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Hash chain of the full blocks of prompt positions [0, P - 1): block j's hash covers every
-// token up to the end of block j. The last prompt position is left out (it must be computed:
-// its logits are sampled).
-std::vector<uint64_t> prefix_hashes(const std::vector<int32_t>& prompt) {
-  std::vector<uint64_t> out;
-  const int64_t full = (int64_t(prompt.size()) - 1) / kBlockTokens;
-  uint64_t h = 0x243f6a8885a308d3ull;
-  for (int64_t j = 0; j < full; ++j) {
-    for (int64_t t = j * kBlockTokens; t < (j + 1) * kBlockTokens; ++t) h = mix(h ^ uint32_t(prompt[size_t(t)]));
-    out.push_back(h);
-  }
-  return out;
-}
-
-}  // namespace
-
 Scheduler::Scheduler(const ModelConfig& cfg, const SchedulerOptions& opt, const Tokenizer* tok)
     : cfg_(cfg), opt_(opt), tok_(tok), group_size_(size_t(std::max(1, opt.micro_batches)), 0),
       blocks_(opt.kv_blocks) {
@@ -135,7 +110,7 @@ void Scheduler::admit(int group) {
     // Its prompt blocks nobody holds or computes yet are its to fill.
     if (opt_.prefix_sharing) L->hashes = prefix_hashes(L->req.prompt);
     L->published = 0;
-    for (uint64_t h : L->hashes) prefix_.try_emplace(h, Prefix{-1, L->req.index});
+    for (uint64_t h : L->hashes) prefix_.try_emplace(h, Prefix{-1, L->req.index, -1, {}});
     ++group_size_[size_t(group)];
     const int64_t id = L->req.index;
     CHECK(live_.emplace(id, std::move(L)).second, "internal: request index ", id, " is running twice");
@@ -199,7 +174,7 @@ bool Scheduler::share_prefix(Live& L) {
     const size_t j = size_t(L.pos / kBlockTokens);
     auto it = prefix_.find(L.hashes[j]);
     if (it == prefix_.end()) {  // nobody has it: L fills it
-      prefix_.emplace(L.hashes[j], Prefix{-1, L.req.index});
+      prefix_.emplace(L.hashes[j], Prefix{-1, L.req.index, -1, {}});
       return true;
     }
     const Prefix& e = it->second;
