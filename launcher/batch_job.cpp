@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -15,9 +17,12 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
-#include <nlohmann/json.hpp>
 #include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
+#include <thread>
 
 #include "core/check.h"
 #include "launcher/cluster_config.h"
@@ -491,88 +496,94 @@ int64_t count_lines(const std::string& path) {
   return n + (blank ? 0 : 1);
 }
 
-// The input, read lazily: the engine pulls requests as the columns have room, so only the lines
-// in flight are held. Lines already answered are skipped; bad lines get their error record here.
-class BatchSource final : public runtime::RequestSource {
+// Reads, keys and parses (tokenizes) the input on its own thread, ahead of the engine, into a
+// bounded queue of lines: rank 0's tick, which every stage-0 rank waits on, does not wait for JSON
+// parsing or tokenization while lines are ready. Blank lines and lines a previous run answered are
+// skipped here (answered ones before tokenizing them); duplicates of an earlier custom_id get
+// their error here. Only this thread touches the input and the id sets.
+class LineReader {
  public:
-  BatchSource(const BatchArgs& a, const runtime::ModelConfig& mc, const runtime::Tokenizer* tok, OutputFile& out,
-              int64_t seq_no)
-      : in_(a.input), mc_(mc), tok_(tok), out_(out), seq_no_(seq_no) {
-    CHECK(in_, "cannot open --input ", a.input);
+  LineReader(const std::string& path, const runtime::ModelConfig& mc, const runtime::Tokenizer* tok, KeySet done,
+             size_t capacity)
+      : in_(path), mc_(mc), tok_(tok), done_(std::move(done)), capacity_(capacity) {
+    CHECK(in_, "cannot open --input ", path);
+    thread_ = std::thread([this] { run(); });
   }
-  // Keys (custom_id or line) that a previous run answered.
-  KeySet done;
+  ~LineReader() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // The next line (runnable, or an error record to write), or nullopt when none is ready yet.
+  std::optional<BatchLine> pop() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (err_) std::rethrow_exception(err_);
+    if (q_.empty()) return std::nullopt;
+    BatchLine b = std::move(q_.front());
+    q_.pop_front();
+    cv_.notify_all();
+    return b;
+  }
+  // The whole input is read and every line taken.
+  bool finished() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (err_) std::rethrow_exception(err_);
+    return eof_ && q_.empty();
+  }
+  int64_t skipped() const { return skipped_.load(); }
 
  private:
-  // Reads input lines until one has requests to run (its n choices go to expand_) or the input
-  // ends. Blank and answered lines are skipped; bad lines get their error record at once.
-  void read_line() {
-    std::string text;
-    while (!eof_) {
-      if (!std::getline(in_, text)) {
-        eof_ = true;
-        return;
-      }
-      ++line_no_;
-      if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
-      // A resumed job skips its answered lines before tokenizing them (a rerun of a big job would
-      // otherwise spend its first tick re-tokenizing everything already done).
-      bool duplicate = false, keyed = false;
-      if (done.size() > 0) {
-        keyed = true;
-        if (done.contains(line_key(text, duplicate))) {
+  void run() {
+    try {
+      std::string text;
+      int64_t line_no = 0;
+      while (std::getline(in_, text)) {
+        ++line_no;
+        if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+        std::optional<BatchLine> b = read(text, line_no);
+        if (!b) {
           ++skipped_;
           continue;
         }
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || q_.size() < capacity_; });
+        if (stop_) return;
+        q_.push_back(std::move(*b));
       }
-      BatchLine b = parse_batch_line(text, line_no_, mc_, tok_);
-      if (!keyed) duplicate = !b.custom_id.empty() && !seen_.insert(b.key);
-      if (duplicate) {
-        // The first line owns the id; this one gets an error record, keyed by its line number
-        // (see finished_keys), so a rerun neither skips the first line nor answers this one twice.
-        b.key = "line:" + std::to_string(line_no_);
-        b.error_code = "duplicate_custom_id";
-        b.error = "line " + std::to_string(line_no_) + ": custom_id '" + b.custom_id + "' appears earlier in the input";
-      }
-      if (done.contains(b.key)) {
-        ++skipped_;
-        continue;
-      }
-      if (!b.error.empty()) {  // error records go out at once
-        out_.write_record(batch_record(b, {}, tok_, seq_no_++));
-        ++skipped_;
-        continue;
-      }
-      for (int64_t j = 0; j < b.n; ++j) {
-        runtime::Request r = b.request;
-        r.index = next_index_++;
-        r.sampling.seed += uint64_t(j) * kChoiceSeedStep;
-        choice_of_[r.index] = {line_no_, j};
-        expand_.push_back(std::move(r));
-      }
-      Held h;
-      h.results.resize(size_t(b.n));
-      h.missing = b.n;
-      h.line = std::move(b);
-      held_.emplace(line_no_, std::move(h));
-      ++to_run_;
-      return;
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(mu_);
+      err_ = std::current_exception();
     }
+    std::lock_guard<std::mutex> lk(mu_);
+    eof_ = true;
   }
 
- public:
-  std::optional<runtime::Request> next() override {
-    if (expand_.empty()) read_line();
-    if (expand_.empty()) return std::nullopt;
-    runtime::Request r = std::move(expand_.front());
-    expand_.pop_front();
-    return r;
+  // The parsed line, or nullopt when a previous run answered it.
+  std::optional<BatchLine> read(const std::string& text, int64_t line_no) {
+    bool duplicate = false, keyed = false;
+    if (done_.size() > 0) {  // a resumed job: skip answered lines before tokenizing them
+      keyed = true;
+      if (done_.contains(line_key(text, line_no, duplicate))) return std::nullopt;
+    }
+    BatchLine b = parse_batch_line(text, line_no, mc_, tok_);
+    if (!keyed) duplicate = !b.custom_id.empty() && !seen_.insert(b.key);
+    if (duplicate) {
+      // The first line owns the id; this one gets an error record, keyed by its line number
+      // (see finished_keys), so a rerun neither skips the first line nor answers this one twice.
+      b.key = "line:" + std::to_string(line_no);
+      b.error_code = "duplicate_custom_id";
+      b.error = "line " + std::to_string(line_no) + ": custom_id '" + b.custom_id + "' appears earlier in the input";
+    }
+    if (done_.contains(b.key)) return std::nullopt;
+    return b;
   }
-  bool exhausted() override { return eof_ && expand_.empty(); }
 
-  // The line's key as parse_batch_line + read_line give it (custom_id, or the line number for a
-  // line without one or repeating an earlier one), from its JSON alone; records the id as seen.
-  std::string line_key(const std::string& text, bool& duplicate) {
+  // The line's key as parse_batch_line + read give it (custom_id, or the line number for a line
+  // without one or repeating an earlier one), from its JSON alone; records the id as seen.
+  std::string line_key(const std::string& text, int64_t line_no, bool& duplicate) {
     try {
       const json j = json::parse(text);
       if (j.is_object() && j.contains("custom_id") && j["custom_id"].is_string() &&
@@ -583,8 +594,49 @@ class BatchSource final : public runtime::RequestSource {
       }
     } catch (const json::exception&) {  // malformed: parse_batch_line's error record, by line
     }
-    return "line:" + std::to_string(line_no_);
+    return "line:" + std::to_string(line_no);
   }
+
+  std::ifstream in_;
+  const runtime::ModelConfig& mc_;
+  const runtime::Tokenizer* tok_;
+  KeySet done_, seen_;
+  const size_t capacity_;
+  std::atomic<int64_t> skipped_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<BatchLine> q_;
+  bool eof_ = false, stop_ = false;
+  std::exception_ptr err_;
+  std::thread thread_;  // last: started once everything above exists
+};
+
+// The engine's request source over the input: lines from the LineReader as the columns have room
+// (only the lines in flight are held), each line's n choices as requests, error records written
+// at once, and one record per line when its last choice finishes.
+class BatchSource final : public runtime::RequestSource {
+ public:
+  BatchSource(const BatchArgs& a, const runtime::ModelConfig& mc, const runtime::Tokenizer* tok, OutputFile& out,
+              int64_t seq_no, KeySet done, size_t window)
+      : reader_(a.input, mc, tok, std::move(done), window), tok_(tok), out_(out), seq_no_(seq_no) {}
+
+  std::optional<runtime::Request> next() override {
+    while (expand_.empty()) {
+      std::optional<BatchLine> b = reader_.pop();
+      if (!b) return std::nullopt;
+      if (!b->error.empty()) {  // error records go out at once
+        out_.write_record(batch_record(*b, {}, tok_, seq_no_++));
+        ++errors_;
+        continue;
+      }
+      hold(std::move(*b));
+    }
+    runtime::Request r = std::move(expand_.front());
+    expand_.pop_front();
+    return r;
+  }
+  bool exhausted() override { return expand_.empty() && reader_.finished(); }
+  int64_t size_hint() const override { return total_lines_ < 0 ? -1 : total_lines_ - skipped(); }
 
   // Takes the result of one choice; the record is written when the line's last choice is in.
   void write(runtime::Result&& r) {
@@ -600,17 +652,32 @@ class BatchSource final : public runtime::RequestSource {
   }
   void set_total_lines(int64_t n) { total_lines_ = n; }
   int64_t to_run() const { return to_run_; }
-  int64_t skipped() const { return skipped_; }
+  int64_t skipped() const { return reader_.skipped() + errors_; }
 
  private:
-  std::ifstream in_;
-  const runtime::ModelConfig& mc_;
+  // A runnable line: its n choices become requests (choice j samples with seed + j * step).
+  void hold(BatchLine b) {
+    for (int64_t j = 0; j < b.n; ++j) {
+      runtime::Request r = b.request;
+      r.index = next_index_++;
+      r.sampling.seed += uint64_t(j) * kChoiceSeedStep;
+      choice_of_[r.index] = {b.line, j};
+      expand_.push_back(std::move(r));
+    }
+    Held h;
+    h.results.resize(size_t(b.n));
+    h.missing = b.n;
+    const int64_t line = b.line;
+    h.line = std::move(b);
+    held_.emplace(line, std::move(h));
+    ++to_run_;
+  }
+
+  LineReader reader_;
   const runtime::Tokenizer* tok_;
   OutputFile& out_;
-  int64_t seq_no_ = 0, line_no_ = 0, next_index_ = 0, to_run_ = 0, skipped_ = 0;
+  int64_t seq_no_ = 0, next_index_ = 0, to_run_ = 0, errors_ = 0;
   int64_t total_lines_ = -1;
-  bool eof_ = false;
-  KeySet seen_;
   struct Held {  // a line in flight: its choices' results as they come
     BatchLine line;
     std::vector<runtime::Result> results;
@@ -618,7 +685,7 @@ class BatchSource final : public runtime::RequestSource {
   };
   std::map<int64_t, Held> held_;                               // by line number
   std::map<int64_t, std::pair<int64_t, int64_t>> choice_of_;  // request index -> (line, choice)
-  std::deque<runtime::Request> expand_;                       // choices of the line just read
+  std::deque<runtime::Request> expand_;                       // choices of the line just taken
 };
 
 // Gathers every rank's counters on rank 0: the report file and one line per rank on stderr.
@@ -676,12 +743,14 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
   end_with_whole_record(a.output);
   KeySet done;
   for (auto& k : finished_keys(a.output)) done.insert(k);
+  const size_t answered = done.size();
   OutputFile out(a.output);
-  BatchSource src(a, job->config, tok.get(), out, int64_t(done.size()));
-  src.done = std::move(done);
+  // The reader runs ahead by up to 4 x max_batch lines per column (what the columns may take).
+  const size_t window = size_t(4 * job->cluster.max_batch * job->cluster.expert_parallel);
+  BatchSource src(a, job->config, tok.get(), out, int64_t(answered), std::move(done), window);
   src.set_total_lines(count_lines(a.input));
   std::fprintf(stderr, "[glm5] batch: %lld lines in %s (%zu already answered) on %d rank(s)\n",
-               (long long)src.size_hint(), a.input.c_str(), src.done.size(), job->world->size());
+               (long long)src.size_hint(), a.input.c_str(), answered, job->world->size());
   job->start_watchdog();
   job->engine->run(&src, [&](runtime::Result&& r) { src.write(std::move(r)); });
   out.close();
