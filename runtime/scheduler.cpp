@@ -208,7 +208,8 @@ void Scheduler::publish_blocks(Live& L) {
 }
 
 // Gives L the blocks for positions [0, tokens). When the pool is dry, preempts the youngest
-// sequence of `group` that is not in `step` yet (possibly L itself: then false).
+// sequence of `group` that is not in `step` yet, or L itself when it is the youngest holder of
+// blocks (false), or lets L wait a step when a younger holder runs in another group (false).
 bool Scheduler::grow(Live& L, int64_t tokens, int group, const Step& step) {
   auto in_step = [&](int64_t id) {
     return std::any_of(step.seqs.begin(), step.seqs.end(), [&](const StepSeq& s) { return s.req == id; });
@@ -228,6 +229,19 @@ bool Scheduler::grow(Live& L, int64_t tokens, int group, const Step& step) {
           (!victim || V->admitted > victim->admitted))
         victim = V.get();
     if (!victim || victim->admitted < L.admitted) victim = &L;
+    if (victim == &L) {
+      // Sequences of other groups may have steps in flight and cannot be preempted now. If one of
+      // them that holds blocks is younger than L, L waits (keeping its blocks) for it to finish or
+      // to preempt itself, so the oldest sequence always gets through; L also stops filling prefix
+      // blocks others may wait for, so that nobody waits on it.
+      const bool younger_elsewhere = std::any_of(live_.begin(), live_.end(), [&](const auto& kv) {
+        return kv.second->group != group && !kv.second->blocks.empty() && kv.second->admitted > L.admitted;
+      });
+      if (younger_elsewhere) {
+        drop_pending(L);
+        return false;
+      }
+    }
     const bool self = victim == &L;
     preempt(*victim);
     if (self) return false;

@@ -276,3 +276,40 @@ TEST(Scheduler, PreemptsTheYoungestAndRecomputesIt) {
   EXPECT_EQ(s.blocks_in_use(), 0);
   EXPECT_EQ(s.load(), 0);
 }
+
+// Two micro-batch groups sharing a pool that holds one of their sequences at full length: the
+// older one waits (keeping its blocks) while the younger, in the other group, preempts itself;
+// both finish instead of preempting each other forever.
+TEST(Scheduler, TwoGroupsUnderATightPoolBothFinish) {
+  for (bool sharing : {false, true}) {
+    ModelConfig c = small_config();
+    c.max_position_embeddings = 512;
+    SchedulerOptions o;
+    o.micro_batches = 2;
+    o.max_batch = 2;
+    o.kv_blocks = 5;
+    o.prefill_chunk = 7;
+    o.prefix_sharing = sharing;
+    Scheduler s(c, o, nullptr);
+    const int64_t P[2] = {228, 186}, M[2] = {31, 4};
+    for (int i = 0; i < 2; ++i) {
+      Request r = req(i, 0, int(M[i]));
+      for (int t = 0; t < P[i]; ++t) r.prompt.push_back(5 + (t * 7 + i) % 90);
+      r.sampling.ignore_eos = true;
+      ASSERT_EQ(s.refuse_reason(r), "");
+      s.add(r);
+    }
+    // As in the pipeline: a group's results come back when its turn comes again.
+    std::vector<Back> in_flight[2];
+    std::vector<int32_t> tokens;
+    size_t done = 0;
+    for (int tick = 0; tick < 20000 && done < 2; ++tick) {
+      const int g = tick % 2;
+      s.apply(in_flight[g]);
+      done += s.take_finished().size();
+      in_flight[g] = answer(s.next_step(g, tokens), 7);
+    }
+    EXPECT_EQ(done, 2u) << "sharing " << sharing << ": " << s.preemptions() << " preemptions";
+    EXPECT_EQ(s.blocks_in_use(), 0);
+  }
+}
