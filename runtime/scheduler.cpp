@@ -44,12 +44,7 @@ struct Scheduler::Live {
 Scheduler::Scheduler(const ModelConfig& cfg, const SchedulerOptions& opt, const Tokenizer* tok)
     : cfg_(cfg), opt_(opt), tok_(tok), group_size_(size_t(std::max(1, opt.micro_batches)), 0),
       blocks_(opt.kv_blocks) {
-  CHECK(opt_.micro_batches >= 1, "micro_batches must be >= 1, found ", opt_.micro_batches);
-  CHECK(opt_.max_batch >= 1, "max_batch must be >= 1, found ", opt_.max_batch);
-  CHECK(opt_.prefill_chunk >= 1, "prefill_chunk must be >= 1, found ", opt_.prefill_chunk);
-  CHECK(opt_.max_step_tokens >= opt_.max_batch, "max_step_tokens must be >= max_batch (",
-        opt_.max_batch, ") so that every running sequence can decode in one step, found ",
-        opt_.max_step_tokens);
+  // micro_batches, max_batch, prefill_chunk and max_step_tokens are checked by the Engine.
   CHECK(opt_.kv_blocks >= 1, "the KV cache has no block (kv_budget_gb too small for one block of ",
         kBlockTokens, " tokens)");
 }
