@@ -13,22 +13,59 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/quant.h"
 
 namespace glm5::kernels {
 
 // A 2-D weight matrix [rows, cols] in checkpoint dtype, row stride `ld` elements (ld >= cols).
+// Quantized dtypes (F8_E4M3 block-scaled, Q4 / Q8 group-wise; element values in core/quant.h)
+// carry their scales: element (r, c) uses scale[(r / scale_block_rows) * scale_ld + c / group],
+// of dtype scale_dtype (FP8: F32, blocks of 128 x 128; Q4/Q8: BF16, F16 or F32, 1 x group).
 struct Weight {
   const void* data = nullptr;
   DType dtype = DType::BF16;
   int64_t rows = 0, cols = 0, ld = 0;
-  // Rows [first, first + n) of this matrix (a view, no copy).
+  const void* scale = nullptr;
+  DType scale_dtype = DType::F32;
+  int64_t scale_ld = 0, group = 0, scale_block_rows = 1;
+  // Rows [first, first + n) of this matrix (a view, no copy). A quantized matrix can be sliced
+  // only at multiples of its scale blocks.
   Weight slice_rows(int64_t first, int64_t n) const {
     Weight w = *this;
-    w.data = static_cast<const char*>(data) + size_t(first) * size_t(ld) * dtype_size(dtype);
+    const size_t row = dtype == DType::Q4 ? size_t(ld) / 2 : size_t(ld) * dtype_size(dtype);
+    w.data = static_cast<const char*>(data) + size_t(first) * row;
+    if (scale) {
+      CHECK(first % scale_block_rows == 0, "slice_rows: row ", first, " is inside a scale block of ",
+            scale_block_rows, " rows");
+      w.scale = static_cast<const char*>(scale) +
+                size_t(first / scale_block_rows) * size_t(scale_ld) * dtype_size(scale_dtype);
+    }
     w.rows = n;
     return w;
   }
 };
+
+// Element (r, c) of a weight in host memory as float32: widened exactly, or dequantized by the
+// rule of core/quant.h. The definition every kernel's weight values are checked against.
+inline float weight_at(const Weight& w, int64_t r, int64_t c) {
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * quant::row_bytes(w.dtype, w.ld);
+  switch (w.dtype) {
+    case DType::F32: {
+      float v;
+      std::memcpy(&v, row + 4 * c, 4);
+      return v;
+    }
+    case DType::BF16: return bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]);
+    case DType::F16: return f16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]);
+    case DType::F8_E4M3:
+      return fp8_e4m3_to_f32(row[c]) *
+             quant::scale_at(w.scale_dtype, w.scale, (r / w.scale_block_rows) * w.scale_ld + c / w.group);
+    case DType::Q4: case DType::Q8:
+      return quant::round_to(w.scale_dtype, float(quant::int_at(w.dtype, row, c)) *
+                                                quant::scale_at(w.scale_dtype, w.scale, r * w.scale_ld + c / w.group));
+    default: GLM5_FAIL("weight_at: unsupported weight dtype ", dtype_name(w.dtype));
+  }
+}
 
 // y[m, n] (+)= sum_k x[m, k] * W[n, k]         (nn.Linear: y = x W^T), trans_w = false, W [n, k]
 // y[m, n] (+)= sum_k x[m, k] * W[k, n]         trans_w = true,  W [k, n]  (MLA q absorption)

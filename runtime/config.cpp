@@ -141,6 +141,54 @@ void read_rope(const json& root, const std::string& source, ModelConfig& c) {
   r.mscale_all_dim = s.optional_number("mscale_all_dim", 0.0, false);
 }
 
+// quantization_config: FP8 with 128 x 128 blocks, or compressed-tensors pack-quantized symmetric
+// int4 / int8 (group or channel strategy). Anything else is refused here, naming the field.
+void read_quantization(const json& root, const std::string& source, ModelConfig& c) {
+  Fields top{root, source, ""};
+  const json* q = top.value("quantization_config");
+  if (!q) return;
+  if (!q->is_object()) top.bad("quantization_config", "an object", q);
+  Fields f{*q, source, "quantization_config."};
+  QuantConfig& qc = c.quantization;
+  qc.method = f.optional_string("quant_method", "");
+  if (qc.method == "fp8") {
+    if (const json* b = f.value("weight_block_size"))
+      if (*b != json::array({128, 128})) f.bad("weight_block_size", "[128, 128]", b);
+    const std::string fmt = f.optional_string("fmt", "e4m3");
+    if (fmt != "e4m3") f.bad("fmt", "\"e4m3\"", f.value("fmt"));
+    return;
+  }
+  if (qc.method != "compressed-tensors")
+    f.bad("quant_method", "\"fp8\" or \"compressed-tensors\"", f.value("quant_method"));
+  const std::string format = f.optional_string("format", "");
+  if (format != "pack-quantized")
+    f.bad("format", "\"pack-quantized\" (symmetric int4/int8 weights)", f.value("format"));
+  const json* groups = f.value("config_groups");
+  if (!groups || !groups->is_object() || groups->empty())
+    f.bad("config_groups", "an object of quantization groups", groups);
+  for (auto it = groups->begin(); it != groups->end(); ++it) {
+    const std::string where = "quantization_config.config_groups." + it.key() + ".weights.";
+    const json* w = it.value().is_object() && it.value().contains("weights") ? &it.value()["weights"] : nullptr;
+    if (!w || !w->is_object())
+      GLM5_FAIL(source, ": field '", where, "': expected an object, found ", show(w));
+    Fields g{*w, source, where};
+    const int64_t bits = g.required_int("num_bits");
+    if (bits != 4 && bits != 8) g.bad("num_bits", "4 or 8", g.value("num_bits"));
+    if (g.optional_string("type", "int") != "int") g.bad("type", "\"int\"", g.value("type"));
+    if (!g.optional_bool("symmetric", true))
+      g.bad("symmetric", "true (zero points are not supported)", g.value("symmetric"));
+    const std::string strategy = g.optional_string("strategy", "group");
+    if (strategy != "group" && strategy != "channel")
+      g.bad("strategy", "\"group\" or \"channel\"", g.value("strategy"));
+    if (const json* a = g.value("actorder"); a && !(a->is_boolean() && !a->get<bool>()))
+      g.bad("actorder", "null or false (activation reordering is not supported)", a);
+    if (qc.num_bits == 0) {
+      qc.num_bits = bits;
+      qc.group_size = strategy == "group" ? g.required_int("group_size") : 0;
+    }
+  }
+}
+
 // A cross-field rule: `field` must satisfy `ok`; the message says what was expected.
 void require(bool ok, const std::string& source, const char* field, const std::string& expected,
              const std::string& found) {
@@ -259,6 +307,7 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   c.indexer_rope_interleave =
       f.optional_bool("indexer_rope_interleave", c.model_type == "glm_moe_dsa");
   read_rope(root, source, c);
+  read_quantization(root, source, c);
 
   c.scoring_func = f.optional_string("scoring_func", "sigmoid");
   c.topk_method = f.optional_string("topk_method", "noaux_tc");

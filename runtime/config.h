@@ -16,6 +16,15 @@ struct RopeScaling {
   double beta_fast = 32.0, beta_slow = 1.0, mscale = 1.0, mscale_all_dim = 0.0;
 };
 
+// `quantization_config` of config.json: what a checkpoint says about its stored weights. The
+// loader decides per tensor from the tensors themselves (spec 1.2); this is for planning (inspect
+// without headers) and for refusing formats we cannot load with a clear message.
+struct QuantConfig {
+  std::string method;         // "" (none) | "fp8" | "compressed-tensors"
+  int64_t num_bits = 0;       // compressed-tensors: 4 or 8 (the first config group's weights)
+  int64_t group_size = 0;     // compressed-tensors: 0 = per channel
+};
+
 struct ModelConfig {
   std::string source;      // path of the config.json this came from (for messages)
   std::string model_type;  // "glm_moe_dsa" | "deepseek_v32"
@@ -34,6 +43,7 @@ struct ModelConfig {
   bool rope_interleave = true;          // MLA rope slice: interleaved pairs
   bool indexer_rope_interleave = true;  // default true for glm_moe_dsa, false for deepseek_v32
   RopeScaling rope_scaling;
+  QuantConfig quantization;
   std::string scoring_func = "sigmoid", topk_method = "noaux_tc";
   std::vector<int32_t> eos_token_id;
   int32_t bos_token_id = -1, pad_token_id = -1;

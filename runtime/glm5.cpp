@@ -12,6 +12,7 @@
 
 #include "parallel/moe_exchange.h"
 #include "runtime/model.h"
+#include "runtime/name_table.h"
 #include "runtime/safetensors.h"
 
 namespace glm5::runtime {
@@ -75,15 +76,13 @@ struct Model::Exchange {
 // ---------------------------------------------------------------------------------------------
 // Loading: names and shapes of spec §2.1. A rank asks only for the tensors it owns.
 
+// A matrix in its stored dtype, uploaded to the backend (the kernels dequantize in registers).
 Weight Model::matrix(const std::string& name, int64_t rows, int64_t cols) {
-  const TensorInfo& t = ckpt_.get(name, {rows, cols});
-  Weight w;
-  w.data = backend_.upload(t.data, t.nbytes);
-  w.dtype = t.dtype;
-  w.rows = rows;
-  w.cols = cols;
-  w.ld = cols;
-  weight_bytes_ += t.nbytes;
+  const StoredTensor st = resolve_tensor(ckpt_, {name, {rows, cols}});
+  Weight w = weight_view(st, rows, cols);
+  w.data = backend_.upload(st.data->data, st.data->nbytes);
+  if (st.scale) w.scale = backend_.upload(st.scale->data, st.scale->nbytes);
+  weight_bytes_ += st.nbytes();
   return w;
 }
 
@@ -109,20 +108,31 @@ const float* Model::vector(const std::string& name, int64_t n, float scale) {
   return static_cast<const float*>(backend_.upload(owned_.back().data(), size_t(n) * sizeof(float)));
 }
 
-// indexer.weights_proj is used only as (W x) * n_heads^-0.5 * head_dim^-0.5: fold the constant
-// into a float32 copy of this small [index_n_heads, hidden] matrix instead of scaling activations.
+// A float32 copy of a matrix, times `scale` (its exact values when scale is 1): for
+// indexer.weights_proj, used only as (W x) * n_heads^-0.5 * head_dim^-0.5, so the constant is
+// folded into this small [index_n_heads, hidden] matrix; and for quantized matrices whose use
+// needs plain values (kv_b_proj's per-head slices cross scale blocks; the embedding lookup).
 Weight Model::matrix_f32_scaled(const std::string& name, int64_t rows, int64_t cols, float scale) {
-  const TensorInfo& t = ckpt_.get(name, {rows, cols});
-  owned_.push_back(to_f32(t));
-  for (float& x : owned_.back()) x *= scale;
-  weight_bytes_ += t.nbytes;
+  const StoredTensor st = resolve_tensor(ckpt_, {name, {rows, cols}});
+  const Weight hw = weight_view(st, rows, cols);
+  owned_.emplace_back(size_t(rows * cols));
+  std::vector<float>& v = owned_.back();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) v[size_t(r * cols + c)] = kernels::weight_at(hw, r, c) * scale;
+  weight_bytes_ += v.size() * sizeof(float);
   Weight w;
-  w.data = backend_.upload(owned_.back().data(), owned_.back().size() * sizeof(float));
+  w.data = backend_.upload(v.data(), v.size() * sizeof(float));
   w.dtype = DType::F32;
   w.rows = rows;
   w.cols = cols;
   w.ld = cols;
   return w;
+}
+
+// matrix() unless the checkpoint stores it quantized, then its float32 values.
+Weight Model::matrix_plain(const std::string& name, int64_t rows, int64_t cols) {
+  const StoredTensor st = resolve_tensor(ckpt_, {name, {rows, cols}});
+  return quant::is_quantized(st.dtype) ? matrix_f32_scaled(name, rows, cols, 1.0f) : matrix(name, rows, cols);
 }
 
 Model::Model(const ModelConfig& cfg, Checkpoint& ckpt, Backend& backend, const ModelShard& shard,
@@ -138,7 +148,7 @@ Model::Model(const ModelConfig& cfg, Checkpoint& ckpt, Backend& backend, const M
         "layer range [", shard_.first_layer, ", ", shard_.last_layer, ") is not inside the model's ",
         cfg.num_hidden_layers, " layers");
 
-  if (shard_.embedding) embed_tokens_ = matrix("model.embed_tokens.weight", cfg.vocab_size, H);
+  if (shard_.embedding) embed_tokens_ = matrix_plain("model.embed_tokens.weight", cfg.vocab_size, H);
   if (shard_.head) {
     final_norm_ = vector("model.norm.weight", H);
     lm_head_ = cfg.tie_word_embeddings ? matrix("model.embed_tokens.weight", cfg.vocab_size, H)
@@ -160,7 +170,7 @@ Model::Model(const ModelConfig& cfg, Checkpoint& ckpt, Backend& backend, const M
     L->q_b_proj = matrix(n("self_attn.q_b_proj.weight"), NH * (dn + dr), QR);
     L->kv_a_proj_with_mqa = matrix(n("self_attn.kv_a_proj_with_mqa.weight"), R + dr, H);
     L->kv_a_layernorm = vector(n("self_attn.kv_a_layernorm.weight"), R);
-    L->kv_b_proj = matrix(n("self_attn.kv_b_proj.weight"), NH * (dn + dv), R);
+    L->kv_b_proj = matrix_plain(n("self_attn.kv_b_proj.weight"), NH * (dn + dv), R);  // sliced per head
     L->o_proj = matrix(n("self_attn.o_proj.weight"), H, NH * dv);
     L->wq_b = matrix(n("self_attn.indexer.wq_b.weight"), IH * ID, QR);
     L->wk = matrix(n("self_attn.indexer.wk.weight"), ID, H);

@@ -77,6 +77,7 @@ class Model {
   const float* vector(const std::string& name, int64_t n, float scale = 1.0f);
   kernels::Weight matrix_f32_scaled(const std::string& name, int64_t rows, int64_t cols,
                                     float scale);
+  kernels::Weight matrix_plain(const std::string& name, int64_t rows, int64_t cols);
   struct Layout;
   void attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
                  const float* a, int64_t m, float* h);

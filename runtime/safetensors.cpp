@@ -217,6 +217,15 @@ SafetensorsFile& Checkpoint::shard(const std::string& file) {
   return *it->second;
 }
 
+void Checkpoint::release(const TensorInfo& t) {
+  if (t.nbytes == 0) return;
+  const long page = ::sysconf(_SC_PAGESIZE);
+  uintptr_t b = reinterpret_cast<uintptr_t>(t.data), e = b + t.nbytes;
+  b = (b + uintptr_t(page) - 1) / uintptr_t(page) * uintptr_t(page);  // whole pages inside the tensor only
+  e = e / uintptr_t(page) * uintptr_t(page);
+  if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+}
+
 const TensorInfo* Checkpoint::find(const std::string& name) {
   auto it = weight_map_.find(name);
   if (it == weight_map_.end()) return nullptr;
@@ -237,7 +246,7 @@ const TensorInfo& Checkpoint::get(const std::string& name, const std::vector<int
   const TensorInfo* t = find(name);
   CHECK(t, dir_, ": tensor '", name, "' not found (expected shape ", shape_str(shape), ")");
   CHECK(t->dtype != DType::F8_E4M3, "tensor ", name, " in ", t->file,
-        " is F8_E4M3 (FP8 with weight_scale_inv); FP8 checkpoints are not supported yet");
+        " is F8_E4M3, but FP8 is only for matrices (", shape_str(shape), " must be BF16, F16 or F32)");
   CHECK(t->dtype == DType::BF16 || t->dtype == DType::F16 || t->dtype == DType::F32, "tensor ", name,
         " in ", t->file, " has dtype ", t->dtype_name, "; expected BF16, F16 or F32");
   CHECK(t->shape == shape, "tensor ", name, " in ", t->file, ": expected shape ", shape_str(shape),
@@ -303,6 +312,108 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
     fs::remove(tmp, ec);
     GLM5_FAIL(path, ": cannot rename ", tmp, " to it: ", ec.message());
   }
+}
+
+// ------------------------------------------------------------------------------------------------
+
+size_t TensorHeader::nbytes() const {
+  size_t n = 1;
+  for (int64_t d : shape) n *= size_t(d);
+  return n * dtype_size(dtype);
+}
+
+namespace {
+
+// The 8-byte length and the JSON header (padded so the data start 8-byte aligned).
+std::string header_bytes(const std::vector<TensorHeader>& tensors, std::vector<size_t>& ends) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  uint64_t offset = 0;
+  std::set<std::string> seen;
+  for (const TensorHeader& t : tensors) {
+    CHECK(seen.insert(t.name).second, "tensor '", t.name, "' given twice");
+    CHECK(t.dtype != DType::Unknown && t.dtype != DType::Q4 && t.dtype != DType::Q8, "tensor '", t.name,
+          "': ", dtype_name(t.dtype), " is not a safetensors dtype");
+    auto& e = header[t.name];
+    e["dtype"] = std::string(dtype_name(t.dtype));
+    e["shape"] = t.shape;
+    e["data_offsets"] = {offset, offset + t.nbytes()};
+    offset += t.nbytes();
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[size_t(i)] = char(uint8_t(uint64_t(text.size()) >> (8 * i)));
+  out += text;
+  size_t at = out.size();
+  for (const TensorHeader& t : tensors) ends.push_back(at += t.nbytes());
+  return out;
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
+    if (w < 0 && errno == EINTR) continue;
+    CHECK(w > 0, path, ": write failed: ", std::strerror(w < 0 ? errno : ENOSPC));
+    p += w;
+    n -= size_t(w);
+  }
+}
+
+}  // namespace
+
+size_t safetensors_size(const std::vector<TensorHeader>& tensors) {
+  std::vector<size_t> ends;
+  const std::string head = header_bytes(tensors, ends);
+  return ends.empty() ? head.size() : ends.back();
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<TensorHeader> tensors)
+    : path_(path), partial_(path + ".partial"), tensors_(std::move(tensors)) {
+  const std::string head = header_bytes(tensors_, ends_);
+  total_ = ends_.empty() ? head.size() : ends_.back();
+  fd_ = ::open(partial_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  CHECK(fd_ >= 0, partial_, ": cannot open for writing: ", std::strerror(errno));
+  // Resume only over the same header; keep whole tensors, cut a partial one off.
+  struct stat st {};
+  ::fstat(fd_, &st);
+  size_t keep = 0;
+  if (size_t(st.st_size) >= head.size()) {
+    std::string old(head.size(), '\0');
+    if (::pread(fd_, old.data(), old.size(), 0) == ssize_t(old.size()) && old == head) {
+      keep = head.size();
+      while (next_ < ends_.size() && ends_[next_] <= size_t(st.st_size)) keep = ends_[next_++];
+    }
+  }
+  if (keep == 0) {
+    CHECK(::ftruncate(fd_, 0) == 0, partial_, ": cannot truncate: ", std::strerror(errno));
+    write_all(fd_, head.data(), head.size(), partial_);
+  } else {
+    CHECK(::ftruncate(fd_, off_t(keep)) == 0, partial_, ": cannot truncate: ", std::strerror(errno));
+  }
+  CHECK(::lseek(fd_, 0, SEEK_END) >= 0, partial_, ": seek failed: ", std::strerror(errno));
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsWriter::write(const void* data, size_t nbytes) {
+  CHECK(next_ < tensors_.size(), path_, ": more tensors written than declared");
+  const TensorHeader& t = tensors_[next_];
+  CHECK(nbytes == t.nbytes(), path_, ": tensor '", t.name, "' needs ", t.nbytes(), " bytes, given ", nbytes);
+  write_all(fd_, data, nbytes, partial_);
+  ++next_;
+}
+
+void SafetensorsWriter::finish() {
+  CHECK(next_ == tensors_.size(), path_, ": finish() with ", tensors_.size() - next_, " tensor(s) not written");
+  CHECK(::fsync(fd_) == 0, partial_, ": fsync failed: ", std::strerror(errno));
+  ::close(fd_);
+  fd_ = -1;
+  std::error_code ec;
+  fs::rename(partial_, path_, ec);
+  CHECK(!ec, path_, ": cannot rename ", partial_, " to it: ", ec.message());
 }
 
 }  // namespace glm5::runtime

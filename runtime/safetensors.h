@@ -53,12 +53,15 @@ class Checkpoint {
   // Every tensor name the checkpoint declares (from the index, or the single file's header).
   std::vector<std::string> names() const;
   bool has(const std::string& name) const;
-  // The tensor, checked: it exists, its shape equals `shape`, its dtype is BF16, F16 or F32
-  // (F8_E4M3 is recognised and refused with a clear message; FP8 is not supported yet).
+  // A plain tensor (norms, biases), checked: it exists, its shape equals `shape`, its dtype is
+  // BF16, F16 or F32. Matrices, which may be stored quantized, go through resolve_tensor().
   const TensorInfo& get(const std::string& name, const std::vector<int64_t>& shape);
   // The header entry of a declared tensor (its shard is opened if needed), without the checks of
   // get() and not counted in bytes_loaded(); nullptr when the checkpoint does not declare it.
   const TensorInfo* find(const std::string& name);
+  // Drops the pages of a tensor's bytes from this process's memory (they are re-read from the
+  // file if touched again): streaming readers (convert) keep their RSS at a few tensors.
+  void release(const TensorInfo& t);
   // Total bytes of the tensors handed out by get() so far.
   size_t bytes_loaded() const { return bytes_loaded_; }
 
@@ -80,5 +83,35 @@ struct TensorToWrite {
 };
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// A safetensors file written tensor by tensor (the header, fixed by the list of names, dtypes and
+// shapes, goes first), resumable: the data go to `path + ".partial"`, renamed to `path` by
+// finish(). Opening a writer over an existing .partial with the same header keeps the tensors
+// already complete in it (a partly written last tensor is cut off) and next() says where to go on.
+struct TensorHeader {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  size_t nbytes() const;
+};
+// Size of the file a SafetensorsWriter writes for these tensors.
+size_t safetensors_size(const std::vector<TensorHeader>& tensors);
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(const std::string& path, std::vector<TensorHeader> tensors);
+  ~SafetensorsWriter();
+  size_t next() const { return next_; }        // index of the first tensor still to write
+  // Writes tensor next() (exactly its nbytes()); throws naming the file on a short write.
+  void write(const void* data, size_t nbytes);
+  void finish();                                // all written: fsync, rename to path
+  size_t file_bytes() const { return total_; }  // the final file's size
+
+ private:
+  std::string path_, partial_;
+  std::vector<TensorHeader> tensors_;
+  std::vector<size_t> ends_;  // file offset where each tensor ends
+  int fd_ = -1;
+  size_t next_ = 0, total_ = 0;
+};
 
 }  // namespace glm5::runtime

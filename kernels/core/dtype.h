@@ -1,6 +1,6 @@
 // Element types of checkpoints and kernels, and scalar conversions to float.
 // Activations are always float32; weights stay in their checkpoint dtype and are widened inside
-// the kernels. FP8 E4M3 is decoded here so the loader can recognise it; kernels do not take it yet.
+// the kernels (quantized formats: core/quant.h). dtype_size is 0 for Q4 (two elements per byte).
 #pragma once
 
 #include <cstdint>
@@ -10,7 +10,9 @@
 
 namespace glm5 {
 
-enum class DType : uint8_t { F32, F16, BF16, F8_E4M3, I32, I64, U8, Unknown };
+// Q4 / Q8: compressed-tensors pack-quantized int4 / int8 weights as kernels see them (core/quant.h);
+// never a safetensors dtype (those files store them as I32).
+enum class DType : uint8_t { F32, F16, BF16, F8_E4M3, I32, I64, U8, Q4, Q8, Unknown };
 
 // Safetensors spelling ("F32", "BF16", "F8_E4M3", ...).
 inline std::string_view dtype_name(DType t) {
@@ -22,6 +24,8 @@ inline std::string_view dtype_name(DType t) {
     case DType::I32: return "I32";
     case DType::I64: return "I64";
     case DType::U8: return "U8";
+    case DType::Q4: return "int4 (pack-quantized)";
+    case DType::Q8: return "int8 (pack-quantized)";
     default: return "unknown";
   }
 }
@@ -41,7 +45,7 @@ inline size_t dtype_size(DType t) {
   switch (t) {
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: return 2;
-    case DType::F8_E4M3: case DType::U8: return 1;
+    case DType::F8_E4M3: case DType::U8: case DType::Q8: return 1;
     case DType::I64: return 8;
     default: return 0;
   }

@@ -3,6 +3,9 @@
 // inputs, never on how many other rows share the call. Callers run cpu::validate() first.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "ops.h"
 
 namespace glm5::kernels::cpu::fast {
@@ -12,5 +15,16 @@ void indexer_scores(const IndexerScoresParams& p);   // cpu/attention.cpp
 void mla_prefill(const MlaPrefillParams& p);         // cpu/attention.cpp
 void mla_decode(const MlaDecodeParams& p);           // cpu/attention.cpp
 void topk(const TopkParams& p);                      // cpu/attention.cpp
+
+// Quantized weights (cpu/quant_gemm.cpp): gemm over F8_E4M3 / Q4 / Q8 weights, and the row
+// dequantization behind it (rows [r0, r0 + n) of w into out, row stride ldo; values of weight_at).
+void gemm_quantized(const GemmParams& p);
+void dequantize_rows(const Weight& w, int64_t r0, int64_t n, float* out, int64_t ldo);
+// The dequantization code paths this CPU can run ("portable", and "avx512" where cpuid has it),
+// the one in use, and a switch for tests and benchmarks ("auto" = best; GLM5_CPU_KERNELS=portable
+// in the environment forces the portable path too).
+std::vector<std::string> quant_paths();
+std::string quant_path();
+void set_quant_path(const std::string& path);
 
 }  // namespace glm5::kernels::cpu::fast

@@ -131,6 +131,7 @@ void gemm(const GemmParams& p) {
     case DType::BF16: gemm_typed<LoadBF16>(p); break;
     case DType::F16: gemm_typed<LoadF16>(p); break;
     case DType::F32: gemm_typed<LoadF32>(p); break;
+    case DType::F8_E4M3: case DType::Q4: case DType::Q8: gemm_quantized(p); break;
     default: GLM5_FAIL("gemm: weight dtype ", dtype_name(p.w.dtype), " is not supported");
   }
 }

@@ -15,11 +15,18 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-bool weight_dtype_ok(DType t) { return t == DType::BF16 || t == DType::F16 || t == DType::F32; }
+bool weight_dtype_ok(DType t) {
+  return t == DType::BF16 || t == DType::F16 || t == DType::F32 || quant::is_quantized(t);
+}
 
-void check_weight_dtype(const char* op, DType t) {
-  CHECK(weight_dtype_ok(t), op, ": weight dtype ", dtype_name(t),
-        " is not supported by the CPU backends (expected BF16, F16 or F32)");
+void check_weight_dtype(const char* op, const Weight& w) {
+  CHECK(weight_dtype_ok(w.dtype), op, ": weight dtype ", dtype_name(w.dtype),
+        " is not supported by the CPU backends (expected BF16, F16, F32, F8_E4M3 or pack-quantized int4/int8)");
+  if (!quant::is_quantized(w.dtype)) return;
+  CHECK(w.scale && w.group > 0 && w.scale_block_rows > 0 && w.scale_ld >= (w.cols + w.group - 1) / w.group,
+        op, ": ", dtype_name(w.dtype), " weight [", w.rows, ", ", w.cols, "] without valid scales (group ", w.group,
+        ", scale_ld ", w.scale_ld, ")");
+  CHECK(w.dtype != DType::Q4 || w.ld % 2 == 0, op, ": int4 weight ld ", w.ld, " is odd");
 }
 
 // NaN sorts below everything, so comparisons stay a strict weak order on any input.
@@ -66,7 +73,7 @@ void softmax_weighted_sum(const std::vector<float>& score, const std::vector<int
 void validate(const GemmParams& p) {
   CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0, "gemm: negative size m = ", p.m, ", n = ", p.n,
         ", k = ", p.k);
-  check_weight_dtype("gemm", p.w.dtype);
+  check_weight_dtype("gemm", p.w);
   int64_t want_rows = p.trans_w ? p.k : p.n, want_cols = p.trans_w ? p.n : p.k;
   CHECK(p.w.rows == want_rows && p.w.cols == want_cols, "gemm: weight is [", p.w.rows, ", ",
         p.w.cols, "] but m = ", p.m, ", n = ", p.n, ", k = ", p.k, ", trans_w = ", p.trans_w,
@@ -160,7 +167,7 @@ void validate(const SwigluParams& p) {
 }
 
 void validate(const EmbeddingParams& p) {
-  check_weight_dtype("embedding", p.table.dtype);
+  check_weight_dtype("embedding", p.table);
   CHECK(p.m >= 0, "embedding: negative m = ", p.m);
   CHECK(p.table.ld >= p.table.cols, "embedding: table ld ", p.table.ld, " < cols ", p.table.cols);
   CHECK(p.m == 0 || (p.ids && p.out && p.table.data), "embedding: null pointer");
@@ -237,15 +244,12 @@ void allowed_keys(int64_t t_count, int32_t q_pos, const int32_t* topk, int64_t t
 namespace ref {
 
 void gemm(const GemmParams& p) {
-  const size_t es = dtype_size(p.w.dtype);
-  const char* wb = static_cast<const char*>(p.w.data);
   for (int64_t i = 0; i < p.m; ++i) {
     const float* x = p.x + i * p.ldx;
     for (int64_t j = 0; j < p.n; ++j) {
       float acc = 0.0f;
       for (int64_t kk = 0; kk < p.k; ++kk) {
-        float w = p.trans_w ? weight_at(p.w.dtype, wb + size_t(kk) * p.w.ld * es, j)
-                            : weight_at(p.w.dtype, wb + size_t(j) * p.w.ld * es, kk);
+        float w = p.trans_w ? weight_at(p.w, kk, j) : weight_at(p.w, j, kk);
         acc += x[kk] * w;
       }
       float& y = p.y[i * p.ldy + j];
@@ -440,12 +444,8 @@ void swiglu(const SwigluParams& p) {
 }
 
 void embedding(const EmbeddingParams& p) {
-  const size_t es = dtype_size(p.table.dtype);
-  for (int64_t i = 0; i < p.m; ++i) {
-    const char* row = static_cast<const char*>(p.table.data) + size_t(p.ids[i]) * p.table.ld * es;
-    for (int64_t j = 0; j < p.table.cols; ++j)
-      p.out[i * p.table.cols + j] = weight_at(p.table.dtype, row, j);
-  }
+  for (int64_t i = 0; i < p.m; ++i)
+    for (int64_t j = 0; j < p.table.cols; ++j) p.out[i * p.table.cols + j] = weight_at(p.table, p.ids[i], j);
 }
 
 void gather_rows(const GatherRowsParams& p) {

@@ -37,16 +37,6 @@ inline float cache_at(DType t, const void* base, int64_t i) {
   return t == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(base)[i]) : static_cast<const float*>(base)[i];
 }
 
-// Element `i` of a weight row widened to float (BF16/F16/F32; other dtypes fail in validate()).
-inline float weight_at(DType t, const void* row, int64_t i) {
-  switch (t) {
-    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(row)[i]);
-    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(row)[i]);
-    case DType::F32: return static_cast<const float*>(row)[i];
-    default: GLM5_FAIL("weight_at: unsupported weight dtype ", dtype_name(t));
-  }
-}
-
 // The keys that query row s may attend to (ops.h, MlaPrefillParams): t < t_count, t <= q_pos and,
 // when topk is given, t in topk[0:topk_len] (-1 ignored). Ascending, no duplicates.
 // Throws when a topk entry is outside [-1, t_count).

@@ -1,0 +1,102 @@
+// Quantized weight formats and the value of each element: the one definition the loader, the
+// converter, the reference backend, the fast kernels and the tests share.
+//
+// FP8 block (GLM-5-FP8, DeepSeek-V3/V3.2): data F8_E4M3 [rows, cols], scales F32
+//   [ceil(rows / 128), ceil(cols / 128)] (edge blocks partial):
+//     w[r, c] = fp8(q[r, c]) * scale[r / 128, c / 128]                      (one float32 multiply)
+// Int group (compressed-tensors `pack-quantized`, symmetric, what llm-compressor writes): q in
+//   [-2^(b-1), 2^(b-1) - 1] stored as q + 2^(b-1), 32 / b values per little-endian int32 (element
+//   c of a row in bits b * (c % (32 / b)) of int32 c / (32 / b); rows padded to whole int32s), so
+//   in memory: Q4 two per byte, element 2i in the low nibble of byte i; Q8 one per byte. Scales
+//   [rows, cols / group] in BF16, F16 or F32:
+//     w[r, c] = round_to(scale dtype, float(q) * float(scale[r, c / group]))
+//   which is compressed-tensors' own dequantization (x_q.to(scale.dtype) * scale): the product is
+//   exact in float32 for BF16 scales and int4/int8 q, then rounded to the scale's dtype.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
+
+namespace glm5::quant {
+
+constexpr int64_t kFp8Block = 128;      // FP8 scale blocks: 128 x 128
+constexpr float kFp8Max = 448.0f;       // largest finite E4M3 (fn) value
+
+inline bool is_quantized(DType t) { return t == DType::F8_E4M3 || t == DType::Q4 || t == DType::Q8; }
+inline int bits(DType t) { return t == DType::Q4 ? 4 : 8; }
+
+// Bytes of one stored row of `ld` elements (Q4: ld is even, two elements per byte).
+inline size_t row_bytes(DType t, int64_t ld) {
+  return t == DType::Q4 ? size_t(ld + 1) / 2 : size_t(ld) * dtype_size(t);
+}
+
+// IEEE round to nearest even into F16 and back (finite inputs; overflow gives inf).
+inline uint16_t f32_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);          // NaN
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);          // rounds to >= 65520: inf
+  if (a < 0x38800000u) {                                           // below 2^-14: subnormal f16
+    // value = a_float; f16 subnormal step 2^-24: round(value * 2^24) with RNE
+    float v;
+    uint32_t t = a;
+    std::memcpy(&v, &t, 4);
+    return uint16_t(sign | uint32_t(std::nearbyint(v * 16777216.0f)));
+  }
+  uint32_t r = a + 0x0fffu + ((a >> 13) & 1u);  // RNE on the 13 dropped mantissa bits
+  return uint16_t(sign | ((r - 0x38000000u) >> 13));
+}
+
+// The value a float32 takes after a round trip through `t` (BF16, F16; F32 unchanged).
+inline float round_to(DType t, float v) {
+  if (t == DType::BF16) return bf16_to_f32(f32_to_bf16(v));
+  if (t == DType::F16) return f16_to_f32(f32_to_f16(v));
+  return v;
+}
+
+// An element of a scale array of dtype t, widened exactly.
+inline float scale_at(DType t, const void* s, int64_t i) {
+  switch (t) {
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(s)[i]);
+    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(s)[i]);
+    default: {
+      float v;
+      std::memcpy(&v, static_cast<const char*>(s) + 4 * i, 4);
+      return v;
+    }
+  }
+}
+
+// q of element c of a stored int row (Q4 or Q8), in [-2^(b-1), 2^(b-1) - 1].
+inline int int_at(DType t, const uint8_t* row, int64_t c) {
+  if (t == DType::Q8) return int(row[c]) - 128;
+  const uint8_t b = row[c / 2];
+  return int((c & 1) ? (b >> 4) : (b & 0xf)) - 8;
+}
+
+// Float32 -> E4M3 (fn), round to nearest even, saturating at +-448 (the converter's encoding).
+inline uint8_t f32_to_fp8_e4m3(float f) {
+  uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  float a = std::fabs(f);
+  if (std::isnan(f)) return 0x7f;
+  if (a >= kFp8Max) return uint8_t(sign | 0x7e);
+  // Subnormals: steps of 2^-9 below 2^-6; normals: 3 mantissa bits.
+  if (a < 0.015625f) {
+    int m = int(std::nearbyint(a * 512.0f));  // 0..8 (8 = smallest normal)
+    return uint8_t(sign | m);
+  }
+  int e;
+  float fr = std::frexp(a, &e);  // a = fr * 2^e, fr in [0.5, 1)
+  int m = int(std::nearbyint((fr * 2.0f - 1.0f) * 8.0f));  // mantissa 0..8
+  int exp = e - 1 + 7;
+  if (m == 8) { m = 0; ++exp; }
+  if (exp > 15 || (exp == 15 && m == 7)) return uint8_t(sign | 0x7e);
+  return uint8_t(sign | (exp << 3) | m);
+}
+
+}  // namespace glm5::quant

@@ -1,0 +1,214 @@
+// The fast CPU gemm for quantized weights (F8_E4M3 block-scaled, pack-quantized int4 / int8;
+// element values in core/quant.h). Each work item dequantizes a block of W rows into a float32
+// panel that stays in L2 (exactly the values weight_at() gives) and runs the float32 register
+// tile of cpu/dot_tile.h over it, so an output element is the same dot_tile recipe over the same
+// float32 weights whatever m, the block or the thread count: quantized results are bitwise those
+// of the checkpoint dequantized to F32, and batch-invariant. Dequantization is the only new
+// inner loop; it has an AVX-512 version and a portable one, chosen at run time from cpuid.
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "cpu/dot_tile.h"
+#include "cpu/fast_ops.h"
+
+#if defined(__x86_64__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
+namespace glm5::kernels::cpu::fast {
+
+namespace {
+
+// Float32 panel bytes per work item (the W block, dequantized): kept in L2 while x streams past.
+constexpr int64_t kPanelBytes = 192 * 1024;
+constexpr int64_t kParallelMacs = int64_t(1) << 18;
+
+// ---- portable dequantization: one row segment [c0, c1) of row r into out[0, c1 - c0) ----------
+
+struct Fp8Table {
+  float v[256];
+  Fp8Table() {
+    for (int i = 0; i < 256; ++i) v[i] = fp8_e4m3_to_f32(uint8_t(i));
+  }
+};
+const Fp8Table& fp8_table() {
+  static const Fp8Table t;
+  return t;
+}
+
+void dequant_row_portable(const Weight& w, int64_t r, float* out) {
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * quant::row_bytes(w.dtype, w.ld);
+  const int64_t srow = (r / w.scale_block_rows) * w.scale_ld;
+  if (w.dtype == DType::F8_E4M3) {
+    const float* t = fp8_table().v;
+    for (int64_t c0 = 0; c0 < w.cols; c0 += w.group) {
+      const float s = quant::scale_at(w.scale_dtype, w.scale, srow + c0 / w.group);
+      const int64_t c1 = std::min(w.cols, c0 + w.group);
+      for (int64_t c = c0; c < c1; ++c) out[c] = t[row[c]] * s;
+    }
+    return;
+  }
+  for (int64_t c0 = 0; c0 < w.cols; c0 += w.group) {
+    const float s = quant::scale_at(w.scale_dtype, w.scale, srow + c0 / w.group);
+    const int64_t c1 = std::min(w.cols, c0 + w.group);
+    for (int64_t c = c0; c < c1; ++c)
+      out[c] = quant::round_to(w.scale_dtype, float(quant::int_at(w.dtype, row, c)) * s);
+  }
+}
+
+// ---- AVX-512 dequantization ---------------------------------------------------------------------
+
+#if defined(__x86_64__)
+#define GLM5_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c")))
+
+GLM5_AVX512 inline __m512 round_to_avx512(DType t, __m512 v) {
+  if (t == DType::BF16) {  // round to nearest even on the 16 dropped bits (finite values)
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+    return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32(int(0xffff0000u))));
+  }
+  if (t == DType::F16) return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  return v;
+}
+
+// 16 E4M3 bytes -> float32 (exact for every finite code; the converter never writes NaN).
+GLM5_AVX512 inline __m512 fp8x16(const uint8_t* p) {
+  __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  __m512i e = _mm512_and_si512(_mm512_srli_epi32(x, 3), _mm512_set1_epi32(0xf));
+  __m512i m = _mm512_and_si512(x, _mm512_set1_epi32(7));
+  __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
+  __m512i normal = _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(120)), 23),
+                                   _mm512_slli_epi32(m, 20));
+  __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(m), _mm512_set1_ps(1.0f / 512.0f));
+  __mmask16 is_sub = _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512());
+  __m512 mag = _mm512_mask_blend_ps(is_sub, _mm512_castsi512_ps(normal), sub);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));
+}
+
+// 16 int4 values (8 bytes, element 2i in the low nibble of byte i) -> float32 of q.
+GLM5_AVX512 inline __m512 q4x16(const uint8_t* p) {
+  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+  __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+  __m512i v = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+  return _mm512_cvtepi32_ps(_mm512_sub_epi32(v, _mm512_set1_epi32(8)));
+}
+
+GLM5_AVX512 inline __m512 q8x16(const uint8_t* p) {
+  __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_cvtepi32_ps(_mm512_sub_epi32(v, _mm512_set1_epi32(128)));
+}
+
+// Groups are whole multiples of 16 columns here (checked by the caller); a ragged last chunk of
+// a row (cols % 16) goes through the portable code.
+GLM5_AVX512 void dequant_row_avx512(const Weight& w, int64_t r, float* out) {
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * quant::row_bytes(w.dtype, w.ld);
+  const int64_t srow = (r / w.scale_block_rows) * w.scale_ld;
+  const int64_t full = w.cols / 16 * 16;
+  for (int64_t c0 = 0; c0 < full; c0 += w.group) {
+    const float s = quant::scale_at(w.scale_dtype, w.scale, srow + c0 / w.group);
+    const __m512 sv = _mm512_set1_ps(s);
+    const int64_t c1 = std::min(full, c0 + w.group);
+    for (int64_t c = c0; c < c1; c += 16) {
+      __m512 v;
+      if (w.dtype == DType::F8_E4M3) {
+        v = _mm512_mul_ps(fp8x16(row + c), sv);
+      } else {
+        v = _mm512_mul_ps(w.dtype == DType::Q4 ? q4x16(row + c / 2) : q8x16(row + c), sv);
+        v = round_to_avx512(w.scale_dtype, v);
+      }
+      _mm512_storeu_ps(out + c, v);
+    }
+  }
+  for (int64_t c = full; c < w.cols; ++c) out[c] = weight_at(w, r, c);
+}
+#endif
+
+bool cpu_has_avx512() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
+
+// Which dequantization path runs: the best the CPU has, unless GLM5_CPU_KERNELS=portable or a
+// test forces one.
+std::atomic<int> g_forced{-1};  // -1 auto, 0 portable, 1 avx512
+
+bool use_avx512() {
+  static const bool has = cpu_has_avx512();
+  static const bool env_portable = [] {
+    const char* e = std::getenv("GLM5_CPU_KERNELS");
+    return e && std::string(e) == "portable";
+  }();
+  const int f = g_forced.load(std::memory_order_relaxed);
+  if (f >= 0) return f == 1 && has;
+  return has && !env_portable;
+}
+
+}  // namespace
+
+std::vector<std::string> quant_paths() {
+  std::vector<std::string> p{"portable"};
+  if (cpu_has_avx512()) p.push_back("avx512");
+  return p;
+}
+
+void set_quant_path(const std::string& path) {
+  CHECK(path == "auto" || path == "portable" || path == "avx512", "set_quant_path: unknown path '", path, "'");
+  CHECK(path != "avx512" || cpu_has_avx512(), "set_quant_path: this CPU has no AVX-512");
+  g_forced.store(path == "auto" ? -1 : path == "avx512" ? 1 : 0);
+}
+
+std::string quant_path() { return use_avx512() ? "avx512" : "portable"; }
+
+void dequantize_rows(const Weight& w, int64_t r0, int64_t n, float* out, int64_t ldo) {
+#if defined(__x86_64__)
+  if (use_avx512() && w.group % 16 == 0) {
+    for (int64_t i = 0; i < n; ++i) dequant_row_avx512(w, r0 + i, out + i * ldo);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) dequant_row_portable(w, r0 + i, out + i * ldo);
+}
+
+// y = x W^T for a quantized W [n, k]: column blocks of W, each dequantized once into a panel.
+void gemm_quantized(const GemmParams& p) {
+  if (p.trans_w) {  // not on a hot path (the model dequantizes what it transposes at load)
+    std::vector<float> full(size_t(p.w.rows * p.w.cols));
+    dequantize_rows(p.w, 0, p.w.rows, full.data(), p.w.cols);
+    GemmParams q = p;
+    q.w = Weight{full.data(), DType::F32, p.w.rows, p.w.cols, p.w.cols};
+    gemm(q);
+    return;
+  }
+  int64_t nb = kPanelBytes / (4 * std::max<int64_t>(p.k, 1));
+  nb = std::clamp<int64_t>(nb / kTileCols * kTileCols, kTileCols, 256);
+  const int64_t col_blocks = (p.n + nb - 1) / nb;
+  const bool parallel = p.m * p.n * p.k >= kParallelMacs && col_blocks > 1;
+#pragma omp parallel if (parallel)
+  {
+    std::vector<float> panel(size_t(nb * p.k));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t cb = 0; cb < col_blocks; ++cb) {
+      const int64_t j0 = cb * nb, nj = std::min(nb, p.n - j0);
+      dequantize_rows(p.w, j0, nj, panel.data(), p.k);
+      dot_block<LoadF32>(p.x, p.ldx, panel.data(), p.k, p.m, nj, p.k, p.y + j0, p.ldy, p.accumulate);
+    }
+  }
+}
+
+}  // namespace glm5::kernels::cpu::fast

@@ -1,0 +1,426 @@
+// `glm5 convert`: a checkpoint rewritten in another storage format, tensor by tensor.
+//
+// 1. Plan: every input tensor (the schema's, then the rest, e.g. MTP layers) becomes an Item:
+//    copied as stored, or dequantized and written as plain BF16/F32, FP8 blocks or int4/int8 groups
+//    (runtime/quant_plan.h decides which). Items are grouped into output shards: by size, or with
+//    --cluster by the rank that loads them (a stage's common tensors, each rank's experts), so
+//    each rank opens only its own files. The plan, and so every output byte, depends only on the
+//    input and the flags.
+// 2. Write: shard by shard through SafetensorsWriter (resumable: a rerun skips finished shards
+//    and goes on after the last whole tensor of an interrupted one), releasing each input tensor's
+//    pages after use, so the peak RSS is a few tensors whatever the checkpoint's size.
+// 3. Finish: index, config.json (with the new quantization_config), the other files of the model
+//    directory, then the loader's own checks on the output.
+#include "launcher/convert.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/check.h"
+#include "core/quant.h"
+#include "launcher/cluster_config.h"
+#include "runtime/name_table.h"
+#include "runtime/quant_plan.h"
+#include "runtime/quantize.h"
+#include "runtime/safetensors.h"
+
+namespace glm5::launcher {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+using runtime::Checkpoint;
+using runtime::StoredTensor;
+using runtime::TensorHeader;
+using runtime::TensorSpec;
+
+namespace {
+
+constexpr const char* kPlanFile = ".glm5-convert.json";
+
+// One input tensor and what becomes of it.
+struct Item {
+  TensorSpec spec;
+  StoredTensor in;
+  DType out = DType::Unknown;  // Unknown: copy every stored part unchanged
+  std::vector<TensorHeader> outputs;
+  std::string group;  // output file set ("" or "s01-common", "s01-rank03")
+};
+
+std::vector<TensorHeader> stored_parts(const StoredTensor& st, const TensorSpec& spec) {
+  std::vector<TensorHeader> h{{st.data->name, st.data->dtype, st.data->shape}};
+  if (st.scale) h.push_back({st.scale->name, st.scale->dtype, st.scale->shape});
+  if (st.dtype == DType::Q4 || st.dtype == DType::Q8)
+    h.push_back({runtime::packed_name(spec.name, "shape"), DType::I64, {2}});
+  return h;
+}
+
+// The outputs of a matrix written as `out` (plan target), named after spec.name = X.weight.
+std::vector<TensorHeader> converted_parts(const TensorSpec& s, DType out, int64_t group) {
+  const int64_t rows = s.shape[0], cols = s.shape[1];
+  switch (out) {
+    case DType::Q4: case DType::Q8: {
+      const int64_t per = out == DType::Q4 ? 8 : 4;
+      return {{runtime::packed_name(s.name, "packed"), DType::I32, {rows, (cols + per - 1) / per}},
+              {runtime::packed_name(s.name, "scale"), DType::BF16, {rows, cols / group}},
+              {runtime::packed_name(s.name, "shape"), DType::I64, {2}}};
+    }
+    case DType::F8_E4M3: {
+      const int64_t b = quant::kFp8Block;
+      return {{s.name, DType::F8_E4M3, {rows, cols}},
+              {runtime::fp8_scale_name(s.name), DType::F32, {(rows + b - 1) / b, (cols + b - 1) / b}}};
+    }
+    default: return {{s.name, out, s.shape}};
+  }
+}
+
+// Decides an item's output: convert when the plan says so and the stored form differs.
+void decide(Item& it, const runtime::QuantPlan& plan, bool in_schema) {
+  const StoredTensor& st = it.in;
+  bool convert = in_schema ? plan.converts(it.spec) : (!plan.quantized_target() && quant::is_quantized(st.dtype));
+  const bool int_target = plan.target == DType::Q4 || plan.target == DType::Q8;
+  if (convert && st.dtype == plan.target && (!int_target || st.group == plan.group_size))
+    convert = false;  // already stored that way
+  if (convert && it.spec.shape.size() == 2) {
+    it.out = plan.target;
+    it.outputs = converted_parts(it.spec, plan.target, plan.group_size);
+  } else {
+    it.outputs = stored_parts(st, it.spec);
+  }
+}
+
+// Tensors outside the schema (MTP layers): a matrix X.weight with its stored parts, or a plain tensor.
+std::vector<TensorSpec> extra_specs(Checkpoint& ckpt, const std::set<std::string>& taken) {
+  std::vector<TensorSpec> out;
+  auto ends_with = [](const std::string& s, const std::string& suf) {
+    return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+  };
+  for (const std::string& name : ckpt.names()) {
+    if (taken.count(name) || ends_with(name, "_scale_inv") || ends_with(name, ".weight_scale") ||
+        ends_with(name, ".weight_shape"))
+      continue;
+    if (ends_with(name, ".weight_packed")) {
+      const std::string base = name.substr(0, name.size() - 7);  // X.weight
+      const runtime::TensorInfo* sh = ckpt.find(runtime::packed_name(base, "shape"));
+      CHECK(sh && sh->numel() == 2 && sh->dtype == DType::I64, ckpt.dir(), ": tensor '", name,
+            "' has no I64 [2] weight_shape beside it");
+      const int64_t* d = static_cast<const int64_t*>(sh->data);
+      out.push_back({base, {d[0], d[1]}});
+      continue;
+    }
+    out.push_back({name, ckpt.find(name)->shape});
+  }
+  return out;
+}
+
+// The output file set of a tensor under a cluster layout (empty layout: one set).
+std::string file_group(const TensorSpec& s, const runtime::ModelConfig& cfg, const ClusterConfig* cc,
+                       const std::vector<parallel::LayerRange>& stages) {
+  if (!cc) return "";
+  int stage = s.layer < 0 ? (s.role == runtime::Role::Embedding ? 0 : cc->stages - 1) : cc->stages - 1;
+  for (int i = 0; i < int(stages.size()); ++i)
+    if (s.layer >= stages[size_t(i)].first && s.layer < stages[size_t(i)].last) stage = i;
+  char buf[64];
+  if (s.expert >= 0) {
+    const int64_t per = cfg.n_routed_experts / cc->expert_parallel;
+    const int rank = stage * cc->expert_parallel + int(s.expert / per);
+    std::snprintf(buf, sizeof buf, "s%02d-rank%03d", stage, rank);
+  } else {
+    std::snprintf(buf, sizeof buf, "s%02d-common", stage);
+  }
+  return buf;
+}
+
+struct Shard {
+  std::string file;
+  std::vector<size_t> items;
+  size_t bytes = 0;
+};
+
+// Items cut into shards of at most `limit` bytes (a bigger tensor gets a shard of its own), per group.
+std::vector<Shard> make_shards(const std::vector<Item>& items, size_t limit) {
+  std::map<std::string, std::vector<std::vector<size_t>>> by_group;
+  std::map<std::string, size_t> fill;
+  std::vector<std::string> order;
+  for (size_t i = 0; i < items.size(); ++i) {
+    size_t b = 0;
+    for (const TensorHeader& h : items[i].outputs) b += h.nbytes();
+    auto& g = by_group[items[i].group];
+    if (g.empty()) order.push_back(items[i].group);
+    if (g.empty() || (fill[items[i].group] + b > limit && fill[items[i].group] > 0)) {
+      g.emplace_back();
+      fill[items[i].group] = 0;
+    }
+    g.back().push_back(i);
+    fill[items[i].group] += b;
+  }
+  std::vector<Shard> shards;
+  for (const std::string& name : order) {
+    const auto& g = by_group[name];
+    for (size_t k = 0; k < g.size(); ++k) {
+      char buf[128];
+      std::snprintf(buf, sizeof buf, "model-%s%s%05zu-of-%05zu.safetensors", name.c_str(), name.empty() ? "" : "-",
+                    k + 1, g.size());
+      Shard sh{buf, g[k], 0};
+      for (size_t i : g[k])
+        for (const TensorHeader& h : items[i].outputs) sh.bytes += h.nbytes();
+      shards.push_back(std::move(sh));
+    }
+  }
+  return shards;
+}
+
+// The float32 values of a stored matrix (or vector), row-parallel.
+std::vector<float> dequantize(const StoredTensor& st, const TensorSpec& s) {
+  const int64_t rows = s.shape.size() == 2 ? s.shape[0] : 1, cols = s.shape.back();
+  const kernels::Weight w = runtime::weight_view(st, rows, cols);
+  std::vector<float> v(size_t(rows * cols));
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) v[size_t(r * cols + c)] = kernels::weight_at(w, r, c);
+  return v;
+}
+
+// The bytes of an item's outputs, in order.
+std::vector<std::vector<uint8_t>> produce(const Item& it) {
+  std::vector<std::vector<uint8_t>> out;
+  if (it.out == DType::Unknown) {  // copy as stored
+    out.emplace_back(static_cast<const uint8_t*>(it.in.data->data),
+                     static_cast<const uint8_t*>(it.in.data->data) + it.in.data->nbytes);
+    if (it.in.scale)
+      out.emplace_back(static_cast<const uint8_t*>(it.in.scale->data),
+                       static_cast<const uint8_t*>(it.in.scale->data) + it.in.scale->nbytes);
+  } else {
+    const std::vector<float> w = dequantize(it.in, it.spec);
+    const int64_t rows = it.spec.shape[0], cols = it.spec.shape[1];
+    for (const TensorHeader& h : it.outputs) out.emplace_back(h.nbytes());
+    switch (it.out) {
+      case DType::Q4: case DType::Q8:
+        runtime::quantize_int_group(w.data(), rows, cols, quant::bits(it.out), cols / it.outputs[1].shape[1],
+                                    reinterpret_cast<int32_t*>(out[0].data()), reinterpret_cast<uint16_t*>(out[1].data()));
+        break;
+      case DType::F8_E4M3:
+        runtime::quantize_fp8_block(w.data(), rows, cols, out[0].data(), reinterpret_cast<float*>(out[1].data()));
+        break;
+      case DType::BF16: {
+        uint16_t* o = reinterpret_cast<uint16_t*>(out[0].data());
+        for (size_t i = 0; i < w.size(); ++i) o[i] = f32_to_bf16(w[i]);
+        break;
+      }
+      default: std::memcpy(out[0].data(), w.data(), w.size() * 4);
+    }
+  }
+  const DType form = it.out == DType::Unknown ? it.in.dtype : it.out;
+  if (form == DType::Q4 || form == DType::Q8) {  // X.weight_shape
+    const int64_t shape[2] = {it.spec.shape[0], it.spec.shape[1]};
+    out.resize(it.outputs.size());
+    out.back().assign(reinterpret_cast<const uint8_t*>(shape), reinterpret_cast<const uint8_t*>(shape) + 16);
+  }
+  return out;
+}
+
+// quantization_config for the output's config.json (null: none).
+json quantization_config(const runtime::QuantPlan& plan, const std::vector<Item>& items) {
+  if (!plan.quantized_target()) return nullptr;
+  std::vector<std::string> kept;  // Linear modules not converted (their names without ".weight")
+  for (const Item& it : items)
+    if (it.spec.shape.size() == 2 && it.out == DType::Unknown && it.in.dtype != plan.target &&
+        it.spec.role != runtime::Role::Embedding && it.spec.name.size() > 7 &&
+        it.spec.name.compare(it.spec.name.size() - 7, 7, ".weight") == 0)
+      kept.push_back(it.spec.name.substr(0, it.spec.name.size() - 7));
+  if (plan.target == DType::F8_E4M3)
+    return {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+            {"weight_block_size", {128, 128}}, {"modules_to_not_convert", kept}};
+  json weights = {{"num_bits", quant::bits(plan.target)}, {"type", "int"}, {"symmetric", true},
+                  {"strategy", "group"}, {"group_size", plan.group_size}, {"dynamic", false},
+                  {"actorder", nullptr}, {"observer", "minmax"}};
+  return {{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"},
+          {"quantization_status", "compressed"},
+          {"config_groups", {{"group_0", {{"targets", {"Linear"}}, {"weights", weights},
+                                          {"input_activations", nullptr}, {"format", "pack-quantized"}}}}},
+          {"ignore", kept}};
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    CHECK(out.good(), tmp.string(), ": write failed (disk full?)");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  CHECK(!ec, path.string(), ": cannot rename ", tmp.string(), " to it: ", ec.message());
+}
+
+// A progress line on stderr, at most twice a second (every 10 % when stderr is not a terminal).
+struct Progress {
+  bool on;
+  size_t total, done = 0;
+  int last_decile = -1;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now(), shown = start;
+  void add(size_t bytes, const std::string& what) {
+    done += bytes;
+    if (!on) return;
+    const auto now = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(now - start).count();
+    const int decile = total ? int(10 * done / total) : 10;
+    const bool tty = ::isatty(2);
+    if (tty ? std::chrono::duration<double>(now - shown).count() < 0.5 && done < total : decile == last_decile)
+      return;
+    shown = now;
+    last_decile = decile;
+    const double frac = total ? double(done) / double(total) : 1.0;
+    char bar[21];
+    for (int i = 0; i < 20; ++i) bar[i] = i < int(frac * 20) ? '#' : '.';
+    bar[20] = 0;
+    std::fprintf(stderr, "%s[convert] [%s] %5.1f%% %.2f / %.2f GB  %.0f MB/s  ETA %.0fs  %s%s", tty ? "\r" : "", bar,
+                 100 * frac, double(done) / 1e9, double(total) / 1e9, s > 0 ? double(done) / 1e6 / s : 0.0,
+                 frac > 0 ? s / frac - s : 0.0, what.substr(0, 48).c_str(), tty ? "\033[K" : "\n");
+    if (tty && done >= total) std::fputc('\n', stderr);
+  }
+};
+
+}  // namespace
+
+int run_convert(const ConvertArgs& a) {
+  const runtime::QuantPlan plan = runtime::parse_quant_plan(a.quant, a.group_size, a.quantize);
+  const runtime::ModelConfig cfg = runtime::load_config(a.model);
+  Checkpoint ckpt(a.model);
+  runtime::check_checkpoint(ckpt, cfg);
+  std::unique_ptr<ClusterConfig> cc;
+  std::vector<parallel::LayerRange> stages;
+  if (!a.cluster.empty()) {
+    cc = std::make_unique<ClusterConfig>(load_cluster_config(a.cluster));
+    stages = plan_stages(*cc, cfg, cc->world_size());
+    CHECK(cfg.n_routed_experts % cc->expert_parallel == 0, a.cluster, ": expert_parallel ", cc->expert_parallel,
+          " does not divide n_routed_experts = ", cfg.n_routed_experts);
+  }
+
+  // 1. Plan.
+  std::vector<Item> items;
+  std::set<std::string> taken;
+  for (const TensorSpec& s : runtime::tensor_table(cfg)) {
+    Item it{s, runtime::resolve_tensor(ckpt, s)};
+    decide(it, plan, true);
+    it.group = file_group(s, cfg, cc.get(), stages);
+    for (const TensorHeader& h : stored_parts(it.in, s)) taken.insert(h.name);
+    items.push_back(std::move(it));
+  }
+  for (TensorSpec s : extra_specs(ckpt, taken)) {
+    s.layer = int(cfg.num_hidden_layers);  // MTP: with the last stage
+    Item it{s, runtime::resolve_tensor(ckpt, s)};
+    decide(it, plan, false);
+    it.group = file_group(s, cfg, cc.get(), stages);
+    items.push_back(std::move(it));
+  }
+  const size_t shard_limit = size_t(std::max<int64_t>(1, a.shard_size_mb)) << 20;
+  const std::vector<Shard> shards = make_shards(items, shard_limit);
+
+  // The plan's identity: a rerun over the same --out must be the same conversion.
+  json ident = {{"source", fs::absolute(a.model).lexically_normal().string()}, {"plan", runtime::describe(plan)},
+                {"cluster", a.cluster}, {"files", json::array()}};
+  for (const Shard& sh : shards) {
+    json f = {{"file", sh.file}, {"bytes", sh.bytes}, {"tensors", json::array()}};
+    for (size_t i : sh.items)
+      for (const TensorHeader& h : items[i].outputs) f["tensors"].push_back(h.name + ":" + std::string(dtype_name(h.dtype)));
+    ident["files"].push_back(f);
+  }
+  const fs::path out(a.out);
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  CHECK(!ec, a.out, ": cannot create the output directory: ", ec.message());
+  CHECK(fs::absolute(out).lexically_normal() != fs::absolute(a.model).lexically_normal(), a.out,
+        ": the output directory must differ from --model");
+  const fs::path plan_path = out / kPlanFile;
+  if (fs::exists(plan_path)) {
+    std::ifstream in(plan_path);
+    std::stringstream old;
+    old << in.rdbuf();
+    CHECK(old.str() == ident.dump(1), a.out, " holds a conversion with other settings or another source (", kPlanFile,
+          " differs); remove the directory or choose another --out");
+  } else {
+    for (const auto& e : fs::directory_iterator(out))
+      CHECK(false, a.out, ": not empty and not an interrupted conversion (found ", e.path().filename().string(),
+            "); choose an empty or new --out");
+    write_text(plan_path, ident.dump(1));
+  }
+
+  // 2. Write, shard by shard.
+  size_t total = 0;
+  for (const Item& it : items) total += it.in.nbytes();
+  Progress progress{a.progress, total};
+  std::map<std::string, std::string> weight_map;
+  size_t total_size = 0;
+  for (const Shard& sh : shards) {
+    std::vector<TensorHeader> headers;
+    for (size_t i : sh.items) headers.insert(headers.end(), items[i].outputs.begin(), items[i].outputs.end());
+    for (const TensorHeader& h : headers) weight_map[h.name] = sh.file;
+    const fs::path path = out / sh.file;
+    const size_t file_bytes = runtime::safetensors_size(headers);
+    total_size += file_bytes;
+    if (fs::exists(path) && fs::file_size(path) == file_bytes) {  // finished in an earlier run
+      for (size_t i : sh.items) progress.add(items[i].in.nbytes(), items[i].spec.name);
+      continue;
+    }
+    runtime::SafetensorsWriter w(path.string(), headers);
+    size_t at = 0;  // index of the item's first output among the shard's headers
+    for (size_t i : sh.items) {
+      const Item& it = items[i];
+      const size_t n = it.outputs.size();
+      if (at + n > w.next()) {
+        const auto bytes = produce(it);
+        for (size_t k = 0; k < n; ++k)
+          if (at + k >= w.next()) w.write(bytes[k].data(), bytes[k].size());
+      }
+      ckpt.release(*it.in.data);
+      if (it.in.scale) ckpt.release(*it.in.scale);
+      progress.add(it.in.nbytes(), it.spec.name);
+      at += n;
+    }
+    w.finish();
+  }
+
+  // 3. Index, config, the other files; then the loader's checks on the result.
+  json index = {{"metadata", {{"total_size", total_size}, {"glm5_convert", runtime::describe(plan)}}},
+                {"weight_map", weight_map}};
+  write_text(out / "model.safetensors.index.json", index.dump(2));
+  {
+    std::ifstream in(fs::path(a.model) / "config.json");
+    json conf = json::parse(in);
+    const json q = quantization_config(plan, items);
+    conf.erase("quantization_config");
+    if (!q.is_null()) conf["quantization_config"] = q;
+    else conf[conf.contains("dtype") ? "dtype" : "torch_dtype"] = plan.target == DType::F32 ? "float32" : "bfloat16";
+    write_text(out / "config.json", conf.dump(2) + "\n");
+  }
+  for (const auto& e : fs::directory_iterator(a.model)) {
+    const std::string n = e.path().filename().string();
+    if (!e.is_regular_file() || n == "config.json" || n == "model.safetensors.index.json" ||
+        e.path().extension() == ".safetensors" || n[0] == '.')
+      continue;
+    fs::copy_file(e.path(), out / n, fs::copy_options::overwrite_existing, ec);
+    CHECK(!ec, (out / n).string(), ": cannot copy from ", e.path().string(), ": ", ec.message());
+  }
+  Checkpoint result(a.out);
+  runtime::check_checkpoint(result, runtime::load_config(a.out));
+  size_t converted = 0;
+  for (const Item& it : items) converted += it.out != DType::Unknown;
+  std::fprintf(stderr, "[convert] %s: %zu of %zu tensors converted (%s), %zu file(s), %.3f GB -> %.3f GB\n",
+               a.out.c_str(), converted, items.size(), runtime::describe(plan).c_str(), shards.size(),
+               double(total) / 1e9, double(total_size) / 1e9);
+  return 0;
+}
+
+}  // namespace glm5::launcher
