@@ -1,0 +1,212 @@
+// Quantized weights (core/quant.h): the scalar element rules (FP8 E4M3 decode/encode, F16
+// rounding, int4/int8 unpacking), and the fast CPU gemm over F8_E4M3 / Q4 / Q8 weights on every
+// dequantization path this CPU has: bitwise equal to the same gemm over the weights dequantized to
+// float32 (weight_at), close to the reference, batch-invariant (a row's bytes do not depend on m)
+// and independent of the thread count.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cpu/fast_ops.h"
+#include "ops.h"
+
+namespace glm5::kernels::test {
+namespace {
+
+TEST(Quant, Fp8DecodeEncodeRoundTrip) {
+  // Every finite code decodes to a value that encodes back to the same code.
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7f) == 0x7f) continue;  // NaN
+    const float v = fp8_e4m3_to_f32(uint8_t(c));
+    const uint8_t back = quant::f32_to_fp8_e4m3(v);
+    if (v == 0.0f) EXPECT_EQ(back & 0x7f, 0) << c;
+    else EXPECT_EQ(back, c) << "code " << c << " value " << v;
+  }
+  EXPECT_EQ(fp8_e4m3_to_f32(0x7e), 448.0f);
+  EXPECT_EQ(fp8_e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+  EXPECT_EQ(quant::f32_to_fp8_e4m3(1e6f), 0x7e);           // saturates
+  EXPECT_EQ(quant::f32_to_fp8_e4m3(-1e6f), 0xfe);
+  // Round to nearest even: 1 + 1/16 lies halfway between 1 and 1 + 1/8.
+  EXPECT_EQ(fp8_e4m3_to_f32(quant::f32_to_fp8_e4m3(1.0625f)), 1.0f);
+  EXPECT_EQ(fp8_e4m3_to_f32(quant::f32_to_fp8_e4m3(1.1875f)), 1.25f);
+}
+
+TEST(Quant, F16RoundingIsIeee) {
+  // Against the hardware-independent definition: the nearest f16, ties to even.
+  EXPECT_EQ(quant::round_to(DType::F16, 1.0f + std::ldexp(1.0f, -11)), 1.0f);  // tie -> even
+  EXPECT_EQ(quant::round_to(DType::F16, 1.0f + 3 * std::ldexp(1.0f, -11)), 1.0f + std::ldexp(1.0f, -9));
+  EXPECT_EQ(quant::round_to(DType::F16, std::ldexp(1.0f, -24)), std::ldexp(1.0f, -24));  // subnormal
+  EXPECT_TRUE(std::isinf(quant::round_to(DType::F16, 70000.0f)));
+  EXPECT_EQ(quant::round_to(DType::BF16, 1.0f + std::ldexp(1.0f, -8)), 1.0f);
+  EXPECT_EQ(quant::round_to(DType::F32, 1.1f), 1.1f);
+}
+
+TEST(Quant, IntUnpackingFollowsPackQuantized) {
+  // Byte 0x2f: element 0 = low nibble 0xf -> 15 - 8 = 7, element 1 = 0x2 -> -6.
+  const uint8_t row[2] = {0x2f, 0x80};
+  EXPECT_EQ(quant::int_at(DType::Q4, row, 0), 7);
+  EXPECT_EQ(quant::int_at(DType::Q4, row, 1), -6);
+  EXPECT_EQ(quant::int_at(DType::Q4, row, 2), -8);
+  EXPECT_EQ(quant::int_at(DType::Q4, row, 3), 0);
+  EXPECT_EQ(quant::int_at(DType::Q8, row, 1), 0);
+  EXPECT_EQ(quant::int_at(DType::Q8, row, 0), 0x2f - 128);
+}
+
+// A random quantized weight [n, k] with its storage.
+struct QWeight {
+  std::vector<uint8_t> data, scale;
+  Weight w;
+};
+
+QWeight random_weight(DType dt, DType scale_dt, int64_t n, int64_t k, int64_t group, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  QWeight q;
+  int64_t ld = k, srows = n, scols;
+  if (dt == DType::Q4) ld = (k + 7) / 8 * 8;
+  if (dt == DType::Q8) ld = (k + 3) / 4 * 4;
+  q.data.resize(quant::row_bytes(dt, ld) * size_t(n));
+  for (auto& b : q.data) {
+    b = uint8_t(rng());
+    if (dt == DType::F8_E4M3 && (b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes
+  }
+  if (dt == DType::F8_E4M3) {
+    srows = (n + 127) / 128;
+    scols = (k + 127) / 128;
+    group = 128;
+  } else {
+    scols = k / group;
+  }
+  std::uniform_real_distribution<float> u(0.001f, 0.05f);
+  q.scale.resize(size_t(srows * scols) * dtype_size(scale_dt));
+  for (int64_t i = 0; i < srows * scols; ++i) {
+    const float s = u(rng);
+    if (scale_dt == DType::F32) std::memcpy(q.scale.data() + 4 * i, &s, 4);
+    else if (scale_dt == DType::BF16) reinterpret_cast<uint16_t*>(q.scale.data())[i] = f32_to_bf16(s);
+    else reinterpret_cast<uint16_t*>(q.scale.data())[i] = quant::f32_to_f16(s);
+  }
+  q.w = Weight{q.data.data(), dt, n, k, ld, q.scale.data(), scale_dt, scols, group,
+               dt == DType::F8_E4M3 ? 128 : 1};
+  return q;
+}
+
+std::vector<float> dequantized(const Weight& w) {
+  std::vector<float> v(size_t(w.rows * w.cols));
+  for (int64_t r = 0; r < w.rows; ++r)
+    for (int64_t c = 0; c < w.cols; ++c) v[size_t(r * w.cols + c)] = weight_at(w, r, c);
+  return v;
+}
+
+std::vector<float> run_gemm(Backend& b, const Weight& w, const std::vector<float>& x, int64_t m) {
+  std::vector<float> y(size_t(m * w.rows), -7.0f);
+  GemmParams p;
+  p.x = x.data(), p.ldx = w.cols, p.w = w, p.y = y.data(), p.ldy = w.rows, p.m = m, p.n = w.rows, p.k = w.cols;
+  b.gemm(p);
+  return y;
+}
+
+struct QCase {
+  DType dt, scale_dt;
+  int64_t n, k, group;
+};
+
+std::vector<QCase> cases() {
+  std::vector<QCase> c;
+  for (DType s : {DType::BF16, DType::F32, DType::F16})
+    for (int64_t g : {32, 64, 128}) {
+      c.push_back({DType::Q4, s, 70, 256, g});
+      c.push_back({DType::Q8, s, 33, 384, g});
+    }
+  c.push_back({DType::Q4, DType::BF16, 9, 8, 8});      // group not a multiple of 16: portable code
+  c.push_back({DType::F8_E4M3, DType::F32, 200, 300, 128});  // ragged 128 x 128 blocks
+  c.push_back({DType::F8_E4M3, DType::F32, 130, 136, 128});
+  c.push_back({DType::F8_E4M3, DType::BF16, 64, 96, 128});
+  return c;
+}
+
+std::string name(const QCase& c) {
+  return std::string(dtype_name(c.dt)).substr(0, 7) + "/" + std::string(dtype_name(c.scale_dt)) + " n" +
+         std::to_string(c.n) + " k" + std::to_string(c.k) + " g" + std::to_string(c.group);
+}
+
+// On every path: the fast gemm's bytes equal its float32 gemm over weight_at's values (the
+// same recipe over the same weights), whatever m; and it is close to the reference.
+TEST(QuantGemm, BitwiseDequantizedF32OnEveryPath) {
+  auto cpu = make_cpu_backend();
+  auto ref = make_reference_backend();
+  for (const std::string& path : cpu::fast::quant_paths()) {
+    cpu::fast::set_quant_path(path);
+    int seed = 1;
+    for (const QCase& c : cases()) {
+      SCOPED_TRACE(path + " " + name(c));
+      QWeight q = random_weight(c.dt, c.scale_dt, c.n, c.k, c.group, uint64_t(seed++));
+      std::vector<float> f = dequantized(q.w);
+      const Weight wf{f.data(), DType::F32, c.n, c.k, c.k};
+      for (int64_t m : {1, 3, 17, 70}) {
+        std::mt19937 rng(uint32_t(m + seed));
+        std::uniform_real_distribution<float> u(-1, 1);
+        std::vector<float> x(size_t(m * c.k));
+        for (float& v : x) v = u(rng);
+        const auto yq = run_gemm(*cpu, q.w, x, m), yf = run_gemm(*cpu, wf, x, m);
+        ASSERT_EQ(0, std::memcmp(yq.data(), yf.data(), yq.size() * 4)) << "m = " << m;
+        const auto yr = run_gemm(*ref, q.w, x, m);
+        for (size_t i = 0; i < yq.size(); ++i)
+          ASSERT_NEAR(yq[i], yr[i], 1e-4f * (1.0f + std::fabs(yr[i]))) << "element " << i << ", m = " << m;
+        // Row 0 alone gives the bytes it has inside the batch (batch invariance).
+        const std::vector<float> x0(x.begin(), x.begin() + c.k);
+        const auto y0 = run_gemm(*cpu, q.w, x0, 1);
+        ASSERT_EQ(0, std::memcmp(y0.data(), yq.data(), y0.size() * 4)) << "m = " << m;
+      }
+    }
+  }
+  cpu::fast::set_quant_path("auto");
+}
+
+// The AVX-512 and portable dequantizations give identical floats, and 1 or 2 threads identical bytes.
+TEST(QuantGemm, PathsAndThreadsAgreeBitwise) {
+  const auto paths = cpu::fast::quant_paths();
+  auto cpu = make_cpu_backend();
+  for (const QCase& c : cases()) {
+    SCOPED_TRACE(name(c));
+    QWeight q = random_weight(c.dt, c.scale_dt, c.n, c.k, c.group, 99);
+    std::vector<std::vector<float>> rows;
+    for (const std::string& path : paths) {
+      cpu::fast::set_quant_path(path);
+      std::vector<float> out(size_t(c.n * c.k));
+      cpu::fast::dequantize_rows(q.w, 0, c.n, out.data(), c.k);
+      rows.push_back(out);
+    }
+    cpu::fast::set_quant_path("auto");
+    ASSERT_EQ(0, std::memcmp(rows[0].data(), dequantized(q.w).data(), rows[0].size() * 4));
+    for (size_t i = 1; i < rows.size(); ++i)
+      ASSERT_EQ(0, std::memcmp(rows[0].data(), rows[i].data(), rows[0].size() * 4)) << paths[i];
+    std::vector<float> x(size_t(64 * c.k), 0.25f);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 7919 % 200) - 100) / 100.0f;
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const auto y1 = run_gemm(*cpu, q.w, x, 64);
+    omp_set_num_threads(2);
+    const auto y2 = run_gemm(*cpu, q.w, x, 64);
+    omp_set_num_threads(saved);
+    ASSERT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4));
+  }
+}
+
+TEST(QuantGemm, MissingScalesRefused) {
+  auto cpu = make_cpu_backend();
+  QWeight q = random_weight(DType::Q4, DType::BF16, 4, 32, 32, 3);
+  q.w.scale = nullptr;
+  std::vector<float> x(32);
+  try {
+    run_gemm(*cpu, q.w, x, 1);
+    FAIL() << "no error";
+  } catch (const glm5::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("without valid scales"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace glm5::kernels::test
