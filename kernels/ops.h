@@ -62,7 +62,7 @@ inline float weight_at(const Weight& w, int64_t r, int64_t c) {
              quant::scale_at(w.scale_dtype, w.scale, (r / w.scale_block_rows) * w.scale_ld + c / w.group);
     case DType::Q4: case DType::Q8:
       return quant::round_to(w.scale_dtype, float(quant::int_at(w.dtype, row, c)) *
-                                                quant::scale_at(w.scale_dtype, w.scale, r * w.scale_ld + c / w.group));
+                                                quant::scale_at(w.scale_dtype, w.scale, (r / w.scale_block_rows) * w.scale_ld + c / w.group));
     default: GLM5_FAIL("weight_at: unsupported weight dtype ", dtype_name(w.dtype));
   }
 }

@@ -19,7 +19,10 @@
 
 #include "core/check.h"
 #include "launcher/batch_job.h"
+#include "launcher/convert.h"
+#include "launcher/gpu_binding.h"
 #include "parallel/mpi_comm.h"
+#include "runtime/memory_plan.h"
 #include "runtime/name_table.h"
 #include "runtime/tokenizer.h"
 
@@ -39,7 +42,7 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
 
   CHECK(job->cluster.backend != "cuda" || job->cluster.kv_budget_gb > 0, "cluster config ", job->cluster.source,
         ": backend cuda needs kv_budget_gb (the paged KV pool is allocated in device memory up front)");
-  job->backend = job->cluster.backend == "cuda" ? kernels::make_cuda_backend(0)
+  job->backend = job->cluster.backend == "cuda" ? kernels::make_cuda_backend(cuda_device_for_this_rank())
                                                 : kernels::make_cpu_backend();
   job->checkpoint = std::make_unique<runtime::Checkpoint>(model_dir);
   if (rank == 0) runtime::check_checkpoint(*job->checkpoint, job->config);
@@ -178,13 +181,20 @@ std::string human_bytes(double b) {
   return buf;
 }
 
-// Config summary and the per-rank plan. No MPI: it computes every rank's share itself.
-int run_inspect(const std::string& model_dir, const std::string& cluster_file) {
-  runtime::ModelConfig mc = runtime::load_config(model_dir);
-  ClusterConfig cc = cluster_file.empty() ? default_cluster_config() : load_cluster_config(cluster_file);
+struct InspectArgs {
+  std::string model, cluster, quant, quantize;
+  int64_t group_size = 128;
+};
+
+// Config summary and the per-rank memory plan (runtime/memory_plan.h). No MPI: it computes every
+// rank's share itself, from config.json and the index names (never the shards).
+int run_inspect(const InspectArgs& a) {
+  std::unique_ptr<runtime::QuantPlan> plan;
+  if (!a.quant.empty()) plan = std::make_unique<runtime::QuantPlan>(runtime::parse_quant_plan(a.quant, a.group_size, a.quantize));
+  runtime::ModelConfig mc = runtime::load_config(a.model);
+  ClusterConfig cc = a.cluster.empty() ? default_cluster_config() : load_cluster_config(a.cluster);
   auto stages = plan_stages(cc, mc, cc.world_size());
   const int64_t H = mc.hidden_size, V = mc.vocab_size;
-  const double wbytes = 2.0;  // bf16 checkpoint
   std::printf("model      %s (%s)\n", mc.model_type.c_str(), mc.source.c_str());
   std::printf("shape      hidden %lld, layers %lld (+%lld MTP, not loaded), heads %lld, vocab %lld\n",
               (long long)H, (long long)mc.num_hidden_layers, (long long)mc.num_nextn_predict_layers,
@@ -202,44 +212,139 @@ int run_inspect(const std::string& model_dir, const std::string& cluster_file) {
               mc.routed_scaling_factor, (long long)mc.first_k_dense_replace);
   double total = 2.0 * double(V * H) + double(H);
   for (int l = 0; l < mc.num_hidden_layers; ++l) total += layer_parameters(mc, l);
-  std::printf("parameters %.4g (%s in bf16)\n", total, human_bytes(total * wbytes).c_str());
+  std::printf("parameters %.4g (%s in bf16)\n", total, human_bytes(total * 2.0).c_str());
+
+  // Decimal units (device_memory_gb and kv_budget_gb are 1e9 bytes), no space: one table column.
+  auto dec = [](double b) {
+    char buf[32];
+    if (std::abs(b) >= 1e9 || b == 0) std::snprintf(buf, sizeof buf, "%.2fGB", b / 1e9);
+    else if (std::abs(b) >= 1e6) std::snprintf(buf, sizeof buf, "%.2fMB", b / 1e6);
+    else std::snprintf(buf, sizeof buf, "%.1fKB", b / 1e3);
+    return std::string(buf);
+  };
+
+  // Stored forms: counts per form, and where they come from.
+  const runtime::WeightPlan wp = runtime::plan_weights(mc, a.model, plan.get());
+  std::map<std::string, size_t> forms;
+  size_t all_bytes = 0;
+  for (size_t i = 0; i < wp.tensors.size(); ++i) {
+    ++forms[runtime::form_name(wp.stored[i])];
+    all_bytes += wp.resident[i];
+  }
+  std::string counts;
+  for (const auto& [name, n] : forms) counts += (counts.empty() ? "" : ", ") + name + " " + std::to_string(n);
+  std::printf("stored     %zu tensors: %s\n", wp.tensors.size(), counts.c_str());
+  std::printf("           from %s\n", wp.source.c_str());
+  if (plan)
+    std::printf("           then --quant %s, as `glm5 convert` would write it: %zu tensor(s) change form\n",
+                wp.plan.c_str(), wp.converted);
+  if (wp.missing)
+    std::printf("warning    %zu schema tensor(s) are not in the index (first: %s); planned in the config dtype, "
+                "but this checkpoint will not load as it is\n", wp.missing, wp.first_missing.c_str());
+  std::printf("resident   %s for one copy of everything: matrices in their stored form, %zu quantized "
+              "kv_b_proj / embed_tokens dequantized to F32, indexer weights_proj F32, norms and biases F32\n",
+              dec(double(all_bytes)).c_str(), wp.dequantized_f32);
+
   const DType kv_dtype = cc.kv_dtype == "bf16" ? DType::BF16 : DType::F32;
-  const double kv_token = double(runtime::KvPool::bytes_per_token(mc, int(mc.num_hidden_layers), kv_dtype));
-  std::printf("kv cache   %s per token (%s latent %lld + indexer key %lld per layer), paged in blocks of %lld tokens\n",
-              human_bytes(kv_token).c_str(), cc.kv_dtype.c_str(), (long long)(mc.kv_lora_rank + mc.qk_rope_head_dim),
-              (long long)mc.index_head_dim, (long long)runtime::kBlockTokens);
+  const double kv_layer = double(runtime::KvPool::bytes_per_token(mc, 1, kv_dtype));
+  const double kv_token = kv_layer * double(mc.num_hidden_layers);
+  std::printf("kv cache   %s per token (%s: %.0f B per layer = latent %lld + indexer key %lld values, x %lld layers), "
+              "paged in blocks of %lld tokens\n",
+              human_bytes(kv_token).c_str(), cc.kv_dtype.c_str(), kv_layer,
+              (long long)(mc.kv_lora_rank + mc.qk_rope_head_dim), (long long)mc.index_head_dim,
+              (long long)mc.num_hidden_layers, (long long)runtime::kBlockTokens);
   std::printf("cluster    %s: %d stage(s) x %d expert-parallel = %d rank(s), backend %s, comm %s\n",
               cc.source.empty() ? "(single process)" : cc.source.c_str(), cc.stages,
               cc.expert_parallel, cc.world_size(), cc.backend.c_str(), cc.comm.c_str());
-  std::printf("%-5s %-6s %-6s %-9s %-12s %-12s %-12s\n", "rank", "stage", "column", "layers",
-              "parameters", "weights", "kv budget");
+
+  const bool device = cc.device_memory_gb > 0;
+  const runtime::ActivationEstimate act = runtime::estimate_activations(
+      mc, {cc.max_step_tokens, cc.max_batch, cc.prefill_chunk, cc.expert_parallel, cc.backend == "cuda"});
+  const double reserve = act.total();
+  if (device)
+    std::printf("reserve    %.2f GB per rank for activations: estimated peak of one step at max_step_tokens %d, "
+                "float32, balanced routing = hidden states %.2f + max(attention %.2f, %s %.2f, logits %.2f) + "
+                "%s %.2f GB\n",
+                reserve / 1e9, cc.max_step_tokens, act.residual / 1e9, act.attention / 1e9,
+                mc.n_routed_experts > 0 ? "moe" : "mlp", act.mlp / 1e9, act.logits / 1e9,
+                cc.backend == "cuda" ? "CUDA context/cuBLAS/allocator" : "no device overhead", act.fixed / 1e9);
+
+  // The KV pool: blocks sized by the budget over the largest stage's layers, the same count on
+  // every stage of a column (runtime/engine.cpp); each rank allocates them for its own layers.
+  int kv_layers_max = 1;
+  for (const auto& r : stages) kv_layers_max = std::max(kv_layers_max, r.size());
+  const double budget = cc.kv_budget_gb * 1e9;
+  const int64_t budget_blocks =
+      budget > 0 ? int64_t(budget / double(runtime::KvPool::bytes_per_block(mc, kv_layers_max, kv_dtype))) : 0;
+
+  if (device)
+    std::printf("%-5s %-6s %-6s %-9s %-12s %-12s %-12s %-13s %s\n", "rank", "stage", "column", "layers", "weights",
+                "kv/token", "kv-room", "kv-tokens", "kv-budget");
+  else
+    std::printf("%-5s %-6s %-6s %-9s %-12s %s\n", "rank", "stage", "column", "layers", "weights", "kv/token");
   const parallel::Grid g = cc.grid();
-  double worst = 0;
+  double worst_short = -1e300, worst_need = 0, worst_w = 0, worst_kv = 0;
+  int worst_rank = 0;
+  int64_t column_tokens = -1;
+  int limit_stage = 0;
   for (int r = 0; r < cc.world_size(); ++r) {
     const int s = g.stage_of(r);
-    double p = 0;
-    for (int l = stages[size_t(s)].first; l < stages[size_t(s)].last; ++l) {
-      double lp = layer_parameters(mc, l);
-      if (mc.is_moe_layer(l)) {  // this rank holds 1/E of the routed experts
-        double experts = double(mc.n_routed_experts) * 3.0 * double(H * mc.moe_intermediate_size);
-        lp -= experts * (1.0 - 1.0 / g.expert_parallel);
-      }
-      p += lp;
-    }
-    if (s == 0) p += double(V * H);
-    if (s == g.stages - 1) p += double(V * H) + double(H);
+    runtime::ModelShard shard;
+    shard.first_layer = stages[size_t(s)].first;
+    shard.last_layer = stages[size_t(s)].last;
+    shard.embedding = s == 0;
+    shard.head = s == g.stages - 1;
+    shard.expert_parallel = g.expert_parallel;
+    shard.column = g.column_of(r);
+    const double w = double(runtime::shard_weight_bytes(wp, mc, shard));
+    const int nl = stages[size_t(s)].size();
+    const double per_token = double(runtime::KvPool::bytes_per_token(mc, nl, kv_dtype));
+    const double pool = double(budget_blocks) * per_token * double(runtime::kBlockTokens);
     char layers[32];
     std::snprintf(layers, sizeof layers, "%d-%d", stages[size_t(s)].first, stages[size_t(s)].last - 1);
-    std::printf("%-5d %-6d %-6d %-9s %-12.4g %-12s %-12s\n", r, s, g.column_of(r), layers, p,
-                human_bytes(p * wbytes).c_str(),
-                cc.kv_budget_gb > 0 ? human_bytes(cc.kv_budget_gb * 1e9).c_str() : "unlimited");
-    worst = std::max(worst, p * wbytes + cc.kv_budget_gb * 1e9);
+    const std::string wtxt = dec(w), ktxt = dec(per_token);
+    if (!device) {
+      std::printf("%-5d %-6d %-6d %-9s %-12s %s\n", r, s, shard.column, layers, wtxt.c_str(), ktxt.c_str());
+      continue;
+    }
+    const double room = cc.device_memory_gb * 1e9 - w - reserve;
+    const int64_t tokens =
+        room > 0 ? int64_t(room / (per_token * double(runtime::kBlockTokens))) * runtime::kBlockTokens : 0;
+    if (g.column_of(r) == 0 && (column_tokens < 0 || tokens < column_tokens)) {
+      column_tokens = tokens;
+      limit_stage = s;
+    }
+    const std::string btxt = budget > 0 ? dec(pool) + (pool <= room ? ":fits" : ":NO") : std::string("none");
+    std::printf("%-5d %-6d %-6d %-9s %-12s %-12s %-12s %-13lld %s\n", r, s, shard.column, layers, wtxt.c_str(),
+                ktxt.c_str(), dec(room).c_str(), (long long)tokens, btxt.c_str());
+    const double need = w + reserve + pool;
+    const double short_by = need - cc.device_memory_gb * 1e9;
+    if (short_by > worst_short) {
+      worst_short = short_by;
+      worst_rank = r;
+      worst_need = need;
+      worst_w = w;
+      worst_kv = pool;
+    }
   }
-  if (cc.device_memory_gb > 0) {
-    const bool fits = worst <= cc.device_memory_gb * 1e9;
-    std::printf("memory     largest rank needs %.1f GB (bf16 weights + KV budget) of %.1f GB device "
-                "memory: %s\n", worst / 1e9, cc.device_memory_gb,
-                fits ? "fits" : "DOES NOT FIT (more ranks, more stages, or a quantised checkpoint)");
+  if (device) {
+    if (budget > 0)
+      std::printf("kv room    a column has room for %lld tokens of KV (stage %d is the limit); kv_budget_gb %g "
+                  "allocates %lld tokens per column\n",
+                  (long long)column_tokens, limit_stage, cc.kv_budget_gb,
+                  (long long)(budget_blocks * runtime::kBlockTokens));
+    else
+      std::printf("kv room    a column has room for %lld tokens of KV (stage %d is the limit); no kv_budget_gb set\n",
+                  (long long)column_tokens, limit_stage);
+    char verdict[96];
+    if (worst_short <= 0)
+      std::snprintf(verdict, sizeof verdict, "fits, %.2f GB to spare", -worst_short / 1e9);
+    else
+      std::snprintf(verdict, sizeof verdict, "DOES NOT FIT by %.2f GB", worst_short / 1e9);
+    std::printf("memory     worst rank %d needs %.2f GB (weights %.2f + activation reserve %.2f + KV pool %.2f) "
+                "of %.1f GB device memory: %s\n",
+                worst_rank, worst_need / 1e9, worst_w / 1e9, reserve / 1e9, worst_kv / 1e9, cc.device_memory_gb,
+                verdict);
   }
   return 0;
 }
@@ -284,10 +389,35 @@ int main_entry(int argc, char** argv) {
   bat->add_option("--output", ba.output)->required();
   bat->add_option("--report", ba.report, "write per-rank timing/traffic report JSON");
 
-  std::string im, ic;
+  InspectArgs ia;
   auto* ins = app.add_subcommand("inspect", "config summary and per-rank memory plan");
-  ins->add_option("--model", im)->required();
-  ins->add_option("--cluster", ic);
+  ins->add_option("--model", ia.model, "model directory (config.json; model.safetensors.index.json if present)")
+      ->required();
+  ins->add_option("--cluster", ia.cluster, "cluster config YAML");
+  auto* ins_quant = ins->add_option("--quant", ia.quant,
+                                    "plan the checkpoint as `glm5 convert --quant` would write it: int4 | int8 | "
+                                    "fp8 | bf16 | f32");
+  ins->add_option("--group-size", ia.group_size, "int4 / int8: columns per scale (32, 64, 128)")
+      ->capture_default_str()
+      ->needs(ins_quant);
+  ins->add_option("--quantize", ia.quantize,
+                  "roles --quant applies to, comma list of experts, shared, dense, attention, indexer, lm_head, all "
+                  "(default experts,shared)")
+      ->needs(ins_quant);
+
+  ConvertArgs ca;
+  auto* conv = app.add_subcommand("convert", "rewrite a checkpoint as int4 / int8 / fp8 / bf16 / f32, tensor by tensor");
+  conv->add_option("--model", ca.model, "input checkpoint (BF16, FP8 or pack-quantized)")->required();
+  conv->add_option("--out", ca.out, "output directory (created; a rerun resumes an interrupted conversion)")->required();
+  conv->add_option("--quant", ca.quant, "int4 | int8 | fp8 | bf16 | f32")->capture_default_str();
+  conv->add_option("--group-size", ca.group_size, "int4 / int8: columns per scale (32, 64, 128)")->capture_default_str();
+  conv->add_option("--quantize", ca.quantize,
+                   "roles to quantize, comma list of experts, shared, dense, attention, indexer, lm_head, all "
+                   "(default experts,shared)");
+  conv->add_option("--cluster", ca.cluster, "write one file set per rank of this cluster config");
+  conv->add_option("--shard-size-mb", ca.shard_size_mb, "largest output file")->capture_default_str();
+  bool no_progress = false;
+  conv->add_flag("--no-progress", no_progress, "no progress bar on stderr");
 
   std::string tk;
   bool decode = false;
@@ -331,7 +461,11 @@ int main_entry(int argc, char** argv) {
     int rc = 0;
     if (gen->parsed()) rc = run_generate(ga, std::move(world));
     else if (bat->parsed()) rc = run_batch(ba, std::move(world));
-    else if (ins->parsed()) rc = run_inspect(im, ic);
+    else if (ins->parsed()) rc = run_inspect(ia);
+    else if (conv->parsed()) {
+      ca.progress = !no_progress;
+      rc = run_convert(ca);
+    }
     else if (tok->parsed()) rc = run_tokenize(tk, decode, literal);
     else if (lau->parsed()) rc = run_launch(lc, rest, lrun, argv[0]);
     return rc;

@@ -29,6 +29,7 @@
 
 #include "core/check.h"
 #include "core/quant.h"
+#include "cpu/fast_ops.h"
 #include "launcher/cluster_config.h"
 #include "runtime/name_table.h"
 #include "runtime/quant_plan.h"
@@ -87,7 +88,8 @@ std::vector<TensorHeader> converted_parts(const TensorSpec& s, DType out, int64_
 // Decides an item's output: convert when the plan says so and the stored form differs.
 void decide(Item& it, const runtime::QuantPlan& plan, bool in_schema) {
   const StoredTensor& st = it.in;
-  bool convert = in_schema ? plan.converts(it.spec) : (!plan.quantized_target() && quant::is_quantized(st.dtype));
+  // Outside the schema (MTP extras such as eh_proj) only the plain targets apply (every matrix).
+  bool convert = in_schema ? plan.converts(it.spec) : !plan.quantized_target();
   const bool int_target = plan.target == DType::Q4 || plan.target == DType::Q8;
   if (convert && st.dtype == plan.target && (!int_target || st.group == plan.group_size))
     convert = false;  // already stored that way
@@ -180,51 +182,68 @@ std::vector<Shard> make_shards(const std::vector<Item>& items, size_t limit) {
   return shards;
 }
 
-// The float32 values of a stored matrix (or vector), row-parallel.
+// The float32 values of a stored matrix (or vector), row-parallel: weight_at's values, through
+// the CPU backend's vectorised dequantization for quantized matrices.
 std::vector<float> dequantize(const StoredTensor& st, const TensorSpec& s) {
   const int64_t rows = s.shape.size() == 2 ? s.shape[0] : 1, cols = s.shape.back();
   const kernels::Weight w = runtime::weight_view(st, rows, cols);
   std::vector<float> v(size_t(rows * cols));
+  const bool fast = quant::is_quantized(w.dtype);
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) v[size_t(r * cols + c)] = kernels::weight_at(w, r, c);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (fast) kernels::cpu::fast::dequantize_rows(w, r, 1, v.data() + r * cols, cols);
+    else
+      for (int64_t c = 0; c < cols; ++c) v[size_t(r * cols + c)] = kernels::weight_at(w, r, c);
+  }
   return v;
 }
 
-// The bytes of an item's outputs, in order.
-std::vector<std::vector<uint8_t>> produce(const Item& it) {
-  std::vector<std::vector<uint8_t>> out;
+// The bytes of an item's outputs, in order: views of the mmapped input for copies, owned buffers
+// for what is computed.
+struct Part {
+  std::vector<uint8_t> own;
+  const void* data = nullptr;
+  size_t size = 0;
+};
+
+std::vector<Part> produce(const Item& it) {
+  std::vector<Part> out(it.outputs.size());
+  auto own = [&](size_t i) -> uint8_t* {
+    out[i].own.resize(it.outputs[i].nbytes());
+    out[i].data = out[i].own.data();
+    out[i].size = out[i].own.size();
+    return out[i].own.data();
+  };
   if (it.out == DType::Unknown) {  // copy as stored
-    out.emplace_back(static_cast<const uint8_t*>(it.in.data->data),
-                     static_cast<const uint8_t*>(it.in.data->data) + it.in.data->nbytes);
-    if (it.in.scale)
-      out.emplace_back(static_cast<const uint8_t*>(it.in.scale->data),
-                       static_cast<const uint8_t*>(it.in.scale->data) + it.in.scale->nbytes);
+    out[0].data = it.in.data->data;
+    out[0].size = it.in.data->nbytes;
+    if (it.in.scale) {
+      out[1].data = it.in.scale->data;
+      out[1].size = it.in.scale->nbytes;
+    }
   } else {
     const std::vector<float> w = dequantize(it.in, it.spec);
     const int64_t rows = it.spec.shape[0], cols = it.spec.shape[1];
-    for (const TensorHeader& h : it.outputs) out.emplace_back(h.nbytes());
     switch (it.out) {
       case DType::Q4: case DType::Q8:
         runtime::quantize_int_group(w.data(), rows, cols, quant::bits(it.out), cols / it.outputs[1].shape[1],
-                                    reinterpret_cast<int32_t*>(out[0].data()), reinterpret_cast<uint16_t*>(out[1].data()));
+                                    reinterpret_cast<int32_t*>(own(0)), reinterpret_cast<uint16_t*>(own(1)));
         break;
       case DType::F8_E4M3:
-        runtime::quantize_fp8_block(w.data(), rows, cols, out[0].data(), reinterpret_cast<float*>(out[1].data()));
+        runtime::quantize_fp8_block(w.data(), rows, cols, own(0), reinterpret_cast<float*>(own(1)));
         break;
       case DType::BF16: {
-        uint16_t* o = reinterpret_cast<uint16_t*>(out[0].data());
+        uint16_t* o = reinterpret_cast<uint16_t*>(own(0));
         for (size_t i = 0; i < w.size(); ++i) o[i] = f32_to_bf16(w[i]);
         break;
       }
-      default: std::memcpy(out[0].data(), w.data(), w.size() * 4);
+      default: std::memcpy(own(0), w.data(), w.size() * 4);
     }
   }
   const DType form = it.out == DType::Unknown ? it.in.dtype : it.out;
   if (form == DType::Q4 || form == DType::Q8) {  // X.weight_shape
     const int64_t shape[2] = {it.spec.shape[0], it.spec.shape[1]};
-    out.resize(it.outputs.size());
-    out.back().assign(reinterpret_cast<const uint8_t*>(shape), reinterpret_cast<const uint8_t*>(shape) + 16);
+    std::memcpy(own(out.size() - 1), shape, 16);
   }
   return out;
 }
@@ -267,7 +286,7 @@ void write_text(const fs::path& path, const std::string& text) {
 // A progress line on stderr, at most twice a second (every 10 % when stderr is not a terminal).
 struct Progress {
   bool on;
-  size_t total, done = 0;
+  size_t total, done = 0, skipped = 0;  // skipped: finished by an earlier run (not in the rate)
   int last_decile = -1;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now(), shown = start;
   void add(size_t bytes, const std::string& what) {
@@ -286,8 +305,9 @@ struct Progress {
     for (int i = 0; i < 20; ++i) bar[i] = i < int(frac * 20) ? '#' : '.';
     bar[20] = 0;
     std::fprintf(stderr, "%s[convert] [%s] %5.1f%% %.2f / %.2f GB  %.0f MB/s  ETA %.0fs  %s%s", tty ? "\r" : "", bar,
-                 100 * frac, double(done) / 1e9, double(total) / 1e9, s > 0 ? double(done) / 1e6 / s : 0.0,
-                 frac > 0 ? s / frac - s : 0.0, what.substr(0, 48).c_str(), tty ? "\033[K" : "\n");
+                 100 * frac, double(done) / 1e9, double(total) / 1e9, s > 0 ? double(done - skipped) / 1e6 / s : 0.0,
+                 done > skipped ? s * double(total - done) / double(done - skipped) : 0.0, what.substr(0, 48).c_str(),
+                 tty ? "\033[K" : "\n");
     if (tty && done >= total) std::fputc('\n', stderr);
   }
 };
@@ -312,6 +332,18 @@ int run_convert(const ConvertArgs& a) {
   std::vector<Item> items;
   std::set<std::string> taken;
   for (const TensorSpec& s : runtime::tensor_table(cfg)) {
+    Item it{s, runtime::resolve_tensor(ckpt, s)};
+    decide(it, plan, true);
+    it.group = file_group(s, cfg, cc.get(), stages);
+    for (const TensorHeader& h : stored_parts(it.in, s)) taken.insert(h.name);
+    items.push_back(std::move(it));
+  }
+  // MTP layers (index >= num_hidden_layers) have the layers' schema: the same rules apply.
+  runtime::ModelConfig with_mtp = cfg;
+  with_mtp.num_hidden_layers += cfg.num_nextn_predict_layers;
+  for (const TensorSpec& s : runtime::tensor_table(with_mtp)) {
+    if (s.layer < cfg.num_hidden_layers || !(ckpt.has(s.name) || ckpt.has(runtime::packed_name(s.name, "packed"))))
+      continue;
     Item it{s, runtime::resolve_tensor(ckpt, s)};
     decide(it, plan, true);
     it.group = file_group(s, cfg, cc.get(), stages);
@@ -371,7 +403,10 @@ int run_convert(const ConvertArgs& a) {
     const size_t file_bytes = runtime::safetensors_size(headers);
     total_size += file_bytes;
     if (fs::exists(path) && fs::file_size(path) == file_bytes) {  // finished in an earlier run
-      for (size_t i : sh.items) progress.add(items[i].in.nbytes(), items[i].spec.name);
+      for (size_t i : sh.items) {
+        progress.skipped += items[i].in.nbytes();
+        progress.add(items[i].in.nbytes(), items[i].spec.name);
+      }
       continue;
     }
     runtime::SafetensorsWriter w(path.string(), headers);
@@ -380,9 +415,9 @@ int run_convert(const ConvertArgs& a) {
       const Item& it = items[i];
       const size_t n = it.outputs.size();
       if (at + n > w.next()) {
-        const auto bytes = produce(it);
+        const auto parts = produce(it);
         for (size_t k = 0; k < n; ++k)
-          if (at + k >= w.next()) w.write(bytes[k].data(), bytes[k].size());
+          if (at + k >= w.next()) w.write(parts[k].data, parts[k].size);
       }
       ckpt.release(*it.in.data);
       if (it.in.scale) ckpt.release(*it.in.scale);
@@ -408,15 +443,23 @@ int run_convert(const ConvertArgs& a) {
   for (const auto& e : fs::directory_iterator(a.model)) {
     const std::string n = e.path().filename().string();
     if (!e.is_regular_file() || n == "config.json" || n == "model.safetensors.index.json" ||
-        e.path().extension() == ".safetensors" || n[0] == '.')
+        e.path().extension() == ".safetensors" || n[0] == '.' || n.rfind("golden", 0) == 0)
       continue;
     fs::copy_file(e.path(), out / n, fs::copy_options::overwrite_existing, ec);
     CHECK(!ec, (out / n).string(), ": cannot copy from ", e.path().string(), ": ", ec.message());
   }
   Checkpoint result(a.out);
   runtime::check_checkpoint(result, runtime::load_config(a.out));
-  size_t converted = 0;
-  for (const Item& it : items) converted += it.out != DType::Unknown;
+  size_t converted = 0, indivisible = 0;
+  for (const Item& it : items) {
+    converted += it.out != DType::Unknown;
+    indivisible += (plan.target == DType::Q4 || plan.target == DType::Q8) && it.out == DType::Unknown &&
+                   it.spec.shape.size() == 2 && it.spec.shape[1] % plan.group_size != 0 &&
+                   std::find(plan.roles.begin(), plan.roles.end(), it.spec.role) != plan.roles.end();
+  }
+  if (indivisible)
+    std::fprintf(stderr, "[convert] %zu matrices of the quantized roles kept as stored: their column count is not a "
+                         "multiple of --group-size %lld\n", indivisible, (long long)plan.group_size);
   std::fprintf(stderr, "[convert] %s: %zu of %zu tensors converted (%s), %zu file(s), %.3f GB -> %.3f GB\n",
                a.out.c_str(), converted, items.size(), runtime::describe(plan).c_str(), shards.size(),
                double(total) / 1e9, double(total_size) / 1e9);

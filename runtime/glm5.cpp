@@ -104,35 +104,55 @@ const float* Model::vector(const std::string& name, int64_t n, float scale) {
   const TensorInfo& t = ckpt_.get(name, {n});
   owned_.push_back(to_f32(t));
   for (float& x : owned_.back()) x *= scale;
-  weight_bytes_ += t.nbytes;
+  weight_bytes_ += owned_.back().size() * sizeof(float);  // held as float32
   return static_cast<const float*>(backend_.upload(owned_.back().data(), size_t(n) * sizeof(float)));
 }
 
-// A float32 copy of a matrix, times `scale` (its exact values when scale is 1): for
-// indexer.weights_proj, used only as (W x) * n_heads^-0.5 * head_dim^-0.5, so the constant is
-// folded into this small [index_n_heads, hidden] matrix; and for quantized matrices whose use
-// needs plain values (kv_b_proj's per-head slices cross scale blocks; the embedding lookup).
-Weight Model::matrix_f32_scaled(const std::string& name, int64_t rows, int64_t cols, float scale) {
-  const StoredTensor st = resolve_tensor(ckpt_, {name, {rows, cols}});
-  const Weight hw = weight_view(st, rows, cols);
-  owned_.emplace_back(size_t(rows * cols));
-  std::vector<float>& v = owned_.back();
+// The float32 values of a matrix as stored (widened or dequantized exactly), times `scale`.
+static std::vector<float> dequantized(Checkpoint& ckpt, const std::string& name, int64_t rows, int64_t cols,
+                                      float scale) {
+  const Weight hw = weight_view(resolve_tensor(ckpt, {name, {rows, cols}}), rows, cols);
+  std::vector<float> v(size_t(rows * cols));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) v[size_t(r * cols + c)] = kernels::weight_at(hw, r, c) * scale;
-  weight_bytes_ += v.size() * sizeof(float);
+  return v;
+}
+
+// A copy of a matrix held by the model in F32 or BF16, uploaded.
+Weight Model::owned_matrix(std::vector<float> v, int64_t rows, int64_t cols, DType dtype) {
   Weight w;
-  w.data = backend_.upload(v.data(), v.size() * sizeof(float));
-  w.dtype = DType::F32;
   w.rows = rows;
   w.cols = cols;
   w.ld = cols;
+  w.dtype = dtype;
+  if (dtype == DType::BF16) {
+    owned_bf16_.emplace_back(v.size());
+    for (size_t i = 0; i < v.size(); ++i) owned_bf16_.back()[i] = f32_to_bf16(v[i]);
+    w.data = backend_.upload(owned_bf16_.back().data(), v.size() * 2);
+    weight_bytes_ += v.size() * 2;
+  } else {
+    owned_.push_back(std::move(v));
+    w.data = backend_.upload(owned_.back().data(), owned_.back().size() * sizeof(float));
+    weight_bytes_ += owned_.back().size() * sizeof(float);
+  }
   return w;
 }
 
-// matrix() unless the checkpoint stores it quantized, then its float32 values.
+// indexer.weights_proj is used only as (W x) * n_heads^-0.5 * head_dim^-0.5: the constant is
+// folded into a float32 copy of this small [index_n_heads, hidden] matrix.
+Weight Model::matrix_f32_scaled(const std::string& name, int64_t rows, int64_t cols, float scale) {
+  return owned_matrix(dequantized(ckpt_, name, rows, cols, scale), rows, cols, DType::F32);
+}
+
+// matrix() unless the checkpoint stores it quantized and its use needs plain values (kv_b_proj's
+// per-head slices cross scale blocks; the embedding lookup). Then its dequantized values, held in
+// BF16 when every one is a bf16 number (int4/int8 with BF16 scales), else in F32: exact either way.
 Weight Model::matrix_plain(const std::string& name, int64_t rows, int64_t cols) {
   const StoredTensor st = resolve_tensor(ckpt_, {name, {rows, cols}});
-  return quant::is_quantized(st.dtype) ? matrix_f32_scaled(name, rows, cols, 1.0f) : matrix(name, rows, cols);
+  if (!quant::is_quantized(st.dtype)) return matrix(name, rows, cols);
+  std::vector<float> v = dequantized(ckpt_, name, rows, cols, 1.0f);
+  const bool bf16 = std::all_of(v.begin(), v.end(), [](float x) { return bf16_to_f32(f32_to_bf16(x)) == x; });
+  return owned_matrix(std::move(v), rows, cols, bf16 ? DType::BF16 : DType::F32);
 }
 
 Model::Model(const ModelConfig& cfg, Checkpoint& ckpt, Backend& backend, const ModelShard& shard,

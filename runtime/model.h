@@ -78,6 +78,7 @@ class Model {
   kernels::Weight matrix_f32_scaled(const std::string& name, int64_t rows, int64_t cols,
                                     float scale);
   kernels::Weight matrix_plain(const std::string& name, int64_t rows, int64_t cols);
+  kernels::Weight owned_matrix(std::vector<float> values, int64_t rows, int64_t cols, DType dtype);
   struct Layout;
   void attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
                  const float* a, int64_t m, float* h);
@@ -103,7 +104,8 @@ class Model {
   const float* final_norm_ = nullptr;
   std::vector<float> inv_freq_host_;
   const float* inv_freq_ = nullptr;
-  std::vector<std::vector<float>> owned_;  // host copies of converted vectors
+  std::vector<std::vector<float>> owned_;  // host copies of converted vectors and matrices
+  std::vector<std::vector<uint16_t>> owned_bf16_;
   size_t weight_bytes_ = 0;
   std::vector<int64_t> expert_tokens_;
   double moe_comm_seconds_ = 0;

@@ -218,7 +218,12 @@ void check_checkpoint(Checkpoint& ckpt, const ModelConfig& cfg) {
   std::unordered_set<std::string> known;
   known.reserve(table.size() * 2);
   for (const TensorSpec& s : table) {
-    const StoredTensor st = resolve_tensor(ckpt, s);
+    StoredTensor st;
+    try {
+      st = resolve_tensor(ckpt, s);
+    } catch (const Error& e) {  // the expected shapes come from the config: say which
+      throw Error(std::string(e.what()) + " (expected from " + cfg.source + ")");
+    }
     known.insert(st.data->name);
     if (st.scale) known.insert(st.scale->name);
     if (st.dtype == DType::Q4 || st.dtype == DType::Q8) known.insert(packed_name(s.name, "shape"));

@@ -60,6 +60,12 @@ void dequant_row_portable(const Weight& w, int64_t r, float* out) {
   for (int64_t c0 = 0; c0 < w.cols; c0 += w.group) {
     const float s = quant::scale_at(w.scale_dtype, w.scale, srow + c0 / w.group);
     const int64_t c1 = std::min(w.cols, c0 + w.group);
+    if (w.dtype == DType::Q4) {  // the group's 16 values, by stored nibble q + 8
+      float table[16];
+      for (int u = 0; u < 16; ++u) table[u] = quant::round_to(w.scale_dtype, float(u - 8) * s);
+      for (int64_t c = c0; c < c1; ++c) out[c] = table[(row[c / 2] >> (4 * (c & 1))) & 0xf];
+      continue;
+    }
     for (int64_t c = c0; c < c1; ++c)
       out[c] = quant::round_to(w.scale_dtype, float(quant::int_at(w.dtype, row, c)) * s);
   }
@@ -95,42 +101,173 @@ GLM5_AVX512 inline __m512 fp8x16(const uint8_t* p) {
   return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));
 }
 
-// 16 int4 values (8 bytes, element 2i in the low nibble of byte i) -> float32 of q.
-GLM5_AVX512 inline __m512 q4x16(const uint8_t* p) {
-  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
-  __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
-  __m512i v = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
-  return _mm512_cvtepi32_ps(_mm512_sub_epi32(v, _mm512_set1_epi32(8)));
-}
-
 GLM5_AVX512 inline __m512 q8x16(const uint8_t* p) {
   __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm512_cvtepi32_ps(_mm512_sub_epi32(v, _mm512_set1_epi32(128)));
 }
 
 // Groups are whole multiples of 16 columns here (checked by the caller); a ragged last chunk of
-// a row (cols % 16) goes through the portable code.
+// a row (cols % 16) goes through the portable code. Int4 takes each group's 16 possible values
+// from a table built once per group (the same rule, so the same floats) with one permute.
 GLM5_AVX512 void dequant_row_avx512(const Weight& w, int64_t r, float* out) {
   const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * quant::row_bytes(w.dtype, w.ld);
   const int64_t srow = (r / w.scale_block_rows) * w.scale_ld;
   const int64_t full = w.cols / 16 * 16;
+  const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t c0 = 0; c0 < full; c0 += w.group) {
     const float s = quant::scale_at(w.scale_dtype, w.scale, srow + c0 / w.group);
     const __m512 sv = _mm512_set1_ps(s);
     const int64_t c1 = std::min(full, c0 + w.group);
+    if (w.dtype == DType::Q4) {
+      const __m512 table = round_to_avx512(w.scale_dtype, _mm512_mul_ps(levels, sv));  // value of stored nibble u = q + 8
+      for (int64_t c = c0; c < c1; c += 16) {
+        __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + c / 2));
+        __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+        __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+        __m512i u = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+        _mm512_storeu_ps(out + c, _mm512_permutexvar_ps(u, table));
+      }
+      continue;
+    }
     for (int64_t c = c0; c < c1; c += 16) {
       __m512 v;
-      if (w.dtype == DType::F8_E4M3) {
-        v = _mm512_mul_ps(fp8x16(row + c), sv);
-      } else {
-        v = _mm512_mul_ps(w.dtype == DType::Q4 ? q4x16(row + c / 2) : q8x16(row + c), sv);
-        v = round_to_avx512(w.scale_dtype, v);
-      }
+      if (w.dtype == DType::F8_E4M3) v = _mm512_mul_ps(fp8x16(row + c), sv);
+      else v = round_to_avx512(w.scale_dtype, _mm512_mul_ps(q8x16(row + c), sv));
       _mm512_storeu_ps(out + c, v);
     }
   }
   for (int64_t c = full; c < w.cols; ++c) out[c] = weight_at(w, r, c);
+}
+#endif
+
+#if defined(__x86_64__)
+// ---- AVX-512 small-m gemm: W rows dequantized in registers, no panel ----------------------------
+// For m <= 4 (decode) a panel costs as much as the dot products: here each 16-column chunk of up to
+// four W rows is dequantized into registers and multiplied straight into the accumulators. The
+// recipe is dot_tile's exactly (lane l sums x[16q + l] * w[16q + l] by FMA in q order, then the
+// simd::reduce tree), over the same float weights, so the bytes equal the panel path's.
+
+GLM5_AVX512 inline float reduce_avx512(__m512 v) {  // simd::reduce, written out
+  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
+                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
+  return _mm_cvtss_f32(d);
+}
+
+// Per group state and one chunk of 16 dequantized values, per format.
+template <DType DT, DType SD>
+struct Chunk {
+  __m512 t;  // Q4: the group's 16 values by stored nibble; Q8 / FP8: the scale
+  GLM5_AVX512 void group(float s) {
+    if constexpr (DT == DType::Q4)
+      t = round_to_avx512(SD, _mm512_mul_ps(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm512_set1_ps(s)));
+    else
+      t = _mm512_set1_ps(s);
+  }
+  // Q4: 32 values (16 bytes) at once, chunks c and c + 16.
+  GLM5_AVX512 void at2(const uint8_t* row, int64_t c, __m512& a, __m512& b) const {
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2));
+    __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0f));
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f));
+    a = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), t);
+    b = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)), t);
+  }
+  GLM5_AVX512 __m512 at(const uint8_t* row, int64_t c) const {
+    if constexpr (DT == DType::Q4) {
+      __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + c / 2));
+      __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+      __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+      return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), t);
+    } else if constexpr (DT == DType::Q8) {
+      return round_to_avx512(SD, _mm512_mul_ps(q8x16(row + c), t));
+    } else {
+      return _mm512_mul_ps(fp8x16(row + c), t);
+    }
+  }
+};
+
+// y[r, j] (+)= x[r, :] . W[j, :] for r < MR, j in [j0, j0 + nr), nr <= 4; k % 16 == 0, group % 16 == 0.
+template <int MR, DType DT, DType SD>
+GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_t j0, int nr, float* y, int64_t ldy,
+                            bool accumulate) {
+  const size_t rb = quant::row_bytes(DT, w.ld);
+  const uint8_t* rows[4];
+  int64_t srow[4];
+  for (int c = 0; c < 4; ++c) {
+    const int64_t j = j0 + std::min(c, nr - 1);
+    rows[c] = static_cast<const uint8_t*>(w.data) + size_t(j) * rb;
+    srow[c] = (j / w.scale_block_rows) * w.scale_ld;
+  }
+  __m512 acc[MR][4];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t g0 = 0; g0 < w.cols; g0 += w.group) {
+    Chunk<DT, SD> ch[4];
+    for (int c = 0; c < 4; ++c) ch[c].group(quant::scale_at(SD, w.scale, srow[c] + g0 / w.group));
+    const int64_t g1 = std::min(w.cols, g0 + w.group);  // FP8's last block may be partial
+    int64_t k = g0;
+    if constexpr (DT == DType::Q4) {
+      for (; k + 32 <= g1; k += 32) {
+        __m512 x0[MR], x1[MR];
+        for (int r = 0; r < MR; ++r) {
+          x0[r] = _mm512_loadu_ps(x + r * ldx + k);
+          x1[r] = _mm512_loadu_ps(x + r * ldx + k + 16);
+        }
+        for (int c = 0; c < 4; ++c) {
+          if (c >= nr) break;
+          __m512 w0, w1;
+          ch[c].at2(rows[c], k, w0, w1);
+          for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_fmadd_ps(x1[r], w1, _mm512_fmadd_ps(x0[r], w0, acc[r][c]));
+        }
+      }
+    }
+    for (; k < g1; k += 16) {
+      __m512 xv[MR];
+      for (int r = 0; r < MR; ++r) xv[r] = _mm512_loadu_ps(x + r * ldx + k);
+      for (int c = 0; c < 4; ++c) {
+        if (c >= nr) break;
+        const __m512 wv = ch[c].at(rows[c], k);
+        for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < nr; ++c) {
+      float* o = y + r * ldy + j0 + c;
+      const float v = reduce_avx512(acc[r][c]);
+      *o = accumulate ? *o + v : v;
+    }
+}
+
+template <DType DT, DType SD>
+GLM5_AVX512 void fused_rows(const GemmParams& p, int64_t j0, int64_t j1) {
+  for (int64_t j = j0; j < j1; j += 4) {
+    const int nr = int(std::min<int64_t>(4, j1 - j));
+    switch (p.m) {
+      case 1: fused_tile<1, DT, SD>(p.x, p.ldx, p.w, j, nr, p.y, p.ldy, p.accumulate); break;
+      case 2: fused_tile<2, DT, SD>(p.x, p.ldx, p.w, j, nr, p.y, p.ldy, p.accumulate); break;
+      case 3: fused_tile<3, DT, SD>(p.x, p.ldx, p.w, j, nr, p.y, p.ldy, p.accumulate); break;
+      default: fused_tile<4, DT, SD>(p.x, p.ldx, p.w, j, nr, p.y, p.ldy, p.accumulate); break;
+    }
+  }
+}
+
+using FusedFn = void (*)(const GemmParams&, int64_t, int64_t);
+
+template <DType DT>
+FusedFn fused_for_scale(DType sd) {
+  if (sd == DType::BF16) return fused_rows<DT, DType::BF16>;
+  if (sd == DType::F16) return fused_rows<DT, DType::F16>;
+  return fused_rows<DT, DType::F32>;
+}
+
+FusedFn fused_fn(const Weight& w) {
+  if (w.dtype == DType::Q4) return fused_for_scale<DType::Q4>(w.scale_dtype);
+  if (w.dtype == DType::Q8) return fused_for_scale<DType::Q8>(w.scale_dtype);
+  return fused_for_scale<DType::F8_E4M3>(w.scale_dtype);
 }
 #endif
 
@@ -195,13 +332,27 @@ void gemm_quantized(const GemmParams& p) {
     gemm(q);
     return;
   }
+#if defined(__x86_64__)
+  // Decode-sized calls on AVX-512: dequantize in registers (fused_tile).
+  if (p.m <= 4 && use_avx512() && p.k % 16 == 0 && p.w.group % 16 == 0 && p.w.cols == p.k) {
+    const FusedFn f = fused_fn(p.w);
+    constexpr int64_t kRowsPerItem = 16;
+    const int64_t items = (p.n + kRowsPerItem - 1) / kRowsPerItem;
+#pragma omp parallel for schedule(dynamic, 4) if (p.m * p.n * p.k >= kParallelMacs)
+    for (int64_t it = 0; it < items; ++it) f(p, it * kRowsPerItem, std::min(p.n, (it + 1) * kRowsPerItem));
+    return;
+  }
+#endif
   int64_t nb = kPanelBytes / (4 * std::max<int64_t>(p.k, 1));
   nb = std::clamp<int64_t>(nb / kTileCols * kTileCols, kTileCols, 256);
   const int64_t col_blocks = (p.n + nb - 1) / nb;
   const bool parallel = p.m * p.n * p.k >= kParallelMacs && col_blocks > 1;
 #pragma omp parallel if (parallel)
   {
-    std::vector<float> panel(size_t(nb * p.k));
+    // One panel per thread, kept between calls: a fresh 192 KiB buffer per call would be mapped
+    // and faulted in anew every time (decode makes hundreds of these calls per token).
+    thread_local std::vector<float> panel;
+    if (panel.size() < size_t(nb * p.k)) panel.resize(size_t(nb * p.k));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t cb = 0; cb < col_blocks; ++cb) {
       const int64_t j0 = cb * nb, nj = std::min(nb, p.n - j0);

@@ -1,7 +1,9 @@
 // The CUDA backend: device memory, one stream, cuBLAS GEMMs and the kernels of ops_*.cu behind
-// the Backend interface of ops.h. Activations stay fp32; GEMMs on bf16 weights split each fp32
-// activation into bf16 terms (x = hi + mid + lo, exact with 3 terms) so tensor cores see the
-// fp32 value. No FP8 weights, no CUDA graphs, no multi-stream overlap yet.
+// the Backend interface of ops.h. Activations stay fp32. GEMMs on bf16 weights split each fp32
+// activation into bf16 terms (x = hi + mid + lo, exact with 3 terms), so tensor cores see the
+// fp32 value. Quantized weights (F8_E4M3 block-scaled, Q4 / Q8 group-wise) run the fused kernel
+// of ops_quant.cu by default, or are dequantized exactly into this cuBLAS path. No CUDA graphs and
+// no multi-stream overlap yet.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -44,6 +46,68 @@ int gemm_terms_from_env() {
   return std::stoi(s);
 }
 
+// GLM5_CUDA_QUANT_GEMM: how GEMMs on quantized weights (F8_E4M3, Q4, Q8) run.
+//   fused (default): ops_quant.cu's kernel reads the stored bytes and dequantizes in registers.
+//     It is bandwidth-optimal at decode and MoE-expert sizes, and is fp32 SIMT (no tensor cores)
+//     for large m.
+//   dequant: blocks of weight rows are dequantized exactly (weight_at values, in bf16 where that
+//     is exact, else fp32) into scratch and go through the BF16 / F32 path above (cuBLAS, with
+//     GLM5_CUDA_GEMM_TERMS applying). This uses tensor cores for prefill, and pays a full
+//     dequantization of W on every call.
+// Either mode is used for every m, so each row's result never depends on the batch. trans_w
+// always takes the dequant route (the fused kernel reads W [n, k] rows only).
+enum class QuantGemmMode { kFused, kDequant };
+
+QuantGemmMode quant_gemm_mode_from_env() {
+  const char* v = std::getenv("GLM5_CUDA_QUANT_GEMM");
+  if (!v || !*v) return QuantGemmMode::kFused;
+  const std::string s = v;
+  CHECK(s == "fused" || s == "dequant",
+        "environment variable GLM5_CUDA_QUANT_GEMM: expected 'fused' or 'dequant', found '", s, "'");
+  return s == "fused" ? QuantGemmMode::kFused : QuantGemmMode::kDequant;
+}
+
+// Upper bound on the scratch of dequantized weight rows (GLM5_CUDA_QUANT_GEMM=dequant, trans_w):
+// 256 MiB, or GLM5_CUDA_DEQUANT_SCRATCH bytes (tests set it small to exercise the blocking).
+size_t dequant_scratch_from_env() {
+  const char* v = std::getenv("GLM5_CUDA_DEQUANT_SCRATCH");
+  if (!v || !*v) return size_t(256) << 20;
+  const std::string s = v;
+  size_t used = 0;
+  long long bytes = 0;
+  try {
+    bytes = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  CHECK(used == s.size() && bytes > 0,
+        "environment variable GLM5_CUDA_DEQUANT_SCRATCH: expected a positive byte count, found '", s, "'");
+  return size_t(bytes);
+}
+
+// The checks the reference backend makes on a quantized weight, plus what this backend needs
+// (FP8 scales in F32, group scale rows of one weight row each), with messages naming the format.
+void check_quant_weight(const Weight& w) {
+  const std::string_view dt = dtype_name(w.dtype);
+  CHECK(w.group > 0 && w.scale_block_rows > 0, "cuda gemm: ", dt, " weight [", w.rows, ", ", w.cols,
+        "] needs group > 0 and scale_block_rows > 0, found group ", w.group, ", scale_block_rows ",
+        w.scale_block_rows);
+  CHECK(w.scale_ld >= (w.cols + w.group - 1) / w.group, "cuda gemm: ", dt, " weight [", w.rows, ", ",
+        w.cols, "] with group ", w.group, " needs scale_ld >= ", (w.cols + w.group - 1) / w.group,
+        ", found ", w.scale_ld);
+  if (w.dtype == DType::F8_E4M3) {
+    CHECK(w.scale_dtype == DType::F32, "cuda gemm: F8_E4M3 weight scales must be F32, found ",
+          dtype_name(w.scale_dtype));
+  } else {
+    CHECK(w.scale_dtype == DType::BF16 || w.scale_dtype == DType::F16 || w.scale_dtype == DType::F32,
+          "cuda gemm: ", dt, " weight scales must be BF16, F16 or F32, found ", dtype_name(w.scale_dtype));
+    CHECK(w.scale_block_rows == 1, "cuda gemm: ", dt, " weight has one scale row per weight row; found scale_block_rows ",
+          w.scale_block_rows);
+    CHECK(w.dtype != DType::Q4 || w.ld % 2 == 0, "cuda gemm: ", dt, " weight ld ", w.ld,
+          " is odd (two elements per byte, rows start on a byte)");
+  }
+}
+
 // Sets the device for the lifetime of a scope and restores the caller's afterwards.
 class DeviceScope {
  public:
@@ -84,6 +148,8 @@ class CudaBackend final : public Backend {
                 "; configure with -DCMAKE_CUDA_ARCHITECTURES=", prop.major, prop.minor);
     }
     gemm_terms_ = gemm_terms_from_env();
+    quant_mode_ = quant_gemm_mode_from_env();
+    dequant_scratch_ = dequant_scratch_from_env();
     // A blocking stream: work on the legacy default stream (NCCL, cudaMemcpy) orders with it.
     CUDA_CHECK(cudaStreamCreate(&stream_));
     CUBLAS_CHECK(cublasCreate(&cublas_));
@@ -101,6 +167,7 @@ class CudaBackend final : public Backend {
     for (void* p : uploads_) cudaFree(p);
     cudaFree(xs_);
     cudaFree(cs_);
+    cudaFree(wq_);
     cudaFree(keys_);
     cudaFree(error_word_);
     cudaFreeHost(error_host_);
@@ -184,8 +251,11 @@ class CudaBackend final : public Backend {
   void gemm(const GemmParams& p) override {
     CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0, "cuda gemm: negative size m = ", p.m, ", n = ", p.n,
           ", k = ", p.k);
-    CHECK(p.w.dtype == DType::BF16 || p.w.dtype == DType::F16 || p.w.dtype == DType::F32,
-          "cuda gemm: weight dtype ", dtype_name(p.w.dtype), " is not supported (BF16, F16, F32)");
+    const bool quantized = quant::is_quantized(p.w.dtype);
+    CHECK(quantized || p.w.dtype == DType::BF16 || p.w.dtype == DType::F16 || p.w.dtype == DType::F32,
+          "cuda gemm: weight dtype ", dtype_name(p.w.dtype),
+          " is not supported (BF16, F16, F32, F8_E4M3, int4 / int8 pack-quantized)");
+    if (quantized) check_quant_weight(p.w);
     const int64_t want_rows = p.trans_w ? p.k : p.n, want_cols = p.trans_w ? p.n : p.k;
     CHECK(p.w.rows == want_rows && p.w.cols == want_cols, "cuda gemm: weight is [", p.w.rows, ", ",
           p.w.cols, "] but m = ", p.m, ", n = ", p.n, ", k = ", p.k, ", trans_w = ", p.trans_w,
@@ -195,13 +265,13 @@ class CudaBackend final : public Backend {
           " (n ", p.n, ") too small");
     if (p.m == 0 || p.n == 0) return;
     CHECK(p.y && (p.k == 0 || (p.x && p.w.data)), "cuda gemm: null x, y or weight data");
+    CHECK(!quantized || p.k == 0 || p.w.scale, "cuda gemm: ", dtype_name(p.w.dtype),
+          " weight without scales (null scale pointer)");
     DeviceScope ds(device_);
-    const bool use_cublas =
-        gemm_terms_ > 0 && p.k > 0 && (p.w.dtype == DType::BF16 || p.w.dtype == DType::F32);
-    if (use_cublas)
-      gemm_cublas(p);
+    if (quantized)
+      gemm_quantized(p);
     else
-      cuda::launch_gemm_simt(p, stream_);  // F16 weights, GLM5_CUDA_GEMM_TERMS=0, k = 0
+      gemm_plain(p);
   }
 
   void rms_norm(const RmsNormParams& p) override {
@@ -405,6 +475,52 @@ class CudaBackend final : public Backend {
     *cap = bytes;
   }
 
+  // BF16 / F16 / F32 weights (validated).
+  void gemm_plain(const GemmParams& p) {
+    const bool use_cublas =
+        gemm_terms_ > 0 && p.k > 0 && (p.w.dtype == DType::BF16 || p.w.dtype == DType::F32);
+    if (use_cublas)
+      gemm_cublas(p);
+    else
+      cuda::launch_gemm_simt(p, stream_);  // F16 weights, GLM5_CUDA_GEMM_TERMS=0, k = 0
+  }
+
+  // Quantized weights (validated). The route depends on the mode and trans_w, never on m.
+  void gemm_quantized(const GemmParams& p) {
+    if (p.k == 0) {  // y = 0 (or unchanged): the plain kernel, which reads no weight element
+      GemmParams q = p;
+      q.w = Weight{p.w.data, DType::F32, p.w.rows, p.w.cols, p.w.ld};
+      return cuda::launch_gemm_simt(q, stream_);
+    }
+    if (quant_mode_ == QuantGemmMode::kFused && !p.trans_w) return cuda::launch_gemm_quant_fused(p, stream_);
+    gemm_dequantized(p);
+  }
+
+  // Blocks of weight rows dequantized exactly (the values of weight_at) into scratch, each through
+  // gemm_plain. The blocks are fixed by the weight's shape alone. Without trans_w a block is a
+  // range of output columns. With trans_w it is a range of k: the partial sums are added to y block
+  // after block, in order.
+  void gemm_dequantized(const GemmParams& p) {
+    const DType dt = cuda::dequantized_dtype(p.w);
+    const size_t es = dtype_size(dt);
+    const int64_t ldw = round_up(p.w.cols, 8);  // 16-byte aligned rows for cuBLAS
+    const int64_t fit = std::max<int64_t>(1, int64_t(dequant_scratch_ / (size_t(ldw) * es)));
+    const int64_t block = p.w.rows <= fit ? p.w.rows : fit >= 128 ? fit / 128 * 128 : fit;
+    reserve(&wq_, &wq_cap_, size_t(block) * size_t(ldw) * es);
+    for (int64_t r0 = 0; r0 < p.w.rows; r0 += block) {
+      const int64_t rows = std::min(block, p.w.rows - r0);
+      cuda::launch_dequantize_rows(p.w, r0, rows, wq_, ldw, stream_);
+      GemmParams q = p;
+      q.w = Weight{wq_, dt, rows, p.w.cols, ldw};
+      if (p.trans_w) {
+        q.x = p.x + r0, q.k = rows, q.accumulate = p.accumulate || r0 > 0;
+      } else {
+        q.y = p.y + r0, q.n = rows;
+      }
+      gemm_plain(q);
+    }
+  }
+
   // y (+)= x W^T (or x W) through cuBLAS, kChunkRows rows per call. BF16 weights: x is split
   // into `terms` bf16 parts stacked as extra rows (one call, the weight read once), the fp32
   // partial outputs are summed smallest first. F32 weights: fp32 GEMM with fp32 compute.
@@ -445,6 +561,8 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   int gemm_terms_ = 3;
+  QuantGemmMode quant_mode_ = QuantGemmMode::kFused;
+  size_t dequant_scratch_ = size_t(256) << 20;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   int* error_word_ = nullptr;  // device: see cuda::DeviceErrorCode
@@ -454,6 +572,8 @@ class CudaBackend final : public Backend {
   size_t xs_cap_ = 0;
   void* cs_ = nullptr;
   size_t cs_cap_ = 0;
+  void* wq_ = nullptr;  // dequantized weight rows (gemm_dequantized)
+  size_t wq_cap_ = 0;
   void* keys_ = nullptr;
   size_t keys_cap_ = 0;
 };

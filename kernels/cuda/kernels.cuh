@@ -49,6 +49,19 @@ void launch_gemm_combine(const float* cs, int64_t ldc, int64_t rows, int64_t n, 
 // for every output. Used for F16 weights and when cuBLAS is switched off.
 void launch_gemm_simt(const GemmParams& p, cudaStream_t st);
 
+// ops_quant.cu: quantized weights (F8_E4M3 block-scaled, Q4 / Q8 group-wise; values of weight_at).
+// y (+)= x W^T (trans_w false, k > 0) read from the stored bytes and dequantized in registers. Each
+// output is summed in an order that depends on k only (32 lane partials of fixed columns, each an
+// ascending fmaf chain, then a fixed xor-tree warp sum): rows are batch-invariant for every m.
+void launch_gemm_quant_fused(const GemmParams& p, cudaStream_t st);
+// The dtype that holds w's dequantized values exactly: BF16 for Q4 / Q8 with BF16 scales (their
+// values are bf16 numbers), F32 otherwise.
+DType dequantized_dtype(const Weight& w);
+// Rows [r0, r0 + rows) of the quantized w, dequantized, into out [rows, ldo] of
+// dequantized_dtype(w).
+void launch_dequantize_rows(const Weight& w, int64_t r0, int64_t rows, void* out, int64_t ldo,
+                            cudaStream_t st);
+
 // ops_attention.cu
 void launch_indexer_scores(const IndexerScoresParams& p, cudaStream_t st);
 void launch_topk(const TopkParams& p, cudaStream_t st);

@@ -19,6 +19,7 @@
 #include "parallel/comm.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
+#include "runtime/name_table.h"
 #include "runtime/safetensors.h"
 
 using namespace glm5;
@@ -104,16 +105,28 @@ int main(int argc, char** argv) {
   const double rss_load = double(rss_kb() - rss0) * 1024;
   const double weight_bytes = double(model.weight_bytes());
 
-  // Weights touched per token (bf16 bytes): everything but the embedding table, with only
-  // num_experts_per_tok of the routed experts per MoE layer.
-  const double H = double(cfg.hidden_size), I = double(cfg.moe_intermediate_size);
-  const double all_experts = double(cfg.n_routed_experts) * 3 * H * I * 2;
-  const double active_experts = double(cfg.num_experts_per_tok) * 3 * H * I * 2;
-  int n_moe = 0;
-  for (int l = 0; l < cfg.num_hidden_layers; ++l) n_moe += cfg.is_moe_layer(l) ? 1 : 0;
-  const double embed_bytes = double(cfg.vocab_size) * H * 2;
-  const double touched = weight_bytes - embed_bytes - n_moe * (all_experts - active_experts);
-  const double lm_head = double(cfg.vocab_size) * H * 2;
+  // Weights touched per token, from the checkpoint's stored forms (name_table.h): everything but
+  // the embedding table, with num_experts_per_tok of the routed experts per MoE layer. Bytes as
+  // the model holds them (quantized matrices as stored, except kv_b_proj, dequantized to F32 at
+  // load; indexer weights_proj and vectors in F32); parameters for the FLOP count.
+  double touched = 0, touched_params = 0, lm_head_params = 0;
+  for (const runtime::TensorSpec& spec : runtime::tensor_table(cfg)) {
+    if (spec.role == runtime::Role::Embedding) continue;
+    const runtime::StoredTensor st = runtime::resolve_tensor(ckpt, spec);
+    double params = 1;
+    for (int64_t d : spec.shape) params *= double(d);
+    const bool f32_copy = spec.shape.size() == 1 || spec.role == runtime::Role::IndexerWeights ||
+                          (quant::is_quantized(st.dtype) && spec.name.find("kv_b_proj") != std::string::npos);
+    double bytes = f32_copy ? params * 4 : double(st.nbytes());
+    if (spec.expert >= 0) {
+      const double share = double(cfg.num_experts_per_tok) / double(cfg.n_routed_experts);
+      bytes *= share;
+      params *= share;
+    }
+    if (spec.role == runtime::Role::LmHead) lm_head_params = params;
+    touched += bytes;
+    touched_params += params;
+  }
 
   // 4. Prefill `prompt` tokens (one chunk), then `decode` steps at batch 1.
   std::vector<int32_t> ids(static_cast<size_t>(prompt));
@@ -133,7 +146,7 @@ int main(int argc, char** argv) {
   // the kv_b expansion of all keys, and causal attention (qk + pv) per layer.
   const double NH = double(cfg.num_attention_heads), S = double(prompt);
   const double pairs = S * (S + 1) / 2;
-  double flops = 2.0 * S * ((touched - lm_head) / 2.0);
+  double flops = 2.0 * S * (touched_params - lm_head_params);
   flops += double(cfg.num_hidden_layers) *
            (2.0 * pairs * NH * double(cfg.qk_head_dim() + cfg.v_head_dim));
   if (S > double(cfg.index_topk))

@@ -1,6 +1,7 @@
 // Every op of the CUDA backend against the reference backend: the shared case lists of
 // op_cases.h (as the CPU backend is checked), then CUDA-specific cases: GLM-5 sizes (64 heads,
-// 576/512 latent, index top-k 2048 over a 128k context), every GEMM activation split, batch
+// 576/512 latent, index top-k 2048 over a 128k context), every GEMM activation split, quantized
+// weights (FP8 block-scaled, int4 / int8 group-wise, both GLM5_CUDA_QUANT_GEMM modes), batch
 // invariance, device-side input errors. Outputs are poisoned before each op and guarded after
 // their end. Without a usable GPU every test skips with the reason.
 #include <gtest/gtest.h>
@@ -19,6 +20,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/quant.h"
 #include "op_cases.h"
 #include "ops.h"
 
@@ -363,6 +365,330 @@ TEST(CudaOps, GemmRowsAreBatchInvariant) {
       }
     }
   }
+}
+
+// ---- GEMM on quantized weights -----------------------------------------------------------------
+
+// A scoped environment variable (the backend reads GLM5_CUDA_* when it is created).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* v) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (v)
+      setenv(name, v, 1);
+    else
+      unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_.c_str(), old_.c_str(), 1);
+    else
+      unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+// The GLM5_CUDA_QUANT_GEMM modes (backend_cuda.cu). Both must match the reference.
+constexpr const char* kQuantModes[] = {"fused", "dequant"};
+
+// A random quantized matrix [rows, cols] laid out as a checkpoint stores it: Q4 rows padded to 8
+// elements and Q8 rows to 4, plus ld_extra elements. FP8 pad bytes hold the NaN code 0x7f, and
+// the other formats' pad bytes are random, so a kernel that reads padding fails. `lead` more rows
+// come first, so the matrix the kernels get is a slice (FP8: one 128-row scale block; Q4/Q8:
+// one row) at a pointer offset that is not 16-byte aligned for most shapes. FP8 values are random
+// codes without NaN, scales in [0.5, 2] / 256 (F32, blocks of 128 x 128). Q4/Q8 codes are random
+// bytes, with positive group scales in sdt.
+struct QuantMatrix {
+  DType dt = DType::Q4, sdt = DType::BF16;
+  int64_t rows = 0, cols = 0, ld = 0, group = 0, scale_block_rows = 1, scale_ld = 0, lead = 0;
+  std::vector<uint8_t> data, scale;
+
+  Weight view(const void* d, const void* s) const {
+    Weight w{d, dt, lead + rows, cols, ld, s, sdt, scale_ld, group, scale_block_rows};
+    return w.slice_rows(lead, rows);
+  }
+  Weight host() const { return view(data.data(), scale.data()); }
+  Weight upload(Backend& b) const {
+    return view(b.upload(data.data(), data.size()), b.upload(scale.data(), scale.size()));
+  }
+};
+
+QuantMatrix random_quant_matrix(Rng& rng, DType dt, DType sdt, int64_t rows, int64_t cols,
+                                int64_t group, int64_t ld_extra) {
+  QuantMatrix q;
+  const bool fp8 = dt == DType::F8_E4M3;
+  q.dt = dt, q.sdt = fp8 ? DType::F32 : sdt, q.rows = rows, q.cols = cols;
+  q.lead = fp8 ? quant::kFp8Block : 1;
+  q.group = fp8 ? quant::kFp8Block : group;
+  q.scale_block_rows = fp8 ? quant::kFp8Block : 1;
+  q.ld = (dt == DType::Q4 ? (cols + 7) / 8 * 8 : dt == DType::Q8 ? (cols + 3) / 4 * 4 : cols) + ld_extra;
+  const int64_t all_rows = q.lead + rows;
+  const size_t row_bytes = quant::row_bytes(dt, q.ld);
+  q.data.resize(size_t(all_rows) * row_bytes);
+  for (int64_t r = 0; r < all_rows; ++r)
+    for (size_t b = 0; b < row_bytes; ++b) {
+      int v = rng.integer(0, 255);
+      if (fp8) {
+        if (int64_t(b) >= cols)
+          v = 0x7f;
+        else
+          while ((v & 0x7f) == 0x7f) v = rng.integer(0, 255);
+      }
+      q.data[size_t(r) * row_bytes + b] = uint8_t(v);
+    }
+  q.scale_ld = (cols + q.group - 1) / q.group + 1;  // one spare scale column
+  const int64_t scale_rows = (all_rows + q.scale_block_rows - 1) / q.scale_block_rows;
+  const size_t es = dtype_size(q.sdt);
+  q.scale.resize(size_t(scale_rows * q.scale_ld) * es);
+  for (int64_t i = 0; i < scale_rows * q.scale_ld; ++i) {
+    const float v = fp8                 ? rng.uniform(0.5f, 2.0f) / 256.0f
+                    : dt == DType::Q4 ? rng.uniform(0.02f, 0.3f)
+                                      : rng.uniform(0.002f, 0.03f);
+    if (q.sdt == DType::F32) {
+      std::memcpy(&q.scale[size_t(i) * 4], &v, 4);
+    } else {
+      const uint16_t h = q.sdt == DType::BF16 ? f32_to_bf16(v) : quant::f32_to_f16(v);
+      std::memcpy(&q.scale[size_t(i) * 2], &h, 2);
+    }
+  }
+  return q;
+}
+
+struct QuantGemmCase {
+  int64_t m, n, k;
+  DType dt, sdt;  // sdt: scale dtype (FP8: always F32)
+  int64_t group;  // Q4 / Q8 group (FP8: 128)
+  bool trans, accumulate;
+  int64_t ld_extra;  // weight row padding beyond the checkpoint layout, elements (Q4: even)
+};
+
+std::string quant_case_name(const QuantGemmCase& c) {
+  return "gemm m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+         " " + std::string(dtype_name(c.dt)) +
+         (c.dt == DType::F8_E4M3 ? std::string()
+                                 : " scales " + std::string(dtype_name(c.sdt)) + " group " +
+                                       std::to_string(c.group)) +
+         (c.ld_extra ? " ld+" + std::to_string(c.ld_extra) : "") + (c.trans ? " trans_w" : "") +
+         (c.accumulate ? " accumulate" : "");
+}
+
+// One quantized GEMM on both backends. The tolerance is check_gemm's: rel_tol * sum_k |x w| per
+// output plus 1e-6, with w the weight_at() values.
+void check_quant_gemm(Backend& gpu, const QuantGemmCase& c, float rel_tol, uint32_t seed) {
+  Rng rng(seed);
+  const int64_t ldx = c.k + 3, ldy = c.n + 5;
+  const int64_t w_rows = c.trans ? c.k : c.n, w_cols = c.trans ? c.n : c.k;
+  const QuantMatrix qm = random_quant_matrix(rng, c.dt, c.sdt, w_rows, w_cols, c.group, c.ld_extra);
+  auto x = rng.floats(size_t(c.m * ldx));
+  auto y0 = rng.floats(size_t(c.m * ldy));
+  const std::string what = quant_case_name(c);
+
+  auto ref = make_reference_backend();
+  const Weight wh = qm.host();
+  GemmParams p;
+  p.x = x.data(), p.ldx = ldx, p.w = wh, p.trans_w = c.trans;
+  p.ldy = ldy, p.m = c.m, p.n = c.n, p.k = c.k, p.accumulate = c.accumulate;
+  std::vector<float> want = y0;
+  p.y = want.data();
+  ref->gemm(p);
+
+  Dev<float> dx(gpu, x), dy(gpu, c.accumulate ? y0 : nan_vec(y0.size()));
+  GemmParams q = p;
+  q.x = dx.get(), q.y = dy.get(), q.w = qm.upload(gpu);
+  gpu.gemm(q);
+  auto got = dy.host(what);
+  if (!c.accumulate)  // padding columns of y are not part of the result
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = c.n; j < ldy; ++j) got[i * ldy + j] = want[i * ldy + j] = 0.0f;
+
+  // |w| once per weight element (weight_at is the slow part of the bound).
+  std::vector<double> wabs(size_t(c.n * c.k));
+  for (int64_t j = 0; j < c.n; ++j)
+    for (int64_t kk = 0; kk < c.k; ++kk)
+      wabs[size_t(j * c.k + kk)] = std::fabs(double(c.trans ? weight_at(wh, kk, j) : weight_at(wh, j, kk)));
+  size_t bad = 0;
+  std::ostringstream first;
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = 0; j < c.n; ++j) {
+      double bound = 0.0;
+      for (int64_t kk = 0; kk < c.k; ++kk)
+        bound += std::fabs(double(x[i * ldx + kk])) * wabs[size_t(j * c.k + kk)];
+      const double err = std::fabs(double(got[i * ldy + j]) - double(want[i * ldy + j]));
+      if (!(err <= rel_tol * bound + 1e-6) && bad++ < 5)
+        first << "\n  [" << i << ", " << j << "] got " << got[i * ldy + j] << ", want "
+              << want[i * ldy + j] << " (sum |x w| " << bound << ")";
+    }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " outputs out of tolerance" << first.str();
+  for (size_t i = 0; i < got.size(); ++i)  // the padding columns of y keep their values too
+    if (c.accumulate && std::memcmp(&got[i], &want[i], 4) != 0 && int64_t(i) % ldy >= c.n) {
+      ADD_FAILURE() << what << ": padding element " << i << " of y was written";
+      break;
+    }
+}
+
+const std::vector<QuantGemmCase>& quant_gemm_cases() {
+  static const std::vector<QuantGemmCase> cases = [] {
+    const DType F8 = DType::F8_E4M3, Q4 = DType::Q4, Q8 = DType::Q8, BF16 = DType::BF16,
+                F16 = DType::F16, F32 = DType::F32;
+    std::vector<QuantGemmCase> v;
+    // FP8: 200 x 300 has a partial 128-block both ways; m = 1, 3 (one x tile), 17, 300.
+    for (int64_t m : {1, 3, 17, 300})
+      v.push_back({m, 200, 300, F8, F32, 128, false, m == 3, m == 17 ? 2 : 0});
+    v.push_back({5, 130, 1100, F8, F32, 128, false, false, 16});  // several k chunks
+    v.push_back({2, 64, 512, F8, F32, 128, false, false, 0});     // 16-byte aligned rows
+    v.push_back({17, 96, 200, F8, F32, 128, true, false, 0});     // trans_w: W [200, 96]
+    v.push_back({4, 300, 130, F8, F32, 128, true, true, 3});
+    // Q4 / Q8, groups 32 / 64 / 128, BF16 and F32 scales, m = 1, 3, 17, 300. The shapes rotate:
+    // ragged last group, several k chunks (1024 Q4 / 512 Q8 columns), 16-byte aligned rows.
+    const std::pair<int64_t, int64_t> shapes[] = {{70, 300}, {33, 2100}, {64, 1024}};
+    int s = 0;
+    for (DType dt : {Q4, Q8})
+      for (DType sdt : {BF16, F32})
+        for (int64_t g : {32, 64, 128})
+          for (int64_t m : {1, 3, 17, 300}) {
+            const auto [n, k] = shapes[s++ % 3];
+            v.push_back({m, n, k, dt, sdt, g, false, m == 17, m == 3 ? 8 : 0});
+          }
+    v.push_back({3, 40, 500, Q4, F16, 64, false, false, 0});  // F16 scales
+    v.push_back({17, 40, 500, Q8, F16, 128, false, true, 0});
+    v.push_back({5, 24, 301, Q4, BF16, 16, false, false, 0});  // groups narrower than a lane chunk
+    v.push_back({5, 24, 301, Q8, F32, 48, false, false, 4});   // groups not a power of two
+    v.push_back({3, 20, 257, Q4, BF16, 32, false, false, 2});  // odd k: the last byte is half padding
+    v.push_back({17, 65, 200, Q4, BF16, 32, true, false, 0});  // trans_w
+    v.push_back({3, 40, 96, Q8, F32, 64, true, true, 0});
+    v.push_back({9, 70, 130, Q4, F16, 128, true, false, 0});
+    v.push_back({2, 3, 0, Q4, BF16, 32, false, false, 8});     // k = 0: y = 0
+    v.push_back({2, 3, 0, F8, F32, 128, false, true, 4});      // k = 0, accumulate: y unchanged
+    v.push_back({0, 4, 64, Q8, BF16, 32, false, false, 0});    // m = 0
+    return v;
+  }();
+  return cases;
+}
+
+TEST(CudaOps, QuantGemmMatchesReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  GemmTermsEnv terms(nullptr);  // default: exact activations on the dequant route
+  for (const char* mode : kQuantModes) {
+    SCOPED_TRACE(std::string("GLM5_CUDA_QUANT_GEMM=") + mode);
+    ScopedEnv env("GLM5_CUDA_QUANT_GEMM", mode);
+    auto gpu = make_cuda_backend(0);
+    uint32_t seed = 500;
+    for (const auto& c : quant_gemm_cases()) check_quant_gemm(*gpu, c, 2e-5f, seed++);
+  }
+}
+
+// The dequant route with a small scratch: weights go through in blocks of rows (output columns;
+// with trans_w, ranges of k whose partial sums add up in y).
+TEST(CudaOps, QuantGemmDequantInRowBlocks) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  GemmTermsEnv terms(nullptr);
+  ScopedEnv env("GLM5_CUDA_QUANT_GEMM", "dequant");
+  ScopedEnv scratch("GLM5_CUDA_DEQUANT_SCRATCH", "20000");  // e.g. FP8 k = 300: 16 rows a block
+  auto gpu = make_cuda_backend(0);
+  uint32_t seed = 600;
+  for (const auto& c : quant_gemm_cases())
+    if (c.m != 300) check_quant_gemm(*gpu, c, 2e-5f, seed++);
+}
+
+// The dequant route under the other activation splits: bf16-exact weights with 1 term (bf16
+// activations), and the plain fp32 kernel (terms 0).
+TEST(CudaOps, QuantGemmDequantOtherActivationSplits) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  ScopedEnv env("GLM5_CUDA_QUANT_GEMM", "dequant");
+  const std::pair<const char*, float> modes[] = {{"0", 2e-5f}, {"1", 6e-3f}};
+  for (const auto& [terms, tol] : modes) {
+    SCOPED_TRACE(std::string("GLM5_CUDA_GEMM_TERMS=") + terms);
+    GemmTermsEnv te(terms);
+    auto gpu = make_cuda_backend(0);
+    uint32_t seed = 700;
+    for (const auto& c : quant_gemm_cases())
+      if (c.m != 300) check_quant_gemm(*gpu, c, tol, seed++);
+  }
+}
+
+TEST(CudaOps, QuantGemmRowsAreBatchInvariant) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  struct Fmt {
+    DType dt, sdt;
+    int64_t group;
+  };
+  const Fmt fmts[] = {{DType::F8_E4M3, DType::F32, 128},
+                      {DType::Q4, DType::BF16, 128},
+                      {DType::Q8, DType::F32, 64},
+                      {DType::Q4, DType::F16, 32}};
+  for (const char* mode : kQuantModes) {
+    ScopedEnv env("GLM5_CUDA_QUANT_GEMM", mode);
+    auto gpu = make_cuda_backend(0);
+    for (const Fmt& f : fmts) {
+      SCOPED_TRACE(std::string("mode ") + mode + " dtype " + std::string(dtype_name(f.dt)) +
+                   " scales " + std::string(dtype_name(f.sdt)));
+      Rng rng(9);
+      const int64_t m = 150, n = 96, k = 333;
+      const QuantMatrix qm = random_quant_matrix(rng, f.dt, f.sdt, n, k, f.group, 0);
+      Dev<float> dx(*gpu, rng.floats(size_t(m * k))), dy(*gpu, nan_vec(size_t(m * n)));
+      GemmParams p;
+      p.x = dx.get(), p.ldx = k, p.w = qm.upload(*gpu), p.y = dy.get(), p.ldy = n;
+      p.m = m, p.n = n, p.k = k;
+      gpu->gemm(p);
+      const auto all = dy.host("quantized gemm batch");
+      for (int64_t r0 : {0, 1, 7, 8, 63, 64, 100, 149}) {
+        const int64_t rows = std::min<int64_t>(r0 == 1 ? 5 : r0 == 8 ? 16 : 1, m - r0);
+        Dev<float> dy1(*gpu, nan_vec(size_t(rows * n)));
+        GemmParams q = p;
+        q.x = dx.get() + r0 * k, q.y = dy1.get(), q.m = rows;
+        gpu->gemm(q);
+        const auto part = dy1.host("quantized gemm part");
+        const std::vector<float> want(all.begin() + r0 * n, all.begin() + (r0 + rows) * n);
+        expect_equal(part, want,
+                     "rows " + std::to_string(r0) + ".." + std::to_string(r0 + rows - 1) +
+                         " alone vs in a batch of 150");
+      }
+    }
+  }
+}
+
+// Host-side checks of quantized weights throw at the call, naming what is wrong.
+TEST(CudaOps, QuantGemmRejectsBadWeights) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  std::vector<uint8_t> bytes(4096, 0x11);
+  std::vector<float> x(64, 1.0f), y(64, 0.0f);
+  auto expect_error = [&](Weight w, const std::vector<std::string>& needles) {
+    GemmParams p;
+    p.x = x.data(), p.ldx = 8, p.w = w, p.y = y.data(), p.ldy = 4, p.m = 2, p.n = 4, p.k = 8;
+    try {
+      gpu->gemm(p);
+      ADD_FAILURE() << "expected an error mentioning '" << needles.front() << "'";
+    } catch (const Error& e) {
+      for (const auto& s : needles)
+        EXPECT_NE(std::string(e.what()).find(s), std::string::npos) << e.what();
+    }
+  };
+  const Weight q4{bytes.data(), DType::Q4, 4, 8, 8, bytes.data(), DType::BF16, 1, 8, 1};
+  Weight w = q4;
+  w.scale_dtype = DType::U8;
+  expect_error(w, {"int4", "scales must be BF16, F16 or F32"});
+  w = q4, w.ld = 9;
+  expect_error(w, {"int4", "ld 9 is odd"});
+  w = q4, w.group = 0;
+  expect_error(w, {"int4", "group > 0"});
+  w = q4, w.group = 4;  // needs 2 scales per row
+  expect_error(w, {"int4", "scale_ld >= 2"});
+  w = q4, w.dtype = DType::Q8, w.scale_block_rows = 2;
+  expect_error(w, {"int8", "scale_block_rows 2"});
+  w = q4, w.scale = nullptr;
+  expect_error(w, {"int4", "without scales"});
+  w = q4, w.dtype = DType::F8_E4M3, w.scale_block_rows = 128;
+  expect_error(w, {"F8_E4M3", "scales must be F32, found BF16"});
+  w = q4, w.dtype = DType::U8;
+  expect_error(w, {"U8", "not supported"});
+  w = q4, w.rows = 5;
+  expect_error(w, {"weight is [5, 8]"});
 }
 
 // ---- norms, rope, element-wise -----------------------------------------------------------------
