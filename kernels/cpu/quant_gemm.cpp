@@ -190,9 +190,12 @@ struct Chunk {
 };
 
 // y[r, j] (+)= x[r, :] . W[j, :] for r < MR, j in [j0, j0 + nr), nr <= 4; k % 16 == 0, group % 16 == 0.
-template <int MR, DType DT, DType SD>
-GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_t j0, int nr, float* y, int64_t ldy,
+// The next tile's rows are prefetched as this one goes (each W row is short, a few KiB: too
+// short for the hardware prefetcher to ramp up on four streams at once).
+template <int MR, int NR, DType DT, DType SD>
+GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_t j0, float* y, int64_t ldy,
                             bool accumulate) {
+  constexpr int nr = NR;
   const size_t rb = quant::row_bytes(DT, w.ld);
   const uint8_t* rows[4];
   int64_t srow[4];
@@ -201,6 +204,8 @@ GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_
     rows[c] = static_cast<const uint8_t*>(w.data) + size_t(j) * rb;
     srow[c] = (j / w.scale_block_rows) * w.scale_ld;
   }
+  const uint8_t* next = rows[0] + 4 * rb;  // the following tile's first row
+  const int64_t bytes_per_k = DT == DType::Q4 ? 1 : 2;  // 2 x bytes per element (Q4: half a byte)
   __m512 acc[MR][4];
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -211,6 +216,8 @@ GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_
     int64_t k = g0;
     if constexpr (DT == DType::Q4) {
       for (; k + 32 <= g1; k += 32) {
+        if ((k * bytes_per_k / 2) % 64 == 0)
+          for (int c = 0; c < nr; ++c) _mm_prefetch(reinterpret_cast<const char*>(next + c * rb + k * bytes_per_k / 2), _MM_HINT_T0);
         __m512 x0[MR], x1[MR];
         for (int r = 0; r < MR; ++r) {
           x0[r] = _mm512_loadu_ps(x + r * ldx + k);
@@ -225,6 +232,8 @@ GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_
       }
     }
     for (; k < g1; k += 16) {
+      if ((k * bytes_per_k / 2) % 64 == 0)
+        for (int c = 0; c < nr; ++c) _mm_prefetch(reinterpret_cast<const char*>(next + c * rb + k * bytes_per_k / 2), _MM_HINT_T0);
       __m512 xv[MR];
       for (int r = 0; r < MR; ++r) xv[r] = _mm512_loadu_ps(x + r * ldx + k);
       for (int c = 0; c < 4; ++c) {
@@ -242,15 +251,25 @@ GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_
     }
 }
 
+template <int MR, DType DT, DType SD>
+GLM5_AVX512 void fused_tile_nr(const GemmParams& p, int64_t j, int nr) {
+  switch (nr) {
+    case 4: fused_tile<MR, 4, DT, SD>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate); break;
+    case 3: fused_tile<MR, 3, DT, SD>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate); break;
+    case 2: fused_tile<MR, 2, DT, SD>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate); break;
+    default: fused_tile<MR, 1, DT, SD>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate); break;
+  }
+}
+
 template <DType DT, DType SD>
 GLM5_AVX512 void fused_rows(const GemmParams& p, int64_t j0, int64_t j1) {
   for (int64_t j = j0; j < j1; j += 4) {
     const int nr = int(std::min<int64_t>(4, j1 - j));
     switch (p.m) {
-      case 1: fused_tile<1, DT, SD>(p.x, p.ldx, p.w, j, nr, p.y, p.ldy, p.accumulate); break;
-      case 2: fused_tile<2, DT, SD>(p.x, p.ldx, p.w, j, nr, p.y, p.ldy, p.accumulate); break;
-      case 3: fused_tile<3, DT, SD>(p.x, p.ldx, p.w, j, nr, p.y, p.ldy, p.accumulate); break;
-      default: fused_tile<4, DT, SD>(p.x, p.ldx, p.w, j, nr, p.y, p.ldy, p.accumulate); break;
+      case 1: fused_tile_nr<1, DT, SD>(p, j, nr); break;
+      case 2: fused_tile_nr<2, DT, SD>(p, j, nr); break;
+      case 3: fused_tile_nr<3, DT, SD>(p, j, nr); break;
+      default: fused_tile_nr<4, DT, SD>(p, j, nr); break;
     }
   }
 }
