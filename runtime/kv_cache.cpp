@@ -1,6 +1,8 @@
 // KvPool and BlockManager: see kv_cache.h.
 #include "runtime/kv_cache.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "core/check.h"
@@ -53,7 +55,10 @@ int64_t KvPool::blocks_for_budget(const ModelConfig& cfg, int n_layers, double b
                                   DType dtype) {
   const double per_block = double(bytes_per_block(cfg, std::max(1, n_layers), dtype));
   if (budget_bytes > 0) return int64_t(budget_bytes / per_block);
-  const double cap = double(int64_t(64) << 30) / per_block;
+  // No budget: max_batch full contexts, but at most a quarter of this machine's memory (and 64
+  // GiB): a real GLM-5 config (202752 positions) would otherwise ask for more than it has.
+  const double ram = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+  const double cap = std::min(double(int64_t(64) << 30), ram > 0 ? ram / 4 : double(int64_t(64) << 30)) / per_block;
   const double want = double(max_batch) * double(blocks_for(cfg.max_position_embeddings + 1));
   return std::max<int64_t>(1, int64_t(std::min(want, cap)));
 }

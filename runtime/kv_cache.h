@@ -47,7 +47,7 @@ class KvPool {
     return bytes_per_token(cfg, n_layers, dtype) * size_t(kBlockTokens);
   }
   // Blocks per rank for a KV budget (bytes; the layers of the largest stage). Without a budget:
-  // enough for max_batch sequences at the full context, at most 64 GiB of address space.
+  // enough for max_batch sequences at the full context, at most a quarter of RAM and 64 GiB.
   static int64_t blocks_for_budget(const ModelConfig& cfg, int n_layers, double budget_bytes, int max_batch,
                                    DType dtype = DType::F32);
 
