@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -87,7 +88,7 @@ GLM5_AVX512 inline __m512 round_to_avx512(DType t, __m512 v) {
   return v;
 }
 
-// 16 E4M3 bytes -> float32 (exact for every finite code; the converter never writes NaN).
+// 16 E4M3 bytes -> float32, exactly fp8_e4m3_to_f32 (the NaN codes 0x7f / 0xff included).
 GLM5_AVX512 inline __m512 fp8x16(const uint8_t* p) {
   __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   __m512i e = _mm512_and_si512(_mm512_srli_epi32(x, 3), _mm512_set1_epi32(0xf));
@@ -98,6 +99,8 @@ GLM5_AVX512 inline __m512 fp8x16(const uint8_t* p) {
   __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(m), _mm512_set1_ps(1.0f / 512.0f));
   __mmask16 is_sub = _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512());
   __m512 mag = _mm512_mask_blend_ps(is_sub, _mm512_castsi512_ps(normal), sub);
+  const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7f)), _mm512_set1_epi32(0x7f));
+  mag = _mm512_mask_blend_ps(nan, mag, _mm512_set1_ps(__builtin_nanf("")));
   return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));
 }
 
@@ -140,7 +143,7 @@ GLM5_AVX512 void dequant_row_avx512(const Weight& w, int64_t r, float* out) {
 }
 #endif
 
-#if defined(__x86_64__)
+#if defined(__AVX512F__)
 // ---- AVX-512 small-m gemm: W rows dequantized in registers, no panel ----------------------------
 // For m <= 4 (decode) a panel costs as much as the dot products: here each 16-column chunk of up to
 // four W rows is dequantized into registers and multiplied straight into the accumulators. The
@@ -308,7 +311,10 @@ bool use_avx512() {
   static const bool has = cpu_has_avx512();
   static const bool env_portable = [] {
     const char* e = std::getenv("GLM5_CPU_KERNELS");
-    return e && std::string(e) == "portable";
+    const std::string v = e ? e : "";
+    if (!v.empty() && v != "portable" && v != "auto")
+      std::fprintf(stderr, "glm5: GLM5_CPU_KERNELS=%s ignored (expected portable or auto)\n", v.c_str());
+    return v == "portable";
   }();
   const int f = g_forced.load(std::memory_order_relaxed);
   if (f >= 0) return f == 1 && has;
@@ -351,8 +357,10 @@ void gemm_quantized(const GemmParams& p) {
     gemm(q);
     return;
   }
-#if defined(__x86_64__)
-  // Decode-sized calls on AVX-512: dequantize in registers (fused_tile).
+#if defined(__AVX512F__)
+  // Decode-sized calls on AVX-512: dequantize in registers (fused_tile). Only where the register
+  // tile itself is the AVX-512 one (a build for AVX-512): its FMA is fused and the portable tile's
+  // (a * b + c) need not be, so mixing the two would make a row's bits depend on m.
   if (p.m <= 4 && use_avx512() && p.k % 16 == 0 && p.w.group % 16 == 0 && p.w.cols == p.k) {
     const FusedFn f = fused_fn(p.w);
     constexpr int64_t kRowsPerItem = 16;
