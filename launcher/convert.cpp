@@ -13,6 +13,8 @@
 //    directory, then the loader's own checks on the output.
 #include "launcher/convert.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -114,9 +116,19 @@ std::vector<TensorSpec> extra_specs(Checkpoint& ckpt, const std::set<std::string
     if (ends_with(name, ".weight_packed")) {
       const std::string base = name.substr(0, name.size() - 7);  // X.weight
       const runtime::TensorInfo* sh = ckpt.find(runtime::packed_name(base, "shape"));
-      CHECK(sh && sh->numel() == 2 && sh->dtype == DType::I64, ckpt.dir(), ": tensor '", name,
-            "' has no I64 [2] weight_shape beside it");
-      const int64_t* d = static_cast<const int64_t*>(sh->data);
+      CHECK(sh && sh->numel() == 2 && (sh->dtype == DType::I64 || sh->dtype == DType::I32), ckpt.dir(), ": tensor '",
+            name, "' needs an I64 (or I32) [2] ", runtime::packed_name(base, "shape"), " beside it, found ",
+            sh ? sh->dtype_name + " " + std::to_string(sh->numel()) + " element(s)" : std::string("none"));
+      int64_t d[2];
+      for (int i = 0; i < 2; ++i) {
+        if (sh->dtype == DType::I64) {
+          std::memcpy(&d[i], static_cast<const char*>(sh->data) + 8 * i, 8);
+        } else {
+          int32_t v;
+          std::memcpy(&v, static_cast<const char*>(sh->data) + 4 * i, 4);
+          d[i] = v;
+        }
+      }
       out.push_back({base, {d[0], d[1]}});
       continue;
     }
@@ -202,6 +214,7 @@ std::vector<float> dequantize(const StoredTensor& st, const TensorSpec& s) {
 // for what is computed.
 struct Part {
   std::vector<uint8_t> own;
+  std::vector<float> values;  // --quant f32: the dequantized values themselves
   const void* data = nullptr;
   size_t size = 0;
 };
@@ -222,7 +235,7 @@ std::vector<Part> produce(const Item& it) {
       out[1].size = it.in.scale->nbytes;
     }
   } else {
-    const std::vector<float> w = dequantize(it.in, it.spec);
+    std::vector<float> w = dequantize(it.in, it.spec);
     const int64_t rows = it.spec.shape[0], cols = it.spec.shape[1];
     switch (it.out) {
       case DType::Q4: case DType::Q8:
@@ -237,7 +250,10 @@ std::vector<Part> produce(const Item& it) {
         for (size_t i = 0; i < w.size(); ++i) o[i] = f32_to_bf16(w[i]);
         break;
       }
-      default: std::memcpy(own(0), w.data(), w.size() * 4);
+      default:
+        out[0].values = std::move(w);
+        out[0].data = out[0].values.data();
+        out[0].size = out[0].values.size() * 4;
     }
   }
   const DType form = it.out == DType::Unknown ? it.in.dtype : it.out;
@@ -248,26 +264,41 @@ std::vector<Part> produce(const Item& it) {
   return out;
 }
 
-// quantization_config for the output's config.json (null: none).
-json quantization_config(const runtime::QuantPlan& plan, const std::vector<Item>& items) {
-  if (!plan.quantized_target()) return nullptr;
-  std::vector<std::string> kept;  // Linear modules not converted (their names without ".weight")
-  for (const Item& it : items)
-    if (it.spec.shape.size() == 2 && it.out == DType::Unknown && it.in.dtype != plan.target &&
-        it.spec.role != runtime::Role::Embedding && it.spec.name.size() > 7 &&
-        it.spec.name.compare(it.spec.name.size() - 7, 7, ".weight") == 0)
-      kept.push_back(it.spec.name.substr(0, it.spec.name.size() - 7));
-  if (plan.target == DType::F8_E4M3)
+// quantization_config for the output's config.json (null: none). It describes the output's
+// pack-quantized tensors when there are any (compressed-tensors; FP8 tensors kept beside them are
+// found by glm5 from their `_scale_inv` names), else its FP8 ones. Such a mixed output (FP8 input,
+// --quant int4 of the experts) loads in glm5; other engines want one format (convert from BF16).
+json quantization_config(const std::vector<Item>& items) {
+  const Item* first_int = nullptr;
+  bool fp8 = false;
+  std::vector<std::string> not_int, not_fp8;  // Linear modules (names without ".weight")
+  for (const Item& it : items) {
+    const DType form = it.out == DType::Unknown ? it.in.dtype : it.out;
+    const bool linear = it.spec.shape.size() == 2 && it.spec.role != runtime::Role::Embedding &&
+                        it.spec.name.size() > 7 && it.spec.name.compare(it.spec.name.size() - 7, 7, ".weight") == 0;
+    if ((form == DType::Q4 || form == DType::Q8) && !first_int) first_int = &it;
+    fp8 = fp8 || form == DType::F8_E4M3;
+    if (!linear) continue;
+    const std::string module = it.spec.name.substr(0, it.spec.name.size() - 7);
+    if (form != DType::Q4 && form != DType::Q8) not_int.push_back(module);
+    if (form != DType::F8_E4M3) not_fp8.push_back(module);
+  }
+  if (first_int) {
+    const DType form = first_int->out == DType::Unknown ? first_int->in.dtype : first_int->out;
+    const int64_t group = first_int->out == DType::Unknown ? first_int->in.group
+                                                           : first_int->spec.shape[1] / first_int->outputs[1].shape[1];
+    json weights = {{"num_bits", quant::bits(form)}, {"type", "int"}, {"symmetric", true}, {"strategy", "group"},
+                    {"group_size", group}, {"dynamic", false}, {"actorder", nullptr}, {"observer", "minmax"}};
+    return {{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"},
+            {"quantization_status", "compressed"},
+            {"config_groups", {{"group_0", {{"targets", {"Linear"}}, {"weights", weights},
+                                            {"input_activations", nullptr}, {"format", "pack-quantized"}}}}},
+            {"ignore", not_int}};
+  }
+  if (fp8)
     return {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
-            {"weight_block_size", {128, 128}}, {"modules_to_not_convert", kept}};
-  json weights = {{"num_bits", quant::bits(plan.target)}, {"type", "int"}, {"symmetric", true},
-                  {"strategy", "group"}, {"group_size", plan.group_size}, {"dynamic", false},
-                  {"actorder", nullptr}, {"observer", "minmax"}};
-  return {{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"},
-          {"quantization_status", "compressed"},
-          {"config_groups", {{"group_0", {{"targets", {"Linear"}}, {"weights", weights},
-                                          {"input_activations", nullptr}, {"format", "pack-quantized"}}}}},
-          {"ignore", kept}};
+            {"weight_block_size", {128, 128}}, {"modules_to_not_convert", not_fp8}};
+  return nullptr;
 }
 
 void write_text(const fs::path& path, const std::string& text) {
@@ -328,45 +359,49 @@ int run_convert(const ConvertArgs& a) {
           " does not divide n_routed_experts = ", cfg.n_routed_experts);
   }
 
-  // 1. Plan.
+  // 1. Plan: the schema's tensors, then the MTP layers' (index >= num_hidden_layers: the layers'
+  // schema, so the same rules), then whatever else the checkpoint holds (MTP extras: eh_proj, ...).
   std::vector<Item> items;
   std::set<std::string> taken;
-  for (const TensorSpec& s : runtime::tensor_table(cfg)) {
-    Item it{s, runtime::resolve_tensor(ckpt, s)};
-    decide(it, plan, true);
+  auto add = [&](const TensorSpec& s, bool in_schema) {
+    Item it;
+    it.spec = s;
+    it.in = runtime::resolve_tensor(ckpt, s);
+    decide(it, plan, in_schema);
     it.group = file_group(s, cfg, cc.get(), stages);
     for (const TensorHeader& h : stored_parts(it.in, s)) taken.insert(h.name);
     items.push_back(std::move(it));
-  }
-  // MTP layers (index >= num_hidden_layers) have the layers' schema: the same rules apply.
+  };
+  for (const TensorSpec& s : runtime::tensor_table(cfg)) add(s, true);
   runtime::ModelConfig with_mtp = cfg;
   with_mtp.num_hidden_layers += cfg.num_nextn_predict_layers;
-  for (const TensorSpec& s : runtime::tensor_table(with_mtp)) {
-    if (s.layer < cfg.num_hidden_layers || !(ckpt.has(s.name) || ckpt.has(runtime::packed_name(s.name, "packed"))))
-      continue;
-    Item it{s, runtime::resolve_tensor(ckpt, s)};
-    decide(it, plan, true);
-    it.group = file_group(s, cfg, cc.get(), stages);
-    for (const TensorHeader& h : stored_parts(it.in, s)) taken.insert(h.name);
-    items.push_back(std::move(it));
-  }
+  for (const TensorSpec& s : runtime::tensor_table(with_mtp))
+    if (s.layer >= cfg.num_hidden_layers && (ckpt.has(s.name) || ckpt.has(runtime::packed_name(s.name, "packed"))))
+      add(s, true);
   for (TensorSpec s : extra_specs(ckpt, taken)) {
-    s.layer = int(cfg.num_hidden_layers);  // MTP: with the last stage
-    Item it{s, runtime::resolve_tensor(ckpt, s)};
-    decide(it, plan, false);
-    it.group = file_group(s, cfg, cc.get(), stages);
-    items.push_back(std::move(it));
+    s.layer = int(cfg.num_hidden_layers);  // with the last stage
+    add(s, false);
   }
   const size_t shard_limit = size_t(std::max<int64_t>(1, a.shard_size_mb)) << 20;
   const std::vector<Shard> shards = make_shards(items, shard_limit);
 
-  // The plan's identity: a rerun over the same --out must be the same conversion.
-  json ident = {{"source", fs::absolute(a.model).lexically_normal().string()}, {"plan", runtime::describe(plan)},
-                {"cluster", a.cluster}, {"files", json::array()}};
+  // The plan's identity (a rerun over the same --out must be the same conversion): the input's
+  // files and sizes and each tensor's stored dtype (a re-downloaded or edited source under the same
+  // path is another input), with the flags that shape the output.
+  json inputs = json::object();
+  for (const auto& e : fs::directory_iterator(a.model))
+    if (e.is_regular_file() && (e.path().extension() == ".safetensors" || e.path().filename() == "config.json"))
+      inputs[e.path().filename().string()] = e.file_size();
+  json ident = {{"format", 1}, {"source", fs::absolute(a.model).lexically_normal().string()}, {"inputs", inputs},
+                {"plan", runtime::describe(plan)}, {"shard_size_mb", a.shard_size_mb},
+                {"cluster", cc ? json{{"stages", cc->stages}, {"expert_parallel", cc->expert_parallel}} : json(nullptr)},
+                {"files", json::array()}};
   for (const Shard& sh : shards) {
     json f = {{"file", sh.file}, {"bytes", sh.bytes}, {"tensors", json::array()}};
     for (size_t i : sh.items)
-      for (const TensorHeader& h : items[i].outputs) f["tensors"].push_back(h.name + ":" + std::string(dtype_name(h.dtype)));
+      for (const TensorHeader& h : items[i].outputs)
+        f["tensors"].push_back(h.name + ":" + std::string(dtype_name(h.dtype)) + " from " +
+                               std::string(dtype_name(items[i].in.dtype)));
     ident["files"].push_back(f);
   }
   const fs::path out(a.out);
@@ -376,6 +411,10 @@ int run_convert(const ConvertArgs& a) {
   CHECK(fs::absolute(out).lexically_normal() != fs::absolute(a.model).lexically_normal(), a.out,
         ": the output directory must differ from --model");
   const fs::path plan_path = out / kPlanFile;
+  // One conversion at a time into a folder (two would cut each other's partial files).
+  const int lock = ::open((out / ".glm5-convert.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  CHECK(lock >= 0 && ::flock(lock, LOCK_EX | LOCK_NB) == 0, a.out,
+        ": another glm5 convert is writing into this folder (run one conversion per --out)");
   if (fs::exists(plan_path)) {
     std::ifstream in(plan_path);
     std::stringstream old;
@@ -383,9 +422,11 @@ int run_convert(const ConvertArgs& a) {
     CHECK(old.str() == ident.dump(1), a.out, " holds a conversion with other settings or another source (", kPlanFile,
           " differs); remove the directory or choose another --out");
   } else {
-    for (const auto& e : fs::directory_iterator(out))
-      CHECK(false, a.out, ": not empty and not an interrupted conversion (found ", e.path().filename().string(),
-            "); choose an empty or new --out");
+    for (const auto& e : fs::directory_iterator(out)) {
+      const std::string n = e.path().filename().string();
+      if (n == ".glm5-convert.lock" || n == std::string(kPlanFile) + ".tmp") continue;  // ours
+      CHECK(false, a.out, ": not empty and not an interrupted conversion (found ", n, "); choose an empty or new --out");
+    }
     write_text(plan_path, ident.dump(1));
   }
 
@@ -428,13 +469,10 @@ int run_convert(const ConvertArgs& a) {
   }
 
   // 3. Index, config, the other files; then the loader's checks on the result.
-  json index = {{"metadata", {{"total_size", total_size}, {"glm5_convert", runtime::describe(plan)}}},
-                {"weight_map", weight_map}};
-  write_text(out / "model.safetensors.index.json", index.dump(2));
   {
     std::ifstream in(fs::path(a.model) / "config.json");
     json conf = json::parse(in);
-    const json q = quantization_config(plan, items);
+    const json q = quantization_config(items);
     conf.erase("quantization_config");
     if (!q.is_null()) conf["quantization_config"] = q;
     else conf[conf.contains("dtype") ? "dtype" : "torch_dtype"] = plan.target == DType::F32 ? "float32" : "bfloat16";
@@ -448,6 +486,10 @@ int run_convert(const ConvertArgs& a) {
     fs::copy_file(e.path(), out / n, fs::copy_options::overwrite_existing, ec);
     CHECK(!ec, (out / n).string(), ": cannot copy from ", e.path().string(), ": ", ec.message());
   }
+  // The index last: its presence says the conversion is complete.
+  json index = {{"metadata", {{"total_size", total_size}, {"glm5_convert", runtime::describe(plan)}}},
+                {"weight_map", weight_map}};
+  write_text(out / "model.safetensors.index.json", index.dump(2));
   Checkpoint result(a.out);
   runtime::check_checkpoint(result, runtime::load_config(a.out));
   size_t converted = 0, indivisible = 0;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "cpu/fast_ops.h"
 #include "parallel/moe_exchange.h"
 #include "runtime/model.h"
 #include "runtime/name_table.h"
@@ -77,12 +78,24 @@ struct Model::Exchange {
 // Loading: names and shapes of spec §2.1. A rank asks only for the tensors it owns.
 
 // A matrix in its stored dtype, uploaded to the backend (the kernels dequantize in registers).
+// FP8 block scales in BF16 (accepted from checkpoints) are widened to F32 here, exactly: every
+// backend then sees F32 FP8 scales only.
 Weight Model::matrix(const std::string& name, int64_t rows, int64_t cols) {
   const StoredTensor st = resolve_tensor(ckpt_, {name, {rows, cols}});
   Weight w = weight_view(st, rows, cols);
   w.data = backend_.upload(st.data->data, st.data->nbytes);
-  if (st.scale) w.scale = backend_.upload(st.scale->data, st.scale->nbytes);
-  weight_bytes_ += st.nbytes();
+  weight_bytes_ += st.data->nbytes;
+  if (st.scale && st.dtype == DType::F8_E4M3 && st.scale->dtype == DType::BF16) {
+    owned_.emplace_back(size_t(st.scale->numel()));
+    for (size_t i = 0; i < owned_.back().size(); ++i)
+      owned_.back()[i] = bf16_to_f32(static_cast<const uint16_t*>(st.scale->data)[i]);
+    w.scale = backend_.upload(owned_.back().data(), owned_.back().size() * sizeof(float));
+    w.scale_dtype = DType::F32;
+    weight_bytes_ += owned_.back().size() * sizeof(float);
+  } else if (st.scale) {
+    w.scale = backend_.upload(st.scale->data, st.scale->nbytes);
+    weight_bytes_ += st.scale->nbytes;
+  }
   return w;
 }
 
@@ -113,8 +126,16 @@ static std::vector<float> dequantized(Checkpoint& ckpt, const std::string& name,
                                       float scale) {
   const Weight hw = weight_view(resolve_tensor(ckpt, {name, {rows, cols}}), rows, cols);
   std::vector<float> v(size_t(rows * cols));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) v[size_t(r * cols + c)] = kernels::weight_at(hw, r, c) * scale;
+  const bool quantized = quant::is_quantized(hw.dtype);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = v.data() + r * cols;
+    if (quantized) kernels::cpu::fast::dequantize_rows(hw, r, 1, row, cols);  // weight_at's values, vectorised
+    else
+      for (int64_t c = 0; c < cols; ++c) row[c] = kernels::weight_at(hw, r, c);
+    if (scale != 1.0f)
+      for (int64_t c = 0; c < cols; ++c) row[c] *= scale;
+  }
   return v;
 }
 

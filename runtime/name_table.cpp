@@ -3,6 +3,7 @@
 // header-only check of a checkpoint against them.
 #include "runtime/name_table.h"
 
+#include <cstring>
 #include <unordered_set>
 
 #include "core/check.h"
@@ -106,13 +107,28 @@ StoredTensor resolve_packed(Checkpoint& ckpt, const TensorSpec& s, const TensorI
   CHECK(sh, ckpt.dir(), ": tensor '", shname, "' not found (compressed-tensors stores the unpacked shape)");
   std::vector<int64_t> stored;
   if ((sh->dtype == DType::I64 || sh->dtype == DType::I32) && sh->numel() == 2)
-    for (int i = 0; i < 2; ++i)
-      stored.push_back(sh->dtype == DType::I64 ? static_cast<const int64_t*>(sh->data)[i]
-                                               : int64_t(static_cast<const int32_t*>(sh->data)[i]));
+    for (int i = 0; i < 2; ++i) {  // memcpy: the mmapped data need not be aligned
+      if (sh->dtype == DType::I64) {
+        int64_t v;
+        std::memcpy(&v, static_cast<const char*>(sh->data) + 8 * i, 8);
+        stored.push_back(v);
+      } else {
+        int32_t v;
+        std::memcpy(&v, static_cast<const char*>(sh->data) + 4 * i, 4);
+        stored.push_back(v);
+      }
+    }
   CHECK(stored == s.shape, "tensor ", shname, " in ", sh->file, ": expected I64 [2] = ", shape_str(s.shape),
         ", found ", sh->dtype_name, " ", shape_str(sh->shape), stored.empty() ? "" : " = ",
         stored.empty() ? "" : shape_str(stored));
-  return {dt, packed, sc, cols / sc->shape[1]};
+  // The group size, from the scales' shape: cols / scale columns, a power of two (compressed-tensors'
+  // group sizes) or the whole row (per-channel). A ragged layout (ceil(cols / group) scales, the
+  // last group partial) could fake another even split, so anything else is refused.
+  const int64_t group = cols / sc->shape[1];
+  CHECK(sc->shape[1] == 1 || (group >= 8 && (group & (group - 1)) == 0), "tensor ", sname, " in ", sc->file, ": ",
+        sc->shape[1], " scales per row of ", cols, " columns give a group size of ", group,
+        "; expected a power of two >= 8 dividing the row, or one scale per row (ragged groups are not supported)");
+  return {dt, packed, sc, group};
 }
 
 }  // namespace

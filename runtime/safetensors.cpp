@@ -246,7 +246,7 @@ const TensorInfo& Checkpoint::get(const std::string& name, const std::vector<int
   const TensorInfo* t = find(name);
   CHECK(t, dir_, ": tensor '", name, "' not found (expected shape ", shape_str(shape), ")");
   CHECK(t->dtype != DType::F8_E4M3, "tensor ", name, " in ", t->file,
-        " is F8_E4M3, but FP8 is only for matrices (", shape_str(shape), " must be BF16, F16 or F32)");
+        " is F8_E4M3 where a plain BF16, F16 or F32 tensor ", shape_str(shape), " is expected");
   CHECK(t->dtype == DType::BF16 || t->dtype == DType::F16 || t->dtype == DType::F32, "tensor ", name,
         " in ", t->file, " has dtype ", t->dtype_name, "; expected BF16, F16 or F32");
   CHECK(t->shape == shape, "tensor ", name, " in ", t->file, ": expected shape ", shape_str(shape),
@@ -403,6 +403,8 @@ void SafetensorsWriter::write(const void* data, size_t nbytes) {
   const TensorHeader& t = tensors_[next_];
   CHECK(nbytes == t.nbytes(), path_, ": tensor '", t.name, "' needs ", t.nbytes(), " bytes, given ", nbytes);
   write_all(fd_, data, nbytes, partial_);
+  // On disk before the next one: a resume after a crash keeps only tensors that really are there.
+  CHECK(::fdatasync(fd_) == 0, partial_, ": fdatasync failed: ", std::strerror(errno));
   ++next_;
 }
 
@@ -414,6 +416,12 @@ void SafetensorsWriter::finish() {
   std::error_code ec;
   fs::rename(partial_, path_, ec);
   CHECK(!ec, path_, ": cannot rename ", partial_, " to it: ", ec.message());
+  const int dir = ::open(fs::path(path_).parent_path().empty() ? "." : fs::path(path_).parent_path().c_str(),
+                         O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {  // the rename itself, on disk
+    ::fsync(dir);
+    ::close(dir);
+  }
 }
 
 }  // namespace glm5::runtime

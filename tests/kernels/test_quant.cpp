@@ -121,8 +121,13 @@ std::vector<QCase> cases() {
       c.push_back({DType::Q8, s, 33, 384, g});
     }
   c.push_back({DType::Q4, DType::BF16, 9, 8, 8});      // group not a multiple of 16: portable code
+  c.push_back({DType::Q4, DType::BF16, 7, 36, 12});    // ld 40 > cols 36 (rows padded to whole int32s)
+  c.push_back({DType::Q8, DType::F32, 5, 26, 13});     // ld 28 > cols 26
+  c.push_back({DType::Q4, DType::BF16, 512, 256, 32});  // many column blocks, the fused path's row items
   c.push_back({DType::F8_E4M3, DType::F32, 200, 300, 128});  // ragged 128 x 128 blocks
   c.push_back({DType::F8_E4M3, DType::F32, 130, 136, 128});
+  c.push_back({DType::F8_E4M3, DType::F32, 256, 384, 128});  // fused path across 2 x 3 scale blocks
+  c.push_back({DType::F8_E4M3, DType::F32, 260, 208, 128});  // fused path, partial last blocks
   c.push_back({DType::F8_E4M3, DType::BF16, 64, 96, 128});
   return c;
 }
@@ -186,12 +191,14 @@ TEST(QuantGemm, PathsAndThreadsAgreeBitwise) {
     std::vector<float> x(size_t(64 * c.k), 0.25f);
     for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 7919 % 200) - 100) / 100.0f;
     const int saved = omp_get_max_threads();
-    omp_set_num_threads(1);
-    const auto y1 = run_gemm(*cpu, q.w, x, 64);
-    omp_set_num_threads(2);
-    const auto y2 = run_gemm(*cpu, q.w, x, 64);
+    for (int64_t m : {1, 3, 64}) {
+      omp_set_num_threads(1);
+      const auto y1 = run_gemm(*cpu, q.w, x, m);
+      omp_set_num_threads(2);
+      const auto y2 = run_gemm(*cpu, q.w, x, m);
+      ASSERT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << "m = " << m;
+    }
     omp_set_num_threads(saved);
-    ASSERT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4));
   }
 }
 

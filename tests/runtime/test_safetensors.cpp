@@ -274,7 +274,7 @@ TEST(SafetensorsTest, Fp8WithoutScalesRefused) {
   });
   Checkpoint ck(d.str());
   const std::string where = "tensor " + name + " in " + d.file(shard) + " is F8_E4M3";
-  expect_error([&] { ck.get(name, {64, 256}); }, {where, "only for matrices"});
+  expect_error([&] { ck.get(name, {64, 256}); }, {where, "where a plain BF16, F16 or F32 tensor [64, 256] is expected"});
   ModelConfig cfg = load_config(d.str());
   expect_error([&] { check_checkpoint(ck, cfg); }, {where, "'" + name + "_scale_inv' are missing"});
 }
