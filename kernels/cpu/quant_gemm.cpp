@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -88,21 +89,35 @@ GLM5_AVX512 inline __m512 round_to_avx512(DType t, __m512 v) {
   return v;
 }
 
-// 16 E4M3 bytes -> float32, exactly fp8_e4m3_to_f32 (the NaN codes 0x7f / 0xff included).
-GLM5_AVX512 inline __m512 fp8x16(const uint8_t* p) {
+// 16 E4M3 bytes -> float32 times 2^-120, exactly: the code's 7 magnitude bits shifted into place
+// (exponent field e, mantissa m) are the float 2^(e - 127) (1 + m / 8), or m 2^-129 for e = 0 (a
+// float32 denormal), i.e. the E4M3 value times 2^-120 in both cases; so one multiply by
+// scale * 2^120 gives fp8 * scale with the one rounding of weight_at. NaN codes give NaN.
+constexpr float kTwo120 = 1.329227995784916e+36f;  // 2^120
+GLM5_AVX512 inline __m512 fp8x16_biased(const uint8_t* p) {
   __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  __m512i e = _mm512_and_si512(_mm512_srli_epi32(x, 3), _mm512_set1_epi32(0xf));
-  __m512i m = _mm512_and_si512(x, _mm512_set1_epi32(7));
-  __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
-  __m512i normal = _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(120)), 23),
-                                   _mm512_slli_epi32(m, 20));
-  __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(m), _mm512_set1_ps(1.0f / 512.0f));
-  __mmask16 is_sub = _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512());
-  __m512 mag = _mm512_mask_blend_ps(is_sub, _mm512_castsi512_ps(normal), sub);
+  __m512i mag = _mm512_and_si512(_mm512_slli_epi32(x, 20), _mm512_set1_epi32(0x07f00000));
+  __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(x, 7), 31);
+  __m512 v = _mm512_castsi512_ps(_mm512_or_si512(mag, sign));
   const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7f)), _mm512_set1_epi32(0x7f));
-  mag = _mm512_mask_blend_ps(nan, mag, _mm512_set1_ps(__builtin_nanf("")));
-  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));
+  return _mm512_mask_blend_ps(nan, v, _mm512_set1_ps(__builtin_nanf("")));
 }
+
+// fp8 * s for 16 codes: s * 2^120 as one factor unless that overflows (s >= 2^8), then two steps
+// (the first exact).
+struct Fp8Scale {
+  __m512 f;
+  bool two_steps;
+  GLM5_AVX512 explicit Fp8Scale(float s) {
+    const float pre = s * kTwo120;
+    two_steps = !std::isfinite(pre) && std::isfinite(s);
+    f = _mm512_set1_ps(two_steps ? s : pre);
+  }
+  GLM5_AVX512 __m512 apply(__m512 biased) const {
+    if (two_steps) biased = _mm512_mul_ps(biased, _mm512_set1_ps(kTwo120));
+    return _mm512_mul_ps(biased, f);
+  }
+};
 
 GLM5_AVX512 inline __m512 q8x16(const uint8_t* p) {
   __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -132,9 +147,10 @@ GLM5_AVX512 void dequant_row_avx512(const Weight& w, int64_t r, float* out) {
       }
       continue;
     }
+    const Fp8Scale fs(s);
     for (int64_t c = c0; c < c1; c += 16) {
       __m512 v;
-      if (w.dtype == DType::F8_E4M3) v = _mm512_mul_ps(fp8x16(row + c), sv);
+      if (w.dtype == DType::F8_E4M3) v = fs.apply(fp8x16_biased(row + c));
       else v = round_to_avx512(w.scale_dtype, _mm512_mul_ps(q8x16(row + c), sv));
       _mm512_storeu_ps(out + c, v);
     }
@@ -162,11 +178,14 @@ GLM5_AVX512 inline float reduce_avx512(__m512 v) {  // simd::reduce, written out
 // Per group state and one chunk of 16 dequantized values, per format.
 template <DType DT, DType SD>
 struct Chunk {
-  __m512 t;  // Q4: the group's 16 values by stored nibble; Q8 / FP8: the scale
+  __m512 t;  // Q4: the group's 16 values by stored nibble; Q8: the scale
+  Fp8Scale fs{1.0f};
   GLM5_AVX512 void group(float s) {
     if constexpr (DT == DType::Q4)
       t = round_to_avx512(SD, _mm512_mul_ps(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7),
                                             _mm512_set1_ps(s)));
+    else if constexpr (DT == DType::F8_E4M3)
+      fs = Fp8Scale(s);
     else
       t = _mm512_set1_ps(s);
   }
@@ -187,7 +206,7 @@ struct Chunk {
     } else if constexpr (DT == DType::Q8) {
       return round_to_avx512(SD, _mm512_mul_ps(q8x16(row + c), t));
     } else {
-      return _mm512_mul_ps(fp8x16(row + c), t);
+      return fs.apply(fp8x16_biased(row + c));
     }
   }
 };

@@ -202,6 +202,27 @@ TEST(QuantGemm, PathsAndThreadsAgreeBitwise) {
   }
 }
 
+// FP8 scales of 2^8 and more take the two-step multiply on the AVX-512 path: same values.
+TEST(QuantGemm, Fp8LargeScalesAndSubnormalCodes) {
+  QWeight q = random_weight(DType::F8_E4M3, DType::F32, 200, 256, 128, 5);
+  const float big[4] = {300.0f, 1e30f, 0.5f, 3e-39f};  // the last one a float32 denormal
+  std::memcpy(q.scale.data(), big, sizeof big);
+  for (int c = 0; c < 32; ++c) q.data[size_t(c)] = uint8_t(c % 8);  // subnormal E4M3 codes
+  const std::vector<float> want = dequantized(q.w);
+  auto cpu = make_cpu_backend();
+  for (const std::string& path : cpu::fast::quant_paths()) {
+    cpu::fast::set_quant_path(path);
+    std::vector<float> got(want.size());
+    cpu::fast::dequantize_rows(q.w, 0, q.w.rows, got.data(), q.w.cols);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << path;
+    std::vector<float> x(256, 0.001f);
+    const Weight wf{want.data(), DType::F32, 200, 256, 256};
+    const auto a = run_gemm(*cpu, q.w, x, 1), b = run_gemm(*cpu, wf, x, 1);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << path;
+  }
+  cpu::fast::set_quant_path("auto");
+}
+
 TEST(QuantGemm, MissingScalesRefused) {
   auto cpu = make_cpu_backend();
   QWeight q = random_weight(DType::Q4, DType::BF16, 4, 32, 32, 3);
