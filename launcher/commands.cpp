@@ -242,7 +242,8 @@ int run_inspect(const InspectArgs& a) {
     std::printf("warning    %zu schema tensor(s) are not in the index (first: %s); planned in the config dtype, "
                 "but this checkpoint will not load as it is\n", wp.missing, wp.first_missing.c_str());
   std::printf("resident   %s for one copy of everything: matrices in their stored form, %zu quantized "
-              "kv_b_proj / embed_tokens dequantized to F32, indexer weights_proj F32, norms and biases F32\n",
+              "kv_b_proj / embed_tokens held dequantized (BF16 from int, F32 from FP8), indexer weights_proj F32, "
+              "norms and biases F32\n",
               dec(double(all_bytes)).c_str(), wp.dequantized_f32);
 
   const DType kv_dtype = cc.kv_dtype == "bf16" ? DType::BF16 : DType::F32;

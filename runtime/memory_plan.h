@@ -46,7 +46,7 @@ struct WeightPlan {
   size_t converted = 0;             // tensors whose form the plan changed
   size_t missing = 0;               // table tensors the index does not list (planned as config dtype)
   std::string first_missing;
-  size_t dequantized_f32 = 0;       // matrices held as F32 copies of a quantized stored form
+  size_t dequantized_f32 = 0;       // matrices held dequantized (BF16 from int4/int8, F32 from FP8)
 };
 
 // The stored form of every table tensor (see the file comment) and what the runtime holds. With

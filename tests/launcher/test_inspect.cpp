@@ -147,7 +147,7 @@ TEST(Inspect, Glm5Fp8FitsTwoNodes) {
   // BF16; every attention / indexer / MLP / expert matrix FP8.
   EXPECT_TRUE(contains(stored, "59079 tensors: BF16 624, F32 75, FP8 58380")) << p.out;
   EXPECT_TRUE(contains(p.out, "quantization_config fp8, no index")) << p.out;
-  EXPECT_TRUE(contains(p.out, "78 quantized kv_b_proj / embed_tokens dequantized to F32")) << p.out;
+  EXPECT_TRUE(contains(p.out, "78 quantized kv_b_proj / embed_tokens held dequantized (BF16 from int, F32 from FP8)")) << p.out;
   const auto r = rows(p.out);
   ASSERT_EQ(r.size(), 16u) << p.out;
   for (const Row& row : r) {
@@ -362,7 +362,7 @@ TEST(MemoryPlan, MatchesWhatTheLoaderUploadsInt4) {
 }
 
 // An FP8 conversion of tiny-a: the --quant plan of the source, the index names of the output and
-// the loader's uploads of the output agree (kv_b_proj dequantized to F32 included).
+// the loader's uploads of the output agree (kv_b_proj held dequantized included).
 TEST(MemoryPlan, MatchesWhatTheLoaderUploadsFp8) {
   const fs::path out = scratch("tiny-a-fp8");
   const std::string roles = "experts,shared,dense,attention,indexer";
