@@ -194,21 +194,22 @@ std::vector<Shard> make_shards(const std::vector<Item>& items, size_t limit) {
   return shards;
 }
 
-// The float32 values of a stored matrix (or vector), row-parallel: weight_at's values, through
+// Rows [r0, r1) of a stored matrix as float32 into v, row-parallel: weight_at's values, through
 // the CPU backend's vectorised dequantization for quantized matrices.
-std::vector<float> dequantize(const StoredTensor& st, const TensorSpec& s) {
-  const int64_t rows = s.shape.size() == 2 ? s.shape[0] : 1, cols = s.shape.back();
-  const kernels::Weight w = runtime::weight_view(st, rows, cols);
-  std::vector<float> v(size_t(rows * cols));
+void dequantize_rows(const kernels::Weight& w, int64_t r0, int64_t r1, float* v) {
   const bool fast = quant::is_quantized(w.dtype);
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    if (fast) kernels::cpu::fast::dequantize_rows(w, r, 1, v.data() + r * cols, cols);
+  for (int64_t r = r0; r < r1; ++r) {
+    float* row = v + (r - r0) * w.cols;
+    if (fast) kernels::cpu::fast::dequantize_rows(w, r, 1, row, w.cols);
     else
-      for (int64_t c = 0; c < cols; ++c) v[size_t(r * cols + c)] = kernels::weight_at(w, r, c);
+      for (int64_t c = 0; c < w.cols; ++c) row[c] = kernels::weight_at(w, r, c);
   }
-  return v;
 }
+
+// Rows of a converted matrix at a time, so only the output and one block of float32 rows are held
+// (128 rows: FP8's scale blocks); the input rows' pages are dropped as soon as they are used.
+constexpr int64_t kBlockRows = quant::kFp8Block;
 
 // The bytes of an item's outputs, in order: views of the mmapped input for copies, owned buffers
 // for what is computed.
@@ -235,25 +236,41 @@ std::vector<Part> produce(const Item& it) {
       out[1].size = it.in.scale->nbytes;
     }
   } else {
-    std::vector<float> w = dequantize(it.in, it.spec);
     const int64_t rows = it.spec.shape[0], cols = it.spec.shape[1];
-    switch (it.out) {
-      case DType::Q4: case DType::Q8:
-        runtime::quantize_int_group(w.data(), rows, cols, quant::bits(it.out), cols / it.outputs[1].shape[1],
-                                    reinterpret_cast<int32_t*>(own(0)), reinterpret_cast<uint16_t*>(own(1)));
-        break;
-      case DType::F8_E4M3:
-        runtime::quantize_fp8_block(w.data(), rows, cols, own(0), reinterpret_cast<float*>(own(1)));
-        break;
-      case DType::BF16: {
-        uint16_t* o = reinterpret_cast<uint16_t*>(own(0));
-        for (size_t i = 0; i < w.size(); ++i) o[i] = f32_to_bf16(w[i]);
-        break;
+    const kernels::Weight w = runtime::weight_view(it.in, rows, cols);
+    uint8_t* o0 = it.out == DType::F32 ? nullptr : own(0);
+    uint8_t* o1 = it.outputs.size() > 1 && it.out != DType::F32 ? own(1) : nullptr;
+    if (it.out == DType::F32) {
+      out[0].values.resize(size_t(rows * cols));
+      out[0].data = out[0].values.data();
+      out[0].size = out[0].values.size() * 4;
+    }
+    std::vector<float> block(size_t(std::min(rows, kBlockRows) * cols));
+    const size_t in_row = quant::row_bytes(w.dtype, w.ld);
+    for (int64_t r0 = 0; r0 < rows; r0 += kBlockRows) {
+      const int64_t n = std::min(kBlockRows, rows - r0);
+      float* f = it.out == DType::F32 ? out[0].values.data() + r0 * cols : block.data();
+      dequantize_rows(w, r0, r0 + n, f);
+      Checkpoint::release_bytes(static_cast<const uint8_t*>(w.data) + size_t(r0) * in_row, size_t(n) * in_row);
+      switch (it.out) {
+        case DType::Q4: case DType::Q8: {
+          const int64_t words = it.outputs[0].shape[1], groups = it.outputs[1].shape[1];
+          runtime::quantize_int_group(f, n, cols, quant::bits(it.out), cols / groups,
+                                      reinterpret_cast<int32_t*>(o0) + r0 * words,
+                                      reinterpret_cast<uint16_t*>(o1) + r0 * groups);
+          break;
+        }
+        case DType::F8_E4M3:  // r0 is a multiple of 128: whole scale rows
+          runtime::quantize_fp8_block(f, n, cols, o0 + r0 * cols,
+                                      reinterpret_cast<float*>(o1) + (r0 / kBlockRows) * it.outputs[1].shape[1]);
+          break;
+        case DType::BF16: {
+          uint16_t* o = reinterpret_cast<uint16_t*>(o0) + r0 * cols;
+          for (int64_t i = 0; i < n * cols; ++i) o[i] = f32_to_bf16(f[i]);
+          break;
+        }
+        default: break;  // F32: dequantized in place
       }
-      default:
-        out[0].values = std::move(w);
-        out[0].data = out[0].values.data();
-        out[0].size = out[0].values.size() * 4;
     }
   }
   const DType form = it.out == DType::Unknown ? it.in.dtype : it.out;

@@ -217,11 +217,13 @@ SafetensorsFile& Checkpoint::shard(const std::string& file) {
   return *it->second;
 }
 
-void Checkpoint::release(const TensorInfo& t) {
-  if (t.nbytes == 0) return;
+void Checkpoint::release(const TensorInfo& t) { release_bytes(t.data, t.nbytes); }
+
+void Checkpoint::release_bytes(const void* data, size_t n) {
+  if (n == 0) return;
   const long page = ::sysconf(_SC_PAGESIZE);
-  uintptr_t b = reinterpret_cast<uintptr_t>(t.data), e = b + t.nbytes;
-  b = (b + uintptr_t(page) - 1) / uintptr_t(page) * uintptr_t(page);  // whole pages inside the tensor only
+  uintptr_t b = reinterpret_cast<uintptr_t>(data), e = b + n;
+  b = (b + uintptr_t(page) - 1) / uintptr_t(page) * uintptr_t(page);  // whole pages inside the range only
   e = e / uintptr_t(page) * uintptr_t(page);
   if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
 }

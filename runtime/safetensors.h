@@ -62,6 +62,7 @@ class Checkpoint {
   // Drops the pages of a tensor's bytes from this process's memory (they are re-read from the
   // file if touched again): streaming readers (convert) keep their RSS at a few tensors.
   void release(const TensorInfo& t);
+  static void release_bytes(const void* data, size_t n);  // the same for part of a tensor
   // Total bytes of the tensors handed out by get() so far.
   size_t bytes_loaded() const { return bytes_loaded_; }
 
