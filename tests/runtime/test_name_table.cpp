@@ -279,5 +279,74 @@ TEST(NameTableTest, UnknownName) {
                {s.dir.string(), "'model.layers.0.self_attn.q_proj.weight'", "2 unknown", "glm_moe_dsa"});
 }
 
+// ---- Stored forms: pack-quantized and FP8 tensors, and every way their parts can disagree ------
+
+const std::string kExpert = "model.layers.1.mlp.experts.0.gate_proj.weight";  // [64, 256]
+
+// Replaces kExpert by a compressed-tensors triple: packed I32 [64, words], scale [64, groups],
+// shape I64 [2] = shape_vals.
+void make_packed(std::vector<TensorToWrite>& ts, int64_t words, int64_t groups, DType scale_dtype,
+                 const int64_t* shape_vals) {
+  for (auto it = ts.begin(); it != ts.end(); ++it)
+    if (it->name == kExpert) {
+      ts.erase(it);
+      break;
+    }
+  ts.push_back({kExpert + "_packed", DType::I32, {64, words}, nullptr});
+  ts.push_back({kExpert + "_scale", scale_dtype, {64, groups}, nullptr});
+  ts.push_back({kExpert + "_shape", DType::I64, {2}, shape_vals});
+}
+
+TEST(NameTableTest, PackQuantizedFormResolves) {
+  static const int64_t shape[2] = {64, 256};
+  Synthetic s([&](std::vector<TensorToWrite>& ts) { make_packed(ts, 32, 8, DType::BF16, shape); });
+  s.check();
+  Checkpoint ck(s.dir.string());
+  const StoredTensor st = resolve_tensor(ck, {kExpert, {64, 256}});
+  EXPECT_EQ(st.dtype, DType::Q4);
+  EXPECT_EQ(st.group, 32);
+  Synthetic s8([&](std::vector<TensorToWrite>& ts) { make_packed(ts, 64, 2, DType::F32, shape); });
+  Checkpoint ck8(s8.dir.string());
+  const StoredTensor st8 = resolve_tensor(ck8, {kExpert, {64, 256}});
+  EXPECT_EQ(st8.dtype, DType::Q8);
+  EXPECT_EQ(st8.group, 128);
+}
+
+TEST(NameTableTest, PackQuantizedPartsThatDisagreeAreRefused) {
+  static const int64_t shape[2] = {64, 256}, lying[2] = {64, 255};
+  Synthetic bad_shape([&](std::vector<TensorToWrite>& ts) { make_packed(ts, 32, 8, DType::BF16, lying); });
+  expect_error([&] { bad_shape.check(); }, {kExpert + "_shape", "expected I64 [2] = [64, 256]", "= [64, 255]"});
+  Synthetic bad_words([&](std::vector<TensorToWrite>& ts) { make_packed(ts, 40, 8, DType::BF16, shape); });
+  expect_error([&] { bad_words.check(); }, {kExpert + "_packed", "fit neither int4 (32) nor int8 (64)"});
+  Synthetic bad_groups([&](std::vector<TensorToWrite>& ts) { make_packed(ts, 32, 3, DType::BF16, shape); });
+  expect_error([&] { bad_groups.check(); }, {kExpert + "_scale", "group_size dividing 256", "[64, 3]"});
+  // 128 scales per row of 256 columns: a group of 2, below the smallest group size (8): refused.
+  Synthetic tiny_group([&](std::vector<TensorToWrite>& ts) { make_packed(ts, 32, 128, DType::BF16, shape); });
+  expect_error([&] { tiny_group.check(); }, {kExpert + "_scale", "group size of 2", "power of two"});
+  Synthetic zp([&](std::vector<TensorToWrite>& ts) {
+    make_packed(ts, 32, 8, DType::BF16, shape);
+    ts.push_back({kExpert + "_zero_point", DType::I32, {8, 8}, nullptr});
+  });
+  expect_error([&] { zp.check(); }, {kExpert + "_zero_point", "asymmetric"});
+  Synthetic int_scale([&](std::vector<TensorToWrite>& ts) { make_packed(ts, 32, 8, DType::I32, shape); });
+  expect_error([&] { int_scale.check(); }, {kExpert + "_scale", "expected BF16, F16 or F32", "found I32"});
+}
+
+TEST(NameTableTest, Fp8ScalesMustMatchTheirBlocks) {
+  auto fp8 = [](std::vector<TensorToWrite>& ts, std::vector<int64_t> scale_shape, DType scale_dtype) {
+    for (TensorToWrite& t : ts)
+      if (t.name == kExpert) t.dtype = DType::F8_E4M3;
+    ts.push_back({kExpert + "_scale_inv", scale_dtype, std::move(scale_shape), nullptr});
+  };
+  Synthetic ok([&](std::vector<TensorToWrite>& ts) { fp8(ts, {1, 2}, DType::F32); });
+  ok.check();
+  Checkpoint ck(ok.dir.string());
+  EXPECT_EQ(resolve_tensor(ck, {kExpert, {64, 256}}).dtype, DType::F8_E4M3);
+  Synthetic shape([&](std::vector<TensorToWrite>& ts) { fp8(ts, {1, 3}, DType::F32); });
+  expect_error([&] { shape.check(); }, {kExpert + "_scale_inv", "expected shape [1, 2]", "found [1, 3]"});
+  Synthetic dtype([&](std::vector<TensorToWrite>& ts) { fp8(ts, {1, 2}, DType::I32); });
+  expect_error([&] { dtype.check(); }, {kExpert + "_scale_inv", "must be F32 (or BF16), found I32"});
+}
+
 }  // namespace
 }  // namespace glm5::runtime

@@ -32,6 +32,7 @@ const std::string kShard1 = "model-00001-of-00002.safetensors";
 const std::string kShard2 = "model-00002-of-00002.safetensors";
 
 using glm5::testing::expect_error;
+using glm5::testing::slurp;
 
 // A fresh directory under the system temp dir, removed with its contents at scope exit.
 struct TempDir {
@@ -365,6 +366,45 @@ TEST(SafetensorsTest, WriteErrors) {
   expect_error([&] { write_safetensors(d.file("no/such/dir/out.safetensors"), {{"x", DType::F32, {2}, x}}); },
                {"no/such/dir/out.safetensors"});
   EXPECT_FALSE(fs::exists(d.file("dup.safetensors")));
+}
+
+
+// SafetensorsWriter: a writer opened over the .partial of an interrupted one keeps its whole
+// tensors (a partial one is cut off), starts over when the header differs, and the finished file
+// is the one an unbroken writer makes; the result reads back.
+TEST(SafetensorsTest, WriterResumesAfterTheLastWholeTensor) {
+  TempDir d;
+  const std::vector<TensorHeader> hs{{"a", DType::F32, {4}}, {"b", DType::BF16, {3, 2}}, {"c", DType::I64, {2}}};
+  const float a[4] = {1, 2, 3, 4};
+  const uint16_t b[6] = {1, 2, 3, 4, 5, 6};
+  const int64_t c[2] = {7, 8};
+  const void* data[3] = {a, b, c};
+  const std::string whole = d.file("whole.safetensors"), cut = d.file("cut.safetensors");
+  {
+    SafetensorsWriter w(whole, hs);
+    for (size_t i = 0; i < hs.size(); ++i) w.write(data[i], hs[i].nbytes());
+    w.finish();
+  }
+  EXPECT_EQ(fs::file_size(whole), safetensors_size(hs));
+  { SafetensorsWriter w(cut, hs); w.write(a, 16); w.write(b, 12); }  // killed before c
+  fs::resize_file(cut + ".partial", fs::file_size(cut + ".partial") - 5);  // and b half-written
+  {
+    SafetensorsWriter w(cut, hs);
+    EXPECT_EQ(w.next(), 1u);  // a kept, b cut off
+    w.write(b, 12);
+    w.write(c, 16);
+    w.finish();
+  }
+  EXPECT_FALSE(fs::exists(cut + ".partial"));
+  EXPECT_EQ(slurp(cut), slurp(whole));
+  SafetensorsFile f(cut);
+  EXPECT_EQ(static_cast<const int64_t*>(f.find("c")->data)[1], 8);
+  // Another header over the same .partial: nothing is kept.
+  { SafetensorsWriter w(cut, hs); w.write(a, 16); }
+  const std::vector<TensorHeader> other{{"a", DType::F32, {2, 2}}, {"b", DType::BF16, {3, 2}}, {"c", DType::I64, {2}}};
+  SafetensorsWriter w(cut, other);
+  EXPECT_EQ(w.next(), 0u);
+  expect_error([&] { w.write(a, 8); }, {"tensor 'a' needs 16 bytes, given 8"});
 }
 
 }  // namespace
