@@ -80,23 +80,24 @@ inline int int_at(DType t, const uint8_t* row, int64_t c) {
 }
 
 // Float32 -> E4M3 (fn), round to nearest even, saturating at +-448 (the converter's encoding).
+// Normal results round the float's mantissa to 3 bits in integer arithmetic (the carry moves into
+// the exponent by itself); below 2^-6 the result is a subnormal m / 8 * 2^-6 = m * 2^-9.
 inline uint8_t f32_to_fp8_e4m3(float f) {
-  uint8_t sign = std::signbit(f) ? 0x80 : 0;
-  float a = std::fabs(f);
-  if (std::isnan(f)) return 0x7f;
-  if (a >= kFp8Max) return uint8_t(sign | 0x7e);
-  // Subnormals: steps of 2^-9 below 2^-6; normals: 3 mantissa bits.
-  if (a < 0.015625f) {
-    int m = int(std::nearbyint(a * 512.0f));  // 0..8 (8 = smallest normal)
-    return uint8_t(sign | m);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7f;                  // NaN
+  if (a >= 0x43e00000u) return uint8_t(sign | 0x7e);  // >= 448 (and inf): saturate
+  if (a < 0x3c800000u) {                              // < 2^-6: subnormal or zero
+    float v;
+    std::memcpy(&v, &a, 4);
+    return uint8_t(sign | int(std::nearbyint(v * 512.0f)));  // 0..8 (8: the smallest normal)
   }
-  int e;
-  float fr = std::frexp(a, &e);  // a = fr * 2^e, fr in [0.5, 1)
-  int m = int(std::nearbyint((fr * 2.0f - 1.0f) * 8.0f));  // mantissa 0..8
-  int exp = e - 1 + 7;
-  if (m == 8) { m = 0; ++exp; }
-  if (exp > 15 || (exp == 15 && m == 7)) return uint8_t(sign | 0x7e);
-  return uint8_t(sign | (exp << 3) | m);
+  a += 0x7ffffu + ((a >> 20) & 1u);  // round to nearest even on the 20 dropped bits
+  const uint32_t e = (a >> 23) - 120, m = (a >> 20) & 7u;  // E4M3 exponent field, mantissa
+  if (e > 15 || (e == 15 && m == 7)) return uint8_t(sign | 0x7e);
+  return uint8_t(sign | (e << 3) | m);
 }
 
 }  // namespace glm5::quant

@@ -35,6 +35,29 @@ TEST(Quant, Fp8DecodeEncodeRoundTrip) {
   EXPECT_EQ(fp8_e4m3_to_f32(quant::f32_to_fp8_e4m3(1.1875f)), 1.25f);
 }
 
+// Encoding picks the nearest E4M3 value, ties to an even mantissa, saturating at 448: checked
+// against the decoded neighbours for 2^24 float32 values spread over the whole range.
+TEST(Quant, Fp8EncodingIsNearestEven) {
+  for (uint32_t u = 0; u < 0x44000000u; u += 67) {  // up to 512, past saturation
+    float v;
+    std::memcpy(&v, &u, 4);
+    const uint8_t c = quant::f32_to_fp8_e4m3(v);
+    const float got = fp8_e4m3_to_f32(c);
+    if (v >= 448.0f) {
+      ASSERT_EQ(c, 0x7e) << v;
+      continue;
+    }
+    const float lo = c > 0 ? fp8_e4m3_to_f32(uint8_t(c - 1)) : 0.0f;
+    const float hi = c == 0x7e ? INFINITY : fp8_e4m3_to_f32(uint8_t(c + 1));  // 0x7f is NaN
+    const double d = std::fabs(double(v) - got);
+    ASSERT_LE(d, std::fabs(double(v) - lo)) << v << " -> " << got;
+    ASSERT_LE(d, std::fabs(double(v) - hi)) << v << " -> " << got;
+    if (d == std::fabs(double(v) - lo) && c > 0 && got != lo) ASSERT_EQ(c & 1, 0) << "tie " << v;
+    if (d == std::fabs(double(v) - hi) && got != hi) ASSERT_EQ(c & 1, 0) << "tie " << v;
+    ASSERT_EQ(quant::f32_to_fp8_e4m3(-v), c | 0x80) << v;
+  }
+}
+
 TEST(Quant, F16RoundingIsIeee) {
   // Against the hardware-independent definition: the nearest f16, ties to even.
   EXPECT_EQ(quant::round_to(DType::F16, 1.0f + std::ldexp(1.0f, -11)), 1.0f);  // tie -> even
