@@ -1,16 +1,18 @@
 // `glm5 convert`: a checkpoint rewritten in another storage format, tensor by tensor.
 //
-// 1. Plan: every input tensor (the schema's, then the rest, e.g. MTP layers) becomes an Item:
-//    copied as stored, or dequantized and written as plain BF16/F32, FP8 blocks or int4/int8 groups
-//    (runtime/quant_plan.h decides which). Items are grouped into output shards: by size, or with
-//    --cluster by the rank that loads them (a stage's common tensors, each rank's experts), so
-//    each rank opens only its own files. The plan, and so every output byte, depends only on the
-//    input and the flags.
+// 1. Plan: every input tensor (the schema's, the MTP layers' by the same schema, then the rest)
+//    becomes an Item: copied as stored, or dequantized and written as plain BF16/F32, FP8 blocks or
+//    int4/int8 groups (runtime/quant_plan.h decides which). Items are grouped into output shards: by
+//    size, or with --cluster by the rank that loads them (a stage's common tensors, each rank's
+//    experts), so a rank maps only its own files. The plan, and so every output byte, depends only
+//    on the input and the flags; it is recorded in the output (.glm5-convert.json).
 // 2. Write: shard by shard through SafetensorsWriter (resumable: a rerun skips finished shards
-//    and goes on after the last whole tensor of an interrupted one), releasing each input tensor's
-//    pages after use, so the peak RSS is a few tensors whatever the checkpoint's size.
-// 3. Finish: index, config.json (with the new quantization_config), the other files of the model
-//    directory, then the loader's own checks on the output.
+//    and goes on after the last whole tensor of an interrupted one). Copies go straight from the
+//    mmap; converted matrices go 128 rows at a time; input pages are dropped as they are used, so
+//    the peak RSS is about one tensor whatever the checkpoint's size.
+// 3. Finish: config.json (with the quantization_config of what the output holds), the other files
+//    of the model directory, the index last (it marks the output complete), then the loader's own
+//    checks on the output.
 #include "launcher/convert.h"
 
 #include <fcntl.h>
