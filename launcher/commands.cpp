@@ -363,6 +363,15 @@ static void default_threads() {
   omp_set_num_threads(std::max(1, cores / local));
 }
 
+// Whether a run with this cluster config needs MPI: under mpirun (or another launcher), or for a
+// config of more than one rank. A one-rank config started by hand (backend: cuda on one GPU, say)
+// runs on a self communicator, so it needs no MPI runtime installed.
+static bool launched_distributed(const std::string& cluster_file) {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"})
+    if (std::getenv(v)) return true;
+  return load_cluster_config(cluster_file).world_size() > 1;
+}
+
 int main_entry(int argc, char** argv) {
   default_threads();
   CLI::App app{"glm5: distributed inference for GLM-5 / DeepSeek-V3.2 checkpoints"};
@@ -445,13 +454,12 @@ int main_entry(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
 
-  const bool distributed =
-      (gen->parsed() && !ga.cluster.empty()) || (bat->parsed() && !ba.cluster.empty());
+  const std::string cluster = gen->parsed() ? ga.cluster : bat->parsed() ? ba.cluster : std::string();
   std::unique_ptr<parallel::MpiRuntime> mpi;
   std::unique_ptr<parallel::Comm> world;
   int rank = 0, size = 1;
   try {
-    if (distributed) {
+    if (!cluster.empty() && launched_distributed(cluster)) {
       mpi = std::make_unique<parallel::MpiRuntime>(&argc, &argv);
       world = parallel::make_mpi_world();
       rank = world->rank();

@@ -230,6 +230,18 @@ TEST(Cli, CpuRunsDoNotLoadCudaLibraries) {
     EXPECT_FALSE(contains(p.err, lib)) << lib << " was loaded by a CPU run";
 }
 
+// A one-rank cluster config started by hand needs no MPI runtime: it runs on a self
+// communicator and gives what the run without --cluster gives.
+TEST(Cli, OneRankClusterConfigWithoutMpirun) {
+  const std::string args = " generate --model " + kTinyA + " --prompt-ids 1,2,3 --max-new-tokens 4 --temperature 0";
+  const Proc plain = run(kBin + args);
+  const Proc one = run("env -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK " + kBin + args + " --cluster " + kSrc +
+                       "/cluster-configs/cpu-1.yaml");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_EQ(plain.out, one.out);
+}
+
 TEST(CliErrors, CudaBackendWithoutItsPlugin) {
   Proc p = run("env GLM5_CUDA_PLUGIN=/nonexistent/libglm5_cuda.so " + kBin + " generate --model " +
                kTinyA + " --prompt-ids 1,2,3 --max-new-tokens 2 --cluster " + kSrc +
