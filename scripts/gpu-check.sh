@@ -5,6 +5,9 @@
 # cuBLAS and NCCL. It does not install anything and does not change GPU settings.
 #
 # Usage: scripts/gpu-check.sh [BUILD_DIR]          (default: build-gpu in the repository)
+#        GLM5_BUNDLE=DIR scripts/gpu-check.sh [LOG_DIR]: no build; runs the binaries of a bundle
+#        made by scripts/gpu-bundle.sh (for a GPU machine without our packages): the CUDA op tests
+#        of its test_kernels and the golden through its glm5.
 # Env:   CUDA_ARCH (default 90), JOBS (default nproc), GOLDEN_ATOL (default 1e-4, the tiny-a
 #        README's float32 tolerance), GLM5_RUN_PREFIX (e.g. "mpirun --allow-run-as-root -np 1"
 #        if the cluster config must be launched under MPI).
@@ -12,6 +15,9 @@ set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${1:-$root/build-gpu}
+bundle=${GLM5_BUNDLE:-}
+glm5_cmd="$build/glm5"
+[ -n "$bundle" ] && glm5_cmd="$bundle/run.sh glm5"
 arch=${CUDA_ARCH:-90}
 jobs=${JOBS:-$(nproc)}
 atol=${GOLDEN_ATOL:-1e-4}
@@ -55,7 +61,9 @@ fi
 
 # 2. Configure (the .cu files are C++17; the rest C++20).
 nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-if ! run_step configure cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+if [ -n "$bundle" ]; then
+  record bundle PASS 0 "$bundle (no build); libraries: $("$bundle/run.sh" --where)"
+elif ! run_step configure cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER="$nvcc_bin"; then
   blocked=1
 elif ! grep -q "glm5: CUDA backend ON" "$logs/configure.log"; then
@@ -64,10 +72,22 @@ elif ! grep -q "glm5: CUDA backend ON" "$logs/configure.log"; then
 fi
 
 # 3. Build everything (library, glm5, tests).
-[ $blocked = 0 ] && { run_step build cmake --build "$build" -j "$jobs" || blocked=1; }
+[ $blocked = 0 ] && [ -z "$bundle" ] && { run_step build cmake --build "$build" -j "$jobs" || blocked=1; }
 
 # 4. GPU tests. A GPU test that skips on a GPU machine is a failure (the device was not usable).
-if [ $blocked = 0 ]; then
+if [ $blocked = 0 ] && [ -n "$bundle" ]; then
+  t0=$SECONDS
+  (cd "$root" && timeout 600 "$bundle/run.sh" test_kernels --gtest_filter='Cuda*') >"$logs/gpu-tests.log" 2>&1
+  rc=$?
+  counts=$(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$logs/gpu-tests.log" | tr '\n' ' ')
+  skipped=$(grep -c '^\[  SKIPPED \]' "$logs/gpu-tests.log")
+  if [ $rc != 0 ] || [ "$skipped" != 0 ]; then
+    record gpu-tests FAIL $((SECONDS - t0)) "$counts; $skipped skipped; log: $logs/gpu-tests.log"
+    grep -E '^\[  (FAILED|SKIPPED) \]|no usable CUDA device' "$logs/gpu-tests.log" | head -n 20 >&2
+  else
+    record gpu-tests PASS $((SECONDS - t0)) "$counts"
+  fi
+elif [ $blocked = 0 ]; then
   t0=$SECONDS
   (cd "$build" && ctest -R 'Cuda|nccl' -j 4 --output-on-failure --timeout 600) \
     >"$logs/gpu-tests.log" 2>&1
@@ -89,7 +109,7 @@ fi
 golden=$root/tests/data/tiny-a/golden.safetensors
 cluster=$root/cluster-configs/cuda-1.yaml
 if [ $blocked = 0 ]; then
-  if [ ! -x "$build/glm5" ] || [ ! -f "$cluster" ]; then
+  if { [ -z "$bundle" ] && [ ! -x "$build/glm5" ]; } || [ ! -f "$cluster" ]; then
     record golden SKIP 0 "needs $build/glm5 and cluster-configs/cuda-1.yaml (model on cuda not wired yet)"
   else
     t0=$SECONDS
@@ -100,7 +120,7 @@ e=h["prompt_ids"]; f.seek(8+n+e["data_offsets"][0]); c=(e["data_offsets"][1]-e["
 print(",".join(str(v) for v in struct.unpack("<%di"%c,f.read(4*c))))'
     ids=$(python3 -c "$read_ids" "$golden")
     # shellcheck disable=SC2086
-    if ${GLM5_RUN_PREFIX:-} "$build/glm5" generate --model "$root/tests/data/tiny-a" --cluster "$cluster" \
+    if ${GLM5_RUN_PREFIX:-} $glm5_cmd generate --model "$root/tests/data/tiny-a" --cluster "$cluster" \
       --prompt-ids "$ids" --max-new-tokens 16 --temperature 0 --dump-logits "$out" \
       >"$logs/golden.log" 2>&1 &&
       python3 - "$golden" "$out" "$atol" >>"$logs/golden.log" 2>&1 <<'PY'
