@@ -30,12 +30,13 @@ arch=${CUDA_ARCH:-90}
 jobs=${JOBS:-2}
 
 echo "== configure $build (sm_$arch, -march=x86-64-v3)" >&2
+mkdir -p "$build"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGLM5_NATIVE=OFF -DCMAKE_CXX_FLAGS="-march=x86-64-v3" \
-  -DCMAKE_CUDA_ARCHITECTURES="$arch" > "$build.configure.log" 2>&1 || { tail -30 "$build.configure.log" >&2; exit 1; }
-grep -q "CUDA backend ON" "$build.configure.log" || { echo "the CUDA backend is not configured (nvcc/NCCL missing?)" >&2; exit 1; }
+  -DCMAKE_CUDA_ARCHITECTURES="$arch" > "$build/configure.log" 2>&1 || { tail -30 "$build/configure.log" >&2; exit 1; }
+grep -q "CUDA backend ON" "$build/configure.log" || { echo "the CUDA backend is not configured (nvcc/NCCL missing?)" >&2; exit 1; }
 echo "== build glm5, glm5_cuda, test_kernels" >&2
-cmake --build "$build" -j "$jobs" --target glm5 glm5_cuda test_kernels > "$build.build.log" 2>&1 ||
-  { tail -30 "$build.build.log" >&2; exit 1; }
+cmake --build "$build" -j "$jobs" --target glm5 glm5_cuda test_kernels > "$build/build.log" 2>&1 ||
+  { tail -30 "$build/build.log" >&2; exit 1; }
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
