@@ -3,8 +3,9 @@
 
     python3 scripts/make_fp8_checkpoint.py --model tests/data/tiny-a --out tests/data/tiny-a-fp8
 
-Independent of `glm5 convert`: a second implementation of the layout of zai-org/GLM-5-FP8 (spec
-/work/shared/spec/glm5.md sections 1.2 and 2.2), to test our loader and converter against.
+Independent of `glm5 convert`: a second implementation of the layout of zai-org/GLM-5-FP8 (the
+DeepSeek-V3 block-FP8 scheme; DeepSeek-V3.2-Exp's inference/model.py `weight_dequant` is the
+reference), to test our loader and converter against.
 
 Quantized (F8_E4M3 `X.weight` [out, in] + F32 `X.weight_scale_inv` [ceil(out/128), ceil(in/128)]),
 in every layer, the MTP layer included: self_attn.{q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # A from-scratch float64 reference of the GLM-5 (glm_moe_dsa) / DeepSeek-V3.2 (deepseek_v32)
 # forward pass, written to be read top to bottom and checked against the spec
-# (/work/shared/spec/glm5.md, cited below as "spec §N"). numpy only; no cache, no weight
+# (the project's GLM-5 model specification, cited below as "spec §N"). numpy only; no cache, no weight
 # absorption, no chunking of the model: the whole prompt goes through every layer in one causal
 # pass ("full recompute"), and attention expands every key through kv_b_proj (spec §3.4, the
 # plainly correct "naive" form). It is slow and that is fine; it exists to be obviously right.
