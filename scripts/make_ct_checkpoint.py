@@ -30,23 +30,10 @@ from compressed_tensors.quantization.utils import calculate_qparams
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from hf_files import natural_key, shards
+
 EXPERT = re.compile(r"model\.layers\.\d+\.mlp\.(experts\.\d+|shared_experts)\.(gate|up|down)_proj\.weight")
 FORMAT = "pack-quantized"
-
-
-def natural_key(name):
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
-
-
-def shards(model_dir):
-    """{file name: [tensor names]} of a single-file or sharded checkpoint."""
-    index = os.path.join(model_dir, "model.safetensors.index.json")
-    if not os.path.exists(index):
-        return {"model.safetensors": None}
-    files = {}
-    for name, file in json.load(open(index))["weight_map"].items():
-        files.setdefault(file, []).append(name)
-    return files
 
 
 def quantize(w, args, compressor):

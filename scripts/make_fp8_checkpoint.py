@@ -50,6 +50,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from hf_files import natural_key, shards
+
 BLOCK = 128
 FP8_MAX = 448.0
 
@@ -63,21 +65,6 @@ QUANTIZED = re.compile(
     r")\.weight")
 LAYER = re.compile(r"model\.layers\.(\d+)\.")
 SKIP_FILES = {"config.json", "model.safetensors.index.json", "README.md"}
-
-
-def natural_key(name):
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
-
-
-def shards(model_dir):
-    """{file name: [tensor names]} of a single-file or sharded checkpoint, in the index's order."""
-    index = os.path.join(model_dir, "model.safetensors.index.json")
-    if not os.path.exists(index):
-        return {"model.safetensors": None}
-    files = {}
-    for name, file in json.load(open(index))["weight_map"].items():
-        files.setdefault(file, []).append(name)
-    return files
 
 
 def block_scales(w):
