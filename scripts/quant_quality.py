@@ -15,11 +15,12 @@ import argparse
 import json
 import os
 import re
-import struct
 import subprocess
 import sys
 
 import numpy as np
+
+from ref_forward_f64 import read_safetensors  # numpy only: F32 -> float64, I32 -> int
 
 QUANTS = [
     ("int8 g128", ["--quant", "int8", "--group-size", "128"]),
@@ -30,21 +31,6 @@ QUANTS = [
     ("fp8 (GLM-5-FP8 roles)", ["--quant", "fp8", "--quantize", "attention,indexer,dense,experts,shared"]),
 ]
 STEPS = 256
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        dt = {"F32": np.float32, "I32": np.int32}[e["dtype"]]
-        b, end = e["data_offsets"]
-        out[name] = np.frombuffer(data[b:end], dtype=dt).reshape(e["shape"])
-    return out
 
 
 def glm5(args, *cmd):
