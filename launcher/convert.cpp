@@ -118,20 +118,11 @@ std::vector<TensorSpec> extra_specs(Checkpoint& ckpt, const std::set<std::string
     if (ends_with(name, ".weight_packed")) {
       const std::string base = name.substr(0, name.size() - 7);  // X.weight
       const runtime::TensorInfo* sh = ckpt.find(runtime::packed_name(base, "shape"));
-      CHECK(sh && sh->numel() == 2 && (sh->dtype == DType::I64 || sh->dtype == DType::I32), ckpt.dir(), ": tensor '",
-            name, "' needs an I64 (or I32) [2] ", runtime::packed_name(base, "shape"), " beside it, found ",
+      const std::vector<int64_t> d = sh ? runtime::stored_shape(*sh) : std::vector<int64_t>();
+      CHECK(d.size() == 2, ckpt.dir(), ": tensor '", name, "' needs an I64 (or I32) [2] ",
+            runtime::packed_name(base, "shape"), " beside it, found ",
             sh ? sh->dtype_name + " " + std::to_string(sh->numel()) + " element(s)" : std::string("none"));
-      int64_t d[2];
-      for (int i = 0; i < 2; ++i) {
-        if (sh->dtype == DType::I64) {
-          std::memcpy(&d[i], static_cast<const char*>(sh->data) + 8 * i, 8);
-        } else {
-          int32_t v;
-          std::memcpy(&v, static_cast<const char*>(sh->data) + 4 * i, 4);
-          d[i] = v;
-        }
-      }
-      out.push_back({base, {d[0], d[1]}});
+      out.push_back({base, d});
       continue;
     }
     out.push_back({name, ckpt.find(name)->shape});

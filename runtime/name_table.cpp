@@ -55,6 +55,23 @@ std::string packed_name(const std::string& weight_name, const char* part) {
 
 size_t StoredTensor::nbytes() const { return (data ? data->nbytes : 0) + (scale ? scale->nbytes : 0); }
 
+std::vector<int64_t> stored_shape(const TensorInfo& t) {
+  std::vector<int64_t> v;
+  if ((t.dtype != DType::I64 && t.dtype != DType::I32) || t.numel() != 2) return v;
+  for (int i = 0; i < 2; ++i) {  // memcpy: the mmapped data need not be aligned
+    if (t.dtype == DType::I64) {
+      int64_t x;
+      std::memcpy(&x, static_cast<const char*>(t.data) + 8 * i, 8);
+      v.push_back(x);
+    } else {
+      int32_t x;
+      std::memcpy(&x, static_cast<const char*>(t.data) + 4 * i, 4);
+      v.push_back(x);
+    }
+  }
+  return v;
+}
+
 namespace {
 
 StoredTensor resolve_fp8(Checkpoint& ckpt, const TensorSpec& s, const TensorInfo* t) {
@@ -105,19 +122,7 @@ StoredTensor resolve_packed(Checkpoint& ckpt, const TensorSpec& s, const TensorI
   const std::string shname = packed_name(s.name, "shape");
   const TensorInfo* sh = ckpt.find(shname);
   CHECK(sh, ckpt.dir(), ": tensor '", shname, "' not found (compressed-tensors stores the unpacked shape)");
-  std::vector<int64_t> stored;
-  if ((sh->dtype == DType::I64 || sh->dtype == DType::I32) && sh->numel() == 2)
-    for (int i = 0; i < 2; ++i) {  // memcpy: the mmapped data need not be aligned
-      if (sh->dtype == DType::I64) {
-        int64_t v;
-        std::memcpy(&v, static_cast<const char*>(sh->data) + 8 * i, 8);
-        stored.push_back(v);
-      } else {
-        int32_t v;
-        std::memcpy(&v, static_cast<const char*>(sh->data) + 4 * i, 4);
-        stored.push_back(v);
-      }
-    }
+  const std::vector<int64_t> stored = stored_shape(*sh);
   CHECK(stored == s.shape, "tensor ", shname, " in ", sh->file, ": expected I64 [2] = ", shape_str(s.shape),
         ", found ", sh->dtype_name, " ", shape_str(sh->shape), stored.empty() ? "" : " = ",
         stored.empty() ? "" : shape_str(stored));

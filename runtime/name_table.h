@@ -55,6 +55,9 @@ std::string packed_name(const std::string& weight_name, const char* part);  // X
 // The stored form of `spec`, checked against the spec (shapes of data and scales, dtypes).
 // Throws glm5::Error naming the file, the tensor, expected and found.
 StoredTensor resolve_tensor(Checkpoint& ckpt, const TensorSpec& spec);
+// The two values of a compressed-tensors `X.weight_shape` (I64, or I32 as some writers declare it);
+// empty when the tensor is not of that form.
+std::vector<int64_t> stored_shape(const TensorInfo& t);
 // A resolved matrix [rows, cols] as a kernels::Weight over the mmapped host bytes (scales too).
 kernels::Weight weight_view(const StoredTensor& st, int64_t rows, int64_t cols);
 
