@@ -122,9 +122,8 @@ const float* Model::vector(const std::string& name, int64_t n, float scale) {
 }
 
 // The float32 values of a matrix as stored (widened or dequantized exactly), times `scale`.
-static std::vector<float> dequantized(Checkpoint& ckpt, const std::string& name, int64_t rows, int64_t cols,
-                                      float scale) {
-  const Weight hw = weight_view(resolve_tensor(ckpt, {name, {rows, cols}}), rows, cols);
+static std::vector<float> dequantized(const StoredTensor& st, int64_t rows, int64_t cols, float scale) {
+  const Weight hw = weight_view(st, rows, cols);
   std::vector<float> v(size_t(rows * cols));
   const bool quantized = quant::is_quantized(hw.dtype);
 #pragma omp parallel for schedule(static)
@@ -162,7 +161,8 @@ Weight Model::owned_matrix(std::vector<float> v, int64_t rows, int64_t cols, DTy
 // indexer.weights_proj is used only as (W x) * n_heads^-0.5 * head_dim^-0.5: the constant is
 // folded into a float32 copy of this small [index_n_heads, hidden] matrix.
 Weight Model::matrix_f32_scaled(const std::string& name, int64_t rows, int64_t cols, float scale) {
-  return owned_matrix(dequantized(ckpt_, name, rows, cols, scale), rows, cols, DType::F32);
+  return owned_matrix(dequantized(resolve_tensor(ckpt_, {name, {rows, cols}}), rows, cols, scale), rows, cols,
+                      DType::F32);
 }
 
 // matrix() unless the checkpoint stores it quantized and its use needs plain values (kv_b_proj's
@@ -171,7 +171,7 @@ Weight Model::matrix_f32_scaled(const std::string& name, int64_t rows, int64_t c
 Weight Model::matrix_plain(const std::string& name, int64_t rows, int64_t cols) {
   const StoredTensor st = resolve_tensor(ckpt_, {name, {rows, cols}});
   if (!quant::is_quantized(st.dtype)) return matrix(name, rows, cols);
-  std::vector<float> v = dequantized(ckpt_, name, rows, cols, 1.0f);
+  std::vector<float> v = dequantized(st, rows, cols, 1.0f);
   const bool bf16 = std::all_of(v.begin(), v.end(), [](float x) { return bf16_to_f32(f32_to_bf16(x)) == x; });
   return owned_matrix(std::move(v), rows, cols, bf16 ? DType::BF16 : DType::F32);
 }
