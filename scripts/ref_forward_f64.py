@@ -174,7 +174,7 @@ class Config:
                 "mscale_all_dim": scaling.get("mscale_all_dim", 0.0),
             }
         elif rtype != "default":
-            raise SystemExit(f"rope type {rtype!r} is not implemented")
+            raise SystemExit(f"rope type {rtype!r}: expected \"default\" or \"yarn\" (the RoPE kinds glm5 accepts)")
 
     def is_moe(self, l):
         return self.n_experts > 0 and l >= self.first_dense and l % self.moe_freq == 0
