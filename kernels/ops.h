@@ -297,6 +297,16 @@ class Backend {
   virtual void synchronize() {}
 
   virtual void gemm(const GemmParams& p) = 0;
+  // Independent gemms: no output overlaps another's input or output. Results are bitwise those
+  // of gemm() on each in turn (the default); a backend may run them together (the cpu backend
+  // spreads their work over its threads in one parallel region).
+  virtual void gemm_batch(const GemmParams* ps, size_t n) {
+    for (size_t i = 0; i < n; ++i) gemm(ps[i]);
+  }
+  template <class Gemms>  // a std::vector or std::array of GemmParams
+  void gemm_batch(const Gemms& ps) {
+    gemm_batch(ps.data(), ps.size());
+  }
   virtual void rms_norm(const RmsNormParams& p) = 0;
   virtual void layer_norm(const LayerNormParams& p) = 0;
   virtual void rope(const RopeParams& p) = 0;

@@ -6,6 +6,7 @@
 // exchange (all_to_all_v inside a stage) is the only communication in here; the pipeline between
 // stages lives in the engine.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -19,6 +20,7 @@
 namespace glm5::runtime {
 
 using kernels::Backend;
+using kernels::GemmParams;
 using kernels::Weight;
 
 namespace {
@@ -420,11 +422,14 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
     rq = gq, rqi = gqi, riw = giw, rattn = gattn;
   }
   Buf<float> q_lat(be, n * NH * LAT), o_lat(be, n * NH * R);
+  std::vector<GemmParams> per_head(static_cast<size_t>(NH));  // one gemm per head, all heads in one batch
   for (int64_t hd = 0; hd < NH; ++hd) {
     // q_lat[:, hd, 0:R] = q_nope[:, hd] · W_UK[hd]  (W_UK[hd] = kv_b rows hd*DKV + [0, dn))
-    be.gemm({rq + hd * DQ, NH * DQ, L.kv_b_proj.slice_rows(hd * DKV, dn), true, q_lat + hd * LAT, NH * LAT, n, R, dn});
+    per_head[size_t(hd)] = {rq + hd * DQ, NH * DQ, L.kv_b_proj.slice_rows(hd * DKV, dn), true, q_lat + hd * LAT,
+                            NH * LAT, n, R, dn};
     be.copy_2d({rq + hd * DQ + dn, NH * DQ, q_lat + hd * LAT + R, NH * LAT, n, dr});
   }
+  be.gemm_batch(per_head);
   Buf<int32_t> sel(be, lay.sparse ? n * TOPK : 1);
   if (lay.sparse) {
     for (const Layout::Group& g : lay.groups) {
@@ -447,8 +452,9 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
                  o_lat, n, lay.t, NH, R, dr, cfg_.softmax_scale(),
                  kernels::KeyPages{lay.tables, lay.max_blocks, kBlockTokens, kv_pool_->dtype()}});
   for (int64_t hd = 0; hd < NH; ++hd)  // o[:, hd] = W_UV[hd] o_lat[:, hd]
-    be.gemm({o_lat + hd * R, NH * R, L.kv_b_proj.slice_rows(hd * DKV + dn, dv), false, rattn + hd * dv, NH * dv, n,
-             dv, R});
+    per_head[size_t(hd)] = {o_lat + hd * R, NH * R, L.kv_b_proj.slice_rows(hd * DKV + dn, dv), false, rattn + hd * dv,
+                            NH * dv, n, dv, R};
+  be.gemm_batch(per_head);
   if (!lay.direct) {
     int64_t at = 0;
     for (const Span& sp : lay.absorbed) {
@@ -475,27 +481,27 @@ void Model::attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
   Backend& be = backend_;
 
   // c_q = RMSNorm(W_qa a)  [m, q_lora_rank]; q = W_qb c_q  [m, NH, nope | rope]
-  Buf<float> c_q(be, m * QR), q(be, m * NH * DQ);
-  be.gemm({a, H, L.q_a_proj, false, c_q, QR, m, QR, H});
+  // The projections of a, in one batch of gemms (they share the input):
+  //   c_q = W_qa a [m, q_lora_rank]; kv = W_kva a [m, c_kv | k_pe];
+  //   indexer ki = W_ik a [m, rope | nope]; iw = weights_proj(a) [m, IH] (pre-scaled).
+  Buf<float> c_q(be, m * QR), q(be, m * NH * DQ), kv(be, m * LAT);
+  Buf<float> qi(be, m * IH * ID), ki(be, m * ID), iw(be, m * IH);
+  be.gemm_batch(std::array<GemmParams, 4>{{{a, H, L.q_a_proj, false, c_q, QR, m, QR, H},
+                                           {a, H, L.kv_a_proj_with_mqa, false, kv, LAT, m, LAT, H},
+                                           {a, H, L.wk, false, ki, ID, m, ID, H},
+                                           {a, H, L.weights_proj, false, iw, IH, m, IH, H}}});
+  // c_q = RMSNorm(c_q); then from it q = W_qb c_q [m, NH, nope | rope] and the indexer's
+  // qi = W_iq c_q [m, IH, rope | nope] (the indexer's rope slice comes FIRST).
   be.rms_norm({c_q, QR, L.q_a_layernorm, c_q, QR, m, QR, eps_lora});
-  be.gemm({c_q, QR, L.q_b_proj, false, q, NH * DQ, m, NH * DQ, QR});
+  be.gemm_batch(std::array<GemmParams, 2>{{{c_q, QR, L.q_b_proj, false, q, NH * DQ, m, NH * DQ, QR},
+                                           {c_q, QR, L.wq_b, false, qi, IH * ID, m, IH * ID, QR}}});
   be.rope({q, m, NH, NH * DQ, DQ, dn, dr, pos, inv_freq_, rope_scale, cfg_.rope_interleave});
-
-  // kv = W_kva a  [m, c_kv | k_pe]; c_kv = RMSNorm(c_kv); k_pe = RoPE(k_pe) (one head)
-  Buf<float> kv(be, m * LAT);
-  be.gemm({a, H, L.kv_a_proj_with_mqa, false, kv, LAT, m, LAT, H});
+  // c_kv = RMSNorm(c_kv); k_pe = RoPE(k_pe) (one head); ki = RoPE(LayerNorm(ki)); qi = RoPE(qi)
   be.rms_norm({kv, LAT, L.kv_a_layernorm, kv, LAT, m, R, eps_lora});
   be.rope({kv, m, 1, LAT, LAT, R, dr, pos, inv_freq_, rope_scale, cfg_.rope_interleave});
-
-  // Indexer: qi = W_iq c_q [m, IH, rope | nope]; ki = LayerNorm(W_ik a) [m, rope | nope];
-  // iw = weights_proj(a) [m, IH] (pre-scaled). The rope slice comes FIRST here.
-  Buf<float> qi(be, m * IH * ID), ki(be, m * ID), iw(be, m * IH);
-  be.gemm({c_q, QR, L.wq_b, false, qi, IH * ID, m, IH * ID, QR});
   be.rope({qi, m, IH, IH * ID, ID, 0, dr, pos, inv_freq_, rope_scale, cfg_.indexer_rope_interleave});
-  be.gemm({a, H, L.wk, false, ki, ID, m, ID, H});
   be.layer_norm({ki, ID, L.k_norm_weight, L.k_norm_bias, ki, ID, m, ID, 1e-6f});
   be.rope({ki, m, 1, ID, ID, 0, dr, pos, inv_freq_, rope_scale, cfg_.indexer_rope_interleave});
-  be.gemm({a, H, L.weights_proj, false, iw, IH, m, IH, H});
 
   // This step's keys into each sequence's blocks (one call per cache for all rows), then
   // attention in the layout's two forms.
@@ -515,8 +521,8 @@ void Model::attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
 void Model::swiglu_expert(const Expert& e, const float* x, int64_t m, float* y) {
   const int64_t H = cfg_.hidden_size, I = e.gate_proj.rows;
   Buf<float> g(backend_, m * I), u(backend_, m * I);
-  backend_.gemm({x, H, e.gate_proj, false, g, I, m, I, H});
-  backend_.gemm({x, H, e.up_proj, false, u, I, m, I, H});
+  backend_.gemm_batch(std::array<GemmParams, 2>{{{x, H, e.gate_proj, false, g, I, m, I, H},
+                                                 {x, H, e.up_proj, false, u, I, m, I, H}}});
   backend_.swiglu({g, u, I, g, I, m, I});
   backend_.gemm({g, I, e.down_proj, false, y, H, m, H, I});
 }
@@ -532,7 +538,15 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
   Backend& be = backend_;
   Buf<float> logits(be, m * E), weights(be, m * K);
   Buf<int32_t> ids(be, m * K);
-  be.gemm({x, H, L.gate, false, logits, E, m, E, H});
+  // The router's gemm, with the shared expert's gate and up (same input) in its batch.
+  const int64_t IS = cfg_.n_shared_experts > 0 ? L.shared.gate_proj.rows : 0;
+  Buf<float> sg(be, m * IS), su(be, m * IS), s(be, IS > 0 ? m * H : 1);
+  std::vector<GemmParams> first{{x, H, L.gate, false, logits, E, m, E, H}};
+  if (IS > 0) {
+    first.push_back({x, H, L.shared.gate_proj, false, sg, IS, m, IS, H});
+    first.push_back({x, H, L.shared.up_proj, false, su, IS, m, IS, H});
+  }
+  be.gemm_batch(first);
   be.router({logits, L.e_score_correction_bias, m, E, K, cfg_.n_group, cfg_.topk_group,
              cfg_.norm_topk_prob, float(cfg_.routed_scaling_factor), ids, weights});
   if (debug_) debug_("moe_experts", L.index, ids, DType::I32, m, K);
@@ -557,8 +571,8 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
   moe_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Received slots come grouped by local expert (tag ascending); slot i's row is row
-  // recv_row[i] of the table (each token once per source). Each expert gathers its rows and
-  // writes its outputs in slot order into the exchange's results.
+  // recv_row[i] of the table (each token once per source). The experts write their outputs in
+  // slot order into the exchange's results; the shared expert's down gemm runs with theirs.
   const int64_t n_recv = ex.recv_count();
   const int32_t* rtag = ex.recv_tag();
   const float* table = ex.recv_table();
@@ -575,20 +589,12 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
     out_dev = std::make_unique<Buf<float>>(be, n_recv * H);
   }
   float* out = host ? ex.results() : out_dev->p;
-  std::vector<int64_t> run_start;  // first received slot of each local expert's run, then n_recv
-  int64_t max_run = 0;
-  for (int64_t i = 0; i < n_recv; ++i)
-    if (i == 0 || rtag[i] != rtag[i - 1]) run_start.push_back(i);
-  run_start.push_back(n_recv);
-  for (size_t r = 0; r + 1 < run_start.size(); ++r)
-    max_run = std::max(max_run, run_start[r + 1] - run_start[r]);
-  Buf<float> expert_in(be, max_run * H);
-  for (size_t r = 0; r + 1 < run_start.size(); ++r) {
-    const int64_t i = run_start[r], n = run_start[r + 1] - i;
-    expert_tokens_[size_t(rtag[i])] += n;
-    be.gather_rows({table, rrow + i, n, H, expert_in});
-    swiglu_expert(L.experts[size_t(rtag[i])], expert_in, n, out + i * H);
+  std::vector<GemmParams> shared_down;
+  if (IS > 0) {
+    be.swiglu({sg, su, IS, sg, IS, m, IS});
+    shared_down.push_back({sg, IS, L.shared.down_proj, false, s, H, m, H, IS});
   }
+  routed_experts(L, table, rrow, rtag, n_recv, out, shared_down);
   if (!host) be.to_host(ex.results(), out, size_t(n_recv * H) * sizeof(float));
   t0 = std::chrono::steady_clock::now();
   ex.combine();
@@ -609,10 +615,40 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
     slot_row = *slot_row_dev;
   }
   be.moe_combine({results, slot_row, weights, y, m, K, H, false});
-  if (cfg_.n_shared_experts > 0) {
-    Buf<float> s(be, m * H);
-    swiglu_expert(L.shared, x, m, s);
-    be.add({s, y, m * H});
+  if (IS > 0) be.add({s, y, m * H});
+}
+
+// The local experts over the received slots (grouped by local expert, tag ascending; slot i's
+// input is row rrow[i] of table): out[i] = expert(rtag[i])(row). In chunks of at most
+// kExpertChunkRows slots: the chunk's rows are gathered once, the gate and up gemms of every
+// expert in it run as one batch, one swiglu, then the down gemms as one batch (with `also`, gemms
+// to run alongside the first, e.g. the shared expert's down). Decode's 8 experts are 3 batches.
+void Model::routed_experts(Layer& L, const float* table, const int32_t* rrow, const int32_t* rtag, int64_t n_recv,
+                           float* out, std::vector<GemmParams> also) {
+  constexpr int64_t kExpertChunkRows = 2048;
+  const int64_t H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
+  Backend& be = backend_;
+  const int64_t rows = std::min(n_recv, kExpertChunkRows);
+  Buf<float> in(be, rows * H), g(be, rows * I), u(be, rows * I);
+  for (int64_t c0 = 0; c0 < n_recv || !also.empty(); c0 += kExpertChunkRows) {
+    const int64_t c1 = std::min(n_recv, c0 + kExpertChunkRows);
+    std::vector<GemmParams> up, down = std::move(also);
+    also.clear();
+    if (c1 > c0) be.gather_rows({table, rrow + c0, c1 - c0, H, in});
+    for (int64_t i = c0; i < c1;) {  // runs of one expert within the chunk
+      int64_t j = i;
+      while (j < c1 && rtag[j] == rtag[i]) ++j;
+      const Expert& e = L.experts[size_t(rtag[i])];
+      const int64_t r = i - c0, n = j - i;
+      expert_tokens_[size_t(rtag[i])] += n;
+      up.push_back({in + r * H, H, e.gate_proj, false, g + r * I, I, n, I, H});
+      up.push_back({in + r * H, H, e.up_proj, false, u + r * I, I, n, I, H});
+      down.push_back({g + r * I, I, e.down_proj, false, out + i * H, H, n, H, I});
+      i = j;
+    }
+    be.gemm_batch(up);
+    if (c1 > c0) be.swiglu({g, u, I, g, I, c1 - c0, I});
+    be.gemm_batch(down);
   }
 }
 

@@ -93,6 +93,8 @@ class Model {
   void dense_mlp(Layer& L, const float* x, int64_t m, float* y);
   void moe(Layer& L, const float* x, int64_t m, float* y);
   void swiglu_expert(const Expert& e, const float* x, int64_t m, float* y);
+  void routed_experts(Layer& L, const float* table, const int32_t* rrow, const int32_t* rtag, int64_t n_recv,
+                      float* out, std::vector<kernels::GemmParams> also);
 
   ModelConfig cfg_;
   Checkpoint& ckpt_;

@@ -80,6 +80,10 @@ class CpuBackend final : public HostBackend {
     validate(p);
     fast::gemm(p);
   }
+  void gemm_batch(const GemmParams* ps, size_t n) override {
+    for (size_t i = 0; i < n; ++i) validate(ps[i]);
+    fast::gemm_batch({ps, n});
+  }
   void rms_norm(const RmsNormParams& p) override {
     validate(p);
     parallel_rows(p.m, p.d, [&](int64_t b, int64_t e) { rms_norm_rows(p, b, e); });

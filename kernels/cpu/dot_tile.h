@@ -5,6 +5,7 @@
 // simd::reduce tree. That per-element recipe is what makes results independent of batch size.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -16,6 +17,9 @@ namespace glm5::kernels::cpu {
 
 // Register tile shape: up to kTileRows rows of a by kTileCols rows of b (16 accumulators).
 constexpr int kTileRows = 4, kTileCols = 4;
+// Bytes ahead of the tile's b rows that it prefetches: the next tile, and at least this much (short
+// rows: a tile of k = 256 is 2 KiB, too close to cover the memory latency).
+constexpr size_t kPrefetchMinBytes = 8192;
 
 // Loaders: 16 consecutive row elements widened to float (`part` reads only n of them and
 // zero-fills the rest).
@@ -53,16 +57,19 @@ void dot_tile(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, 
 #pragma GCC unroll 8
     for (int c = 0; c < NR; ++c) acc[r][c] = simd::zero();
   int64_t kk = 0;
+  const size_t ahead = std::max<size_t>(sizeof(*b) * size_t(NR * ldb), kPrefetchMinBytes);
   for (; kk + simd::kLanes <= k; kk += simd::kLanes) {
-    // Ask for the b rows two tiles ahead (each 64-byte line once): with few
-    // rows of a (decode) the tile is short and b comes from memory, which otherwise waits for the
-    // FMAs instead of overlapping them (decode GEMMs 10-25% faster at m = 4-16). A prefetch past
-    // the end of b is harmless: it never faults (the address is formed as an integer).
+    // Ask for the b rows `ahead` bytes on (each 64-byte line once, into L2): with few rows of a
+    // (decode) the tile is short and b comes from memory, which otherwise waits for the FMAs
+    // instead of overlapping them (decode GEMMs 10-25% faster at m = 4-16; one tile ahead into L2
+    // beat two tiles into L1 by ~5% of the read bandwidth at m = 1). A prefetch past the end of b
+    // is harmless: it never faults (the address is formed as an integer).
     if ((kk * int64_t(sizeof(*b))) % 64 == 0) {
 #pragma GCC unroll 8
       for (int c = 0; c < NR; ++c)
-        __builtin_prefetch(reinterpret_cast<const void*>(
-            reinterpret_cast<uintptr_t>(b) + sizeof(*b) * size_t((c + 2 * NR) * ldb + kk)));
+        __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(b) +
+                                                         sizeof(*b) * size_t(c * ldb + kk) + ahead),
+                           0, 2);
     }
     simd::vf av[MR];
     // pin: keep each loaded operand in a register instead of letting the compiler fold it

@@ -3,6 +3,7 @@
 // inputs, never on how many other rows share the call. Callers run cpu::validate() first.
 #pragma once
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,9 @@
 namespace glm5::kernels::cpu::fast {
 
 void gemm(const GemmParams& p);                      // cpu/gemm.cpp
+// Independent gemms (no output overlaps another's input or output) in one parallel region, their
+// work items spread over all threads; each result is bitwise what gemm() gives it alone.
+void gemm_batch(std::span<const GemmParams> ps);     // cpu/gemm.cpp
 void indexer_scores(const IndexerScoresParams& p);   // cpu/attention.cpp
 void mla_prefill(const MlaPrefillParams& p);         // cpu/attention.cpp
 void mla_decode(const MlaDecodeParams& p);           // cpu/attention.cpp
@@ -18,7 +22,15 @@ void topk(const TopkParams& p);                      // cpu/attention.cpp
 
 // Quantized weights (cpu/quant_gemm.cpp): gemm over F8_E4M3 / Q4 / Q8 weights, and the row
 // dequantization behind it (rows [r0, r0 + n) of w into out, row stride ldo; values of weight_at).
-void gemm_quantized(const GemmParams& p);
+// quant_split cuts y = x W^T into items of W rows, quant_item runs one (any thread, any order);
+// gemm_quantized_tn is y = x W for a quantized W [k, n].
+struct QuantSplit {
+  bool fused = false;  // dequantized in registers (AVX-512 builds, m <= 4) instead of a panel
+  int64_t rows_per_item = 0, items = 0;
+};
+QuantSplit quant_split(const GemmParams& p);
+void quant_item(const GemmParams& p, const QuantSplit& s, int64_t item);
+void gemm_quantized_tn(const GemmParams& p);
 void dequantize_rows(const Weight& w, int64_t r0, int64_t n, float* out, int64_t ldo);
 // The dequantization code paths this CPU can run ("portable", and "avx512" where cpuid has it),
 // the one in use, and a switch for tests and benchmarks ("auto" = best; GLM5_CPU_KERNELS=portable

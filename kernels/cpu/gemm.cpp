@@ -1,10 +1,15 @@
-// The fast CPU gemm: fp32 activations x BF16/F16/F32 weights -> fp32, OpenMP over blocks of
-// output columns. Batch-invariant by construction: y[i, j] is always the dot_tile recipe
-// (cpu/dot_tile.h) over x row i and W row j, whatever m, the tile shape or the thread count.
+// The fast CPU gemm: fp32 activations x BF16/F16/F32 (or quantized) weights -> fp32. Every gemm
+// is cut into work items (blocks of output: W rows x x rows) and the items of all gemms of one
+// call (gemm_batch: independent gemms, e.g. an expert's gate and up, or the per-head absorption
+// gemms) run in one OpenMP region: decode makes hundreds of small gemms per token, and one region
+// per gemm left the second thread waiting at a join for each of them.
+// Batch-invariant by construction: y[i, j] is always the dot_tile recipe (cpu/dot_tile.h) over
+// x row i and W row j, whatever m, the tile shape, the batch of gemms or the thread count.
 // Not here: library GEMMs (they change the reduction order with the shape), weight prepacking.
 #include <omp.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "cpu/dot_tile.h"
 #include "cpu/fast_ops.h"
@@ -25,27 +30,32 @@ constexpr int64_t kParallelMacs = int64_t(1) << 18;
 // y = x W^T, W [n, k] rows of L::T, widened on the fly (exact, so no dtype changes a bit).
 // Work items are column blocks; when there are too few of them to keep the threads busy (small
 // n, large m) the rows are split too, at the price of reading W once per row block.
+struct NtSplit {
+  int64_t mb = 0, nb = 0, row_blocks = 0, col_blocks = 0;
+};
+
+NtSplit nt_split(const GemmParams& p, size_t elem_bytes) {
+  NtSplit s;
+  int64_t nb = kBlockBytes / int64_t(elem_bytes * size_t(std::max<int64_t>(p.k, 1)));
+  s.nb = std::clamp<int64_t>(nb / kTileCols * kTileCols, kTileCols, 256);
+  s.col_blocks = (p.n + s.nb - 1) / s.nb;
+  const int64_t threads = omp_get_max_threads();
+  s.mb = p.m;
+  if (s.col_blocks < 2 * threads && p.m >= 64) {
+    const int64_t want = std::min<int64_t>((2 * threads + s.col_blocks - 1) / s.col_blocks, p.m / 32);
+    s.mb = ((p.m + want - 1) / want + kTileRows - 1) / kTileRows * kTileRows;
+  }
+  s.row_blocks = (p.m + s.mb - 1) / s.mb;
+  return s;
+}
+
 template <class L>
-void gemm_nt(const GemmParams& p) {
+void nt_item(const GemmParams& p, const NtSplit& s, int64_t item) {
   using T = typename L::T;
   const T* w = static_cast<const T*>(p.w.data);
-  int64_t nb = kBlockBytes / int64_t(sizeof(T) * std::max<int64_t>(p.k, 1));
-  nb = std::clamp<int64_t>(nb / kTileCols * kTileCols, kTileCols, 256);
-  const int64_t col_blocks = (p.n + nb - 1) / nb;
-  const int64_t threads = omp_get_max_threads();
-  int64_t mb = p.m;  // rows per work item
-  if (col_blocks < 2 * threads && p.m >= 64) {
-    const int64_t want = std::min<int64_t>((2 * threads + col_blocks - 1) / col_blocks, p.m / 32);
-    mb = ((p.m + want - 1) / want + kTileRows - 1) / kTileRows * kTileRows;
-  }
-  const int64_t row_blocks = (p.m + mb - 1) / mb;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (p.m * p.n * p.k >= kParallelMacs)
-  for (int64_t rb = 0; rb < row_blocks; ++rb)
-    for (int64_t cb = 0; cb < col_blocks; ++cb) {
-      const int64_t i0 = rb * mb, j0 = cb * nb;
-      dot_block<L>(p.x + i0 * p.ldx, p.ldx, w + j0 * p.w.ld, p.w.ld, std::min(mb, p.m - i0),
-                   std::min(nb, p.n - j0), p.k, p.y + i0 * p.ldy + j0, p.ldy, p.accumulate);
-    }
+  const int64_t i0 = item / s.col_blocks * s.mb, j0 = item % s.col_blocks * s.nb;
+  dot_block<L>(p.x + i0 * p.ldx, p.ldx, w + j0 * p.w.ld, p.w.ld, std::min(s.mb, p.m - i0),
+               std::min(s.nb, p.n - j0), p.k, p.y + i0 * p.ldy + j0, p.ldy, p.accumulate);
 }
 
 // y[r, j0 + 16v + l] for r < MR, v < NV: sequential FMA over k of x[r, k] * W[k, j], W [k, n].
@@ -100,40 +110,133 @@ TileTnFn<L> tile_tn_fn(int mr, int nv) {
 
 // y = x W, W [k, n]: work items are (4 rows, 64 columns); each y element is a plain sequential
 // sum over k, so tiles never change its value.
-template <class L>
-void gemm_tn(const GemmParams& p) {
-  using T = typename L::T;
-  const T* w = static_cast<const T*>(p.w.data);
-  const int64_t rb = (p.m + 3) / 4, cb = (p.n + 63) / 64;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (p.m * p.n * p.k >= 2 * kParallelMacs)
-  for (int64_t ib = 0; ib < rb; ++ib)
-    for (int64_t jb = 0; jb < cb; ++jb) {
-      int64_t i0 = ib * 4, j0 = jb * 64;
-      int mr = int(std::min<int64_t>(4, p.m - i0));
-      int64_t nc = std::min<int64_t>(64, p.n - j0);
-      int nv = int((nc + 15) / 16), last = int(nc - 16 * (nv - 1));
-      tile_tn_fn<L>(mr, nv)(p.x + i0 * p.ldx, p.ldx, w + j0, p.w.ld, p.k, p.y + i0 * p.ldy + j0,
-                            p.ldy, last, p.accumulate);
-    }
-}
+constexpr int64_t kTnRows = 4, kTnCols = 64;
 
 template <class L>
-void gemm_typed(const GemmParams& p) {
-  if (p.trans_w) gemm_tn<L>(p);
-  else gemm_nt<L>(p);
+void tn_item(const GemmParams& p, int64_t item) {
+  using T = typename L::T;
+  const T* w = static_cast<const T*>(p.w.data);
+  const int64_t cb = (p.n + kTnCols - 1) / kTnCols;
+  const int64_t i0 = item / cb * kTnRows, j0 = item % cb * kTnCols;
+  const int mr = int(std::min<int64_t>(kTnRows, p.m - i0));
+  const int64_t nc = std::min<int64_t>(kTnCols, p.n - j0);
+  const int nv = int((nc + 15) / 16), last = int(nc - 16 * (nv - 1));
+  tile_tn_fn<L>(mr, nv)(p.x + i0 * p.ldx, p.ldx, w + j0, p.w.ld, p.k, p.y + i0 * p.ldy + j0, p.ldy, last,
+                        p.accumulate);
+}
+
+// One gemm of a batch: how it is cut into items and what an item costs (bytes of W read plus
+// a share for the multiply-adds), for splitting a batch over threads by cost.
+struct Job {
+  const GemmParams* p = nullptr;
+  enum Kind { kNt, kTn, kQuant } kind = kNt;
+  NtSplit nt;
+  QuantSplit quant;
+  int64_t items = 0;
+  double item_cost = 0;
+
+  explicit Job(const GemmParams& g) : p(&g) {
+    const double wbytes = quant::is_quantized(g.w.dtype) ? 1.0 : double(dtype_size(g.w.dtype));
+    if (g.trans_w) {
+      kind = kTn;
+      items = (g.m + kTnRows - 1) / kTnRows * ((g.n + kTnCols - 1) / kTnCols);
+      item_cost = double(kTnCols * g.k) * (wbytes + double(std::min(g.m, kTnRows)));
+    } else if (quant::is_quantized(g.w.dtype)) {
+      kind = kQuant;
+      quant = quant_split(g);
+      items = quant.items;
+      item_cost = double(quant.rows_per_item * g.k) * (wbytes + double(g.m));
+    } else {
+      nt = nt_split(g, dtype_size(g.w.dtype));
+      items = nt.row_blocks * nt.col_blocks;
+      item_cost = double(nt.nb * g.k) * (wbytes + double(nt.mb));
+    }
+  }
+
+  void run(int64_t item) const {
+    switch (kind) {
+      case kQuant: quant_item(*p, quant, item); return;
+      case kTn: return typed([&]<class L>() { tn_item<L>(*p, item); });
+      case kNt: return typed([&]<class L>() { nt_item<L>(*p, nt, item); });
+    }
+  }
+
+ private:
+  template <class F>
+  void typed(F f) const {
+    switch (p->w.dtype) {
+      case DType::BF16: f.template operator()<LoadBF16>(); break;
+      case DType::F16: f.template operator()<LoadF16>(); break;
+      default: f.template operator()<LoadF32>(); break;
+    }
+  }
+};
+
+// Rows per gemm up to which a batch is split into contiguous, equal-cost ranges of items, one per
+// thread (decode: each thread then streams its own run of W, which the hardware prefetcher follows
+// best; no shared counter). Larger calls take items dynamically (their items are compute-bound).
+constexpr int64_t kStaticRows = 16;
+
+void run_jobs(const std::vector<Job>& jobs) {
+  int64_t total = 0, macs = 0, max_m = 0;
+  double cost = 0;
+  for (const Job& j : jobs) {
+    total += j.items;
+    macs += j.p->m * j.p->n * j.p->k;
+    max_m = std::max(max_m, j.p->m);
+    cost += double(j.items) * j.item_cost;
+  }
+  if (total == 0) return;
+  if (macs < kParallelMacs || total == 1 || omp_get_max_threads() == 1) {
+    for (const Job& j : jobs)
+      for (int64_t i = 0; i < j.items; ++i) j.run(i);
+    return;
+  }
+  if (max_m <= kStaticRows) {
+#pragma omp parallel
+    {
+      const double nt = omp_get_num_threads(), id = omp_get_thread_num();
+      const double lo = cost * id / nt, hi = cost * (id + 1) / nt;
+      double at = 0;  // cost of the items before this one
+      for (const Job& j : jobs)
+        for (int64_t i = 0; i < j.items; ++i, at += j.item_cost) {
+          const double mid = at + 0.5 * j.item_cost;
+          if (mid >= lo && mid < hi) j.run(i);
+        }
+    }
+    return;
+  }
+  std::vector<int64_t> first(jobs.size() + 1, 0);  // first global item of each job
+  for (size_t j = 0; j < jobs.size(); ++j) first[j + 1] = first[j] + jobs[j].items;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t g = 0; g < total; ++g) {
+    const size_t j = size_t(std::upper_bound(first.begin(), first.end(), g) - first.begin() - 1);
+    jobs[j].run(g - first[j]);
+  }
 }
 
 }  // namespace
 
-void gemm(const GemmParams& p) {
-  if (p.m == 0 || p.n == 0) return;
-  switch (p.w.dtype) {
-    case DType::BF16: gemm_typed<LoadBF16>(p); break;
-    case DType::F16: gemm_typed<LoadF16>(p); break;
-    case DType::F32: gemm_typed<LoadF32>(p); break;
-    case DType::F8_E4M3: case DType::Q4: case DType::Q8: gemm_quantized(p); break;
-    default: GLM5_FAIL("gemm: weight dtype ", dtype_name(p.w.dtype), " is not supported");
+void gemm_batch(std::span<const GemmParams> ps) {
+  std::vector<Job> jobs;
+  jobs.reserve(ps.size());
+  for (const GemmParams& p : ps) {
+    if (p.m == 0 || p.n == 0) continue;
+    switch (p.w.dtype) {
+      case DType::BF16: case DType::F16: case DType::F32: break;
+      case DType::F8_E4M3: case DType::Q4: case DType::Q8:
+        if (p.trans_w) {  // dequantized whole first: its own call
+          gemm_quantized_tn(p);
+          continue;
+        }
+        break;
+      default: GLM5_FAIL("gemm: weight dtype ", dtype_name(p.w.dtype), " is not supported");
+    }
+    jobs.emplace_back(p);
   }
+  run_jobs(jobs);
 }
+
+void gemm(const GemmParams& p) { gemm_batch({&p, 1}); }
 
 }  // namespace glm5::kernels::cpu::fast

@@ -5,8 +5,6 @@
 // float32 weights whatever m, the block or the thread count: quantized results are bitwise those
 // of the checkpoint dequantized to F32, and batch-invariant. Dequantization is the only new
 // inner loop; it has an AVX-512 version and a portable one, chosen at run time from cpuid.
-#include <omp.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -32,7 +30,6 @@ namespace {
 
 // Float32 panel bytes per work item (the W block, dequantized): kept in L2 while x streams past.
 constexpr int64_t kPanelBytes = 192 * 1024;
-constexpr int64_t kParallelMacs = int64_t(1) << 18;
 
 // ---- portable dequantization: one row segment [c0, c1) of row r into out[0, c1 - c0) ----------
 
@@ -366,46 +363,51 @@ void dequantize_rows(const Weight& w, int64_t r0, int64_t n, float* out, int64_t
   for (int64_t i = 0; i < n; ++i) dequant_row_portable(w, r0 + i, out + i * ldo);
 }
 
-// y = x W^T for a quantized W [n, k]: column blocks of W, each dequantized once into a panel.
-void gemm_quantized(const GemmParams& p) {
-  if (p.trans_w) {  // not on a hot path (the model dequantizes what it transposes at load)
-    std::vector<float> full(size_t(p.w.rows * p.w.cols));
-    dequantize_rows(p.w, 0, p.w.rows, full.data(), p.w.cols);
-    GemmParams q = p;
-    q.w = Weight{full.data(), DType::F32, p.w.rows, p.w.cols, p.w.cols};
-    gemm(q);
-    return;
-  }
+// y = x W^T for a quantized W [n, k] cut into work items of W rows (cpu/gemm.cpp runs them):
+// on AVX-512 builds, decode-sized calls dequantize in registers (fused_tile, 16 rows per item).
+// Only where the register tile itself is the AVX-512 one (a build for AVX-512): its FMA is fused
+// and the portable tile's (a * b + c) need not be, so mixing the two would make a row's bits
+// depend on m. Otherwise each item dequantizes a block of rows once into a float32 panel.
+QuantSplit quant_split(const GemmParams& p) {
+  QuantSplit s;
 #if defined(__AVX512F__)
-  // Decode-sized calls on AVX-512: dequantize in registers (fused_tile). Only where the register
-  // tile itself is the AVX-512 one (a build for AVX-512): its FMA is fused and the portable tile's
-  // (a * b + c) need not be, so mixing the two would make a row's bits depend on m.
   if (p.m <= 4 && use_avx512() && p.k % 16 == 0 && p.w.group % 16 == 0 && p.w.cols == p.k) {
-    const FusedFn f = fused_fn(p.w);
-    constexpr int64_t kRowsPerItem = 16;
-    const int64_t items = (p.n + kRowsPerItem - 1) / kRowsPerItem;
-#pragma omp parallel for schedule(dynamic, 4) if (p.m * p.n * p.k >= kParallelMacs)
-    for (int64_t it = 0; it < items; ++it) f(p, it * kRowsPerItem, std::min(p.n, (it + 1) * kRowsPerItem));
-    return;
+    s.fused = true;
+    s.rows_per_item = 16;
+    s.items = (p.n + s.rows_per_item - 1) / s.rows_per_item;
+    return s;
   }
 #endif
   int64_t nb = kPanelBytes / (4 * std::max<int64_t>(p.k, 1));
-  nb = std::clamp<int64_t>(nb / kTileCols * kTileCols, kTileCols, 256);
-  const int64_t col_blocks = (p.n + nb - 1) / nb;
-  const bool parallel = p.m * p.n * p.k >= kParallelMacs && col_blocks > 1;
-#pragma omp parallel if (parallel)
-  {
-    // One panel per thread, kept between calls: a fresh 192 KiB buffer per call would be mapped
-    // and faulted in anew every time (decode makes hundreds of these calls per token).
-    thread_local std::vector<float> panel;
-    if (panel.size() < size_t(nb * p.k)) panel.resize(size_t(nb * p.k));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t cb = 0; cb < col_blocks; ++cb) {
-      const int64_t j0 = cb * nb, nj = std::min(nb, p.n - j0);
-      dequantize_rows(p.w, j0, nj, panel.data(), p.k);
-      dot_block<LoadF32>(p.x, p.ldx, panel.data(), p.k, p.m, nj, p.k, p.y + j0, p.ldy, p.accumulate);
-    }
+  s.rows_per_item = std::clamp<int64_t>(nb / kTileCols * kTileCols, kTileCols, 256);
+  s.items = (p.n + s.rows_per_item - 1) / s.rows_per_item;
+  return s;
+}
+
+void quant_item(const GemmParams& p, const QuantSplit& s, int64_t item) {
+  const int64_t j0 = item * s.rows_per_item, j1 = std::min(p.n, j0 + s.rows_per_item);
+#if defined(__AVX512F__)
+  if (s.fused) {
+    fused_fn(p.w)(p, j0, j1);
+    return;
   }
+#endif
+  // One panel per thread, kept between calls: a fresh 192 KiB buffer per item would be mapped
+  // and faulted in anew every time (decode makes hundreds of these calls per token).
+  thread_local std::vector<float> panel;
+  if (panel.size() < size_t(s.rows_per_item * p.k)) panel.resize(size_t(s.rows_per_item * p.k));
+  dequantize_rows(p.w, j0, j1 - j0, panel.data(), p.k);
+  dot_block<LoadF32>(p.x, p.ldx, panel.data(), p.k, p.m, j1 - j0, p.k, p.y + j0, p.ldy, p.accumulate);
+}
+
+// y = x W with a quantized W [k, n] (not on a hot path: the model dequantizes what it
+// transposes at load): the whole matrix dequantized, then the float32 gemm.
+void gemm_quantized_tn(const GemmParams& p) {
+  std::vector<float> full(size_t(p.w.rows * p.w.cols));
+  dequantize_rows(p.w, 0, p.w.rows, full.data(), p.w.cols);
+  GemmParams q = p;
+  q.w = Weight{full.data(), DType::F32, p.w.rows, p.w.cols, p.w.cols};
+  gemm(q);
 }
 
 }  // namespace glm5::kernels::cpu::fast

@@ -84,6 +84,67 @@ TEST(CpuBackend, GemmBitsIndependentOfThreadCount) {
   }
 }
 
+// gemm_batch runs independent gemms together (one parallel region, items of all gemms spread over
+// the threads): every output is bitwise what gemm() gives it alone, whatever the mix of dtypes,
+// transposed or quantized weights, row counts (decode's static split and prefill's dynamic one)
+// and thread counts.
+TEST(CpuBackend, GemmBatchBitsEqualSingleGemms) {
+  auto cpu = make_cpu_backend();
+  const int64_t k = 384, n = 200;
+  std::vector<std::vector<uint8_t>> w;
+  std::vector<Weight> ws;
+  auto add = [&](DType dt, int64_t rows, int64_t cols, uint64_t seed) {
+    const std::vector<float> v = random_floats(size_t(rows * cols), seed);
+    w.push_back(weight_bytes(v, dt));
+    ws.push_back(Weight{w.back().data(), dt, rows, cols, cols});
+  };
+  add(DType::BF16, n, k, 1);
+  add(DType::F32, 24, k, 2);
+  add(DType::F16, n, k, 3);
+  add(DType::BF16, k, 96, 4);  // trans_w: W [k, n]
+  // Q8, groups of 32 with BF16 scales; FP8 with 128 x 128 F32 blocks.
+  std::vector<uint8_t> q8(size_t(n * k)), fp8(size_t(n * k));
+  for (size_t i = 0; i < q8.size(); ++i) q8[i] = uint8_t((i * 37 + 11) % 256), fp8[i] = uint8_t((i * 53 + 5) % 120);
+  std::vector<uint16_t> q8s(size_t(n * k / 32));
+  for (size_t i = 0; i < q8s.size(); ++i) q8s[i] = f32_to_bf16(0.001f * float(1 + i % 7));
+  std::vector<float> fp8s(size_t(2 * 3));
+  for (size_t i = 0; i < fp8s.size(); ++i) fp8s[i] = 0.5f + 0.25f * float(i);
+  Weight wq8{q8.data(), DType::Q8, n, k, k, q8s.data(), DType::BF16, k / 32, 32, 1};
+  Weight wfp8{fp8.data(), DType::F8_E4M3, n, k, k, fp8s.data(), DType::F32, 3, 128, 128};
+  for (int64_t m : {1, 3, 16, 64}) {
+    const std::vector<float> x = random_floats(size_t(m * k), 10 + uint64_t(m));
+    std::vector<GemmParams> ps{{x.data(), k, ws[0], false, nullptr, n, m, n, k},
+                               {x.data(), k, ws[1], false, nullptr, 24, m, 24, k},
+                               {x.data(), k, ws[2], false, nullptr, n, m, n, k, /*accumulate=*/true},
+                               {x.data(), k, ws[3], true, nullptr, 96, m, 96, k},
+                               {x.data(), k, wq8, false, nullptr, n, m, n, k},
+                               {x.data(), k, wfp8, false, nullptr, n, m, n, k}};
+    auto run = [&](bool batched, int threads) {
+      std::vector<std::vector<float>> ys;
+      for (const GemmParams& p : ps) ys.push_back(std::vector<float>(size_t(m * p.n), 0.25f));
+      std::vector<GemmParams> qs = ps;
+      for (size_t i = 0; i < qs.size(); ++i) qs[i].y = ys[i].data();
+      const int saved = omp_get_max_threads();
+      omp_set_num_threads(threads);
+      if (batched) cpu->gemm_batch(qs);
+      else
+        for (const GemmParams& q : qs) cpu->gemm(q);
+      omp_set_num_threads(saved);
+      return ys;
+    };
+    const auto alone = run(false, 1);
+    for (int threads : {1, 2}) {
+      const auto together = run(true, threads);
+      for (size_t i = 0; i < ps.size(); ++i)
+        EXPECT_EQ(0, std::memcmp(alone[i].data(), together[i].data(), alone[i].size() * 4))
+            << "gemm " << i << " of the batch, m = " << m << ", " << threads << " threads";
+    }
+    // The values are real products (not all zero or untouched).
+    EXPECT_NE(alone[0][0], 0.25f);
+    EXPECT_NE(alone[4][0], 0.25f);
+  }
+}
+
 // Both CPU backends reject bad parameters with a message naming the op and the value.
 class CpuBackendErrors : public ::testing::TestWithParam<std::string> {
  protected:
