@@ -294,6 +294,10 @@ class Backend {
   // Weight bytes made usable by kernels: the cpu backend returns `host` itself (mmapped, no
   // copy); a device backend copies once and owns the copy until the backend is destroyed.
   virtual const void* upload(const void* host, size_t bytes) = 0;
+  // upload() of bytes in a read-only file mapping (the checkpoint), which the caller may drop
+  // afterwards when the result is not `mapped` itself. The fast cpu backend copies them into
+  // huge-page memory (cpu/weight_arena.h); the default is upload().
+  virtual const void* upload_mapped(const void* mapped, size_t bytes) { return upload(mapped, bytes); }
   virtual void synchronize() {}
 
   virtual void gemm(const GemmParams& p) = 0;

@@ -85,8 +85,9 @@ struct Model::Exchange {
 Weight Model::matrix(const std::string& name, int64_t rows, int64_t cols) {
   const StoredTensor st = resolve_tensor(ckpt_, {name, {rows, cols}});
   Weight w = weight_view(st, rows, cols);
-  w.data = backend_.upload(st.data->data, st.data->nbytes);
+  w.data = backend_.upload_mapped(st.data->data, st.data->nbytes);
   weight_bytes_ += st.data->nbytes;
+  if (w.data != st.data->data) Checkpoint::release_bytes(st.data->data, st.data->nbytes);  // a copy is used
   if (st.scale && st.dtype == DType::F8_E4M3 && st.scale->dtype == DType::BF16) {
     owned_.emplace_back(size_t(st.scale->numel()));
     for (size_t i = 0; i < owned_.back().size(); ++i)
@@ -95,7 +96,7 @@ Weight Model::matrix(const std::string& name, int64_t rows, int64_t cols) {
     w.scale_dtype = DType::F32;
     weight_bytes_ += owned_.back().size() * sizeof(float);
   } else if (st.scale) {
-    w.scale = backend_.upload(st.scale->data, st.scale->nbytes);
+    w.scale = backend_.upload_mapped(st.scale->data, st.scale->nbytes);
     weight_bytes_ += st.scale->nbytes;
   }
   return w;

@@ -11,6 +11,7 @@
 #include "cpu/fast_ops.h"
 #include "cpu/reference.h"
 #include "cpu/simd.h"
+#include "cpu/weight_arena.h"
 
 namespace glm5::kernels::cpu {
 
@@ -76,6 +77,10 @@ class CpuBackend final : public HostBackend {
  public:
   std::string name() const override { return "cpu"; }
 
+  const void* upload_mapped(const void* mapped, size_t bytes) override {
+    const void* copy = arena_.copy(mapped, bytes);
+    return copy ? copy : mapped;
+  }
   void gemm(const GemmParams& p) override {
     validate(p);
     fast::gemm(p);
@@ -203,6 +208,9 @@ class CpuBackend final : public HostBackend {
       }
     });
   }
+
+ private:
+  WeightArena arena_;
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "cpu/dot_tile.h"
@@ -174,44 +175,84 @@ struct Job {
 
 // Rows per gemm up to which a batch is split into contiguous, equal-cost ranges of items, one per
 // thread (decode: each thread then streams its own run of W, which the hardware prefetcher follows
-// best; no shared counter). Larger calls take items dynamically (their items are compute-bound).
+// best); a thread that finishes early takes items from the back of another's range, so a thread
+// slowed down by its memory traffic or the OS does not hold the others at the join. Larger calls
+// take items dynamically (their items are compute-bound).
 constexpr int64_t kStaticRows = 16;
+
+// A thread's remaining items [lo, hi) as one atomic word: the owner takes from the front, others
+// from the back, each by compare-and-swap.
+class ItemRange {
+ public:
+  void set(uint32_t lo, uint32_t hi) { v_.store(pack(lo, hi), std::memory_order_relaxed); }
+  bool take_front(uint32_t& item) { return take(item, true); }
+  bool take_back(uint32_t& item) { return take(item, false); }
+
+ private:
+  static uint64_t pack(uint32_t lo, uint32_t hi) { return uint64_t(lo) << 32 | hi; }
+  bool take(uint32_t& item, bool front) {
+    uint64_t v = v_.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint32_t lo = uint32_t(v >> 32), hi = uint32_t(v);
+      if (lo >= hi) return false;
+      const uint64_t next = front ? pack(lo + 1, hi) : pack(lo, hi - 1);
+      if (v_.compare_exchange_weak(v, next, std::memory_order_relaxed)) {
+        item = front ? lo : hi - 1;
+        return true;
+      }
+    }
+  }
+  alignas(64) std::atomic<uint64_t> v_{0};
+};
 
 void run_jobs(const std::vector<Job>& jobs) {
   int64_t total = 0, macs = 0, max_m = 0;
-  double cost = 0;
-  for (const Job& j : jobs) {
-    total += j.items;
-    macs += j.p->m * j.p->n * j.p->k;
-    max_m = std::max(max_m, j.p->m);
-    cost += double(j.items) * j.item_cost;
+  std::vector<int64_t> first(jobs.size() + 1, 0);  // first global item of each job
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    total += jobs[j].items;
+    first[j + 1] = total;
+    macs += jobs[j].p->m * jobs[j].p->n * jobs[j].p->k;
+    max_m = std::max(max_m, jobs[j].p->m);
   }
   if (total == 0) return;
-  if (macs < kParallelMacs || total == 1 || omp_get_max_threads() == 1) {
-    for (const Job& j : jobs)
-      for (int64_t i = 0; i < j.items; ++i) j.run(i);
-    return;
-  }
-  if (max_m <= kStaticRows) {
-#pragma omp parallel
-    {
-      const double nt = omp_get_num_threads(), id = omp_get_thread_num();
-      const double lo = cost * id / nt, hi = cost * (id + 1) / nt;
-      double at = 0;  // cost of the items before this one
-      for (const Job& j : jobs)
-        for (int64_t i = 0; i < j.items; ++i, at += j.item_cost) {
-          const double mid = at + 0.5 * j.item_cost;
-          if (mid >= lo && mid < hi) j.run(i);
-        }
-    }
-    return;
-  }
-  std::vector<int64_t> first(jobs.size() + 1, 0);  // first global item of each job
-  for (size_t j = 0; j < jobs.size(); ++j) first[j + 1] = first[j] + jobs[j].items;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t g = 0; g < total; ++g) {
+  const auto run = [&](int64_t g) {
     const size_t j = size_t(std::upper_bound(first.begin(), first.end(), g) - first.begin() - 1);
     jobs[j].run(g - first[j]);
+  };
+  const int threads = omp_get_max_threads();
+  if (macs < kParallelMacs || total == 1 || threads == 1) {
+    for (int64_t g = 0; g < total; ++g) run(g);
+    return;
+  }
+  if (max_m > kStaticRows) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t g = 0; g < total; ++g) run(g);
+    return;
+  }
+  // Equal-cost contiguous ranges: thread t starts at the first item whose cost midpoint is at or
+  // past t / threads of the total cost. Set before the region, so that items of a thread the
+  // runtime does not start are taken by the others.
+  double cost = 0;
+  for (const Job& j : jobs) cost += double(j.items) * j.item_cost;
+  std::vector<ItemRange> ranges(static_cast<size_t>(threads));
+  {
+    std::vector<uint32_t> start(size_t(threads) + 1, uint32_t(total));
+    start[0] = 0;
+    double at = 0;
+    int t = 1;
+    int64_t g = 0;
+    for (const Job& j : jobs)
+      for (int64_t i = 0; i < j.items; ++i, ++g, at += j.item_cost)
+        while (t < threads && at + 0.5 * j.item_cost >= cost * t / threads) start[size_t(t++)] = uint32_t(g);
+    for (int i = 0; i < threads; ++i) ranges[size_t(i)].set(start[size_t(i)], start[size_t(i) + 1]);
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int id = omp_get_thread_num();
+    uint32_t g;
+    while (ranges[size_t(id)].take_front(g)) run(g);
+    for (int o = 1; o < threads; ++o)
+      while (ranges[size_t((id + o) % threads)].take_back(g)) run(g);
   }
 }
 

@@ -3,6 +3,7 @@
 // and the parameter errors both CPU backends raise.
 #include <omp.h>
 
+#include "cpu/weight_arena.h"
 #include "op_cases.h"
 
 namespace glm5::kernels::test {
@@ -143,6 +144,25 @@ TEST(CpuBackend, GemmBatchBitsEqualSingleGemms) {
     EXPECT_NE(alone[0][0], 0.25f);
     EXPECT_NE(alone[4][0], 0.25f);
   }
+}
+
+// Weights uploaded from a file mapping are copied into the arena (64-byte aligned, same bytes,
+// several pieces and chunks), unless GLM5_CPU_WEIGHTS=mmap; other uploads stay in place.
+TEST(CpuBackend, MappedWeightsAreCopiedExactly) {
+  auto cpu = make_cpu_backend();
+  for (size_t bytes : {size_t(1), size_t(100), size_t(3) << 20, (size_t(300) << 20) + 7}) {
+    std::vector<uint8_t> src(bytes);
+    for (size_t i = 0; i < bytes; i += 4093) src[i] = uint8_t(i * 31 + 7);
+    src.back() = 0xab;
+    const void* up = cpu->upload_mapped(src.data(), bytes);
+    if (cpu::WeightArena::copy_enabled()) {
+      EXPECT_NE(up, static_cast<const void*>(src.data())) << bytes;
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(up) % 64, 0u) << bytes;
+    }
+    EXPECT_EQ(0, std::memcmp(up, src.data(), bytes)) << bytes;
+  }
+  int x = 5;
+  EXPECT_EQ(cpu->upload(&x, sizeof x), static_cast<const void*>(&x));
 }
 
 // Both CPU backends reject bad parameters with a message naming the op and the value.
