@@ -160,6 +160,26 @@ void attention_rows(Backend& cpu, bool quick) {
     std::printf("| topk | rows=%ld cols=%ld k=%ld | %.3f ms | | | |\n", long(S), long(T), long(K),
                 t * 1e3);
   }
+  {  // decode: one row against a long paged cache (speed-a's indexer, 8 heads of 64, top-256),
+     // the indexer keys read at the bandwidth of their bytes
+    const int64_t T = 16384, H = 8, D = 64, K = 256, B = 64;
+    auto q = random_floats(size_t(H * D), 11), w = random_floats(size_t(H), 12);
+    auto k = random_floats(size_t(T * D), 13);
+    std::vector<int32_t> table(size_t(T / B)), q_pos = {int32_t(T - 1)}, idx(static_cast<size_t>(K));
+    for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t((i * 37) % table.size());  // shuffled blocks
+    std::vector<float> scores(static_cast<size_t>(T));
+    IndexerScoresParams p;
+    p.q = q.data(), p.weights = w.data(), p.k = k.data(), p.q_pos = q_pos.data();
+    p.scores = scores.data(), p.s = 1, p.t = T, p.n_heads = H, p.head_dim = D, p.ld_scores = T;
+    p.pages = KeyPages{table.data(), 0, B, DType::F32};
+    double t = median_seconds([&] { cpu.indexer_scores(p); });
+    std::printf("| indexer_scores decode | s=1 t=%ld heads=%ld dim=%ld paged | %.3f ms | %.1f GB/s of keys | | |\n",
+                long(T), long(H), long(D), t * 1e3, double(T * D * 4) / t / 1e9);
+    TopkParams tp;
+    tp.scores = scores.data(), tp.rows = 1, tp.cols = T, tp.ld = T, tp.k = K, tp.indices = idx.data();
+    t = median_seconds([&] { cpu.topk(tp); });
+    std::printf("| topk decode | rows=1 cols=%ld k=%ld | %.3f ms | | | |\n", long(T), long(K), t * 1e3);
+  }
 }
 
 }  // namespace

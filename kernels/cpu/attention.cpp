@@ -4,6 +4,8 @@
 // vectorised softmax over the row's allowed keys in ascending order, sequential FMA of values)
 // whatever other rows share the call, so results are batch-invariant.
 // Not here: online (flash) softmax, which would tie a row's rounding to its key blocking.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -430,20 +432,61 @@ inline void indexer_heads(const float* q, int64_t D, const float* w, const float
   }
 }
 
+#if defined(__AVX512F__)
+// r[0..16): the rows of a 16 x 16 float block, replaced by its transpose: four rounds of block
+// swaps (8 x 8, 4 x 4, 2 x 2, 1 x 1 sub-blocks across the diagonal), two permutes per row pair.
+inline void transpose16(__m512 (&r)[16]) {
+#pragma GCC unroll 4
+  for (int s = 8; s >= 1; s /= 2) {
+    alignas(64) int32_t lo[16], hi[16];
+    for (int c = 0; c < 16; ++c) {
+      lo[c] = (c & s) ? 16 + c - s : c;  // row i keeps its own columns, takes row i + s's low ones
+      hi[c] = (c & s) ? 16 + c : c + s;  // row i + s takes row i's high columns, keeps its own
+    }
+    const __m512i il = _mm512_load_si512(lo), ih = _mm512_load_si512(hi);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i)
+      if (!(i & s)) {
+        const __m512 a = r[i], b = r[i + s];
+        r[i] = _mm512_permutex2var_ps(a, il, b);
+        r[i + s] = _mm512_permutex2var_ps(a, ih, b);
+      }
+  }
+}
+#endif
+
 // Transposes keys [t0, t0 + nt) of query row s (nt <= kIndexerKeys) into kt [D][kIndexerKeys],
-// zero-padded.
+// zero-padded. Exact data movement (bf16 keys widened exactly), so how is free: on AVX-512 builds
+// 16 x 16 blocks in registers (the scalar loop cost ~4x the scoring at long contexts).
 void transpose_keys(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t nt, float* kt) {
   const int64_t D = p.head_dim;
   const bool bf16 = p.pages.dtype == DType::BF16;
+  int64_t at[kIndexerKeys];
+  for (int64_t j = 0; j < kIndexerKeys; ++j) at[j] = j < nt ? p.pages.row(s, t0 + j) * D : -1;
+#if defined(__AVX512F__)
+  if (D % 16 == 0) {
+    const uint16_t* kb = static_cast<const uint16_t*>(static_cast<const void*>(p.k));
+    for (int64_t g = 0; g < kIndexerKeys; g += 16)
+      for (int64_t d0 = 0; d0 < D; d0 += 16) {
+        __m512 r[16];
+        for (int i = 0; i < 16; ++i) {
+          const int64_t a = at[g + i];
+          r[i] = a < 0 ? _mm512_setzero_ps() : bf16 ? simd::widen_bf16(kb + a + d0) : _mm512_loadu_ps(p.k + a + d0);
+        }
+        transpose16(r);
+        for (int x = 0; x < 16; ++x) _mm512_store_ps(kt + (d0 + x) * kIndexerKeys + g, r[x]);
+      }
+    return;
+  }
+#endif
   for (int64_t j = 0; j < kIndexerKeys; ++j) {
-    const int64_t at = j < nt ? p.pages.row(s, t0 + j) * D : -1;
-    if (at < 0) {
+    if (at[j] < 0) {
       for (int64_t d = 0; d < D; ++d) kt[d * kIndexerKeys + j] = 0.0f;
     } else if (bf16) {  // widened exactly
-      const uint16_t* k = static_cast<const uint16_t*>(static_cast<const void*>(p.k)) + at;
+      const uint16_t* k = static_cast<const uint16_t*>(static_cast<const void*>(p.k)) + at[j];
       for (int64_t d = 0; d < D; ++d) kt[d * kIndexerKeys + j] = bf16_to_f32(k[d]);
     } else {
-      for (int64_t d = 0; d < D; ++d) kt[d * kIndexerKeys + j] = p.k[at + d];
+      for (int64_t d = 0; d < D; ++d) kt[d * kIndexerKeys + j] = p.k[at[j] + d];
     }
   }
 }
@@ -507,9 +550,50 @@ void indexer_scores(const IndexerScoresParams& p) {
   }
 }
 
+namespace {
+
+// The indices of the min(k, #finite) best finite entries of v[c0, c1) (larger value first, then
+// lower index: a strict order, so the best k are one set), appended to out in no fixed order.
+void best_k(const float* v, int64_t c0, int64_t c1, int64_t k, std::vector<int32_t>& out) {
+  const size_t base = out.size();
+  for (int64_t c = c0; c < c1; ++c)
+    if (std::isfinite(v[c])) out.push_back(int32_t(c));
+  const size_t keep = std::min<size_t>(out.size() - base, size_t(k));
+  auto before = [v](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
+  if (keep < out.size() - base) {
+    std::nth_element(out.begin() + std::ptrdiff_t(base), out.begin() + std::ptrdiff_t(base + keep), out.end(), before);
+    out.resize(base + keep);
+  }
+}
+
+// Columns per chunk of one row's parallel selection (decode: one row over the whole context).
+constexpr int64_t kTopkChunk = 4096;
+
+}  // namespace
+
 // Same selection as the reference (largest finite values, ties to the lower index, ascending,
-// padded with -1), with nth_element instead of a full sort. Parallel over rows.
+// padded with -1), with nth_element instead of a full sort. Parallel over rows; a long row (decode
+// after a long context) over chunks of its columns: each chunk's best k, then the best k of
+// their union, which holds the row's best k (the order is strict), so the result is the same.
 void topk(const TopkParams& p) {
+  const bool chunked = p.rows < omp_get_max_threads() && p.cols >= 2 * kTopkChunk;
+  for (int64_t r = 0; chunked && r < p.rows; ++r) {
+    const float* v = p.scores + r * p.ld;
+    const int64_t chunks = (p.cols + kTopkChunk - 1) / kTopkChunk;
+    std::vector<std::vector<int32_t>> part(static_cast<size_t>(chunks));
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t c = 0; c < chunks; ++c)
+      best_k(v, c * kTopkChunk, std::min(p.cols, (c + 1) * kTopkChunk), p.k, part[size_t(c)]);
+    std::vector<int32_t> all;
+    for (const auto& q : part) all.insert(all.end(), q.begin(), q.end());
+    const size_t keep = std::min<size_t>(all.size(), size_t(p.k));
+    auto before = [v](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
+    if (keep < all.size()) std::nth_element(all.begin(), all.begin() + std::ptrdiff_t(keep), all.end(), before);
+    std::sort(all.begin(), all.begin() + std::ptrdiff_t(keep));
+    int32_t* out = p.indices + r * p.k;
+    for (int64_t j = 0; j < p.k; ++j) out[j] = size_t(j) < keep ? all[size_t(j)] : -1;
+  }
+  if (chunked) return;
 #pragma omp parallel if (p.rows * p.cols >= (1 << 15))
   {
     std::vector<int32_t> idx;
@@ -517,14 +601,10 @@ void topk(const TopkParams& p) {
     for (int64_t r = 0; r < p.rows; ++r) {
       const float* v = p.scores + r * p.ld;
       idx.clear();
-      for (int64_t c = 0; c < p.cols; ++c)
-        if (std::isfinite(v[c])) idx.push_back(int32_t(c));
-      size_t keep = std::min<size_t>(idx.size(), size_t(p.k));
-      auto before = [v](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
-      if (keep < idx.size()) std::nth_element(idx.begin(), idx.begin() + keep, idx.end(), before);
-      std::sort(idx.begin(), idx.begin() + keep);
+      best_k(v, 0, p.cols, p.k, idx);
+      std::sort(idx.begin(), idx.end());
       int32_t* out = p.indices + r * p.k;
-      for (int64_t j = 0; j < p.k; ++j) out[j] = size_t(j) < keep ? idx[size_t(j)] : -1;
+      for (int64_t j = 0; j < p.k; ++j) out[j] = size_t(j) < idx.size() ? idx[size_t(j)] : -1;
     }
   }
 }
