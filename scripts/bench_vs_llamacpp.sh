@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# glm5 beside llama.cpp on one CPU, same weights, same run: builds llama.cpp CPU-only from a source
+# tree you give (nothing of it enters this project), converts the same Hugging Face checkpoint to GGUF
+# (BF16, Q8_0, Q4_K_M) and to glm5's int8 / int4 (group 128), then runs both interleaved, ROUNDS rounds:
+#   llama-bench pp512 + tg128 per GGUF  |  bench_cpu --prompt 512 --decode 128 per glm5 checkpoint
+# with 2 and 1 threads, then (BF16 only, DEPTH_ROUNDS rounds) decode after 512, 4k and 16k tokens of context
+# (llama-bench -p 0 -n 32 -d N  |  bench_cpu --prompt N --decode 32). Prints one markdown table of
+# medians with glm5 / llama.cpp ratios and the read bandwidth / FMA peak bench_cpu measured.
+#
+#   scripts/bench_vs_llamacpp.sh LLAMA_CPP_SRC [MODEL_DIR]
+#     MODEL_DIR  a GLM-5-shaped BF16 checkpoint (default: speed-a generated into $WORK/speed-a by
+#                scripts/gen_tiny_model.py with the shape of ../shared/notes, 1.83 GB)
+#   env: WORK (default /tmp/glm5-vs-llamacpp: llama.cpp build, GGUFs, glm5 conversions; reused when
+#        present), GLM5_BUILD (default build), PYTHON (a python3 with scripts/requirements-gguf.txt;
+#        default: a venv made in $WORK), THREADS_LIST="2 1", ROUNDS=3, DEPTHS="512 4096 16384"
+#        (the first is the reference for the depth ratios) DEPTH_ROUNDS=1, LLAMA_CMAKE_ARGS (extra cmake options for llama.cpp)
+#
+# llama.cpp is built with -DGGML_NATIVE=ON (its best kernels for this CPU). On CPUs with AMX, its Q8_0 /
+# Q4_K_M runs abort with GGML_ASSERT(*cur_backend_id != -1) unless its extra buffer types are off:
+# pass LLAMA_CMAKE_ARGS="-DGGML_CPU_REPACK=OFF -DGGML_NATIVE=OFF -DGGML_AVX512=ON ..." (no AMX) and
+# say so next to the figures (they then understate llama.cpp).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+SRC=${1:?usage: scripts/bench_vs_llamacpp.sh LLAMA_CPP_SRC [MODEL_DIR]}
+SRC=$(cd "$SRC" && pwd)
+WORK=${WORK:-/tmp/glm5-vs-llamacpp}
+MODEL=${2:-$WORK/speed-a}
+GLM5_BUILD=${GLM5_BUILD:-build}
+THREADS_LIST=${THREADS_LIST:-"2 1"}
+ROUNDS=${ROUNDS:-3}
+DEPTHS=${DEPTHS:-"512 4096 16384"}
+DEPTH_ROUNDS=${DEPTH_ROUNDS:-1}
+mkdir -p "$WORK"
+log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+
+# 1. llama.cpp, CPU only: llama-bench and llama-quantize.
+LB=$WORK/llama-build
+if [ ! -x "$LB/bin/llama-bench" ] || [ ! -x "$LB/bin/llama-quantize" ]; then
+  log "building llama.cpp from $SRC into $LB"
+  # shellcheck disable=SC2086
+  cmake -S "$SRC" -B "$LB" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DLLAMA_CURL=OFF \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=OFF ${LLAMA_CMAKE_ARGS:-} > "$WORK/llama-cmake.log"
+  cmake --build "$LB" -j"$(nproc)" --target llama-bench llama-quantize > "$WORK/llama-build.log"
+fi
+LLAMA_REV=$(git -C "$SRC" rev-parse --short HEAD 2> /dev/null || echo unknown)
+
+# 2. The checkpoint, its GGUFs and glm5's quantized conversions.
+if [ ! -f "$MODEL/config.json" ]; then
+  log "generating speed-a into $MODEL"
+  python3 scripts/gen_tiny_model.py --out "$MODEL" --seed 1 --hidden-size 2048 --num-hidden-layers 8 \
+    --first-k-dense-replace 1 --num-attention-heads 16 --q-lora-rank 512 --kv-lora-rank 256 --qk-nope-head-dim 64 \
+    --qk-rope-head-dim 32 --v-head-dim 64 --index-n-heads 8 --index-head-dim 64 --index-topk 256 \
+    --intermediate-size 4096 --moe-intermediate-size 256 --n-routed-experts 64 --num-experts-per-tok 8 --n-group 1 \
+    --topk-group 1 --n-shared-experts 1 --vocab-size 32000 --max-position-embeddings 16384 --rope-theta 1000000 \
+    --routed-scaling-factor 2.5 --rms-norm-eps 1e-5 --num-nextn-predict-layers 0 --shards 4 > /dev/null
+fi
+G=$WORK/gguf
+mkdir -p "$G"
+if [ ! -f "$G/model.f32.gguf" ] && [ ! -f "$G/model.BF16.gguf" ]; then
+  if [ -z "${PYTHON:-}" ]; then
+    [ -x "$WORK/venv/bin/python3" ] || { python3 -m venv "$WORK/venv" && "$WORK/venv/bin/pip" install -q -r scripts/requirements-gguf.txt; }
+    PYTHON=$WORK/venv/bin/python3
+  fi
+  log "converting $MODEL to GGUF"
+  "$PYTHON" scripts/hf_to_gguf.py "$MODEL" "$G/model.f32.gguf" > "$WORK/gguf.log"
+fi
+for t in BF16 Q8_0 Q4_K_M; do
+  [ -f "$G/model.$t.gguf" ] || "$LB/bin/llama-quantize" "$G/model.f32.gguf" "$G/model.$t.gguf" "$t" > "$WORK/quantize-$t.log" 2>&1
+done
+rm -f "$G/model.f32.gguf"  # 4 x the BF16 size; the three types are what is measured
+for q in int8 int4; do
+  [ -f "$WORK/glm5-$q/model.safetensors.index.json" ] || [ -f "$WORK/glm5-$q/config.json" ] ||
+    "$GLM5_BUILD/glm5" convert --model "$MODEL" --out "$WORK/glm5-$q" --quant "$q" --group-size 128 --quantize all \
+      > "$WORK/convert-$q.log" 2>&1
+done
+
+# Private copies, so that a rebuild during the run cannot swap the binaries.
+D=$(mktemp -d)
+trap 'rm -rf "$D"' EXIT
+cp "$GLM5_BUILD/bench_cpu" "$D/bench_cpu"
+cp -r "$LB/bin" "$D/llama"
+
+cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p')
+flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512f|avx512_bf16|avx512_vnni|amx_bf16|amx_tile|avx2)$' | sort | tr '\n' ' ')
+echo "CPU: $cpu, $(nproc) cpus; $flags"
+echo "glm5 $(git rev-parse --short HEAD 2> /dev/null || echo '?')$(git diff --quiet 2> /dev/null || echo ' (dirty tree)'); llama.cpp $LLAMA_REV (GGML_NATIVE=ON ${LLAMA_CMAKE_ARGS:-})"
+echo "model: $MODEL; rounds: $ROUNDS (depth rounds: $DEPTH_ROUNDS); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+busy_jiffies() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
+own_jiffies() { awk '{print $14 + $15 + $16 + $17}' "/proc/$$/stat"; }
+j0=$(busy_jiffies)
+o0=$(own_jiffies)
+t0=$(date +%s)
+
+# One line per sample: "<metric> <threads> <engine> <weights> <value> [bandwidth GB/s] [fma GFLOP/s]".
+R=$WORK/results.txt
+: > "$R"
+llama() {  # llama() GGUF_TYPE THREADS ARGS... -> "avg_ts" per test, one per line
+  local t=$1 th=$2
+  shift 2
+  "$D/llama/llama-bench" -m "$G/model.$t.gguf" -t "$th" -r 1 "$@" -o csv 2> "$D/llama.err" |
+    python3 -c 'import csv, sys; [print(r["n_prompt"], r["n_gen"], r["avg_ts"]) for r in csv.DictReader(sys.stdin)]' ||
+    { cat "$D/llama.err" >&2; exit 1; }
+}
+glm5() {  # glm5() DIR THREADS PROMPT DECODE -> "prefill decode bandwidth fma"
+  local out
+  out=$(OMP_NUM_THREADS=$2 "$D/bench_cpu" --model "$1" --prompt "$3" --decode "$4") || { echo "bench_cpu failed on $1" >&2; exit 1; }
+  printf '%s\n' "$out" | python3 -c '
+import re, sys
+s = sys.stdin.read()
+g = lambda p: re.search(p, s).group(1)
+print(g(r"prefill \d+ tokens: ([0-9.]+) tok/s"), g(r"decode  batch 1: ([0-9.]+) tok/s"),
+      g(r"read bandwidth ([0-9.]+) GB/s"), g(r"fp32 FMA peak ([0-9.]+) GFLOP/s"))'
+}
+declare -A GLM5_DIR=([bf16]=$MODEL [int8]=$WORK/glm5-int8 [int4]=$WORK/glm5-int4)
+for round in $(seq 1 "$ROUNDS"); do
+  for th in $THREADS_LIST; do
+    for t in BF16 Q8_0 Q4_K_M; do
+      while read -r np ng ts; do
+        if [ "$ng" = 0 ]; then echo "pp512 $th llama.cpp $t $ts" >> "$R"; else echo "tg128 $th llama.cpp $t $ts" >> "$R"; fi
+      done < <(llama "$t" "$th" -p 512 -n 128)
+    done
+    for w in bf16 int8 int4; do
+      read -r pp tg bw fma < <(glm5 "${GLM5_DIR[$w]}" "$th" 512 128)
+      echo "pp512 $th glm5 $w $pp $bw $fma" >> "$R"
+      echo "tg128 $th glm5 $w $tg $bw $fma" >> "$R"
+    done
+    log "round $round, $th threads done"
+  done
+done
+th=$(echo "$THREADS_LIST" | cut -d' ' -f1)
+for round in $(seq 1 "$DEPTH_ROUNDS"); do
+  for d in $DEPTHS; do
+    while read -r np ng ts; do echo "tg32@$d $th llama.cpp BF16 $ts" >> "$R"; done < <(llama BF16 "$th" -p 0 -n 32 -d "$d")
+    read -r pp tg bw fma < <(glm5 "$MODEL" "$th" "$d" 32)
+    echo "tg32@$d $th glm5 bf16 $tg $bw $fma" >> "$R"
+    log "depth $d round $round done"
+  done
+done
+hz=$(getconf CLK_TCK)
+others=$(( ($(busy_jiffies) - j0 - ($(own_jiffies) - o0)) / hz ))
+wall=$(( $(date +%s) - t0 ))
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg); other processes used ${others} cpu-s of the $((wall * $(nproc))) available in ${wall} s"
+[ $((others * 20)) -le $((wall * $(nproc))) ] || echo "WARNING: other work took more than 5% of the CPUs: the figures are disturbed, run again"
+echo
+
+python3 - "$R" <<'PY'
+import statistics, sys
+from collections import defaultdict
+s = defaultdict(list)
+bw, fma = defaultdict(list), defaultdict(list)
+for line in open(sys.argv[1]):
+    f = line.split()
+    s[(f[0], f[1], f[2], f[3])].append(float(f[4]))
+    if len(f) > 6:
+        bw[f[1]].append(float(f[5])); fma[f[1]].append(float(f[6]))
+med = {k: statistics.median(v) for k, v in s.items()}
+peer = {"bf16": "BF16", "int8": "Q8_0", "int4": "Q4_K_M"}
+print("| test | threads | glm5 weights | glm5 tok/s | llama.cpp | llama.cpp tok/s | glm5 / llama.cpp | samples glm5 / llama.cpp |")
+print("|---|---|---|---|---|---|---|---|")
+for (metric, th, eng, w), m in med.items():
+    if eng != "glm5":
+        continue
+    key = (metric, th, "llama.cpp", peer[w])
+    lm = med.get(key)
+    samples = " ".join(f"{x:.1f}" for x in s[(metric, th, eng, w)]) + " / " + " ".join(f"{x:.1f}" for x in s.get(key, []))
+    ratio = f"**{m / lm:.2f}x**" if lm else ""
+    print(f"| {metric} | {th} | {w} | {m:.1f} | {peer[w]} | {lm:.1f} | {ratio} | {samples} |" if lm else
+          f"| {metric} | {th} | {w} | {m:.1f} | {peer[w]} | | | {samples} |")
+for th in sorted(bw):
+    print(f"\n{th} threads: read bandwidth {statistics.median(bw[th]):.1f} GB/s, fp32 FMA peak "
+          f"{statistics.median(fma[th]):.0f} GFLOP/s (bench_cpu, medians)")
+depth = sorted({k[0] for k in med if k[0].startswith("tg32@")}, key=lambda x: int(x.split("@")[1]))
+if depth:
+    first = depth[0]
+    for d in depth[1:]:
+        for eng in ("glm5", "llama.cpp"):
+            a = [v for k, v in med.items() if k[0] == d and k[2] == eng]
+            b = [v for k, v in med.items() if k[0] == first and k[2] == eng]
+            if a and b:
+                print(f"{eng}: decode after {d[5:]} tokens of context / after {first[5:]}: {a[0] / b[0]:.2f}")
+PY
