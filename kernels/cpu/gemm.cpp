@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu/dot_tile.h"
+#include "cpu/panel_block.h"
 #include "cpu/fast_ops.h"
 
 namespace glm5::kernels::cpu::fast {
@@ -126,11 +127,25 @@ void tn_item(const GemmParams& p, int64_t item) {
                         p.accumulate);
 }
 
+// Rows from which y = x W^T (plain dtypes) runs in cache-blocked panels (cpu/panel_block.h):
+// items of kPanelRows x rows by kPanelCols W rows. Below, dot_tile over whole rows (decode).
+constexpr int64_t kPanelMinRows = 32;
+
+template <class L>
+void panel_item(const GemmParams& p, int64_t item) {
+  using T = typename L::T;
+  const int64_t cb = (p.n + kPanelCols - 1) / kPanelCols;
+  const int64_t i0 = item / cb * kPanelRows, j0 = item % cb * kPanelCols;
+  panel_block<L>(p.x + i0 * p.ldx, p.ldx, static_cast<const T*>(p.w.data) + j0 * p.w.ld, p.w.ld,
+                 std::min(kPanelRows, p.m - i0), std::min(kPanelCols, p.n - j0), p.k, p.y + i0 * p.ldy + j0, p.ldy,
+                 p.accumulate);
+}
+
 // One gemm of a batch: how it is cut into items and what an item costs (bytes of W read plus
 // a share for the multiply-adds), for splitting a batch over threads by cost.
 struct Job {
   const GemmParams* p = nullptr;
-  enum Kind { kNt, kTn, kQuant } kind = kNt;
+  enum Kind { kNt, kPanel, kTn, kQuant } kind = kNt;
   NtSplit nt;
   QuantSplit quant;
   int64_t items = 0;
@@ -147,6 +162,10 @@ struct Job {
       quant = quant_split(g);
       items = quant.items;
       item_cost = double(quant.rows_per_item * g.k) * (wbytes + double(g.m));
+    } else if (g.m >= kPanelMinRows) {
+      kind = kPanel;
+      items = (g.m + kPanelRows - 1) / kPanelRows * ((g.n + kPanelCols - 1) / kPanelCols);
+      item_cost = double(kPanelCols * g.k) * (wbytes + double(std::min(g.m, kPanelRows)));
     } else {
       nt = nt_split(g, dtype_size(g.w.dtype));
       items = nt.row_blocks * nt.col_blocks;
@@ -158,6 +177,7 @@ struct Job {
     switch (kind) {
       case kQuant: quant_item(*p, quant, item); return;
       case kTn: return typed([&]<class L>() { tn_item<L>(*p, item); });
+      case kPanel: return typed([&]<class L>() { panel_item<L>(*p, item); });
       case kNt: return typed([&]<class L>() { nt_item<L>(*p, nt, item); });
     }
   }

@@ -87,8 +87,8 @@ TEST(CpuBackend, GemmBitsIndependentOfThreadCount) {
 
 // gemm_batch runs independent gemms together (one parallel region, items of all gemms spread over
 // the threads): every output is bitwise what gemm() gives it alone, whatever the mix of dtypes,
-// transposed or quantized weights, row counts (decode's static split and prefill's dynamic one)
-// and thread counts.
+// transposed or quantized weights, row counts (decode's static split and whole-row tiles, prefill's
+// dynamic split and cache-blocked panels over several row blocks) and thread counts.
 TEST(CpuBackend, GemmBatchBitsEqualSingleGemms) {
   auto cpu = make_cpu_backend();
   const int64_t k = 384, n = 200;
@@ -112,7 +112,7 @@ TEST(CpuBackend, GemmBatchBitsEqualSingleGemms) {
   for (size_t i = 0; i < fp8s.size(); ++i) fp8s[i] = 0.5f + 0.25f * float(i);
   Weight wq8{q8.data(), DType::Q8, n, k, k, q8s.data(), DType::BF16, k / 32, 32, 1};
   Weight wfp8{fp8.data(), DType::F8_E4M3, n, k, k, fp8s.data(), DType::F32, 3, 128, 128};
-  for (int64_t m : {1, 3, 16, 64}) {
+  for (int64_t m : {1, 3, 16, 64, 130}) {
     const std::vector<float> x = random_floats(size_t(m * k), 10 + uint64_t(m));
     std::vector<GemmParams> ps{{x.data(), k, ws[0], false, nullptr, n, m, n, k},
                                {x.data(), k, ws[1], false, nullptr, 24, m, 24, k},
