@@ -127,10 +127,8 @@ void tn_item(const GemmParams& p, int64_t item) {
                         p.accumulate);
 }
 
-// Rows from which y = x W^T (plain dtypes) runs in cache-blocked panels (cpu/panel_block.h):
-// items of kPanelRows x rows by kPanelCols W rows. Below, dot_tile over whole rows (decode).
-constexpr int64_t kPanelMinRows = 32;
-
+// From kPanelMinRows rows, y = x W^T (plain dtypes) runs in cache-blocked panels
+// (cpu/panel_block.h): items of kPanelRows x rows by kPanelCols W rows.
 template <class L>
 void panel_item(const GemmParams& p, int64_t item) {
   using T = typename L::T;

@@ -18,6 +18,8 @@
 namespace glm5::kernels::cpu {
 
 constexpr int64_t kPanelRows = 64, kPanelCols = 128, kPanelK = 256, kSubCols = 32;
+// Rows from which the gemms use panel_block (below it, dot_tile over whole rows: decode).
+constexpr int64_t kPanelMinRows = 32;
 
 namespace detail {
 
@@ -85,7 +87,8 @@ inline PanelTileFn panel_tile_fn(int mr, int nr) {
 
 }  // namespace detail
 
-// y[i, j] (+)= x[i, :k] . w[j, :k] for i < m <= kPanelRows, j < n <= kPanelCols (rows of L::T).
+// y[i, j] (+)= x[i, :k] . w[j, :k] for i < m, j < n (rows of L::T); sized for m <= kPanelRows and
+// n <= kPanelCols (the accumulators take m x n x 64 bytes).
 template <class L>
 void panel_block(const float* x, int64_t ldx, const typename L::T* w, int64_t ldw, int64_t m, int64_t n, int64_t k,
                  float* y, int64_t ldy, bool accumulate) {

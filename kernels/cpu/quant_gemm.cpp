@@ -15,6 +15,7 @@
 
 #include "cpu/dot_tile.h"
 #include "cpu/fast_ops.h"
+#include "cpu/panel_block.h"
 
 #if defined(__x86_64__)
 #pragma GCC diagnostic push
@@ -397,7 +398,13 @@ void quant_item(const GemmParams& p, const QuantSplit& s, int64_t item) {
   thread_local std::vector<float> panel;
   if (panel.size() < size_t(s.rows_per_item * p.k)) panel.resize(size_t(s.rows_per_item * p.k));
   dequantize_rows(p.w, j0, j1 - j0, panel.data(), p.k);
-  dot_block<LoadF32>(p.x, p.ldx, panel.data(), p.k, p.m, j1 - j0, p.k, p.y + j0, p.ldy, p.accumulate);
+  if (p.m < kPanelMinRows) {
+    dot_block<LoadF32>(p.x, p.ldx, panel.data(), p.k, p.m, j1 - j0, p.k, p.y + j0, p.ldy, p.accumulate);
+    return;
+  }
+  for (int64_t i0 = 0; i0 < p.m; i0 += kPanelRows)  // prefill: the cache-blocked kernel over the panel
+    panel_block<LoadF32>(p.x + i0 * p.ldx, p.ldx, panel.data(), p.k, std::min(kPanelRows, p.m - i0), j1 - j0, p.k,
+                         p.y + i0 * p.ldy + j0, p.ldy, p.accumulate);
 }
 
 // y = x W with a quantized W [k, n] (not on a hot path: the model dequantizes what it
