@@ -82,12 +82,15 @@ struct Model::Exchange {
 // A matrix in its stored dtype, uploaded to the backend (the kernels dequantize in registers).
 // FP8 block scales in BF16 (accepted from checkpoints) are widened to F32 here, exactly: every
 // backend then sees F32 FP8 scales only.
-Weight Model::matrix(const std::string& name, int64_t rows, int64_t cols) {
+Weight Model::matrix(const std::string& name, int64_t rows, int64_t cols, bool streamed) {
   const StoredTensor st = resolve_tensor(ckpt_, {name, {rows, cols}});
   Weight w = weight_view(st, rows, cols);
-  w.data = backend_.upload_mapped(st.data->data, st.data->nbytes);
+  w.data = streamed ? backend_.upload_mapped(st.data->data, st.data->nbytes)
+                    : backend_.upload(st.data->data, st.data->nbytes);
   weight_bytes_ += st.data->nbytes;
-  if (w.data != st.data->data) Checkpoint::release_bytes(st.data->data, st.data->nbytes);  // a copy is used
+  // A copy is used: this process's mapping of the source pages goes (the page cache keeps them
+  // until memory is needed).
+  if (w.data != st.data->data) Checkpoint::release_bytes(st.data->data, st.data->nbytes);
   if (st.scale && st.dtype == DType::F8_E4M3 && st.scale->dtype == DType::BF16) {
     owned_.emplace_back(size_t(st.scale->numel()));
     for (size_t i = 0; i < owned_.back().size(); ++i)
@@ -96,8 +99,10 @@ Weight Model::matrix(const std::string& name, int64_t rows, int64_t cols) {
     w.scale_dtype = DType::F32;
     weight_bytes_ += owned_.back().size() * sizeof(float);
   } else if (st.scale) {
-    w.scale = backend_.upload_mapped(st.scale->data, st.scale->nbytes);
+    w.scale = streamed ? backend_.upload_mapped(st.scale->data, st.scale->nbytes)
+                       : backend_.upload(st.scale->data, st.scale->nbytes);
     weight_bytes_ += st.scale->nbytes;
+    if (w.scale != st.scale->data) Checkpoint::release_bytes(st.scale->data, st.scale->nbytes);
   }
   return w;
 }
@@ -171,9 +176,9 @@ Weight Model::matrix_f32_scaled(const std::string& name, int64_t rows, int64_t c
 // matrix() unless the checkpoint stores it quantized and its use needs plain values (kv_b_proj's
 // per-head slices cross scale blocks; the embedding lookup). Then its dequantized values, held in
 // BF16 when every one is a bf16 number (int4/int8 with BF16 scales), else in F32: exact either way.
-Weight Model::matrix_plain(const std::string& name, int64_t rows, int64_t cols) {
+Weight Model::matrix_plain(const std::string& name, int64_t rows, int64_t cols, bool streamed) {
   const StoredTensor st = resolve_tensor(ckpt_, {name, {rows, cols}});
-  if (!quant::is_quantized(st.dtype)) return matrix(name, rows, cols);
+  if (!quant::is_quantized(st.dtype)) return matrix(name, rows, cols, streamed);
   std::vector<float> v = dequantized(st, rows, cols, 1.0f);
   const bool bf16 = std::all_of(v.begin(), v.end(), [](float x) { return bf16_to_f32(f32_to_bf16(x)) == x; });
   return owned_matrix(std::move(v), rows, cols, bf16 ? DType::BF16 : DType::F32);
@@ -192,7 +197,8 @@ Model::Model(const ModelConfig& cfg, Checkpoint& ckpt, Backend& backend, const M
         "layer range [", shard_.first_layer, ", ", shard_.last_layer, ") is not inside the model's ",
         cfg.num_hidden_layers, " layers");
 
-  if (shard_.embedding) embed_tokens_ = matrix_plain("model.embed_tokens.weight", cfg.vocab_size, H);
+  if (shard_.embedding)  // looked up a few rows per step: stays mapped
+    embed_tokens_ = matrix_plain("model.embed_tokens.weight", cfg.vocab_size, H, /*streamed=*/false);
   if (shard_.head) {
     final_norm_ = vector("model.norm.weight", H);
     lm_head_ = cfg.tie_word_embeddings ? matrix("model.embed_tokens.weight", cfg.vocab_size, H)
@@ -627,15 +633,19 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
 void Model::routed_experts(Layer& L, const float* table, const int32_t* rrow, const int32_t* rtag, int64_t n_recv,
                            float* out, std::vector<GemmParams> also) {
   constexpr int64_t kExpertChunkRows = 2048;
-  const int64_t H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
   Backend& be = backend_;
+  if (n_recv == 0) {  // no routed rows here this step
+    be.gemm_batch(also);
+    return;
+  }
+  const int64_t H = cfg_.hidden_size, I = L.experts.front().gate_proj.rows;  // moe_intermediate_size
   const int64_t rows = std::min(n_recv, kExpertChunkRows);
   Buf<float> in(be, rows * H), g(be, rows * I), u(be, rows * I);
-  for (int64_t c0 = 0; c0 < n_recv || !also.empty(); c0 += kExpertChunkRows) {
+  for (int64_t c0 = 0; c0 < n_recv; c0 += kExpertChunkRows) {
     const int64_t c1 = std::min(n_recv, c0 + kExpertChunkRows);
     std::vector<GemmParams> up, down = std::move(also);
     also.clear();
-    if (c1 > c0) be.gather_rows({table, rrow + c0, c1 - c0, H, in});
+    be.gather_rows({table, rrow + c0, c1 - c0, H, in});
     for (int64_t i = c0; i < c1;) {  // runs of one expert within the chunk
       int64_t j = i;
       while (j < c1 && rtag[j] == rtag[i]) ++j;
@@ -648,7 +658,7 @@ void Model::routed_experts(Layer& L, const float* table, const int32_t* rrow, co
       i = j;
     }
     be.gemm_batch(up);
-    if (c1 > c0) be.swiglu({g, u, I, g, I, c1 - c0, I});
+    be.swiglu({g, u, I, g, I, c1 - c0, I});
     be.gemm_batch(down);
   }
 }

@@ -73,11 +73,13 @@ class Model {
  private:
   struct Layer;
   struct Expert;
-  kernels::Weight matrix(const std::string& name, int64_t rows, int64_t cols);
+  // streamed: read whole every step (the backend may copy it out of the mapping); false for a
+  // table only looked up (the embedding), which stays mapped.
+  kernels::Weight matrix(const std::string& name, int64_t rows, int64_t cols, bool streamed = true);
   const float* vector(const std::string& name, int64_t n, float scale = 1.0f);
   kernels::Weight matrix_f32_scaled(const std::string& name, int64_t rows, int64_t cols,
                                     float scale);
-  kernels::Weight matrix_plain(const std::string& name, int64_t rows, int64_t cols);
+  kernels::Weight matrix_plain(const std::string& name, int64_t rows, int64_t cols, bool streamed = true);
   kernels::Weight owned_matrix(std::vector<float> values, int64_t rows, int64_t cols, DType dtype);
   struct Layout;
   void attention(Layer& L, int li, const Layout& lay, const int32_t* pos,

@@ -9,7 +9,7 @@
 #
 #   scripts/bench_vs_llamacpp.sh LLAMA_CPP_SRC [MODEL_DIR]
 #     MODEL_DIR  a GLM-5-shaped BF16 checkpoint (default: speed-a generated into $WORK/speed-a by
-#                scripts/gen_tiny_model.py with the shape of ../shared/notes, 1.83 GB)
+#                scripts/gen_tiny_model.py: the speed-a shape of BENCHMARKS.md, 1.83 GB, 32k positions)
 #   env: WORK (default /tmp/glm5-vs-llamacpp: llama.cpp build, GGUFs, glm5 conversions; reused when
 #        present), GLM5_BUILD (default build), PYTHON (a python3 with scripts/requirements-gguf.txt;
 #        default: a venv made in $WORK), THREADS_LIST="2 1", ROUNDS=3, DEPTHS="512 4096 16384"
@@ -34,6 +34,7 @@ DEPTHS=${DEPTHS:-"512 4096 16384"}
 DEPTH_ROUNDS=${DEPTH_ROUNDS:-1}
 mkdir -p "$WORK"
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+fail() { tail -20 "$1" >&2; echo "failed: see $1" >&2; exit 1; }
 
 # 1. llama.cpp, CPU only: llama-bench and llama-quantize.
 LB=$WORK/llama-build
@@ -54,37 +55,44 @@ if [ ! -f "$MODEL/config.json" ]; then
     --first-k-dense-replace 1 --num-attention-heads 16 --q-lora-rank 512 --kv-lora-rank 256 --qk-nope-head-dim 64 \
     --qk-rope-head-dim 32 --v-head-dim 64 --index-n-heads 8 --index-head-dim 64 --index-topk 256 \
     --intermediate-size 4096 --moe-intermediate-size 256 --n-routed-experts 64 --num-experts-per-tok 8 --n-group 1 \
-    --topk-group 1 --n-shared-experts 1 --vocab-size 32000 --max-position-embeddings 16384 --rope-theta 1000000 \
+    --topk-group 1 --n-shared-experts 1 --vocab-size 32000 --max-position-embeddings 32768 --rope-theta 1000000 \
     --routed-scaling-factor 2.5 --rms-norm-eps 1e-5 --num-nextn-predict-layers 0 --shards 4 > /dev/null
 fi
 G=$WORK/gguf
 mkdir -p "$G"
 if [ ! -f "$G/model.f32.gguf" ] && [ ! -f "$G/model.BF16.gguf" ]; then
   if [ -z "${PYTHON:-}" ]; then
-    [ -x "$WORK/venv/bin/python3" ] || { python3 -m venv "$WORK/venv" && "$WORK/venv/bin/pip" install -q -r scripts/requirements-gguf.txt; }
+    if [ ! -f "$WORK/venv/.ready" ]; then
+      python3 -m venv "$WORK/venv" && "$WORK/venv/bin/pip" install -q -r scripts/requirements-gguf.txt && touch "$WORK/venv/.ready"
+    fi
     PYTHON=$WORK/venv/bin/python3
   fi
   log "converting $MODEL to GGUF"
-  "$PYTHON" scripts/hf_to_gguf.py "$MODEL" "$G/model.f32.gguf" > "$WORK/gguf.log"
+  "$PYTHON" scripts/hf_to_gguf.py "$MODEL" "$G/model.f32.gguf.tmp" > "$WORK/gguf.log" || fail "$WORK/gguf.log"
+  mv "$G/model.f32.gguf.tmp" "$G/model.f32.gguf"
 fi
-for t in BF16 Q8_0 Q4_K_M; do
-  [ -f "$G/model.$t.gguf" ] || "$LB/bin/llama-quantize" "$G/model.f32.gguf" "$G/model.$t.gguf" "$t" > "$WORK/quantize-$t.log" 2>&1
+for t in BF16 Q8_0 Q4_K_M; do  # each written under a temporary name, so an interrupted run redoes it
+  [ -f "$G/model.$t.gguf" ] && continue
+  [ -f "$G/model.f32.gguf" ] || { echo "no $G/model.f32.gguf to quantize to $t: delete $G and rerun" >&2; exit 1; }
+  "$LB/bin/llama-quantize" "$G/model.f32.gguf" "$G/model.$t.gguf.tmp" "$t" > "$WORK/quantize-$t.log" 2>&1 ||
+    fail "$WORK/quantize-$t.log"
+  mv "$G/model.$t.gguf.tmp" "$G/model.$t.gguf"
 done
 rm -f "$G/model.f32.gguf"  # 4 x the BF16 size; the three types are what is measured
-for q in int8 int4; do
-  [ -f "$WORK/glm5-$q/model.safetensors.index.json" ] || [ -f "$WORK/glm5-$q/config.json" ] ||
+for q in int8 int4; do  # glm5 convert writes its index last and resumes an interrupted conversion
+  [ -f "$WORK/glm5-$q/model.safetensors.index.json" ] ||
     "$GLM5_BUILD/glm5" convert --model "$MODEL" --out "$WORK/glm5-$q" --quant "$q" --group-size 128 --quantize all \
-      > "$WORK/convert-$q.log" 2>&1
+      > "$WORK/convert-$q.log" 2>&1 || fail "$WORK/convert-$q.log"
 done
 
 # Private copies, so that a rebuild during the run cannot swap the binaries.
 D=$(mktemp -d)
 trap 'rm -rf "$D"' EXIT
 cp "$GLM5_BUILD/bench_cpu" "$D/bench_cpu"
-cp -r "$LB/bin" "$D/llama"
+cp -r "$LB/bin" "$D/llama"  # (its libraries too: run with LD_LIBRARY_PATH on the copy)
 
 cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p')
-flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512f|avx512_bf16|avx512_vnni|amx_bf16|amx_tile|avx2)$' | sort | tr '\n' ' ')
+flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512f|avx512_bf16|avx512_vnni|amx_bf16|amx_tile|avx2)$' | sort | tr '\n' ' ' || true)
 echo "CPU: $cpu, $(nproc) cpus; $flags"
 echo "glm5 $(git rev-parse --short HEAD 2> /dev/null || echo '?')$(git diff --quiet 2> /dev/null || echo ' (dirty tree)'); llama.cpp $LLAMA_REV (GGML_NATIVE=ON ${LLAMA_CMAKE_ARGS:-})"
 echo "model: $MODEL; rounds: $ROUNDS (depth rounds: $DEPTH_ROUNDS); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -97,16 +105,16 @@ t0=$(date +%s)
 # One line per sample: "<metric> <threads> <engine> <weights> <value> [bandwidth GB/s] [fma GFLOP/s]".
 R=$WORK/results.txt
 : > "$R"
-llama() {  # llama() GGUF_TYPE THREADS ARGS... -> "avg_ts" per test, one per line
-  local t=$1 th=$2
+llama() {  # llama() GGUF_TYPE THREADS ARGS... -> "n_prompt n_gen avg_ts" per test, one per line
+  local t=$1 th=$2 out
   shift 2
-  "$D/llama/llama-bench" -m "$G/model.$t.gguf" -t "$th" -r 1 "$@" -o csv 2> "$D/llama.err" |
-    python3 -c 'import csv, sys; [print(r["n_prompt"], r["n_gen"], r["avg_ts"]) for r in csv.DictReader(sys.stdin)]' ||
-    { cat "$D/llama.err" >&2; exit 1; }
+  out=$(LD_LIBRARY_PATH="$D/llama" "$D/llama/llama-bench" -m "$G/model.$t.gguf" -t "$th" -r 1 "$@" -o csv 2> "$D/llama.err") ||
+    { cat "$D/llama.err" >&2; echo "llama-bench failed on $t" >&2; return 1; }
+  printf '%s\n' "$out" | python3 -c 'import csv, sys; [print(r["n_prompt"], r["n_gen"], r["avg_ts"]) for r in csv.DictReader(sys.stdin)]'
 }
 glm5() {  # glm5() DIR THREADS PROMPT DECODE -> "prefill decode bandwidth fma"
   local out
-  out=$(OMP_NUM_THREADS=$2 "$D/bench_cpu" --model "$1" --prompt "$3" --decode "$4") || { echo "bench_cpu failed on $1" >&2; exit 1; }
+  out=$(OMP_NUM_THREADS=$2 "$D/bench_cpu" --model "$1" --prompt "$3" --decode "$4") || { echo "bench_cpu failed on $1" >&2; return 1; }
   printf '%s\n' "$out" | python3 -c '
 import re, sys
 s = sys.stdin.read()
@@ -118,23 +126,27 @@ declare -A GLM5_DIR=([bf16]=$MODEL [int8]=$WORK/glm5-int8 [int4]=$WORK/glm5-int4
 for round in $(seq 1 "$ROUNDS"); do
   for th in $THREADS_LIST; do
     for t in BF16 Q8_0 Q4_K_M; do
+      out=$(llama "$t" "$th" -p 512 -n 128)  # (a failure stops the script: set -e)
       while read -r np ng ts; do
         if [ "$ng" = 0 ]; then echo "pp512 $th llama.cpp $t $ts" >> "$R"; else echo "tg128 $th llama.cpp $t $ts" >> "$R"; fi
-      done < <(llama "$t" "$th" -p 512 -n 128)
+      done <<< "$out"
     done
     for w in bf16 int8 int4; do
-      read -r pp tg bw fma < <(glm5 "${GLM5_DIR[$w]}" "$th" 512 128)
+      out=$(glm5 "${GLM5_DIR[$w]}" "$th" 512 128)
+      read -r pp tg bw fma <<< "$out"
       echo "pp512 $th glm5 $w $pp $bw $fma" >> "$R"
       echo "tg128 $th glm5 $w $tg $bw $fma" >> "$R"
     done
     log "round $round, $th threads done"
   done
 done
-th=$(echo "$THREADS_LIST" | cut -d' ' -f1)
+read -r th _ <<< "$THREADS_LIST"
 for round in $(seq 1 "$DEPTH_ROUNDS"); do
   for d in $DEPTHS; do
-    while read -r np ng ts; do echo "tg32@$d $th llama.cpp BF16 $ts" >> "$R"; done < <(llama BF16 "$th" -p 0 -n 32 -d "$d")
-    read -r pp tg bw fma < <(glm5 "$MODEL" "$th" "$d" 32)
+    out=$(llama BF16 "$th" -p 0 -n 32 -d "$d")
+    while read -r np ng ts; do echo "tg32@$d $th llama.cpp BF16 $ts" >> "$R"; done <<< "$out"
+    out=$(glm5 "$MODEL" "$th" "$d" 32)
+    read -r pp tg bw fma <<< "$out"
     echo "tg32@$d $th glm5 bf16 $tg $bw $fma" >> "$R"
     log "depth $d round $round done"
   done

@@ -75,6 +75,7 @@ void moe_combine_rows(const MoeCombineParams& p, int64_t b, int64_t e, std::vect
 
 class CpuBackend final : public HostBackend {
  public:
+  using Backend::gemm_batch;  // the vector / array overload
   std::string name() const override { return "cpu"; }
 
   const void* upload_mapped(const void* mapped, size_t bytes) override {

@@ -160,7 +160,7 @@ struct Job {
       quant = quant_split(g);
       items = quant.items;
       item_cost = double(quant.rows_per_item * g.k) * (wbytes + double(g.m));
-    } else if (g.m >= kPanelMinRows) {
+    } else if (g.m >= kPanelMinRows && g.k > 0) {  // (k = 0: dot_tile writes the zeros)
       kind = kPanel;
       items = (g.m + kPanelRows - 1) / kPanelRows * ((g.n + kPanelCols - 1) / kPanelCols);
       item_cost = double(kPanelCols * g.k) * (wbytes + double(std::min(g.m, kPanelRows)));
@@ -250,19 +250,18 @@ void run_jobs(const std::vector<Job>& jobs) {
   // Equal-cost contiguous ranges: thread t starts at the first item whose cost midpoint is at or
   // past t / threads of the total cost. Set before the region, so that items of a thread the
   // runtime does not start are taken by the others.
+  std::vector<double> mid;  // cost midpoint of every item, in item order
+  mid.reserve(size_t(total));
   double cost = 0;
-  for (const Job& j : jobs) cost += double(j.items) * j.item_cost;
+  for (const Job& j : jobs)
+    for (int64_t i = 0; i < j.items; ++i, cost += j.item_cost) mid.push_back(cost + 0.5 * j.item_cost);
   std::vector<ItemRange> ranges(static_cast<size_t>(threads));
-  {
-    std::vector<uint32_t> start(size_t(threads) + 1, uint32_t(total));
-    start[0] = 0;
-    double at = 0;
-    int t = 1;
-    int64_t g = 0;
-    for (const Job& j : jobs)
-      for (int64_t i = 0; i < j.items; ++i, ++g, at += j.item_cost)
-        while (t < threads && at + 0.5 * j.item_cost >= cost * t / threads) start[size_t(t++)] = uint32_t(g);
-    for (int i = 0; i < threads; ++i) ranges[size_t(i)].set(start[size_t(i)], start[size_t(i) + 1]);
+  uint32_t begin = 0;
+  for (int t = 0; t < threads; ++t) {
+    uint32_t end = begin;
+    while (end < uint32_t(total) && (t == threads - 1 || mid[end] < cost * (t + 1) / threads)) ++end;
+    ranges[size_t(t)].set(begin, end);
+    begin = end;
   }
 #pragma omp parallel num_threads(threads)
   {

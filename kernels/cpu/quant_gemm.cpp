@@ -380,7 +380,9 @@ QuantSplit quant_split(const GemmParams& p) {
   }
 #endif
   int64_t nb = kPanelBytes / (4 * std::max<int64_t>(p.k, 1));
-  s.rows_per_item = std::clamp<int64_t>(nb / kTileCols * kTileCols, kTileCols, 256);
+  // (prefill runs panel_block over the panel, whose accumulators take 64 bytes per output: at most
+  // kPanelCols W rows keep them in L2)
+  s.rows_per_item = std::clamp<int64_t>(nb / kTileCols * kTileCols, kTileCols, p.m >= kPanelMinRows ? kPanelCols : 256);
   s.items = (p.n + s.rows_per_item - 1) / s.rows_per_item;
   return s;
 }
@@ -398,7 +400,7 @@ void quant_item(const GemmParams& p, const QuantSplit& s, int64_t item) {
   thread_local std::vector<float> panel;
   if (panel.size() < size_t(s.rows_per_item * p.k)) panel.resize(size_t(s.rows_per_item * p.k));
   dequantize_rows(p.w, j0, j1 - j0, panel.data(), p.k);
-  if (p.m < kPanelMinRows) {
+  if (p.m < kPanelMinRows || p.k == 0) {
     dot_block<LoadF32>(p.x, p.ldx, panel.data(), p.k, p.m, j1 - j0, p.k, p.y + j0, p.ldy, p.accumulate);
     return;
   }

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,27 +17,42 @@ namespace {
 
 constexpr size_t kHuge = size_t(2) << 20;
 constexpr size_t kChunkBytes = size_t(256) << 20;  // untouched tail pages of a chunk cost nothing
-constexpr size_t kKeepFree = size_t(1) << 30;      // left for activations, KV and the OS
 
-// Bytes this process may still take: MemAvailable, and the cgroup (v2) limit less its usage.
-size_t memory_left() {
-  size_t left = SIZE_MAX;
+size_t meminfo(const char* key) {  // a /proc/meminfo field in bytes (0 if absent)
   std::ifstream mi("/proc/meminfo");
-  std::string key;
+  std::string k;
   size_t kb = 0;
-  while (mi >> key >> kb) {
-    if (key == "MemAvailable:") left = kb * 1024;
+  while (mi >> k >> kb) {
+    if (k == key) return kb * 1024;
     mi.ignore(64, '\n');
   }
-  std::ifstream max_f("/sys/fs/cgroup/memory.max"), cur_f("/sys/fs/cgroup/memory.current");
+  return 0;
+}
+
+// Bytes the process's cgroup (v2) may still take: its limit less what it uses, page cache not
+// counted (reclaimable, and the checkpoint's own pages fill it while they are copied). SIZE_MAX
+// without a limit. The process's own cgroup is read from /proc/self/cgroup.
+size_t cgroup_left() {
+  std::ifstream self("/proc/self/cgroup");
+  std::string line, path;
+  while (std::getline(self, line))
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  const std::string dir = "/sys/fs/cgroup" + (path == "/" ? std::string() : path);
+  std::ifstream max_f(dir + "/memory.max"), cur_f(dir + "/memory.current"), stat_f(dir + "/memory.stat");
   std::string max_s;
   size_t cur = 0;
-  if (max_f >> max_s && max_s != "max" && cur_f >> cur) {
-    const size_t lim = std::strtoull(max_s.c_str(), nullptr, 10);
-    left = std::min(left, lim > cur ? lim - cur : 0);
-  }
-  return left;
+  if (!(max_f >> max_s) || max_s == "max" || !(cur_f >> cur)) return SIZE_MAX;
+  std::string k;
+  size_t v = 0, file = 0;
+  while (stat_f >> k >> v)
+    if (k == "file") file = v;
+  const size_t lim = std::strtoull(max_s.c_str(), nullptr, 10), used = cur > file ? cur - file : 0;
+  return lim > used ? lim - used : 0;
 }
+
+// Memory to leave free after the copy: the default KV pool may take a quarter of RAM
+// (runtime/kv_cache.cpp), plus activations and the OS.
+size_t keep_free() { return std::max(size_t(1) << 30, meminfo("MemTotal:") / 4 + (size_t(1) << 30)); }
 
 }  // namespace
 
@@ -57,18 +73,20 @@ WeightArena::~WeightArena() {
 
 bool WeightArena::grow(size_t bytes) {
   const size_t size = (std::max(bytes, kChunkBytes) + kHuge - 1) / kHuge * kHuge;
-  if (refused_ || size_t(bytes) + kKeepFree > memory_left()) {
-    if (!refused_)
-      std::fprintf(stderr,
-                   "glm5: weights stay mapped from the checkpoint files (%.1f GB copied; the rest would not fit in "
-                   "the memory left): decode reads them more slowly\n",
-                   double(used_) / 1e9);
+  const size_t left = std::min(meminfo("MemAvailable:"), cgroup_left());
+  if (size + keep_free() > left) {
+    std::fprintf(stderr,
+                 "glm5: weights stay mapped from the checkpoint files from here on (%.1f GB copied; %.1f GB more "
+                 "would leave less than %.1f GB of the %.1f GB available): decode reads them more slowly\n",
+                 double(used_) / 1e9, double(size) / 1e9, double(keep_free()) / 1e9, double(left) / 1e9);
     refused_ = true;
     return false;
   }
   // Over-allocate by one huge page so that the chunk can start on a 2 MiB boundary.
   void* m = ::mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) {
+    std::fprintf(stderr, "glm5: weights stay mapped from the checkpoint files: mmap of %.1f GB failed (%s)\n",
+                 double(size) / 1e9, std::strerror(errno));
     refused_ = true;
     return false;
   }
@@ -83,7 +101,7 @@ bool WeightArena::grow(size_t bytes) {
 }
 
 const void* WeightArena::copy(const void* src, size_t bytes) {
-  if (!copy_enabled() || bytes == 0) return nullptr;
+  if (!copy_enabled() || refused_ || bytes == 0) return nullptr;
   const size_t need = (bytes + 63) / 64 * 64;
   if (chunks_.empty() || chunks_.back().size - chunks_.back().used < need)
     if (!grow(need)) return nullptr;

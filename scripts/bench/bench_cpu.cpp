@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
               1 / decode_s, decode_s * 1e3, touched / 1e9, bound_tps, 100.0 / decode_s / bound_tps);
   std::printf("prefill %d tokens: %.1f tok/s, %.1f GFLOP/s = %.0f%% of the FMA peak\n", prompt, S / prefill_s,
               prefill_gflops, 100.0 * prefill_gflops / fma_gflops);
-  std::printf("RSS after prefill + decode: %.3f GB = %.2fx the weights (mmapped, no copies)\n",
+  std::printf("RSS after prefill + decode: %.3f GB = %.2fx the weights (each weight held once)\n",
               rss_run / 1e9, rss_run / weight_bytes);
   return 0;
 }
