@@ -104,6 +104,58 @@ void gemm_row(int64_t m, int64_t n, int64_t k, bool trans, Backend& cpu, double 
 #endif
 }
 
+// The fp32 FMA peak of all threads in GFLOP/s: independent FMA chains in registers (16 lanes x
+// 16 chains per thread), what the cores can do at all.
+double fma_peak() {
+  typedef float v16 __attribute__((vector_size(64)));
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const int64_t iters = int64_t(1) << 22;
+    auto t0 = std::chrono::steady_clock::now();
+    float sink = 0;
+#pragma omp parallel reduction(+ : sink)
+    {
+      v16 a[16], b = v16{} + 1.0000001f, c = v16{} + 1e-7f;
+      for (int i = 0; i < 16; ++i) a[i] = v16{} + float(i);
+      for (int64_t it = 0; it < iters; ++it)
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) a[i] = a[i] * b + c;
+      for (int i = 0; i < 16; ++i) sink += a[i][0];
+    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (sink == 12345.0f) std::puts("");
+    best = std::max(best, double(iters) * 16 * 16 * 2 * omp_get_max_threads() / dt / 1e9);
+  }
+  return best;
+}
+
+// Prefill cost per FLOP against the row count at hidden 6144 (q_a-like [2048, 6144] and
+// o_proj-like [6144, 2048]): GFLOP/s, its share of the FMA peak and its ratio to 64 rows.
+void prefill_sweep(Backend& cpu, bool quick) {
+  const double peak = fma_peak();
+  std::printf("\nprefill gemm, BF16 weights, against the row count (fp32 FMA peak %.0f GFLOP/s, same run):\n\n", peak);
+  std::printf("| n x k | rows | time | GFLOP/s | of the FMA peak | vs 64 rows |\n|---|---|---|---|---|---|\n");
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{2048, 6144}, {6144, 2048}}) {
+    auto wf = random_floats(size_t(n * k), 2);
+    std::vector<uint16_t> wb(wf.size());
+    for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+    double first = 0;
+    for (int64_t m : {int64_t(64), int64_t(512), int64_t(2048), int64_t(8192)}) {
+      if (quick && m > 2048) break;
+      auto x = random_floats(size_t(m * k), 1);
+      std::vector<float> y(size_t(m * n));
+      GemmParams p;
+      p.x = x.data(), p.ldx = k, p.w = Weight{wb.data(), DType::BF16, n, k, k};
+      p.y = y.data(), p.ldy = n, p.m = m, p.n = n, p.k = k;
+      const double t = median_seconds([&] { cpu.gemm(p); });
+      const double gf = 2.0 * double(m) * double(n) * double(k) / t / 1e9;
+      if (m == 64) first = gf;
+      std::printf("| %ld x %ld | %ld | %.2f ms | %.1f | %.0f%% | %.2f |\n", long(n), long(k), long(m), t * 1e3, gf,
+                  100 * gf / peak, gf / first);
+    }
+  }
+}
+
 void attention_rows(Backend& cpu, bool quick) {
   {  // decode: one query row, 64 heads, latent cache of T tokens (576 = 512 + 64)
     const int64_t H = 64, T = quick ? 1024 : 4096, R = 512, P = 64, D = R + P;
@@ -206,5 +258,6 @@ int main(int argc, char** argv) {
   gemm_row(64, 2048, 2048, false, *cpu, bw);
   gemm_row(512, 512, 192, true, *cpu, bw);
   attention_rows(*cpu, quick);
+  prefill_sweep(*cpu, quick);
   return 0;
 }

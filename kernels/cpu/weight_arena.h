@@ -1,11 +1,11 @@
 // Weights copied out of the checkpoint's file mapping into anonymous memory on 2 MiB pages (the
 // fast CPU backend's default; GLM5_CPU_WEIGHTS=mmap keeps them in the mapping). Decode streams
 // every weight once per token, and the same gemm reads a file mapping at ~0.67 of the machine's
-// read bandwidth against ~0.9 from huge-page anonymous memory (measured on these machines; the
-// file pages are 4 KiB translations whatever the page cache's folios). From the first chunk that
-// would leave less than a quarter of RAM + 1 GiB free (MemAvailable, and the cgroup's limit less
-// its non-cache use), the rest stays mapped, with one note on stderr. Ranks on one host each copy
-// the weights they hold (the mapping shared the page cache between them).
+// read bandwidth against ~0.9 from anonymous memory (BENCHMARKS.md; 2 MiB pages on top of that
+// save TLB misses). From the first chunk that would leave less than a quarter of RAM + 1 GiB free
+// (MemAvailable, and the cgroup's limit less its non-cache use), the rest stays mapped, with one
+// note on stderr. Ranks on one host each copy the weights they hold (the mapping shared the page
+// cache between them).
 #pragma once
 
 #include <cstddef>
