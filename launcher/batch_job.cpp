@@ -27,6 +27,7 @@
 #include "core/check.h"
 #include "launcher/cluster_config.h"
 #include "launcher/commands.h"
+#include "launcher/moe_monitor.h"
 #include "runtime/chat.h"
 #include "runtime/tokenizer.h"
 
@@ -689,8 +690,21 @@ class BatchSource final : public runtime::RequestSource {
 };
 
 // Gathers every rank's counters on rank 0: the report file and one line per rank on stderr.
-void write_report(Job& job, const std::string& report) {
+// The report's MoE section: routing health over all ranks (launcher/moe_monitor.h), its warnings
+// on stderr, and a one-line summary when there is something to say.
+void add_moe_health(Job& job, json& out, const json& ranks, double imbalance_warn) {
+  const MoeHealth h = moe_health(ranks, int(job.config.n_routed_experts), int(job.config.num_experts_per_tok),
+                                 job.cluster.expert_parallel, imbalance_warn);
+  if (h.layers.empty()) return;
+  out["moe"] = to_json(h);
+  for (const std::string& w : h.warnings) std::fprintf(stderr, "[glm5] warning: %s\n", w.c_str());
+}
+
+void write_report(Job& job, const BatchArgs& a) {
   const auto& st = job.engine->stats();
+  json router = json::array();
+  for (const auto& l : job.model->router_load())
+    router.push_back({{"layer", l.layer}, {"rows", l.rows}, {"picks", l.picks}});
   json mine = {{"rank", st.rank}, {"stage", st.stage}, {"column", st.column}, {"wall_s", st.wall_s},
                {"compute_s", st.compute_s}, {"comm_s", st.comm_s}, {"idle_s", st.idle_s},
                {"bytes_sent", st.bytes_sent}, {"tokens_generated", st.tokens_generated},
@@ -699,7 +713,8 @@ void write_report(Job& job, const std::string& report) {
                {"kv_blocks_peak", st.kv_blocks_peak}, {"preemptions", st.preemptions},
                {"prefix_hit_tokens", st.prefix_hit_tokens},
                {"expert_tokens", st.expert_tokens}, {"peak_rss_kb", st.peak_rss_kb},
-               {"weight_bytes", job.model->weight_bytes()},
+               {"weight_bytes", job.model->weight_bytes()}, {"router", router},
+               {"rows_not_k", job.model->rows_not_k()},
                {"tokens_per_s", st.wall_s > 0 ? double(st.tokens_generated) / st.wall_s : 0.0}};
   std::string s = mine.dump();
   const int n = job.world->size();
@@ -713,11 +728,19 @@ void write_report(Job& job, const std::string& report) {
     job.world->recv(b.data(), b.size(), r, 21);
     ranks.push_back(json::parse(b));
   }
-  if (!report.empty()) {
-    std::ofstream rep(report);
-    rep << json({{"world_size", n}, {"ranks", ranks}}).dump(1) << '\n';
+  json full = {{"world_size", n}, {"ranks", ranks}};
+  add_moe_health(job, full, ranks, a.imbalance_warn);
+  if (!a.report.empty()) {
+    std::ofstream rep(a.report);
+    rep << full.dump(1) << '\n';
     rep.close();
-    CHECK(rep, "cannot write --report ", report);
+    CHECK(rep, "cannot write --report ", a.report);
+  }
+  if (!a.metrics.empty()) {
+    std::ofstream met(a.metrics);
+    met << prometheus_text(full);
+    met.close();
+    CHECK(met, "cannot write --metrics ", a.metrics);
   }
   for (auto& r : ranks)
     std::fprintf(stderr, "[glm5] rank %d (stage %d, column %d): peak RSS %.1f MiB, weights %.1f MiB\n",
@@ -736,7 +759,7 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
   if (job->rank() != 0) {
     job->start_watchdog();
     job->engine->run(nullptr, [](runtime::Result&&) {});
-    write_report(*job, a.report);
+    write_report(*job, a);
     return 0;
   }
   CHECK(std::ifstream(a.input), "cannot open --input ", a.input);
@@ -756,7 +779,7 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
   out.close();
   std::fprintf(stderr, "[glm5] batch: ran %lld requests; %lld lines were already answered or got an error record\n",
                (long long)src.to_run(), (long long)src.skipped());
-  write_report(*job, a.report);
+  write_report(*job, a);
   return 0;
 }
 

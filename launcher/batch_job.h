@@ -18,6 +18,8 @@ namespace glm5::launcher {
 
 struct BatchArgs {
   std::string model, cluster, input, output, report;
+  std::string metrics;         // Prometheus text file of the run's counters (empty: none)
+  double imbalance_warn = 1.5;  // warn when an MoE layer's busiest EP rank gets this x the mean load
 };
 
 // One parsed input line: a request to run, or an error record to write.

@@ -397,7 +397,12 @@ int main_entry(int argc, char** argv) {
   bat->add_option("--cluster", ba.cluster);
   bat->add_option("--input", ba.input)->required();
   bat->add_option("--output", ba.output)->required();
-  bat->add_option("--report", ba.report, "write per-rank timing/traffic report JSON");
+  bat->add_option("--report", ba.report, "write per-rank timing/traffic report JSON (with MoE routing health)");
+  bat->add_option("--metrics", ba.metrics, "write the run's counters as a Prometheus text file");
+  bat->add_option("--imbalance-warn", ba.imbalance_warn,
+                  "warn when an MoE layer's busiest expert-parallel rank gets more than this x the mean load")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
 
   InspectArgs ia;
   auto* ins = app.add_subcommand("inspect", "config summary and per-rank memory plan");

@@ -256,6 +256,8 @@ Model::Model(const ModelConfig& cfg, Checkpoint& ckpt, Backend& backend, const M
     layers_.push_back(std::move(L));
   }
   expert_tokens_.assign(size_t(cfg.n_routed_experts / shard_.expert_parallel), 0);
+  for (const auto& L : layers_)
+    if (L->moe) router_load_.push_back({L->index, 0, std::vector<int64_t>(size_t(cfg.n_routed_experts), 0)});
   exchange_ = std::make_unique<Exchange>(stage_comm_);
 }
 
@@ -561,6 +563,7 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
   // Destination rank (column of the stage) and local expert id of every (token, slot).
   std::vector<int32_t> ids_host(size_t(m * K)), dest(size_t(m * K)), tag(size_t(m * K));
   be.to_host(ids_host.data(), ids, ids_host.size() * sizeof(int32_t));
+  count_router_load(L.index, ids_host.data(), m);
   for (size_t i = 0; i < ids_host.size(); ++i) {
     dest[i] = int32_t(ids_host[i] / per);
     tag[i] = int32_t(ids_host[i] % per);
@@ -623,6 +626,24 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
   }
   be.moe_combine({results, slot_row, weights, y, m, K, H, false});
   if (IS > 0) be.add({s, y, m * H});
+}
+
+// The router monitor: picks per expert of this layer, and rows whose K picks are not K distinct
+// experts in range (a routing bug; the report says how many).
+void Model::count_router_load(int layer, const int32_t* ids, int64_t m) {
+  const int64_t E = cfg_.n_routed_experts, K = cfg_.num_experts_per_tok;
+  auto it = std::find_if(router_load_.begin(), router_load_.end(), [&](const RouterLoad& r) { return r.layer == layer; });
+  if (it == router_load_.end()) return;
+  it->rows += m;
+  std::vector<int32_t> row(static_cast<size_t>(K));
+  for (int64_t i = 0; i < m; ++i) {
+    std::copy(ids + i * K, ids + (i + 1) * K, row.begin());
+    std::sort(row.begin(), row.end());
+    const bool ok = row.front() >= 0 && row.back() < E && std::adjacent_find(row.begin(), row.end()) == row.end();
+    if (!ok) ++rows_not_k_;
+    for (int32_t e : row)
+      if (e >= 0 && e < E) ++it->picks[size_t(e)];
+  }
 }
 
 // The local experts over the received slots (grouped by local expert, tag ascending; slot i's

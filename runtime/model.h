@@ -67,6 +67,16 @@ class Model {
   void set_kv_pool(KvPool* pool) { kv_pool_ = pool; }
   // Tokens routed to each local expert so far (load-balance report), and MoE bytes sent.
   const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
+  // The router's choices for the rows this rank routed, per MoE layer it holds: rows routed and
+  // (row, expert) picks per global expert id; and the rows whose picks were not k distinct
+  // valid experts (must stay 0).
+  struct RouterLoad {
+    int layer = 0;
+    int64_t rows = 0;
+    std::vector<int64_t> picks;  // [n_routed_experts]
+  };
+  const std::vector<RouterLoad>& router_load() const { return router_load_; }
+  int64_t rows_not_k() const { return rows_not_k_; }
   size_t moe_bytes_sent() const;
   double moe_comm_seconds() const { return moe_comm_seconds_; }
 
@@ -95,6 +105,7 @@ class Model {
   void dense_mlp(Layer& L, const float* x, int64_t m, float* y);
   void moe(Layer& L, const float* x, int64_t m, float* y);
   void swiglu_expert(const Expert& e, const float* x, int64_t m, float* y);
+  void count_router_load(int layer, const int32_t* ids, int64_t m);
   void routed_experts(Layer& L, const float* table, const int32_t* rrow, const int32_t* rtag, int64_t n_recv,
                       float* out, std::vector<kernels::GemmParams> also);
 
@@ -112,6 +123,8 @@ class Model {
   std::vector<std::vector<uint16_t>> owned_bf16_;
   size_t weight_bytes_ = 0;
   std::vector<int64_t> expert_tokens_;
+  std::vector<RouterLoad> router_load_;  // one per MoE layer of this rank, in layer order
+  int64_t rows_not_k_ = 0;
   double moe_comm_seconds_ = 0;
   struct Exchange;
   std::unique_ptr<Exchange> exchange_;
