@@ -29,6 +29,7 @@
 #include "launcher/commands.h"
 #include "launcher/moe_monitor.h"
 #include "runtime/chat.h"
+#include "runtime/profile.h"
 #include "runtime/tokenizer.h"
 
 namespace glm5::launcher {
@@ -700,7 +701,24 @@ void add_moe_health(Job& job, json& out, const json& ranks, double imbalance_war
   for (const std::string& w : h.warnings) std::fprintf(stderr, "[glm5] warning: %s\n", w.c_str());
 }
 
-void write_report(Job& job, const BatchArgs& a) {
+// The trace file: every rank's events on its own track, named after its place in the grid.
+void write_trace(const std::string& path, json& ranks) {
+  json events = json::array();
+  for (json& r : ranks) {
+    const int rank = r.at("rank").get<int>();
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
+                      {"args", {{"name", "rank " + std::to_string(rank) + " (stage " + std::to_string(r.at("stage").get<int>()) +
+                                             ", column " + std::to_string(r.at("column").get<int>()) + ")"}}}});
+    for (json& e : r.at("trace")) events.push_back(std::move(e));
+    r.erase("trace");
+  }
+  std::ofstream f(path);
+  f << json({{"traceEvents", events}, {"displayTimeUnit", "ms"}}).dump() << '\n';
+  f.close();
+  CHECK(f, "cannot write --trace ", path);
+}
+
+void write_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
   const auto& st = job.engine->stats();
   json router = json::array();
   for (const auto& l : job.model->router_load())
@@ -716,6 +734,8 @@ void write_report(Job& job, const BatchArgs& a) {
                {"weight_bytes", job.model->weight_bytes()}, {"router", router},
                {"rows_not_k", job.model->rows_not_k()},
                {"tokens_per_s", st.wall_s > 0 ? double(st.tokens_generated) / st.wall_s : 0.0}};
+  if (prof) mine["profile"] = prof->totals();
+  if (prof && !a.trace.empty()) mine["trace"] = prof->trace_events(st.rank);
   std::string s = mine.dump();
   const int n = job.world->size();
   std::vector<int64_t> sizes(static_cast<size_t>(n));
@@ -728,6 +748,7 @@ void write_report(Job& job, const BatchArgs& a) {
     job.world->recv(b.data(), b.size(), r, 21);
     ranks.push_back(json::parse(b));
   }
+  if (!a.trace.empty()) write_trace(a.trace, ranks);
   json full = {{"world_size", n}, {"ranks", ranks}};
   add_moe_health(job, full, ranks, a.imbalance_warn);
   if (!a.report.empty()) {
@@ -756,10 +777,15 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
   if (std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json"))
     tok = std::make_unique<runtime::Tokenizer>(runtime::Tokenizer::load(a.model));
   job->engine->set_tokenizer(tok.get());
+  std::unique_ptr<runtime::Profiler> prof;
+  if (a.profile || !a.trace.empty()) {
+    prof = std::make_unique<runtime::Profiler>(*job->backend, !a.trace.empty());
+    job->model->set_profiler(prof.get());
+  }
   if (job->rank() != 0) {
     job->start_watchdog();
     job->engine->run(nullptr, [](runtime::Result&&) {});
-    write_report(*job, a);
+    write_report(*job, a, prof.get());
     return 0;
   }
   CHECK(std::ifstream(a.input), "cannot open --input ", a.input);
@@ -779,7 +805,7 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
   out.close();
   std::fprintf(stderr, "[glm5] batch: ran %lld requests; %lld lines were already answered or got an error record\n",
                (long long)src.to_run(), (long long)src.skipped());
-  write_report(*job, a);
+  write_report(*job, a, prof.get());
   return 0;
 }
 

@@ -20,6 +20,8 @@ struct BatchArgs {
   std::string model, cluster, input, output, report;
   std::string metrics;         // Prometheus text file of the run's counters (empty: none)
   double imbalance_warn = 1.5;  // warn when an MoE layer's busiest EP rank gets this x the mean load
+  bool profile = false;         // time the forward pass's phases per layer into the report
+  std::string trace;            // Chrome trace JSON of every phase call, one track per rank (implies profile)
 };
 
 // One parsed input line: a request to run, or an error record to write.
@@ -53,6 +55,8 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world);
 // Tokenizes as prompts are tokenized: special tokens written in the text become their ids (as HF
 // `tokenizers` encodes them); literal_special keeps them as plain text.
 int run_tokenize(const std::string& tokenizer, bool decode, bool literal_special);
+// `glm5 report FILE`: a --report file as tables (per-rank time, profile phases, MoE health).
+int run_report(const std::string& path);
 int run_launch(const std::string& cluster, const std::vector<std::string>& args, bool run,
                const std::string& argv0);
 

@@ -399,10 +399,16 @@ int main_entry(int argc, char** argv) {
   bat->add_option("--output", ba.output)->required();
   bat->add_option("--report", ba.report, "write per-rank timing/traffic report JSON (with MoE routing health)");
   bat->add_option("--metrics", ba.metrics, "write the run's counters as a Prometheus text file");
+  bat->add_flag("--profile", ba.profile, "time the forward pass's phases per layer on every rank (into --report)");
+  bat->add_option("--trace", ba.trace, "write every phase call as a Chrome trace (opens in Perfetto); implies --profile");
   bat->add_option("--imbalance-warn", ba.imbalance_warn,
                   "warn when an MoE layer's busiest expert-parallel rank gets more than this x the mean load")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+
+  std::string report_file;
+  auto* rep = app.add_subcommand("report", "print a --report file as tables (time, profile phases, MoE health)");
+  rep->add_option("file", report_file, "the JSON written by batch --report")->required();
 
   InspectArgs ia;
   auto* ins = app.add_subcommand("inspect", "config summary and per-rank memory plan");
@@ -481,6 +487,7 @@ int main_entry(int argc, char** argv) {
       rc = run_convert(ca);
     }
     else if (tok->parsed()) rc = run_tokenize(tk, decode, literal);
+    else if (rep->parsed()) rc = run_report(report_file);
     else if (lau->parsed()) rc = run_launch(lc, rest, lrun, argv[0]);
     return rc;
   } catch (const std::exception& e) {

@@ -332,6 +332,7 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
     model.logits(hs, total, logits.data());
     be.free(hs);
   }
+  Profiler::Scope span(model.profiler(), "sample", -1);  // (and the logits checks and copies)
   std::vector<Back> out;
   int64_t at = 0;
   for (size_t i = 0; i < step.seqs.size(); ++i) {

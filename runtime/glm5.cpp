@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "cpu/fast_ops.h"
 #include "parallel/moe_exchange.h"
@@ -431,6 +432,7 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
     rq = gq, rqi = gqi, riw = giw, rattn = gattn;
   }
   Buf<float> q_lat(be, n * NH * LAT), o_lat(be, n * NH * R);
+  std::optional<Profiler::Scope> span(std::in_place, prof_, "q_absorb", L.index);
   std::vector<GemmParams> per_head(static_cast<size_t>(NH));  // one gemm per head, all heads in one batch
   for (int64_t hd = 0; hd < NH; ++hd) {
     // q_lat[:, hd, 0:R] = q_nope[:, hd] · W_UK[hd]  (W_UK[hd] = kv_b rows hd*DKV + [0, dn))
@@ -445,8 +447,10 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
       const int32_t* table = lay.tables + g.first * lay.max_blocks;
       const kernels::KeyPages pages{table, g.one_table ? 0 : lay.max_blocks, kBlockTokens, kv_pool_->dtype()};
       Buf<float> scores(be, g.rows * g.t);
+      span.emplace(prof_, "indexer_scores", L.index);
       be.indexer_scores({rqi + g.first * IH * ID, riw + g.first * IH, static_cast<const float*>(kv_pool_->index_k(li)),
                          lay.pos + g.first, scores, g.rows, g.t, IH, ID, g.t, pages});
+      span.emplace(prof_, "topk", L.index);
       be.topk({scores, g.rows, g.t, g.t, TOPK, sel + g.first * TOPK});
     }
     if (debug_) {
@@ -457,9 +461,11 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
       }
     }
   }
+  span.emplace(prof_, "attention", L.index);
   be.mla_decode({q_lat, static_cast<const float*>(kv_pool_->latent(li)), lay.pos, lay.sparse ? sel.p : nullptr, TOPK,
                  o_lat, n, lay.t, NH, R, dr, cfg_.softmax_scale(),
                  kernels::KeyPages{lay.tables, lay.max_blocks, kBlockTokens, kv_pool_->dtype()}});
+  span.emplace(prof_, "v_absorb", L.index);
   for (int64_t hd = 0; hd < NH; ++hd)  // o[:, hd] = W_UV[hd] o_lat[:, hd]
     per_head[size_t(hd)] = {o_lat + hd * R, NH * R, L.kv_b_proj.slice_rows(hd * DKV + dn, dv), false, rattn + hd * dv,
                             NH * dv, n, dv, R};
@@ -495,6 +501,7 @@ void Model::attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
   //   indexer ki = W_ik a [m, rope | nope]; iw = weights_proj(a) [m, IH] (pre-scaled).
   Buf<float> c_q(be, m * QR), q(be, m * NH * DQ), kv(be, m * LAT);
   Buf<float> qi(be, m * IH * ID), ki(be, m * ID), iw(be, m * IH);
+  std::optional<Profiler::Scope> span(std::in_place, prof_, "projections", L.index);
   be.gemm_batch(std::array<GemmParams, 4>{{{a, H, L.q_a_proj, false, c_q, QR, m, QR, H},
                                            {a, H, L.kv_a_proj_with_mqa, false, kv, LAT, m, LAT, H},
                                            {a, H, L.wk, false, ki, ID, m, ID, H},
@@ -511,6 +518,7 @@ void Model::attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
   be.rope({qi, m, IH, IH * ID, ID, 0, dr, pos, inv_freq_, rope_scale, cfg_.indexer_rope_interleave});
   be.layer_norm({ki, ID, L.k_norm_weight, L.k_norm_bias, ki, ID, m, ID, 1e-6f});
   be.rope({ki, m, 1, ID, ID, 0, dr, pos, inv_freq_, rope_scale, cfg_.indexer_rope_interleave});
+  span.emplace(prof_, "kv_write", L.index);
 
   // This step's keys into each sequence's blocks (one call per cache for all rows), then
   // attention in the layout's two forms.
@@ -519,10 +527,13 @@ void Model::attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
     be.paged_write({kv, LAT, pos, kv_pool_->latent(li), m, LAT, rows});
     be.paged_write({ki, ID, pos, kv_pool_->index_k(li), m, ID, rows});
   }
+  span.reset();
   Buf<float> attn(be, m * NH * dv);  // [m, NH, v_head_dim]
   if (lay.n > 0) absorbed_attention(L, li, lay, q, qi, iw, attn);
+  span.emplace(prof_, "attention_naive", L.index);
   for (const Span& sp : lay.naive) naive_attention(L, li, sp, q, pos, attn);
   // h += W_o attn
+  span.emplace(prof_, "o_proj", L.index);
   be.gemm({attn, NH * dv, L.o_proj, false, h, H, m, H, NH * dv, /*accumulate=*/true});
 }
 
@@ -536,7 +547,10 @@ void Model::swiglu_expert(const Expert& e, const float* x, int64_t m, float* y) 
   backend_.gemm({g, I, e.down_proj, false, y, H, m, H, I});
 }
 
-void Model::dense_mlp(Layer& L, const float* x, int64_t m, float* y) { swiglu_expert(L.dense, x, m, y); }
+void Model::dense_mlp(Layer& L, const float* x, int64_t m, float* y) {
+  Profiler::Scope span(prof_, "dense_mlp", L.index);
+  swiglu_expert(L.dense, x, m, y);
+}
 
 // MoE (spec §3.8): route every row, send rows to the ranks owning their experts (all_to_all_v in
 // the stage; a one-rank stage only sorts indices), run each local expert on its rows, bring
@@ -550,6 +564,7 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
   // The router's gemm, with the shared expert's gate and up (same input) in its batch.
   const int64_t IS = cfg_.n_shared_experts > 0 ? L.shared.gate_proj.rows : 0;
   Buf<float> sg(be, m * IS), su(be, m * IS), s(be, IS > 0 ? m * H : 1);
+  std::optional<Profiler::Scope> span(std::in_place, prof_, "router", L.index);  // with the shared gate / up
   std::vector<GemmParams> first{{x, H, L.gate, false, logits, E, m, E, H}};
   if (IS > 0) {
     first.push_back({x, H, L.shared.gate_proj, false, sg, IS, m, IS, H});
@@ -575,6 +590,7 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
     x_host.resize(size_t(m * H));
     be.to_host(x_host.data(), x, x_host.size() * sizeof(float));
   }
+  span.emplace(prof_, "dispatch", L.index);
   auto t0 = std::chrono::steady_clock::now();
   auto& ex = exchange_->ex;
   ex.dispatch(host ? x : x_host.data(), m, H, K, dest.data(), tag.data());
@@ -599,12 +615,14 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
     out_dev = std::make_unique<Buf<float>>(be, n_recv * H);
   }
   float* out = host ? ex.results() : out_dev->p;
+  span.emplace(prof_, "experts", L.index);  // routed experts, with the shared expert's down
   std::vector<GemmParams> shared_down;
   if (IS > 0) {
     be.swiglu({sg, su, IS, sg, IS, m, IS});
     shared_down.push_back({sg, IS, L.shared.down_proj, false, s, H, m, H, IS});
   }
   routed_experts(L, table, rrow, rtag, n_recv, out, shared_down);
+  span.emplace(prof_, "combine", L.index);
   if (!host) be.to_host(ex.results(), out, size_t(n_recv * H) * sizeof(float));
   t0 = std::chrono::steady_clock::now();
   ex.combine();
@@ -688,6 +706,7 @@ void Model::logits(const float* h, int64_t m, float* logits_host) {
   CHECK(shard_.head, "this rank does not hold lm_head");
   const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
   Buf<float> n(backend_, m * H), out(backend_, m * V);
+  Profiler::Scope span(prof_, "lm_head", -1);
   backend_.rms_norm({h, H, final_norm_, n, H, m, H, float(cfg_.rms_norm_eps)});
   if (debug_) debug_("final_hidden", -1, n, DType::F32, m, H);
   backend_.gemm({n, H, lm_head_, false, out, V, m, V, H});

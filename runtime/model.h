@@ -13,6 +13,7 @@
 #include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "runtime/config.h"
+#include "runtime/profile.h"
 #include "runtime/kv_cache.h"
 
 namespace glm5::runtime {
@@ -63,6 +64,9 @@ class Model {
   void logits(const float* h, int64_t m, float* logits_host);
 
   void set_debug_hook(DebugHook hook) { debug_ = std::move(hook); }
+  // Times the forward pass's phases per layer (runtime/profile.h); nullptr: off (the default).
+  void set_profiler(Profiler* p) { prof_ = p; }
+  Profiler* profiler() const { return prof_; }
   // The pool that forward() reads and writes KV rows in (owned by the caller).
   void set_kv_pool(KvPool* pool) { kv_pool_ = pool; }
   // Tokens routed to each local expert so far (load-balance report), and MoE bytes sent.
@@ -129,6 +133,7 @@ class Model {
   struct Exchange;
   std::unique_ptr<Exchange> exchange_;
   DebugHook debug_;
+  Profiler* prof_ = nullptr;
   KvPool* kv_pool_ = nullptr;
 };
 
