@@ -692,7 +692,7 @@ class BatchSource final : public runtime::RequestSource {
 
 // Gathers every rank's counters on rank 0: the report file and one line per rank on stderr.
 // The report's MoE section: routing health over all ranks (launcher/moe_monitor.h), its warnings
-// on stderr, and a one-line summary when there is something to say.
+// on stderr.
 void add_moe_health(Job& job, json& out, const json& ranks, double imbalance_warn) {
   const MoeHealth h = moe_health(ranks, int(job.config.n_routed_experts), int(job.config.num_experts_per_tok),
                                  job.cluster.expert_parallel, imbalance_warn);
@@ -701,23 +701,44 @@ void add_moe_health(Job& job, json& out, const json& ranks, double imbalance_war
   for (const std::string& w : h.warnings) std::fprintf(stderr, "[glm5] warning: %s\n", w.c_str());
 }
 
-// The trace file: every rank's events on its own track, named after its place in the grid.
-void write_trace(const std::string& path, json& ranks) {
-  json events = json::array();
-  for (json& r : ranks) {
-    const int rank = r.at("rank").get<int>();
-    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
-                      {"args", {{"name", "rank " + std::to_string(rank) + " (stage " + std::to_string(r.at("stage").get<int>()) +
-                                             ", column " + std::to_string(r.at("column").get<int>()) + ")"}}}});
-    for (json& e : r.at("trace")) events.push_back(std::move(e));
-    r.erase("trace");
-  }
+// The trace file (collective: every rank sends its events as text): each rank's events on its own
+// track, named after its place in the grid; rank 0 writes the pieces as they arrive.
+void write_trace(Job& job, const std::string& path, const runtime::Profiler& prof, const json& ranks) {
+  const std::string mine = prof.trace_text(job.rank());
+  const int n = job.world->size();
+  std::vector<int64_t> sizes(static_cast<size_t>(n));
+  int64_t my = int64_t(mine.size());
+  job.world->all_gather(&my, sizeof my, sizes.data());
+  if (job.rank() != 0) return job.world->send(mine.data(), mine.size(), 0, 22);
   std::ofstream f(path);
-  f << json({{"traceEvents", events}, {"displayTimeUnit", "ms"}}).dump() << '\n';
+  f << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
+  bool first = true;
+  const auto emit = [&](const std::string& events) {  // comma-joined events
+    if (events.empty()) return;
+    if (!first) f << ',';
+    f << events;
+    first = false;
+  };
+  for (const json& r : ranks) {
+    const int rank = r.at("rank").get<int>();
+    emit(json({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
+               {"args", {{"name", "rank " + std::to_string(rank) + " (stage " + std::to_string(r.at("stage").get<int>()) +
+                                      ", column " + std::to_string(r.at("column").get<int>()) + ")"}}}})
+             .dump());
+  }
+  emit(mine);
+  for (int r = 1; r < n; ++r) {
+    std::string b(size_t(sizes[size_t(r)]), '\0');
+    job.world->recv(b.data(), b.size(), r, 22);
+    emit(b);
+  }
+  f << "]}\n";
   f.close();
   CHECK(f, "cannot write --trace ", path);
 }
 
+// Gathers every rank's counters on rank 0 (collective): the report file, the metrics file, one line
+// per rank on stderr, then the trace file.
 void write_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
   const auto& st = job.engine->stats();
   json router = json::array();
@@ -735,20 +756,23 @@ void write_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
                {"rows_not_k", job.model->rows_not_k()},
                {"tokens_per_s", st.wall_s > 0 ? double(st.tokens_generated) / st.wall_s : 0.0}};
   if (prof) mine["profile"] = prof->totals();
-  if (prof && !a.trace.empty()) mine["trace"] = prof->trace_events(st.rank);
+  if (prof && !a.trace.empty()) mine["trace_dropped"] = prof->dropped_events();
   std::string s = mine.dump();
   const int n = job.world->size();
   std::vector<int64_t> sizes(static_cast<size_t>(n));
   int64_t my = int64_t(s.size());
   job.world->all_gather(&my, sizeof my, sizes.data());
-  if (job.rank() != 0) return job.world->send(s.data(), s.size(), 0, 21);
-  json ranks = json::array({mine});
+  if (job.rank() != 0) {
+    job.world->send(s.data(), s.size(), 0, 21);
+    if (prof && !a.trace.empty()) write_trace(job, a.trace, *prof, json());
+    return;
+  }
+  json ranks = json::array({std::move(mine)});
   for (int r = 1; r < n; ++r) {
     std::string b(size_t(sizes[size_t(r)]), '\0');
     job.world->recv(b.data(), b.size(), r, 21);
     ranks.push_back(json::parse(b));
   }
-  if (!a.trace.empty()) write_trace(a.trace, ranks);
   json full = {{"world_size", n}, {"ranks", ranks}};
   add_moe_health(job, full, ranks, a.imbalance_warn);
   if (!a.report.empty()) {
@@ -763,10 +787,15 @@ void write_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
     met.close();
     CHECK(met, "cannot write --metrics ", a.metrics);
   }
-  for (auto& r : ranks)
+  for (auto& r : ranks) {
     std::fprintf(stderr, "[glm5] rank %d (stage %d, column %d): peak RSS %.1f MiB, weights %.1f MiB\n",
                  r["rank"].get<int>(), r["stage"].get<int>(), r["column"].get<int>(),
                  r["peak_rss_kb"].get<double>() / 1024.0, r["weight_bytes"].get<double>() / 1048576.0);
+    if (r.value("trace_dropped", int64_t(0)) > 0)
+      std::fprintf(stderr, "[glm5] warning: rank %d: the trace kept its first phase calls only (%lld later ones dropped)\n",
+                   r["rank"].get<int>(), (long long)r["trace_dropped"].get<int64_t>());
+  }
+  if (prof && !a.trace.empty()) write_trace(job, a.trace, *prof, ranks);  // last: the report is written whatever happens
 }
 
 }  // namespace
@@ -782,8 +811,13 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
     prof = std::make_unique<runtime::Profiler>(*job->backend, !a.trace.empty());
     job->model->set_profiler(prof.get());
   }
+  struct Unset {  // the model outlives the profiler's scope here
+    runtime::Model& m;
+    ~Unset() { m.set_profiler(nullptr); }
+  } unset{*job->model};
   if (job->rank() != 0) {
     job->start_watchdog();
+    if (prof) prof->restart();  // every rank's clock starts at the same barrier
     job->engine->run(nullptr, [](runtime::Result&&) {});
     write_report(*job, a, prof.get());
     return 0;
@@ -801,6 +835,7 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
   std::fprintf(stderr, "[glm5] batch: %lld lines in %s (%zu already answered) on %d rank(s)\n",
                (long long)src.size_hint(), a.input.c_str(), answered, job->world->size());
   job->start_watchdog();
+  if (prof) prof->restart();
   job->engine->run(&src, [&](runtime::Result&& r) { src.write(std::move(r)); });
   out.close();
   std::fprintf(stderr, "[glm5] batch: ran %lld requests; %lld lines were already answered or got an error record\n",

@@ -400,11 +400,12 @@ int main_entry(int argc, char** argv) {
   bat->add_option("--report", ba.report, "write per-rank timing/traffic report JSON (with MoE routing health)");
   bat->add_option("--metrics", ba.metrics, "write the run's counters as a Prometheus text file");
   bat->add_flag("--profile", ba.profile, "time the forward pass's phases per layer on every rank (into --report)");
-  bat->add_option("--trace", ba.trace, "write every phase call as a Chrome trace (opens in Perfetto); implies --profile");
+  bat->add_option("--trace", ba.trace,
+                  "write the phase calls as a Chrome trace (opens in Perfetto; the first 2^19 per rank); implies --profile");
   bat->add_option("--imbalance-warn", ba.imbalance_warn,
                   "warn when an MoE layer's busiest expert-parallel rank gets more than this x the mean load")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1.0, 1e9));
 
   std::string report_file;
   auto* rep = app.add_subcommand("report", "print a --report file as tables (time, profile phases, MoE health)");

@@ -14,9 +14,9 @@ using nlohmann::json;
 
 namespace {
 
-// Rows a layer must have routed before its imbalance is worth a warning (a few rows are uneven
-// by chance).
-constexpr int64_t kMinRowsToWarn = 128;
+// Picks an EP rank must get on average before a layer's imbalance is worth a warning (uniform
+// routing over few picks is uneven by chance: ~10 % spread at 256).
+constexpr double kMinPicksPerRankToWarn = 256;
 
 double mean(const std::vector<int64_t>& v) {
   return v.empty() ? 0.0 : double(std::accumulate(v.begin(), v.end(), int64_t(0))) / double(v.size());
@@ -45,7 +45,10 @@ std::string fmt(double v) {
 
 MoeHealth moe_health(const json& ranks, int n_experts, int top_k, int expert_parallel, double rank_warn) {
   MoeHealth h;
-  h.n_experts = n_experts, h.top_k = top_k, h.expert_parallel = std::max(expert_parallel, 1);
+  h.n_experts = n_experts;
+  h.top_k = top_k;
+  h.expert_parallel = std::max(expert_parallel, 1);
+  if (n_experts <= 0) return h;
   std::map<int, MoeLayerHealth> by_layer;
   for (const json& r : ranks) {
     h.rows_not_k += r.value("rows_not_k", int64_t(0));
@@ -58,17 +61,24 @@ MoeHealth moe_health(const json& ranks, int n_experts, int top_k, int expert_par
       for (size_t e = 0; e < picks.size(); ++e) m.picks[e] += picks[e];
     }
   }
-  const int per = std::max(n_experts / h.expert_parallel, 1);
+  // Expert e lives on column e / (E / EP) (the model refuses E not divisible by EP; a report that
+  // says otherwise gets no per-rank figures).
+  const bool split = n_experts % h.expert_parallel == 0;
+  const int per = split ? n_experts / h.expert_parallel : n_experts;
   for (auto& [layer, m] : by_layer) {
     m.picks.resize(size_t(n_experts), 0);
-    m.rank_picks.assign(size_t(h.expert_parallel), 0);
-    for (int e = 0; e < n_experts; ++e) m.rank_picks[size_t(std::min(e / per, h.expert_parallel - 1))] += m.picks[size_t(e)];
+    if (split) {
+      m.rank_picks.assign(size_t(h.expert_parallel), 0);
+      for (int e = 0; e < n_experts; ++e) m.rank_picks[size_t(e / per)] += m.picks[size_t(e)];
+    }
     const int64_t total = std::accumulate(m.picks.begin(), m.picks.end(), int64_t(0));
     m.activation_ratio = m.rows > 0 ? double(total) / (double(m.rows) * n_experts) : 0.0;
+    m.experts_active = int(std::count_if(m.picks.begin(), m.picks.end(), [](int64_t x) { return x > 0; }));
     m.load_cv = cv(m.picks);
     m.load_max_over_mean = max_over_mean(m.picks);
-    m.rank_max_over_mean = max_over_mean(m.rank_picks);
-    if (m.rank_max_over_mean > rank_warn && m.rows >= kMinRowsToWarn)
+    m.rank_max_over_mean = split ? max_over_mean(m.rank_picks) : 0.0;
+    if (h.expert_parallel > 1 && m.rank_max_over_mean > rank_warn &&
+        double(total) / h.expert_parallel >= kMinPicksPerRankToWarn)
       h.warnings.push_back("MoE layer " + std::to_string(layer) + ": the busiest of " + std::to_string(h.expert_parallel) +
                            " EP ranks gets " + fmt(m.rank_max_over_mean) + "x the mean load (warning above " +
                            fmt(rank_warn) + "x; expert loads: max " + fmt(m.load_max_over_mean) + "x mean, CV " +
@@ -76,8 +86,8 @@ MoeHealth moe_health(const json& ranks, int n_experts, int top_k, int expert_par
     h.layers.push_back(m);
   }
   if (h.rows_not_k > 0)
-    h.warnings.push_back(std::to_string(h.rows_not_k) + " routed rows did not pick " + std::to_string(top_k) +
-                         " distinct experts");
+    h.warnings.push_back(std::to_string(h.rows_not_k) + " routings of a row in a layer did not pick " +
+                         std::to_string(top_k) + " distinct experts");
   return h;
 }
 
@@ -87,6 +97,7 @@ json to_json(const MoeHealth& h) {
     layers.push_back({{"layer", m.layer}, {"rows", m.rows}, {"expert_tokens", m.picks},
                       {"rank_tokens", m.rank_picks}, {"activation_ratio", m.activation_ratio},
                       {"expected_activation_ratio", double(h.top_k) / std::max(h.n_experts, 1)},
+                      {"experts_active", m.experts_active}, {"experts_idle", h.n_experts - m.experts_active},
                       {"expert_load_cv", m.load_cv}, {"expert_load_max_over_mean", m.load_max_over_mean},
                       {"rank_load_max_over_mean", m.rank_max_over_mean}});
   return {{"n_routed_experts", h.n_experts}, {"num_experts_per_tok", h.top_k}, {"expert_parallel", h.expert_parallel},
@@ -111,14 +122,16 @@ std::string prometheus_text(const json& report) {
       {"preemptions", "glm5_preemptions_total", "counter", "Sequences preempted."},
       {"prefix_hit_tokens", "glm5_prefix_hit_tokens_total", "counter", "Prompt positions served from shared blocks."},
       {"kv_blocks_peak", "glm5_kv_blocks_peak", "gauge", "Most KV blocks in use at once."},
-      {"peak_rss_kb", "glm5_peak_rss_kilobytes", "gauge", "Peak resident set size."},
+      {"peak_rss_kb", "glm5_peak_rss_bytes", "gauge", "Peak resident set size."},
       {"rows_not_k", "glm5_moe_rows_not_k_total", "counter", "Routed rows whose picks were not k distinct experts."},
   };
   for (const Counter& c : per_rank) {
     family(c.name, c.type, c.help);
     for (const json& r : report.at("ranks"))
-      if (r.contains(c.key))
-        o << c.name << "{rank=\"" << r.at("rank").get<int>() << "\"} " << r.at(c.key).dump() << '\n';
+      if (r.contains(c.key) && r.at(c.key).is_number())
+        o << c.name << "{rank=\"" << r.at("rank").get<int>() << "\"} "
+          << (c.key == std::string("peak_rss_kb") ? json(r.at(c.key).get<int64_t>() * 1024) : r.at(c.key)).dump()
+          << '\n';
   }
   if (report.contains("moe")) {
     const json& moe = report.at("moe");
@@ -133,12 +146,13 @@ std::string prometheus_text(const json& report) {
         {"activation_ratio", "Expert picks / (rows x experts); k / E when every row picks k."},
         {"expert_load_cv", "Coefficient of variation of the per-expert load."},
         {"expert_load_max_over_mean", "Busiest expert's load over the mean."},
-        {"rank_load_max_over_mean", "Busiest EP rank's load over the mean."}};
+        {"rank_load_max_over_mean", "Busiest EP rank's load over the mean."},
+        {"experts_active", "Experts that got at least one row."}};
     for (const auto& [key, help] : gauges) {
       const std::string name = std::string("glm5_moe_") + key;
       family(name.c_str(), "gauge", help);
       for (const json& l : moe.at("layers"))
-        o << name << "{layer=\"" << l.at("layer").get<int>() << "\"} " << l.at(key).get<double>() << '\n';
+        o << name << "{layer=\"" << l.at("layer").get<int>() << "\"} " << l.at(key).dump() << '\n';
     }
   }
   return o.str();

@@ -19,6 +19,7 @@ struct MoeLayerHealth {
   int64_t rows = 0;
   std::vector<int64_t> picks;       // per expert
   std::vector<int64_t> rank_picks;  // per EP rank (column): experts [c * E / EP, (c + 1) * E / EP)
+  int experts_active = 0;           // experts with at least one pick (dead experts: E - this)
   double activation_ratio = 0, load_cv = 0, load_max_over_mean = 0, rank_max_over_mean = 0;
 };
 
@@ -30,8 +31,10 @@ struct MoeHealth {
 };
 
 // `ranks`: the report's per-rank objects, each with "router" ([{layer, rows, picks}]) and
-// "rows_not_k". A layer's counts are summed over the ranks that hold it. Warns when a layer that
-// routed at least 128 rows has a per-rank max / mean above rank_warn, or any row did not pick k experts.
+// "rows_not_k" (routings of a row in a layer that were not k distinct experts). A layer's counts
+// are summed over the ranks that hold it. Warns when, with EP > 1, a layer's busiest EP rank gets
+// more than rank_warn x the mean load (and the mean is at least 256 picks), or any routing was not
+// k distinct experts.
 MoeHealth moe_health(const nlohmann::json& ranks, int n_experts, int top_k, int expert_parallel, double rank_warn);
 nlohmann::json to_json(const MoeHealth& h);
 

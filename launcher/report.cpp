@@ -58,10 +58,7 @@ void print_profile(const json& r) {
   std::printf("\n");
 }
 
-}  // namespace
-
-int run_report(const std::string& path) {
-  const json rep = read_json(path);
+void print_report(const std::string& path, const json& rep) {
   CHECK(rep.contains("ranks") && rep.at("ranks").is_array(), path, ": no \"ranks\" array (not a glm5 batch --report file)");
   std::printf("%s: %d rank(s)\n\n| rank | stage | column | wall s | compute | comm | idle | tokens/s | peak RSS MiB |\n"
               "|---|---|---|---|---|---|---|---|---|\n",
@@ -83,14 +80,26 @@ int run_report(const std::string& path) {
     std::printf("\nMoE routing (%d experts, k = %d, %d EP ranks): rows not picking k experts: %lld\n\n",
                 moe.value("n_routed_experts", 0), moe.value("num_experts_per_tok", 0), moe.value("expert_parallel", 1),
                 (long long)moe.value("rows_not_k", int64_t(0)));
-    std::printf("| layer | rows | activation ratio (k/E = %.4f) | expert load CV | expert max/mean | EP rank max/mean |\n"
-                "|---|---|---|---|---|---|\n",
+    std::printf("| layer | rows | activation ratio (k/E = %.4f) | experts active | expert load CV | expert max/mean | "
+                "EP rank max/mean |\n|---|---|---|---|---|---|---|\n",
                 moe.at("layers").empty() ? 0.0 : moe.at("layers")[0].value("expected_activation_ratio", 0.0));
     for (const json& l : moe.at("layers"))
-      std::printf("| %d | %lld | %.4f | %.3f | %.3f | %.3f |\n", l.value("layer", 0), (long long)l.value("rows", int64_t(0)),
-                  l.value("activation_ratio", 0.0), l.value("expert_load_cv", 0.0),
+      std::printf("| %d | %lld | %.4f | %d | %.3f | %.3f | %.3f |\n", l.value("layer", 0),
+                  (long long)l.value("rows", int64_t(0)), l.value("activation_ratio", 0.0), l.value("experts_active", 0),
+                  l.value("expert_load_cv", 0.0),
                   l.value("expert_load_max_over_mean", 0.0), l.value("rank_load_max_over_mean", 0.0));
     for (const json& w : moe.value("warnings", json::array())) std::printf("warning: %s\n", w.get<std::string>().c_str());
+  }
+}
+
+}  // namespace
+
+int run_report(const std::string& path) {
+  const json rep = read_json(path);
+  try {
+    print_report(path, rep);
+  } catch (const json::exception& e) {  // a field missing or of the wrong type
+    GLM5_FAIL(path, ": not a glm5 batch --report file as expected: ", e.what());
   }
   return 0;
 }

@@ -518,7 +518,7 @@ void Model::attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
   be.rope({qi, m, IH, IH * ID, ID, 0, dr, pos, inv_freq_, rope_scale, cfg_.indexer_rope_interleave});
   be.layer_norm({ki, ID, L.k_norm_weight, L.k_norm_bias, ki, ID, m, ID, 1e-6f});
   be.rope({ki, m, 1, ID, ID, 0, dr, pos, inv_freq_, rope_scale, cfg_.indexer_rope_interleave});
-  span.emplace(prof_, "kv_write", L.index);
+  if (m > 0) span.emplace(prof_, "kv_write", L.index);
 
   // This step's keys into each sequence's blocks (one call per cache for all rows), then
   // attention in the layout's two forms.
@@ -530,7 +530,7 @@ void Model::attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
   span.reset();
   Buf<float> attn(be, m * NH * dv);  // [m, NH, v_head_dim]
   if (lay.n > 0) absorbed_attention(L, li, lay, q, qi, iw, attn);
-  span.emplace(prof_, "attention_naive", L.index);
+  if (!lay.naive.empty()) span.emplace(prof_, "attention_naive", L.index);
   for (const Span& sp : lay.naive) naive_attention(L, li, sp, q, pos, attn);
   // h += W_o attn
   span.emplace(prof_, "o_proj", L.index);

@@ -21,8 +21,12 @@ namespace glm5::runtime {
 
 class Profiler {
  public:
-  // trace: keep every phase call (at most max_events; later ones are counted, not kept).
-  Profiler(kernels::Backend& backend, bool trace, size_t max_events = size_t(1) << 20);
+  // trace: keep every phase call (at most max_events, ~100 bytes each as text; later ones are
+  // counted, not kept).
+  Profiler(kernels::Backend& backend, bool trace, size_t max_events = size_t(1) << 19);
+  // Starts the clock again and forgets what was recorded: called once every rank is ready, so
+  // that all ranks' traces share a time axis (loading takes different times).
+  void restart();
 
   class Scope {
    public:
@@ -41,8 +45,9 @@ class Profiler {
 
   // [{"phase", "layer" (-1: none), "seconds", "calls"}], by layer then phase.
   nlohmann::json totals() const;
-  // Chrome trace "X" events of this rank (pid = rank), microseconds since the profiler started.
-  nlohmann::json trace_events(int rank) const;
+  // Chrome trace "X" events of this rank (pid = rank), microseconds since the profiler started,
+  // as JSON objects joined by commas (the text goes straight into the trace file).
+  std::string trace_text(int rank) const;
   size_t dropped_events() const { return dropped_; }
 
  private:

@@ -36,7 +36,7 @@ TEST(MoeMonitor, HealthFromCounts) {
   const json ranks = json::array(
       {{{"rank", 0}, {"rows_not_k", 0}, {"router", {{{"layer", 3}, {"rows", 6}, {"picks", {3, 3, 3, 3}}}}}},
        {{"rank", 1}, {"rows_not_k", 0},
-        {"router", {{{"layer", 3}, {"rows", 2}, {"picks", {1, 1, 1, 1}}}, {{"layer", 5}, {"rows", 200}, {"picks", {200, 200, 0, 0}}}}}}});
+        {"router", {{{"layer", 3}, {"rows", 2}, {"picks", {1, 1, 1, 1}}}, {{"layer", 5}, {"rows", 400}, {"picks", {400, 400, 0, 0}}}}}}});
   const MoeHealth h = moe_health(ranks, 4, 2, 2, 1.5);
   ASSERT_EQ(h.layers.size(), 2u);
   EXPECT_EQ(h.layers[0].layer, 3);
@@ -45,9 +45,10 @@ TEST(MoeMonitor, HealthFromCounts) {
   EXPECT_DOUBLE_EQ(h.layers[0].activation_ratio, 0.5);
   EXPECT_DOUBLE_EQ(h.layers[0].load_cv, 0.0);
   EXPECT_DOUBLE_EQ(h.layers[0].rank_max_over_mean, 1.0);
-  EXPECT_EQ(h.layers[1].rank_picks, (std::vector<int64_t>{400, 0}));
-  EXPECT_DOUBLE_EQ(h.layers[1].load_max_over_mean, 2.0);  // 200 of a mean of 100
-  EXPECT_DOUBLE_EQ(h.layers[1].load_cv, 1.0);             // loads 200 200 0 0: std 100, mean 100
+  EXPECT_EQ(h.layers[1].rank_picks, (std::vector<int64_t>{800, 0}));
+  EXPECT_EQ(h.layers[1].experts_active, 2);
+  EXPECT_DOUBLE_EQ(h.layers[1].load_max_over_mean, 2.0);  // 400 of a mean of 200
+  EXPECT_DOUBLE_EQ(h.layers[1].load_cv, 1.0);             // loads 400 400 0 0: std 200, mean 200
   EXPECT_DOUBLE_EQ(h.layers[1].rank_max_over_mean, 2.0);
   ASSERT_EQ(h.warnings.size(), 1u);
   EXPECT_NE(h.warnings[0].find("MoE layer 5"), std::string::npos) << h.warnings[0];
@@ -56,13 +57,16 @@ TEST(MoeMonitor, HealthFromCounts) {
   few[1]["router"][1]["rows"] = 4;
   few[1]["router"][1]["picks"] = {4, 4, 0, 0};
   EXPECT_TRUE(moe_health(few, 4, 2, 2, 1.5).warnings.empty());
+  EXPECT_TRUE(moe_health(ranks, 4, 2, 1, 1.5).warnings.empty());  // one EP rank: nothing to balance
+  EXPECT_TRUE(moe_health(ranks, 4, 2, 3, 1.5).layers[1].rank_picks.empty());  // 4 experts do not split over 3
 
   json bad = ranks;
   bad[1]["rows_not_k"] = 3;
   const MoeHealth hb = moe_health(bad, 4, 2, 2, 3.0);  // no imbalance warning at 3x
   EXPECT_EQ(hb.rows_not_k, 3);
   ASSERT_EQ(hb.warnings.size(), 1u);
-  EXPECT_NE(hb.warnings[0].find("3 routed rows did not pick 2 distinct experts"), std::string::npos) << hb.warnings[0];
+  EXPECT_NE(hb.warnings[0].find("3 routings of a row in a layer did not pick 2 distinct experts"), std::string::npos)
+      << hb.warnings[0];
 }
 
 // Every sample line is `name{labels} value`, every name has HELP and TYPE lines before it.
@@ -80,7 +84,7 @@ TEST(MoeMonitor, PrometheusText) {
   while (std::getline(in, line)) {
     std::smatch m;
     if (line.rfind("# TYPE ", 0) == 0) {
-      typed.insert(line.substr(7, line.find(' ', 7) - 7));
+      EXPECT_TRUE(typed.insert(line.substr(7, line.find(' ', 7) - 7)).second) << "TYPE twice: " << line;
       continue;
     }
     if (line.rfind("# HELP ", 0) == 0) continue;
@@ -106,7 +110,7 @@ fs::path write_requests(const std::string& name) {
   return p;
 }
 
-json run_report(const std::string& model, const std::string& tag, const std::string& launch, const std::string& cluster,
+json run_with_report(const std::string& model, const std::string& tag, const std::string& launch, const std::string& cluster,
                 std::string* log_text = nullptr) {
   const fs::path in = write_requests(tag + ".jsonl"), out = scratch(tag + ".out.jsonl");
   const fs::path rep = scratch(tag + ".report.json"), log = scratch(tag + ".log"), met = scratch(tag + ".prom");
@@ -121,8 +125,8 @@ json run_report(const std::string& model, const std::string& tag, const std::str
 
 TEST(MoeMonitor, EveryRowPicksKExpertsOnEveryLayout) {
   const std::string model = kData + "/tiny-a";
-  const json one = run_report(model, "one", "", "");
-  const json four = run_report(model, "four", mpirun(4), kSrc + "/cluster-configs/cpu-pp2-ep2.yaml");
+  const json one = run_with_report(model, "one", "", "");
+  const json four = run_with_report(model, "four", mpirun(4), kSrc + "/cluster-configs/cpu-pp2-ep2.yaml");
   for (const json* r : {&one, &four}) {
     const json& moe = r->at("moe");
     EXPECT_EQ(moe.at("rows_not_k").get<int64_t>(), 0);
@@ -157,6 +161,7 @@ TEST(MoeMonitor, FlagsARouterThatFavoursOneRank) {
     for (const auto& [name, t] : tensors.items()) {
       if (name.find("e_score_correction_bias") == std::string::npos) continue;
       ASSERT_EQ(t.at("dtype"), "F32");
+      ASSERT_EQ(t.at("data_offsets")[1].get<uint64_t>() - t.at("data_offsets")[0].get<uint64_t>(), 64u);
       std::vector<float> bias(16);
       const auto off = std::streamoff(8 + n + t.at("data_offsets")[0].get<uint64_t>());
       f.seekg(off);
@@ -164,12 +169,13 @@ TEST(MoeMonitor, FlagsARouterThatFavoursOneRank) {
       for (int e = 0; e < 8; ++e) bias[size_t(e)] += 100.0f;
       f.seekp(off);
       f.write(reinterpret_cast<const char*>(bias.data()), 64);
+      ASSERT_TRUE(f.good()) << entry.path();
       ++patched;
     }
   }
   ASSERT_GE(patched, 3);
   std::string log;
-  const json r = run_report(model.string(), "skewed", mpirun(2), kSrc + "/cluster-configs/cpu-ep2.yaml", &log);
+  const json r = run_with_report(model.string(), "skewed", mpirun(2), kSrc + "/cluster-configs/cpu-ep2.yaml", &log);
   const json& moe = r.at("moe");
   EXPECT_EQ(moe.at("rows_not_k").get<int64_t>(), 0);
   for (const json& l : moe.at("layers")) {

@@ -7,7 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <algorithm>
+#include <map>
 #include <set>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include "tests/test_support.h"
@@ -53,7 +57,13 @@ void check_run(const std::string& tag, const std::string& launch, const std::str
     EXPECT_EQ(phases.count("lm_head"), last_stage ? 1u : 0u) << r.at("rank");
     EXPECT_EQ(phases.count("experts"), 1u) << r.at("rank");  // tiny-a: MoE layers in both stages
   }
+  for (const json& r : report.at("ranks")) {  // the phases are disjoint parts of the rank's run
+    double sum = 0;
+    for (const json& p : r.at("profile")) sum += p.at("seconds").get<double>();
+    EXPECT_LE(sum, r.at("wall_s").get<double>() + 1e-3) << r.at("rank");
+  }
   const json t = json::parse(slurp(trace));
+  std::map<int, std::vector<std::pair<double, double>>> spans;  // per track: (ts, dur)
   std::set<int> tracks, named;
   for (const json& e : t.at("traceEvents")) {
     if (e.at("ph") == "M") {
@@ -65,6 +75,12 @@ void check_run(const std::string& tag, const std::string& launch, const std::str
     EXPECT_GE(e.at("dur").get<double>(), 0.0);
     EXPECT_GE(e.at("ts").get<double>(), 0.0);
     tracks.insert(e.at("pid").get<int>());
+    spans[e.at("pid").get<int>()].push_back({e.at("ts").get<double>(), e.at("dur").get<double>()});
+  }
+  for (auto& [pid, v] : spans) {  // no phase inside or across another (nothing timed twice)
+    std::sort(v.begin(), v.end());
+    for (size_t i = 1; i < v.size(); ++i)
+      ASSERT_LE(v[i - 1].first + v[i - 1].second, v[i].first + 0.01) << "track " << pid << ", event " << i;
   }
   EXPECT_EQ(tracks.size(), size_t(ranks));
   EXPECT_EQ(named, tracks);
