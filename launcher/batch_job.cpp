@@ -875,12 +875,22 @@ int run_tokenize(const std::string& path, bool decode, bool literal_special) {
 }
 
 int run_launch(const std::string& cluster, const std::vector<std::string>& args, bool run,
-               const std::string& argv0) {
+               const std::string& argv0, const std::string& slurm, bool srun) {
   ClusterConfig cc = load_cluster_config(cluster);
   std::string self = argv0;
   std::error_code ec;
   auto abs = std::filesystem::canonical("/proc/self/exe", ec);
   if (!ec) self = abs.string();
+  if (!slurm.empty()) {
+    std::ofstream f(slurm);
+    f << slurm_script(cc, self, args, srun);
+    f.close();
+    CHECK(f, "cannot write --slurm ", slurm);
+    std::filesystem::permissions(slurm, std::filesystem::perms::owner_exec | std::filesystem::perms::group_exec,
+                                 std::filesystem::perm_options::add, ec);
+    std::cout << "sbatch " << shell_join({slurm}) << std::endl;
+    return 0;
+  }
   std::vector<std::string> cmd = launch_command(cc, self, args, geteuid() == 0);
   std::cout << shell_join(cmd) << std::endl;
   if (!run) return 0;

@@ -58,6 +58,6 @@ int run_tokenize(const std::string& tokenizer, bool decode, bool literal_special
 // `glm5 report FILE`: a --report file as tables (per-rank time, profile phases, MoE health).
 int run_report(const std::string& path);
 int run_launch(const std::string& cluster, const std::vector<std::string>& args, bool run,
-               const std::string& argv0);
+               const std::string& argv0, const std::string& slurm = "", bool srun = false);
 
 }  // namespace glm5::launcher

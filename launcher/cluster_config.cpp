@@ -409,6 +409,41 @@ std::vector<std::string> launch_command(const ClusterConfig& cc, const std::stri
   return cmd;
 }
 
+std::string slurm_script(const ClusterConfig& cc, const std::string& glm5_path, const std::vector<std::string>& glm5_args,
+                         bool srun) {
+  const std::vector<std::string> mpirun = launch_command(cc, glm5_path, glm5_args, false);  // checks the args
+  const int n = cc.world_size();
+  std::string out = "#!/bin/bash\n# glm5 on " + (cc.source.empty() ? std::string("the default cluster") : cc.source) +
+                    ": " + std::to_string(cc.stages) + " stage(s) x " + std::to_string(cc.expert_parallel) +
+                    " expert-parallel column(s). Submit with: sbatch THIS_FILE\n";
+  out += "#SBATCH --job-name=glm5\n#SBATCH --ntasks=" + std::to_string(n) + "\n";
+  if (cc.hosts.empty()) {
+    out += "#SBATCH --nodes=1\n";
+  } else {
+    int most = 0;
+    std::string list;
+    for (const HostSlots& h : cc.hosts) {
+      most = std::max(most, h.slots);
+      list += (list.empty() ? "" : ",") + h.host;
+    }
+    out += "#SBATCH --nodes=" + std::to_string(cc.hosts.size()) + "\n#SBATCH --ntasks-per-node=" +
+           std::to_string(most) + "\n#SBATCH --nodelist=" + list + "\n";
+  }
+  out += "set -euo pipefail\n";
+  for (const auto& [k, v] : cc.env) out += "export " + shell_join({k + "=" + v}) + "\n";
+  std::vector<std::string> cmd;
+  if (srun) {
+    cmd = {"srun", "--mpi=pmix", "--ntasks=" + std::to_string(n)};
+  } else {  // mpirun takes the allocation's hosts: no --host, no --oversubscribe
+    cmd = {"mpirun", "-np", std::to_string(n)};
+    cmd.insert(cmd.end(), cc.mpirun_args.begin(), cc.mpirun_args.end());
+    for (const auto& [k, v] : cc.env) cmd.insert(cmd.end(), {"-x", k});
+  }
+  // glm5 and its arguments: the tail of the mpirun line (from the glm5 path on).
+  cmd.insert(cmd.end(), std::find(mpirun.begin(), mpirun.end(), glm5_path), mpirun.end());
+  return out + shell_join(cmd) + "\n";
+}
+
 std::string shell_join(const std::vector<std::string>& argv) {
   std::string out;
   for (const std::string& a : argv) {

@@ -81,4 +81,11 @@ std::vector<std::string> launch_command(const ClusterConfig& cc, const std::stri
 // needed).
 std::string shell_join(const std::vector<std::string>& argv);
 
+// A Slurm batch script (`sbatch FILE`) that runs `glm5 <args...> --cluster FILE` on this cluster:
+// #SBATCH --ntasks = world size, --nodes / --ntasks-per-node / --nodelist from `hosts` (else one
+// node), the env exported, then `srun --mpi=pmix` (srun = true) or mpirun with mpirun_args inside
+// the allocation (which gives mpirun its hosts).
+std::string slurm_script(const ClusterConfig& cc, const std::string& glm5_path, const std::vector<std::string>& glm5_args,
+                         bool srun);
+
 }  // namespace glm5::launcher

@@ -455,7 +455,12 @@ int main_entry(int argc, char** argv) {
   std::vector<std::string> rest;
   auto* lau = app.add_subcommand("launch", "print (or --run) the mpirun command for a cluster config");
   lau->add_option("--cluster", lc)->required();
-  lau->add_flag("--run", lrun, "execute it");
+  auto* lrun_opt = lau->add_flag("--run", lrun, "execute it");
+  std::string lslurm;
+  bool lsrun = false;
+  auto* lslurm_opt = lau->add_option("--slurm", lslurm, "write a Slurm batch script (sbatch FILE) instead of printing")
+                         ->excludes(lrun_opt);
+  lau->add_flag("--srun", lsrun, "with --slurm: start the ranks with srun --mpi=pmix instead of mpirun")->needs(lslurm_opt);
   lau->add_option("args", rest, "glm5 subcommand and arguments (after --)");
 
   try {
@@ -489,7 +494,7 @@ int main_entry(int argc, char** argv) {
     }
     else if (tok->parsed()) rc = run_tokenize(tk, decode, literal);
     else if (rep->parsed()) rc = run_report(report_file);
-    else if (lau->parsed()) rc = run_launch(lc, rest, lrun, argv[0]);
+    else if (lau->parsed()) rc = run_launch(lc, rest, lrun, argv[0], lslurm, lsrun);
     return rc;
   } catch (const std::exception& e) {
     if (size > 1) {

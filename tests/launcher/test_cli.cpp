@@ -300,6 +300,50 @@ TEST(Cli, LaunchRunGivesWhatOneProcessGives) {
   EXPECT_EQ(json::parse(result), json::parse(one.out));
 }
 
+// `launch --slurm` writes an sbatch script: the header from the config (tasks, nodes, node list),
+// the env exported, then mpirun (or srun --mpi=pmix) with glm5's words as given; the mpirun form,
+// run by bash outside Slurm (Open MPI told by its environment to allow root and oversubscription),
+// gives what one process gives.
+TEST(Cli, LaunchWritesASlurmScript) {
+  const fs::path script = fs::temp_directory_path() / ("glm5_slurm_" + std::to_string(getpid()) + ".sbatch");
+  Proc p = run("cd " + kSrc + " && " + kBin + " launch --cluster cluster-configs/h100x16-2nodes.yaml --slurm " +
+               script.string() + " -- batch --model /m --input 'in put.jsonl' --output o.jsonl", false);
+  ASSERT_EQ(p.code, 0) << p.err;
+  std::string text = slurp(script);
+  for (const char* want : {"#!/bin/bash\n", "\n#SBATCH --ntasks=16\n", "\n#SBATCH --nodes=2\n",
+                           "\n#SBATCH --ntasks-per-node=8\n", "\n#SBATCH --nodelist=node1,node2\n",
+                           "\nexport UCX_TLS=rc,sm,self\n", "\nmpirun -np 16 --mca pml ucx",
+                           " -x UCX_TLS ", " batch --model /m --input 'in put.jsonl' --output o.jsonl --cluster "
+                           "cluster-configs/h100x16-2nodes.yaml\n"})
+    EXPECT_NE(text.find(want), std::string::npos) << want << " not in:\n" << text;
+  EXPECT_EQ(text.find("--host"), std::string::npos) << text;  // the allocation gives mpirun its hosts
+
+  p = run("cd " + kSrc + " && " + kBin + " launch --cluster cluster-configs/cpu-pp2-ep2.yaml --slurm " +
+              script.string() + " --srun -- generate --model x",
+          false);
+  ASSERT_EQ(p.code, 0) << p.err;
+  text = slurp(script);
+  EXPECT_NE(text.find("\n#SBATCH --nodes=1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nsrun --mpi=pmix --ntasks=4 "), std::string::npos) << text;
+
+  const std::string gen_args =
+      "generate --model " + kTinyA + " --prompt-ids 3,1,4,1,5,9,2,6 --max-new-tokens 4 --temperature 0";
+  const Proc one = run(kBin + " " + gen_args);
+  ASSERT_EQ(one.code, 0) << one.err;
+  p = run("cd " + kSrc + " && " + kBin + " launch --cluster cluster-configs/cpu-pp2-ep2.yaml --slurm " + script.string() +
+              " -- " + gen_args,
+          false);
+  ASSERT_EQ(p.code, 0) << p.err;
+  const std::string path = fs::path(GLM5_MPIRUN).parent_path().string() + ":" + std::getenv("PATH");
+  const Proc four = run("cd " + kSrc + " && PATH='" + path +
+                            "' OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                            "OMPI_MCA_rmaps_base_oversubscribe=1 timeout 120 bash " + script.string(),
+                        false);
+  ASSERT_EQ(four.code, 0) << four.err << slurp(script);
+  EXPECT_EQ(json::parse(four.out), json::parse(one.out));
+  fs::remove(script);
+}
+
 // Rows "rank stage column layers ..." of `glm5 inspect`.
 std::vector<std::vector<std::string>> rank_rows(const std::string& out) {
   std::vector<std::vector<std::string>> rows;
