@@ -668,7 +668,7 @@ void Model::count_router_load(int layer, const int32_t* ids, int64_t m) {
 // input is row rrow[i] of table): out[i] = expert(rtag[i])(row). In chunks of at most
 // kExpertChunkRows slots: the chunk's rows are gathered once, the gate and up gemms of every
 // expert in it run as one batch, one swiglu, then the down gemms as one batch (with `also`, gemms
-// to run alongside the first, e.g. the shared expert's down). Decode's 8 experts are 3 batches.
+// to run alongside the first, e.g. the shared expert's down). Decode's 8 experts: 2 batches.
 void Model::routed_experts(Layer& L, const float* table, const int32_t* rrow, const int32_t* rtag, int64_t n_recv,
                            float* out, std::vector<GemmParams> also) {
   constexpr int64_t kExpertChunkRows = 2048;

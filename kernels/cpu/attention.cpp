@@ -457,7 +457,7 @@ inline void transpose16(__m512 (&r)[16]) {
 
 // Transposes keys [t0, t0 + nt) of query row s (nt <= kIndexerKeys) into kt [D][kIndexerKeys],
 // zero-padded. Exact data movement (bf16 keys widened exactly), so how is free: on AVX-512 builds
-// 16 x 16 blocks in registers (the scalar loop cost ~4x the scoring at long contexts).
+// 16 x 16 blocks in registers (one row over 16k keys: 0.37 -> 0.22 ms with them, bench_kernels).
 void transpose_keys(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t nt, float* kt) {
   const int64_t D = p.head_dim;
   const bool bf16 = p.pages.dtype == DType::BF16;

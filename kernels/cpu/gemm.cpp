@@ -29,25 +29,17 @@ constexpr int64_t kBlockBytes = 256 * 1024;
 // microseconds, as much as ~2^18 multiply-adds of streamed weights (decode calls are often small).
 constexpr int64_t kParallelMacs = int64_t(1) << 18;
 
-// y = x W^T, W [n, k] rows of L::T, widened on the fly (exact, so no dtype changes a bit).
-// Work items are column blocks; when there are too few of them to keep the threads busy (small
-// n, large m) the rows are split too, at the price of reading W once per row block.
+// y = x W^T, W [n, k] rows of L::T, widened on the fly (exact, so no dtype changes a bit), for
+// decode-sized m (below kPanelMinRows): work items are blocks of W rows against all rows of x.
 struct NtSplit {
-  int64_t mb = 0, nb = 0, row_blocks = 0, col_blocks = 0;
+  int64_t nb = 0, col_blocks = 0;
 };
 
 NtSplit nt_split(const GemmParams& p, size_t elem_bytes) {
   NtSplit s;
-  int64_t nb = kBlockBytes / int64_t(elem_bytes * size_t(std::max<int64_t>(p.k, 1)));
+  const int64_t nb = kBlockBytes / int64_t(elem_bytes * size_t(std::max<int64_t>(p.k, 1)));
   s.nb = std::clamp<int64_t>(nb / kTileCols * kTileCols, kTileCols, 256);
   s.col_blocks = (p.n + s.nb - 1) / s.nb;
-  const int64_t threads = omp_get_max_threads();
-  s.mb = p.m;
-  if (s.col_blocks < 2 * threads && p.m >= 64) {
-    const int64_t want = std::min<int64_t>((2 * threads + s.col_blocks - 1) / s.col_blocks, p.m / 32);
-    s.mb = ((p.m + want - 1) / want + kTileRows - 1) / kTileRows * kTileRows;
-  }
-  s.row_blocks = (p.m + s.mb - 1) / s.mb;
   return s;
 }
 
@@ -55,9 +47,9 @@ template <class L>
 void nt_item(const GemmParams& p, const NtSplit& s, int64_t item) {
   using T = typename L::T;
   const T* w = static_cast<const T*>(p.w.data);
-  const int64_t i0 = item / s.col_blocks * s.mb, j0 = item % s.col_blocks * s.nb;
-  dot_block<L>(p.x + i0 * p.ldx, p.ldx, w + j0 * p.w.ld, p.w.ld, std::min(s.mb, p.m - i0),
-               std::min(s.nb, p.n - j0), p.k, p.y + i0 * p.ldy + j0, p.ldy, p.accumulate);
+  const int64_t j0 = item * s.nb;
+  dot_block<L>(p.x, p.ldx, w + j0 * p.w.ld, p.w.ld, p.m, std::min(s.nb, p.n - j0), p.k, p.y + j0, p.ldy,
+               p.accumulate);
 }
 
 // y[r, j0 + 16v + l] for r < MR, v < NV: sequential FMA over k of x[r, k] * W[k, j], W [k, n].
@@ -166,8 +158,8 @@ struct Job {
       item_cost = double(kPanelCols * g.k) * (wbytes + double(std::min(g.m, kPanelRows)));
     } else {
       nt = nt_split(g, dtype_size(g.w.dtype));
-      items = nt.row_blocks * nt.col_blocks;
-      item_cost = double(nt.nb * g.k) * (wbytes + double(nt.mb));
+      items = nt.col_blocks;
+      item_cost = double(nt.nb * g.k) * (wbytes + double(g.m));
     }
   }
 
