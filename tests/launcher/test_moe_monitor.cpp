@@ -104,7 +104,7 @@ fs::path write_requests(const std::string& name) {
   std::ofstream f(p);
   for (int r = 0; r < 12; ++r) {
     f << "{\"custom_id\":\"r" << r << "\",\"body\":{\"max_tokens\":6,\"temperature\":0,\"prompt\":[";
-    for (int i = 0; i < 24; ++i) f << (i ? "," : "") << (r * 131 + i * 17) % 400 + 1;
+    for (int i = 0; i < 24; ++i) f << (i ? "," : "") << (r * 131 + i * 17) % 200 + 1;  // (ids < every vocab here)
     f << "]}}\n";
   }
   return p;
@@ -142,6 +142,21 @@ TEST(MoeMonitor, EveryRowPicksKExpertsOnEveryLayout) {
     EXPECT_EQ(one["moe"]["layers"][i]["expert_tokens"], four["moe"]["layers"][i]["expert_tokens"]);
   }
   EXPECT_EQ(four["moe"]["expert_parallel"].get<int>(), 2);
+}
+
+// The other test models (another GLM-5 shape, DeepSeek-V3.2, FP8 and int4 checkpoints, tiny-moe):
+// every routing picks k distinct experts, on every MoE layer.
+TEST(MoeMonitor, EveryModelPicksKExperts) {
+  for (const char* name : {"tiny-b", "tiny-v32", "tiny-a-fp8", "tiny-a-w4a16-ct", "tiny-moe"}) {
+    const json config = json::parse(slurp(kData + "/" + name + "/config.json"));
+    const int64_t E = config.at("n_routed_experts"), K = config.at("num_experts_per_tok");
+    const int64_t moe_layers = config.at("num_hidden_layers").get<int64_t>() - config.at("first_k_dense_replace").get<int64_t>();
+    const json r = run_with_report(kData + "/" + name, name, "", "");
+    const json& moe = r.at("moe");
+    EXPECT_EQ(moe.at("rows_not_k").get<int64_t>(), 0) << name;
+    ASSERT_EQ(int64_t(moe.at("layers").size()), moe_layers) << name;
+    for (const json& l : moe.at("layers")) EXPECT_EQ(l.at("activation_ratio").get<double>(), double(K) / double(E)) << name;
+  }
 }
 
 // tiny-a with e_score_correction_bias + 100 on experts 0-7 (groups 0 and 1 of 4, topk_group 2):
