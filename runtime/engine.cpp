@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <optional>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -604,7 +605,9 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
   // What the last stage returned for group g's step in flight.
   auto receive = [&](int g) {
     auto t = Clock::now();
+    std::optional<Profiler::Scope> wait(std::in_place, model_.profiler(), "pipeline_wait", -1);
     std::vector<char> msg = recv_bytes(world_, last, kBack);
+    wait.reset();
     stats_.idle_s += since(t);  // waiting for the pipeline: the bubble
     Reader rd(msg);
     s.sched.apply(get_backs(rd));
@@ -641,9 +644,11 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
     Writer sw;
     put_step(sw, step);
     auto ts = Clock::now();
+    std::optional<Profiler::Scope> send(std::in_place, model_.profiler(), "pipeline_send", -1);
     stats_.bytes_sent += sw.b.size() + size_t(m * H) * sizeof(float);
     s.out.send_bytes(world_, next, kStep, std::move(sw.b));
     s.out.send_hidden(world_, be, h, m * H, next);
+    send.reset();
     stats_.comm_s += since(ts);
     s.inflight[size_t(g)] = true;
     s.inflight_rows[size_t(g)] = m > 0;
@@ -676,7 +681,9 @@ void Engine::run_later_stage() {
   Outbox out;
   for (;;) {
     auto t = Clock::now();
+    std::optional<Profiler::Scope> span(std::in_place, model_.profiler(), "pipeline_wait", -1);
     std::vector<char> msg = recv_bytes(world_, prev, kStep);
+    span.emplace(model_.profiler(), "pipeline_recv", -1);  // the step's hidden states
     stats_.idle_s += since(t);  // waiting for the previous stage: the bubble
     t = Clock::now();
     Reader rd(msg);
@@ -685,6 +692,7 @@ void Engine::run_later_stage() {
     stats_.max_step_rows = std::max(stats_.max_step_rows, m);
     float* h = static_cast<float*>(be.alloc(size_t(std::max<int64_t>(m, 1) * H) * sizeof(float)));
     recv_hidden(world_, be, h, m * H, prev);
+    span.reset();
     stats_.comm_s += since(t);
     if (trace_)
       std::fprintf(stderr, "[trace] rank %d got step rows %lld stop %d\n", world_.rank(), (long long)m, int(step.stop));
@@ -700,6 +708,7 @@ void Engine::run_later_stage() {
     stats_.compute_s += since(tc);
     if (next >= 0) {
       auto ts = Clock::now();
+      Profiler::Scope send(model_.profiler(), "pipeline_send", -1);
       stats_.bytes_sent += msg.size() + size_t(m * H) * sizeof(float);
       out.send_bytes(world_, next, kStep, std::move(msg));
       out.send_hidden(world_, be, h, m * H, next);
@@ -714,6 +723,7 @@ void Engine::run_later_stage() {
     Writer bw;
     put_backs(bw, backs);
     auto ts = Clock::now();
+    Profiler::Scope send(model_.profiler(), "pipeline_send", -1);  // the sampled tokens, back to stage 0
     stats_.bytes_sent += bw.b.size();
     out.send_bytes(world_, first, kBack, std::move(bw.b));
     stats_.comm_s += since(ts);

@@ -56,6 +56,11 @@ void check_run(const std::string& tag, const std::string& launch, const std::str
     const bool last_stage = ranks == 1 || r.at("stage").get<int>() == 1;
     EXPECT_EQ(phases.count("lm_head"), last_stage ? 1u : 0u) << r.at("rank");
     EXPECT_EQ(phases.count("experts"), 1u) << r.at("rank");  // tiny-a: MoE layers in both stages
+    if (ranks > 1) {  // the pipeline: every rank waits and sends; the second stage receives hidden states
+      EXPECT_EQ(phases.count("pipeline_wait"), 1u) << r.at("rank");
+      EXPECT_EQ(phases.count("pipeline_send"), 1u) << r.at("rank");
+      EXPECT_EQ(phases.count("pipeline_recv"), last_stage ? 1u : 0u) << r.at("rank");
+    }
   }
   for (const json& r : report.at("ranks")) {  // the phases are disjoint parts of the rank's run
     double sum = 0;
