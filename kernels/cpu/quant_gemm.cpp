@@ -164,15 +164,6 @@ GLM5_AVX512 void dequant_row_avx512(const Weight& w, int64_t r, float* out) {
 // recipe is dot_tile's exactly (lane l sums x[16q + l] * w[16q + l] by FMA in q order, then the
 // simd::reduce tree), over the same float weights, so the bytes equal the panel path's.
 
-GLM5_AVX512 inline float reduce_avx512(__m512 v) {  // simd::reduce, written out
-  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
-                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
-  return _mm_cvtss_f32(d);
-}
-
 // Per group state and one chunk of 16 dequantized values, per format.
 template <DType DT, DType SD>
 struct Chunk {
@@ -266,7 +257,7 @@ GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < nr; ++c) {
       float* o = y + r * ldy + j0 + c;
-      const float v = reduce_avx512(acc[r][c]);
+      const float v = simd::reduce(acc[r][c]);
       *o = accumulate ? *o + v : v;
     }
 }
