@@ -1,4 +1,4 @@
-// Helpers shared by the test files: expect_error for glm5::Error messages, per-process scratch
+// Helpers shared by the test files: the binary and data paths, expect_error for glm5::Error messages, per-process scratch
 // folders, reading a file whole, and running shell commands for their exit code and output.
 // Header-only (inline); include as "tests/test_support.h". No assertions of its own beyond
 // expect_error's; each test file keeps its own scratch prefix (ctest runs tests in parallel).
@@ -21,6 +21,12 @@
 #include "core/check.h"
 
 namespace glm5::testing {
+
+// Where the tests find the glm5 executable, the source tree and tests/data (set by CMake for
+// every test target).
+inline const std::string kBin = GLM5_BINARY;
+inline const std::string kSrc = GLM5_SOURCE_DIR;
+inline const std::string kData = GLM5_TEST_DATA;
 
 // Runs f and expects a glm5::Error whose message contains every part.
 inline void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {

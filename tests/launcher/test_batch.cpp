@@ -31,9 +31,9 @@ using json = nlohmann::json;
 
 namespace {
 
-const std::string kBin = GLM5_BINARY;
-const std::string kSrc = GLM5_SOURCE_DIR;
-const std::string kData = GLM5_TEST_DATA;
+using glm5::testing::kBin;
+using glm5::testing::kSrc;
+using glm5::testing::kData;
 const std::string kModel = kData + "/tiny-a";
 const std::string kRequests = kData + "/batch/requests-200.jsonl";
 const std::string kCluster22 = kSrc + "/cluster-configs/cpu-pp2-ep2.yaml";

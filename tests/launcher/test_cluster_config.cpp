@@ -23,7 +23,7 @@ namespace glm5::launcher {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kData = GLM5_TEST_DATA;
+using glm5::testing::kData;
 const std::string kConfigs = std::string(GLM5_SOURCE_DIR) + "/cluster-configs";
 const char* const kBad = "bad-cluster.yaml";
 

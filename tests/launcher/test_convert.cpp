@@ -20,9 +20,9 @@ using glm5::testing::contains;
 using glm5::testing::slurp;
 using glm5::runtime::Checkpoint;
 
-const std::string kBin = GLM5_BINARY;
-const std::string kSrc = GLM5_SOURCE_DIR;
-const std::string kData = GLM5_TEST_DATA;
+using glm5::testing::kBin;
+using glm5::testing::kSrc;
+using glm5::testing::kData;
 const glm5::testing::ScratchDir scratch("glm5_convert");
 
 glm5::testing::Proc run(const std::string& cmd, const std::string& tag) {

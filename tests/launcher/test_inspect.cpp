@@ -30,9 +30,9 @@ using json = nlohmann::json;
 
 namespace {
 
-const std::string kBin = GLM5_BINARY;
-const std::string kSrc = GLM5_SOURCE_DIR;
-const std::string kData = GLM5_TEST_DATA;
+using glm5::testing::kBin;
+using glm5::testing::kSrc;
+using glm5::testing::kData;
 const std::string kTinyA = kData + "/tiny-a";
 const std::string kTinyCt = kData + "/tiny-a-w4a16-ct";
 const std::string kGlm5 = kData + "/glm5-config";

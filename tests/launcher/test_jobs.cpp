@@ -18,8 +18,8 @@ using json = nlohmann::json;
 
 namespace {
 
-const std::string kBin = GLM5_BINARY;
-const std::string kSrc = GLM5_SOURCE_DIR;
+using glm5::testing::kBin;
+using glm5::testing::kSrc;
 const std::string kTinyA = std::string(GLM5_TEST_DATA) + "/tiny-a";
 const glm5::testing::ScratchDir scratch("glm5_jobs");
 

@@ -26,9 +26,9 @@ using glm5::testing::slurp;
 namespace glm5::launcher {
 namespace {
 
-const std::string kBin = GLM5_BINARY;
-const std::string kSrc = GLM5_SOURCE_DIR;
-const std::string kData = GLM5_TEST_DATA;
+using glm5::testing::kBin;
+using glm5::testing::kSrc;
+using glm5::testing::kData;
 const glm5::testing::ScratchDir scratch("glm5_moe_monitor");
 
 TEST(MoeMonitor, HealthFromCounts) {

@@ -24,9 +24,9 @@ using glm5::testing::slurp;
 
 namespace {
 
-const std::string kBin = GLM5_BINARY;
-const std::string kSrc = GLM5_SOURCE_DIR;
-const std::string kData = GLM5_TEST_DATA;
+using glm5::testing::kBin;
+using glm5::testing::kSrc;
+using glm5::testing::kData;
 const glm5::testing::ScratchDir scratch("glm5_profile");
 
 void check_run(const std::string& tag, const std::string& launch, const std::string& cluster, int ranks) {

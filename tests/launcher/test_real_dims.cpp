@@ -30,8 +30,8 @@ using glm5::runtime::SafetensorsFile;
 namespace {
 
 const std::string kModel = std::string(GLM5_TEST_DATA) + "/real-dims";
-const std::string kBin = GLM5_BINARY;
-const std::string kSrc = GLM5_SOURCE_DIR;
+using glm5::testing::kBin;
+using glm5::testing::kSrc;
 
 const glm5::testing::ScratchDir scratch("glm5_real_dims");
 
