@@ -76,15 +76,9 @@ echo "glm5 $(git rev-parse --short HEAD 2> /dev/null || echo '?')$(git diff --qu
 echo "model: ${MODEL_DIR:-?}; GGUFs:$(for t in $GGUF_TYPES; do [ -z "${GGUF[$t]:-}" ] || printf ' %s' "${GGUF[$t]}"; done)"
 echo "llama.cpp: $LLAMA_BENCH; llama-bench -t $THREADS -p 0 -n $DECODE -d $LLAMA_DEPTH -r 1 $LLAMA_ARGS"
 echo "glm5: OMP_NUM_THREADS=$THREADS bench_cpu --model DIR --prompt $PROMPT --decode $DECODE"
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-
-# CPU time of everything else during the run: busy jiffies of the machine minus this script's own
-# (its children's included), so a run disturbed by other work on a shared machine shows as such.
-busy_jiffies() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
-own_jiffies() { awk '{print $14 + $15 + $16 + $17}' "/proc/$$/stat"; }
-j0=$(busy_jiffies)
-o0=$(own_jiffies)
-t0=$(date +%s)
+# shellcheck source=scripts/bench_load.sh
+. scripts/bench_load.sh
+load_start
 
 # One line per sample: "<engine> <label> <round> <decode tok/s> [read GB/s]".
 R="$D/results.txt"
@@ -110,14 +104,7 @@ for round in $(seq 1 "$ROUNDS"); do
     echo "round $round: glm5 $label $ts tok/s (read bandwidth $bw GB/s)"
   done
 done
-echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
-hz=$(getconf CLK_TCK)
-others=$(( ($(busy_jiffies) - j0 - ($(own_jiffies) - o0)) / hz ))
-wall=$(( $(date +%s) - t0 ))
-echo "other processes used ${others} cpu-s of the $((wall * $(nproc))) available during the ${wall} s run"
-if [ $((others * 20)) -gt $((wall * $(nproc))) ]; then
-  echo "WARNING: other work took more than 5% of the CPUs during the run: the figures are disturbed, run again"
-fi
+load_report
 echo
 
 python3 - "$R" <<'PY'

@@ -95,12 +95,10 @@ cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p')
 flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512f|avx512_bf16|avx512_vnni|amx_bf16|amx_tile|avx2)$' | sort | tr '\n' ' ' || true)
 echo "CPU: $cpu, $(nproc) cpus; $flags"
 echo "glm5 $(git rev-parse --short HEAD 2> /dev/null || echo '?')$(git diff --quiet 2> /dev/null || echo ' (dirty tree)'); llama.cpp $LLAMA_REV (GGML_NATIVE=ON ${LLAMA_CMAKE_ARGS:-})"
-echo "model: $MODEL; rounds: $ROUNDS (depth rounds: $DEPTH_ROUNDS); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-busy_jiffies() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
-own_jiffies() { awk '{print $14 + $15 + $16 + $17}' "/proc/$$/stat"; }
-j0=$(busy_jiffies)
-o0=$(own_jiffies)
-t0=$(date +%s)
+echo "model: $MODEL; rounds: $ROUNDS (depth rounds: $DEPTH_ROUNDS)"
+# shellcheck source=scripts/bench_load.sh
+. scripts/bench_load.sh
+load_start
 
 # One line per sample: "<metric> <threads> <engine> <weights> <value> [bandwidth GB/s] [fma GFLOP/s]".
 R=$WORK/results.txt
@@ -151,11 +149,7 @@ for round in $(seq 1 "$DEPTH_ROUNDS"); do
     log "depth $d round $round done"
   done
 done
-hz=$(getconf CLK_TCK)
-others=$(( ($(busy_jiffies) - j0 - ($(own_jiffies) - o0)) / hz ))
-wall=$(( $(date +%s) - t0 ))
-echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg); other processes used ${others} cpu-s of the $((wall * $(nproc))) available in ${wall} s"
-[ $((others * 20)) -le $((wall * $(nproc))) ] || echo "WARNING: other work took more than 5% of the CPUs: the figures are disturbed, run again"
+load_report
 echo
 
 python3 - "$R" <<'PY'
