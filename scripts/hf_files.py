@@ -19,3 +19,14 @@ def shards(model_dir):
     for name, file in json.load(open(index))["weight_map"].items():
         files.setdefault(file, []).append(name)
     return files
+
+
+def write_index(out_dir, layout, weight_map, total_size):
+    """model.safetensors.index.json for a rewritten checkpoint, when the input had one (its shards()
+    layout was not the single model.safetensors): weight_map {tensor: file}, sorted by name."""
+    if layout == {"model.safetensors": None}:
+        return
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+        json.dump(index, f, indent=2)
+        f.write("\n")

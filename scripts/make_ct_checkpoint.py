@@ -30,7 +30,7 @@ from compressed_tensors.quantization.utils import calculate_qparams
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from hf_files import natural_key, shards
+from hf_files import natural_key, shards, write_index
 
 EXPERT = re.compile(r"model\.layers\.\d+\.mlp\.(experts\.\d+|shared_experts)\.(gate|up|down)_proj\.weight")
 FORMAT = "pack-quantized"
@@ -75,11 +75,7 @@ def main():
         save_file(tensors, os.path.join(a.out, file), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, file))
         total += sum(t.numel() * t.element_size() for t in tensors.values())
-    if layout != {"model.safetensors": None}:
-        with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
-            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-            json.dump(index, f, indent=2)
-            f.write("\n")
+    write_index(a.out, layout, weight_map, total)
 
     quantized = {n.removesuffix(".weight_packed") for n in weight_map if n.endswith(".weight_packed")}
     if not quantized:

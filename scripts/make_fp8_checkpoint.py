@@ -50,7 +50,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from hf_files import natural_key, shards
+from hf_files import natural_key, shards, write_index
 
 BLOCK = 128
 FP8_MAX = 448.0
@@ -154,11 +154,7 @@ def main():
         save_file(tensors, os.path.join(a.out, file), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, file))
         total += sum(t.numel() * t.element_size() for t in tensors.values())
-    if layout != {"model.safetensors": None}:
-        with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
-            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-            json.dump(index, f, indent=2)
-            f.write("\n")
+    write_index(a.out, layout, weight_map, total)
 
     qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
           "weight_block_size": [BLOCK, BLOCK],
