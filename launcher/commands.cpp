@@ -21,6 +21,7 @@
 #include "launcher/batch_job.h"
 #include "launcher/convert.h"
 #include "launcher/gpu_binding.h"
+#include "launcher/simulate.h"
 #include "parallel/mpi_comm.h"
 #include "runtime/memory_plan.h"
 #include "runtime/name_table.h"
@@ -450,6 +451,19 @@ int main_entry(int argc, char** argv) {
   tok->add_flag("--literal-special", literal,
                 "encode special tokens written in the text as plain text (default: as their ids, like prompts)");
 
+
+  SimulateArgs sa;
+  auto* sim = app.add_subcommand("simulate", "predict tokens/s, utilisation and the bottleneck of a layout (analytic model)");
+  sim->add_option("--model", sa.model, "model directory or config.json")->required();
+  auto* sim_cluster = sim->add_option("--cluster", sa.cluster, "cluster config YAML");
+  sim->add_option("--workload", sa.workload, "prompts=N,in=TOKENS,out=TOKENS[,prefix=TOKENS]");
+  sim->add_option("--hardware", sa.hardware, "hardware YAML (default: cluster-configs/hardware/ for the backend)");
+  sim->add_option("--routing", sa.routing, "a batch --report JSON whose per-layer expert loads replace uniform routing");
+  sim->add_option("--json", sa.json, "also write the prediction as JSON");
+  auto* sim_cal = sim->add_flag("--calibrate", sa.calibrate, "measure this machine and write a hardware file (--out)");
+  sim->add_option("--out", sa.out, "with --calibrate: the hardware YAML to write")->needs(sim_cal);
+  sim_cal->excludes(sim_cluster);
+
   std::string lc;
   bool lrun = false;
   std::vector<std::string> rest;
@@ -494,6 +508,7 @@ int main_entry(int argc, char** argv) {
     }
     else if (tok->parsed()) rc = run_tokenize(tk, decode, literal);
     else if (rep->parsed()) rc = run_report(report_file);
+    else if (sim->parsed()) rc = run_simulate(sa);
     else if (lau->parsed()) rc = run_launch(lc, rest, lrun, argv[0], lslurm, lsrun);
     return rc;
   } catch (const std::exception& e) {
