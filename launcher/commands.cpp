@@ -454,7 +454,7 @@ int main_entry(int argc, char** argv) {
 
   SimulateArgs sa;
   auto* sim = app.add_subcommand("simulate", "predict tokens/s, utilisation and the bottleneck of a layout (analytic model)");
-  sim->add_option("--model", sa.model, "model directory or config.json")->required();
+  sim->add_option("--model", sa.model, "model directory or config.json (required unless --calibrate)");
   auto* sim_cluster = sim->add_option("--cluster", sa.cluster, "cluster config YAML");
   sim->add_option("--workload", sa.workload, "prompts=N,in=TOKENS,out=TOKENS[,prefix=TOKENS]");
   sim->add_option("--hardware", sa.hardware, "hardware YAML (default: cluster-configs/hardware/ for the backend)");

@@ -1,0 +1,133 @@
+// Hardware YAML -> Hardware (yaml-cpp), with errors that name the file, the line and the key.
+#include "launcher/hardware.h"
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+// GCC 12 reports false -Wdangling-pointer warnings inside yaml-cpp 0.7's node iterators.
+#pragma GCC diagnostic push
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#pragma GCC diagnostic ignored "-Wdangling-pointer"
+#endif
+#include <yaml-cpp/yaml.h>
+#pragma GCC diagnostic pop
+
+#include "core/check.h"
+
+namespace glm5::launcher {
+
+namespace {
+
+struct Field {
+  const char* key;
+  double Hardware::*value;
+  double scale;    // file unit -> Hardware unit (us -> s)
+  bool optional;   // efficiencies default to 1
+};
+
+const Field kNumbers[] = {
+    {"memory_gb", &Hardware::memory_gb, 1, false},
+    {"gemm_flops", &Hardware::gemm_flops, 1, false},
+    {"gemm_efficiency", &Hardware::gemm_efficiency, 1, true},
+    {"attention_flops", &Hardware::attention_flops, 1, false},
+    {"attention_efficiency", &Hardware::attention_efficiency, 1, true},
+    {"mem_bw_core", &Hardware::mem_bw_core, 1, false},
+    {"mem_bw", &Hardware::mem_bw, 1, false},
+    {"mem_bw_efficiency", &Hardware::mem_bw_efficiency, 1, true},
+    {"topk_rate", &Hardware::topk_rate, 1, false},
+    {"op_overhead_us", &Hardware::op_overhead_s, 1e-6, false},
+    {"intra_node_bw", &Hardware::intra_node_bw, 1, false},
+    {"intra_node_latency_us", &Hardware::intra_node_latency_s, 1e-6, false},
+    {"inter_node_bw", &Hardware::inter_node_bw, 1, false},
+    {"inter_node_latency_us", &Hardware::inter_node_latency_s, 1e-6, false},
+};
+
+[[noreturn]] void bad(const std::string& source, const YAML::Node& n, const std::string& key,
+                      const std::string& expected) {
+  std::string found = !n.IsDefined() ? "nothing (the key is missing)"
+                      : n.IsScalar() ? "'" + n.Scalar() + "'"
+                                     : "a list or map";
+  std::string line = n.IsDefined() && n.Mark().line >= 0 ? ", line " + std::to_string(n.Mark().line + 1) : "";
+  GLM5_FAIL("hardware file ", source, line, ": key '", key, "': expected ", expected, ", found ", found);
+}
+
+double positive(const std::string& source, const YAML::Node& n, const std::string& key) {
+  double x = 0;
+  if (!n.IsScalar() || !YAML::convert<double>::decode(n, x) || !std::isfinite(x) || x < 0)
+    bad(source, n, key, "a number >= 0");
+  return x;
+}
+
+int count(const std::string& source, const YAML::Node& n, const std::string& key) {
+  long long x = 0;
+  if (!n.IsScalar() || !YAML::convert<long long>::decode(n, x) || x < 1 || x > 1 << 20)
+    bad(source, n, key, "an integer >= 1");
+  return int(x);
+}
+
+}  // namespace
+
+Hardware parse_hardware(const std::string& text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    GLM5_FAIL("hardware file ", source, ": not valid YAML: ", e.what());
+  }
+  CHECK(root.IsMap(), "hardware file ", source, ": expected a map of keys (name, kind, gemm_flops, ...)");
+  std::set<std::string> known = {"name", "kind", "cores", "devices_per_node"};
+  for (const Field& f : kNumbers) known.insert(f.key);
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    if (!known.count(key)) {
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+      bad(source, kv.first, key, "one of the keys " + list);
+    }
+  }
+  Hardware hw;
+  hw.source = source;
+  if (!root["name"].IsScalar()) bad(source, root["name"], "name", "a name");
+  hw.name = root["name"].Scalar();
+  const YAML::Node kind = root["kind"];
+  if (!kind.IsScalar() || (kind.Scalar() != "cpu" && kind.Scalar() != "gpu")) bad(source, kind, "kind", "cpu or gpu");
+  hw.kind = kind.Scalar();
+  hw.cores = root["cores"] ? count(source, root["cores"], "cores") : 1;
+  hw.devices_per_node = root["devices_per_node"] ? count(source, root["devices_per_node"], "devices_per_node") : 1;
+  for (const Field& f : kNumbers) {
+    const YAML::Node n = root[f.key];
+    if (!n && f.optional) continue;
+    hw.*f.value = positive(source, n, f.key) * f.scale;
+  }
+  for (const char* k : {"gemm_flops", "attention_flops", "mem_bw_core", "mem_bw", "topk_rate", "intra_node_bw",
+                        "inter_node_bw"})
+    for (const Field& f : kNumbers)
+      if (std::string(f.key) == k && hw.*f.value <= 0) bad(source, root[k], k, "a rate > 0");
+  for (const char* k : {"gemm_efficiency", "attention_efficiency", "mem_bw_efficiency"})
+    for (const Field& f : kNumbers)
+      if (std::string(f.key) == k && (hw.*f.value <= 0 || hw.*f.value > 1)) bad(source, root[k], k, "a fraction in (0, 1]");
+  return hw;
+}
+
+Hardware load_hardware(const std::string& path) {
+  std::ifstream f(path);
+  CHECK(f.good(), "hardware file ", path, ": cannot open it");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_hardware(ss.str(), path);
+}
+
+std::string hardware_yaml(const Hardware& hw, const std::string& comment) {
+  std::ostringstream o;
+  std::istringstream c(comment);
+  for (std::string line; std::getline(c, line);) o << "# " << line << "\n";
+  o << "name: \"" << hw.name << "\"\nkind: " << hw.kind << "\ncores: " << hw.cores
+    << "\ndevices_per_node: " << hw.devices_per_node << "\n";
+  o.precision(4);
+  for (const Field& f : kNumbers) o << f.key << ": " << hw.*f.value / f.scale << "\n";
+  return o.str();
+}
+
+}  // namespace glm5::launcher

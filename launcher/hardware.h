@@ -1,0 +1,56 @@
+// Hardware files for `glm5 simulate` (YAML, cluster-configs/hardware/): the rates the analytic
+// model turns FLOPs and bytes into seconds. One file describes one kind of rank:
+//
+//   name: "NVIDIA H100 SXM5 80GB"
+//   kind: gpu                    # gpu: one rank per device | cpu: the ranks of a host share its cores
+//   cores: 1                     # cpu: cores per host (a rank gets cores / ranks-on-host threads)
+//   devices_per_node: 8          # gpu: ranks per node (ranks fill nodes in order)
+//   memory_gb: 80                # per device (gpu) or per host (cpu)
+//   gemm_flops: 989e12           # dense GEMM rate of one core (cpu) or one device (gpu), FLOP/s
+//   gemm_efficiency: 0.6         # fraction of gemm_flops large GEMMs reach (1 for measured rates)
+//   attention_flops: 989e12      # indexer scores and latent attention, FLOP/s (core / device)
+//   attention_efficiency: 0.3
+//   mem_bw_core: 3.35e12         # weight streaming of one core (cpu); gpu: = mem_bw
+//   mem_bw: 3.35e12              # of the host (cpu, all cores) or the device (gpu), bytes/s
+//   mem_bw_efficiency: 0.8
+//   topk_rate: 2e11              # scores per second the top-k selection scans (core / device)
+//   op_overhead_us: 4            # fixed cost of one kernel call (launch; OpenMP region on cpu)
+//   intra_node_bw: 450e9         # between ranks of one node/host, bytes/s per direction
+//   intra_node_latency_us: 5
+//   inter_node_bw: 50e9          # between nodes, per rank, bytes/s per direction
+//   inter_node_latency_us: 10
+//
+// Every key is required except the efficiencies (default 1). `glm5 simulate --calibrate` writes
+// one for the machine it runs on from measured kernels (hardware_calibrate.cpp).
+#pragma once
+
+#include <string>
+
+namespace glm5::launcher {
+
+struct Hardware {
+  std::string source;  // the file, for messages
+  std::string name, kind = "cpu";
+  int cores = 1, devices_per_node = 1;
+  double memory_gb = 0;
+  double gemm_flops = 0, gemm_efficiency = 1;
+  double attention_flops = 0, attention_efficiency = 1;
+  double mem_bw_core = 0, mem_bw = 0, mem_bw_efficiency = 1;
+  double topk_rate = 0;
+  double op_overhead_s = 0;
+  double intra_node_bw = 0, intra_node_latency_s = 0, inter_node_bw = 0, inter_node_latency_s = 0;
+  bool gpu() const { return kind == "gpu"; }
+};
+
+Hardware load_hardware(const std::string& path);
+Hardware parse_hardware(const std::string& yaml_text, const std::string& source);
+// YAML text that parse_hardware reads back; `comment` lines go first (prefixed with "# ").
+std::string hardware_yaml(const Hardware& hw, const std::string& comment);
+
+// Measures this machine with the CPU backend's own kernels (a few seconds): per-core and
+// all-core GEMM FLOP/s at a prefill shape, weight-streaming bandwidth (a BF16 GEMV over 256 MiB),
+// indexer-score and latent-attention FLOP/s, the top-k scan rate, the cost of one small kernel
+// call, and memcpy bandwidth for the shared-memory link between ranks of a host.
+Hardware calibrate_cpu();
+
+}  // namespace glm5::launcher

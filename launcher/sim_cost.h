@@ -1,0 +1,82 @@
+// The simulator's cost model: the FLOPs, memory bytes and kernel calls of every phase of the
+// forward pass (runtime/glm5.cpp, phase names as the profiler's) for the rows of one step, turned
+// into seconds by a roofline per phase: max(FLOPs / compute rate, bytes / bandwidth) plus a fixed
+// cost per kernel call. Weight bytes come from the memory plan (runtime/memory_plan.h), so BF16,
+// FP8 and int4/int8 checkpoints cost what they stream.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/config.h"
+#include "runtime/memory_plan.h"
+
+namespace glm5::launcher {
+
+// What one rank computes with while it works (hardware.h rates, shared with the other busy ranks
+// of its host).
+struct Rates {
+  double gemm_flops = 1, attention_flops = 1, topk_rate = 1, mem_bw = 1, op_overhead_s = 0;
+  bool operator==(const Rates&) const = default;
+};
+
+// One sequence's rows in a step: positions [start, start + n) of a prompt of prompt_len tokens;
+// `sample`: its last row is sampled (the end of its prompt, or a decode row).
+struct SimSeq {
+  int64_t start = 0, n = 0, prompt_len = 0;
+  bool sample = false;
+  bool operator==(const SimSeq&) const = default;
+};
+
+// Seconds per phase ("projections", "attention", "experts", ...), summed over layers.
+using PhaseTimes = std::map<std::string, double>;
+
+// The work of one phase and its time at `r`.
+struct Work {
+  double flops = 0, bytes = 0, scanned = 0, calls = 0;
+  bool attention_unit = false;  // indexer / attention kernels (attention_flops), else GEMM rate
+  double seconds(const Rates& r) const;
+};
+
+class StepCost {
+ public:
+  // expert_share: per layer, the fraction of routed picks each expert gets (empty: uniform).
+  StepCost(const runtime::ModelConfig& cfg, const runtime::WeightPlan& plan, int expert_parallel,
+           std::vector<std::vector<double>> expert_share = {});
+
+  // One column's attention block of `layer` for its step's sequences (projections, cache writes,
+  // naive and weight-absorbed attention with the indexer and top-k, o_proj, norms).
+  void attention(int layer, const std::vector<SimSeq>& seqs, const Rates& r, PhaseTimes& t) const;
+  // A dense MLP layer for m rows.
+  void dense_mlp(int layer, int64_t m, const Rates& r, PhaseTimes& t) const;
+  // The router and shared expert for one column's m rows.
+  void router(int layer, int64_t m, const Rates& r, PhaseTimes& t) const;
+  // Routed experts of column `column` when the stage's columns route `rows` rows in all.
+  void experts(int layer, int column, int64_t rows, const Rates& r, PhaseTimes& t) const;
+  // Bytes column `column` sends to the other ranks of its stage in one MoE layer for its m rows
+  // (dispatch: a row once per remote rank it picks; combine: a row per remote slot back).
+  double exchange_bytes(int64_t m) const;
+  // Final norm, lm_head and sampling for `sampled` rows; the embedding of m rows.
+  void head(int64_t sampled, const Rates& r, PhaseTimes& t) const;
+  void embed(int64_t m, const Rates& r, PhaseTimes& t) const;
+
+  // Weight bytes read from the experts of one column in a layer with `rows` rows routed (the
+  // expected number of distinct experts picked times one expert's bytes).
+  double active_expert_bytes(int layer, int column, int64_t rows) const;
+  double expert_picks(int layer, int column, int64_t rows) const;
+  // Uniform routing: every column's experts cost the same for the same rows.
+  bool uniform() const { return share_.empty(); }
+
+ private:
+  double bytes(int layer, const std::string& name) const;  // resident bytes of a layer tensor
+  double share(int layer, int expert) const;
+
+  runtime::ModelConfig cfg_;
+  int E_ = 1;
+  std::map<std::string, double> bytes_;  // tensor name -> resident bytes
+  std::vector<std::vector<double>> share_;
+};
+
+}  // namespace glm5::launcher
