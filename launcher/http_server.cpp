@@ -3,6 +3,7 @@
 // (a whole response or a chunked event stream, write timeout), then the next request (keep-alive).
 #include "launcher/http_server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <optional>
@@ -154,6 +155,7 @@ class Session : public std::enable_shared_from_this<Session>, public Exchange {
     if (status == 0) return close();
     stream_.expires_never();
     keep_alive_ = false;  // the rest of what the client sent cannot be parsed
+    linger_ = true;       // ... but it is read and dropped, so the client gets to read the answer
     in_exchange_ = true;
     ++shared_->busy;
     reply(status, shared_->error_body(status, why), "application/json");
@@ -226,12 +228,32 @@ class Session : public std::enable_shared_from_this<Session>, public Exchange {
     in_exchange_ = false;
     --shared_->busy;
     on_gone_ = nullptr;
+    if (linger_) return linger();
     if (!keep_alive_ || shared_->closing) return close();
     if (watching_) {
       stream_.socket().cancel();  // on_watch goes on with the next request
       return;
     }
     read_request();
+  }
+
+  // After an error answer to a request that is still arriving (a body over the limit): no more
+  // sending, and what the client still sends is read and dropped for a while (bounded in time
+  // and bytes), so that it can finish sending and read the answer instead of a reset.
+  void linger() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.expires_after(seconds(std::min(5.0, shared_->limits.read_timeout_s)));
+    drop_rest();
+  }
+  void drop_rest() {
+    if (dropped_ > (64u << 20)) return close();
+    buffer_.consume(buffer_.size());
+    stream_.async_read_some(buffer_.prepare(64 * 1024), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      if (ec) return self->close();
+      self->dropped_ += n;
+      self->drop_rest();
+    });
   }
 
   void close() {
@@ -251,8 +273,9 @@ class Session : public std::enable_shared_from_this<Session>, public Exchange {
   std::deque<Out> out_;
   std::function<void()> on_gone_;
   uint64_t write_gen_ = 0;
+  size_t dropped_ = 0;
   bool over_capacity_ = false, keep_alive_ = true, in_exchange_ = false, watching_ = false, writing_ = false;
-  bool gone_ = false, closed_ = false;
+  bool gone_ = false, closed_ = false, linger_ = false;
 };
 
 }  // namespace
