@@ -121,6 +121,23 @@ class Session : public std::enable_shared_from_this<Session>, public Exchange {
     parser_->header_limit(std::uint32_t(shared_->limits.header_bytes));
     parser_->body_limit(shared_->limits.body_bytes);
     stream_.expires_after(seconds(shared_->limits.read_timeout_s));
+    http::async_read_header(stream_, buffer_, *parser_, beast::bind_front_handler(&Session::on_header, shared_from_this()));
+  }
+
+  // A client that asks "Expect: 100-continue" (curl does for bodies over 1 KiB) waits for the
+  // interim answer before it sends the body; the read timeout still covers the whole request.
+  void on_header(beast::error_code ec, size_t) {
+    if (ec) return read_failed(ec);
+    const auto& h = parser_->get();
+    const auto expect = h.find(http::field::expect);
+    if (expect == h.end() || !beast::iequals(expect->value(), "100-continue")) return read_body();
+    auto cont = std::make_shared<http::response<http::empty_body>>(http::status::continue_, 11);
+    http::async_write(stream_, *cont, [self = shared_from_this(), cont](beast::error_code e, size_t) {
+      if (e) return self->close();
+      self->read_body();
+    });
+  }
+  void read_body() {
     http::async_read(stream_, buffer_, *parser_, beast::bind_front_handler(&Session::on_read, shared_from_this()));
   }
 

@@ -277,6 +277,15 @@ class Api(unittest.TestCase):
         generated = m["glm5_serve_generation_tokens_total"] - before["glm5_serve_generation_tokens_total"]
         self.assertLess(generated, 4000)  # ended early, not run to max_tokens
 
+    def test_expect_100_continue(self):
+        with socket.create_connection((self.s.host, self.s.port), timeout=10) as c:
+            body = json.dumps({"model": MODEL_NAME, "prompt": "Hi " * 600, "max_tokens": 2}).encode()
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body))
+            self.assertTrue(c.recv(100).startswith(b"HTTP/1.1 100 Continue"))
+            c.sendall(body)
+            self.assertTrue(c.recv(100).startswith(b"HTTP/1.1 200 OK"))
+
     def test_idle_and_keepalive(self):
         # Two requests on one keep-alive connection.
         c = http.client.HTTPConnection(self.s.host, self.s.port, timeout=30)
