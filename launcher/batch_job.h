@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "parallel/comm.h"
+#include "launcher/openai_format.h"
 #include "runtime/engine.h"
 
 namespace glm5::runtime { class Tokenizer; struct ModelConfig; }
@@ -24,30 +25,6 @@ struct BatchArgs {
   std::string trace;            // Chrome trace JSON of every phase call, one track per rank (implies profile)
 };
 
-// One parsed input line: a request to run, or an error record to write.
-struct BatchLine {
-  int64_t line = 0;        // 1-based line number in the input
-  std::string key;         // custom_id, or "line:<n>" when the line has none
-  std::string custom_id;   // as given (may be empty)
-  std::string url;         // "/v1/completions" or "/v1/chat/completions"
-  std::string model_name;  // body.model if given
-  runtime::Request request;
-  int64_t n = 1;           // choices (OpenAI `n`): n samples of the prompt, one record
-  std::string error;       // non-empty: answer with this error
-  std::string error_code;
-};
-
-// Parses one JSONL line (never throws: problems become `error`).
-BatchLine parse_batch_line(const std::string& text, int64_t line_no, const runtime::ModelConfig& mc,
-                           const runtime::Tokenizer* tok);
-// Most choices one line may ask for.
-constexpr int64_t kMaxChoices = 64;
-// Choice j of a line samples with seed + j * kChoiceSeedStep (choice 0: the line's seed).
-constexpr uint64_t kChoiceSeedStep = 0x9e3779b97f4a7c15ull;
-
-// The output record for a line and its results, one per choice (none: an error record).
-std::string batch_record(const BatchLine& in, const std::vector<runtime::Result>& results,
-                         const runtime::Tokenizer* tok, int64_t seq_no);
 // Keys (custom_id or "line:<n>") already answered in an existing output file.
 std::vector<std::string> finished_keys(const std::string& output_path);
 

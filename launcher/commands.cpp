@@ -21,6 +21,7 @@
 #include "launcher/batch_job.h"
 #include "launcher/convert.h"
 #include "launcher/gpu_binding.h"
+#include "launcher/serve.h"
 #include "launcher/simulate.h"
 #include "parallel/mpi_comm.h"
 #include "runtime/memory_plan.h"
@@ -464,6 +465,38 @@ int main_entry(int argc, char** argv) {
   sim->add_option("--out", sa.out, "with --calibrate: the hardware YAML to write")->needs(sim_cal);
   sim_cal->excludes(sim_cluster);
 
+  ServeArgs sva;
+  auto* srv = app.add_subcommand("serve", "serve the OpenAI API (completions, chat, streaming) over HTTP on rank 0");
+  srv->add_option("--model", sva.model, "model directory (HF layout)")->required();
+  srv->add_option("--cluster", sva.cluster, "cluster config YAML (run under mpirun)");
+  srv->add_option("--host", sva.host, "address to listen on (0.0.0.0: every interface)")->capture_default_str();
+  srv->add_option("--port", sva.port, "TCP port; 0 picks a free one (printed on stderr)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  srv->add_option("--api-key", sva.api_key, "require 'Authorization: Bearer KEY' on every endpoint but /health");
+  srv->add_option("--served-model-name", sva.model_name, "the model id clients use (default: the model directory's name)");
+  srv->add_option("--max-queue", sva.max_queue, "requests waiting for the engine beyond which new ones get 429")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
+  srv->add_option("--drain-timeout", sva.drain_timeout_s, "seconds SIGTERM waits for accepted requests before cancelling them")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  srv->add_option("--read-timeout", sva.limits.read_timeout_s, "seconds a client has to send a whole request")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1e6));
+  srv->add_option("--write-timeout", sva.limits.write_timeout_s, "seconds one write to a client may take")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1e6));
+  srv->add_option("--max-body-bytes", sva.limits.body_bytes, "largest request body (413 beyond)")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t(1), size_t(1) << 34));
+  srv->add_option("--max-connections", sva.limits.max_connections, "open connections beyond which new ones get 503")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  srv->add_option("--http-threads", sva.http_threads, "threads serving HTTP on rank 0")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+
   std::string lc;
   bool lrun = false;
   std::vector<std::string> rest;
@@ -485,7 +518,10 @@ int main_entry(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
 
-  const std::string cluster = gen->parsed() ? ga.cluster : bat->parsed() ? ba.cluster : std::string();
+  const std::string cluster = gen->parsed()   ? ga.cluster
+                              : bat->parsed() ? ba.cluster
+                              : srv->parsed() ? sva.cluster
+                                              : std::string();
   std::unique_ptr<parallel::MpiRuntime> mpi;
   std::unique_ptr<parallel::Comm> world;
   int rank = 0, size = 1;
@@ -501,6 +537,7 @@ int main_entry(int argc, char** argv) {
     int rc = 0;
     if (gen->parsed()) rc = run_generate(ga, std::move(world));
     else if (bat->parsed()) rc = run_batch(ba, std::move(world));
+    else if (srv->parsed()) rc = run_serve(sva, std::move(world));
     else if (ins->parsed()) rc = run_inspect(ia);
     else if (conv->parsed()) {
       ca.progress = !no_progress;

@@ -105,6 +105,7 @@ void put_request(Writer& w, const Request& r) {
   for (auto& x : s.stop) w.put_str(x);
   w.put(r.want_prompt_logits); w.put(r.want_logits); w.put(r.extra_final_step);
   w.put_str(r.error);
+  w.put(r.stream);
   w.put_vec(r.generated);
 }
 Request get_request(Reader& rd) {
@@ -122,6 +123,7 @@ Request get_request(Reader& rd) {
   r.want_prompt_logits = rd.get<bool>(); r.want_logits = rd.get<bool>();
   r.extra_final_step = rd.get<bool>();
   r.error = rd.get_str();
+  r.stream = rd.get<bool>();
   r.generated = rd.get_vec<int32_t>();
   return r;
 }
@@ -464,42 +466,63 @@ struct Engine::Stage0 {
 // (to the least-loaded columns with room) and decides when the run is over. False: over.
 bool Engine::exchange(Stage0& s) {
   const int E = grid_.expert_parallel, col = stats_.column;
+  constexpr int kState = 7;
   std::vector<Result> finished = s.sched.take_finished();
-  // Column state: work (running, waiting, results, steps in flight), load, free slots, results.
+  auto partial = s.sched.take_partial();
+  // Column state: work (running, waiting, results, steps in flight), load, free slots, the bytes
+  // of its partial tokens and results, their counts, KV blocks in use.
   Writer res;
+  for (auto& [index, tokens] : partial) {
+    res.put(index);
+    res.put_vec(tokens);
+  }
   for (auto& r : finished) put_result(res, r);
-  int64_t mine[5] = {s.sched.work() + s.steps_in_flight() + int64_t(finished.size()), s.sched.load(),
-                     s.sched.free_slots(), int64_t(res.b.size()), int64_t(finished.size())};
-  std::vector<int64_t> all(size_t(5 * E));
+  int64_t mine[kState] = {s.sched.work() + s.steps_in_flight() + int64_t(finished.size()), s.sched.load(),
+                          s.sched.free_slots(), int64_t(res.b.size()), int64_t(finished.size()),
+                          int64_t(partial.size()), s.sched.blocks_in_use()};
+  std::vector<int64_t> all(size_t(kState * E));
   auto t = Clock::now();
   if (E > 1) stage_comm_.all_gather(mine, sizeof mine, all.data());
-  else std::copy(mine, mine + 5, all.begin());
+  else std::copy(mine, mine + kState, all.begin());
   auto deliver = [&](Result&& r) {
     ++s.done;
     (*s.on_result)(std::move(r));
   };
   if (col == 0) {
+    // A column's partial tokens go out before its results (a stream's last tokens may be in both).
+    for (auto& [index, tokens] : partial) s.source->on_tokens(index, tokens);
     for (auto& r : finished) deliver(std::move(r));
     for (int c = 1; c < E; ++c) {
-      if (all[size_t(5 * c + 3)] == 0) continue;
+      if (all[size_t(kState * c + 3)] == 0) continue;
       std::vector<char> b = recv_bytes(stage_comm_, c, kResults);
       Reader rd(b);
-      for (int64_t i = 0; i < all[size_t(5 * c + 4)]; ++i) deliver(get_result(rd));
+      for (int64_t i = 0; i < all[size_t(kState * c + 5)]; ++i) {
+        const int64_t index = rd.get<int64_t>();
+        s.source->on_tokens(index, rd.get_vec<int32_t>());
+      }
+      for (int64_t i = 0; i < all[size_t(kState * c + 4)]; ++i) deliver(get_result(rd));
     }
   } else if (!res.b.empty()) {
     s.out.send_bytes(stage_comm_, 0, kResults, std::move(res.b));
   }
-  // Rank 0: new requests for the columns, and the end of the run.
+  // Rank 0: new requests for the columns, cancellations, and the end of the run.
   std::vector<std::vector<Request>> assigned(static_cast<size_t>(E));
+  std::vector<int64_t> cancelled;
   int64_t stop = 0;
   if (col == 0) {
     int64_t work = 0, room = 0;
     std::vector<int64_t> load(static_cast<size_t>(E)), free(static_cast<size_t>(E));
+    EngineStatus status;
     for (int c = 0; c < E; ++c) {
-      work += all[size_t(5 * c)];
-      load[size_t(c)] = all[size_t(5 * c + 1)];
-      room += free[size_t(c)] = all[size_t(5 * c + 2)];
+      work += all[size_t(kState * c)];
+      load[size_t(c)] = all[size_t(kState * c + 1)];
+      room += free[size_t(c)] = all[size_t(kState * c + 2)];
+      status.kv_blocks_used += all[size_t(kState * c + 6)];
     }
+    status.work = work;
+    status.kv_blocks = kv_blocks_ * E;
+    s.source->on_status(status);
+    cancelled = s.source->take_cancelled();
     int64_t handed = 0;
     while (room > 0) {
       std::optional<Request> r = s.source->next();
@@ -541,13 +564,15 @@ bool Engine::exchange(Stage0& s) {
     if (s.total < 0) s.total = s.source->size_hint();
     show_progress(s, stop);
   }
-  if (E > 1) {  // stop flag and the assignments, to every column of the stage
+  if (E > 1) {  // stop flag, the assignments and the cancellations, to every column of the stage
     Writer w;
-    if (col == 0)
+    if (col == 0) {
       for (int c = 0; c < E; ++c) {
         w.put<int64_t>(int64_t(assigned[size_t(c)].size()));
         for (auto& r : assigned[size_t(c)]) put_request(w, r);
       }
+      w.put_vec(cancelled);
+    }
     int64_t head[2] = {stop, int64_t(w.b.size())};
     stage_comm_.broadcast(head, sizeof head, 0);
     stop = head[0];
@@ -562,9 +587,17 @@ bool Engine::exchange(Stage0& s) {
           if (c == col) assigned[size_t(c)].push_back(std::move(r));
         }
       }
+      cancelled = rd.get_vec<int64_t>();
     }
   }
+  for (int64_t index : cancelled) s.sched.cancel(index);  // a column holds it or ignores it
   for (auto& r : assigned[size_t(col)]) s.sched.add(std::move(r));
+  // Live counters (a server's /metrics reads them between steps; a batch job at the end).
+  stats_.tokens_generated = s.sched.tokens_generated();
+  stats_.prompt_tokens = s.sched.prompt_rows();
+  stats_.preemptions = s.sched.preemptions();
+  stats_.kv_blocks_peak = s.sched.blocks_peak();
+  stats_.prefix_hit_tokens = s.sched.prefix_hit_tokens();
   stats_.comm_s += since(t);
   return !stop;
 }

@@ -7,7 +7,9 @@
 // (which sequences, which positions, and the requests new to the column) with the hidden states
 // down its column; the last stage samples and sends token ids (and logits on request) back to
 // stage 0. Stage-0 ranks tick in lockstep (one small all_gather per tick) so the MoE exchanges of
-// a stage always pair up, and finished results flow to world rank 0.
+// a stage always pair up, and finished results flow to world rank 0. A server's streaming requests
+// ride the same exchange: their new tokens travel with the results, cancellations with the
+// assignments, so streaming adds no message of its own.
 //
 // Deadlock freedom: every pipeline message goes out with a nonblocking send whose buffer the
 // engine keeps until it completes, so a rank only ever blocks in a receive or a collective, and
@@ -35,6 +37,7 @@ struct Request {
   bool want_logits = false;         // logits of every generated step
   bool extra_final_step = false;    // feed the last token once more (its logits close the dump)
   std::string error;                // set: the request is answered with this error, not run
+  bool stream = false;              // its tokens go to RequestSource::on_tokens as they are sampled
   // Tokens it has already generated (a preempted request resumes: they are recomputed into the
   // cache and count for the penalties and the sampling step). Set by the scheduler only.
   std::vector<int32_t> generated;
@@ -51,8 +54,17 @@ struct Result {
   std::vector<float> decode_logits;  // [steps, vocab] when asked
 };
 
+// What world rank 0 knows of the whole grid after each tick (a server's gauges).
+struct EngineStatus {
+  int64_t work = 0;            // requests running or waiting in the columns
+  int64_t kv_blocks_used = 0;  // KV blocks in use, summed over the columns
+  int64_t kv_blocks = 0;       // KV blocks of all columns' pools
+};
+
 // Where requests come from, on world rank 0 (other ranks pass none). Called between steps: next()
-// must not block for long (a server returns nullopt when its queue is empty).
+// must not block for long (a server returns nullopt when its queue is empty). The streaming hooks
+// (on_tokens, take_cancelled, on_status) are called on rank 0 between steps too, on the engine's
+// thread; a batch job leaves them as they are.
 class RequestSource {
  public:
   virtual ~RequestSource() = default;
@@ -63,6 +75,14 @@ class RequestSource {
   virtual bool exhausted() = 0;
   // Number of requests in all, when known (progress line), else -1.
   virtual int64_t size_hint() const { return -1; }
+  // Tokens a `stream` request sampled since the last call (each token exactly once, in order, and
+  // all of them before its Result). Its Result still carries every token.
+  virtual void on_tokens(int64_t /*index*/, const std::vector<int32_t>& /*tokens*/) {}
+  // Requests (indexes next() gave) to end early, e.g. their client went away. Each still gets its
+  // one Result, finish_reason "cancelled", once its sequence is freed: at its micro-batch's next
+  // step (a step in flight comes back first). Unknown or finished indexes are ignored.
+  virtual std::vector<int64_t> take_cancelled() { return {}; }
+  virtual void on_status(const EngineStatus& /*status*/) {}
 };
 
 class Tokenizer;

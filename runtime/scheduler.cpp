@@ -248,6 +248,7 @@ bool Scheduler::grow(Live& L, int64_t tokens, int group, const Step& step) {
 // Decode rows first (see Model::forward), then prefill chunks while the step has room (the last
 // one cut to fit; results do not depend on the chunking).
 Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
+  end_cancelled(group);
   admit(group);
   Step step;
   tokens.clear();
@@ -302,6 +303,7 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
 
 void Scheduler::finish(Live& L) {
   const int64_t id = L.req.index;
+  cancel_.erase(id);
   // What was never generated no longer counts as load.
   if (L.pos < L.target()) load_ -= L.target() - L.pos;
   load_ -= L.req.sampling.max_tokens - int64_t(L.result.tokens.size());
@@ -336,6 +338,7 @@ void Scheduler::apply(const std::vector<Back>& backs) {
       continue;
     }
     L.result.tokens.push_back(b.sampled.token);
+    if (r.stream) partial_[b.req].push_back(b.sampled.token);
     ++tokens_generated_;
     --load_;
     if (r.sampling.logprobs >= 0) {
@@ -351,6 +354,48 @@ void Scheduler::apply(const std::vector<Back>& backs) {
       else finish(L);
     }
   }
+}
+
+void Scheduler::cancel(int64_t index) {
+  if (live_.count(index)) {
+    cancel_.insert(index);  // its group's step may be in flight: ended by end_cancelled
+    return;
+  }
+  auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& W) { return W->req.index == index; });
+  if (it == waiting_.end()) return;
+  Live& W = **it;
+  load_ -= W.target() - W.pos + W.req.sampling.max_tokens - int64_t(W.result.tokens.size());
+  W.result.finish_reason = "cancelled";
+  finished_.push_back(std::move(W.result));
+  waiting_.erase(it);
+}
+
+// The cancelled sequences of `group`: its last step has come back (the engine receives a group's
+// step before building its next), so no stage still works on them.
+// A cancelled sequence preempted since is waiting again and ends at once.
+void Scheduler::end_cancelled(int group) {
+  std::vector<Live*> ending;
+  std::vector<int64_t> requeued;
+  for (int64_t id : cancel_) {
+    auto it = live_.find(id);
+    if (it == live_.end()) requeued.push_back(id);
+    else if (it->second->group == group) ending.push_back(it->second.get());
+  }
+  for (int64_t id : requeued) {
+    cancel_.erase(id);
+    cancel(id);
+  }
+  for (Live* L : ending) {
+    L->result.finish_reason = "cancelled";
+    finish(*L);  // erases it from cancel_
+  }
+}
+
+std::vector<std::pair<int64_t, std::vector<int32_t>>> Scheduler::take_partial() {
+  std::vector<std::pair<int64_t, std::vector<int32_t>>> out(std::make_move_iterator(partial_.begin()),
+                                                             std::make_move_iterator(partial_.end()));
+  partial_.clear();
+  return out;
 }
 
 std::vector<Result> Scheduler::take_finished() {

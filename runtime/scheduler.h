@@ -11,6 +11,9 @@
 //   apply(g, backs)         take the sampled tokens (or errors) of g's step; requests that end
 //                           (EOS, stop string, max_tokens, error) become results
 //   take_finished()         the results to deliver
+//   cancel(index)           end a request early (a waiting one now, a running one at its group's
+//                           next step, when no step of it is in flight); result "cancelled"
+//   take_partial()          the tokens `stream` requests sampled since the last call
 //   load(), free_slots()    what the engine's request distributor balances columns by
 //
 // KV memory is a pool of fixed-size blocks (kv_cache.h). A waiting request is admitted when the
@@ -33,6 +36,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -98,6 +102,10 @@ class Scheduler {
   Step next_step(int group, std::vector<int32_t>& tokens);
   void apply(const std::vector<Back>& backs);
   std::vector<Result> take_finished();
+  // Ends request `index` if this column holds it (else nothing): see the header comment.
+  void cancel(int64_t index);
+  // Per `stream` request with new tokens, those tokens, in request order.
+  std::vector<std::pair<int64_t, std::vector<int32_t>>> take_partial();
 
   // Tokens still to process over running and waiting requests (prompt rows not yet prefilled +
   // tokens not yet generated): the distributor sends new requests to the least-loaded column.
@@ -124,6 +132,7 @@ class Scheduler {
   void evict(int32_t block);
   void preempt(Live& L);
   void finish(Live& L);
+  void end_cancelled(int group);
   static int64_t cost(const Request& r);
 
   ModelConfig cfg_;
@@ -134,6 +143,8 @@ class Scheduler {
   std::vector<int> group_size_;
   std::vector<int64_t> released_;
   std::vector<Result> finished_;
+  std::set<int64_t> cancel_;                           // running requests to end at their next step
+  std::map<int64_t, std::vector<int32_t>> partial_;    // stream requests' tokens not yet taken
   BlockManager blocks_;
   // Prefix cache: block hash -> the block holding it (ready) or the request computing it.
   struct Prefix {

@@ -1,0 +1,130 @@
+// glm5 serve: the job, the HTTP threads of rank 0, the engine loop and the drain.
+#include "launcher/serve.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "core/check.h"
+#include "launcher/commands.h"
+#include "launcher/serve_api.h"
+#include "launcher/serve_queue.h"
+#include "runtime/tokenizer.h"
+
+namespace glm5::launcher {
+
+namespace net = boost::asio;
+
+namespace {
+
+// Rank 0's signals: the first SIGTERM / SIGINT drains (bounded by the drain timeout), a second one
+// cancels what is left at once.
+class Drain {
+ public:
+  Drain(net::io_context& ioc, HttpServer& server, ServeQueue& queue, double timeout_s)
+      : signals_(ioc, SIGINT, SIGTERM), timer_(ioc), server_(server), queue_(queue), timeout_s_(timeout_s) {
+    wait();
+  }
+
+ private:
+  void wait() {
+    signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      if (started_) {
+        std::fprintf(stderr, "[glm5] serve: signal %d again: cancelling the requests in flight\n", sig);
+        queue_.cancel_all();
+        return;
+      }
+      started_ = true;
+      std::fprintf(stderr, "[glm5] serve: signal %d: draining (no new requests; up to %.0f s for the accepted ones)\n",
+                   sig, timeout_s_);
+      server_.stop_accepting();
+      queue_.drain();
+      timer_.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(timeout_s_)));
+      timer_.async_wait([this](const boost::system::error_code& e) {
+        if (e) return;
+        std::fprintf(stderr, "[glm5] serve: drain timeout: cancelling the requests still in flight\n");
+        queue_.cancel_all();
+      });
+      wait();
+    });
+  }
+  net::signal_set signals_;
+  net::steady_timer timer_;
+  HttpServer& server_;
+  ServeQueue& queue_;
+  double timeout_s_;
+  bool started_ = false;
+};
+
+std::string default_model_name(const std::string& dir) {
+  std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
+}  // namespace
+
+int run_serve(const ServeArgs& a, std::unique_ptr<parallel::Comm> world) {
+  CHECK(a.max_queue >= 1, "--max-queue: expected >= 1, found ", a.max_queue);
+  CHECK(a.drain_timeout_s >= 0, "--drain-timeout: expected >= 0 seconds, found ", a.drain_timeout_s);
+  CHECK(a.http_threads >= 1, "--http-threads: expected >= 1, found ", a.http_threads);
+  const bool root = world->rank() == 0;
+  // Rank 0 decides when the job ends: a signal to every rank (mpirun, Slurm) must not end the
+  // others before it. Until rank 0's handler exists (after loading), a signal ends the process.
+  if (!root) {
+    std::signal(SIGTERM, SIG_IGN);
+    std::signal(SIGINT, SIG_IGN);
+  }
+  auto job = make_job(a.model, a.cluster, std::move(world), false);
+  std::unique_ptr<runtime::Tokenizer> tok;
+  if (std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json"))
+    tok = std::make_unique<runtime::Tokenizer>(runtime::Tokenizer::load(a.model));
+  job->engine->set_tokenizer(tok.get());
+  if (!root) {
+    job->start_watchdog();
+    job->engine->run(nullptr, [](runtime::Result&&) {});
+    return 0;
+  }
+
+  ServeMetrics metrics;
+  ServeQueue queue(size_t(a.max_queue), metrics);
+  queue.set_engine(job->engine.get());
+  const std::string name = a.model_name.empty() ? default_model_name(a.model) : a.model_name;
+  ServeApi api(queue, metrics, job->config, tok.get(), {a.api_key, name});
+  net::io_context ioc;
+  HttpServer server(
+      ioc, a.host, a.port, a.limits, [&api](HttpRequest&& req, std::shared_ptr<Exchange> ex) { api.handle(std::move(req), std::move(ex)); },
+      [](int status, const std::string& message) { return error_for_status(status, message); });
+  Drain drain(ioc, server, queue, a.drain_timeout_s);
+  server.start();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < a.http_threads; ++i) threads.emplace_back([&ioc] { ioc.run(); });
+  std::fprintf(stderr, "[glm5] serve: listening on http://%s:%d (model '%s', %d rank(s), pid %d)\n", a.host.c_str(),
+               server.port(), name.c_str(), job->world->size(), int(getpid()));
+  std::fflush(stderr);
+
+  job->start_watchdog();
+  job->engine->run(&queue, [&queue](runtime::Result&& r) { queue.deliver(std::move(r)); });
+  // Every accepted request has its result; let the connections write their answers (bounded: a
+  // client that stops reading is dropped by the write timeout anyway).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (server.busy() > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ioc.stop();
+  for (auto& t : threads) t.join();
+  std::fprintf(stderr, "[glm5] serve: drained; exiting\n");
+  return 0;
+}
+
+}  // namespace glm5::launcher

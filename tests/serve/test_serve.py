@@ -1,0 +1,457 @@
+#!/usr/bin/env python3
+"""`glm5 serve` driven by real clients (the official openai package, raw sockets for the transport
+limits). Suites (argv[1]): api (1x1: endpoints, streaming, every error status, limits, timeouts,
+disconnects, greedy answers identical to `glm5 batch`), layout2x2 (the same answers under mpirun
+2 x 2, SIGTERM to rank 0 ends every rank with 0), load (64 clients x 1,000 requests with 0 errors,
+then SIGTERM under load drains). Environment: GLM5_BIN, GLM5_SRC, GLM5_MPIRUN.
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import openai
+
+BIN = os.environ["GLM5_BIN"]
+SRC = os.environ["GLM5_SRC"]
+MPIRUN = os.environ.get("GLM5_MPIRUN", "mpirun")
+MODEL = os.path.join(SRC, "tests", "data", "tiny-a")
+MODEL_NAME = "tiny-a"
+CLUSTER22 = os.path.join(SRC, "cluster-configs", "cpu-pp2-ep2.yaml")
+SCRATCH = tempfile.mkdtemp(prefix="glm5_serve_")
+
+
+class Server:
+    """glm5 serve on a free port; rank 0's pid and port from its 'listening on' line."""
+
+    def __init__(self, *extra, np=1, cluster=None):
+        cmd = [BIN, "serve", "--model", MODEL, "--port", "0", *extra]
+        if cluster:
+            cmd += ["--cluster", cluster]
+        if np > 1:
+            cmd = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader,tcp",
+                   "-x", "OMP_NUM_THREADS=1", "-np", str(np)] + cmd
+        self.err_path = os.path.join(SCRATCH, "serve_%d.err" % time.monotonic_ns())
+        self.err = open(self.err_path, "w+")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.err)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            m = re.search(r"listening on http://([0-9.]+):(\d+) .*pid (\d+)", self.stderr())
+            if m:
+                self.host, self.port, self.pid = m.group(1), int(m.group(2)), int(m.group(3))
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError("glm5 serve exited: " + self.stderr())
+            time.sleep(0.05)
+        raise RuntimeError("glm5 serve did not start: " + self.stderr())
+
+    def stderr(self):
+        with open(self.err_path) as f:
+            return f.read()
+
+    def url(self):
+        return "http://%s:%d/v1" % (self.host, self.port)
+
+    def client(self, key="unused"):
+        return openai.OpenAI(base_url=self.url(), api_key=key, max_retries=0, timeout=60)
+
+    def request(self, method, path, body=None, headers=None):
+        c = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        c.request(method, path, body=body, headers=headers or {})
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, data
+
+    def metrics(self):
+        status, data = self.request("GET", "/metrics")
+        assert status == 200
+        out = {}
+        for line in data.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        """Signals rank 0 and returns the exit code of the whole job."""
+        if self.proc.poll() is None:
+            os.kill(self.pid, sig)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+# The requests both `glm5 batch` and the server answer: completions (text, ids, stop string) and
+# chat, greedy.
+REQUESTS = [
+    ("/v1/completions", {"prompt": "Hello", "max_tokens": 12}),
+    ("/v1/completions", {"prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], "max_tokens": 16, "ignore_eos": True}),
+    ("/v1/completions", {"prompt": "The quick brown fox jumps over the lazy dog " * 8, "max_tokens": 10}),
+    ("/v1/completions", {"prompt": "Stop here", "max_tokens": 20, "stop": ["e"], "ignore_eos": True}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 10}),
+    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "Be brief."},
+                                           {"role": "user", "content": "What is 2+2?"}], "max_tokens": 8}),
+]
+
+
+def batch_answers():
+    """The same requests through `glm5 batch` (1 process): [(text, token_ids, finish_reason)]."""
+    inp, out = os.path.join(SCRATCH, "in.jsonl"), os.path.join(SCRATCH, "out.jsonl")
+    with open(inp, "w") as f:
+        for i, (url, body) in enumerate(REQUESTS):
+            b = dict(body, temperature=0, model=MODEL_NAME)
+            f.write(json.dumps({"custom_id": str(i), "method": "POST", "url": url, "body": b}) + "\n")
+    if os.path.exists(out):
+        os.remove(out)
+    subprocess.run([BIN, "batch", "--model", MODEL, "--input", inp, "--output", out], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    got = {}
+    with open(out) as f:
+        for line in f:
+            rec = json.loads(line)
+            c = rec["response"]["body"]["choices"][0]
+            text = c["message"]["content"] if "message" in c else c["text"]
+            got[int(rec["custom_id"])] = (text, c["token_ids"], c["finish_reason"])
+    return [got[i] for i in range(len(REQUESTS))]
+
+
+def server_answers(client, stream):
+    """The same requests through the openai client, whole or streamed."""
+    out = []
+    for url, body in REQUESTS:
+        body = dict(body)
+        extra = {k: body.pop(k) for k in ("ignore_eos",) if k in body}
+        chat = url == "/v1/chat/completions"
+        api = client.chat.completions if chat else client.completions
+        if not stream:
+            r = api.create(model=MODEL_NAME, temperature=0, extra_body=extra, **body)
+            c = r.choices[0]
+            out.append((c.message.content if chat else c.text, c.token_ids, c.finish_reason))
+            continue
+        text, ids, finish = "", [], None
+        for chunk in api.create(model=MODEL_NAME, temperature=0, stream=True, extra_body=extra, **body):
+            for c in chunk.choices:
+                text += (c.delta.content or "") if chat else c.text
+                ids += c.token_ids
+                finish = c.finish_reason or finish
+        out.append((text, ids, finish))
+    return out
+
+
+class Api(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.batch = batch_answers()
+        cls.s = Server()
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.s.stop() == 0, cls.s.stderr()
+
+    def test_greedy_answers_equal_batch(self):
+        self.assertEqual(server_answers(self.s.client(), stream=False), self.batch)
+
+    def test_streamed_answers_equal_batch(self):
+        self.assertEqual(server_answers(self.s.client(), stream=True), self.batch)
+
+    def test_stream_chunks_and_done(self):
+        c = http.client.HTTPConnection(self.s.host, self.s.port, timeout=30)
+        body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5,
+                "temperature": 0, "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+        c.request("POST", "/v1/chat/completions", json.dumps(body))
+        r = c.getresponse()
+        self.assertEqual(r.status, 200)
+        self.assertEqual(r.getheader("Content-Type"), "text/event-stream")
+        events = [e[len("data: "):] for e in r.read().decode(errors="replace").split("\n\n") if e]
+        self.assertEqual(events[-1], "[DONE]")
+        chunks = [json.loads(e) for e in events[:-1]]
+        self.assertEqual(chunks[0]["choices"][0]["delta"]["role"], "assistant")
+        self.assertTrue(all(ch["object"] == "chat.completion.chunk" for ch in chunks))
+        self.assertEqual(chunks[-2]["choices"][0]["finish_reason"], "length")
+        self.assertEqual(chunks[-1]["choices"], [])
+        self.assertEqual(chunks[-1]["usage"]["completion_tokens"], 5)
+        self.assertEqual(sum(len(ch["choices"][0]["token_ids"]) for ch in chunks[:-1]), 5)
+
+    def test_n_choices(self):
+        r = self.s.client().completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=4, n=3, temperature=1,
+                                               seed=5)
+        self.assertEqual(sorted(c.index for c in r.choices), [0, 1, 2])
+        self.assertEqual(r.usage.completion_tokens, sum(len(c.token_ids) for c in r.choices))
+
+    def test_models_and_health(self):
+        self.assertEqual([m.id for m in self.s.client().models.list()], [MODEL_NAME])
+        self.assertEqual(self.s.request("GET", "/health"), (200, b'{"status":"ok"}'))
+
+    def test_metrics(self):
+        self.s.client().completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=3, temperature=0)
+        m = self.s.metrics()
+        self.assertGreaterEqual(m['glm5_serve_requests_total{endpoint="/v1/completions",code="200"}'], 1)
+        self.assertGreaterEqual(m["glm5_serve_generation_tokens_total"], 3)
+        self.assertGreaterEqual(m["glm5_serve_time_to_first_token_seconds_count"], 1)
+        self.assertGreaterEqual(m["glm5_serve_inter_token_latency_seconds_count"], 2)
+        self.assertGreater(m["glm5_serve_kv_blocks"], 0)
+        self.assertIn("glm5_serve_queue_depth", m)
+        self.assertIn('glm5_compute_seconds_total{rank="0"}', m)  # the engine's counters (moe_monitor)
+
+    def expect_error(self, status, path, body, param=None, code=None, method="POST", headers=None):
+        got, data = self.s.request(method, path, body if isinstance(body, (str, bytes)) or body is None
+                                   else json.dumps(body), headers)
+        self.assertEqual(got, status, data)
+        err = json.loads(data)["error"]
+        self.assertTrue(err["message"])
+        self.assertIn("type", err)
+        if param is not None:
+            self.assertEqual(err["param"], param)
+        if code is not None:
+            self.assertEqual(err["code"], code)
+        return err
+
+    def test_400_invalid_fields(self):
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.s.client().completions.create(model=MODEL_NAME, prompt="Hi", top_p=7)
+        self.assertIn("top_p", str(e.exception))
+        err = self.expect_error(400, "/v1/completions", {"prompt": "Hi", "max_tokens": "many"}, param="max_tokens")
+        self.assertIn("expected", err["message"])
+        self.assertIn('"many"', err["message"])
+        self.expect_error(400, "/v1/completions", "{not json", code="invalid_json")
+        self.expect_error(400, "/v1/completions", [1, 2])
+        self.expect_error(400, "/v1/completions", {"max_tokens": 3})
+        self.expect_error(400, "/v1/chat/completions", {"messages": "hi"}, param="messages")
+        self.expect_error(400, "/v1/completions", {"prompt": "Hi", "frobnicate": 1}, param="frobnicate")
+        self.expect_error(400, "/v1/completions", {"prompt": "Hi", "stream": "yes"}, param="stream")
+        self.expect_error(400, "/v1/completions", {"prompt": "Hi", "max_tokens": 100000},
+                          code="context_length_exceeded")
+        self.expect_error(400, "/v1/completions", {"prompt": "Hi", "stream": True, "logprobs": 2}, param="logprobs")
+
+    def test_400_malformed_http(self):
+        with socket.create_connection((self.s.host, self.s.port), timeout=10) as c:
+            c.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            self.assertIn(b" 400 ", c.recv(65536).split(b"\r\n")[0] + b" ")
+
+    def test_404_unknown_path_and_model(self):
+        self.expect_error(404, "/v1/nothing", None, method="GET")
+        with self.assertRaises(openai.NotFoundError):
+            self.s.client().completions.create(model="no-such-model", prompt="Hi", max_tokens=2)
+
+    def test_405_wrong_method(self):
+        self.expect_error(405, "/v1/completions", None, method="GET", code="method_not_allowed")
+
+    def test_413_body_too_large(self):
+        self.expect_error(413, "/v1/completions", json.dumps({"prompt": "x" * (9 << 20)}))
+
+    def test_431_header_too_large(self):
+        self.expect_error(431, "/v1/models", None, method="GET", headers={"X-Big": "y" * 20000})
+
+    def test_disconnect_mid_stream_frees_the_sequence(self):
+        before = self.s.metrics()
+        c = socket.create_connection((self.s.host, self.s.port), timeout=30)
+        body = json.dumps({"model": MODEL_NAME, "prompt": "Go on", "max_tokens": 4000, "ignore_eos": True,
+                           "temperature": 0, "stream": True}).encode()
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        got = b""
+        while got.count(b"data: ") < 3:
+            got += c.recv(4096)
+        c.close()
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            m = self.s.metrics()
+            if m["glm5_serve_cancelled_total"] > before["glm5_serve_cancelled_total"] and \
+                    m["glm5_serve_requests_running"] == 0:
+                break
+            time.sleep(0.05)
+        self.assertEqual(m["glm5_serve_cancelled_total"], before["glm5_serve_cancelled_total"] + 1)
+        self.assertEqual(m["glm5_serve_requests_running"], 0)
+        self.assertEqual(m["glm5_serve_kv_blocks_in_use"], 0)
+        generated = m["glm5_serve_generation_tokens_total"] - before["glm5_serve_generation_tokens_total"]
+        self.assertLess(generated, 4000)  # ended early, not run to max_tokens
+
+    def test_expect_100_continue(self):
+        with socket.create_connection((self.s.host, self.s.port), timeout=10) as c:
+            body = json.dumps({"model": MODEL_NAME, "prompt": "Hi " * 600, "max_tokens": 2}).encode()
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body))
+            self.assertTrue(c.recv(100).startswith(b"HTTP/1.1 100 Continue"))
+            c.sendall(body)
+            self.assertTrue(c.recv(100).startswith(b"HTTP/1.1 200 OK"))
+
+    def test_idle_and_keepalive(self):
+        # Two requests on one keep-alive connection.
+        c = http.client.HTTPConnection(self.s.host, self.s.port, timeout=30)
+        for _ in range(2):
+            c.request("GET", "/v1/models")
+            r = c.getresponse()
+            self.assertEqual(r.status, 200)
+            r.read()
+        c.close()
+
+
+class Limits(unittest.TestCase):
+    """Servers started with small limits: auth, read timeout, queue size, drain timeout."""
+
+    def test_401_wrong_or_missing_key(self):
+        s = Server("--api-key", "sekrit")
+        try:
+            self.assertEqual(s.request("GET", "/health")[0], 200)  # no key needed
+            self.assertEqual(s.request("GET", "/v1/models")[0], 401)
+            self.assertEqual(s.request("GET", "/metrics", headers={"Authorization": "Bearer wrong"})[0], 401)
+            with self.assertRaises(openai.AuthenticationError):
+                s.client("wrong").completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2)
+            r = s.client("sekrit").completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2)
+            self.assertEqual(len(r.choices[0].token_ids), r.usage.completion_tokens)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+    def test_read_timeout_closes_a_slow_client(self):
+        s = Server("--read-timeout", "1")
+        try:
+            c = socket.create_connection((s.host, s.port), timeout=10)
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+            t0 = time.time()
+            self.assertEqual(c.recv(100), b"")  # closed by the server
+            self.assertLess(time.time() - t0, 5)
+            self.assertEqual(s.request("GET", "/health")[0], 200)  # the server goes on
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+    def test_429_queue_full(self):
+        cfg = os.path.join(SCRATCH, "one-seq.yaml")
+        with open(cfg, "w") as f:
+            f.write("stages: 1\nexpert_parallel: 1\nmax_batch: 1\nbackend: cpu\n")
+        s = Server("--max-queue", "1", cluster=cfg)
+        try:
+            # max_batch 1: the engine holds two requests (one running, one waiting), the queue one more.
+            body = json.dumps({"prompt": "Hi", "max_tokens": 4000, "ignore_eos": True, "stream": True}).encode()
+            held = []
+            for k in range(1, 4):  # one at a time: two at once could find the queue full already
+                c = socket.create_connection((s.host, s.port), timeout=30)
+                c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                held.append(c)
+                deadline = time.time() + 20
+                while time.time() < deadline:
+                    m = s.metrics()
+                    if m["glm5_serve_queue_depth"] + m["glm5_serve_requests_running"] >= k:
+                        break
+                    time.sleep(0.01)
+            self.assertEqual(s.metrics()["glm5_serve_queue_depth"], 1)
+            with self.assertRaises(openai.RateLimitError) as e:
+                s.client().completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2)
+            self.assertEqual(e.exception.status_code, 429)
+            for c in held:
+                c.close()  # cancelled: the queue has room again
+            deadline = time.time() + 20
+            while s.metrics()["glm5_serve_requests_running"] > 0 and time.time() < deadline:
+                time.sleep(0.02)
+            r = s.client().completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2)
+            self.assertEqual(r.usage.completion_tokens, len(r.choices[0].token_ids))
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+    def test_503_drain_timeout_cancels_and_exits_0(self):
+        s = Server("--drain-timeout", "0.3")
+        body = json.dumps({"model": MODEL_NAME, "prompt": "Go", "max_tokens": 4000, "ignore_eos": True,
+                           "temperature": 0, "stream": True})
+        c = http.client.HTTPConnection(s.host, s.port, timeout=30)
+        c.request("POST", "/v1/completions", body)
+        r = c.getresponse()
+        self.assertEqual(r.status, 200)
+        r.read1(100)  # the stream has started
+        os.kill(s.pid, signal.SIGTERM)
+        rest = r.read().decode(errors="replace")
+        events = [e for e in rest.split("\n\n") if e.startswith("data: {\"error\"")]
+        self.assertEqual(len(events), 1, rest[-500:])
+        self.assertEqual(json.loads(events[0][6:])["error"]["code"], "unavailable")
+        self.assertTrue(rest.rstrip().endswith("data: [DONE]"))
+        self.assertEqual(s.proc.wait(30), 0, s.stderr())
+        self.assertIn("drain timeout", s.stderr())
+
+
+class Layout2x2(unittest.TestCase):
+    def test_answers_equal_batch_and_sigterm_exits_0(self):
+        expected = batch_answers()
+        s = Server(np=4, cluster=CLUSTER22)
+        try:
+            client = s.client()
+            self.assertEqual(server_answers(client, stream=False), expected)
+            self.assertEqual(server_answers(client, stream=True), expected)
+        finally:
+            self.assertEqual(s.stop(), 0, s.stderr())
+        self.assertIn("drained", s.stderr())
+
+
+def run_load(s, requests, stop_after=0):
+    cmd = [sys.executable, os.path.join(SRC, "scripts", "serve_load.py"), "--base-url", s.url(), "--model",
+           MODEL_NAME, "--clients", "64", "--requests", str(requests), "--max-tokens", "8"]
+    if stop_after:
+        cmd += ["--stop-after", str(stop_after)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+
+
+class Load(unittest.TestCase):
+    def test_64_clients_1000_requests_no_error(self):
+        s = Server()
+        try:
+            p = run_load(s, 1000)
+            out = json.loads(p.communicate(timeout=300)[0])
+            print(json.dumps(out), file=sys.stderr)
+            self.assertEqual(out["errors"], 0, out["first_errors"])
+            self.assertEqual(out["ok"], 1000)
+            m = s.metrics()
+            self.assertEqual(m['glm5_serve_requests_total{endpoint="/v1/completions",code="200"}'], 1000)
+            self.assertEqual(m["glm5_serve_e2e_request_latency_seconds_count"], 1000)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+    def test_sigterm_under_load_drains(self):
+        s = Server()
+        # Streams that are in flight when the signal comes must still end complete.
+        results = []
+        started = threading.Semaphore(0)
+
+        def stream_one():
+            try:
+                n = 0
+                for chunk in s.client().completions.create(model=MODEL_NAME, prompt="Long", max_tokens=300,
+                                                           temperature=0, stream=True,
+                                                           extra_body={"ignore_eos": True}):
+                    if n == 0:
+                        started.release()  # accepted and running
+                    n += len(chunk.choices[0].token_ids) if chunk.choices else 0
+                results.append(n)
+            except Exception as e:  # noqa: BLE001
+                results.append(repr(e))
+                started.release()
+        p = run_load(s, 100000, stop_after=3)
+        time.sleep(1.0)
+        streams = [threading.Thread(target=stream_one) for _ in range(8)]
+        for t in streams:
+            t.start()
+        for _ in streams:
+            self.assertTrue(started.acquire(timeout=30))
+        os.kill(s.pid, signal.SIGTERM)
+        for t in streams:
+            t.join(60)
+        self.assertEqual(s.proc.wait(60), 0, s.stderr())
+        self.assertIn("drained", s.stderr())
+        p.communicate(timeout=60)
+        self.assertEqual(results, [300] * 8)  # accepted before the signal: finished whole
+
+
+if __name__ == "__main__":
+    suites = {"api": [Api, Limits], "layout2x2": [Layout2x2], "load": [Load]}
+    which = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in suites else "api"
+    loader = unittest.TestLoader()
+    suite = unittest.TestSuite(loader.loadTestsFromTestCase(c) for c in suites[which])
+    res = unittest.TextTestRunner(verbosity=2).run(suite)
+    sys.exit(0 if res.wasSuccessful() else 1)
