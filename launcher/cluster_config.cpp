@@ -367,6 +367,15 @@ std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc,
   return parallel::balance_layers(cost, P);
 }
 
+// Open MPI binds each rank to one core when the job has at most 2 ranks (to a package beyond):
+// a rank's OpenMP threads (the host's cores / its ranks) would then share that one core, halving
+// a one-rank job. Ranks stay unbound unless mpirun_args choose a binding themselves.
+static std::vector<std::string> binding_args(const ClusterConfig& cc) {
+  for (const std::string& a : cc.mpirun_args)
+    if (a.rfind("--bind-to", 0) == 0 || a.rfind("-bind-to", 0) == 0) return {};
+  return {"--bind-to", "none"};
+}
+
 std::vector<std::string> launch_command(const ClusterConfig& cc, const std::string& glm5_path,
                                         const std::vector<std::string>& glm5_args, bool as_root) {
   for (const std::string& a : glm5_args)
@@ -396,6 +405,7 @@ std::vector<std::string> launch_command(const ClusterConfig& cc, const std::stri
     cmd.push_back(list);
   }
   cmd.insert(cmd.end(), cc.mpirun_args.begin(), cc.mpirun_args.end());
+  for (const std::string& a : binding_args(cc)) cmd.push_back(a);
   for (const auto& [k, v] : cc.env) {
     cmd.push_back("-x");
     cmd.push_back(k + "=" + v);
@@ -433,10 +443,11 @@ std::string slurm_script(const ClusterConfig& cc, const std::string& glm5_path, 
   for (const auto& [k, v] : cc.env) out += "export " + shell_join({k + "=" + v}) + "\n";
   std::vector<std::string> cmd;
   if (srun) {
-    cmd = {"srun", "--mpi=pmix", "--ntasks=" + std::to_string(n)};
+    cmd = {"srun", "--mpi=pmix", "--ntasks=" + std::to_string(n), "--cpu-bind=none"};
   } else {  // mpirun takes the allocation's hosts: no --host, no --oversubscribe
     cmd = {"mpirun", "-np", std::to_string(n)};
     cmd.insert(cmd.end(), cc.mpirun_args.begin(), cc.mpirun_args.end());
+    for (const std::string& a : binding_args(cc)) cmd.push_back(a);
     for (const auto& [k, v] : cc.env) cmd.insert(cmd.end(), {"-x", k});
   }
   // glm5 and its arguments: the tail of the mpirun line (from the glm5 path on).

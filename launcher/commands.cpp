@@ -461,6 +461,10 @@ int main_entry(int argc, char** argv) {
   sim->add_option("--hardware", sa.hardware, "hardware YAML (default: cluster-configs/hardware/ for the backend)");
   sim->add_option("--routing", sa.routing, "a batch --report JSON whose per-layer expert loads replace uniform routing");
   sim->add_option("--json", sa.json, "also write the prediction as JSON");
+  sim->add_option("--exchange-bytes", sa.exchange_bytes,
+                  "what-if: bytes per value the MoE exchange moves (glm5 sends 4, f32; 2 = bf16, 1 = fp8)")
+      ->check(CLI::Range(0.5, 8.0));
+  sim->add_flag("--overlap", sa.overlap, "what-if: MoE exchange hidden behind compute (two micro-batches alternating)");
   auto* sim_cal = sim->add_flag("--calibrate", sa.calibrate, "measure this machine and write a hardware file (--out)");
   sim->add_option("--out", sa.out, "with --calibrate: the hardware YAML to write")->needs(sim_cal);
   sim_cal->excludes(sim_cluster);

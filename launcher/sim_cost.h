@@ -57,7 +57,8 @@ class StepCost {
   void experts(int layer, int column, int64_t rows, const Rates& r, PhaseTimes& t) const;
   // Bytes column `column` sends to the other ranks of its stage in one MoE layer for its m rows
   // (dispatch: a row once per remote rank it picks; combine: a row per remote slot back).
-  double exchange_bytes(int64_t m) const;
+  // value_bytes: bytes per hidden value on the wire (4: f32, as glm5 sends; 2: bf16; 1: fp8).
+  double exchange_bytes(int64_t m, double value_bytes = 4) const;
   // Final norm, lm_head and sampling for `sampled` rows; the embedding of m rows.
   void head(int64_t sampled, const Rates& r, PhaseTimes& t) const;
   void embed(int64_t m, const Rates& r, PhaseTimes& t) const;

@@ -268,26 +268,39 @@ double Replay::stage_time(int stage, const std::vector<std::vector<SimSeq>>& ste
   if (stage == 0) T += slowest([&](int c, const Rates& r, PhaseTimes& t) { cost.embed(rows[size_t(c)], r, t); });
   for (int l = lr.first; l < lr.last; ++l) {
     const bool moe = cfg.is_moe_layer(l);
-    T += slowest([&](int c, const Rates& r, PhaseTimes& t) {
+    const double block = slowest([&](int c, const Rates& r, PhaseTimes& t) {
       cost.attention(l, steps[size_t(c)], r, t);
       if (moe) cost.router(l, rows[size_t(c)], r, t);
       else cost.dense_mlp(l, rows[size_t(c)], r, t);
     });
-    if (!moe) continue;
-    if (E_ > 1) {  // counts, then rows out, results back: the slowest link of the stage
-      double ex = 0;
+    if (!moe) {
+      T += block;
+      continue;
+    }
+    // The exchange: counts, then rows out, results back. A rank's bytes go to the stage's other
+    // ranks evenly, over NVLink / shared memory to those on its host, the network to the rest.
+    double ex = 0;
+    if (E_ > 1) {
       for (int c = 0; c < E_; ++c) {
-        const int a = stage * E_ + c, b = stage * E_ + (c + 1) % E_;
-        const double bytes = cost.exchange_bytes(rows[size_t(c)]);
-        ex = std::max(ex, 3 * link_latency(a, b) + bytes / link_bw(a, b));
+        const int a = stage * E_ + c;
+        int local = 0;
+        for (int d = 0; d < E_; ++d) local += d != c && host_[size_t(stage * E_ + d)] == host_[size_t(a)];
+        const double remote = double(E_ - 1 - local) / double(E_ - 1);
+        const double bytes = cost.exchange_bytes(rows[size_t(c)], s_.exchange_value_bytes);
+        const double t = 3 * (remote > 0 ? s_.hw->inter_node_latency_s : s_.hw->intra_node_latency_s) +
+                         std::max(bytes * (1 - remote) / s_.hw->intra_node_bw, bytes * remote / s_.hw->inter_node_bw);
+        ex = std::max(ex, t);
         exchange_bytes_ += bytes;
       }
       ++exchanges_;
       out.phases["moe_exchange"] += ex;
       out.comm_s += ex;
-      T += ex;
     }
-    T += slowest([&](int c, const Rates& r, PhaseTimes& t) { cost.experts(l, c, total, r, t); }, cost.uniform());
+    const double experts =
+        slowest([&](int c, const Rates& r, PhaseTimes& t) { cost.experts(l, c, total, r, t); }, cost.uniform());
+    // With overlap (two micro-batches alternating, as DeepSeek's decode does) the exchange hides
+    // behind the other micro-batch's compute; the engine itself runs them in sequence.
+    T += s_.overlap ? std::max(block + experts, ex) : block + ex + experts;
   }
   if (stage == P_ - 1)
     T += slowest([&](int c, const Rates& r, PhaseTimes& t) { cost.head(sampled[size_t(c)], r, t); });

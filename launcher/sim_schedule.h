@@ -53,6 +53,8 @@ struct SimSetup {
   const Hardware* hw = nullptr;
   const StepCost* cost = nullptr;
   Workload work;
+  double exchange_value_bytes = 4;  // bytes per hidden value the MoE exchange moves (glm5: f32)
+  bool overlap = false;             // MoE exchange hidden behind compute (what-if; glm5 does not)
 };
 
 Prediction simulate_run(const SimSetup& s);

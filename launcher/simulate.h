@@ -14,6 +14,8 @@ struct SimulateArgs {
   std::string hardware;  // hardware YAML (cluster-configs/hardware/); default: the cluster's backend
   std::string routing;   // a batch --report JSON: per-layer expert loads instead of uniform routing
   std::string json;      // also write the prediction as JSON here
+  double exchange_bytes = 4;  // what-if: bytes per value the MoE exchange moves (glm5 sends f32)
+  bool overlap = false;       // what-if: MoE exchange overlapped with compute
   bool calibrate = false;  // measure this machine and write a hardware file to `out`
   std::string out;
 };

@@ -34,7 +34,7 @@ trap 'rm -rf "$WORK"' EXIT
 # shellcheck source=scripts/bench_load.sh
 source "$ROOT/scripts/bench_load.sh"
 unset OMP_NUM_THREADS  # each rank takes cores / ranks-on-host threads, as the simulator assumes
-MPI=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader,tcp)
+MPI=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader,tcp --bind-to none)  # as glm5 launch runs it
 
 echo "== machine"
 echo "cores: $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(mpirun --version 2>&1 | head -1)"

@@ -397,6 +397,8 @@ env: {UCX_TLS: "tcp,self", B: "x y"}
                                            "--mca",
                                            "pml",
                                            "ucx",
+                                           "--bind-to",
+                                           "none",
                                            "-x",
                                            "B=x y",
                                            "-x",
@@ -412,7 +414,7 @@ env: {UCX_TLS: "tcp,self", B: "x y"}
   EXPECT_EQ(cmd, expect);  // slots (4) cover the world: no --oversubscribe
   EXPECT_EQ(
       shell_join(cmd),
-      "mpirun -np 4 --allow-run-as-root --host n1:2,n2:2 --mca pml ucx -x 'B=x y' -x "
+      "mpirun -np 4 --allow-run-as-root --host n1:2,n2:2 --mca pml ucx --bind-to none -x 'B=x y' -x "
       "UCX_TLS=tcp,self /opt/glm5 generate --model m --prompt 'hi there' --cluster conf/c.yaml");
 }
 
@@ -443,6 +445,20 @@ TEST(LaunchCommand, RootFlagAndOversubscription) {
   cmd = launch_command(cc, "glm5", {"inspect"}, false);
   EXPECT_GE(index_of(cmd, "--oversubscribe"), 0);
   EXPECT_EQ(cmd[index_of(cmd, "--host") + 1], "a:2,b:1");
+}
+
+// Ranks are left unbound (Open MPI would pin a 1- or 2-rank job's ranks to one core each, with all
+// of their OpenMP threads), unless mpirun_args bind them.
+TEST(LaunchCommand, RanksUnboundUnlessTheConfigBinds) {
+  ClusterConfig cc = parse_cluster_config("stages: 1\n", "c.yaml");
+  auto cmd = launch_command(cc, "glm5", {"inspect"}, false);
+  const auto at = index_of(cmd, "--bind-to");
+  ASSERT_GE(at, 0);
+  EXPECT_EQ(cmd[size_t(at) + 1], "none");
+  cc = parse_cluster_config("stages: 1\nmpirun_args: [\"--bind-to\", \"core\", \"--map-by\", \"slot:PE=4\"]\n", "c.yaml");
+  cmd = launch_command(cc, "glm5", {"inspect"}, false);
+  EXPECT_EQ(std::count(cmd.begin(), cmd.end(), "--bind-to"), 1);
+  EXPECT_EQ(cmd[size_t(index_of(cmd, "--bind-to")) + 1], "core");
 }
 
 TEST(LaunchCommand, RefusesASecondCluster) {
