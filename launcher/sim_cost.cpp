@@ -16,8 +16,8 @@ double Work::seconds(const Rates& r) const {
 }
 
 StepCost::StepCost(const runtime::ModelConfig& cfg, const runtime::WeightPlan& plan, int expert_parallel,
-                   std::vector<std::vector<double>> expert_share)
-    : cfg_(cfg), E_(expert_parallel), share_(std::move(expert_share)) {
+                   std::vector<std::vector<double>> expert_share, double kv_bytes)
+    : cfg_(cfg), E_(expert_parallel), kv_bytes_(kv_bytes), share_(std::move(expert_share)) {
   for (size_t i = 0; i < plan.tensors.size(); ++i) bytes_[plan.tensors[i].name] = double(plan.resident[i]);
   if (cfg.tie_word_embeddings) bytes_["lm_head.weight"] = double(plan.tied_head_bytes);
 }
@@ -52,7 +52,7 @@ void StepCost::attention(int l, const std::vector<SimSeq>& seqs, const Rates& r,
   proj.calls = 10;
   t["projections"] += proj.seconds(r);
   Work write;
-  write.bytes = m * (LAT + ID) * 4 * 2;
+  write.bytes = m * (LAT + ID) * (4 + kv_bytes_);
   write.calls = 2;
   t["kv_write"] += write.seconds(r);
 
@@ -65,7 +65,7 @@ void StepCost::attention(int l, const std::vector<SimSeq>& seqs, const Rates& r,
     if (cut > s.start) {  // kv_b expands the whole prefix, then dense causal attention
       const double T = double(cut), rows = double(cut - s.start);
       naive_gemm.flops += 2 * T * NH * DKV * R;
-      naive_gemm.bytes += kv_b + T * LAT * 4 + T * NH * DKV * 4 * 2;
+      naive_gemm.bytes += kv_b + T * LAT * kv_bytes_ + T * NH * DKV * 4 * 2;
       naive_att.flops += 2 * NH * (DQ + dv) * (rows * (double(s.start) + double(cut) + 1) / 2);
       naive_gemm.calls += 2;
       naive_att.calls += 1;
@@ -83,8 +83,8 @@ void StepCost::attention(int l, const std::vector<SimSeq>& seqs, const Rates& r,
       att.flops += 2 * att_keys * NH * (LAT + R);
       const bool one_row = s.n == 1;
       // A decode row reads its own sequence's keys; a prefill chunk's rows share them (cached).
-      scores.bytes += (one_row ? keys_sum : double(end)) * ID * 4 + keys_sum * 4;
-      att.bytes += (one_row ? att_keys : double(end)) * LAT * 4;
+      scores.bytes += (one_row ? keys_sum : double(end)) * ID * kv_bytes_ + keys_sum * 4;
+      att.bytes += (one_row ? att_keys : double(end)) * LAT * kv_bytes_;
       if (!one_row) scores.calls += 1, topk.calls += 1;
       decode_group |= one_row;
     }

@@ -43,8 +43,9 @@ struct Work {
 class StepCost {
  public:
   // expert_share: per layer, the fraction of routed picks each expert gets (empty: uniform).
+  // kv_bytes: bytes per cached value (4: f32, 2: a bf16 KV cache).
   StepCost(const runtime::ModelConfig& cfg, const runtime::WeightPlan& plan, int expert_parallel,
-           std::vector<std::vector<double>> expert_share = {});
+           std::vector<std::vector<double>> expert_share = {}, double kv_bytes = 4);
 
   // One column's attention block of `layer` for its step's sequences (projections, cache writes,
   // naive and weight-absorbed attention with the indexer and top-k, o_proj, norms).
@@ -76,6 +77,7 @@ class StepCost {
 
   runtime::ModelConfig cfg_;
   int E_ = 1;
+  double kv_bytes_ = 4;
   std::map<std::string, double> bytes_;  // tensor name -> resident bytes
   std::vector<std::vector<double>> share_;
 };

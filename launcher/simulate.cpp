@@ -176,8 +176,9 @@ int run_simulate(const SimulateArgs& a) {
   CHECK(hw.gpu() == (cc.backend == "cuda"), "simulate: hardware ", hw.source.empty() ? hw.name : hw.source,
         " is kind ", hw.kind, " but the cluster config's backend is ", cc.backend);
   const runtime::WeightPlan wp = runtime::plan_weights(cfg, dir);
-  const StepCost cost(cfg, wp, cc.expert_parallel, a.routing.empty() ? std::vector<std::vector<double>>{}
-                                                                     : read_routing(a.routing, cfg));
+  const StepCost cost(cfg, wp, cc.expert_parallel,
+                      a.routing.empty() ? std::vector<std::vector<double>>{} : read_routing(a.routing, cfg),
+                      cc.kv_dtype == "bf16" ? 2 : 4);
   SimSetup setup{&cfg, &cc, stages, &hw, &cost, work, a.exchange_bytes, a.overlap};
   const Prediction p = simulate_run(setup);
   const std::vector<RankMemory> mem = plan_memory(cfg, cc, hw, stages, wp, work);
@@ -191,7 +192,7 @@ int run_simulate(const SimulateArgs& a) {
   std::printf("hardware   %s (%s%s)\n", hw.name.c_str(), hw.kind.c_str(),
               a.hardware.empty() ? ", calibrated now" : (", " + a.hardware).c_str());
   if (a.overlap || a.exchange_bytes != 4)
-    std::printf("what-if    MoE exchange of %.0f byte(s) per value%s (glm5 itself sends f32, not overlapped)\n",
+    std::printf("what-if    MoE exchange of %g byte(s) per value%s (glm5 itself sends f32, not overlapped)\n",
                 a.exchange_bytes, a.overlap ? ", overlapped with compute" : "");
   std::printf("workload   %lld prompts x %lld in + %lld out tokens%s; routing %s\n", (long long)work.prompts,
               (long long)work.in, (long long)work.out,

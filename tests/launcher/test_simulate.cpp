@@ -89,7 +89,7 @@ TEST(Simulate, HardwareFiles) {
   no_bw.erase(at, no_bw.find('\n', at + 1) - at);
   expect_error([&] { parse_hardware(no_bw, "f.yaml"); }, {"key 'mem_bw'", "the key is missing"});
   std::string bad_eff = text;
-  bad_eff.replace(bad_eff.find("gemm_efficiency: 0.7"), 20, "gemm_efficiency: 1.5");
+  bad_eff.replace(bad_eff.find("gemm_efficiency: 0.75"), 21, "gemm_efficiency: 1.5");
   expect_error([&] { parse_hardware(bad_eff, "f.yaml"); }, {"gemm_efficiency", "(0, 1]"});
   expect_error([] { load_hardware("/nonexistent/hw.yaml"); }, {"/nonexistent/hw.yaml", "cannot open"});
 }
