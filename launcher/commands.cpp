@@ -466,7 +466,7 @@ int main_entry(int argc, char** argv) {
       ->check(CLI::Range(0.5, 8.0));
   sim->add_flag("--overlap", sa.overlap, "what-if: MoE exchange hidden behind compute (two micro-batches alternating)");
   auto* sim_cal = sim->add_flag("--calibrate", sa.calibrate, "measure this machine and write a hardware file (--out)");
-  sim->add_option("--out", sa.out, "with --calibrate: the hardware YAML to write")->needs(sim_cal);
+  sim->add_option("--out", sa.out, "with --calibrate: the hardware YAML to write (with --model: its expert shape)")->needs(sim_cal);
   sim_cal->excludes(sim_cluster);
 
   ServeArgs sva;

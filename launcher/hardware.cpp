@@ -31,6 +31,7 @@ const Field kNumbers[] = {
     {"memory_gb", &Hardware::memory_gb, 1, false},
     {"gemm_flops", &Hardware::gemm_flops, 1, false},
     {"gemm_efficiency", &Hardware::gemm_efficiency, 1, true},
+    {"gemm_flops_small", &Hardware::gemm_flops_small, 1, true},
     {"attention_flops", &Hardware::attention_flops, 1, false},
     {"attention_efficiency", &Hardware::attention_efficiency, 1, true},
     {"mem_bw_core", &Hardware::mem_bw_core, 1, false},
@@ -101,6 +102,7 @@ Hardware parse_hardware(const std::string& text, const std::string& source) {
     if (!n && f.optional) continue;
     hw.*f.value = positive(source, n, f.key) * f.scale;
   }
+  if (hw.gemm_flops_small <= 0) hw.gemm_flops_small = hw.gemm_flops;
   for (const char* k : {"gemm_flops", "attention_flops", "mem_bw_core", "mem_bw", "topk_rate", "intra_node_bw",
                         "inter_node_bw"})
     for (const Field& f : kNumbers)

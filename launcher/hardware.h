@@ -8,6 +8,7 @@
 //   memory_gb: 80                # per device (gpu) or per host (cpu)
 //   gemm_flops: 989e12           # dense GEMM rate of one core (cpu) or one device (gpu), FLOP/s
 //   gemm_efficiency: 0.6         # fraction of gemm_flops large GEMMs reach (1 for measured rates)
+//   gemm_flops_small: 989e12     # optional: the rate at 16 rows (decode-sized GEMMs; default gemm_flops)
 //   attention_flops: 989e12      # indexer scores and latent attention, FLOP/s (core / device)
 //   attention_efficiency: 0.3
 //   mem_bw_core: 3.35e12         # weight streaming of one core (cpu); gpu: = mem_bw
@@ -33,7 +34,7 @@ struct Hardware {
   std::string name, kind = "cpu";
   int cores = 1, devices_per_node = 1;
   double memory_gb = 0;
-  double gemm_flops = 0, gemm_efficiency = 1;
+  double gemm_flops = 0, gemm_efficiency = 1, gemm_flops_small = 0;
   double attention_flops = 0, attention_efficiency = 1;
   double mem_bw_core = 0, mem_bw = 0, mem_bw_efficiency = 1;
   double topk_rate = 0;
@@ -47,10 +48,12 @@ Hardware parse_hardware(const std::string& yaml_text, const std::string& source)
 // YAML text that parse_hardware reads back; `comment` lines go first (prefixed with "# ").
 std::string hardware_yaml(const Hardware& hw, const std::string& comment);
 
-// Measures this machine with the CPU backend's own kernels (a few seconds): per-core and
-// all-core GEMM FLOP/s at a prefill shape, weight-streaming bandwidth (a BF16 GEMV over 256 MiB),
+// Measures this machine with the CPU backend's own kernels (a few seconds): per-core GEMM FLOP/s
+// at 256 and at 16 rows, weight-streaming bandwidth of one core and of all (64 BF16 expert-sized
+// matrices, 256 MiB, 2 rows each),
 // indexer-score and latent-attention FLOP/s, the top-k scan rate, the cost of one small kernel
 // call, and memcpy bandwidth for the shared-memory link between ranks of a host.
-Hardware calibrate_cpu();
+// Expert shape: the model's hidden_size and moe_intermediate_size (GLM-5's by default).
+Hardware calibrate_cpu(int64_t hidden = 6144, int64_t moe_intermediate = 2048);
 
 }  // namespace glm5::launcher

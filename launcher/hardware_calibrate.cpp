@@ -1,6 +1,7 @@
 // `glm5 simulate --calibrate`: measures this CPU with the CPU backend's own kernels, so that the
 // simulator's rates are the ones the model's forward pass gets here (hardware.h lists the keys).
-// Shapes are GLM-5's per-rank attention dims; each timing is the best of several repeats.
+// Shapes are GLM-5's per-rank attention dims and MoE-sized weight matrices; each timing is the
+// best of several repeats.
 #include <omp.h>
 
 #include <algorithm>
@@ -58,27 +59,38 @@ struct Bf16Matrix {
   }
 };
 
-// FLOP/s of a prefill-shaped GEMM: 256 rows x 2048 x 2048 BF16 weights.
-double gemm_rate(kernels::Backend& be) {
-  const int64_t m = 256, n = 2048, k = 2048;
+// FLOP/s of a GEMM of `m` rows x 2048 x 2048 BF16 weights (256: prefill-sized, 16: decode-sized).
+double gemm_rate(kernels::Backend& be, int64_t m) {
+  const int64_t n = 2048, k = 2048;
   Bf16Matrix W(n, k);
   std::vector<float> x(size_t(m * k), 0.5f), y(size_t(m * n));
   const double s = best_seconds([&] { be.gemm({x.data(), k, W.w, false, y.data(), n, m, n, k}); });
   return 2.0 * double(m * n * k) / s;
 }
 
-// Bytes/s of a batch-1 GEMV streaming 256 MiB of BF16 weights (far beyond any cache).
-double stream_rate(kernels::Backend& be) {
-  const int64_t n = 32768, k = 4096;
-  Bf16Matrix W(n, k);
-  std::vector<float> x(size_t(k), 0.5f), y(static_cast<size_t>(n));
-  const double s = best_seconds([&] { be.gemm({x.data(), k, W.w, false, y.data(), n, 1, n, k}); }, 2);
-  return double(n * k * 2) / s;
+// Bytes/s of weight streaming as decode does it: routed experts of hidden x moe_intermediate
+// (gate and up [I, H], down [H, I], BF16) times 2 rows each, in one batch, as many experts as
+// make >= 256 MiB (far beyond any cache).
+double stream_rate(kernels::Backend& be, int64_t H, int64_t I) {
+  const int64_t m = 2, per_expert = 3 * H * I * 2;
+  const int64_t experts = std::max<int64_t>(1, ((int64_t(256) << 20) + per_expert - 1) / per_expert);
+  std::vector<Bf16Matrix> W;
+  W.reserve(size_t(3 * experts));
+  std::vector<float> x(size_t(m * std::max(H, I)), 0.5f), y(size_t(3 * experts * m * std::max(H, I)));
+  std::vector<kernels::GemmParams> batch;
+  for (int64_t e = 0; e < 3 * experts; ++e) {
+    const bool down = e % 3 == 2;
+    const int64_t n = down ? H : I, k = down ? I : H;
+    W.emplace_back(n, k);
+    batch.push_back({x.data(), k, W.back().w, false, y.data() + e * m * std::max(H, I), n, m, n, k});
+  }
+  const double s = best_seconds([&] { be.gemm_batch(batch); }, 2);
+  return double(experts * per_expert) / s;
 }
 
 }  // namespace
 
-Hardware calibrate_cpu() {
+Hardware calibrate_cpu(int64_t hidden, int64_t moe_intermediate) {
   auto be = kernels::make_cpu_backend();
   const int cores = std::max(1, int(std::thread::hardware_concurrency()));
   Hardware hw;
@@ -92,8 +104,9 @@ Hardware calibrate_cpu() {
     if (f >> key >> kb && key == "MemTotal:") hw.memory_gb = kb * 1024 / 1e9;
   }
   omp_set_num_threads(1);
-  hw.gemm_flops = gemm_rate(*be);
-  hw.mem_bw_core = stream_rate(*be);
+  hw.gemm_flops = gemm_rate(*be, 256);
+  hw.gemm_flops_small = gemm_rate(*be, 16);
+  hw.mem_bw_core = stream_rate(*be, hidden, moe_intermediate);
   // Indexer scores of 16 rows over 8192 keys (32 heads x 128), latent attention of 16 rows over
   // 2048 keys (16 heads x (512 + 64)), top-k 512 of 8192 scores: per core.
   const int64_t S = 16, T = 8192, IH = 32, ID = 128;
@@ -118,7 +131,7 @@ Hardware calibrate_cpu() {
   hw.attention_flops = (f_idx + f_att) / (t_idx + t_att);
   // Host-wide rates with every core.
   omp_set_num_threads(cores);
-  hw.mem_bw = std::max(hw.mem_bw_core, stream_rate(*be));
+  hw.mem_bw = std::max(hw.mem_bw_core, stream_rate(*be, hidden, moe_intermediate));
   // One small kernel call (64 x 64 GEMV): the fixed cost of a parallel region.
   {
     std::vector<float> w(64 * 64, 0.1f), x(64, 1.0f), y(64);

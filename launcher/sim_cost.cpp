@@ -10,9 +10,20 @@
 
 namespace glm5::launcher {
 
+// The GEMM rate at `rows`: the small-GEMM rate up to 16 rows, the large one from 256, geometric in
+// between (a GEMM of few rows spends its FMAs on fewer accumulators per loaded weight).
+static double gemm_rate(const Rates& r, double rows) {
+  if (rows >= 256 || r.gemm_flops_small >= r.gemm_flops) return r.gemm_flops;
+  if (rows <= 16) return r.gemm_flops_small;
+  return r.gemm_flops_small * std::pow(r.gemm_flops / r.gemm_flops_small, std::log(rows / 16) / std::log(16.0));
+}
+
+// The roofline with imperfect overlap: sqrt(compute^2 + memory^2), between max (perfect overlap)
+// and the sum (none); a GEMM of a few rows, where the two are close, measures near it (BENCHMARKS.md).
 double Work::seconds(const Rates& r) const {
-  const double compute = flops / (attention_unit ? r.attention_flops : r.gemm_flops);
-  return std::max({compute, bytes / r.mem_bw, scanned / r.topk_rate}) + calls * r.op_overhead_s;
+  const double compute = flops / (attention_unit ? r.attention_flops : gemm_rate(r, rows)) + scanned / r.topk_rate;
+  const double memory = bytes / r.mem_bw;
+  return std::sqrt(compute * compute + memory * memory) + calls * r.op_overhead_s;
 }
 
 StepCost::StepCost(const runtime::ModelConfig& cfg, const runtime::WeightPlan& plan, int expert_parallel,
@@ -50,6 +61,7 @@ void StepCost::attention(int l, const std::vector<SimSeq>& seqs, const Rates& r,
     proj.bytes += bytes(l, std::string("self_attn.") + w + ".weight");
   proj.bytes += m * (H + 2 * QR + NH * DQ + IH * ID + LAT) * 4;
   proj.calls = 10;
+  proj.rows = m;
   t["projections"] += proj.seconds(r);
   Work write;
   write.bytes = m * (LAT + ID) * (4 + kv_bytes_);
@@ -58,6 +70,7 @@ void StepCost::attention(int l, const std::vector<SimSeq>& seqs, const Rates& r,
 
   // Rows below min(prompt_len, index_topk) attend naively, the rest in the absorbed form.
   Work qabs, scores, topk, att, vabs, naive_gemm, naive_att;
+  naive_gemm.rows = 0;
   double n_abs = 0;
   bool sparse = false, decode_group = false;
   for (const SimSeq& s : seqs) {
@@ -68,6 +81,7 @@ void StepCost::attention(int l, const std::vector<SimSeq>& seqs, const Rates& r,
       naive_gemm.bytes += kv_b + T * LAT * kv_bytes_ + T * NH * DKV * 4 * 2;
       naive_att.flops += 2 * NH * (DQ + dv) * (rows * (double(s.start) + double(cut) + 1) / 2);
       naive_gemm.calls += 2;
+      naive_gemm.rows = std::max(naive_gemm.rows, T);
       naive_att.calls += 1;
     }
     if (end > cut) {
@@ -94,6 +108,7 @@ void StepCost::attention(int l, const std::vector<SimSeq>& seqs, const Rates& r,
     qabs.flops = 2 * n_abs * NH * dn * R;
     qabs.bytes = kv_b * dn / DKV + n_abs * NH * (DQ + LAT) * 4;
     qabs.calls = 1 + NH;
+    qabs.rows = n_abs;
     t["q_absorb"] += qabs.seconds(r);
     if (sparse) {
       scores.attention_unit = true;
@@ -106,6 +121,7 @@ void StepCost::attention(int l, const std::vector<SimSeq>& seqs, const Rates& r,
     vabs.flops = 2 * n_abs * NH * R * dv;
     vabs.bytes = kv_b * dv / DKV + n_abs * NH * (R + dv) * 4;
     vabs.calls = 1;
+    vabs.rows = n_abs;
     t["v_absorb"] += vabs.seconds(r);
   }
   if (naive_gemm.calls > 0) {
@@ -116,6 +132,7 @@ void StepCost::attention(int l, const std::vector<SimSeq>& seqs, const Rates& r,
   o.flops = 2 * m * H * NH * dv;
   o.bytes = bytes(l, "self_attn.o_proj.weight") + m * (NH * dv + 2 * H) * 4;
   o.calls = 1;
+  o.rows = m;
   t["o_proj"] += o.seconds(r);
   Work norms;  // input / post-attention RMSNorm and residual adds
   norms.bytes = m * H * 4 * 6;
@@ -131,6 +148,7 @@ void StepCost::dense_mlp(int l, int64_t rows, const Rates& r, PhaseTimes& t) con
   for (const char* p : {"gate_proj", "up_proj", "down_proj"}) w.bytes += bytes(l, std::string("mlp.") + p + ".weight");
   w.bytes += m * (2 * H + 3 * I) * 4;
   w.calls = 4;
+  w.rows = m;
   t["dense_mlp"] += w.seconds(r);
 }
 
@@ -144,6 +162,7 @@ void StepCost::router(int l, int64_t rows, const Rates& r, PhaseTimes& t) const 
   for (const char* p : {"gate_proj", "up_proj", "down_proj"})
     w.bytes += bytes(l, std::string("mlp.shared_experts.") + p + ".weight");
   w.calls = 5;
+  w.rows = m;
   t["router"] += w.seconds(r);
   Work moves;  // gathering rows for the exchange, weighting and summing the results
   moves.bytes = m * double(cfg_.num_experts_per_tok) * H * 4 * 2;
@@ -157,6 +176,11 @@ double StepCost::expert_picks(int l, int column, int64_t rows) const {
   double s = 0;
   for (int e = ex.first; e < ex.last; ++e) s += share(l, e);
   return double(rows) * double(cfg_.num_experts_per_tok) * s;
+}
+
+double StepCost::expert_count(int column) const {
+  const parallel::LayerRange ex = parallel::expert_range(int(cfg_.n_routed_experts), E_, column);
+  return double(ex.size());
 }
 
 double StepCost::active_expert_bytes(int l, int column, int64_t rows) const {
@@ -182,6 +206,10 @@ void StepCost::experts(int l, int column, int64_t rows, const Rates& r, PhaseTim
   w.flops = 2 * picks * 3 * H * I;
   w.bytes = active_expert_bytes(l, column, rows) + picks * (2 * H + 3 * I) * 4;
   w.calls = 4;
+  // Rows per active expert: a routed expert's GEMMs are as small as its share of the picks.
+  const double full = active_expert_bytes(l, column, 1 << 30);
+  const double active = full > 0 ? active_expert_bytes(l, column, rows) / full * expert_count(column) : 1;
+  w.rows = picks / std::max(active, 1.0);
   t["experts"] += w.seconds(r);
 }
 
@@ -203,6 +231,7 @@ void StepCost::head(int64_t sampled, const Rates& r, PhaseTimes& t) const {
   w.flops = 2 * s * H * V;
   w.bytes = bytes(-1, "lm_head.weight") + s * (H + V) * 4;
   w.calls = 2;
+  w.rows = s;
   t["lm_head"] += w.seconds(r);
   Work samp;  // softmax / argmax over the vocabulary on the host
   samp.bytes = s * V * 4 * 3;

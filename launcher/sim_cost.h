@@ -19,6 +19,7 @@ namespace glm5::launcher {
 // of its host).
 struct Rates {
   double gemm_flops = 1, attention_flops = 1, topk_rate = 1, mem_bw = 1, op_overhead_s = 0;
+  double gemm_flops_small = 1;  // at 16 rows or fewer; between 16 and 256 rows the rate is interpolated
   bool operator==(const Rates&) const = default;
 };
 
@@ -36,6 +37,7 @@ using PhaseTimes = std::map<std::string, double>;
 // The work of one phase and its time at `r`.
 struct Work {
   double flops = 0, bytes = 0, scanned = 0, calls = 0;
+  double rows = 256;  // rows of the GEMM's input (decode-sized GEMMs run at a lower rate)
   bool attention_unit = false;  // indexer / attention kernels (attention_flops), else GEMM rate
   double seconds(const Rates& r) const;
 };
@@ -68,6 +70,7 @@ class StepCost {
   // expected number of distinct experts picked times one expert's bytes).
   double active_expert_bytes(int layer, int column, int64_t rows) const;
   double expert_picks(int layer, int column, int64_t rows) const;
+  double expert_count(int column) const;  // routed experts column `column` holds
   // Uniform routing: every column's experts cost the same for the same rows.
   bool uniform() const { return share_.empty(); }
 

@@ -121,10 +121,12 @@ class Replay {
 // cores and bandwidth it shares with the other ranks of its host that are busy at the same time.
 Rates Replay::rates_of(int rank) const {
   const Hardware& hw = *s_.hw;
+  const double small = hw.gemm_flops_small > 0 ? hw.gemm_flops_small : hw.gemm_flops;  // optional key
   Rates r;
   r.op_overhead_s = hw.op_overhead_s;
   if (hw.gpu()) {
     r.gemm_flops = hw.gemm_flops * hw.gemm_efficiency;
+    r.gemm_flops_small = small * hw.gemm_efficiency;
     r.attention_flops = hw.attention_flops * hw.attention_efficiency;
     r.topk_rate = hw.topk_rate;
     r.mem_bw = hw.mem_bw * hw.mem_bw_efficiency;
@@ -141,6 +143,7 @@ Rates Replay::rates_of(int rank) const {
   const double busy_threads = threads * (1 + others);
   const double share = std::min(1.0, double(hw.cores) / busy_threads);
   r.gemm_flops = threads * share * hw.gemm_flops * hw.gemm_efficiency;
+  r.gemm_flops_small = threads * share * small * hw.gemm_efficiency;
   r.attention_flops = threads * share * hw.attention_flops * hw.attention_efficiency;
   r.topk_rate = threads * share * hw.topk_rate;
   r.mem_bw = std::min(threads * share * hw.mem_bw_core, hw.mem_bw * threads / busy_threads) * hw.mem_bw_efficiency;

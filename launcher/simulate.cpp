@@ -137,12 +137,21 @@ std::string top_phases(const StagePrediction& sp, size_t n) {
   return s;
 }
 
+// The expert shape the calibration streams: the model's when --model is given, else GLM-5's.
+Hardware calibrate_for(const std::string& model) {
+  if (model.empty()) return calibrate_cpu();
+  std::string dir;
+  const runtime::ModelConfig cfg = read_model(model, dir);
+  return calibrate_cpu(cfg.hidden_size, cfg.moe_intermediate_size > 0 ? cfg.moe_intermediate_size : cfg.intermediate_size);
+}
+
 int write_calibration(const SimulateArgs& a) {
   CHECK(!a.out.empty(), "simulate --calibrate: --out FILE is required (the hardware YAML to write)");
   std::fprintf(stderr, "[glm5] simulate: calibrating this CPU (GEMM, weight streaming, attention, top-k) ...\n");
-  const Hardware hw = calibrate_cpu();
+  const Hardware hw = calibrate_for(a.model);
   const std::string text =
-      hardware_yaml(hw, "This machine, measured by `glm5 simulate --calibrate` with the CPU backend's kernels.\n"
+      hardware_yaml(hw, "This machine, measured by `glm5 simulate --calibrate` with the CPU backend's kernels" +
+                            std::string(a.model.empty() ? "" : " (experts shaped as " + a.model + "'s)") + ".\n"
                         "intra_node_latency_us and the inter_node values are assumptions, not measurements.");
   std::ofstream f(a.out);
   CHECK(f, "simulate --calibrate: cannot write ", a.out);
@@ -171,7 +180,7 @@ int run_simulate(const SimulateArgs& a) {
     CHECK(cc.backend == "cpu", "simulate: backend ", cc.backend,
           " needs --hardware FILE (cluster-configs/hardware/h100-sxm.yaml, h200-sxm.yaml)");
     std::fprintf(stderr, "[glm5] simulate: no --hardware; calibrating this CPU first (see --calibrate)\n");
-    hw = calibrate_cpu();
+    hw = calibrate_for(a.model);
   }
   CHECK(hw.gpu() == (cc.backend == "cuda"), "simulate: hardware ", hw.source.empty() ? hw.name : hw.source,
         " is kind ", hw.kind, " but the cluster config's backend is ", cc.backend);

@@ -62,31 +62,46 @@ for lay in $LAYOUTS; do
   printf 'stages: %s\nexpert_parallel: %s\nmicro_batches: %s\nbackend: cpu\n' "$P" "$E" "$P" > "$WORK/$lay.yaml"
 done
 
-echo
-echo "== calibration (glm5 simulate --calibrate)"
-"$GLM5" simulate --calibrate --out "$OUT/hardware-cpu.yaml" | grep -v '^#'
+# quiet CMD...: runs CMD until no other process took more than 5 % of the CPUs meanwhile (up to 8
+# tries, 10 s apart): OpenMP ranks lose whole barriers to one descheduled thread, so a disturbed
+# run says nothing. Returns CMD's status.
+quiet() {
+  local try hz j0 o0 t0 others wall rc
+  hz=$(getconf CLK_TCK)
+  for try in 1 2 3 4 5 6 7 8; do
+    j0=$(busy_jiffies) o0=$(own_jiffies) t0=$(date +%s%N)
+    rc=0
+    "$@" || rc=$?
+    [ "$rc" = 0 ] || return "$rc"
+    others=$(( $(busy_jiffies) - j0 - ($(own_jiffies) - o0) ))
+    wall=$(( ($(date +%s%N) - t0) / 10000000 ))  # hundredths of a second
+    if [ $((others * 100 * 20)) -le $((wall * hz * $(nproc))) ]; then return 0; fi
+    echo "  other processes took $((others * 100 / hz)) cs of CPU in $wall cs; again (try $try)" >&2
+    sleep 10
+  done
+  echo "  WARNING: no undisturbed run in 8 tries; keeping the last" >&2
+}
 
-# run_batch LAYOUT WORKLOAD REP [extra glm5 args]: one measured run, its report kept. A run during
-# which other processes took more than 5 % of the CPUs is repeated (up to 8 tries, 10 s apart):
-# OpenMP ranks lose whole barriers to one descheduled thread, so a disturbed run says nothing.
+echo
+echo "== calibration (glm5 simulate --calibrate --model MODEL: its expert shape)"
+quiet "$GLM5" simulate --calibrate --model "$MODEL" --out "$OUT/hardware-cpu.yaml" > "$WORK/calibrate.log" 2>&1
+grep -v '^#' "$OUT/hardware-cpu.yaml"
+
+# one_batch LAYOUT WORKLOAD TAG [extra glm5 args]: one batch run from scratch (a rerun would resume).
+one_batch() {
+  local lay=$1 wl=$2 tag=$3
+  shift 3
+  local P=${lay%x*} E=${lay#*x}
+  rm -f "$WORK/$tag.out" "$WORK/$tag.json"
+  "${MPI[@]}" -np $((P * E)) "$GLM5" batch --model "$MODEL" --cluster "$WORK/$lay.yaml" --input "$WORK/$wl.jsonl" \
+    --output "$WORK/$tag.out" --report "$WORK/$tag.json" "$@" > "$WORK/$tag.log" 2>&1
+}
+# run_batch LAYOUT WORKLOAD REP [extra glm5 args]: one measured (undisturbed) run, its report kept.
 run_batch() {
   local lay=$1 wl=$2 rep=$3
   shift 3
-  local P=${lay%x*} E=${lay#*x} tag="$lay-$wl-$rep" try hz j0 o0 t0 others wall
-  hz=$(getconf CLK_TCK)
-  for try in 1 2 3 4 5 6 7 8; do
-    rm -f "$WORK/$tag.out" "$WORK/$tag.json"
-    j0=$(busy_jiffies) o0=$(own_jiffies) t0=$(date +%s%N)
-    "${MPI[@]}" -np $((P * E)) "$GLM5" batch --model "$MODEL" --cluster "$WORK/$lay.yaml" --input "$WORK/$wl.jsonl" \
-      --output "$WORK/$tag.out" --report "$WORK/$tag.json" "$@" > "$WORK/$tag.log" 2>&1 ||
-      { echo "bench_simulate: $tag failed:" >&2; tail -20 "$WORK/$tag.log" >&2; exit 1; }
-    others=$(( $(busy_jiffies) - j0 - ($(own_jiffies) - o0) ))
-    wall=$(( ($(date +%s%N) - t0) / 10000000 ))  # hundredths of a second
-    if [ $((others * 100 * 20)) -le $((wall * hz * $(nproc))) ]; then return; fi
-    echo "  $tag: other processes took $((others * 100 / hz)) cs of CPU in $wall cs; again (try $try)" >&2
-    sleep 10
-  done
-  echo "  $tag: WARNING: no undisturbed run in 8 tries; keeping the last" >&2
+  quiet one_batch "$lay" "$wl" "$lay-$wl-$rep" "$@" ||
+    { echo "bench_simulate: $lay-$wl-$rep failed:" >&2; tail -20 "$WORK/$lay-$wl-$rep.log" >&2; exit 1; }
 }
 
 echo

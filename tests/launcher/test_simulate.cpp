@@ -4,6 +4,8 @@
 // parallelism, and the command line (tables, JSON, errors, --calibrate).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "launcher/cluster_config.h"
@@ -97,8 +99,9 @@ TEST(Simulate, HardwareFiles) {
 TEST(Simulate, CostModelPhases) {
   Sim s;
   const StepCost cost(s.cfg, s.plan, 1);
-  Rates r;  // 1 FLOP/s and 1 B/s: seconds read as work
-  r.gemm_flops = r.attention_flops = r.topk_rate = r.mem_bw = 1e12;
+  Rates r;  // memory at 1e12 B/s, compute too fast to count: seconds x 1e12 read as bytes
+  r.gemm_flops = r.gemm_flops_small = r.attention_flops = r.topk_rate = 1e30;
+  r.mem_bw = 1e12;
   const int64_t topk = s.cfg.index_topk;  // 16 on tiny-moe
   // Prompt rows below index_topk attend naively; no indexer while every span fits in top-k.
   PhaseTimes t;
@@ -119,6 +122,7 @@ TEST(Simulate, CostModelPhases) {
   cost.attention(1, {{10 * topk, 1, 8, true}}, r, a);
   cost.attention(1, {{100 * topk, 1, 8, true}}, r, b);
   EXPECT_GT(b["indexer_scores"], 5 * a["indexer_scores"]);
+  EXPECT_GT(b["topk"], 0);
   EXPECT_NEAR(b["attention"], a["attention"], 1e-12);
   // Projections of one row stream exactly their weights (plus the row's activations).
   double w = 0;
@@ -143,6 +147,24 @@ TEST(Simulate, CostModelPhases) {
 }
 
 // The replay takes exactly the ticks the engine's scheduler takes.
+// A phase costs sqrt(compute^2 + memory^2) plus its calls; small GEMMs run at the small-GEMM rate.
+TEST(Simulate, RooflineOfOnePhase) {
+  Rates r;
+  r.gemm_flops = 4e12;
+  r.gemm_flops_small = 1e12;
+  r.mem_bw = 1e12;
+  r.op_overhead_s = 1e-6;
+  Work w;
+  w.flops = 3e12;
+  w.bytes = 4e12;
+  w.calls = 2;
+  EXPECT_NEAR(w.seconds(r), std::sqrt(0.75 * 0.75 + 16.0) + 2e-6, 1e-9);  // 256 rows: the large rate
+  w.rows = 16;
+  EXPECT_NEAR(w.seconds(r), 5.0 + 2e-6, 1e-9);  // 3 s of compute at the small rate, 4 s of memory
+  w.rows = 64;  // halfway (geometrically): 2e12 FLOP/s
+  EXPECT_NEAR(w.seconds(r), std::sqrt(1.5 * 1.5 + 16.0) + 2e-6, 1e-9);
+}
+
 TEST(Simulate, ReplayCountsTicks) {
   Sim s;
   Prediction p = s.run("prompts=8,in=20,out=5");  // one prefill step, then 4 decode steps
