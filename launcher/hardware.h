@@ -48,12 +48,12 @@ Hardware parse_hardware(const std::string& yaml_text, const std::string& source)
 // YAML text that parse_hardware reads back; `comment` lines go first (prefixed with "# ").
 std::string hardware_yaml(const Hardware& hw, const std::string& comment);
 
-// Measures this machine with the CPU backend's own kernels (a few seconds): per-core GEMM FLOP/s
-// at 256 and at 16 rows, weight-streaming bandwidth of one core and of all (64 BF16 expert-sized
-// matrices, 256 MiB, 2 rows each),
-// indexer-score and latent-attention FLOP/s, the top-k scan rate, the cost of one small kernel
-// call, and memcpy bandwidth for the shared-memory link between ranks of a host.
-// Expert shape: the model's hidden_size and moe_intermediate_size (GLM-5's by default).
+// Measures this machine with the CPU backend's own kernels (about 20 s; medians of 5 rounds):
+// GEMM FLOP/s at 256 and at 16 rows per core while every core computes; weight streaming of one
+// core and of all (routed experts of the given shape, BF16, 256 MiB, 2 rows each); indexer-score
+// and latent-attention FLOP/s and the top-k scan rate per core; the cost of one small kernel call;
+// memcpy bandwidth for the shared-memory link between ranks of a host. Expert shape: the model's
+// hidden_size and moe_intermediate_size (GLM-5's by default).
 Hardware calibrate_cpu(int64_t hidden = 6144, int64_t moe_intermediate = 2048);
 
 }  // namespace glm5::launcher

@@ -20,11 +20,12 @@ namespace glm5::launcher {
 
 namespace {
 
-// Seconds of one call of f: the best of `rounds` rounds, each repeating f for >= 0.15 s.
-double best_seconds(const std::function<void()>& f, int rounds = 3) {
+// Seconds of one call of f: the median of `rounds` rounds, each repeating f for >= 0.3 s. The
+// median, not the best: the simulator predicts runs of minutes on machines whose speed drifts.
+double median_seconds(const std::function<void()>& f, int rounds = 5) {
   using Clock = std::chrono::steady_clock;
   f();  // warm up: pages touched, threads started
-  double best = 1e30;
+  std::vector<double> per_call;
   for (int r = 0; r < rounds; ++r) {
     int n = 0;
     const auto t0 = Clock::now();
@@ -33,10 +34,11 @@ double best_seconds(const std::function<void()>& f, int rounds = 3) {
       f();
       ++n;
       el = std::chrono::duration<double>(Clock::now() - t0).count();
-    } while (el < 0.15);
-    best = std::min(best, el / n);
+    } while (el < 0.3);
+    per_call.push_back(el / n);
   }
-  return best;
+  std::sort(per_call.begin(), per_call.end());
+  return per_call[per_call.size() / 2];
 }
 
 std::string cpu_model() {
@@ -64,7 +66,7 @@ double gemm_rate(kernels::Backend& be, int64_t m) {
   const int64_t n = 2048, k = 2048;
   Bf16Matrix W(n, k);
   std::vector<float> x(size_t(m * k), 0.5f), y(size_t(m * n));
-  const double s = best_seconds([&] { be.gemm({x.data(), k, W.w, false, y.data(), n, m, n, k}); });
+  const double s = median_seconds([&] { be.gemm({x.data(), k, W.w, false, y.data(), n, m, n, k}); });
   return 2.0 * double(m * n * k) / s;
 }
 
@@ -84,7 +86,7 @@ double stream_rate(kernels::Backend& be, int64_t H, int64_t I) {
     W.emplace_back(n, k);
     batch.push_back({x.data(), k, W.back().w, false, y.data() + e * m * std::max(H, I), n, m, n, k});
   }
-  const double s = best_seconds([&] { be.gemm_batch(batch); }, 2);
+  const double s = median_seconds([&] { be.gemm_batch(batch); }, 3);
   return double(experts * per_expert) / s;
 }
 
@@ -103,45 +105,47 @@ Hardware calibrate_cpu(int64_t hidden, int64_t moe_intermediate) {
     double kb = 0;
     if (f >> key >> kb && key == "MemTotal:") hw.memory_gb = kb * 1024 / 1e9;
   }
+  // Weight streaming of one core alone (one core cannot fill the memory system), then of all.
   omp_set_num_threads(1);
-  hw.gemm_flops = gemm_rate(*be, 256);
-  hw.gemm_flops_small = gemm_rate(*be, 16);
   hw.mem_bw_core = stream_rate(*be, hidden, moe_intermediate);
+  omp_set_num_threads(cores);
+  hw.mem_bw = std::max(hw.mem_bw_core, stream_rate(*be, hidden, moe_intermediate));
+  // Compute rates per core while every core computes (what a run gets: its ranks keep all cores
+  // busy; one core alone runs faster where cores share a physical core or a power budget).
+  hw.gemm_flops = gemm_rate(*be, 256) / cores;
+  hw.gemm_flops_small = gemm_rate(*be, 16) / cores;
   // Indexer scores of 16 rows over 8192 keys (32 heads x 128), latent attention of 16 rows over
-  // 2048 keys (16 heads x (512 + 64)), top-k 512 of 8192 scores: per core.
+  // 2048 keys (16 heads x (512 + 64)), top-k 512 of 8192 scores.
   const int64_t S = 16, T = 8192, IH = 32, ID = 128;
   std::vector<float> q(size_t(S * IH * ID), 0.01f), wts(size_t(S * IH), 0.1f), keys(size_t(T * ID), 0.02f);
   std::vector<float> scores(size_t(S * T));
   std::vector<int32_t> pos(size_t(S), int32_t(T - 1));
-  const double t_idx = best_seconds([&] {
+  const double t_idx = median_seconds([&] {
     be->indexer_scores({q.data(), wts.data(), keys.data(), pos.data(), scores.data(), S, T, IH, ID, T, {}});
   });
   for (int64_t i = 0; i < S * T; ++i) scores[size_t(i)] = float((i * 2654435761u) % 1000003);
   const int64_t K = 512;
   std::vector<int32_t> sel(size_t(S * K));
-  const double t_topk = best_seconds([&] { be->topk({scores.data(), S, T, T, K, sel.data()}); });
-  hw.topk_rate = double(S * T) / t_topk;
+  const double t_topk = median_seconds([&] { be->topk({scores.data(), S, T, T, K, sel.data()}); });
+  hw.topk_rate = double(S * T) / t_topk / cores;
   const int64_t TA = 2048, NH = 16, R = 512, DR = 64, LAT = R + DR;
   std::vector<float> q_lat(size_t(S * NH * LAT), 0.01f), cache(size_t(TA * LAT), 0.02f), o_lat(size_t(S * NH * R));
   std::vector<int32_t> apos(size_t(S), int32_t(TA - 1));
-  const double t_att = best_seconds([&] {
+  const double t_att = median_seconds([&] {
     be->mla_decode({q_lat.data(), cache.data(), apos.data(), nullptr, 0, o_lat.data(), S, TA, NH, R, DR, 0.05f, {}});
   });
   const double f_idx = 2.0 * double(S * T * IH * ID), f_att = 2.0 * double(S * TA * NH * (LAT + R));
-  hw.attention_flops = (f_idx + f_att) / (t_idx + t_att);
-  // Host-wide rates with every core.
-  omp_set_num_threads(cores);
-  hw.mem_bw = std::max(hw.mem_bw_core, stream_rate(*be, hidden, moe_intermediate));
+  hw.attention_flops = (f_idx + f_att) / (t_idx + t_att) / cores;
   // One small kernel call (64 x 64 GEMV): the fixed cost of a parallel region.
   {
     std::vector<float> w(64 * 64, 0.1f), x(64, 1.0f), y(64);
     kernels::Weight W{w.data(), DType::F32, 64, 64, 64};
-    hw.op_overhead_s = best_seconds([&] { be->gemm({x.data(), 64, W, false, y.data(), 64, 1, 64, 64}); });
+    hw.op_overhead_s = median_seconds([&] { be->gemm({x.data(), 64, W, false, y.data(), 64, 1, 64, 64}); });
   }
   // The shared-memory link between ranks of this host: one core's memcpy of 64 MiB.
   {
     std::vector<char> a(64 << 20, 1), b(64 << 20);
-    hw.intra_node_bw = double(a.size()) / best_seconds([&] { std::memcpy(b.data(), a.data(), a.size()); }, 2);
+    hw.intra_node_bw = double(a.size()) / median_seconds([&] { std::memcpy(b.data(), a.data(), a.size()); }, 3);
   }
   hw.intra_node_latency_s = 20e-6;  // MPI over shared memory with the engine's polling back-off
   hw.inter_node_bw = 1.25e9;        // 10 GbE between hosts (not measured: one host here)
