@@ -19,7 +19,7 @@ struct ServeArgs {
   std::string api_key;       // empty: no auth
   std::string model_name;    // the id clients name; default: the model directory's name
   int max_queue = 256;       // requests waiting for the engine beyond which new ones get 429
-  double drain_timeout_s = 30;
+  double drain_timeout_s = 25;  // under Slurm's default KillWait (30 s) between SIGTERM and SIGKILL
   int http_threads = 2;
   HttpLimits limits;
 };
