@@ -438,7 +438,7 @@ class Limits(unittest.TestCase):
     def test_503_new_requests_and_health_while_draining(self):
         s = Server("--drain-timeout", "20")
         try:
-            c = start_stream(s, max_tokens=600)
+            c = start_stream(s, max_tokens=4000)  # seconds: still running while we look
             os.kill(s.pid, signal.SIGTERM)
             deadline = time.time() + 10
             while "draining" not in s.stderr() and time.time() < deadline:
@@ -508,7 +508,7 @@ class Layout2x2(unittest.TestCase):
                     "env: {OMP_NUM_THREADS: \"1\"}\n")
         s = Server("--drain-timeout", "20", launch=cfg)
         try:
-            c = start_stream(s, max_tokens=200)
+            c = start_stream(s, max_tokens=4000)  # ~4 s here: past mpirun's kill, had it aborted
             t0 = time.time()
             os.kill(s.proc.pid, signal.SIGTERM)
             rest = b""
@@ -520,6 +520,7 @@ class Layout2x2(unittest.TestCase):
             self.assertNotIn(b'"error"', rest)
             c.close()
             self.assertEqual(s.proc.wait(60), 0, s.stderr())
+            self.assertIn("signal %d: draining" % signal.SIGUSR1, s.stderr())  # not mpirun's SIGTERM
             self.assertIn("drained", s.stderr())
         finally:
             if s.proc.poll() is None:  # mpirun is in its own process group: end the job via rank 0
