@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -32,7 +33,7 @@ SCRATCH = tempfile.mkdtemp(prefix="glm5_serve_")
 class Server:
     """glm5 serve on a free port; rank 0's pid and port from its 'listening on' line."""
 
-    def __init__(self, *extra, np=1, cluster=None, launch=None):
+    def __init__(self, *extra, np=1, cluster=None, launch=None, nofile=0):
         cmd = [BIN, "serve", "--model", MODEL, "--port", "0", *extra]
         env = None
         if launch:  # through `glm5 launch --run --cluster FILE -- serve ...` (mpirun from PATH)
@@ -47,7 +48,8 @@ class Server:
                    "-x", "OMP_NUM_THREADS=1", "-np", str(np)] + cmd
         self.err_path = os.path.join(SCRATCH, "serve_%d.err" % time.monotonic_ns())
         self.err = open(self.err_path, "w+")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.err, env=env)
+        limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile else None
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.err, env=env, preexec_fn=limit)
         deadline = time.time() + 60
         while time.time() < deadline:
             m = re.search(r"listening on http://([0-9.]+):(\d+) .*pid (\d+)", self.stderr())
@@ -86,6 +88,12 @@ class Server:
                 name, value = line.rsplit(" ", 1)
                 out[name] = float(value)
         return out
+
+    def cpu_seconds(self):
+        """User + system CPU time of rank 0 so far."""
+        with open("/proc/%d/stat" % self.pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self, sig=signal.SIGTERM, timeout=60):
         """Signals rank 0 and returns the exit code of the whole job."""
@@ -477,6 +485,29 @@ class Limits(unittest.TestCase):
             self.assertEqual(status, 200)
         finally:
             self.assertEqual(s.stop(), 0)
+
+    def test_out_of_file_descriptors_backs_off_and_recovers(self):
+        s = Server("--max-connections", "1000", nofile=64)
+        held = []
+        try:
+            for _ in range(100):  # past the descriptor limit: the rest wait in the listen backlog
+                held.append(socket.create_connection((s.host, s.port), timeout=10))
+            time.sleep(0.3)
+            cpu = s.cpu_seconds()
+            time.sleep(1.0)
+            self.assertLess(s.cpu_seconds() - cpu, 0.3)  # retried every 50 ms, not in a tight loop
+            self.assertEqual(s.stderr().count("accept failed"), 1, s.stderr())
+        finally:
+            for c in held:
+                c.close()
+        deadline, status = time.time() + 20, 0
+        while time.time() < deadline and status != 200:
+            try:
+                status = s.request("GET", "/health")[0]
+            except OSError:
+                time.sleep(0.1)
+        self.assertEqual(status, 200)
+        self.assertEqual(s.stop(), 0)
 
     def test_503_drain_timeout_cancels_and_exits_0(self):
         s = Server("--drain-timeout", "0.3")
