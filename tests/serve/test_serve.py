@@ -30,6 +30,13 @@ CLUSTER22 = os.path.join(SRC, "cluster-configs", "cpu-pp2-ep2.yaml")
 SCRATCH = tempfile.mkdtemp(prefix="glm5_serve_")
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Server:
     """glm5 serve on a free port; rank 0's pid and port from its 'listening on' line."""
 
@@ -91,9 +98,7 @@ class Server:
 
     def cpu_seconds(self):
         """User + system CPU time of rank 0 so far."""
-        with open("/proc/%d/stat" % self.pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.pid)
 
     def stop(self, sig=signal.SIGTERM, timeout=60):
         """Signals rank 0 and returns the exit code of the whole job."""
@@ -573,6 +578,15 @@ class Layout2x2(unittest.TestCase):
             self.assertEqual(m["glm5_serve_requests_running"], 0)
             self.assertEqual(m["glm5_serve_kv_blocks_in_use"], 0)
             self.assertEqual(server_answers(client, stream=False), expected)
+            # Idle, the ranks wait instead of ticking every 2 ms (each tick: collectives on all).
+            ranks = [int(p) for p in subprocess.run(["pgrep", "-P", str(s.proc.pid)], capture_output=True,
+                                                    text=True).stdout.split()]
+            self.assertEqual(len(ranks), 4)
+            time.sleep(0.5)  # the back-off reaches its longest wait
+            at = {p: cpu_seconds(p) for p in ranks}
+            time.sleep(2)
+            for p in ranks:
+                self.assertLess(cpu_seconds(p) - at[p], 0.08, "rank pid %d busy while idle" % p)  # was 0.1-0.25
         finally:
             self.assertEqual(s.stop(), 0, s.stderr())
         self.assertIn("drained", s.stderr())
