@@ -340,7 +340,7 @@ void ServeApi::completion(const HttpRequest& req, const std::shared_ptr<Exchange
   if (!b.error.empty()) return fail(400, b.error, chat ? "messages" : "prompt", b.error_code);
   if (!b.model_name.empty() && b.model_name != opt_.model_id) {
     metrics_.count_request(url, 404);
-    return ex->reply(404, error_json("model '" + b.model_name + "' does not exist; this server serves '" +
+    return ex->reply(404, error_json("model " + describe(json(b.model_name)) + " does not exist; this server serves '" +
                                          opt_.model_id + "'", "invalid_request_error", "model", "model_not_found"));
   }
   // More choices than the queue holds could never be accepted: not a retryable 429.
