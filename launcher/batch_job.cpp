@@ -322,7 +322,7 @@ class LineReader {
   // without one or repeating an earlier one), from its JSON alone; records the id as seen.
   std::string line_key(const std::string& text, int64_t line_no, bool& duplicate) {
     try {
-      const json j = json::parse(text);
+      const json j = parse_client_json(text);  // as parse_batch_line: a too deep line is keyed by line
       if (j.is_object() && j.contains("custom_id") && j["custom_id"].is_string() &&
           !j["custom_id"].get<std::string>().empty()) {
         const std::string id = "id:" + j["custom_id"].get<std::string>();
@@ -330,6 +330,7 @@ class LineReader {
         duplicate = true;
       }
     } catch (const json::exception&) {  // malformed: parse_batch_line's error record, by line
+    } catch (const JsonTooDeep&) {
     }
     return "line:" + std::to_string(line_no);
   }

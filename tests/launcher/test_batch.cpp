@@ -581,6 +581,21 @@ TEST(BatchLines, DeepOrHugeValuesGiveBoundedErrors) {
   EXPECT_TRUE(contains(describe(json(std::vector<int>(1000, 7))), "an array of 1000 elements"));
 }
 
+// glm5 batch over a too deep line: an error record, the next line answered, and a rerun finds
+// both done (the deep line is keyed by its line number on both sides).
+TEST(Batch, TooDeepLineGetsAnErrorRecordAndIsNotRunAgain) {
+  const fs::path in = scratch("deep.jsonl"), out = scratch("deep.out.jsonl"), log = scratch("deep.log");
+  std::ofstream(in) << R"({"custom_id": "deep", "prompt": )" << std::string(200000, '[') << std::string(200000, ']')
+                    << "}\n" << R"({"custom_id": "ok", "prompt_ids": [1, 2, 3], "max_tokens": 2})" << "\n";
+  fs::remove(out);
+  ASSERT_EQ(0, sh(batch_cmd(kModel, in, out), log)) << slurp(log);
+  const std::string first = slurp(out);
+  EXPECT_TRUE(contains(first, "nested deeper than 64")) << first.substr(0, 300);
+  EXPECT_TRUE(contains(first, R"("custom_id":"ok")")) << first.substr(0, 300);
+  ASSERT_EQ(0, sh(batch_cmd(kModel, in, out), log)) << slurp(log);
+  EXPECT_EQ(slurp(out), first);
+}
+
 // finished_keys: records by custom_id, by line when they have none or repeat an earlier id, and a
 // record cut short is not finished.
 TEST(BatchLines, FinishedKeys) {
