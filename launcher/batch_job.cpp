@@ -598,7 +598,7 @@ int run_tokenize(const std::string& path, bool decode, bool literal_special) {
       std::vector<int32_t> ids;
       for (auto& x : j["ids"]) {
         CHECK(x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() < tok.vocab_size(),
-              "stdin line ", n, ": token id ", x.dump(), " outside [0, ", tok.vocab_size(), ")");
+              "stdin line ", n, ": token id ", describe(x), " outside [0, ", tok.vocab_size(), ")");
         ids.push_back(x.get<int32_t>());
       }
       std::cout << json({{"text", tok.decode(ids)}}).dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
