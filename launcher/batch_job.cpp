@@ -2,6 +2,8 @@
 #include "launcher/batch_job.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -320,7 +322,7 @@ class LineReader {
   // without one or repeating an earlier one), from its JSON alone; records the id as seen.
   std::string line_key(const std::string& text, int64_t line_no, bool& duplicate) {
     try {
-      const json j = json::parse(text);
+      const json j = parse_client_json(text);  // as parse_batch_line: a too deep line is keyed by line
       if (j.is_object() && j.contains("custom_id") && j["custom_id"].is_string() &&
           !j["custom_id"].get<std::string>().empty()) {
         const std::string id = "id:" + j["custom_id"].get<std::string>();
@@ -328,6 +330,7 @@ class LineReader {
         duplicate = true;
       }
     } catch (const json::exception&) {  // malformed: parse_batch_line's error record, by line
+    } catch (const JsonTooDeep&) {
     }
     return "line:" + std::to_string(line_no);
   }
@@ -595,7 +598,7 @@ int run_tokenize(const std::string& path, bool decode, bool literal_special) {
       std::vector<int32_t> ids;
       for (auto& x : j["ids"]) {
         CHECK(x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() < tok.vocab_size(),
-              "stdin line ", n, ": token id ", x.dump(), " outside [0, ", tok.vocab_size(), ")");
+              "stdin line ", n, ": token id ", describe(x), " outside [0, ", tok.vocab_size(), ")");
         ids.push_back(x.get<int32_t>());
       }
       std::cout << json({{"text", tok.decode(ids)}}).dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
@@ -606,6 +609,46 @@ int run_tokenize(const std::string& path, bool decode, bool literal_special) {
   }
   return 0;
 }
+
+namespace {
+
+// `glm5 launch --run -- serve ...`. Open MPI's mpirun (4.1) answers SIGTERM / SIGINT by killing
+// the ranks (SIGTERM, SIGKILL a second later) and refuses to forward SIGTERM, so signalling it cuts
+// every stream; it does forward SIGUSR1 to every rank at once, and serve drains on SIGUSR1. So the
+// launcher runs mpirun as its child, in a process group of its own (a terminal's Ctrl-C reaches the
+// launcher only), turns each SIGTERM / SIGINT / SIGHUP into SIGUSR1 to mpirun (a second one cancels
+// what is left, as for serve itself) and exits with mpirun's status.
+int run_draining(std::vector<char*>& av) {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGCHLD}) sigaddset(&set, sig);
+  sigprocmask(SIG_BLOCK, &set, nullptr);  // from now on they queue for sigwait
+  const pid_t pid = fork();
+  CHECK(pid >= 0, "could not start ", av[0], ": fork: ", std::strerror(errno));
+  if (pid == 0) {
+    setpgid(0, 0);
+    sigprocmask(SIG_UNBLOCK, &set, nullptr);
+    execvp(av[0], av.data());
+    std::fprintf(stderr, "glm5: could not execute %s: %s\n", av[0], std::strerror(errno));
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also here: whichever of the two runs first
+  for (;;) {
+    int sig = 0;
+    sigwait(&set, &sig);
+    if (sig != SIGCHLD) {
+      std::fprintf(stderr, "[glm5] launch: signal %d: asking serve to drain (SIGUSR1 to mpirun)\n", sig);
+      kill(pid, SIGUSR1);
+      continue;
+    }
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) != pid) continue;
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  }
+}
+
+}  // namespace
 
 int run_launch(const std::string& cluster, const std::vector<std::string>& args, bool run,
                const std::string& argv0, const std::string& slurm, bool srun) {
@@ -625,11 +668,15 @@ int run_launch(const std::string& cluster, const std::vector<std::string>& args,
     return 0;
   }
   std::vector<std::string> cmd = launch_command(cc, self, args, geteuid() == 0);
+  const bool serve = !args.empty() && args[0] == "serve";
+  // mpirun runs in the background process group: it must not read the terminal (serve reads no stdin).
+  if (serve && run) cmd.insert(cmd.begin() + 1, {"--stdin", "none"});
   std::cout << shell_join(cmd) << std::endl;
   if (!run) return 0;
   std::vector<char*> av;
   for (auto& c : cmd) av.push_back(c.data());
   av.push_back(nullptr);
+  if (serve) return run_draining(av);
   execvp(av[0], av.data());
   GLM5_FAIL("could not execute ", cmd[0], ": ", std::strerror(errno));
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <deque>
 #include <optional>
 #include <variant>
@@ -60,7 +61,10 @@ class Session : public std::enable_shared_from_this<Session>, public Exchange {
   void start() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
       if (!self->over_capacity_) return self->read_request();
+      // The request is not read; closing with it unread would send a reset that the client may
+      // see before the answer. Linger as after a body over the limit: read and drop, then close.
       self->keep_alive_ = false;
+      self->linger_ = true;
       self->in_exchange_ = true;
       ++self->shared_->busy;
       self->reply(503, self->shared_->error_body(503, "too many connections; retry later"), "application/json");
@@ -115,8 +119,9 @@ class Session : public std::enable_shared_from_this<Session>, public Exchange {
     bool ends() const { return std::holds_alternative<Full>(v) || std::holds_alternative<Last>(v); }
   };
 
+  // While the server drains a connection still reads its request: the handler answers 503 (and
+  // /health says draining) and the connection closes after that answer (finish()).
   void read_request() {
-    if (shared_->closing) return close();
     parser_.emplace();
     parser_->header_limit(std::uint32_t(shared_->limits.header_bytes));
     parser_->body_limit(shared_->limits.body_bytes);
@@ -299,7 +304,8 @@ class Session : public std::enable_shared_from_this<Session>, public Exchange {
 
 HttpServer::HttpServer(net::io_context& ioc, const std::string& host, int port, const HttpLimits& limits,
                        HttpHandler handler, ErrorBody error_body)
-    : ioc_(ioc), shared_(std::make_shared<Shared>()), acceptor_(net::make_strand(ioc)) {
+    : ioc_(ioc), shared_(std::make_shared<Shared>()), acceptor_(net::make_strand(ioc)),
+      retry_(acceptor_.get_executor()) {
   shared_->limits = limits;
   shared_->handler = std::move(handler);
   shared_->error_body = std::move(error_body);
@@ -324,7 +330,7 @@ void HttpServer::accept() {
   acceptor_.async_accept(net::make_strand(ioc_), [this](beast::error_code ec, tcp::socket s) {
     if (ec) {
       if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;  // stop_accepting
-      return accept();  // e.g. out of file descriptors for a moment: keep serving the others
+      return accept_later(ec);
     }
     const bool over = shared_->connections.load() >= shared_->limits.max_connections;
     auto session = std::make_shared<Session>(std::move(s), shared_, over);
@@ -339,15 +345,33 @@ void HttpServer::accept() {
   });
 }
 
-void HttpServer::stop_accepting() {
-  shared_->closing = true;
-  net::post(acceptor_.get_executor(), [this] {
-    beast::error_code ec;
-    acceptor_.close(ec);
+// An accept that fails (out of file descriptors, EMFILE) fails again at once while nothing
+// closes: retry after 50 ms instead of spinning, and say so once.
+void HttpServer::accept_later(const boost::system::error_code& ec) {
+  if (!accept_error_logged_) {
+    accept_error_logged_ = true;
+    std::fprintf(stderr, "[glm5] serve: accept failed (%s); retrying every 50 ms\n", ec.message().c_str());
+  }
+  retry_.expires_after(std::chrono::milliseconds(50));
+  retry_.async_wait([this](const boost::system::error_code& e) {
+    if (!e && acceptor_.is_open()) accept();
   });
+}
+
+void HttpServer::drain() {
+  shared_->closing = true;
   std::lock_guard<std::mutex> lk(shared_->mu);
   for (auto& w : shared_->sessions)
     if (auto s = w.lock()) s->close_if_idle();
+}
+
+void HttpServer::stop_accepting() {
+  drain();
+  net::post(acceptor_.get_executor(), [this] {
+    beast::error_code ec;
+    acceptor_.close(ec);
+    retry_.cancel();
+  });
 }
 
 int HttpServer::busy() const { return shared_->busy.load(); }

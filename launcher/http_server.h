@@ -17,6 +17,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
 
@@ -58,7 +59,11 @@ class HttpServer {
   ~HttpServer();
   int port() const { return port_; }
   void start();
-  // Stops accepting; idle connections close, busy ones after their answer.
+  // Draining: idle connections close, busy ones after their answer; new connections still get
+  // one request read and answered (the handler says 503: clients and load balancers see the
+  // server going away instead of a refused connection), then close.
+  void drain();
+  // drain(), and no new connections either.
   void stop_accepting();
   // Requests read and not yet answered (nor their client gone).
   int busy() const;
@@ -67,9 +72,12 @@ class HttpServer {
 
  private:
   void accept();
+  void accept_later(const boost::system::error_code& ec);
   boost::asio::io_context& ioc_;
   std::shared_ptr<Shared> shared_;
   boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::steady_timer retry_;  // on the acceptor's strand
+  bool accept_error_logged_ = false;
   int port_ = 0;
 };
 

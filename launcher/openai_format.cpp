@@ -19,6 +19,64 @@ namespace glm5::launcher {
 
 using json = nlohmann::json;
 
+JsonTooDeep::JsonTooDeep()
+    : std::runtime_error("JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels (the limit)") {}
+
+// nlohmann's parser keeps its own stack, but dump(), copies and comparisons recurse: a value
+// nested 200,000 deep would overflow the thread's stack there. The callback sees every container
+// as it opens, at its depth (the top level is 0), and stops the parse at the limit.
+json parse_client_json(const std::string& text) {
+  const json::parser_callback_t bound = [](int depth, json::parse_event_t event, json&) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth)
+      throw JsonTooDeep();
+    return true;
+  };
+  return json::parse(text, bound);
+}
+
+namespace {
+
+constexpr size_t kDescribeChars = 100;
+
+// Writes v as JSON into out until out reaches `limit` characters (the caller cuts the rest).
+void preview(const json& v, std::string& out, size_t limit, int depth) {
+  if (out.size() >= limit) return;
+  if (depth > kMaxJsonDepth) {  // a value not from parse_client_json: stay bounded anyway
+    out += "...";
+    return;
+  }
+  if (!v.is_structured()) {
+    std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+    out.append(s, 0, std::min(s.size(), limit - out.size() + 1));
+    return;
+  }
+  const bool obj = v.is_object();
+  out += obj ? '{' : '[';
+  bool first = true;
+  for (auto it = v.begin(); it != v.end() && out.size() < limit; ++it) {
+    if (!first) out += ',';
+    first = false;
+    if (obj) out += json(it.key()).dump(-1, ' ', false, json::error_handler_t::replace) + ':';
+    preview(*it, out, limit, depth + 1);
+  }
+  out += obj ? '}' : ']';
+}
+
+}  // namespace
+
+std::string describe(const json& v) {
+  std::string out;
+  preview(v, out, kDescribeChars, 0);
+  if (out.size() <= kDescribeChars) return out;
+  out.resize(kDescribeChars);
+  out += "...";
+  if (v.is_array()) out += " (an array of " + std::to_string(v.size()) + " elements)";
+  else if (v.is_object()) out += " (an object of " + std::to_string(v.size()) + " fields)";
+  else if (v.is_string()) out += " (" + std::to_string(v.get_ref<const std::string&>().size()) + " bytes)";
+  return out;
+}
+
 namespace {
 
 template <typename T>
@@ -26,7 +84,7 @@ bool read_number(const json& body, const char* key, T& out, std::string& err) {
   if (!body.contains(key) || body[key].is_null()) return true;
   const json& v = body[key];
   if (!v.is_number()) {
-    err = std::string("field '") + key + "': expected a number, found " + v.dump();
+    err = std::string("field '") + key + "': expected a number, found " + describe(v);
     return false;
   }
   if constexpr (std::is_integral_v<T>) {
@@ -41,7 +99,7 @@ bool read_number(const json& body, const char* key, T& out, std::string& err) {
     }
     if (!v.is_number_integer() || !fits) {
       err = std::string("field '") + key + "': expected an integer in [" +
-            std::to_string(lim::min()) + ", " + std::to_string(lim::max()) + "], found " + v.dump();
+            std::to_string(lim::min()) + ", " + std::to_string(lim::max()) + "], found " + describe(v);
       return false;
     }
   }
@@ -50,11 +108,11 @@ bool read_number(const json& body, const char* key, T& out, std::string& err) {
 }
 
 std::vector<int32_t> ids_from_json(const json& v, const char* field, int64_t vocab) {
-  CHECK(v.is_array(), "field '", field, "': expected a list of token ids, found ", v.dump());
+  CHECK(v.is_array(), "field '", field, "': expected a list of token ids, found ", describe(v));
   std::vector<int32_t> ids;
   for (const json& x : v) {
     CHECK(x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() < vocab, "field '",
-          field, "': expected token ids in [0, ", vocab, "), found ", x.dump());
+          field, "': expected token ids in [0, ", vocab, "), found ", describe(x));
     ids.push_back(x.get<int32_t>());
   }
   return ids;
@@ -77,7 +135,7 @@ void check_supported_fields(const json& body, BodyForm form) {
     auto d = only_default.find(key);
     CHECK(d != only_default.end(), "field '", key, "' is not supported by this runtime");
     CHECK(v.is_null() || v == d->second, "field '", key, "': only ", d->second.dump(), " is supported, found ",
-          v.dump());
+          describe(v));
   }
 }
 
@@ -85,16 +143,16 @@ void check_supported_fields(const json& body, BodyForm form) {
 // stream (true/false) and stream_options.include_usage, which only a server takes.
 void read_stream_fields(const json& body, BatchLine& b) {
   if (body.contains("stream") && !body["stream"].is_null()) {
-    CHECK(body["stream"].is_boolean(), "field 'stream': expected true or false, found ", body["stream"].dump());
+    CHECK(body["stream"].is_boolean(), "field 'stream': expected true or false, found ", describe(body["stream"]));
     b.stream = body["stream"].get<bool>();
   }
   if (!body.contains("stream_options") || body["stream_options"].is_null()) return;
   const json& so = body["stream_options"];
   CHECK(b.stream, "field 'stream_options': only allowed with stream true");
-  CHECK(so.is_object(), "field 'stream_options': expected an object, found ", so.dump());
+  CHECK(so.is_object(), "field 'stream_options': expected an object, found ", describe(so));
   for (auto& [key, v] : so.items()) {
     CHECK(key == "include_usage", "field 'stream_options." + key + "' is not supported by this runtime");
-    CHECK(v.is_boolean(), "field 'stream_options.include_usage': expected true or false, found ", v.dump());
+    CHECK(v.is_boolean(), "field 'stream_options.include_usage': expected true or false, found ", describe(v));
     b.include_usage = v.get<bool>();
   }
 }
@@ -117,7 +175,7 @@ void parse_request_body(const json& body, BatchLine& b, BodyForm form, uint64_t 
     for (const json& m : body["messages"]) {
       CHECK(m.is_object() && m.contains("role") && m["role"].is_string() && m.contains("content") &&
                 m["content"].is_string(),
-            "field 'messages': each message needs string 'role' and 'content', found ", m.dump());
+            "field 'messages': each message needs string 'role' and 'content', found ", describe(m));
       runtime::ChatMessage cm;
       cm.role = m["role"];
       cm.content = m["content"];
@@ -127,7 +185,7 @@ void parse_request_body(const json& body, BatchLine& b, BodyForm form, uint64_t 
     if (body.contains("chat_template_kwargs") && body["chat_template_kwargs"].contains("enable_thinking")) {
       const json& t = body["chat_template_kwargs"]["enable_thinking"];
       CHECK(t.is_boolean(), "field 'chat_template_kwargs.enable_thinking': expected true or false, found ",
-            t.dump());
+            describe(t));
       thinking = t.get<bool>();
     }
     r.prompt = tok->encode(runtime::format_chat(mc.model_type, msgs, true, thinking), true);
@@ -139,7 +197,7 @@ void parse_request_body(const json& body, BatchLine& b, BodyForm form, uint64_t 
     if (p.is_array()) {
       r.prompt = ids_from_json(p, "prompt", mc.vocab_size);
     } else {
-      CHECK(p.is_string(), "field 'prompt': expected a string or a list of token ids, found ", p.dump());
+      CHECK(p.is_string(), "field 'prompt': expected a string or a list of token ids, found ", describe(p));
       CHECK(tok, "text prompts need a tokenizer, but the model directory has no tokenizer.json; "
                  "give 'prompt' as a list of token ids");
       r.prompt = tok->encode(p.get<std::string>(), true);
@@ -171,13 +229,16 @@ void parse_request_body(const json& body, BatchLine& b, BodyForm form, uint64_t 
       s.logprobs = lp.get<bool>() ? 0 : -1;
       if (lp.get<bool>()) CHECK(read_number(body, "top_logprobs", s.logprobs, err), err);
     } else {
-      CHECK(lp.is_number_integer(), "field 'logprobs': expected an integer or boolean, found ", lp.dump());
+      // An integer as in /v1/completions; the range as OpenAI's (0..20), before any narrowing.
+      CHECK(lp.is_number_integer(), "field 'logprobs': expected an integer or boolean, found ", describe(lp));
+      CHECK(lp.is_number_unsigned() && lp.get<uint64_t>() <= 20,
+            "field 'logprobs': expected an integer in [0, 20], found ", describe(lp));
       s.logprobs = lp.get<int32_t>();
     }
   }
   if (body.contains("ignore_eos")) {
     CHECK(body["ignore_eos"].is_boolean(), "field 'ignore_eos': expected true or false, found ",
-          body["ignore_eos"].dump());
+          describe(body["ignore_eos"]));
     s.ignore_eos = body["ignore_eos"].get<bool>();
   }
   if (body.contains("stop") && !body["stop"].is_null()) {
@@ -186,11 +247,20 @@ void parse_request_body(const json& body, BatchLine& b, BodyForm form, uint64_t 
     else {
       CHECK(st.is_array(), "field 'stop': expected a string or a list of strings");
       for (const json& x : st) {
-        CHECK(x.is_string(), "field 'stop': expected strings, found ", x.dump());
+        CHECK(x.is_string(), "field 'stop': expected strings, found ", describe(x));
         s.stop.push_back(x);
       }
     }
     CHECK(s.stop.empty() || tok, "field 'stop' needs a tokenizer (the model has none)");
+  }
+  // A server request without a length may run to the end of the context (OpenAI, vLLM); a batch
+  // line keeps the sampler's default, so batch records stay as they were.
+  const bool has_length = (body.contains("max_tokens") && !body["max_tokens"].is_null()) ||
+                          (body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null());
+  if (server && !has_length) {
+    const int64_t rest = std::max<int64_t>(1, mc.max_position_embeddings - int64_t(r.prompt.size()));
+    s.max_tokens = int32_t(std::min<int64_t>(rest, std::numeric_limits<int32_t>::max()));
+    b.default_length = true;
   }
   s.validate();
   const int64_t need = int64_t(r.prompt.size()) + s.max_tokens;
@@ -210,10 +280,10 @@ BatchLine parse_batch_line(const std::string& text, int64_t line_no, const runti
   b.url = "/v1/completions";
   b.request.index = line_no;
   try {
-    json j = json::parse(text);  // throws on malformed JSON
+    json j = parse_client_json(text);  // throws on malformed or too deeply nested JSON
     CHECK(j.is_object(), "expected a JSON object, found ", j.type_name());
     if (j.contains("custom_id")) {
-      CHECK(j["custom_id"].is_string(), "field 'custom_id': expected a string, found ", j["custom_id"].dump());
+      CHECK(j["custom_id"].is_string(), "field 'custom_id': expected a string, found ", describe(j["custom_id"]));
       b.custom_id = j["custom_id"].get<std::string>();
       if (!b.custom_id.empty()) b.key = "id:" + b.custom_id;  // "" is no id (its record says null)
     }
@@ -226,7 +296,7 @@ BatchLine parse_batch_line(const std::string& text, int64_t line_no, const runti
         b.url = j["url"].get<std::string>();
       }
       if (j.contains("method"))
-        CHECK(j["method"] == "POST", "field 'method': expected \"POST\", found ", j["method"].dump());
+        CHECK(j["method"] == "POST", "field 'method': expected \"POST\", found ", describe(j["method"]));
     } else if (body.contains("messages")) {
       b.url = "/v1/chat/completions";
     }
@@ -237,6 +307,9 @@ BatchLine parse_batch_line(const std::string& text, int64_t line_no, const runti
   } catch (const json::parse_error& e) {
     b.error_code = "invalid_json";
     b.error = std::string("line ") + std::to_string(line_no) + ": malformed JSON: " + e.what();
+  } catch (const JsonTooDeep& e) {
+    b.error_code = "invalid_json";
+    b.error = std::string("line ") + std::to_string(line_no) + ": " + e.what();
   } catch (const std::exception& e) {  // glm5::Error, or a json type error on a field not checked above
     b.error_code = "invalid_request";
     b.error = std::string("line ") + std::to_string(line_no) + ": " + e.what();

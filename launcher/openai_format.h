@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@ struct BatchLine {
   int64_t n = 1;           // choices (OpenAI `n`): n samples of the prompt, one record
   bool stream = false;         // server only: answer as server-sent events
   bool include_usage = false;  // server only: stream_options.include_usage
+  bool default_length = false; // server only: no max_tokens given, so up to the end of the context
   std::string error;       // non-empty: answer with this error
   std::string error_code;
 };
@@ -37,12 +39,26 @@ enum class BodyForm {
   server,      // an HTTP body: stream and stream_options too
 };
 
+// Client JSON (a batch line, an HTTP body) may be nested at most this deep: deeper values are
+// refused while parsing, so nothing recursive (dump, copy, compare) ever walks a hostile depth.
+constexpr int kMaxJsonDepth = 64;
+// Parses client JSON: json::parse_error as json::parse, JsonTooDeep beyond kMaxJsonDepth.
+struct JsonTooDeep : std::runtime_error {
+  JsonTooDeep();
+};
+nlohmann::json parse_client_json(const std::string& text);
+// A client value for an error message: a scalar as JSON, a long string or a container cut to
+// about 100 characters (a container named with its size). Bounded in time and stack.
+std::string describe(const nlohmann::json& v);
+
 // Parses one JSONL line (never throws: problems become `error`).
 BatchLine parse_batch_line(const std::string& text, int64_t line_no, const runtime::ModelConfig& mc,
                            const runtime::Tokenizer* tok);
 // Parses a request body into b.request (b.url says completion or chat). Throws glm5::Error (or a
 // json error) naming the field; a prompt too long for the context sets b.error instead, prefixed
-// with `where`. default_seed: the seed when the body gives none.
+// with `where`. default_seed: the seed when the body gives none. A server body without max_tokens
+// may generate up to the end of the context (as OpenAI's API); a batch line keeps the sampler's
+// default (16).
 void parse_request_body(const nlohmann::json& body, BatchLine& b, BodyForm form, uint64_t default_seed,
                         const std::string& where, const runtime::ModelConfig& mc, const runtime::Tokenizer* tok);
 // Most choices one line may ask for.

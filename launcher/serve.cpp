@@ -26,12 +26,12 @@ namespace net = boost::asio;
 
 namespace {
 
-// Rank 0's signals: the first SIGTERM / SIGINT drains (bounded by the drain timeout), a second one
-// cancels what is left at once.
+// Rank 0's signals: the first SIGTERM / SIGINT / SIGUSR1 drains (bounded by the drain timeout), a
+// second one cancels what is left at once.
 class Drain {
  public:
   Drain(net::io_context& ioc, HttpServer& server, ServeQueue& queue, double timeout_s)
-      : signals_(ioc, SIGINT, SIGTERM), timer_(ioc), server_(server), queue_(queue), timeout_s_(timeout_s) {
+      : signals_(ioc, SIGINT, SIGTERM, SIGUSR1), timer_(ioc), server_(server), queue_(queue), timeout_s_(timeout_s) {
     wait();
   }
 
@@ -47,8 +47,8 @@ class Drain {
       started_ = true;
       std::fprintf(stderr, "[glm5] serve: signal %d: draining (no new requests; up to %.0f s for the accepted ones)\n",
                    sig, timeout_s_);
-      server_.stop_accepting();
-      queue_.drain();
+      queue_.drain();  // first: a request read from now on gets 503
+      server_.drain();
       timer_.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
           std::chrono::duration<double>(timeout_s_)));
       timer_.async_wait([this](const boost::system::error_code& e) {
@@ -67,6 +67,19 @@ class Drain {
   bool started_ = false;
 };
 
+// Rank 0's HTTP threads. Stopped and joined on every way out of run_serve, an exception from the
+// engine included (joinable threads left to unwind would std::terminate, not print the error).
+struct HttpThreads {
+  net::io_context& ioc;
+  std::vector<std::thread> threads;
+  ~HttpThreads() { stop(); }
+  void stop() {
+    ioc.stop();
+    for (auto& t : threads)
+      if (t.joinable()) t.join();
+  }
+};
+
 std::string default_model_name(const std::string& dir) {
   std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();
@@ -82,9 +95,11 @@ int run_serve(const ServeArgs& a, std::unique_ptr<parallel::Comm> world) {
   const bool root = world->rank() == 0;
   // Rank 0 decides when the job ends: a signal to every rank (mpirun, Slurm) must not end the
   // others before it. Until rank 0's handler exists (after loading), a signal ends the process.
+  // mpirun forwards SIGUSR1 (not SIGTERM) to every rank: it drains too (glm5 launch --run sends it).
   if (!root) {
     std::signal(SIGTERM, SIG_IGN);
     std::signal(SIGINT, SIG_IGN);
+    std::signal(SIGUSR1, SIG_IGN);
   }
   auto job = make_job(a.model, a.cluster, std::move(world), false);
   std::unique_ptr<runtime::Tokenizer> tok;
@@ -108,8 +123,8 @@ int run_serve(const ServeArgs& a, std::unique_ptr<parallel::Comm> world) {
       [](int status, const std::string& message) { return error_for_status(status, message); });
   Drain drain(ioc, server, queue, a.drain_timeout_s);
   server.start();
-  std::vector<std::thread> threads;
-  for (int i = 0; i < a.http_threads; ++i) threads.emplace_back([&ioc] { ioc.run(); });
+  HttpThreads http{ioc, {}};
+  for (int i = 0; i < a.http_threads; ++i) http.threads.emplace_back([&ioc] { ioc.run(); });
   std::fprintf(stderr, "[glm5] serve: listening on http://%s:%d (model '%s', %d rank(s), pid %d)\n", a.host.c_str(),
                server.port(), name.c_str(), job->world->size(), int(getpid()));
   std::fflush(stderr);
@@ -117,12 +132,12 @@ int run_serve(const ServeArgs& a, std::unique_ptr<parallel::Comm> world) {
   job->start_watchdog();
   job->engine->run(&queue, [&queue](runtime::Result&& r) { queue.deliver(std::move(r)); });
   // Every accepted request has its result; let the connections write their answers (bounded: a
-  // client that stops reading is dropped by the write timeout anyway).
+  // client that stops reading is dropped by the write timeout anyway), no new ones.
+  server.stop_accepting();
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (server.busy() > 0 && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ioc.stop();
-  for (auto& t : threads) t.join();
+  http.stop();
   std::fprintf(stderr, "[glm5] serve: drained; exiting\n");
   return 0;
 }

@@ -1,7 +1,8 @@
 // `glm5 serve`: the OpenAI-compatible HTTP server over the distributed engine. World rank 0 serves
 // HTTP on its own threads (launcher/http_server.h, serve_api.h) and runs the engine on its main
-// thread, the only one that calls MPI; every other rank runs the engine alone. SIGTERM / SIGINT:
-// stop accepting, finish what was accepted (at most the drain timeout, then cancel it), exit 0.
+// thread, the only one that calls MPI; every other rank runs the engine alone. SIGTERM / SIGINT /
+// SIGUSR1 (the one mpirun forwards): new requests get 503, finish what was accepted (at most the
+// drain timeout, then cancel it), exit 0.
 #pragma once
 
 #include <memory>
@@ -19,7 +20,7 @@ struct ServeArgs {
   std::string api_key;       // empty: no auth
   std::string model_name;    // the id clients name; default: the model directory's name
   int max_queue = 256;       // requests waiting for the engine beyond which new ones get 429
-  double drain_timeout_s = 30;
+  double drain_timeout_s = 25;  // under Slurm's default KillWait (30 s) between SIGTERM and SIGKILL
   int http_threads = 2;
   HttpLimits limits;
 };

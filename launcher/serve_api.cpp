@@ -305,6 +305,15 @@ void ServeApi::models(const std::shared_ptr<Exchange>& ex) {
   ex->reply(200, dump({{"object", "list"}, {"data", json::array({m})}}));
 }
 
+// A request without max_tokens runs to the end of the context, but no further than one
+// sequence's KV cache holds (prompt + max_tokens + 1 tokens), which the engine would refuse.
+void ServeApi::cap_default_length(BatchLine& b) const {
+  const int64_t kv = queue_.sequence_tokens();
+  if (!b.default_length || kv <= 0) return;
+  const int64_t most = kv - int64_t(b.request.prompt.size()) - 1;
+  if (most >= 1 && most < b.request.sampling.max_tokens) b.request.sampling.max_tokens = int32_t(most);
+}
+
 void ServeApi::completion(const HttpRequest& req, const std::shared_ptr<Exchange>& ex, const std::string& url) {
   auto fail = [&](int status, const std::string& message, const std::string& param = "", const std::string& code = "") {
     metrics_.count_request(url, status);
@@ -316,18 +325,29 @@ void ServeApi::completion(const HttpRequest& req, const std::shared_ptr<Exchange
   BatchLine b;
   b.url = url;
   try {
-    const json body = json::parse(req.body());
+    const json body = parse_client_json(req.body());
     CHECK(body.is_object(), "the request body must be a JSON object, found ", body.type_name());
     parse_request_body(body, b, BodyForm::server, seq, "", mc_, tok_);
   } catch (const json::parse_error& e) {
     return fail(400, std::string("malformed JSON body: ") + e.what(), "", "invalid_json");
+  } catch (const JsonTooDeep& e) {
+    return fail(400, std::string("request body: ") + e.what(), "", "invalid_json");
   } catch (const std::exception& e) {
     const std::string m = client_message(e.what());
     return fail(400, m, field_of(m));
   }
-  if (!b.error.empty()) return fail(400, b.error, "messages", b.error_code);
-  if (!b.model_name.empty() && b.model_name != opt_.model_id)
-    return fail(404, "model '" + b.model_name + "' does not exist; this server serves '" + opt_.model_id + "'");
+  const bool chat = url == "/v1/chat/completions";
+  if (!b.error.empty()) return fail(400, b.error, chat ? "messages" : "prompt", b.error_code);
+  if (!b.model_name.empty() && b.model_name != opt_.model_id) {
+    metrics_.count_request(url, 404);
+    return ex->reply(404, error_json("model " + describe(json(b.model_name)) + " does not exist; this server serves '" +
+                                         opt_.model_id + "'", "invalid_request_error", "model", "model_not_found"));
+  }
+  // More choices than the queue holds could never be accepted: not a retryable 429.
+  if (size_t(b.n) > queue_.max_queue())
+    return fail(400, "field 'n': expected at most " + std::to_string(queue_.max_queue()) +
+                         " (--max-queue) choices, found " + std::to_string(b.n), "n");
+  cap_default_length(b);
   if (b.stream && b.request.sampling.logprobs >= 0)
     return fail(400, "field 'logprobs': not supported with stream true", "logprobs");
   std::vector<runtime::Request> choices;

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "launcher/http_server.h"
+#include "launcher/openai_format.h"
 #include "launcher/serve_metrics.h"
 #include "launcher/serve_queue.h"
 
@@ -37,6 +38,7 @@ class ServeApi {
  private:
   void completion(const HttpRequest& req, const std::shared_ptr<Exchange>& ex, const std::string& url);
   void models(const std::shared_ptr<Exchange>& ex);
+  void cap_default_length(BatchLine& b) const;
   bool authorized(const HttpRequest& req) const;
 
   ServeQueue& queue_;

@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <tuple>
+#include <unordered_set>
 #include <nlohmann/json.hpp>
 
 #include "launcher/moe_monitor.h"
+#include "runtime/kv_cache.h"
 
 namespace glm5::launcher {
 
@@ -23,13 +25,17 @@ ServeQueue::Admit ServeQueue::submit(std::vector<runtime::Request> choices, std:
     pending_.push_back(std::move(r));
   }
   metrics_.queue_depth = int64_t(pending_.size());
+  work_.notify_all();
   return Admit::ok;
 }
 
+// The engine thread takes this mutex every tick: one pass over the queue for all the indexes
+// (cancel_all of a full queue stays linear).
 void ServeQueue::cancel(const std::vector<int64_t>& indexes) {
   std::vector<std::tuple<std::shared_ptr<EngineClient>, int, runtime::Result>> now;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    std::unordered_set<int64_t> queued;
     for (int64_t index : indexes) {
       auto w = waiters_.find(index);
       if (w == waiters_.end()) continue;  // answered already
@@ -38,16 +44,19 @@ void ServeQueue::cancel(const std::vector<int64_t>& indexes) {
         continue;
       }
       // Still queued: it never reaches the engine.
-      pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
-                                    [&](const runtime::Request& r) { return r.index == index; }),
-                     pending_.end());
+      queued.insert(index);
       runtime::Result r;
       r.index = index;
       r.finish_reason = "cancelled";
       now.emplace_back(w->second.client, w->second.choice, std::move(r));
       waiters_.erase(w);
     }
+    if (!queued.empty())
+      pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                    [&](const runtime::Request& r) { return queued.count(r.index) > 0; }),
+                     pending_.end());
     metrics_.queue_depth = int64_t(pending_.size());
+    work_.notify_all();
   }
   metrics_.cancelled += int64_t(now.size());
   for (auto& [client, choice, r] : now) client->result(choice, std::move(r));
@@ -56,6 +65,12 @@ void ServeQueue::cancel(const std::vector<int64_t>& indexes) {
 void ServeQueue::drain() {
   std::lock_guard<std::mutex> lk(mu_);
   draining_ = true;
+  work_.notify_all();
+}
+
+void ServeQueue::wait_for_work(std::chrono::milliseconds most) {
+  std::unique_lock<std::mutex> lk(mu_);
+  work_.wait_for(lk, most, [this] { return !pending_.empty() || !cancels_.empty() || draining_; });
 }
 
 void ServeQueue::cancel_all() {
@@ -129,6 +144,7 @@ void ServeQueue::on_status(const runtime::EngineStatus& status) {
   metrics_.running = status.work;
   metrics_.kv_blocks_used = status.kv_blocks_used;
   metrics_.kv_blocks = status.kv_blocks;
+  if (engine_) sequence_tokens_ = engine_->stats().kv_blocks * runtime::kBlockTokens;
   const auto now = ServeClock::now();
   if (!engine_ || now - snapshot_at_ < std::chrono::milliseconds(500)) return;
   snapshot_at_ = now;

@@ -5,7 +5,9 @@
 // engine thread holds for a few map operations per tick, never across a step.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -46,6 +48,10 @@ class ServeQueue final : public runtime::RequestSource {
   // Cancels everything accepted (the drain timed out).
   void cancel_all();
   bool draining() const;
+  size_t max_queue() const { return max_queue_; }
+  // Most tokens (prompt + generated + 1) one sequence's KV cache can hold, as the engine said at
+  // its last tick (0 before the first one).
+  int64_t sequence_tokens() const { return sequence_tokens_.load(); }
   // Rank 0's engine counters (moe_monitor's exposition), as of the last snapshot (twice a second).
   void set_engine(const runtime::Engine* engine) { engine_ = engine; }
   std::string engine_metrics() const;
@@ -56,6 +62,7 @@ class ServeQueue final : public runtime::RequestSource {
   void on_tokens(int64_t index, const std::vector<int32_t>& tokens) override;
   std::vector<int64_t> take_cancelled() override;
   void on_status(const runtime::EngineStatus& status) override;
+  void wait_for_work(std::chrono::milliseconds most) override;
   // The engine's on_result.
   void deliver(runtime::Result&& r);
 
@@ -70,12 +77,14 @@ class ServeQueue final : public runtime::RequestSource {
   const size_t max_queue_;
   ServeMetrics& metrics_;
   mutable std::mutex mu_;
+  std::condition_variable work_;            // a submit, a cancel or the drain wakes an idle engine
   std::deque<runtime::Request> pending_;   // accepted choices, not yet taken by the engine
   std::map<int64_t, Waiter> waiters_;       // by Request::index, until its result
   std::vector<int64_t> cancels_;           // for the engine's next tick
   int64_t next_index_ = 0;
   bool draining_ = false;
   const runtime::Engine* engine_ = nullptr;
+  std::atomic<int64_t> sequence_tokens_{0};
   ServeClock::time_point snapshot_at_{};
   std::string engine_text_;
 };

@@ -451,6 +451,7 @@ struct Engine::Stage0 {
   std::vector<bool> inflight;                        // per group: a step awaits its results
   std::vector<bool> inflight_rows;                   // ... and it had rows
   int64_t done = 0, total = -1;                      // progress (rank 0)
+  std::chrono::milliseconds idle_wait{2};            // rank 0's wait when it has no work
   std::unordered_map<uint64_t, uint64_t> prefix_columns;  // first prompt block -> columns with it (bits)
   Clock::time_point t_start = Clock::now(), t_progress = Clock::now();
   Stage0(const ModelConfig& cfg, const SchedulerOptions& so, const Tokenizer* tok, int G)
@@ -559,8 +560,15 @@ bool Engine::exchange(Stage0& s) {
       assigned[size_t(best)].push_back(std::move(*r));
     }
     stop = work == 0 && handed == 0 && s.source->exhausted();
-    if (work == 0 && handed == 0 && !stop)  // an idle server: wait for requests, do not spin
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    // An idle server waits for requests instead of spinning: every tick is collectives on every
+    // rank, so the wait doubles up to 50 ms while idle (a source wakes at once when work comes)
+    // and is back at 2 ms as soon as there is work.
+    if (work == 0 && handed == 0 && !stop) {
+      s.source->wait_for_work(s.idle_wait);
+      s.idle_wait = std::min(s.idle_wait * 2, std::chrono::milliseconds(50));
+    } else {
+      s.idle_wait = std::chrono::milliseconds(2);
+    }
     if (s.total < 0) s.total = s.source->size_hint();
     show_progress(s, stop);
   }

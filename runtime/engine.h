@@ -16,10 +16,12 @@
 // each of those is matched by a send that was already started (by induction over the ticks).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "parallel/comm.h"
@@ -83,6 +85,9 @@ class RequestSource {
   // step (a step in flight comes back first). Unknown or finished indexes are ignored.
   virtual std::vector<int64_t> take_cancelled() { return {}; }
   virtual void on_status(const EngineStatus& /*status*/) {}
+  // Rank 0 has no work and next() gave none: wait up to `most` (the engine backs off from 2 ms
+  // to 50 ms while idle). A source that can tell when work arrives returns at once then.
+  virtual void wait_for_work(std::chrono::milliseconds most) { std::this_thread::sleep_for(most); }
 };
 
 class Tokenizer;

@@ -546,6 +546,56 @@ TEST(BatchLines, FieldErrorsNameTheLineAndTheField) {
   EXPECT_TRUE(ok.request.sampling.ignore_eos);
 }
 
+// A line nested deeper than the JSON depth limit gets an invalid_json record naming the limit (a
+// value 200,000 deep overflowed the stack in the error message's dump); field errors quote a
+// client value cut to ~100 characters.
+TEST(BatchLines, DeepOrHugeValuesGiveBoundedErrors) {
+  const glm5::runtime::ModelConfig mc = glm5::runtime::load_config(kModel);
+  const glm5::runtime::Tokenizer tok = glm5::runtime::Tokenizer::load(kModel);
+  const std::string deep = R"({"custom_id": "d", "prompt": )" + std::string(200000, '[') + std::string(200000, ']') + "}";
+  const glm5::launcher::BatchLine b = glm5::launcher::parse_batch_line(deep, 5, mc, &tok);
+  EXPECT_EQ(b.error_code, "invalid_json");
+  EXPECT_TRUE(contains(b.error, "line 5: ")) << b.error;
+  EXPECT_TRUE(contains(b.error, "64")) << b.error;
+  const std::string rec = glm5::launcher::batch_record(b, {}, &tok, 0);
+  EXPECT_TRUE(contains(rec, "invalid_json")) << rec;
+
+  const std::string at_limit = R"({"prompt": )" + std::string(63, '[') + std::string(63, ']') + "}";
+  const glm5::launcher::BatchLine l = glm5::launcher::parse_batch_line(at_limit, 6, mc, &tok);
+  EXPECT_EQ(l.error_code, "invalid_request") << l.error;  // parsed; the prompt is still wrong
+
+  const glm5::launcher::BatchLine h = glm5::launcher::parse_batch_line(R"({"prompt": {"text": ")" +
+                                                                          std::string(100000, 'x') + "\"}}", 7, mc, &tok);
+  EXPECT_EQ(h.error_code, "invalid_request");
+  EXPECT_TRUE(contains(h.error, "prompt")) << h.error;
+  EXPECT_LT(h.error.size(), 400u) << h.error.size();
+
+  using glm5::launcher::describe;
+  using nlohmann::json;
+  EXPECT_EQ(describe(json("many")), "\"many\"");
+  EXPECT_EQ(describe(json(2.5)), "2.5");
+  EXPECT_EQ(describe(json::parse("[1,[2,{\"a\":null}]]")), "[1,[2,{\"a\":null}]]");
+  const std::string cut = describe(json(std::string(5000, 'y')));
+  EXPECT_LT(cut.size(), 130u);
+  EXPECT_TRUE(contains(cut, "5000 bytes")) << cut;
+  EXPECT_TRUE(contains(describe(json(std::vector<int>(1000, 7))), "an array of 1000 elements"));
+}
+
+// glm5 batch over a too deep line: an error record, the next line answered, and a rerun finds
+// both done (the deep line is keyed by its line number on both sides).
+TEST(Batch, TooDeepLineGetsAnErrorRecordAndIsNotRunAgain) {
+  const fs::path in = scratch("deep.jsonl"), out = scratch("deep.out.jsonl"), log = scratch("deep.log");
+  std::ofstream(in) << R"({"custom_id": "deep", "prompt": )" << std::string(200000, '[') << std::string(200000, ']')
+                    << "}\n" << R"({"custom_id": "ok", "prompt_ids": [1, 2, 3], "max_tokens": 2})" << "\n";
+  fs::remove(out);
+  ASSERT_EQ(0, sh(batch_cmd(kModel, in, out), log)) << slurp(log);
+  const std::string first = slurp(out);
+  EXPECT_TRUE(contains(first, "nested deeper than 64")) << first.substr(0, 300);
+  EXPECT_TRUE(contains(first, R"("custom_id":"ok")")) << first.substr(0, 300);
+  ASSERT_EQ(0, sh(batch_cmd(kModel, in, out), log)) << slurp(log);
+  EXPECT_EQ(slurp(out), first);
+}
+
 // finished_keys: records by custom_id, by line when they have none or repeat an earlier id, and a
 // record cut short is not finished.
 TEST(BatchLines, FinishedKeys) {

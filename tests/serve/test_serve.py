@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """`glm5 serve` driven by real clients (the official openai package, raw sockets for the transport
 limits). Suites (argv[1]): api (1x1: endpoints, streaming, every error status, limits, timeouts,
-disconnects, greedy answers identical to `glm5 batch`), layout2x2 (the same answers under mpirun
-2 x 2, SIGTERM to rank 0 ends every rank with 0), load (64 clients x 1,000 requests with 0 errors,
+disconnects, 503 while draining and over capacity, out of descriptors, greedy answers identical
+to `glm5 batch`), layout2x2 (the same answers under mpirun 2 x 2, a mid-stream disconnect, idle
+CPU, SIGTERM to rank 0 or to `glm5 launch --run` drains and ends every rank with 0), load (64 clients x 1,000 requests with 0 errors,
 then SIGTERM under load drains). Environment: GLM5_BIN, GLM5_SRC, GLM5_MPIRUN.
 """
 import http.client
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -29,19 +31,33 @@ CLUSTER22 = os.path.join(SRC, "cluster-configs", "cpu-pp2-ep2.yaml")
 SCRATCH = tempfile.mkdtemp(prefix="glm5_serve_")
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Server:
     """glm5 serve on a free port; rank 0's pid and port from its 'listening on' line."""
 
-    def __init__(self, *extra, np=1, cluster=None):
+    def __init__(self, *extra, np=1, cluster=None, launch=None, nofile=0):
         cmd = [BIN, "serve", "--model", MODEL, "--port", "0", *extra]
-        if cluster:
+        env = None
+        if launch:  # through `glm5 launch --run --cluster FILE -- serve ...` (mpirun from PATH)
+            cmd = [BIN, "launch", "--run", "--cluster", launch, "--"] + cmd[1:]
+            env = dict(os.environ)
+            if os.path.isabs(MPIRUN):
+                env["PATH"] = os.path.dirname(MPIRUN) + os.pathsep + env.get("PATH", "")
+        elif cluster:
             cmd += ["--cluster", cluster]
         if np > 1:
             cmd = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader,tcp",
                    "-x", "OMP_NUM_THREADS=1", "-np", str(np)] + cmd
         self.err_path = os.path.join(SCRATCH, "serve_%d.err" % time.monotonic_ns())
         self.err = open(self.err_path, "w+")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.err)
+        limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile else None
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.err, env=env, preexec_fn=limit)
         deadline = time.time() + 60
         while time.time() < deadline:
             m = re.search(r"listening on http://([0-9.]+):(\d+) .*pid (\d+)", self.stderr())
@@ -80,6 +96,10 @@ class Server:
                 name, value = line.rsplit(" ", 1)
                 out[name] = float(value)
         return out
+
+    def cpu_seconds(self):
+        """User + system CPU time of rank 0 so far."""
+        return cpu_seconds(self.pid)
 
     def stop(self, sig=signal.SIGTERM, timeout=60):
         """Signals rank 0 and returns the exit code of the whole job."""
@@ -147,6 +167,43 @@ def server_answers(client, stream):
                 finish = c.finish_reason or finish
         out.append((text, ids, finish))
     return out
+
+
+def start_stream(s, max_tokens=4000, events=3):
+    """A raw-socket streaming completion, read until `events` SSE events arrived: the socket."""
+    c = socket.create_connection((s.host, s.port), timeout=30)
+    body = json.dumps({"model": MODEL_NAME, "prompt": "Go on", "max_tokens": max_tokens, "ignore_eos": True,
+                       "temperature": 0, "stream": True}).encode()
+    c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    read_events(c, events)
+    return c
+
+
+def read_events(c, events):
+    """Reads from c until `events` SSE events arrived; fails (not spins) if the server closes first."""
+    got = b""
+    while got.count(b"data: ") < events:
+        more = c.recv(4096)
+        if not more:
+            raise AssertionError("the server closed the stream after: %r" % got[-300:])
+        got += more
+    return got
+
+
+def wait_idle(s, cancelled_at_least, timeout=20):
+    """Metrics once the engine has nothing running and cancelled_total reached the given count."""
+    deadline = time.time() + timeout
+    while True:
+        m = s.metrics()
+        if (m["glm5_serve_cancelled_total"] >= cancelled_at_least and m["glm5_serve_requests_running"] == 0
+                and m["glm5_serve_kv_blocks_in_use"] == 0) or time.time() > deadline:
+            return m
+        time.sleep(0.05)
+
+
+# A JSON body nested 200,000 levels deep (400 KB): within the body limit, far past the depth limit.
+DEEP = '{"prompt": ' + "[" * 200000 + "]" * 200000 + "}"
 
 
 class Api(unittest.TestCase):
@@ -234,6 +291,41 @@ class Api(unittest.TestCase):
                           code="context_length_exceeded")
         self.expect_error(400, "/v1/completions", {"prompt": "Hi", "stream": True, "logprobs": 2}, param="logprobs")
 
+    def test_400_deeply_nested_json_and_the_server_goes_on(self):
+        err = self.expect_error(400, "/v1/completions", DEEP, code="invalid_json")
+        self.assertIn("64", err["message"])
+        self.expect_error(400, "/v1/chat/completions",
+                          {"messages": [{"role": "user", "content": "hi"}], "stop": [[[["x"] * 3]] * 3]},
+                          param="stop")
+        # At the limit is fine as JSON (the field is still wrong).
+        self.expect_error(400, "/v1/completions", '{"prompt": ' + "[" * 63 + "]" * 63 + "}", param="prompt")
+        self.assertEqual(self.s.request("GET", "/health"), (200, b'{"status":"ok"}'))
+        r = self.s.client().completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2, temperature=0)
+        self.assertEqual(len(r.choices[0].token_ids), r.usage.completion_tokens)
+
+    def test_400_messages_quote_at_most_a_bounded_value(self):
+        err = self.expect_error(400, "/v1/completions", {"prompt": {"text": "x" * 100000}}, param="prompt")
+        self.assertLess(len(err["message"]), 400)
+        self.assertIn("an object of 1 fields", err["message"])
+
+    def test_400_field_ranges_and_names(self):
+        self.expect_error(400, "/v1/completions", {"prompt": "Hi", "logprobs": 4294967298}, param="logprobs")
+        self.expect_error(400, "/v1/completions", {"prompt": "Hi", "logprobs": -1}, param="logprobs")
+        self.expect_error(400, "/v1/completions", {"prompt": "Hi", "max_tokens": 100000},
+                          param="prompt", code="context_length_exceeded")
+        self.expect_error(400, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                        "max_tokens": 100000},
+                          param="messages", code="context_length_exceeded")
+        self.expect_error(404, "/v1/completions", {"model": "nope", "prompt": "Hi"}, param="model",
+                          code="model_not_found")
+
+    def test_default_max_tokens_is_the_rest_of_the_context(self):
+        prompt = [(7 * i) % 500 + 1 for i in range(4000)]  # 96 tokens short of tiny-a's 4096
+        r = self.s.client().completions.create(model=MODEL_NAME, prompt=prompt, temperature=0,
+                                               extra_body={"ignore_eos": True})
+        self.assertEqual(r.usage.completion_tokens, 96)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+
     def test_400_malformed_http(self):
         with socket.create_connection((self.s.host, self.s.port), timeout=10) as c:
             c.sendall(b"NOT HTTP AT ALL\r\n\r\n")
@@ -260,17 +352,9 @@ class Api(unittest.TestCase):
                            "temperature": 0, "stream": True}).encode()
         c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        got = b""
-        while got.count(b"data: ") < 3:
-            got += c.recv(4096)
+        read_events(c, 3)
         c.close()
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            m = self.s.metrics()
-            if m["glm5_serve_cancelled_total"] > before["glm5_serve_cancelled_total"] and \
-                    m["glm5_serve_requests_running"] == 0:
-                break
-            time.sleep(0.05)
+        m = wait_idle(self.s, before["glm5_serve_cancelled_total"] + 1)
         self.assertEqual(m["glm5_serve_cancelled_total"], before["glm5_serve_cancelled_total"] + 1)
         self.assertEqual(m["glm5_serve_requests_running"], 0)
         self.assertEqual(m["glm5_serve_kv_blocks_in_use"], 0)
@@ -341,22 +425,95 @@ class Limits(unittest.TestCase):
                 deadline = time.time() + 20
                 while time.time() < deadline:
                     m = s.metrics()
-                    if m["glm5_serve_queue_depth"] + m["glm5_serve_requests_running"] >= k:
+                    # The engine has taken the first two (else the next would find the queue full).
+                    if (m["glm5_serve_requests_running"], m["glm5_serve_queue_depth"]) == (min(k, 2), max(k - 2, 0)):
                         break
                     time.sleep(0.01)
             self.assertEqual(s.metrics()["glm5_serve_queue_depth"], 1)
             with self.assertRaises(openai.RateLimitError) as e:
                 s.client().completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2)
             self.assertEqual(e.exception.status_code, 429)
+            # More choices than the queue holds can never be accepted: 400 naming n, not 429.
+            with self.assertRaises(openai.BadRequestError) as e:
+                s.client().completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2, n=2)
+            self.assertIn("'n'", str(e.exception))
+            before = s.metrics()["glm5_serve_cancelled_total"]
             for c in held:
                 c.close()  # cancelled: the queue has room again
-            deadline = time.time() + 20
-            while s.metrics()["glm5_serve_requests_running"] > 0 and time.time() < deadline:
-                time.sleep(0.02)
+            m = wait_idle(s, before + 3)
+            self.assertEqual(m["glm5_serve_cancelled_total"], before + 3)
+            self.assertEqual(m["glm5_serve_requests_running"], 0)
+            self.assertEqual(m["glm5_serve_queue_depth"], 0)
             r = s.client().completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2)
             self.assertEqual(r.usage.completion_tokens, len(r.choices[0].token_ids))
         finally:
             self.assertEqual(s.stop(), 0)
+
+    def test_503_new_requests_and_health_while_draining(self):
+        s = Server("--drain-timeout", "120")  # a loaded machine: the stream may take long
+        try:
+            c = start_stream(s, max_tokens=4000)  # seconds: still running while we look
+            os.kill(s.pid, signal.SIGTERM)
+            deadline = time.time() + 10
+            while "draining" not in s.stderr() and time.time() < deadline:
+                time.sleep(0.02)
+            self.assertEqual(s.request("GET", "/health"), (503, b'{"status":"draining"}'))
+            status, data = s.request("POST", "/v1/completions", json.dumps({"prompt": "Hi", "max_tokens": 2}))
+            self.assertEqual(status, 503, data)
+            self.assertEqual(json.loads(data)["error"]["code"], "unavailable")
+            rest = b""
+            while not rest.endswith(b"0\r\n\r\n"):  # the accepted stream still ends whole
+                more = c.recv(65536)
+                self.assertTrue(more, rest[-300:])
+                rest += more
+            self.assertIn(b"data: [DONE]", rest)
+            self.assertNotIn(b'"error"', rest)
+            c.close()
+            self.assertEqual(s.proc.wait(30), 0, s.stderr())
+        finally:
+            s.stop()
+
+    def test_503_over_capacity_is_read_by_the_client(self):
+        s = Server("--max-connections", "1")
+        try:
+            held = socket.create_connection((s.host, s.port), timeout=10)  # the one connection
+            time.sleep(0.3)  # accepted: from now on every new connection is one too many
+            for _ in range(20):  # a reset instead of the answer shows as an exception here
+                status, data = s.request("POST", "/v1/completions",
+                                         json.dumps({"prompt": "Hi " * 2000, "max_tokens": 2}))
+                self.assertEqual(status, 503, data)
+                self.assertEqual(json.loads(data)["error"]["code"], "unavailable")
+            held.close()
+            deadline, status = time.time() + 10, 0
+            while time.time() < deadline and status != 200:  # the slot is free again
+                status = s.request("GET", "/health")[0]
+                time.sleep(0.05)  # (the last connection may still be closing)
+            self.assertEqual(status, 200)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+    def test_out_of_file_descriptors_backs_off_and_recovers(self):
+        s = Server("--max-connections", "1000", nofile=64)
+        held = []
+        try:
+            for _ in range(100):  # past the descriptor limit: the rest wait in the listen backlog
+                held.append(socket.create_connection((s.host, s.port), timeout=10))
+            time.sleep(0.3)
+            cpu = s.cpu_seconds()
+            time.sleep(1.0)
+            self.assertLess(s.cpu_seconds() - cpu, 0.3)  # retried every 50 ms, not in a tight loop
+            self.assertEqual(s.stderr().count("accept failed"), 1, s.stderr())
+        finally:
+            for c in held:
+                c.close()
+        deadline, status = time.time() + 20, 0
+        while time.time() < deadline and status != 200:
+            try:
+                status = s.request("GET", "/health")[0]
+            except OSError:
+                time.sleep(0.1)
+        self.assertEqual(status, 200)
+        self.assertEqual(s.stop(), 0)
 
     def test_503_drain_timeout_cancels_and_exits_0(self):
         s = Server("--drain-timeout", "0.3")
@@ -378,6 +535,35 @@ class Limits(unittest.TestCase):
 
 
 class Layout2x2(unittest.TestCase):
+    def test_sigterm_to_launch_drains_the_job(self):
+        # SIGTERM to mpirun itself kills the ranks about 2 s later (Open MPI 4.1); glm5 launch --run
+        # turns it into SIGUSR1, which mpirun forwards and serve drains on.
+        cfg = os.path.join(SCRATCH, "launch-2x2.yaml")
+        with open(cfg, "w") as f:
+            f.write("stages: 2\nexpert_parallel: 2\nmicro_batches: 2\nbackend: cpu\ncomm: mpi\n"
+                    "mpirun_args: [\"--oversubscribe\", \"--mca\", \"btl\", \"self,vader,tcp\"]\n"
+                    "env: {OMP_NUM_THREADS: \"1\"}\n")
+        s = Server("--drain-timeout", "120", launch=cfg)
+        try:
+            c = start_stream(s, max_tokens=3000)  # ~2.5 s unloaded: past mpirun's kill, had it aborted
+            t0 = time.time()
+            os.kill(s.proc.pid, signal.SIGTERM)
+            rest = b""
+            while not rest.endswith(b"0\r\n\r\n"):
+                more = c.recv(65536)
+                self.assertTrue(more, "stream cut %.1f s after SIGTERM: %r" % (time.time() - t0, rest[-300:]))
+                rest += more
+            self.assertIn(b"data: [DONE]", rest)
+            self.assertNotIn(b'"error"', rest)
+            c.close()
+            self.assertEqual(s.proc.wait(60), 0, s.stderr())
+            self.assertIn("signal %d: draining" % signal.SIGUSR1, s.stderr())  # not mpirun's SIGTERM
+            self.assertIn("drained", s.stderr())
+        finally:
+            if s.proc.poll() is None:  # mpirun is in its own process group: end the job via rank 0
+                os.kill(s.pid, signal.SIGKILL)
+                s.proc.wait(30)
+
     def test_answers_equal_batch_and_sigterm_exits_0(self):
         expected = batch_answers()
         s = Server(np=4, cluster=CLUSTER22)
@@ -385,6 +571,23 @@ class Layout2x2(unittest.TestCase):
             client = s.client()
             self.assertEqual(server_answers(client, stream=False), expected)
             self.assertEqual(server_answers(client, stream=True), expected)
+            # A client gone mid-stream: its sequence ends while pipeline steps are in flight.
+            before = s.metrics()
+            start_stream(s, events=5).close()
+            m = wait_idle(s, before["glm5_serve_cancelled_total"] + 1)
+            self.assertEqual(m["glm5_serve_cancelled_total"], before["glm5_serve_cancelled_total"] + 1)
+            self.assertEqual(m["glm5_serve_requests_running"], 0)
+            self.assertEqual(m["glm5_serve_kv_blocks_in_use"], 0)
+            self.assertEqual(server_answers(client, stream=False), expected)
+            # Idle, the ranks wait instead of ticking every 2 ms (each tick: collectives on all).
+            ranks = [int(p) for p in subprocess.run(["pgrep", "-P", str(s.proc.pid)], capture_output=True,
+                                                    text=True).stdout.split()]
+            self.assertEqual(len(ranks), 4)
+            time.sleep(0.5)  # the back-off reaches its longest wait
+            at = {p: cpu_seconds(p) for p in ranks}
+            time.sleep(2)
+            for p in ranks:
+                self.assertLess(cpu_seconds(p) - at[p], 0.08, "rank pid %d busy while idle" % p)  # was 0.1-0.25
         finally:
             self.assertEqual(s.stop(), 0, s.stderr())
         self.assertIn("drained", s.stderr())
