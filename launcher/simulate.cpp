@@ -171,6 +171,9 @@ int run_simulate(const SimulateArgs& a) {
   const Workload work = parse_workload(a.workload);
   std::string dir;
   const runtime::ModelConfig cfg = read_model(a.model, dir);
+  CHECK(cfg.max_position_embeddings <= 0 || work.in + work.out <= cfg.max_position_embeddings, "--workload '",
+        a.workload, "': in + out = ", work.in + work.out, " tokens exceeds the model's max_position_embeddings (",
+        cfg.max_position_embeddings, ", ", cfg.source, "): the engine would refuse these requests");
   const ClusterConfig cc = a.cluster.empty() ? default_cluster_config() : load_cluster_config(a.cluster);
   const std::vector<parallel::LayerRange> stages = plan_stages(cc, cfg, cc.world_size());
   Hardware hw;
@@ -207,8 +210,8 @@ int run_simulate(const SimulateArgs& a) {
               (long long)work.in, (long long)work.out,
               work.prefix ? (", shared prefix " + std::to_string(work.prefix)).c_str() : "",
               a.routing.empty() ? "uniform" : a.routing.c_str());
-  std::printf("predicted  %.1f generated tokens/s (%.1f tokens/s prompt + generated), %.3f s for the run, "
-              "mean time to first token %.3f s, %lld ticks\n",
+  std::printf("predicted  %.1f generated tokens/s (%.1f tokens/s prompt + generated), %.4g s for the run, "
+              "mean time to first token %.4g s, %lld ticks\n",
               p.generated_per_s, p.tokens_per_s, p.makespan_s, p.mean_ttft_s, (long long)p.ticks);
   if (p.decode_per_s > 0) std::printf("           %.1f tokens/s in the decode-only steps (steady state)\n", p.decode_per_s);
   std::printf("\n| stage | layers | busy s | utilisation | comm s | heaviest phases |\n|---|---|---|---|---|---|\n");

@@ -261,6 +261,10 @@ TEST(Simulate, CommandLine) {
   p = run_captured(cmd + hw.string() + " --routing " + rep.string(), scratch("o3"), scratch("e3"));
   EXPECT_EQ(p.code, 1);
   EXPECT_TRUE(contains(p.err, rep.string()) && contains(p.err, "3 expert counts")) << p.err;
+  p = run_captured(kBin + " simulate --model " + kMoe + "/config.json --workload prompts=1,in=2048,out=1 --hardware " +
+                       hw.string(), scratch("o5"), scratch("e5"));
+  EXPECT_EQ(p.code, 1);
+  EXPECT_TRUE(contains(p.err, "in + out = 2049 tokens exceeds the model's max_position_embeddings (2048")) << p.err;
   p = run_captured(kBin + " simulate --model " + kMoe + " --workload prompts=1,in=8", scratch("o4"), scratch("e4"));
   EXPECT_EQ(p.code, 1);
   EXPECT_TRUE(contains(p.err, "prompts, in and out are required")) << p.err;
