@@ -367,12 +367,22 @@ std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc,
   return parallel::balance_layers(cost, P);
 }
 
+// Whether mpirun_args choose a binding themselves (--bind-to, the hwloc binding policy, CPU sets,
+// CPUs per rank, or PE=N in --map-by, which binds to cores).
+static bool user_binds(const std::vector<std::string>& args) {
+  for (const std::string& a : args)
+    if (a.rfind("--bind-to", 0) == 0 || a.rfind("-bind-to", 0) == 0 || a.find("hwloc_base_binding_policy") != std::string::npos ||
+        a.rfind("--cpu-set", 0) == 0 || a.rfind("--cpus-per-", 0) == 0 || a.find("PE=") != std::string::npos)
+      return true;
+  return false;
+}
+
 // Open MPI binds each rank to one core when the job has at most 2 ranks (to a package beyond):
-// a rank's OpenMP threads (the host's cores / its ranks) would then share that one core, halving
-// a one-rank job. Ranks stay unbound unless mpirun_args choose a binding themselves.
+// a CPU rank's OpenMP threads (the host's cores / its ranks) would then share that one core,
+// halving a one-rank job. CPU ranks stay unbound unless mpirun_args bind; GPU jobs keep Open
+// MPI's default (a rank near its GPU).
 static std::vector<std::string> binding_args(const ClusterConfig& cc) {
-  for (const std::string& a : cc.mpirun_args)
-    if (a.rfind("--bind-to", 0) == 0 || a.rfind("-bind-to", 0) == 0) return {};
+  if (cc.backend != "cpu" || user_binds(cc.mpirun_args)) return {};
   return {"--bind-to", "none"};
 }
 
@@ -443,7 +453,8 @@ std::string slurm_script(const ClusterConfig& cc, const std::string& glm5_path, 
   for (const auto& [k, v] : cc.env) out += "export " + shell_join({k + "=" + v}) + "\n";
   std::vector<std::string> cmd;
   if (srun) {
-    cmd = {"srun", "--mpi=pmix", "--ntasks=" + std::to_string(n), "--cpu-bind=none"};
+    cmd = {"srun", "--mpi=pmix", "--ntasks=" + std::to_string(n)};
+    if (cc.backend == "cpu" && !cc.env.count("SLURM_CPU_BIND")) cmd.push_back("--cpu-bind=none");  // as binding_args
   } else {  // mpirun takes the allocation's hosts: no --host, no --oversubscribe
     cmd = {"mpirun", "-np", std::to_string(n)};
     cmd.insert(cmd.end(), cc.mpirun_args.begin(), cc.mpirun_args.end());

@@ -458,7 +458,9 @@ int main_entry(int argc, char** argv) {
   sim->add_option("--model", sa.model, "model directory or config.json (required unless --calibrate)");
   auto* sim_cluster = sim->add_option("--cluster", sa.cluster, "cluster config YAML");
   sim->add_option("--workload", sa.workload, "prompts=N,in=TOKENS,out=TOKENS[,prefix=TOKENS]");
-  sim->add_option("--hardware", sa.hardware, "hardware YAML (default: cluster-configs/hardware/ for the backend)");
+  sim->add_option("--hardware", sa.hardware,
+                  "hardware YAML (cluster-configs/hardware/); required for backend cuda; for cpu, without it this CPU is "
+                  "calibrated first (~20 s)");
   sim->add_option("--routing", sa.routing, "a batch --report JSON whose per-layer expert loads replace uniform routing");
   sim->add_option("--json", sa.json, "also write the prediction as JSON");
   sim->add_option("--exchange-bytes", sa.exchange_bytes,

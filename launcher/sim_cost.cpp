@@ -73,6 +73,7 @@ void StepCost::attention(int l, const std::vector<SimSeq>& seqs, const Rates& r,
   naive_gemm.rows = 0;
   double n_abs = 0;
   bool sparse = false, decode_group = false;
+  double decode_rows = 0, decode_t = 0;
   for (const SimSeq& s : seqs) {
     const int64_t end = s.start + s.n, cut = std::clamp(std::min(s.prompt_len, TOPK), s.start, end);
     if (cut > s.start) {  // kv_b expands the whole prefix, then dense causal attention
@@ -92,18 +93,27 @@ void StepCost::attention(int l, const std::vector<SimSeq>& seqs, const Rates& r,
       const double keys_sum = rows * (double(cut) + double(end) + 1) / 2;
       double att_keys = 0;
       for (int64_t p = cut; p < end; ++p) att_keys += double(std::min<int64_t>(p + 1, TOPK));
-      scores.flops += 2 * keys_sum * IH * ID;
-      topk.scanned += keys_sum;
+      scores.flops += 2 * keys_sum * IH * ID;  // the kernel skips keys past each row's position
       att.flops += 2 * att_keys * NH * (LAT + R);
       const bool one_row = s.n == 1;
       // A decode row reads its own sequence's keys; a prefill chunk's rows share them (cached).
-      scores.bytes += (one_row ? keys_sum : double(end)) * ID * kv_bytes_ + keys_sum * 4;
+      scores.bytes += (one_row ? keys_sum : double(end)) * ID * kv_bytes_;
       att.bytes += (one_row ? att_keys : double(end)) * LAT * kv_bytes_;
-      if (!one_row) scores.calls += 1, topk.calls += 1;
+      // Top-k scans every column of its call's score block: a chunk's rows x its keys; the decode
+      // rows share one block as wide as the longest of them (runtime/glm5.cpp, Layout groups).
+      if (one_row) {
+        decode_rows += 1, decode_t = std::max(decode_t, double(end));
+      } else {
+        topk.scanned += rows * double(end), scores.bytes += rows * double(end) * 4;
+        scores.calls += 1, topk.calls += 1;
+      }
       decode_group |= one_row;
     }
   }
-  if (decode_group) scores.calls += 1, topk.calls += 1;
+  if (decode_group) {
+    topk.scanned += decode_rows * decode_t, scores.bytes += decode_rows * decode_t * 4;
+    scores.calls += 1, topk.calls += 1;
+  }
   if (n_abs > 0) {
     qabs.flops = 2 * n_abs * NH * dn * R;
     qabs.bytes = kv_b * dn / DKV + n_abs * NH * (DQ + LAT) * 4;

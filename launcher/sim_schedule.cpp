@@ -40,6 +40,22 @@ Workload parse_workload(const std::string& text) {
   return w;
 }
 
+std::vector<int> host_of_ranks(const ClusterConfig& cc, const Hardware& hw) {
+  const int W = cc.world_size();
+  std::vector<int> host(size_t(W), 0);
+  if (!cc.hosts.empty()) {
+    int h = 0, used = 0;
+    for (int r = 0; r < W; ++r) {
+      while (used >= cc.hosts[size_t(h)].slots && h + 1 < int(cc.hosts.size())) h++, used = 0;
+      host[size_t(r)] = h;
+      ++used;
+    }
+  } else if (hw.gpu()) {
+    for (int r = 0; r < W; ++r) host[size_t(r)] = r / hw.devices_per_node;
+  }
+  return host;
+}
+
 namespace {
 
 // One request as a column's scheduler sees it.
@@ -58,24 +74,6 @@ struct Column {
   bool prefix_done = false, prefix_owner = false;
   int64_t remaining = 0;  // tokens still to compute (the distributor's load)
 };
-
-// Which host every rank runs on: GPUs fill nodes in order; CPU ranks fill the cluster's hosts by
-// their slots (mpirun's by-slot mapping), one host when none are listed.
-std::vector<int> host_of_ranks(const ClusterConfig& cc, const Hardware& hw) {
-  const int W = cc.world_size();
-  std::vector<int> host(size_t(W), 0);
-  if (!cc.hosts.empty()) {
-    int h = 0, used = 0;
-    for (int r = 0; r < W; ++r) {
-      while (used >= cc.hosts[size_t(h)].slots && h + 1 < int(cc.hosts.size())) h++, used = 0;
-      host[size_t(r)] = h;
-      ++used;
-    }
-  } else if (hw.gpu()) {
-    for (int r = 0; r < W; ++r) host[size_t(r)] = r / hw.devices_per_node;
-  }
-  return host;
-}
 
 class Replay {
  public:
@@ -335,7 +333,9 @@ Prediction Replay::run() {
       end = std::max(end, now);
     }
     if (finished_ == w.prompts) break;
-    CHECK(tick < 100'000'000, "simulate: the replay did not finish (internal)");
+    CHECK(tick < 100'000'000, "simulate: the workload needs more than 10^8 engine steps to replay; simulate a "
+                              "smaller one (fewer prompts) and scale: throughput does not depend on the count once the "
+                              "columns are full");
     hand_out(now);
     now += tick_sync;
     ++pred.ticks;

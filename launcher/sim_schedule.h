@@ -59,4 +59,8 @@ struct SimSetup {
 
 Prediction simulate_run(const SimSetup& s);
 
+// The host (node) of every rank: GPUs fill nodes of devices_per_node in order; CPU ranks fill the
+// cluster's hosts by their slots (mpirun's by-slot mapping), one host when none are listed.
+std::vector<int> host_of_ranks(const ClusterConfig& cc, const Hardware& hw);
+
 }  // namespace glm5::launcher

@@ -101,6 +101,7 @@ std::vector<RankMemory> plan_memory(const runtime::ModelConfig& cfg, const Clust
   shape.expert_parallel = cc.expert_parallel;
   shape.device = hw.gpu();
   const double act = runtime::estimate_activations(cfg, shape).total();
+  const std::vector<int> host = host_of_ranks(cc, hw);  // a CPU host's memory is shared by its ranks
   std::vector<RankMemory> out;
   for (int r = 0; r < cc.world_size(); ++r) {
     const int s = g.stage_of(r);
@@ -117,7 +118,7 @@ std::vector<RankMemory> plan_memory(const runtime::ModelConfig& cfg, const Clust
     m.activations = act;
     m.room = cc.device_memory_gb > 0 ? cc.device_memory_gb * 1e9
              : hw.gpu()               ? hw.memory_gb * 1e9
-                                      : hw.memory_gb * 1e9 / double(cc.world_size());
+                                      : hw.memory_gb * 1e9 / double(std::count(host.begin(), host.end(), host[size_t(r)]));
     out.push_back(m);
   }
   return out;
@@ -228,6 +229,9 @@ int run_simulate(const SimulateArgs& a) {
   if (cc.expert_parallel > 1)
     std::printf("moe        %.1f KB sent per rank per MoE layer per step (mean), over %s\n",
                 p.exchange_bytes_per_layer / 1e3, hw.gpu() ? "NVLink / the network" : "MPI");
+  if (work.prefix > 0 && cc.expert_parallel > 1)
+    std::printf("note       the replay does not keep requests with a shared prefix on one column (the engine's "
+                "distributor prefers the column holding it): prefix hits are underestimated\n");
   if (cc.stages > 1) std::printf("pipeline   %.1f KB of hidden states per stage hop (mean)\n", p.pipeline_bytes_per_step / 1e3);
   double worst = 0;
   int worst_rank = 0;

@@ -459,6 +459,20 @@ TEST(LaunchCommand, RanksUnboundUnlessTheConfigBinds) {
   cmd = launch_command(cc, "glm5", {"inspect"}, false);
   EXPECT_EQ(std::count(cmd.begin(), cmd.end(), "--bind-to"), 1);
   EXPECT_EQ(cmd[size_t(index_of(cmd, "--bind-to")) + 1], "core");
+  for (const char* binds : {"[\"--map-by\", \"slot:PE=4\"]", "[\"--mca\", \"hwloc_base_binding_policy\", \"core\"]",
+                            "[\"--cpus-per-rank\", \"4\"]"}) {
+    cc = parse_cluster_config(std::string("stages: 1\nmpirun_args: ") + binds + "\n", "c.yaml");
+    EXPECT_EQ(index_of(launch_command(cc, "glm5", {"inspect"}, false), "--bind-to"), -1) << binds;
+  }
+  // GPU ranks keep Open MPI's default binding (near their GPU); so does srun for them.
+  cc = parse_cluster_config("stages: 1\nbackend: cuda\n", "c.yaml");
+  EXPECT_EQ(index_of(launch_command(cc, "glm5", {"inspect"}, false), "--bind-to"), -1);
+  EXPECT_EQ(slurm_script(cc, "glm5", {"inspect"}, true).find("--cpu-bind"), std::string::npos);
+  cc = parse_cluster_config("stages: 1\n", "c.yaml");
+  EXPECT_NE(slurm_script(cc, "glm5", {"inspect"}, true).find("srun --mpi=pmix --ntasks=1 --cpu-bind=none "),
+            std::string::npos);
+  cc = parse_cluster_config("stages: 1\nenv: {SLURM_CPU_BIND: cores}\n", "c.yaml");
+  EXPECT_EQ(slurm_script(cc, "glm5", {"inspect"}, true).find("--cpu-bind"), std::string::npos);
 }
 
 TEST(LaunchCommand, RefusesASecondCluster) {

@@ -146,7 +146,6 @@ TEST(Simulate, CostModelPhases) {
   EXPECT_GT(StepCost(s.cfg, s.plan, 2).exchange_bytes(100), 100.0 * double(s.cfg.hidden_size) * 4);
 }
 
-// The replay takes exactly the ticks the engine's scheduler takes.
 // A phase costs sqrt(compute^2 + memory^2) plus its calls; small GEMMs run at the small-GEMM rate.
 TEST(Simulate, RooflineOfOnePhase) {
   Rates r;
@@ -165,6 +164,7 @@ TEST(Simulate, RooflineOfOnePhase) {
   EXPECT_NEAR(w.seconds(r), std::sqrt(1.5 * 1.5 + 16.0) + 2e-6, 1e-9);
 }
 
+// The replay takes the ticks the scheduler's rules give (runtime/scheduler.h), counted by hand.
 TEST(Simulate, ReplayCountsTicks) {
   Sim s;
   Prediction p = s.run("prompts=8,in=20,out=5");  // one prefill step, then 4 decode steps
