@@ -15,15 +15,8 @@
 #include <sstream>
 #include <thread>
 
-// GCC 12 reports false -Wdangling-pointer warnings inside yaml-cpp 0.7's node iterators.
-#pragma GCC diagnostic push
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
-#pragma GCC diagnostic ignored "-Wdangling-pointer"
-#endif
-#include <yaml-cpp/yaml.h>
-#pragma GCC diagnostic pop
-
 #include "core/check.h"
+#include "launcher/yaml.h"
 
 namespace glm5::launcher {
 
@@ -384,6 +377,19 @@ static bool user_binds(const std::vector<std::string>& args) {
 static std::vector<std::string> binding_args(const ClusterConfig& cc) {
   if (cc.backend != "cpu" || user_binds(cc.mpirun_args)) return {};
   return {"--bind-to", "none"};
+}
+
+runtime::ModelShard rank_shard(const ClusterConfig& cc, const std::vector<parallel::LayerRange>& stages, int rank) {
+  const parallel::Grid g = cc.grid();
+  const int s = g.stage_of(rank);
+  runtime::ModelShard shard;
+  shard.first_layer = stages[size_t(s)].first;
+  shard.last_layer = stages[size_t(s)].last;
+  shard.embedding = s == 0;
+  shard.head = s == g.stages - 1;
+  shard.expert_parallel = g.expert_parallel;
+  shard.column = g.column_of(rank);
+  return shard;
 }
 
 std::vector<std::string> launch_command(const ClusterConfig& cc, const std::string& glm5_path,

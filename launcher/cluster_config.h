@@ -25,6 +25,7 @@
 
 #include "parallel/grid.h"
 #include "runtime/config.h"
+#include "runtime/model.h"
 
 namespace glm5::launcher {
 
@@ -68,6 +69,10 @@ ClusterConfig default_cluster_config();
 // all layers. Returns the layer range of every stage (balanced by parameter count when not given).
 std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc,
                                               const runtime::ModelConfig& mc, int world_size);
+
+// What rank `rank` of this layout holds: its stage's layers (`stages` from plan_stages), its
+// column's 1/E of the routed experts, the embedding on stage 0, final norm + lm_head on the last.
+runtime::ModelShard rank_shard(const ClusterConfig& cc, const std::vector<parallel::LayerRange>& stages, int rank);
 
 // Parameters of layer l (attention + indexer + norms + MLP: all experts), for balancing and plans.
 double layer_parameters(const runtime::ModelConfig& mc, int layer);

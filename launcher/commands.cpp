@@ -54,13 +54,7 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
     std::fprintf(stderr, "[glm5] comm: nccl: the engine's MoE and pipeline traffic is staged through "
                          "host memory over MPI in this version\n");
 
-  runtime::ModelShard shard;
-  shard.first_layer = job->stages[size_t(stage)].first;
-  shard.last_layer = job->stages[size_t(stage)].last;
-  shard.embedding = stage == 0;
-  shard.head = stage == grid.stages - 1;
-  shard.expert_parallel = grid.expert_parallel;
-  shard.column = column;
+  const runtime::ModelShard shard = rank_shard(job->cluster, job->stages, rank);
   job->model = std::make_unique<runtime::Model>(job->config, *job->checkpoint, *job->backend, shard,
                                                 *job->stage_comm);
   runtime::EngineOptions opt;
@@ -292,13 +286,7 @@ int run_inspect(const InspectArgs& a) {
   int limit_stage = 0;
   for (int r = 0; r < cc.world_size(); ++r) {
     const int s = g.stage_of(r);
-    runtime::ModelShard shard;
-    shard.first_layer = stages[size_t(s)].first;
-    shard.last_layer = stages[size_t(s)].last;
-    shard.embedding = s == 0;
-    shard.head = s == g.stages - 1;
-    shard.expert_parallel = g.expert_parallel;
-    shard.column = g.column_of(r);
+    const runtime::ModelShard shard = rank_shard(cc, stages, r);
     const double w = double(runtime::shard_weight_bytes(wp, mc, shard));
     const int nl = stages[size_t(s)].size();
     const double per_token = double(runtime::KvPool::bytes_per_token(mc, nl, kv_dtype));

@@ -6,15 +6,8 @@
 #include <set>
 #include <sstream>
 
-// GCC 12 reports false -Wdangling-pointer warnings inside yaml-cpp 0.7's node iterators.
-#pragma GCC diagnostic push
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
-#pragma GCC diagnostic ignored "-Wdangling-pointer"
-#endif
-#include <yaml-cpp/yaml.h>
-#pragma GCC diagnostic pop
-
 #include "core/check.h"
+#include "launcher/yaml.h"
 
 namespace glm5::launcher {
 

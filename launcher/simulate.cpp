@@ -105,15 +105,8 @@ std::vector<RankMemory> plan_memory(const runtime::ModelConfig& cfg, const Clust
   std::vector<RankMemory> out;
   for (int r = 0; r < cc.world_size(); ++r) {
     const int s = g.stage_of(r);
-    runtime::ModelShard shard;
-    shard.first_layer = stages[size_t(s)].first;
-    shard.last_layer = stages[size_t(s)].last;
-    shard.embedding = s == 0;
-    shard.head = s == g.stages - 1;
-    shard.expert_parallel = g.expert_parallel;
-    shard.column = g.column_of(r);
     RankMemory m;
-    m.weights = double(runtime::shard_weight_bytes(wp, cfg, shard));
+    m.weights = double(runtime::shard_weight_bytes(wp, cfg, rank_shard(cc, stages, r)));
     m.kv = double(live * blocks) * double(runtime::KvPool::bytes_per_block(cfg, stages[size_t(s)].size(), kv_dtype));
     m.activations = act;
     m.room = cc.device_memory_gb > 0 ? cc.device_memory_gb * 1e9
