@@ -13,29 +13,33 @@ namespace glm5::launcher {
 
 namespace {
 
+// What a key may hold: Amount >= 0 (required), Rate > 0 (required), Fraction in (0, 1] (optional,
+// default 1), Optional >= 0 (0 or absent: the default the parser fills in).
+enum class Kind { Amount, Rate, Fraction, Optional };
+
 struct Field {
   const char* key;
   double Hardware::*value;
-  double scale;    // file unit -> Hardware unit (us -> s)
-  bool optional;   // efficiencies default to 1
+  double scale;  // file unit -> Hardware unit (us -> s)
+  Kind kind;
 };
 
 const Field kNumbers[] = {
-    {"memory_gb", &Hardware::memory_gb, 1, false},
-    {"gemm_flops", &Hardware::gemm_flops, 1, false},
-    {"gemm_efficiency", &Hardware::gemm_efficiency, 1, true},
-    {"gemm_flops_small", &Hardware::gemm_flops_small, 1, true},
-    {"attention_flops", &Hardware::attention_flops, 1, false},
-    {"attention_efficiency", &Hardware::attention_efficiency, 1, true},
-    {"mem_bw_core", &Hardware::mem_bw_core, 1, false},
-    {"mem_bw", &Hardware::mem_bw, 1, false},
-    {"mem_bw_efficiency", &Hardware::mem_bw_efficiency, 1, true},
-    {"topk_rate", &Hardware::topk_rate, 1, false},
-    {"op_overhead_us", &Hardware::op_overhead_s, 1e-6, false},
-    {"intra_node_bw", &Hardware::intra_node_bw, 1, false},
-    {"intra_node_latency_us", &Hardware::intra_node_latency_s, 1e-6, false},
-    {"inter_node_bw", &Hardware::inter_node_bw, 1, false},
-    {"inter_node_latency_us", &Hardware::inter_node_latency_s, 1e-6, false},
+    {"memory_gb", &Hardware::memory_gb, 1, Kind::Amount},
+    {"gemm_flops", &Hardware::gemm_flops, 1, Kind::Rate},
+    {"gemm_efficiency", &Hardware::gemm_efficiency, 1, Kind::Fraction},
+    {"gemm_flops_small", &Hardware::gemm_flops_small, 1, Kind::Optional},
+    {"attention_flops", &Hardware::attention_flops, 1, Kind::Rate},
+    {"attention_efficiency", &Hardware::attention_efficiency, 1, Kind::Fraction},
+    {"mem_bw_core", &Hardware::mem_bw_core, 1, Kind::Rate},
+    {"mem_bw", &Hardware::mem_bw, 1, Kind::Rate},
+    {"mem_bw_efficiency", &Hardware::mem_bw_efficiency, 1, Kind::Fraction},
+    {"topk_rate", &Hardware::topk_rate, 1, Kind::Rate},
+    {"op_overhead_us", &Hardware::op_overhead_s, 1e-6, Kind::Amount},
+    {"intra_node_bw", &Hardware::intra_node_bw, 1, Kind::Rate},
+    {"intra_node_latency_us", &Hardware::intra_node_latency_s, 1e-6, Kind::Amount},
+    {"inter_node_bw", &Hardware::inter_node_bw, 1, Kind::Rate},
+    {"inter_node_latency_us", &Hardware::inter_node_latency_s, 1e-6, Kind::Amount},
 };
 
 [[noreturn]] void bad(const std::string& source, const YAML::Node& n, const std::string& key,
@@ -92,17 +96,13 @@ Hardware parse_hardware(const std::string& text, const std::string& source) {
   hw.devices_per_node = root["devices_per_node"] ? count(source, root["devices_per_node"], "devices_per_node") : 1;
   for (const Field& f : kNumbers) {
     const YAML::Node n = root[f.key];
-    if (!n && f.optional) continue;
-    hw.*f.value = positive(source, n, f.key) * f.scale;
+    if (!n && (f.kind == Kind::Fraction || f.kind == Kind::Optional)) continue;
+    const double x = positive(source, n, f.key);
+    if (f.kind == Kind::Rate && x <= 0) bad(source, n, f.key, "a rate > 0");
+    if (f.kind == Kind::Fraction && (x <= 0 || x > 1)) bad(source, n, f.key, "a fraction in (0, 1]");
+    hw.*f.value = x * f.scale;
   }
   if (hw.gemm_flops_small <= 0) hw.gemm_flops_small = hw.gemm_flops;
-  for (const char* k : {"gemm_flops", "attention_flops", "mem_bw_core", "mem_bw", "topk_rate", "intra_node_bw",
-                        "inter_node_bw"})
-    for (const Field& f : kNumbers)
-      if (std::string(f.key) == k && hw.*f.value <= 0) bad(source, root[k], k, "a rate > 0");
-  for (const char* k : {"gemm_efficiency", "attention_efficiency", "mem_bw_efficiency"})
-    for (const Field& f : kNumbers)
-      if (std::string(f.key) == k && (hw.*f.value <= 0 || hw.*f.value > 1)) bad(source, root[k], k, "a fraction in (0, 1]");
   return hw;
 }
 
