@@ -299,6 +299,13 @@ class Backend {
   // huge-page memory (cpu/weight_arena.h); the default is upload().
   virtual const void* upload_mapped(const void* mapped, size_t bytes) { return upload(mapped, bytes); }
   virtual void synchronize() {}
+  // The in-order work queue the backend's ops run on (a cudaStream_t for cuda), so that a
+  // communicator can order its transfers with them without a host sync; nullptr for host
+  // backends, whose ops are complete when they return.
+  virtual void* stream() const { return nullptr; }
+  // Raw allocations made so far (cudaMalloc calls behind alloc(), the scratch of the ops and the
+  // uploads): alloc()/free() serve the step loop from a cache, so a warm step adds none.
+  virtual uint64_t raw_allocations() const { return 0; }
 
   virtual void gemm(const GemmParams& p) = 0;
   // Independent gemms: no output overlaps another's input or output. Results are bitwise those
