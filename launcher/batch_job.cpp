@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "cpu/device_like.h"
 #include "launcher/cluster_config.h"
 #include "launcher/commands.h"
 #include "launcher/moe_monitor.h"
@@ -473,6 +474,20 @@ void write_trace(Job& job, const std::string& path, const runtime::Profiler& pro
   CHECK(f, "cannot write --trace ", path);
 }
 
+// How this rank's bytes travel: control messages, MoE payload, hidden states between stages, and
+// what went through host memory on the way (staging; all host transfers of a device-like backend).
+json transport(const Job& job) {
+  const parallel::Comm& moe = job.moe_payload ? *job.moe_payload : *job.stage_comm;
+  const parallel::Comm& hidden = job.engine->hidden_comm();
+  json t = {{"control", job.world->transport()}, {"moe", moe.transport()}, {"hidden", hidden.transport()},
+            {"staged_bytes", moe.staged_bytes() + hidden.staged_bytes()},
+            {"moe_payload_bytes_sent", job.model->moe_payload_bytes_sent()}};
+  if (const auto* c = kernels::device_like_counters(*job.backend))
+    t["host_transfers"] = {{"to_host_bytes", c->to_host_bytes}, {"to_device_bytes", c->to_device_bytes},
+                           {"raw_allocs", c->raw_allocs}};
+  return t;
+}
+
 // Gathers every rank's counters on rank 0 (collective): the report file, the metrics file, one line
 // per rank on stderr, then the trace file.
 void write_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
@@ -490,6 +505,7 @@ void write_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
                {"expert_tokens", st.expert_tokens}, {"peak_rss_kb", st.peak_rss_kb},
                {"weight_bytes", job.model->weight_bytes()}, {"router", router},
                {"rows_not_k", job.model->rows_not_k()},
+               {"backend", job.backend->name()}, {"transport", transport(job)},
                {"tokens_per_s", st.wall_s > 0 ? double(st.tokens_generated) / st.wall_s : 0.0}};
   if (prof) mine["profile"] = prof->totals();
   if (prof && !a.trace.empty()) mine["trace_dropped"] = prof->dropped_events();

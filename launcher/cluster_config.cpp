@@ -226,7 +226,7 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
       else if (key == "micro_batches")
         cc.micro_batches = int(rd.integer(v, key, 1));
       else if (key == "backend")
-        cc.backend = rd.one_of(v, key, {"cpu", "cuda"});
+        cc.backend = rd.one_of(v, key, {"cpu", "cuda", "cpu-devicelike"});
       else if (key == "comm")
         cc.comm = rd.one_of(v, key, {"mpi", "nccl"});
       else if (key == "kv_budget_gb")
@@ -262,9 +262,9 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
                  ": every running sequence decodes in one step)",
              std::to_string(cc.max_step_tokens));
     }
-    if (cc.comm == "nccl" && cc.backend != "cuda")
+    if (cc.comm == "nccl" && cc.backend == "cpu")
       rd.bad(root["comm"], "comm",
-             "mpi with backend " + cc.backend + " (comm nccl needs backend cuda)", "'nccl'");
+             "mpi with backend cpu (comm nccl needs device memory: backend cuda, or cpu-devicelike)", "'nccl'");
   } catch (const YAML::Exception& e) {
     // yaml-cpp throws on odd nodes (e.g. an alias to nothing); report it as a file error.
     GLM5_FAIL(where(source), ", line ", e.mark.line + 1, ": ", e.msg);

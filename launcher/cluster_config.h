@@ -4,8 +4,10 @@
 //   stages: 2                      # or explicit layer ranges: stages: [[0, 3], [3, 4]]
 //   expert_parallel: 2             # E; world size = stages x E
 //   micro_batches: 2               # micro-batches in flight per column
-//   backend: cpu                   # cpu | cuda
-//   comm: mpi                      # mpi | nccl
+//   backend: cpu                   # cpu | cuda | cpu-devicelike (cpu kernels behind a device's
+//                                  #   memory rules: tests the GPU path's data movement anywhere)
+//   comm: mpi                      # mpi | nccl: MoE payloads and hidden states between stages
+//                                  #   in device memory (device backends; mpi stages them)
 //   kv_budget_gb: 8                # KV cache budget per rank (0 or absent: unlimited)
 //   device_memory_gb: 80           # per-rank device memory; `glm5 inspect` checks the plan fits
 //   max_batch: 64                  # running sequences per column

@@ -23,7 +23,10 @@
 #include "launcher/gpu_binding.h"
 #include "launcher/serve.h"
 #include "launcher/simulate.h"
+#include "cpu/device_like.h"
+#include "parallel/device_comm.h"
 #include "parallel/mpi_comm.h"
+#include "parallel/nccl_comm.h"
 #include "runtime/memory_plan.h"
 #include "runtime/name_table.h"
 #include "runtime/tokenizer.h"
@@ -31,6 +34,34 @@
 namespace glm5::launcher {
 
 using json = nlohmann::json;
+
+namespace {
+
+// The communicators that move device memory (host backends need none: MPI moves their memory).
+// comm: nccl gives NCCL communicators over the world (hidden states between stages) and over the
+// stage (MoE payloads), bootstrapped over MPI and ordered on the backend's stream; with backend
+// cpu-devicelike its stand-in. comm: mpi stages device memory through the host around MPI.
+void make_payload_comms(Job& job, int device) {
+  kernels::Backend& be = *job.backend;
+  if (be.host_memory()) return;
+  if (job.cluster.comm != "nccl") {
+    job.hidden = parallel::make_staged_comm(*job.world, be);
+    job.moe_payload = parallel::make_staged_comm(*job.stage_comm, be);
+  } else if (job.cluster.backend == "cpu-devicelike") {
+    job.hidden = parallel::make_device_like_comm(*job.world);
+    job.moe_payload = parallel::make_device_like_comm(*job.stage_comm);
+  } else {
+#ifdef GLM5_HAVE_CUDA
+    job.hidden = parallel::make_nccl_comm(*job.world, device, be.stream());
+    job.moe_payload = parallel::make_nccl_comm(*job.stage_comm, device, be.stream());
+#else
+    (void)device;
+    GLM5_FAIL("cluster config ", job.cluster.source, ": comm nccl needs a build with CUDA and NCCL");
+#endif
+  }
+}
+
+}  // namespace
 
 std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& cluster_file,
                               std::unique_ptr<parallel::Comm> world, bool progress) {
@@ -44,19 +75,19 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
 
   CHECK(job->cluster.backend != "cuda" || job->cluster.kv_budget_gb > 0, "cluster config ", job->cluster.source,
         ": backend cuda needs kv_budget_gb (the paged KV pool is allocated in device memory up front)");
-  job->backend = job->cluster.backend == "cuda" ? kernels::make_cuda_backend(cuda_device_for_this_rank())
-                                                : kernels::make_cpu_backend();
+  const int device = job->cluster.backend == "cuda" ? cuda_device_for_this_rank() : -1;
+  job->backend = job->cluster.backend == "cuda"             ? kernels::make_cuda_backend(device)
+                 : job->cluster.backend == "cpu-devicelike" ? kernels::make_device_like_backend()
+                                                            : kernels::make_cpu_backend();
   job->checkpoint = std::make_unique<runtime::Checkpoint>(model_dir);
   if (rank == 0) runtime::check_checkpoint(*job->checkpoint, job->config);
   parallel::set_watchdog_seconds(0);  // armed by start_watchdog once every rank is ready
   job->stage_comm = job->world->split(stage, column);
-  if (rank == 0 && job->cluster.comm == "nccl" && job->world->size() > 1)
-    std::fprintf(stderr, "[glm5] comm: nccl: the engine's MoE and pipeline traffic is staged through "
-                         "host memory over MPI in this version\n");
+  make_payload_comms(*job, device);
 
   const runtime::ModelShard shard = rank_shard(job->cluster, job->stages, rank);
   job->model = std::make_unique<runtime::Model>(job->config, *job->checkpoint, *job->backend, shard,
-                                                *job->stage_comm);
+                                                *job->stage_comm, job->moe_payload.get());
   runtime::EngineOptions opt;
   opt.micro_batches = job->cluster.micro_batches;
   opt.max_batch = job->cluster.max_batch;
@@ -67,7 +98,8 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   opt.kv_dtype = job->cluster.kv_dtype == "bf16" ? DType::BF16 : DType::F32;
   for (const auto& range : job->stages) opt.kv_layers = std::max(opt.kv_layers, range.size());
   opt.progress = progress;
-  job->engine = std::make_unique<runtime::Engine>(*job->model, *job->world, *job->stage_comm, grid, opt);
+  job->engine = std::make_unique<runtime::Engine>(*job->model, *job->world, *job->stage_comm, grid, opt,
+                                                  job->hidden.get());
   return job;
 }
 

@@ -21,6 +21,9 @@ struct Job {
   ClusterConfig cluster;
   runtime::ModelConfig config;
   std::unique_ptr<parallel::Comm> world, stage_comm;
+  // Device backends: the stage's MoE payload and the hidden states between stages go over these
+  // (NCCL, the device-like stand-in, or staging over MPI); null for host backends.
+  std::unique_ptr<parallel::Comm> moe_payload, hidden;
   std::unique_ptr<kernels::Backend> backend;
   std::unique_ptr<runtime::Checkpoint> checkpoint;
   std::unique_ptr<runtime::Model> model;

@@ -48,6 +48,14 @@ class Comm {
   virtual std::unique_ptr<Comm> split(int color, int key) = 0;
   // Ends the whole job (all ranks of the world) after a fatal error on this rank; never returns.
   [[noreturn]] virtual void abort(int code) = 0;
+
+  // How its bytes travel (the run report): "mpi", "self", "nccl", "mpi-staged" (device buffers
+  // copied through host memory around MPI), "device-like" (the device-like test backend's NCCL).
+  virtual const char* transport() const { return "mpi"; }
+  // Buffers are device memory of the rank's backend (NCCL and its stand-ins), not host memory.
+  virtual bool device_buffers() const { return false; }
+  // Bytes copied between device and host memory to move this communicator's payloads (staging).
+  virtual uint64_t staged_bytes() const { return 0; }
 };
 
 // Header-inline so that the CUDA plugin (which implements Comm) needs no symbol from this library.

@@ -38,10 +38,39 @@ void copy_rows(float* dst, const float* src, int64_t d) {
 
 MoeExchange::MoeExchange(Comm& stage_comm) : comm_(stage_comm) {}
 
-void MoeExchange::exchange(const void* send, const std::vector<int64_t>& send_rows,
+MoeExchange::MoeExchange(Comm& stage_comm, kernels::Backend& backend, Comm& payload_comm)
+    : comm_(stage_comm), payload_comm_(&payload_comm), be_(&backend), device_(true) {
+  CHECK(!backend.host_memory(), "MoeExchange: backend ", backend.name(),
+        " has host memory; use the host exchange");
+  CHECK(payload_comm.device_buffers() && payload_comm.size() == stage_comm.size() &&
+            payload_comm.rank() == stage_comm.rank(),
+        "MoeExchange: the payload communicator (", payload_comm.transport(),
+        ") must take device buffers and have the stage's ranks in the same order");
+  for (DeviceScratch* b : {&dev_index_, &dev_wire_, &dev_table_, &dev_results_, &dev_back_}) b->be = &backend;
+}
+
+MoeExchange::~MoeExchange() = default;
+
+void* MoeExchange::DeviceScratch::reserve(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 1);
+  if (bytes > cap) {
+    be->free(p);
+    p = nullptr;
+    cap = 0;
+    p = be->alloc(bytes);
+    cap = bytes;
+  }
+  return p;
+}
+
+MoeExchange::DeviceScratch::~DeviceScratch() {
+  if (be && p) be->free(p);
+}
+
+void MoeExchange::exchange(Comm& comm, const void* send, const std::vector<int64_t>& send_rows,
                            size_t row_bytes, void* recv, const std::vector<int64_t>& recv_rows,
                            bool include_self) {
-  const int p = comm_.size(), me = comm_.rank();
+  const int p = comm.size(), me = comm.rank();
   sb_.resize(p);
   so_.resize(p);
   rb_.resize(p);
@@ -58,7 +87,7 @@ void MoeExchange::exchange(const void* send, const std::vector<int64_t>& send_ro
     roff += rb;
     if (r != me) bytes_sent_ += sb;
   }
-  comm_.all_to_all_v(send, sb_.data(), so_.data(), recv, rb_.data(), ro_.data());
+  comm.all_to_all_v(send, sb_.data(), so_.data(), recv, rb_.data(), ro_.data());
 }
 
 void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
@@ -123,7 +152,7 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
       hdr_send_[r * kHeaderWords + 3] = error.empty() ? 0 : 1;
     }
     std::vector<int64_t> ones(p, 1);
-    exchange(hdr_send_.data(), ones, sizeof(Header), hdr_recv_.data(), ones, true);
+    exchange(comm_, hdr_send_.data(), ones, sizeof(Header), hdr_recv_.data(), ones, true);
     if (!error.empty()) GLM5_FAIL(error);
     for (int r = 0; r < p; ++r) {
       const int64_t* h = &hdr_recv_[r * kHeaderWords];
@@ -171,61 +200,15 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
     }
   }
 
-  // 3. Block sizes in rows: a peer's block is its token rows then its entries; this rank's own
-  //    block in the table is just its tokens (its entries are known here).
-  send_block_rows_.assign(p, 0);
-  recv_block_rows_.assign(p, 0);
-  block_first_.assign(p, 0);
-  int64_t rows = 0;
-  for (int r = 0; r < p; ++r) {
-    if (r != me) send_block_rows_[r] = send_toks_[r] + entry_rows(send_slots_[r], d);
-    recv_block_rows_[r] = r == me ? recv_toks[r] : recv_toks[r] + entry_rows(recv_slots_[r], d);
-    block_first_[r] = rows;
-    rows += recv_block_rows_[r];
-  }
   recv_first_.assign(p + 1, 0);
   for (int r = 0; r < p; ++r) recv_first_[r + 1] = recv_first_[r] + recv_slots_[r];
   n_recv_ = recv_first_[p];
   n_ret_ = p > 1 ? n_send : 0;
-  CHECK(rows < (int64_t(1) << 31) && n_recv_ + n_ret_ < (int64_t(1) << 31), "MoE dispatch on rank ",
-        me, ": ", rows, " table rows and ", n_recv_ + n_ret_,
-        " result rows, more than int32 row indices can address");
 
-  // 4. Pack and exchange, or on one rank use x itself as the table.
-  const size_t row_bytes = size_t(d) * sizeof(float);
-  if (p == 1) {
-    table_ = x;
-    table_rows_ = m;
-  } else {
-    int64_t send_total = 0;
-    for (int r = 0; r < p; ++r) send_total += send_block_rows_[r];
-    float* wire = send_wire_.reserve(size_t(std::max<int64_t>(send_total, 1) * d));
-    float* table = recv_wire_.reserve(size_t(std::max<int64_t>(rows, 1) * d));
-    int64_t off = 0;
-    for (int r = 0; r < p; ++r) {
-      if (r == me) continue;
-      float* block = wire + off * d;
-      const int32_t* toks = send_tok_.data() + send_tok_first_[r];
-      const int64_t n_tok = send_toks_[r];
-#pragma omp parallel for schedule(static) if (n_tok * d >= kParallelCopy)
-      for (int64_t u = 0; u < n_tok; ++u) copy_rows(block + u * d, x + int64_t(toks[u]) * d, d);
-      char* entries = reinterpret_cast<char*>(block + n_tok * d);
-      const size_t entry_bytes = size_t(send_slots_[r]) * 2 * sizeof(int32_t);
-      if (entry_bytes) std::memcpy(entries, send_entry_.data() + 2 * send_first_[r], entry_bytes);
-      std::memset(entries + entry_bytes, 0,
-                  size_t(entry_rows(send_slots_[r], d)) * row_bytes - entry_bytes);
-      off += send_block_rows_[r];
-    }
-    exchange(wire, send_block_rows_, row_bytes, table, recv_block_rows_);
-    // This rank's own tokens go into its block of the table.
-    const int32_t* toks = send_tok_.data() + send_tok_first_[me];
-    const int64_t n_tok = send_toks_[me];
-    float* own = table + block_first_[me] * d;
-#pragma omp parallel for schedule(static) if (n_tok * d >= kParallelCopy)
-    for (int64_t u = 0; u < n_tok; ++u) copy_rows(own + u * d, x + int64_t(toks[u]) * d, d);
-    table_ = table;
-    table_rows_ = rows;
-  }
+  // 3-4. The rows (and, on the host path, the entries with them) to the table; on one rank x
+  //      itself is the table.
+  if (device_) move_rows_device(x, recv_toks);
+  else move_rows_host(x, recv_toks);
 
   // 5. Arrival order is source-major, slot order within a source; a stable sort by tag gives
   //    (tag, source, slot).
@@ -242,8 +225,11 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
       }
     } else {
       int32_t e[2];
+      // Host path: the entries follow the block's token rows in the table; device path: they
+      // came over the host comm on their own.
       const char* entries =
-          reinterpret_cast<const char*>(table_ + (block_first_[r] + recv_toks[r]) * d);
+          device_ ? reinterpret_cast<const char*>(recv_entry_.data() + 2 * k0)
+                  : reinterpret_cast<const char*>(table_ + (block_first_[r] + recv_toks[r]) * d);
       for (int64_t k = 0; k < n; ++k) {
         std::memcpy(e, entries + size_t(k) * sizeof(e), sizeof(e));
         CHECK(e[0] >= 0 && e[0] < recv_toks[r], "MoE dispatch on rank ", me, ": slot entry ", k,
@@ -277,8 +263,144 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
     for (int64_t g = send_first_[r]; g < send_first_[r + 1]; ++g)
       slot_row_[send_slot_[g]] =
           int32_t(r == me ? sorted_pos[recv_first_[me] + g - send_first_[me]] : n_recv_ + g);
-  results_.reserve(size_t(std::max<int64_t>(n_recv_ + n_ret_, 1) * d));
+  if (device_) {
+    dev_results_.reserve(size_t(std::max<int64_t>(n_recv_ + n_ret_, 1) * d) * sizeof(float));
+    upload_indices();
+  } else {
+    results_.reserve(size_t(std::max<int64_t>(n_recv_ + n_ret_, 1) * d));
+  }
   dispatched_ = true;
+}
+
+// Host payload: one block per peer holds its token rows, then its (row, tag) entries padded to
+// whole rows; this rank's own tokens are copied into its own block of the table.
+void MoeExchange::move_rows_host(const float* x, const std::vector<int64_t>& recv_toks) {
+  const int p = comm_.size(), me = comm_.rank();
+  const int64_t d = d_;
+  send_block_rows_.assign(p, 0);
+  recv_block_rows_.assign(p, 0);
+  block_first_.assign(p, 0);
+  int64_t rows = 0;
+  for (int r = 0; r < p; ++r) {
+    if (r != me) send_block_rows_[r] = send_toks_[r] + entry_rows(send_slots_[r], d);
+    recv_block_rows_[r] = r == me ? recv_toks[r] : recv_toks[r] + entry_rows(recv_slots_[r], d);
+    block_first_[r] = rows;
+    rows += recv_block_rows_[r];
+  }
+  CHECK(rows < (int64_t(1) << 31) && n_recv_ + n_ret_ < (int64_t(1) << 31), "MoE dispatch on rank ",
+        me, ": ", rows, " table rows and ", n_recv_ + n_ret_,
+        " result rows, more than int32 row indices can address");
+  if (p == 1) {
+    table_ = x;
+    table_rows_ = m_;
+    return;
+  }
+  const size_t row_bytes = size_t(d) * sizeof(float);
+  int64_t send_total = 0;
+  for (int r = 0; r < p; ++r) send_total += send_block_rows_[r];
+  float* wire = send_wire_.reserve(size_t(std::max<int64_t>(send_total, 1) * d));
+  float* table = recv_wire_.reserve(size_t(std::max<int64_t>(rows, 1) * d));
+  int64_t off = 0;
+  for (int r = 0; r < p; ++r) {
+    if (r == me) continue;
+    float* block = wire + off * d;
+    const int32_t* toks = send_tok_.data() + send_tok_first_[r];
+    const int64_t n_tok = send_toks_[r];
+#pragma omp parallel for schedule(static) if (n_tok * d >= kParallelCopy)
+    for (int64_t u = 0; u < n_tok; ++u) copy_rows(block + u * d, x + int64_t(toks[u]) * d, d);
+    payload_bytes_sent_ += uint64_t(n_tok) * row_bytes;
+    char* entries = reinterpret_cast<char*>(block + n_tok * d);
+    const size_t entry_bytes = size_t(send_slots_[r]) * 2 * sizeof(int32_t);
+    if (entry_bytes) std::memcpy(entries, send_entry_.data() + 2 * send_first_[r], entry_bytes);
+    std::memset(entries + entry_bytes, 0, size_t(entry_rows(send_slots_[r], d)) * row_bytes - entry_bytes);
+    off += send_block_rows_[r];
+  }
+  exchange(comm_, wire, send_block_rows_, row_bytes, table, recv_block_rows_);
+  const int32_t* toks = send_tok_.data() + send_tok_first_[me];
+  const int64_t n_tok = send_toks_[me];
+  float* own = table + block_first_[me] * d;
+#pragma omp parallel for schedule(static) if (n_tok * d >= kParallelCopy)
+  for (int64_t u = 0; u < n_tok; ++u) copy_rows(own + u * d, x + int64_t(toks[u]) * d, d);
+  table_ = table;
+  table_rows_ = rows;
+}
+
+// Device payload: the entries go over the host comm; the rows are gathered into a send wire and
+// into this rank's own block of the table by the backend and moved by the payload comm.
+void MoeExchange::move_rows_device(const float* x, const std::vector<int64_t>& recv_toks) {
+  const int p = comm_.size(), me = comm_.rank();
+  const int64_t d = d_;
+  block_first_.assign(p, 0);
+  recv_block_rows_.assign(p, 0);
+  send_block_rows_.assign(p, 0);
+  int64_t rows = 0;
+  for (int r = 0; r < p; ++r) {
+    recv_block_rows_[r] = recv_toks[r];
+    if (r != me) send_block_rows_[r] = send_toks_[r];
+    block_first_[r] = rows;
+    rows += recv_toks[r];
+  }
+  CHECK(rows < (int64_t(1) << 31) && n_recv_ + n_ret_ < (int64_t(1) << 31), "MoE dispatch on rank ",
+        me, ": ", rows, " table rows and ", n_recv_ + n_ret_,
+        " result rows, more than int32 row indices can address");
+  if (p == 1) {
+    n_pack_ = n_own_ = 0;
+    table_ = x;
+    table_rows_ = m_;
+    return;
+  }
+  recv_entry_.resize(size_t(2 * n_recv_));
+  exchange(comm_, send_entry_.data(), send_slots_, 2 * sizeof(int32_t), recv_entry_.data(), recv_slots_);
+  // Pack order: peers' tokens in destination order (the wire), then this rank's own.
+  dev_index_host_.clear();
+  for (int r = 0; r < p; ++r)
+    if (r != me)
+      dev_index_host_.insert(dev_index_host_.end(), send_tok_.begin() + send_tok_first_[r],
+                             send_tok_.begin() + send_tok_first_[r + 1]);
+  n_pack_ = int64_t(dev_index_host_.size());
+  dev_index_host_.insert(dev_index_host_.end(), send_tok_.begin() + send_tok_first_[me],
+                         send_tok_.begin() + send_tok_first_[me + 1]);
+  n_own_ = int64_t(dev_index_host_.size()) - n_pack_;
+  const int32_t* idx = static_cast<const int32_t*>(
+      dev_index_.reserve(dev_index_host_.size() * sizeof(int32_t)));
+  be_->to_device(dev_index_.p, dev_index_host_.data(), dev_index_host_.size() * sizeof(int32_t));
+  float* wire = static_cast<float*>(dev_wire_.reserve(size_t(std::max<int64_t>(n_pack_, 1) * d) * sizeof(float)));
+  float* table = static_cast<float*>(dev_table_.reserve(size_t(std::max<int64_t>(rows, 1) * d) * sizeof(float)));
+  if (n_pack_) be_->gather_rows({x, idx, n_pack_, d, wire});
+  if (n_own_) be_->gather_rows({x, idx + n_pack_, n_own_, d, table + block_first_[me] * d});
+  const uint64_t before = bytes_sent_;
+  exchange(*payload_comm_, wire, send_block_rows_, size_t(d) * sizeof(float), table, recv_block_rows_);
+  payload_bytes_sent_ += bytes_sent_ - before;
+  table_ = table;
+  table_rows_ = rows;
+}
+
+// The index arrays the backend's kernels read, in one transfer: recv_row and slot_row (the
+// caller's gather and combine), and for combine the result row of each arrival slot that goes
+// back to another rank, in arrival order.
+void MoeExchange::upload_indices() {
+  const int p = comm_.size(), me = comm_.rank();
+  std::vector<int32_t>& h = dev_index_host_;
+  const size_t base = size_t(n_pack_ + n_own_);
+  h.resize(base);
+  h.insert(h.end(), recv_row_.begin(), recv_row_.end());
+  h.insert(h.end(), slot_row_.begin(), slot_row_.end());
+  std::vector<int32_t> back(size_t(n_recv_), -1);
+  for (int64_t i = 0; i < n_recv_; ++i) back[size_t(order_[i])] = int32_t(i);
+  n_back_ = 0;
+  if (p > 1)
+    for (int r = 0; r < p; ++r)
+      if (r != me)
+        for (int64_t k = recv_first_[r]; k < recv_first_[r + 1]; ++k, ++n_back_) h.push_back(back[size_t(k)]);
+  int32_t* dev = static_cast<int32_t*>(dev_index_.reserve(h.size() * sizeof(int32_t)));
+  // The pack indices of this dispatch were already used from the front of dev_index_ (a
+  // reserve() that grows drops them: they are sent again with the rest, harmlessly).
+  be_->to_device(dev, h.data(), h.size() * sizeof(int32_t));
+  dev_pack_ = dev;
+  dev_own_ = dev + n_pack_;
+  dev_recv_row_ = dev + base;
+  dev_slot_row_ = dev_recv_row_ + n_recv_;
+  dev_back_idx_ = dev_slot_row_ + m_ * top_k_;
 }
 
 void MoeExchange::combine() {
@@ -287,14 +409,26 @@ void MoeExchange::combine() {
   const int p = comm_.size(), me = comm_.rank();
   if (p == 1) return;  // every result is already where slot_row() points
   const int64_t d = d_;
-  // Results for other ranks go back to arrival order (each source's slots, in its slot order).
-  float* back = back_.reserve(size_t(std::max<int64_t>(n_recv_, 1) * d));
-  const float* res = results_.data();
+  const size_t row_bytes = size_t(d) * sizeof(float);
+  const uint64_t before = bytes_sent_;
+  if (device_) {
+    // Results for other ranks, gathered into arrival order without this rank's own source.
+    std::vector<int64_t> back_rows(recv_slots_);
+    back_rows[me] = 0;
+    float* back = static_cast<float*>(dev_back_.reserve(size_t(std::max<int64_t>(n_back_, 1)) * row_bytes));
+    float* res = dev_results_.as<float>();
+    if (n_back_) be_->gather_rows({res, dev_back_idx_, n_back_, d, back});
+    exchange(*payload_comm_, back, back_rows, row_bytes, res + n_recv_ * d, send_slots_);
+  } else {
+    // Results for other ranks go back to arrival order (each source's slots, in its slot order).
+    float* back = back_.reserve(size_t(std::max<int64_t>(n_recv_, 1) * d));
+    const float* res = results_.data();
 #pragma omp parallel for schedule(static) if (n_recv_ * d >= kParallelCopy)
-  for (int64_t i = 0; i < n_recv_; ++i)
-    if (recv_src_[i] != me) copy_rows(back + order_[i] * d, res + i * d, d);
-  exchange(back, recv_slots_, size_t(d) * sizeof(float), results_.data() + n_recv_ * d,
-           send_slots_);
+    for (int64_t i = 0; i < n_recv_; ++i)
+      if (recv_src_[i] != me) copy_rows(back + order_[i] * d, res + i * d, d);
+    exchange(comm_, back, recv_slots_, row_bytes, results_.data() + n_recv_ * d, send_slots_);
+  }
+  payload_bytes_sent_ += bytes_sent_ - before;
 }
 
 }  // namespace glm5::parallel

@@ -5,7 +5,15 @@
 // sums are bitwise layout-invariant. combine() returns each slot's result to its source.
 // Nothing is copied into expert order here: slots point at rows by index (the caller gathers
 // them for its GEMMs, as a fused-MoE kernel would) and the caller's weighted sum reads the
-// results by index. Host memory only (f32 rows); weighting and summing over slots is the caller's.
+// results by index. Weighting and summing over slots is the caller's.
+//
+// Plan and payload: the plan (per-destination counts, each slot's (row, tag) entry, the receive
+// order, where results land) is built on the host from the expert choices and travels as small
+// messages over the stage's host communicator. The payload (token rows out, results back) is
+// either host memory moved with the plan (host backends: one message per peer carries a block's
+// rows and entries) or, for a device backend, device memory packed and unpacked by the backend's
+// gather_rows and moved by a device communicator (NCCL, or staging through the host); then no
+// payload byte passes through this class's host memory.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +22,7 @@
 #include <new>
 #include <vector>
 
+#include "ops.h"
 #include "parallel/comm.h"
 
 namespace glm5::parallel {
@@ -44,9 +53,13 @@ class MoeExchange {
  public:
   // stage_comm: the ranks that own the experts (one stage's columns); it must outlive this object.
   explicit MoeExchange(Comm& stage_comm);
+  // Payload in `backend`'s memory (host_memory() false), moved over `payload_comm` (the same ranks
+  // as stage_comm, in the same order, device_buffers() true). Both must outlive this object.
+  MoeExchange(Comm& stage_comm, kernels::Backend& backend, Comm& payload_comm);
+  ~MoeExchange();
 
   // Collective over stage_comm: every rank calls it, with m = 0 when it has no tokens.
-  //   x         [m, d] f32, one row per token (d must be equal on all ranks); on a one-rank comm
+  //   x         [m, d] f32 in payload memory, one row per token (d equal on all ranks); on a one-rank comm
   //             recv_table() is x itself, so x must then stay valid while the table is read
   //   dest_rank [m * top_k]: rank (in stage_comm) that gets slot t*top_k + j, or -1 = not sent
   //   tag       [m * top_k]: ordering key at the receiver, e.g. the local expert id
@@ -62,33 +75,53 @@ class MoeExchange {
   const int32_t* recv_src() const { return recv_src_.data(); }  // [recv_count] source rank
   // Slot i's row is recv_table() + recv_row()[i] * d: each token arrives once per source however
   // many of its slots came (the table also holds this rank's own tokens for its local slots).
+  // The table, results() and result_rows() are payload memory; recv_row() and slot_row() are
+  // host arrays, and *_payload() the same arrays in payload memory (for the backend's kernels).
   const float* recv_table() const { return table_; }            // [recv_table_rows, d]
   int64_t recv_table_rows() const { return table_rows_; }
   const int32_t* recv_row() const { return recv_row_.data(); }  // [recv_count]
+  const int32_t* recv_row_payload() const { return device_ ? dev_recv_row_ : recv_row_.data(); }
   const float* recv_row_data(int64_t i) const { return table_ + int64_t(recv_row_[i]) * d_; }
 
-  // After dispatch: [recv_count, d] host rows where the caller writes the result for slot i;
-  // then combine() (collective) sends them back. May be called again after the same dispatch.
-  float* results() { return results_.data(); }
+  // After dispatch: [recv_count, d] rows where the caller writes the result for slot i; then
+  // combine() (collective) sends them back. May be called again after the same dispatch.
+  float* results() { return device_ ? dev_results_.as<float>() : results_.data(); }
   void combine();
   // After combine: the result for the caller's slot s = t*top_k + j is row slot_row()[s] of
   // result_rows(), or -1 when its dest_rank was -1 (the layout of ops.h's MoeCombineParams).
-  const float* result_rows() const { return results_.data(); }  // [result_row_count, d]
+  const float* result_rows() const { return device_ ? dev_results_.as<float>() : results_.data(); }
   int64_t result_row_count() const { return n_recv_ + n_ret_; }
   const int32_t* slot_row() const { return slot_row_.data(); }  // [m * top_k]
+  const int32_t* slot_row_payload() const { return device_ ? dev_slot_row_ : slot_row_.data(); }
 
   int64_t d() const { return d_; }
   int64_t m() const { return m_; }
   int64_t top_k() const { return top_k_; }
   // Cumulative bytes this rank handed to other ranks (count headers, rows, slot entries and
-  // results); rows kept on this rank are not counted.
+  // results); rows kept on this rank are not counted. payload_bytes_sent(): rows and results only.
   uint64_t bytes_sent() const { return bytes_sent_; }
+  uint64_t payload_bytes_sent() const { return payload_bytes_sent_; }
 
  private:
-  void exchange(const void* send, const std::vector<int64_t>& send_rows, size_t row_bytes,
+  // Grow-only scratch in the backend's memory.
+  struct DeviceScratch {
+    kernels::Backend* be = nullptr;
+    void* p = nullptr;
+    size_t cap = 0;
+    void* reserve(size_t bytes);
+    template <class T> T* as() const { return static_cast<T*>(p); }
+    ~DeviceScratch();
+  };
+  void exchange(Comm& comm, const void* send, const std::vector<int64_t>& send_rows, size_t row_bytes,
                 void* recv, const std::vector<int64_t>& recv_rows, bool include_self = false);
+  void move_rows_host(const float* x, const std::vector<int64_t>& recv_toks);
+  void move_rows_device(const float* x, const std::vector<int64_t>& recv_toks);
+  void upload_indices();
 
   Comm& comm_;
+  Comm* payload_comm_ = nullptr;
+  kernels::Backend* be_ = nullptr;
+  bool device_ = false;
   bool dispatched_ = false;
   int64_t m_ = 0, d_ = 0, top_k_ = 0;
   uint64_t bytes_sent_ = 0;
@@ -122,6 +155,17 @@ class MoeExchange {
   // destination (this rank's own block unused)]; back_ = results for other ranks in arrival order.
   Scratch<float> results_, back_;
   std::vector<int32_t> slot_row_;
+  uint64_t payload_bytes_sent_ = 0;
+  // Device payload: slot entries arrive over the host comm; token rows are packed from x by
+  // index (pack_: peers' tokens in destination order, then own_: this rank's) and results go
+  // back by index (back_: result row of each returned arrival slot, own source left out). The
+  // index arrays go to the backend in one transfer: [pack | own | recv_row | slot_row | back].
+  std::vector<int32_t> recv_entry_;  // [n_recv * 2] (row, tag) per arrival slot
+  std::vector<int32_t> dev_index_host_;
+  int64_t n_pack_ = 0, n_own_ = 0, n_back_ = 0;
+  DeviceScratch dev_index_, dev_wire_, dev_table_, dev_results_, dev_back_;
+  const int32_t *dev_pack_ = nullptr, *dev_own_ = nullptr, *dev_recv_row_ = nullptr,
+                *dev_slot_row_ = nullptr, *dev_back_idx_ = nullptr;
   // all_to_all_v scratch.
   std::vector<int64_t> hdr_send_, hdr_recv_;
   std::vector<size_t> sb_, so_, rb_, ro_;

@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "cpu/device_like.h"
+
 namespace glm5::parallel {
 
 namespace {
@@ -287,6 +289,7 @@ double watchdog_seconds() { return g_watchdog_s; }
 void MpiComm::send(const void* buf, size_t bytes, int dst, int tag) { isend(buf, bytes, dst, tag)->wait(); }
 
 std::unique_ptr<PendingSend> MpiComm::isend(const void* buf, size_t bytes, int dst, int tag) {
+  kernels::check_host_pointer(buf, bytes, "MPI send");
   check_peer(dst, "send");
   check_tag(tag, "send");
   const char* p = static_cast<const char*>(buf);
@@ -303,6 +306,7 @@ std::unique_ptr<PendingSend> MpiComm::isend(const void* buf, size_t bytes, int d
 }
 
 void MpiComm::recv(void* buf, size_t bytes, int src, int tag) {
+  kernels::check_host_pointer(buf, bytes, "MPI recv");
   check_peer(src, "recv");
   check_tag(tag, "recv");
   char* p = static_cast<char*>(buf);
@@ -331,6 +335,10 @@ void MpiComm::all_to_all_v(const void* send, const size_t* send_bytes, const siz
                            void* recv, const size_t* recv_bytes, const size_t* recv_offsets) {
   CHECK(send_bytes[rank_] == recv_bytes[rank_], "all_to_all_v: rank ", rank_, " sends ",
         send_bytes[rank_], " bytes to itself but expects ", recv_bytes[rank_]);
+  for (int r = 0; r < size_; ++r) {
+    kernels::check_host_pointer(static_cast<const char*>(send) + send_offsets[r], send_bytes[r], "MPI all_to_all_v");
+    kernels::check_host_pointer(static_cast<char*>(recv) + recv_offsets[r], recv_bytes[r], "MPI all_to_all_v");
+  }
   const size_t limit = g_message_limit;
   counts_.resize(size_);
   displs_.resize(size_);
@@ -383,6 +391,8 @@ void MpiComm::all_to_all_v(const void* send, const size_t* send_bytes, const siz
 
 void MpiComm::all_gather(const void* send, size_t bytes, void* recv) {
   if (bytes == 0) return;  // bytes agree on all ranks
+  kernels::check_host_pointer(send, bytes, "MPI all_gather");
+  kernels::check_host_pointer(recv, bytes * size_t(size_), "MPI all_gather");
   char* out = static_cast<char*>(recv);
   char* mine = out + size_t(rank_) * bytes;
   if (bytes * size_t(size_) <= g_message_limit) {
@@ -398,6 +408,7 @@ void MpiComm::all_gather(const void* send, size_t bytes, void* recv) {
 
 void MpiComm::all_reduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op) {
   const size_t es = type_bytes(dtype);
+  kernels::check_host_pointer(buf, count * es, "MPI all_reduce");
   const size_t chunk = std::max<size_t>(1, g_message_limit / es);
   char* p = static_cast<char*>(buf);
   for (size_t off = 0; off < count; off += chunk) {
@@ -410,6 +421,7 @@ void MpiComm::all_reduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op
 }
 
 void MpiComm::broadcast(void* buf, size_t bytes, int root) {
+  kernels::check_host_pointer(buf, bytes, "MPI broadcast");
   check_peer(root, "broadcast");
   char* p = static_cast<char*>(buf);
   const size_t limit = g_message_limit;

@@ -1,8 +1,14 @@
-// NcclComm: Comm on device buffers through NCCL (make_nccl_comm in nccl_comm.h).
-// Ordering: a call first waits for all work already queued on the device (any backend stream),
-// runs NCCL on its own stream, and polls that stream to completion while watching NCCL's async
-// error state, so a failed peer ends in an exception (or abort) rather than a silent hang.
-// Not here: overlapping communication with compute (needs a stream-aware interface).
+// NcclComm: Comm on device buffers through NCCL (make_nccl_comm in nccl_comm.h). NCCL runs on the
+// communicator's own stream, in one of two orderings:
+// - Blocking (no work stream given): a call first waits for all work already queued on the device
+//   (any stream), then polls its stream to completion while watching NCCL's async error state, so
+//   a failed peer ends in an exception rather than a silent hang. Every call is complete on return.
+// - Stream-ordered (a work stream given, the backend's): a call makes its stream wait for the work
+//   queued so far (an event), enqueues NCCL, and makes the work stream wait for it (another
+//   event); nothing blocks the host, so the host can queue the next layer meanwhile. isend returns
+//   a PendingSend that queries an event, and the work stream does not wait for sends (the sender
+//   frees its buffer only once done()). Async errors are checked at every call's start; a peer
+//   that is gone for good is left to mpirun, which ends the whole job when a rank dies.
 // Compiled into the CUDA plugin (kernels/cuda_plugin.h); parallel/nccl_loader.cpp calls it.
 #include <cuda_runtime.h>
 #include <mpi.h>
@@ -73,12 +79,17 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 
 class NcclComm final : public Comm {
  public:
-  NcclComm(ncclComm_t comm, int device, Comm* host) : comm_(comm), device_(device), host_(host) {
+  NcclComm(ncclComm_t comm, int device, Comm* host, cudaStream_t work)
+      : comm_(comm), device_(device), host_(host), work_(work) {
     NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
     NCCL_CHECK(ncclCommCount(comm_, &size_));
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaMalloc(&token_, sizeof(int)));
+    if (work_) {
+      CUDA_CHECK(cudaEventCreateWithFlags(&work_done_, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
+    }
   }
 
   ~NcclComm() override {
@@ -89,9 +100,15 @@ class NcclComm final : public Comm {
       else
         ncclCommDestroy(comm_);
     }
+    if (stream_) cudaStreamSynchronize(stream_);
     cudaFree(token_);
+    if (work_done_) cudaEventDestroy(work_done_);
+    if (comm_done_) cudaEventDestroy(comm_done_);
     if (stream_) cudaStreamDestroy(stream_);
   }
+
+  const char* transport() const override { return "nccl"; }
+  bool device_buffers() const override { return true; }
 
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -113,6 +130,41 @@ class NcclComm final : public Comm {
     begin();
     if (bytes) NCCL_CHECK(ncclRecv(buf, bytes, ncclUint8, src, comm_, stream_));
     finish("recv");
+  }
+
+  // Stream-ordered: the send is queued behind the work so far and done() once an event after it
+  // has passed; blocking: the plain send (complete on return).
+  std::unique_ptr<PendingSend> isend(const void* buf, size_t bytes, int dst, int tag) override {
+    if (!work_) return Comm::isend(buf, bytes, dst, tag);
+    check_peer(dst, "send", tag);
+    begin();
+    if (bytes) NCCL_CHECK(ncclSend(buf, bytes, ncclUint8, dst, comm_, stream_));
+    struct Pending final : PendingSend {
+      cudaEvent_t ev = nullptr;
+      int device = 0;
+      ~Pending() override {
+        if (!ev) return;
+        cudaSetDevice(device);
+        cudaEventSynchronize(ev);
+        cudaEventDestroy(ev);
+      }
+      bool done() override {
+        cudaSetDevice(device);
+        const cudaError_t e = cudaEventQuery(ev);
+        if (e == cudaErrorNotReady) return false;
+        CUDA_CHECK(e);
+        return true;
+      }
+      void wait() override {
+        cudaSetDevice(device);
+        CUDA_CHECK(cudaEventSynchronize(ev));
+      }
+    };
+    auto p = std::make_unique<Pending>();
+    p->device = device_;
+    CUDA_CHECK(cudaEventCreateWithFlags(&p->ev, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(p->ev, stream_));
+    return p;
   }
 
   // One NCCL group of point-to-point transfers (zero-byte pairs skipped on both sides, which the
@@ -173,7 +225,7 @@ class NcclComm final : public Comm {
     ncclComm_t out = nullptr;
     NCCL_CHECK(ncclCommSplit(comm_, color, key, &out, nullptr));
     CHECK(out, "nccl split: rank ", rank_, " got no communicator for color ", color);
-    return std::make_unique<NcclComm>(out, device_, host_);
+    return std::make_unique<NcclComm>(out, device_, host_, work_);
   }
 
   [[noreturn]] void abort(int code) override {
@@ -192,16 +244,39 @@ class NcclComm final : public Comm {
     CHECK(tag >= 0, "nccl ", what, ": tag ", tag, " < 0");
   }
 
-  // Work already queued on the device (kernels of any stream) produced the buffers we send.
+  // Work already queued (on the work stream, or on any stream when there is none) produced the
+  // buffers we send.
   void begin() {
     CHECK(comm_, "nccl: communicator used after abort on rank ", rank_);
     CUDA_CHECK(cudaSetDevice(device_));
-    CUDA_CHECK(cudaDeviceSynchronize());
+    if (!work_) {
+      CUDA_CHECK(cudaDeviceSynchronize());
+      return;
+    }
+    check_async("an earlier call");
+    CUDA_CHECK(cudaEventRecord(work_done_, work_));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, work_done_, 0));
   }
 
-  // Polls the stream; an NCCL async error (peer gone, network failure) aborts the communicator
-  // and throws here instead of blocking forever.
+  void check_async(const char* what) {
+    ncclResult_t async = ncclSuccess;
+    NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    if (async != ncclSuccess && async != ncclInProgress) {
+      failed_ = true;
+      GLM5_FAIL("nccl ", what, " failed on rank ", rank_, " of ", size_, ": ",
+                ncclGetErrorString(async), " (", ncclGetLastError(comm_), ")");
+    }
+  }
+
+  // Stream-ordered: later work waits for this call on the device. Blocking: polls the stream; an
+  // NCCL async error (peer gone, network failure) aborts the communicator and throws here
+  // instead of blocking forever.
   void finish(const char* what) {
+    if (work_) {
+      CUDA_CHECK(cudaEventRecord(comm_done_, stream_));
+      CUDA_CHECK(cudaStreamWaitEvent(work_, comm_done_, 0));
+      return;
+    }
     for (;;) {
       const cudaError_t e = cudaStreamQuery(stream_);
       if (e == cudaSuccess) return;
@@ -225,13 +300,15 @@ class NcclComm final : public Comm {
   Comm* host_ = nullptr;
   int rank_ = 0, size_ = 1;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t work_ = nullptr;  // the backend's stream (stream-ordered mode), or none
+  cudaEvent_t work_done_ = nullptr, comm_done_ = nullptr;
   int* token_ = nullptr;  // device int for barrier()
   bool failed_ = false;
 };
 
 }  // namespace
 
-std::unique_ptr<Comm> make_nccl_comm_impl(Comm& host_comm, int device) {
+std::unique_ptr<Comm> make_nccl_comm_impl(Comm& host_comm, int device, cudaStream_t work) {
   // Local set-up first, then agree on success over the host comm, so that a rank without a
   // usable GPU makes every rank throw instead of leaving the others in ncclCommInitRank.
   std::string error;
@@ -256,13 +333,14 @@ std::unique_ptr<Comm> make_nccl_comm_impl(Comm& host_comm, int device) {
   host_comm.broadcast(&id, sizeof(id), 0);
   ncclComm_t comm = nullptr;
   NCCL_CHECK(ncclCommInitRank(&comm, host_comm.size(), id, host_comm.rank()));
-  return std::make_unique<NcclComm>(comm, device, &host_comm);
+  return std::make_unique<NcclComm>(comm, device, &host_comm, work);
 }
 
 }  // namespace glm5::parallel
 
 // The plugin's entry point (see nccl_loader.cpp): ownership of the result passes to the caller.
 extern "C" glm5::parallel::Comm* glm5_cuda_make_nccl_comm(glm5::parallel::Comm* host_comm,
-                                                          int device) {
-  return glm5::parallel::make_nccl_comm_impl(*host_comm, device).release();
+                                                          int device, void* work_stream) {
+  return glm5::parallel::make_nccl_comm_impl(*host_comm, device, static_cast<cudaStream_t>(work_stream))
+      .release();
 }

@@ -1,7 +1,10 @@
 // The Comm of parallel/comm.h over NCCL: every buffer is device memory on this rank's GPU (one
-// rank drives one GPU). Bootstrapped over a host Comm (MPI). Every call has completed when it
-// returns, like MpiComm; tags are checked but not matched (NCCL orders messages per peer pair),
-// and no stream appears in the interface. Built only with CUDA + NCCL.
+// rank drives one GPU). Bootstrapped over a host Comm (MPI). Tags are checked but not matched
+// (NCCL orders messages per peer pair). Built only with CUDA + NCCL.
+// Without a work stream every call has completed when it returns, like MpiComm. With one (the
+// backend's, Backend::stream()), calls are ordered with the work queued on it through events and
+// never block the host: a buffer received is ready for the backend's next op, and the host sees
+// it after the backend's next to_host (which waits for the stream).
 #pragma once
 
 #include <memory>
@@ -14,6 +17,6 @@ namespace glm5::parallel {
 // every rank joins with its host_comm rank, on CUDA device `device` (made current). If any rank
 // fails its local set-up, every rank throws (no hang). `host_comm` must outlive the result and
 // every communicator split from it: abort() goes through it.
-std::unique_ptr<Comm> make_nccl_comm(Comm& host_comm, int device);
+std::unique_ptr<Comm> make_nccl_comm(Comm& host_comm, int device, void* work_stream = nullptr);
 
 }  // namespace glm5::parallel

@@ -8,7 +8,7 @@
 
 namespace glm5::parallel {
 
-std::unique_ptr<Comm> make_nccl_comm(Comm& host_comm, int device) {
+std::unique_ptr<Comm> make_nccl_comm(Comm& host_comm, int device, void* work_stream) {
   void* sym = nullptr;
   std::string error;
   try {
@@ -23,8 +23,8 @@ std::unique_ptr<Comm> make_nccl_comm(Comm& host_comm, int device) {
     host_comm.all_reduce(&ok, 1, ReduceDType::I32, ReduceOp::Min);
     throw Error("nccl: rank " + std::to_string(host_comm.rank()) + ": " + error);
   }
-  auto make = reinterpret_cast<Comm* (*)(Comm*, int)>(sym);
-  return std::unique_ptr<Comm>(make(&host_comm, device));
+  auto make = reinterpret_cast<Comm* (*)(Comm*, int, void*)>(sym);
+  return std::unique_ptr<Comm>(make(&host_comm, device, work_stream));
 }
 
 }  // namespace glm5::parallel

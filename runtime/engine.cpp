@@ -24,6 +24,7 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "parallel/device_comm.h"
 #include "runtime/scheduler.h"
 
 namespace glm5::runtime {
@@ -85,13 +86,10 @@ std::vector<char> recv_bytes(parallel::Comm& c, int src, int tag) {
   return b;
 }
 
-// Hidden states between stages travel over the host communicator; device backends stage them.
-void recv_hidden(parallel::Comm& c, kernels::Backend& be, float* h, int64_t n, int src) {
-  if (n == 0) return;
-  if (be.host_memory()) return c.recv(h, size_t(n) * sizeof(float), src, kHidden);
-  std::vector<float> tmp(static_cast<size_t>(n));
-  c.recv(tmp.data(), tmp.size() * sizeof(float), src, kHidden);
-  be.to_device(h, tmp.data(), tmp.size() * sizeof(float));
+// Hidden states between stages travel in the backend's memory over the hidden-state communicator
+// (the world for host backends; NCCL, or a staging communicator, for device ones).
+void recv_hidden(parallel::Comm& c, float* h, int64_t n, int src) {
+  if (n > 0) c.recv(h, size_t(n) * sizeof(float), src, kHidden);
 }
 
 void put_request(Writer& w, const Request& r) {
@@ -199,21 +197,13 @@ class Outbox {
     if (m->size) m->sends.push_back(c.isend(m->bytes.data(), m->bytes.size(), dst, tag));
     push(std::move(m));
   }
-  // n floats at h (no size message: the step before it gives the row count). `release` frees
-  // h once the send is complete; device backends copy to the host first.
+  // n floats at h, in the backend's memory (no size message: the step before it gives the row
+  // count), over the hidden-state communicator; h is freed once the send is complete.
   void send_hidden(parallel::Comm& c, kernels::Backend& be, float* h, int64_t n, int dst) {
     if (n == 0) return be.free(h);
     auto m = std::make_unique<Msg>();
-    const size_t bytes = size_t(n) * sizeof(float);
-    if (be.host_memory()) {
-      m->release = [&be, h] { be.free(h); };
-      m->sends.push_back(c.isend(h, bytes, dst, kHidden));
-    } else {
-      m->floats.resize(size_t(n));
-      be.to_host(m->floats.data(), h, bytes);
-      be.free(h);
-      m->sends.push_back(c.isend(m->floats.data(), bytes, dst, kHidden));
-    }
+    m->release = [&be, h] { be.free(h); };
+    m->sends.push_back(c.isend(h, size_t(n) * sizeof(float), dst, kHidden));
     push(std::move(m));
   }
   // Waits for every send (end of the run). Not while unwinding to the job's abort: waiting could
@@ -234,7 +224,6 @@ class Outbox {
   struct Msg {
     int64_t size = 0;
     std::vector<char> bytes;
-    std::vector<float> floats;
     std::function<void()> release;
     std::vector<std::unique_ptr<parallel::PendingSend>> sends;
     bool done() {
@@ -394,8 +383,20 @@ class ListSource final : public RequestSource {
 }  // namespace
 
 Engine::Engine(Model& model, parallel::Comm& world, parallel::Comm& stage_comm,
-               const parallel::Grid& grid, const EngineOptions& opt)
+               const parallel::Grid& grid, const EngineOptions& opt, parallel::Comm* hidden_comm)
     : model_(model), world_(world), stage_comm_(stage_comm), grid_(grid), opt_(opt) {
+  if (hidden_comm) {
+    CHECK(hidden_comm->size() == world.size() && hidden_comm->rank() == world.rank() &&
+              hidden_comm->device_buffers() == !model.backend().host_memory(),
+          "engine: the hidden-state communicator (", hidden_comm->transport(),
+          ") must have the world's ranks in order and take the backend's memory");
+    hidden_ = hidden_comm;
+  } else if (model.backend().host_memory()) {
+    hidden_ = &world;
+  } else {
+    staged_hidden_ = parallel::make_staged_comm(world, model.backend());
+    hidden_ = staged_hidden_.get();
+  }
   stats_.rank = world.rank();
   stats_.stage = grid.stage_of(world.rank());
   stats_.column = grid.column_of(world.rank());
@@ -688,7 +689,7 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
     std::optional<Profiler::Scope> send(std::in_place, model_.profiler(), "pipeline_send", -1);
     stats_.bytes_sent += sw.b.size() + size_t(m * H) * sizeof(float);
     s.out.send_bytes(world_, next, kStep, std::move(sw.b));
-    s.out.send_hidden(world_, be, h, m * H, next);
+    s.out.send_hidden(*hidden_, be, h, m * H, next);
     send.reset();
     stats_.comm_s += since(ts);
     s.inflight[size_t(g)] = true;
@@ -732,7 +733,7 @@ void Engine::run_later_stage() {
     const int64_t m = step.rows();
     stats_.max_step_rows = std::max(stats_.max_step_rows, m);
     float* h = static_cast<float*>(be.alloc(size_t(std::max<int64_t>(m, 1) * H) * sizeof(float)));
-    recv_hidden(world_, be, h, m * H, prev);
+    recv_hidden(*hidden_, h, m * H, prev);
     span.reset();
     stats_.comm_s += since(t);
     if (trace_)
@@ -752,7 +753,7 @@ void Engine::run_later_stage() {
       Profiler::Scope send(model_.profiler(), "pipeline_send", -1);
       stats_.bytes_sent += msg.size() + size_t(m * H) * sizeof(float);
       out.send_bytes(world_, next, kStep, std::move(msg));
-      out.send_hidden(world_, be, h, m * H, next);
+      out.send_hidden(*hidden_, be, h, m * H, next);
       stats_.comm_s += since(ts);
       continue;
     }

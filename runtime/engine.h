@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -127,9 +128,11 @@ struct EngineStats {
 class Engine {
  public:
   // world: all ranks; stage_comm: the E ranks of this rank's stage (world ranks of a stage
-  // in column order).
+  // in column order). hidden_comm: the world's ranks in order, for the hidden states between
+  // stages in the backend's memory (NCCL or a stand-in for device backends); nullptr: the world
+  // itself for host backends, a communicator staging through host memory for device ones.
   Engine(Model& model, parallel::Comm& world, parallel::Comm& stage_comm, const parallel::Grid& grid,
-         const EngineOptions& opt);
+         const EngineOptions& opt, parallel::Comm* hidden_comm = nullptr);
 
   // Collective over the world. On world rank 0, `source` gives the work (other ranks pass
   // nullptr) and on_result is called for each result as soon as it is final (any order).
@@ -138,6 +141,7 @@ class Engine {
   void run(const std::vector<Request>& requests, const std::function<void(Result&&)>& on_result);
 
   const EngineStats& stats() const { return stats_; }
+  const parallel::Comm& hidden_comm() const { return *hidden_; }
   void set_tokenizer(const Tokenizer* tok) { opt_.tokenizer = tok; }
 
  private:
@@ -150,6 +154,8 @@ class Engine {
   Model& model_;
   parallel::Comm& world_;
   parallel::Comm& stage_comm_;
+  std::unique_ptr<parallel::Comm> staged_hidden_;  // made when a device backend gets no hidden_comm
+  parallel::Comm* hidden_ = nullptr;               // hidden states between stages
   parallel::Grid grid_;
   EngineOptions opt_;
   EngineStats stats_;

@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "cpu/fast_ops.h"
+#include "parallel/device_comm.h"
 #include "parallel/moe_exchange.h"
 #include "runtime/model.h"
 #include "runtime/name_table.h"
@@ -69,8 +70,14 @@ struct Model::Layer {
   Expert shared;                        // shared experts (intermediate moe_inter * n_shared)
 };
 
+// The MoE exchange: on host memory over the stage's communicator, or, for a device backend, the
+// plan over it and the payload over `payload` (a device communicator; by default one that stages
+// through the host, made here).
 struct Model::Exchange {
   explicit Exchange(parallel::Comm& c) : ex(c) {}
+  Exchange(parallel::Comm& c, Backend& be, parallel::Comm* payload)
+      : staged(payload ? nullptr : parallel::make_staged_comm(c, be)), ex(c, be, payload ? *payload : *staged) {}
+  std::unique_ptr<parallel::Comm> staged;
   parallel::MoeExchange ex;
 };
 
@@ -186,7 +193,7 @@ Weight Model::matrix_plain(const std::string& name, int64_t rows, int64_t cols, 
 }
 
 Model::Model(const ModelConfig& cfg, Checkpoint& ckpt, Backend& backend, const ModelShard& shard,
-             parallel::Comm& stage_comm)
+             parallel::Comm& stage_comm, parallel::Comm* payload_comm)
     : cfg_(cfg), ckpt_(ckpt), backend_(backend), shard_(shard), stage_comm_(stage_comm) {
   const int64_t H = cfg.hidden_size, NH = cfg.num_attention_heads;
   const int64_t dn = cfg.qk_nope_head_dim, dr = cfg.qk_rope_head_dim, dv = cfg.v_head_dim;
@@ -259,12 +266,15 @@ Model::Model(const ModelConfig& cfg, Checkpoint& ckpt, Backend& backend, const M
   expert_tokens_.assign(size_t(cfg.n_routed_experts / shard_.expert_parallel), 0);
   for (const auto& L : layers_)
     if (L->moe) router_load_.push_back({L->index, 0, std::vector<int64_t>(size_t(cfg.n_routed_experts), 0)});
-  exchange_ = std::make_unique<Exchange>(stage_comm_);
+  exchange_ = backend_.host_memory() ? std::make_unique<Exchange>(stage_comm_)
+                                     : std::make_unique<Exchange>(stage_comm_, backend_, payload_comm);
 }
 
 Model::~Model() = default;
 
 size_t Model::moe_bytes_sent() const { return exchange_->ex.bytes_sent(); }
+size_t Model::moe_payload_bytes_sent() const { return exchange_->ex.payload_bytes_sent(); }
+const parallel::Comm* Model::moe_payload_comm() const { return exchange_->staged.get(); }
 
 // ---------------------------------------------------------------------------------------------
 // Forward
@@ -575,7 +585,8 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
              cfg_.norm_topk_prob, float(cfg_.routed_scaling_factor), ids, weights});
   if (debug_) debug_("moe_experts", L.index, ids, DType::I32, m, K);
 
-  // Destination rank (column of the stage) and local expert id of every (token, slot).
+  // Destination rank (column of the stage) and local expert id of every (token, slot): the
+  // exchange's plan, built on the host from the expert ids (the only bytes read back here).
   std::vector<int32_t> ids_host(size_t(m * K)), dest(size_t(m * K)), tag(size_t(m * K));
   be.to_host(ids_host.data(), ids, ids_host.size() * sizeof(int32_t));
   count_router_load(L.index, ids_host.data(), m);
@@ -583,66 +594,31 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
     dest[i] = int32_t(ids_host[i] / per);
     tag[i] = int32_t(ids_host[i] % per);
   }
-  // The exchange works on host memory: a device backend stages rows through the host.
-  const bool host = be.host_memory();
-  std::vector<float> x_host;
-  if (!host) {
-    x_host.resize(size_t(m * H));
-    be.to_host(x_host.data(), x, x_host.size() * sizeof(float));
-  }
   span.emplace(prof_, "dispatch", L.index);
   auto t0 = std::chrono::steady_clock::now();
   auto& ex = exchange_->ex;
-  ex.dispatch(host ? x : x_host.data(), m, H, K, dest.data(), tag.data());
+  ex.dispatch(x, m, H, K, dest.data(), tag.data());
   moe_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Received slots come grouped by local expert (tag ascending); slot i's row is row
   // recv_row[i] of the table (each token once per source). The experts write their outputs in
   // slot order into the exchange's results; the shared expert's down gemm runs with theirs.
-  const int64_t n_recv = ex.recv_count();
-  const int32_t* rtag = ex.recv_tag();
-  const float* table = ex.recv_table();
-  const int32_t* rrow = ex.recv_row();
-  std::unique_ptr<Buf<float>> table_dev, out_dev;
-  std::unique_ptr<Buf<int32_t>> rrow_dev;
-  if (!host) {
-    table_dev = std::make_unique<Buf<float>>(be, ex.recv_table_rows() * H);
-    be.to_device(*table_dev, table, size_t(ex.recv_table_rows() * H) * sizeof(float));
-    table = *table_dev;
-    rrow_dev = std::make_unique<Buf<int32_t>>(be, n_recv);
-    be.to_device(*rrow_dev, rrow, size_t(n_recv) * sizeof(int32_t));
-    rrow = *rrow_dev;
-    out_dev = std::make_unique<Buf<float>>(be, n_recv * H);
-  }
-  float* out = host ? ex.results() : out_dev->p;
+  // Table, results and the index arrays the kernels read are in the backend's memory.
   span.emplace(prof_, "experts", L.index);  // routed experts, with the shared expert's down
   std::vector<GemmParams> shared_down;
   if (IS > 0) {
     be.swiglu({sg, su, IS, sg, IS, m, IS});
     shared_down.push_back({sg, IS, L.shared.down_proj, false, s, H, m, H, IS});
   }
-  routed_experts(L, table, rrow, rtag, n_recv, out, shared_down);
+  routed_experts(L, ex.recv_table(), ex.recv_row_payload(), ex.recv_tag(), ex.recv_count(), ex.results(),
+                 shared_down);
   span.emplace(prof_, "combine", L.index);
-  if (!host) be.to_host(ex.results(), out, size_t(n_recv * H) * sizeof(float));
   t0 = std::chrono::steady_clock::now();
   ex.combine();
   moe_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // y = sum_j w[t, j] * result[t, j] (j in expert-id order) + shared(x)
-  const float* results = ex.result_rows();
-  const int32_t* slot_row = ex.slot_row();
-  std::unique_ptr<Buf<float>> results_dev;
-  std::unique_ptr<Buf<int32_t>> slot_row_dev;
-  if (!host) {
-    const size_t n = size_t(ex.result_row_count() * H);
-    results_dev = std::make_unique<Buf<float>>(be, int64_t(n));
-    be.to_device(*results_dev, results, n * sizeof(float));
-    results = *results_dev;
-    slot_row_dev = std::make_unique<Buf<int32_t>>(be, m * K);
-    be.to_device(*slot_row_dev, slot_row, size_t(m * K) * sizeof(int32_t));
-    slot_row = *slot_row_dev;
-  }
-  be.moe_combine({results, slot_row, weights, y, m, K, H, false});
+  be.moe_combine({ex.result_rows(), ex.slot_row_payload(), weights, y, m, K, H, false});
   if (IS > 0) be.add({s, y, m * H});
 }
 

@@ -44,9 +44,12 @@ using DebugHook = std::function<void(const std::string& name, int layer, const v
 
 class Model {
  public:
-  // stage_comm: the ranks of this pipeline stage (expert-parallel group); size 1 for no EP.
+  // stage_comm: the ranks of this pipeline stage (expert-parallel group); size 1 for no EP. With a
+  // device backend (host_memory() false) the MoE payload goes over payload_comm (the same ranks,
+  // device buffers: NCCL or a stand-in) while the plan stays on stage_comm; without one, a
+  // communicator that stages through host memory is made over stage_comm.
   Model(const ModelConfig& cfg, Checkpoint& ckpt, kernels::Backend& backend,
-        const ModelShard& shard, parallel::Comm& stage_comm);
+        const ModelShard& shard, parallel::Comm& stage_comm, parallel::Comm* payload_comm = nullptr);
   ~Model();
 
   const ModelConfig& config() const { return cfg_; }
@@ -82,6 +85,10 @@ class Model {
   const std::vector<RouterLoad>& router_load() const { return router_load_; }
   int64_t rows_not_k() const { return rows_not_k_; }
   size_t moe_bytes_sent() const;
+  size_t moe_payload_bytes_sent() const;  // of which token rows and results
+  // The staging communicator the model made for its MoE payload (no payload_comm given to a
+  // device backend), else nullptr.
+  const parallel::Comm* moe_payload_comm() const;
   double moe_comm_seconds() const { return moe_comm_seconds_; }
 
  private:

@@ -7,9 +7,11 @@
 // must not free a block that work on another queue (a communicator's stream) may still touch
 // until that work is ordered before the queue (an event), which is the communicators' contract.
 //
-// Sizes are rounded up to size classes (powers of two split in 4 steps above 1 MiB, 512-byte
-// steps below), so a block freed at one size serves nearby sizes; a miss that the raw allocator
-// cannot serve returns every cached block to it and tries once more (release_cached()).
+// Sizes are rounded up to size classes (512 bytes, then powers of two split in 4 steps: at most
+// 25 % waste), and a request takes the smallest free block of its class or up to twice its size,
+// so a buffer that grows step by step (attention over a growing context) costs a raw allocation
+// only every ~25 % of growth, not every step. A miss that the raw allocator cannot serve returns
+// every cached block to it and tries once more (release_cached()).
 #pragma once
 
 #include <cstddef>
@@ -39,12 +41,14 @@ class CachingAllocator {
     if (bytes == 0) return nullptr;
     const size_t size = size_class(bytes);
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.find(size);
-    if (it != free_.end() && !it->second.empty()) {
+    auto it = free_.lower_bound(size);  // entries are never empty
+    if (it != free_.end() && it->first <= 2 * size) {
+      const size_t got = it->first;
       void* p = it->second.back();
       it->second.pop_back();
-      cached_bytes_ -= size;
-      live_[p] = size;
+      if (it->second.empty()) free_.erase(it);
+      cached_bytes_ -= got;
+      live_[p] = got;
       return p;
     }
     void* p = raw_alloc_(size);
@@ -86,9 +90,9 @@ class CachingAllocator {
   size_t cached_bytes() const { return cached_bytes_; }
 
   static size_t size_class(size_t bytes) {
-    constexpr size_t kSmallStep = 512, kLarge = size_t(1) << 20;
-    if (bytes <= kLarge) return (bytes + kSmallStep - 1) / kSmallStep * kSmallStep;
-    size_t pow2 = kLarge;
+    constexpr size_t kMin = 512;
+    if (bytes <= kMin) return kMin;
+    size_t pow2 = kMin;
     while (pow2 * 2 < bytes) pow2 *= 2;  // pow2 < bytes <= 2 * pow2
     const size_t step = pow2 / 4;
     return (bytes + step - 1) / step * step;
@@ -116,7 +120,7 @@ class CachingAllocator {
   RawAlloc raw_alloc_;
   RawFree raw_free_;
   mutable std::mutex mu_;
-  std::map<size_t, std::vector<void*>> free_;  // size class -> free blocks
+  std::map<size_t, std::vector<void*>> free_;  // size class -> free blocks (never empty)
   std::unordered_map<void*, size_t> live_;     // handed out -> size class
   size_t cached_bytes_ = 0;
   uint64_t raw_allocs_ = 0, raw_frees_ = 0;
