@@ -107,79 +107,96 @@ class DeviceLikeBackend final : public Backend {
   }
 
   void gemm(const GemmParams& p) override {
+    ++counters_.op_calls;
     need(p.x, "gemm x"), need(p.y, "gemm y"), need(p.w, "gemm");
     cpu_->gemm(p);
   }
   void gemm_batch(const GemmParams* ps, size_t n) override {
+    ++counters_.op_calls;
     for (size_t i = 0; i < n; ++i) need(ps[i].x, "gemm x"), need(ps[i].y, "gemm y"), need(ps[i].w, "gemm");
     cpu_->gemm_batch(ps, n);
   }
   void rms_norm(const RmsNormParams& p) override {
+    ++counters_.op_calls;
     need(p.x, "rms_norm x"), need(p.weight, "rms_norm weight"), need(p.y, "rms_norm y");
     cpu_->rms_norm(p);
   }
   void layer_norm(const LayerNormParams& p) override {
+    ++counters_.op_calls;
     need(p.x, "layer_norm x"), need(p.weight, "layer_norm weight"), need(p.y, "layer_norm y");
     if (p.bias) need(p.bias, "layer_norm bias");
     cpu_->layer_norm(p);
   }
   void rope(const RopeParams& p) override {
+    ++counters_.op_calls;
     need(p.x, "rope x"), need(p.positions, "rope positions"), need(p.inv_freq, "rope inv_freq");
     cpu_->rope(p);
   }
   void indexer_scores(const IndexerScoresParams& p) override {
+    ++counters_.op_calls;
     need(p.q, "indexer q"), need(p.weights, "indexer weights"), need(p.k, "indexer k");
     need(p.q_pos, "indexer q_pos"), need(p.scores, "indexer scores"), need(p.pages, "indexer");
     cpu_->indexer_scores(p);
   }
   void topk(const TopkParams& p) override {
+    ++counters_.op_calls;
     need(p.scores, "topk scores"), need(p.indices, "topk indices");
     cpu_->topk(p);
   }
   void mla_prefill(const MlaPrefillParams& p) override {
+    ++counters_.op_calls;
     need(p.q, "mla_prefill q"), need(p.kv, "mla_prefill kv"), need(p.k_pe, "mla_prefill k_pe");
     need(p.q_pos, "mla_prefill q_pos"), need(p.out, "mla_prefill out");
     if (p.topk) need(p.topk, "mla_prefill topk");
     cpu_->mla_prefill(p);
   }
   void mla_decode(const MlaDecodeParams& p) override {
+    ++counters_.op_calls;
     need(p.q_lat, "mla_decode q_lat"), need(p.cache, "mla_decode cache"), need(p.q_pos, "mla_decode q_pos");
     need(p.out_lat, "mla_decode out_lat"), need(p.pages, "mla_decode");
     if (p.topk) need(p.topk, "mla_decode topk");
     cpu_->mla_decode(p);
   }
   void router(const RouterParams& p) override {
+    ++counters_.op_calls;
     need(p.logits, "router logits"), need(p.expert_ids, "router expert_ids");
     need(p.expert_weights, "router expert_weights");
     if (p.bias) need(p.bias, "router bias");
     cpu_->router(p);
   }
   void swiglu(const SwigluParams& p) override {
+    ++counters_.op_calls;
     need(p.gate, "swiglu gate"), need(p.up, "swiglu up"), need(p.out, "swiglu out");
     cpu_->swiglu(p);
   }
   void embedding(const EmbeddingParams& p) override {
+    ++counters_.op_calls;
     need(p.table, "embedding"), need(p.ids, "embedding ids"), need(p.out, "embedding out");
     cpu_->embedding(p);
   }
   void gather_rows(const GatherRowsParams& p) override {
+    ++counters_.op_calls;
     need(p.src, "gather_rows src"), need(p.rows, "gather_rows rows"), need(p.dst, "gather_rows dst");
     cpu_->gather_rows(p);
   }
   void moe_combine(const MoeCombineParams& p) override {
+    ++counters_.op_calls;
     need(p.expert_out, "moe_combine expert_out"), need(p.slots, "moe_combine slots");
     need(p.weights, "moe_combine weights"), need(p.out, "moe_combine out");
     cpu_->moe_combine(p);
   }
   void add(const AddParams& p) override {
+    ++counters_.op_calls;
     need(p.x, "add x"), need(p.y, "add y");
     cpu_->add(p);
   }
   void copy_2d(const Copy2dParams& p) override {
+    ++counters_.op_calls;
     need(p.src, "copy_2d src"), need(p.dst, "copy_2d dst");
     cpu_->copy_2d(p);
   }
   void paged_write(const PagedWriteParams& p) override {
+    ++counters_.op_calls;
     need(p.src, "paged_write src"), need(p.pos, "paged_write pos"), need(p.pool, "paged_write pool");
     need(p.pages, "paged_write");
     cpu_->paged_write(p);

@@ -227,10 +227,11 @@ TEST(ClusterConfigErrors, BackendAndComm) {
   expect_yaml_error("backend: tpu\n", {"key 'backend'", "one of cpu, cuda", "found 'tpu'"});
   expect_yaml_error("comm: gloo\n", {"key 'comm'", "one of mpi, nccl", "found 'gloo'"});
   expect_yaml_error("backend: cpu\ncomm: nccl\n", {"key 'comm'", "mpi with backend cpu",
-                                                   "nccl needs backend cuda", "found 'nccl'"});
+                                                   "nccl needs device memory", "found 'nccl'"});
   // The default backend is cpu, so nccl alone is the same mistake.
-  expect_yaml_error("comm: nccl\n", {"key 'comm'", "nccl needs backend cuda", "found 'nccl'"});
+  expect_yaml_error("comm: nccl\n", {"key 'comm'", "nccl needs device memory", "found 'nccl'"});
   EXPECT_NO_THROW(parse_cluster_config("backend: cuda\ncomm: mpi\n", "ok.yaml"));
+  EXPECT_EQ(parse_cluster_config("backend: cpu-devicelike\ncomm: nccl\n", "ok.yaml").comm, "nccl");
 }
 
 TEST(ClusterConfigErrors, NegativeKvBudget) {

@@ -141,4 +141,61 @@ TEST_P(LayoutTest, GenerateAndBatchMatchSingleProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Models, LayoutTest, ::testing::Values("tiny-a", "tiny-moe"));
 
+// The device-like backend (device memory rules on the CPU) under mpirun: with comm nccl its
+// MoE payloads and hidden states go over the device communicator's stand-in, with comm mpi they
+// are staged through host memory; both give the single cpu process's logits and records bitwise,
+// and the report says which transport ran and what went through host memory.
+TEST(DeviceLikeLayouts, MatchSingleCpuProcessOverBothTransports) {
+  const std::string model = kData + "/tiny-a";
+  json cfg = json::parse(std::ifstream(model + "/config.json"));
+  const int vocab = cfg["vocab_size"];
+  const std::string gen = " generate --model " + model + " --prompt-ids " +
+                          prompt_ids(int(cfg["index_topk"]) + 20, vocab, 7) +
+                          " --max-new-tokens 6 --temperature 0 --dump-logits ";
+  const fs::path ref = scratch("dl_ref.safetensors"), batch_in = scratch("dl_batch.jsonl"),
+                 batch_ref = scratch("dl_batch_ref.jsonl");
+  ASSERT_EQ(0, sh(kBin + gen + ref.string())) << last_log();
+  write_batch_file(batch_in, vocab);
+  ASSERT_EQ(0, sh(kBin + " batch --model " + model + " --input " + batch_in.string() + " --output " +
+                  batch_ref.string())) << last_log();
+  const auto want = read_records(batch_ref);
+  struct Case {
+    int stages, ep;
+  };
+  for (const Case c : {Case{1, 2}, Case{2, 1}, Case{2, 2}}) {
+    std::map<std::string, json> reports;
+    for (const std::string comm : {"nccl", "mpi"}) {
+      const std::string name = "dl_" + std::to_string(c.stages) + "x" + std::to_string(c.ep) + "_" + comm;
+      SCOPED_TRACE(name);
+      const fs::path cluster = scratch(name + ".yaml"), out = scratch(name + ".safetensors"),
+                     bout = scratch(name + ".jsonl"), rep = scratch(name + "_report.json");
+      std::ofstream(cluster) << "stages: " << c.stages << "\nexpert_parallel: " << c.ep
+                             << "\nmicro_batches: 2\nbackend: cpu-devicelike\ncomm: " << comm << "\n";
+      const int np = c.stages * c.ep;
+      ASSERT_EQ(0, sh(mpirun(np) + kBin + gen + out.string() + " --cluster " + cluster.string())) << last_log();
+      expect_same_tensors(ref, out);
+      ASSERT_EQ(0, sh(mpirun(np) + kBin + " batch --model " + model + " --input " + batch_in.string() +
+                      " --output " + bout.string() + " --cluster " + cluster.string() + " --report " +
+                      rep.string())) << last_log();
+      EXPECT_EQ(read_records(bout), want);
+      reports[comm] = json::parse(std::ifstream(rep));
+      for (const json& r : reports[comm]["ranks"]) {
+        const json& t = r["transport"];
+        EXPECT_EQ(r["backend"], "cpu-devicelike");
+        EXPECT_EQ(t["control"], "mpi");
+        EXPECT_EQ(t["moe"], comm == "nccl" ? "device-like" : "mpi-staged");
+        EXPECT_EQ(t["hidden"], comm == "nccl" ? "device-like" : "mpi-staged");
+        if (comm == "nccl") EXPECT_EQ(t["staged_bytes"], 0) << r.dump();
+        else EXPECT_GT(t["staged_bytes"].get<uint64_t>(), 0u) << r.dump();
+      }
+    }
+    // Stage-0 ranks read back only expert ids with nccl; staging moves every payload row twice.
+    for (size_t i = 0; i < size_t(c.ep); ++i) {
+      const json& a = reports["nccl"]["ranks"][i]["transport"]["host_transfers"];
+      const json& b = reports["mpi"]["ranks"][i]["transport"]["host_transfers"];
+      EXPECT_LT(10 * a["to_host_bytes"].get<uint64_t>(), b["to_host_bytes"].get<uint64_t>()) << a << " vs " << b;
+    }
+  }
+}
+
 }  // namespace

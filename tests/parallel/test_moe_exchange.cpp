@@ -2,7 +2,9 @@
 // and compared with a naive exchange made of send/recv. Covers ranks with no tokens, slots that
 // are not sent (dest -1), the (tag, source, slot) receive order, combine back to the slots,
 // repeated rounds, byte accounting (a token travels once per destination rank, however many of
-// its slots go there) and bad arguments that must stop every rank, not hang one.
+// its slots go there) and bad arguments that must stop every rank, not hang one. The device
+// payload path (rows in a device backend's memory, moved by a device communicator or staged)
+// must give the host path's results bitwise with no payload byte through host memory.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +12,8 @@
 #include <tuple>
 #include <vector>
 
+#include "cpu/device_like.h"
+#include "parallel/device_comm.h"
 #include "parallel/moe_exchange.h"
 #include "parallel/mpi_comm.h"
 
@@ -235,6 +239,105 @@ TEST(MoeExchange, BadArgumentsStopEveryRank) {
   ASSERT_GE(ex.slot_row()[0], 0);
   EXPECT_EQ(ex.result_rows()[ex.slot_row()[0] * 4], 3.0f);
   EXPECT_EQ(ex.slot_row()[1], -1);
+}
+
+// Host transfers of the device-like backend between two points.
+struct Transfers {
+  uint64_t to_host = 0, to_device = 0;
+};
+Transfers transfers(const kernels::Backend& be) {
+  const kernels::DeviceLikeCounters* c = kernels::device_like_counters(be);
+  return {c->to_host_bytes, c->to_device_bytes};
+}
+
+// The host exchange and the device-payload exchange on the same inputs, round by round: the same
+// plan (counts, order, rows, slot rows), bitwise the same rows and results, and through the
+// host only the plan's index arrays (with a device communicator) or the staged payload.
+void device_rounds(Comm& comm, bool staged) {
+  const int p = comm.size();
+  auto be = kernels::make_device_like_backend();
+  auto payload = staged ? make_staged_comm(comm, *be) : make_device_like_comm(comm);
+  MoeExchange host(comm), dev(comm, *be, *payload);
+  for (int round = 0; round < 5; ++round) {
+    const int64_t d = round == 4 ? 64 : 5, top_k = round == 1 ? 1 : 3;
+    Inputs in = make_inputs(round, comm.rank(), p, d, top_k, round == 4 ? 8 : 3);
+    host.dispatch(in.x.data(), in.m, d, top_k, in.dest.data(), in.tag.data());
+    for (int64_t i = 0; i < host.recv_count(); ++i)
+      for (int64_t c = 0; c < d; ++c) host.results()[i * d + c] = y_value(host.recv_row_data(i)[c], host.recv_tag()[i]);
+    host.combine();
+
+    float* x = static_cast<float*>(be->alloc(size_t(std::max<int64_t>(in.m * d, 1)) * sizeof(float)));
+    be->to_device(x, in.x.data(), in.x.size() * sizeof(float));
+    const Transfers t0 = transfers(*be);
+    const uint64_t staged0 = payload->staged_bytes(), sent0 = dev.payload_bytes_sent();
+    dev.dispatch(x, in.m, d, top_k, in.dest.data(), in.tag.data());
+    const Transfers t1 = transfers(*be);
+    const int64_t n = dev.recv_count();
+    std::vector<float> rows(size_t(std::max<int64_t>(n, 1) * d)), y(rows.size());
+    [&] {
+      ASSERT_EQ(n, host.recv_count()) << "round " << round;
+      ASSERT_TRUE(std::equal(dev.recv_tag(), dev.recv_tag() + n, host.recv_tag()));
+      ASSERT_TRUE(std::equal(dev.recv_src(), dev.recv_src() + n, host.recv_src()));
+      for (int64_t i = 0; i < n; ++i) {
+        be->to_host(&rows[i * d], dev.recv_table() + int64_t(dev.recv_row()[i]) * d, d * sizeof(float));
+        ASSERT_EQ(std::memcmp(&rows[i * d], host.recv_row_data(i), d * sizeof(float)), 0) << "round " << round << " row " << i;
+      }
+    }();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < d; ++c) y[i * d + c] = y_value(rows[i * d + c], dev.recv_tag()[i]);
+    be->to_device(dev.results(), y.data(), size_t(n * d) * sizeof(float));
+    const Transfers t2 = transfers(*be);
+    dev.combine();
+    const Transfers t3 = transfers(*be);
+    [&] {
+      ASSERT_TRUE(std::equal(dev.slot_row(), dev.slot_row() + in.m * top_k, host.slot_row()));
+      std::vector<float> got(static_cast<size_t>(d));
+      for (int64_t s = 0; s < in.m * top_k; ++s) {
+        const int32_t row = dev.slot_row()[s];
+        if (row < 0) continue;
+        be->to_host(got.data(), dev.result_rows() + int64_t(row) * d, d * sizeof(float));
+        ASSERT_EQ(std::memcmp(got.data(), host.result_rows() + int64_t(row) * d, d * sizeof(float)), 0)
+            << "round " << round << " slot " << s;
+      }
+    }();
+    // What went through host memory: nothing read back; uploads of int32 indices only (pack and
+    // own rows twice at most, then recv_row, slot_row and the rows going back).
+    if (!staged) {
+      EXPECT_EQ(t1.to_host - t0.to_host, 0u) << "round " << round;
+      EXPECT_EQ(t3.to_host - t2.to_host, 0u) << "round " << round;
+      EXPECT_EQ(payload->staged_bytes(), 0u);
+      EXPECT_LE(t1.to_device - t0.to_device, sizeof(int32_t) * uint64_t(3 * in.m * top_k + 2 * n)) << "round " << round;
+      EXPECT_EQ(t3.to_device - t2.to_device, 0u) << "round " << round;
+    } else if (dev.payload_bytes_sent() > sent0) {
+      EXPECT_GT(payload->staged_bytes(), staged0) << "round " << round;  // rows moved: staged
+    }
+    be->free(x);
+  }
+}
+
+TEST(MoeExchange, DevicePayloadOverADeviceCommMatchesHostBitwise) {
+  auto world = make_mpi_world();
+  device_rounds(*world, /*staged=*/false);
+}
+
+TEST(MoeExchange, DevicePayloadStagedOverMpiMatchesHostBitwise) {
+  auto world = make_mpi_world();
+  device_rounds(*world, /*staged=*/true);
+}
+
+TEST(MoeExchange, HostCommunicatorsRefuseDeviceMemory) {
+  auto world = make_mpi_world();
+  auto be = kernels::make_device_like_backend();
+  void* p = be->alloc(64);
+  try {
+    world->broadcast(p, 64, 0);
+    ADD_FAILURE() << "MPI broadcast of device-like memory did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MPI broadcast was handed device memory"), std::string::npos) << e.what();
+  }
+  auto dev = make_device_like_comm(*world);
+  dev->broadcast(p, 64, 0);  // the device communicator may
+  be->free(p);
 }
 
 }  // namespace

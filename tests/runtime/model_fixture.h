@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/device_like.h"
 #include "parallel/comm.h"
 #include "parallel/grid.h"
 #include "runtime/config.h"
@@ -27,10 +28,15 @@ struct OneProcessModel {
   std::unique_ptr<parallel::Comm> world, stage;
   std::unique_ptr<runtime::Model> model;
 
-  explicit OneProcessModel(const std::string& dir, bool reference_backend = false) {
+  enum class Kind { Cpu, Reference, DeviceLike };
+  explicit OneProcessModel(const std::string& dir, bool reference_backend = false)
+      : OneProcessModel(dir, reference_backend ? Kind::Reference : Kind::Cpu) {}
+  OneProcessModel(const std::string& dir, Kind kind) {
     cfg = runtime::load_config(dir);
     ckpt = std::make_unique<runtime::Checkpoint>(dir);
-    backend = reference_backend ? kernels::make_reference_backend() : kernels::make_cpu_backend();
+    backend = kind == Kind::Reference    ? kernels::make_reference_backend()
+              : kind == Kind::DeviceLike ? kernels::make_device_like_backend()
+                                         : kernels::make_cpu_backend();
     world = parallel::make_self_comm();
     stage = parallel::make_self_comm();
     model = std::make_unique<runtime::Model>(cfg, *ckpt, *backend, runtime::ModelShard{}, *stage);
