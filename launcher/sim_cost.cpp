@@ -223,15 +223,15 @@ void StepCost::experts(int l, int column, int64_t rows, const Rates& r, PhaseTim
   t["experts"] += w.seconds(r);
 }
 
-double StepCost::exchange_bytes(int64_t rows, double value_bytes) const {
-  if (E_ == 1) return 0;
+StepCost::ExchangeBytes StepCost::exchange_bytes(int64_t rows, double value_bytes) const {
+  if (E_ == 1) return {};
   const double n = double(cfg_.n_routed_experts), k = double(cfg_.num_experts_per_tok), per = n / E_;
   // P(a given other rank owns none of a row's k distinct experts), uniform routing.
   double miss = 1;
   for (int i = 0; i < int(k); ++i) miss *= std::max(0.0, (n - per - i) / (n - i));
   const double m = double(rows), H = double(cfg_.hidden_size);
   const double dispatch = m * (E_ - 1) * (1 - miss), combine = m * k * (E_ - 1) / E_;
-  return (dispatch + combine) * (H * value_bytes + 8);  // rows plus a (row, tag) entry per slot
+  return {32.0 * (E_ - 1) + 8 * combine, (dispatch + combine) * H * value_bytes};
 }
 
 void StepCost::head(int64_t sampled, const Rates& r, PhaseTimes& t) const {

@@ -58,10 +58,15 @@ class StepCost {
   void router(int layer, int64_t m, const Rates& r, PhaseTimes& t) const;
   // Routed experts of column `column` when the stage's columns route `rows` rows in all.
   void experts(int layer, int column, int64_t rows, const Rates& r, PhaseTimes& t) const;
-  // Bytes column `column` sends to the other ranks of its stage in one MoE layer for its m rows
-  // (dispatch: a row once per remote rank it picks; combine: a row per remote slot back).
+  // Bytes one rank sends to the other ranks of its stage in one MoE layer for its m rows: the
+  // payload (dispatch: a row once per remote rank it picks; combine: a row per remote slot back)
+  // and the plan (a 32-byte count header per peer, a (row, tag) entry per remote slot).
   // value_bytes: bytes per hidden value on the wire (4: f32, as glm5 sends; 2: bf16; 1: fp8).
-  double exchange_bytes(int64_t m, double value_bytes = 4) const;
+  struct ExchangeBytes {
+    double plan = 0, payload = 0;
+    double total() const { return plan + payload; }
+  };
+  ExchangeBytes exchange_bytes(int64_t m, double value_bytes = 4) const;
   // Final norm, lm_head and sampling for `sampled` rows; the embedding of m rows.
   void head(int64_t sampled, const Rates& r, PhaseTimes& t) const;
   void embed(int64_t m, const Rates& r, PhaseTimes& t) const;

@@ -111,7 +111,7 @@ class Replay {
   std::vector<Rates> rates_;
   std::vector<Column> cols_;
   int64_t handed_ = 0, finished_ = 0, generated_ = 0, shareable_ = 0;
-  double ttft_sum_ = 0, exchange_bytes_ = 0, hop_bytes_ = 0;
+  double ttft_sum_ = 0, exchange_bytes_ = 0, exchange_plan_bytes_ = 0, hop_bytes_ = 0;
   int64_t exchanges_ = 0, hops_ = 0;
 };
 
@@ -278,8 +278,9 @@ double Replay::stage_time(int stage, const std::vector<std::vector<SimSeq>>& ste
       T += block;
       continue;
     }
-    // The exchange: counts, then rows out, results back. A rank's bytes go to the stage's other
-    // ranks evenly, over NVLink / shared memory to those on its host, the network to the rest.
+    // The exchange: counts, then rows out, results back (on GPUs the slot entries go on their own
+    // before the rows: one more message). A rank's bytes go to the stage's other ranks evenly,
+    // over NVLink / shared memory to those on its host, the network to the rest.
     double ex = 0;
     if (E_ > 1) {
       for (int c = 0; c < E_; ++c) {
@@ -287,11 +288,13 @@ double Replay::stage_time(int stage, const std::vector<std::vector<SimSeq>>& ste
         int local = 0;
         for (int d = 0; d < E_; ++d) local += d != c && host_[size_t(stage * E_ + d)] == host_[size_t(a)];
         const double remote = double(E_ - 1 - local) / double(E_ - 1);
-        const double bytes = cost.exchange_bytes(rows[size_t(c)], s_.exchange_value_bytes);
-        const double t = 3 * (remote > 0 ? s_.hw->inter_node_latency_s : s_.hw->intra_node_latency_s) +
+        const StepCost::ExchangeBytes eb = cost.exchange_bytes(rows[size_t(c)], s_.exchange_value_bytes);
+        const double bytes = eb.total(), messages = s_.hw->gpu() ? 4 : 3;
+        const double t = messages * (remote > 0 ? s_.hw->inter_node_latency_s : s_.hw->intra_node_latency_s) +
                          std::max(bytes * (1 - remote) / s_.hw->intra_node_bw, bytes * remote / s_.hw->inter_node_bw);
         ex = std::max(ex, t);
         exchange_bytes_ += bytes;
+        exchange_plan_bytes_ += eb.plan;
       }
       ++exchanges_;
       out.phases["moe_exchange"] += ex;
@@ -391,6 +394,7 @@ Prediction Replay::run() {
   pred.mean_ttft_s = ttft_sum_ / double(w.prompts);
   pred.decode_per_s = decode_s > 0 ? double(decode_tokens) / decode_s : 0;
   pred.exchange_bytes_per_layer = exchanges_ ? exchange_bytes_ / double(exchanges_ * E_) : 0;
+  pred.exchange_plan_bytes_per_layer = exchanges_ ? exchange_plan_bytes_ / double(exchanges_ * E_) : 0;
   pred.pipeline_bytes_per_step = hops_ ? hop_bytes_ / double(hops_) : 0;
   for (int r = 0; r < P_ * E_; ++r)
     pred.rank_utilisation.push_back(std::min(1.0, pred.stages[size_t(r / E_)].busy_s / std::max(end, 1e-12)));

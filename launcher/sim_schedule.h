@@ -42,6 +42,7 @@ struct Prediction {
   int64_t ticks = 0, generated = 0;
   std::vector<StagePrediction> stages;
   double exchange_bytes_per_layer = 0;  // mean bytes one rank sends per MoE layer per step
+  double exchange_plan_bytes_per_layer = 0;  // of which the plan (count headers, slot entries)
   double pipeline_bytes_per_step = 0;   // mean hidden-state bytes per stage hop
   std::vector<double> rank_utilisation;
 };

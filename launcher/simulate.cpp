@@ -220,8 +220,10 @@ int run_simulate(const SimulateArgs& a) {
   std::printf("\nbottleneck stage %d (%.0f %% busy): %s\n", bottleneck, 100 * b.busy_s / std::max(p.makespan_s, 1e-12),
               top_phases(b, 2).c_str());
   if (cc.expert_parallel > 1)
-    std::printf("moe        %.1f KB sent per rank per MoE layer per step (mean), over %s\n",
-                p.exchange_bytes_per_layer / 1e3, hw.gpu() ? "NVLink / the network" : "MPI");
+    std::printf("moe        %.1f KB sent per rank per MoE layer per step (mean): %.1f KB payload (rows out, "
+                "results back) over %s, %.2f KB plan (count headers, slot entries) over MPI\n",
+                p.exchange_bytes_per_layer / 1e3, (p.exchange_bytes_per_layer - p.exchange_plan_bytes_per_layer) / 1e3,
+                hw.gpu() ? "NVLink / the network (comm: nccl)" : "MPI", p.exchange_plan_bytes_per_layer / 1e3);
   if (work.prefix > 0 && cc.expert_parallel > 1)
     std::printf("note       the replay does not keep requests with a shared prefix on one column (the engine's "
                 "distributor prefers the column holding it): prefix hits are underestimated\n");
@@ -248,6 +250,7 @@ int run_simulate(const SimulateArgs& a) {
     j["ticks"] = p.ticks;
     j["bottleneck_stage"] = bottleneck;
     j["exchange_bytes_per_layer"] = p.exchange_bytes_per_layer;
+    j["exchange_plan_bytes_per_layer"] = p.exchange_plan_bytes_per_layer;
     j["pipeline_bytes_per_step"] = p.pipeline_bytes_per_step;
     j["layout"] = {{"stages", cc.stages}, {"expert_parallel", cc.expert_parallel}, {"micro_batches", cc.micro_batches}};
     j["workload"] = {{"prompts", work.prompts}, {"in", work.in}, {"out", work.out}, {"prefix", work.prefix}};

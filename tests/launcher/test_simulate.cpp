@@ -142,8 +142,12 @@ TEST(Simulate, CostModelPhases) {
   EXPECT_DOUBLE_EQ(skewed.expert_picks(1, 0, 10), 10.0 * double(s.cfg.num_experts_per_tok));
   EXPECT_DOUBLE_EQ(skewed.expert_picks(1, 1, 10), 0.0);
   EXPECT_DOUBLE_EQ(StepCost(s.cfg, s.plan, 2).expert_picks(1, 1, 10), 5.0 * double(s.cfg.num_experts_per_tok));
-  EXPECT_EQ(StepCost(s.cfg, s.plan, 1).exchange_bytes(100), 0.0);
-  EXPECT_GT(StepCost(s.cfg, s.plan, 2).exchange_bytes(100), 100.0 * double(s.cfg.hidden_size) * 4);
+  EXPECT_EQ(StepCost(s.cfg, s.plan, 1).exchange_bytes(100).total(), 0.0);
+  const StepCost::ExchangeBytes two = StepCost(s.cfg, s.plan, 2).exchange_bytes(100);
+  EXPECT_GT(two.payload, 100.0 * double(s.cfg.hidden_size) * 4);
+  // The plan: one 32-byte header to the other rank and an 8-byte entry per remote slot (half of
+  // the 100 x k slots on two ranks, uniform routing).
+  EXPECT_DOUBLE_EQ(two.plan, 32.0 + 8.0 * 100 * double(s.cfg.num_experts_per_tok) / 2);
 }
 
 // A phase costs sqrt(compute^2 + memory^2) plus its calls; small GEMMs run at the small-GEMM rate.
@@ -187,6 +191,8 @@ TEST(Simulate, ReplayCountsTicks) {
   EXPECT_EQ(p.generated, 40);
   EXPECT_EQ(p.ticks, 5);
   EXPECT_GT(p.exchange_bytes_per_layer, 0);
+  EXPECT_GT(p.exchange_plan_bytes_per_layer, 0);
+  EXPECT_LT(p.exchange_plan_bytes_per_layer, p.exchange_bytes_per_layer / 4);  // rows dominate
 }
 
 TEST(Simulate, PredictionFollowsTheRates) {
