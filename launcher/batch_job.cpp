@@ -481,6 +481,7 @@ json transport(const Job& job) {
   const parallel::Comm& hidden = job.engine->hidden_comm();
   json t = {{"control", job.world->transport()}, {"moe", moe.transport()}, {"hidden", hidden.transport()},
             {"staged_bytes", moe.staged_bytes() + hidden.staged_bytes()},
+            {"moe_bytes_sent", job.model->moe_bytes_sent()},
             {"moe_payload_bytes_sent", job.model->moe_payload_bytes_sent()}};
   if (const auto* c = kernels::device_like_counters(*job.backend))
     t["host_transfers"] = {{"to_host_bytes", c->to_host_bytes}, {"to_device_bytes", c->to_device_bytes},
