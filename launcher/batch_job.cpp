@@ -476,10 +476,13 @@ void write_trace(Job& job, const std::string& path, const runtime::Profiler& pro
 
 // How this rank's bytes travel: control messages, MoE payload, hidden states between stages, and
 // what went through host memory on the way (staging; all host transfers of a device-like backend).
+// "none" where nothing moves (one column: no MoE exchange; one stage: no hops).
 json transport(const Job& job) {
   const parallel::Comm& moe = job.moe_payload ? *job.moe_payload : *job.stage_comm;
   const parallel::Comm& hidden = job.engine->hidden_comm();
-  json t = {{"control", job.world->transport()}, {"moe", moe.transport()}, {"hidden", hidden.transport()},
+  json t = {{"control", job.world->transport()},
+            {"moe", job.cluster.expert_parallel > 1 ? moe.transport() : "none"},
+            {"hidden", job.cluster.stages > 1 ? hidden.transport() : "none"},
             {"staged_bytes", moe.staged_bytes() + hidden.staged_bytes()},
             {"moe_bytes_sent", job.model->moe_bytes_sent()},
             {"moe_payload_bytes_sent", job.model->moe_payload_bytes_sent()}};

@@ -37,28 +37,29 @@ using json = nlohmann::json;
 
 namespace {
 
-// The communicators that move device memory (host backends need none: MPI moves their memory).
-// comm: nccl gives NCCL communicators over the world (hidden states between stages) and over the
-// stage (MoE payloads), bootstrapped over MPI and ordered on the backend's stream; with backend
-// cpu-devicelike its stand-in. comm: mpi stages device memory through the host around MPI.
+// The communicators that move device memory (host backends need none: MPI moves their memory),
+// made only where bytes move: the hidden states when there are several stages (one communicator
+// over the world: hops go between (stage s, column c) and (s + 1, c), addressed by world rank), the
+// MoE payload when a stage has several columns. comm: nccl gives NCCL communicators bootstrapped
+// over MPI and ordered on the backend's stream (backend cpu-devicelike: its stand-in); comm: mpi
+// stages device memory through the host around MPI. Without one, the model and engine fall back
+// to staging over the host communicator (never used: nothing moves there).
 void make_payload_comms(Job& job, int device) {
   kernels::Backend& be = *job.backend;
   if (be.host_memory()) return;
-  if (job.cluster.comm != "nccl") {
-    job.hidden = parallel::make_staged_comm(*job.world, be);
-    job.moe_payload = parallel::make_staged_comm(*job.stage_comm, be);
-  } else if (job.cluster.backend == "cpu-devicelike") {
-    job.hidden = parallel::make_device_like_comm(*job.world);
-    job.moe_payload = parallel::make_device_like_comm(*job.stage_comm);
-  } else {
+  const bool hops = job.cluster.stages > 1, moe = job.cluster.expert_parallel > 1;
+  auto make = [&](parallel::Comm& host) -> std::unique_ptr<parallel::Comm> {
+    if (job.cluster.comm != "nccl") return parallel::make_staged_comm(host, be);
+    if (job.cluster.backend == "cpu-devicelike") return parallel::make_device_like_comm(host);
 #ifdef GLM5_HAVE_CUDA
-    job.hidden = parallel::make_nccl_comm(*job.world, device, be.stream());
-    job.moe_payload = parallel::make_nccl_comm(*job.stage_comm, device, be.stream());
+    return parallel::make_nccl_comm(host, device, be.stream());
 #else
     (void)device;
     GLM5_FAIL("cluster config ", job.cluster.source, ": comm nccl needs a build with CUDA and NCCL");
 #endif
-  }
+  };
+  if (hops) job.hidden = make(*job.world);
+  if (moe) job.moe_payload = make(*job.stage_comm);
 }
 
 }  // namespace

@@ -21,10 +21,13 @@ struct Job {
   ClusterConfig cluster;
   runtime::ModelConfig config;
   std::unique_ptr<parallel::Comm> world, stage_comm;
-  // Device backends: the stage's MoE payload and the hidden states between stages go over these
-  // (NCCL, the device-like stand-in, or staging over MPI); null for host backends.
-  std::unique_ptr<parallel::Comm> moe_payload, hidden;
+  // Declared before what uses it (members are destroyed in reverse): the communicators below
+  // hold its stream, the model and engine its memory.
   std::unique_ptr<kernels::Backend> backend;
+  // Device backends: the stage's MoE payload and the hidden states between stages go over these
+  // (NCCL, the device-like stand-in, or staging over MPI); null for host backends and where
+  // nothing moves (one stage, one column).
+  std::unique_ptr<parallel::Comm> moe_payload, hidden;
   std::unique_ptr<runtime::Checkpoint> checkpoint;
   std::unique_ptr<runtime::Model> model;
   std::unique_ptr<runtime::Engine> engine;

@@ -90,8 +90,10 @@ class StagedComm final : public WrappedComm {
     up(buf, a_.data(), count * es);
   }
   void broadcast(void* buf, size_t bytes, int root) override {
-    host_.broadcast(down(buf, bytes, a_), bytes, root);
-    up(buf, a_.data(), bytes);
+    a_.resize(bytes);
+    if (rank() == root) copy_down(a_.data(), buf, bytes);
+    host_.broadcast(a_.data(), bytes, root);
+    if (rank() != root) up(buf, a_.data(), bytes);
   }
   std::unique_ptr<Comm> split(int color, int key) override {
     auto h = host_.split(color, key);
@@ -121,44 +123,36 @@ class StagedComm final : public WrappedComm {
   uint64_t staged_ = 0;
 };
 
-// The host communicator's calls, with device-like memory allowed for their duration.
+// The host communicator's calls on the host addresses behind device-like pointers (what NCCL
+// does with device memory: reads and writes it in place, no staging).
 class DeviceLikeComm final : public WrappedComm {
  public:
   using WrappedComm::WrappedComm;
   const char* transport() const override { return "device-like"; }
-  void send(const void* buf, size_t bytes, int dst, int tag) override {
-    kernels::DeviceLikeAccess a;
-    host_.send(buf, bytes, dst, tag);
-  }
-  void recv(void* buf, size_t bytes, int src, int tag) override {
-    kernels::DeviceLikeAccess a;
-    host_.recv(buf, bytes, src, tag);
-  }
+  void send(const void* buf, size_t bytes, int dst, int tag) override { host_.send(h(buf), bytes, dst, tag); }
+  void recv(void* buf, size_t bytes, int src, int tag) override { host_.recv(h(buf), bytes, src, tag); }
   std::unique_ptr<PendingSend> isend(const void* buf, size_t bytes, int dst, int tag) override {
-    kernels::DeviceLikeAccess a;
-    return host_.isend(buf, bytes, dst, tag);
+    return host_.isend(h(buf), bytes, dst, tag);
   }
   void all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets, void* recv,
                     const size_t* recv_bytes, const size_t* recv_offsets) override {
-    kernels::DeviceLikeAccess a;
-    host_.all_to_all_v(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
+    host_.all_to_all_v(h(send), send_bytes, send_offsets, h(recv), recv_bytes, recv_offsets);
   }
-  void all_gather(const void* send, size_t bytes, void* recv) override {
-    kernels::DeviceLikeAccess a;
-    host_.all_gather(send, bytes, recv);
-  }
+  void all_gather(const void* send, size_t bytes, void* recv) override { host_.all_gather(h(send), bytes, h(recv)); }
   void all_reduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op) override {
-    kernels::DeviceLikeAccess a;
-    host_.all_reduce(buf, count, dtype, op);
+    host_.all_reduce(h(buf), count, dtype, op);
   }
-  void broadcast(void* buf, size_t bytes, int root) override {
-    kernels::DeviceLikeAccess a;
-    host_.broadcast(buf, bytes, root);
-  }
+  void broadcast(void* buf, size_t bytes, int root) override { host_.broadcast(h(buf), bytes, root); }
   std::unique_ptr<Comm> split(int color, int key) override {
-    auto h = host_.split(color, key);
-    Comm& ref = *h;
-    return std::make_unique<DeviceLikeComm>(ref, std::move(h));
+    auto c = host_.split(color, key);
+    Comm& ref = *c;
+    return std::make_unique<DeviceLikeComm>(ref, std::move(c));
+  }
+
+ private:
+  template <class T>
+  static T* h(T* p) {
+    return kernels::device_like_host_address(p);
   }
 };
 

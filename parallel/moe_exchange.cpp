@@ -205,9 +205,10 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
   n_recv_ = recv_first_[p];
   n_ret_ = p > 1 ? n_send : 0;
 
-  // 3-4. The rows (and, on the host path, the entries with them) to the table; on one rank x
-  //      itself is the table.
-  if (device_) move_rows_device(x, recv_toks);
+  // 3-4. Host payload: the rows and the entries together to the table. Device payload: the
+  //      entries alone now over the host comm (the rows move once the plan is complete). On one
+  //      rank x itself is the table.
+  if (device_) exchange_entries(x, recv_toks);
   else move_rows_host(x, recv_toks);
 
   // 5. Arrival order is source-major, slot order within a source; a stable sort by tag gives
@@ -263,12 +264,8 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
     for (int64_t g = send_first_[r]; g < send_first_[r + 1]; ++g)
       slot_row_[send_slot_[g]] =
           int32_t(r == me ? sorted_pos[recv_first_[me] + g - send_first_[me]] : n_recv_ + g);
-  if (device_) {
-    dev_results_.reserve(size_t(std::max<int64_t>(n_recv_ + n_ret_, 1) * d) * sizeof(float));
-    upload_indices();
-  } else {
-    results_.reserve(size_t(std::max<int64_t>(n_recv_ + n_ret_, 1) * d));
-  }
+  if (device_) move_rows_device(x);
+  else results_.reserve(size_t(std::max<int64_t>(n_recv_ + n_ret_, 1) * d));
   dispatched_ = true;
 }
 
@@ -325,11 +322,10 @@ void MoeExchange::move_rows_host(const float* x, const std::vector<int64_t>& rec
   table_rows_ = rows;
 }
 
-// Device payload: the entries go over the host comm; the rows are gathered into a send wire and
-// into this rank's own block of the table by the backend and moved by the payload comm.
-void MoeExchange::move_rows_device(const float* x, const std::vector<int64_t>& recv_toks) {
+// Device payload, plan half: the table's layout (each source's distinct tokens, no entry rows)
+// and the slot entries over the host comm.
+void MoeExchange::exchange_entries(const float* x, const std::vector<int64_t>& recv_toks) {
   const int p = comm_.size(), me = comm_.rank();
-  const int64_t d = d_;
   block_first_.assign(p, 0);
   recv_block_rows_.assign(p, 0);
   send_block_rows_.assign(p, 0);
@@ -343,64 +339,63 @@ void MoeExchange::move_rows_device(const float* x, const std::vector<int64_t>& r
   CHECK(rows < (int64_t(1) << 31) && n_recv_ + n_ret_ < (int64_t(1) << 31), "MoE dispatch on rank ",
         me, ": ", rows, " table rows and ", n_recv_ + n_ret_,
         " result rows, more than int32 row indices can address");
-  if (p == 1) {
-    n_pack_ = n_own_ = 0;
-    table_ = x;
-    table_rows_ = m_;
-    return;
-  }
+  table_rows_ = p == 1 ? m_ : rows;
+  table_ = p == 1 ? x : nullptr;  // set by move_rows_device otherwise
+  if (p == 1) return;
   recv_entry_.resize(size_t(2 * n_recv_));
   exchange(comm_, send_entry_.data(), send_slots_, 2 * sizeof(int32_t), recv_entry_.data(), recv_slots_);
-  // Pack order: peers' tokens in destination order (the wire), then this rank's own.
-  dev_index_host_.clear();
-  for (int r = 0; r < p; ++r)
-    if (r != me)
-      dev_index_host_.insert(dev_index_host_.end(), send_tok_.begin() + send_tok_first_[r],
-                             send_tok_.begin() + send_tok_first_[r + 1]);
-  n_pack_ = int64_t(dev_index_host_.size());
-  dev_index_host_.insert(dev_index_host_.end(), send_tok_.begin() + send_tok_first_[me],
-                         send_tok_.begin() + send_tok_first_[me + 1]);
-  n_own_ = int64_t(dev_index_host_.size()) - n_pack_;
-  const int32_t* idx = static_cast<const int32_t*>(
-      dev_index_.reserve(dev_index_host_.size() * sizeof(int32_t)));
-  be_->to_device(dev_index_.p, dev_index_host_.data(), dev_index_host_.size() * sizeof(int32_t));
-  float* wire = static_cast<float*>(dev_wire_.reserve(size_t(std::max<int64_t>(n_pack_, 1) * d) * sizeof(float)));
-  float* table = static_cast<float*>(dev_table_.reserve(size_t(std::max<int64_t>(rows, 1) * d) * sizeof(float)));
-  if (n_pack_) be_->gather_rows({x, idx, n_pack_, d, wire});
-  if (n_own_) be_->gather_rows({x, idx + n_pack_, n_own_, d, table + block_first_[me] * d});
+}
+
+// Device payload, payload half, once the plan is complete: every index array the backend's
+// kernels read goes down in one transfer, [pack | own | recv_row | slot_row | back]: pack = the
+// peers' tokens in destination order (the send wire), own = this rank's tokens (its block of the
+// table), back = the result row of each arrival slot from another rank, in arrival order (the
+// combine wire). Then the rows are gathered and moved over the payload comm.
+void MoeExchange::move_rows_device(const float* x) {
+  const int p = comm_.size(), me = comm_.rank();
+  const int64_t d = d_;
+  std::vector<int32_t>& h = dev_index_host_;
+  h.clear();
+  if (p > 1)
+    for (int r = 0; r < p; ++r)
+      if (r != me) h.insert(h.end(), send_tok_.begin() + send_tok_first_[r], send_tok_.begin() + send_tok_first_[r + 1]);
+  n_pack_ = int64_t(h.size());
+  if (p > 1) h.insert(h.end(), send_tok_.begin() + send_tok_first_[me], send_tok_.begin() + send_tok_first_[me + 1]);
+  n_own_ = int64_t(h.size()) - n_pack_;
+  h.insert(h.end(), recv_row_.begin(), recv_row_.end());
+  h.insert(h.end(), slot_row_.begin(), slot_row_.end());
+  n_back_ = 0;
+  if (p > 1) {
+    std::vector<int32_t>& pos = back_pos_;  // arrival slot -> its row in the results
+    pos.assign(size_t(n_recv_), -1);
+    for (int64_t i = 0; i < n_recv_; ++i) pos[size_t(order_[i])] = int32_t(i);
+    for (int r = 0; r < p; ++r)
+      if (r != me)
+        for (int64_t k = recv_first_[r]; k < recv_first_[r + 1]; ++k, ++n_back_) h.push_back(pos[size_t(k)]);
+  }
+  // Every buffer is reserved before anything moves (a reserve() that grows drops its old block).
+  int32_t* idx = static_cast<int32_t*>(dev_index_.reserve(h.size() * sizeof(int32_t)));
+  dev_results_.reserve(size_t(std::max<int64_t>(n_recv_ + n_ret_, 1) * d) * sizeof(float));
+  float* wire = nullptr;
+  float* table = nullptr;
+  if (p > 1) {
+    wire = static_cast<float*>(dev_wire_.reserve(size_t(std::max<int64_t>(n_pack_, 1) * d) * sizeof(float)));
+    table = static_cast<float*>(dev_table_.reserve(size_t(std::max<int64_t>(table_rows_, 1) * d) * sizeof(float)));
+    dev_back_.reserve(size_t(std::max<int64_t>(n_back_, 1) * d) * sizeof(float));
+  }
+  be_->to_device(idx, h.data(), h.size() * sizeof(int32_t));
+  dev_pack_ = idx;
+  dev_own_ = idx + n_pack_;
+  dev_recv_row_ = dev_own_ + n_own_;
+  dev_slot_row_ = dev_recv_row_ + n_recv_;
+  dev_back_idx_ = dev_slot_row_ + m_ * top_k_;
+  if (p == 1) return;  // table_ is x
+  if (n_pack_) be_->gather_rows({x, dev_pack_, n_pack_, d, wire});
+  if (n_own_) be_->gather_rows({x, dev_own_, n_own_, d, table + block_first_[me] * d});
   const uint64_t before = bytes_sent_;
   exchange(*payload_comm_, wire, send_block_rows_, size_t(d) * sizeof(float), table, recv_block_rows_);
   payload_bytes_sent_ += bytes_sent_ - before;
   table_ = table;
-  table_rows_ = rows;
-}
-
-// The index arrays the backend's kernels read, in one transfer: recv_row and slot_row (the
-// caller's gather and combine), and for combine the result row of each arrival slot that goes
-// back to another rank, in arrival order.
-void MoeExchange::upload_indices() {
-  const int p = comm_.size(), me = comm_.rank();
-  std::vector<int32_t>& h = dev_index_host_;
-  const size_t base = size_t(n_pack_ + n_own_);
-  h.resize(base);
-  h.insert(h.end(), recv_row_.begin(), recv_row_.end());
-  h.insert(h.end(), slot_row_.begin(), slot_row_.end());
-  std::vector<int32_t> back(size_t(n_recv_), -1);
-  for (int64_t i = 0; i < n_recv_; ++i) back[size_t(order_[i])] = int32_t(i);
-  n_back_ = 0;
-  if (p > 1)
-    for (int r = 0; r < p; ++r)
-      if (r != me)
-        for (int64_t k = recv_first_[r]; k < recv_first_[r + 1]; ++k, ++n_back_) h.push_back(back[size_t(k)]);
-  int32_t* dev = static_cast<int32_t*>(dev_index_.reserve(h.size() * sizeof(int32_t)));
-  // The pack indices of this dispatch were already used from the front of dev_index_ (a
-  // reserve() that grows drops them: they are sent again with the rest, harmlessly).
-  be_->to_device(dev, h.data(), h.size() * sizeof(int32_t));
-  dev_pack_ = dev;
-  dev_own_ = dev + n_pack_;
-  dev_recv_row_ = dev + base;
-  dev_slot_row_ = dev_recv_row_ + n_recv_;
-  dev_back_idx_ = dev_slot_row_ + m_ * top_k_;
 }
 
 void MoeExchange::combine() {
@@ -413,9 +408,10 @@ void MoeExchange::combine() {
   const uint64_t before = bytes_sent_;
   if (device_) {
     // Results for other ranks, gathered into arrival order without this rank's own source.
-    std::vector<int64_t> back_rows(recv_slots_);
-    back_rows[me] = 0;
-    float* back = static_cast<float*>(dev_back_.reserve(size_t(std::max<int64_t>(n_back_, 1)) * row_bytes));
+    back_rows_ = recv_slots_;
+    back_rows_[me] = 0;
+    std::vector<int64_t>& back_rows = back_rows_;
+    float* back = dev_back_.as<float>();
     float* res = dev_results_.as<float>();
     if (n_back_) be_->gather_rows({res, dev_back_idx_, n_back_, d, back});
     exchange(*payload_comm_, back, back_rows, row_bytes, res + n_recv_ * d, send_slots_);

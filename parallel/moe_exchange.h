@@ -115,8 +115,8 @@ class MoeExchange {
   void exchange(Comm& comm, const void* send, const std::vector<int64_t>& send_rows, size_t row_bytes,
                 void* recv, const std::vector<int64_t>& recv_rows, bool include_self = false);
   void move_rows_host(const float* x, const std::vector<int64_t>& recv_toks);
-  void move_rows_device(const float* x, const std::vector<int64_t>& recv_toks);
-  void upload_indices();
+  void exchange_entries(const float* x, const std::vector<int64_t>& recv_toks);
+  void move_rows_device(const float* x);
 
   Comm& comm_;
   Comm* payload_comm_ = nullptr;
@@ -156,12 +156,11 @@ class MoeExchange {
   Scratch<float> results_, back_;
   std::vector<int32_t> slot_row_;
   uint64_t payload_bytes_sent_ = 0;
-  // Device payload: slot entries arrive over the host comm; token rows are packed from x by
-  // index (pack_: peers' tokens in destination order, then own_: this rank's) and results go
-  // back by index (back_: result row of each returned arrival slot, own source left out). The
-  // index arrays go to the backend in one transfer: [pack | own | recv_row | slot_row | back].
+  // Device payload: slot entries arrive over the host comm; once the plan is complete, token rows
+  // are packed from x by index and results go back by index (see move_rows_device).
   std::vector<int32_t> recv_entry_;  // [n_recv * 2] (row, tag) per arrival slot
-  std::vector<int32_t> dev_index_host_;
+  std::vector<int32_t> dev_index_host_, back_pos_;
+  std::vector<int64_t> back_rows_;
   int64_t n_pack_ = 0, n_own_ = 0, n_back_ = 0;
   DeviceScratch dev_index_, dev_wire_, dev_table_, dev_results_, dev_back_;
   const int32_t *dev_pack_ = nullptr, *dev_own_ = nullptr, *dev_recv_row_ = nullptr,

@@ -15,6 +15,9 @@
 #include <nccl.h>
 
 #include <cstdlib>
+#include <exception>
+#include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -77,6 +80,20 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   GLM5_FAIL("nccl all_reduce: unknown op ", int(op));
 }
 
+// The stream every stream-ordered NCCL communicator of a device enqueues on: their operations then
+// run in the order the host issued them, as in the blocking mode, instead of as kernels of
+// several communicators running concurrently, which NCCL documents as a deadlock risk (one
+// communicator's kernel can wait for a peer that is itself stuck behind another communicator's).
+// The engine issues them in tick order on every rank, which is what makes that order safe.
+cudaStream_t shared_comm_stream(int device) {
+  static std::mutex mu;
+  static std::map<int, cudaStream_t> streams;
+  std::lock_guard<std::mutex> lock(mu);
+  cudaStream_t& s = streams[device];
+  if (!s) CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
 class NcclComm final : public Comm {
  public:
   NcclComm(ncclComm_t comm, int device, Comm* host, cudaStream_t work)
@@ -84,7 +101,10 @@ class NcclComm final : public Comm {
     NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
     NCCL_CHECK(ncclCommCount(comm_, &size_));
     CUDA_CHECK(cudaSetDevice(device_));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    if (work_)
+      stream_ = shared_comm_stream(device_);  // one NCCL stream for every stream-ordered comm
+    else
+      CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaMalloc(&token_, sizeof(int)));
     if (work_) {
       CUDA_CHECK(cudaEventCreateWithFlags(&work_done_, cudaEventDisableTiming));
@@ -92,19 +112,24 @@ class NcclComm final : public Comm {
     }
   }
 
+  // Unwinding from an error (or after one), operations may be pending that a failed peer will
+  // never match: abort them (ncclCommAbort ends the kernels) instead of waiting for them, so the
+  // rank reaches MPI_Abort rather than hanging here or in the backend's final stream sync.
   ~NcclComm() override {
     cudaSetDevice(device_);
+    const bool abort = failed_ || std::uncaught_exceptions() > 0;
     if (comm_) {
-      if (failed_)
+      if (abort) {
         ncclCommAbort(comm_);
-      else
+      } else {
+        cudaStreamSynchronize(stream_);
         ncclCommDestroy(comm_);
+      }
     }
-    if (stream_) cudaStreamSynchronize(stream_);
     cudaFree(token_);
     if (work_done_) cudaEventDestroy(work_done_);
     if (comm_done_) cudaEventDestroy(comm_done_);
-    if (stream_) cudaStreamDestroy(stream_);
+    if (stream_ && !work_) cudaStreamDestroy(stream_);  // the shared stream lives on
   }
 
   const char* transport() const override { return "nccl"; }
@@ -212,11 +237,13 @@ class NcclComm final : public Comm {
     finish("broadcast");
   }
 
-  // A one-int all-reduce: returns on every rank only after all ranks have entered.
+  // A one-int all-reduce: returns on every rank only after all ranks have entered, in both
+  // orderings (the host waits for it, watching async errors).
   void barrier() override {
     begin();
     NCCL_CHECK(ncclAllReduce(token_, token_, 1, ncclInt32, ncclSum, comm_, stream_));
     finish("barrier");
+    if (work_) poll("barrier");
   }
 
   std::unique_ptr<Comm> split(int color, int key) override {
@@ -277,6 +304,11 @@ class NcclComm final : public Comm {
       CUDA_CHECK(cudaStreamWaitEvent(work_, comm_done_, 0));
       return;
     }
+    poll(what);
+  }
+
+  // Waits on the host for this communicator's stream, throwing on an NCCL async error.
+  void poll(const char* what) {
     for (;;) {
       const cudaError_t e = cudaStreamQuery(stream_);
       if (e == cudaSuccess) return;

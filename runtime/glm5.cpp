@@ -274,7 +274,6 @@ Model::~Model() = default;
 
 size_t Model::moe_bytes_sent() const { return exchange_->ex.bytes_sent(); }
 size_t Model::moe_payload_bytes_sent() const { return exchange_->ex.payload_bytes_sent(); }
-const parallel::Comm* Model::moe_payload_comm() const { return exchange_->staged.get(); }
 
 // ---------------------------------------------------------------------------------------------
 // Forward

@@ -86,9 +86,6 @@ class Model {
   int64_t rows_not_k() const { return rows_not_k_; }
   size_t moe_bytes_sent() const;
   size_t moe_payload_bytes_sent() const;  // of which token rows and results
-  // The staging communicator the model made for its MoE payload (no payload_comm given to a
-  // device backend), else nullptr.
-  const parallel::Comm* moe_payload_comm() const;
   double moe_comm_seconds() const { return moe_comm_seconds_; }
 
  private:

@@ -3,15 +3,18 @@
 // loop's many short-lived buffers cost no raw allocation and no device sync after the first step.
 //
 // Ordering: a backend with one in-order work queue (a CUDA stream) may hand a freed block to the
-// next alloc() at once: every later use of it is queued behind every earlier use. The caller
-// must not free a block that work on another queue (a communicator's stream) may still touch
-// until that work is ordered before the queue (an event), which is the communicators' contract.
+// next alloc() at once: every later use of it is queued behind every earlier use. A block that
+// work on another queue (a communicator's stream) may still touch must not be freed until that
+// work is ordered before the backend's queue (an event) or has completed (an isend's done()):
+// the communicators' contract, which this class cannot check.
 //
-// Sizes are rounded up to size classes (512 bytes, then powers of two split in 4 steps: at most
-// 25 % waste), and a request takes the smallest free block of its class or up to twice its size,
-// so a buffer that grows step by step (attention over a growing context) costs a raw allocation
-// only every ~25 % of growth, not every step. A miss that the raw allocator cannot serve returns
-// every cached block to it and tries once more (release_cached()).
+// Sizes are rounded up to size classes (512 bytes, then powers of two split in 4 steps: up to 25 %
+// rounding), and a request takes the smallest free block of its class or of up to twice its size
+// (so a block may be up to 2.5x the request), so a buffer that grows step by step (attention over
+// a growing context) costs a raw allocation only every ~25 % of growth, not every step. Like
+// PyTorch's caching allocator, freed blocks stay cached until a raw allocation fails: then every
+// cached block goes back to the raw allocator and the allocation is tried once more; a backend
+// whose other allocations fail (a library's workspace) calls release_cached() itself.
 #pragma once
 
 #include <cstddef>
@@ -38,7 +41,7 @@ class CachingAllocator {
   // A block of at least `bytes` (nullptr for 0 bytes, or when even an emptied cache leaves the
   // raw allocator unable to serve it: the caller reports that with its own words).
   void* alloc(size_t bytes) {
-    if (bytes == 0) return nullptr;
+    if (bytes == 0 || bytes > kMaxBytes) return nullptr;
     const size_t size = size_class(bytes);
     std::lock_guard<std::mutex> lock(mu_);
     auto it = free_.lower_bound(size);  // entries are never empty
@@ -85,10 +88,21 @@ class CachingAllocator {
     return live_.count(const_cast<void*>(p)) > 0;
   }
   // Raw allocator calls so far (the step loop's should stay at 0 once warm) and raw frees.
-  uint64_t raw_allocs() const { return raw_allocs_; }
-  uint64_t raw_frees() const { return raw_frees_; }
-  size_t cached_bytes() const { return cached_bytes_; }
+  uint64_t raw_allocs() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return raw_allocs_;
+  }
+  uint64_t raw_frees() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return raw_frees_;
+  }
+  size_t cached_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cached_bytes_;
+  }
 
+  // Largest request served (a size_t from a negative count is refused, not looped over).
+  static constexpr size_t kMaxBytes = size_t(1) << 48;
   static size_t size_class(size_t bytes) {
     constexpr size_t kMin = 512;
     if (bytes <= kMin) return kMin;

@@ -2,7 +2,8 @@
 // Memory comes from a CachingAllocator over 64-byte aligned host blocks that are registered in a
 // process-wide table, so transfers, ops and host communicators can tell device from host
 // pointers. Every op checks that the pointers it is given are device memory: a host array passed
-// to an op is the bug that would crash a GPU run, found here on any machine.
+// to an op is the bug that would crash a GPU run, found here on any machine, and the addresses it
+// hands out fault when host code dereferences them.
 #include "cpu/device_like.h"
 
 #include <atomic>
@@ -10,6 +11,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include "core/caching_allocator.h"
 
@@ -18,7 +21,6 @@ namespace glm5::kernels {
 namespace {
 
 std::atomic<int> g_live_backends{0};
-thread_local int t_access = 0;
 
 struct Registry {
   std::mutex mu;
@@ -57,6 +59,21 @@ void free_block(void* p) {
   std::free(p);
 }
 
+// Device addresses are host addresses with bit 63 set: not canonical on x86-64, so host code
+// that dereferences one faults at once instead of reading the "device" memory; ops, transfers
+// and device communicators translate them back (device_like_host_address).
+constexpr uintptr_t kDeviceBit = uintptr_t(1) << 63;
+template <class T>
+T* tag(T* p) {
+  return p ? reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) | kDeviceBit) : p;
+}
+template <class T>
+T* untag(T* p) {
+  return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) & ~kDeviceBit);
+}
+// Byte value written over freed blocks: NaN as float, -1 as int32, so a read after free shows.
+constexpr int kPoison = 0xFF;
+
 class DeviceLikeBackend final : public Backend {
  public:
   DeviceLikeBackend() : cpu_(make_cpu_backend()), cache_(raw_block, free_block) { ++g_live_backends; }
@@ -78,16 +95,24 @@ class DeviceLikeBackend final : public Backend {
     if (bytes == 0) return nullptr;
     void* p = cache_.alloc(bytes);
     CHECK(p, "backend cpu-devicelike: cannot allocate ", bytes, " bytes");
-    return p;
+    sizes_[p] = bytes;
+    return tag(p);
   }
+  // Freed blocks are poisoned: a kernel or a communicator still reading one (a buffer freed before
+  // its send completed) gets NaNs, which the bitwise tests see.
   void free(void* p) override {
-    CHECK(cache_.free(p), "backend cpu-devicelike: free() of a pointer it did not allocate");
+    if (!p) return;
+    void* h = untag(p);
+    auto it = sizes_.find(h);
+    CHECK(it != sizes_.end() && cache_.free(h), "backend cpu-devicelike: free() of a pointer it did not allocate");
+    std::memset(h, kPoison, it->second);
+    sizes_.erase(it);
   }
   void to_device(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     CHECK(is_device_like_memory(dst, bytes) && !is_device_like_memory(src, bytes),
           "backend cpu-devicelike: to_device needs a device destination and a host source");
-    std::memcpy(dst, src, bytes);
+    std::memcpy(untag(dst), src, bytes);
     counters_.to_device_bytes += bytes;
     ++counters_.to_device_calls;
   }
@@ -95,134 +120,159 @@ class DeviceLikeBackend final : public Backend {
     if (bytes == 0) return;
     CHECK(is_device_like_memory(src, bytes) && !is_device_like_memory(dst, bytes),
           "backend cpu-devicelike: to_host needs a device source and a host destination");
-    std::memcpy(dst, src, bytes);
+    std::memcpy(dst, untag(src), bytes);
     counters_.to_host_bytes += bytes;
     ++counters_.to_host_calls;
   }
   const void* upload(const void* host, size_t bytes) override {
-    void* p = alloc(std::max<size_t>(bytes, 1));
+    void* p = cache_.alloc(std::max<size_t>(bytes, 1));
+    CHECK(p, "backend cpu-devicelike: cannot allocate ", bytes, " bytes for an upload");
     if (bytes) std::memcpy(p, host, bytes);
     uploads_.push_back(p);
-    return p;
+    return tag(p);
   }
 
+  // Each op: every operand must be device memory; the cpu backend runs on the host addresses.
   void gemm(const GemmParams& p) override {
     ++counters_.op_calls;
-    need(p.x, "gemm x"), need(p.y, "gemm y"), need(p.w, "gemm");
-    cpu_->gemm(p);
+    cpu_->gemm(host(p));
   }
   void gemm_batch(const GemmParams* ps, size_t n) override {
     ++counters_.op_calls;
-    for (size_t i = 0; i < n; ++i) need(ps[i].x, "gemm x"), need(ps[i].y, "gemm y"), need(ps[i].w, "gemm");
-    cpu_->gemm_batch(ps, n);
+    std::vector<GemmParams> h(ps, ps + n);
+    for (GemmParams& g : h) g = host(g);
+    cpu_->gemm_batch(h.data(), n);
   }
   void rms_norm(const RmsNormParams& p) override {
     ++counters_.op_calls;
-    need(p.x, "rms_norm x"), need(p.weight, "rms_norm weight"), need(p.y, "rms_norm y");
-    cpu_->rms_norm(p);
+    RmsNormParams q = p;
+    q.x = dev(p.x, "rms_norm x"), q.weight = dev(p.weight, "rms_norm weight"), q.y = dev(p.y, "rms_norm y");
+    cpu_->rms_norm(q);
   }
   void layer_norm(const LayerNormParams& p) override {
     ++counters_.op_calls;
-    need(p.x, "layer_norm x"), need(p.weight, "layer_norm weight"), need(p.y, "layer_norm y");
-    if (p.bias) need(p.bias, "layer_norm bias");
-    cpu_->layer_norm(p);
+    LayerNormParams q = p;
+    q.x = dev(p.x, "layer_norm x"), q.weight = dev(p.weight, "layer_norm weight");
+    q.bias = dev(p.bias, "layer_norm bias"), q.y = dev(p.y, "layer_norm y");
+    cpu_->layer_norm(q);
   }
   void rope(const RopeParams& p) override {
     ++counters_.op_calls;
-    need(p.x, "rope x"), need(p.positions, "rope positions"), need(p.inv_freq, "rope inv_freq");
-    cpu_->rope(p);
+    RopeParams q = p;
+    q.x = dev(p.x, "rope x"), q.positions = dev(p.positions, "rope positions");
+    q.inv_freq = dev(p.inv_freq, "rope inv_freq");
+    cpu_->rope(q);
   }
   void indexer_scores(const IndexerScoresParams& p) override {
     ++counters_.op_calls;
-    need(p.q, "indexer q"), need(p.weights, "indexer weights"), need(p.k, "indexer k");
-    need(p.q_pos, "indexer q_pos"), need(p.scores, "indexer scores"), need(p.pages, "indexer");
-    cpu_->indexer_scores(p);
+    IndexerScoresParams q = p;
+    q.q = dev(p.q, "indexer q"), q.weights = dev(p.weights, "indexer weights"), q.k = dev(p.k, "indexer k");
+    q.q_pos = dev(p.q_pos, "indexer q_pos"), q.scores = dev(p.scores, "indexer scores");
+    q.pages.block_table = dev(p.pages.block_table, "indexer block table");
+    cpu_->indexer_scores(q);
   }
   void topk(const TopkParams& p) override {
     ++counters_.op_calls;
-    need(p.scores, "topk scores"), need(p.indices, "topk indices");
-    cpu_->topk(p);
+    TopkParams q = p;
+    q.scores = dev(p.scores, "topk scores"), q.indices = dev(p.indices, "topk indices");
+    cpu_->topk(q);
   }
   void mla_prefill(const MlaPrefillParams& p) override {
     ++counters_.op_calls;
-    need(p.q, "mla_prefill q"), need(p.kv, "mla_prefill kv"), need(p.k_pe, "mla_prefill k_pe");
-    need(p.q_pos, "mla_prefill q_pos"), need(p.out, "mla_prefill out");
-    if (p.topk) need(p.topk, "mla_prefill topk");
-    cpu_->mla_prefill(p);
+    MlaPrefillParams q = p;
+    q.q = dev(p.q, "mla_prefill q"), q.kv = dev(p.kv, "mla_prefill kv"), q.k_pe = dev(p.k_pe, "mla_prefill k_pe");
+    q.q_pos = dev(p.q_pos, "mla_prefill q_pos"), q.topk = dev(p.topk, "mla_prefill topk");
+    q.out = dev(p.out, "mla_prefill out");
+    cpu_->mla_prefill(q);
   }
   void mla_decode(const MlaDecodeParams& p) override {
     ++counters_.op_calls;
-    need(p.q_lat, "mla_decode q_lat"), need(p.cache, "mla_decode cache"), need(p.q_pos, "mla_decode q_pos");
-    need(p.out_lat, "mla_decode out_lat"), need(p.pages, "mla_decode");
-    if (p.topk) need(p.topk, "mla_decode topk");
-    cpu_->mla_decode(p);
+    MlaDecodeParams q = p;
+    q.q_lat = dev(p.q_lat, "mla_decode q_lat"), q.cache = dev(p.cache, "mla_decode cache");
+    q.q_pos = dev(p.q_pos, "mla_decode q_pos"), q.topk = dev(p.topk, "mla_decode topk");
+    q.out_lat = dev(p.out_lat, "mla_decode out_lat");
+    q.pages.block_table = dev(p.pages.block_table, "mla_decode block table");
+    cpu_->mla_decode(q);
   }
   void router(const RouterParams& p) override {
     ++counters_.op_calls;
-    need(p.logits, "router logits"), need(p.expert_ids, "router expert_ids");
-    need(p.expert_weights, "router expert_weights");
-    if (p.bias) need(p.bias, "router bias");
-    cpu_->router(p);
+    RouterParams q = p;
+    q.logits = dev(p.logits, "router logits"), q.bias = dev(p.bias, "router bias");
+    q.expert_ids = dev(p.expert_ids, "router expert_ids"), q.expert_weights = dev(p.expert_weights, "router expert_weights");
+    cpu_->router(q);
   }
   void swiglu(const SwigluParams& p) override {
     ++counters_.op_calls;
-    need(p.gate, "swiglu gate"), need(p.up, "swiglu up"), need(p.out, "swiglu out");
-    cpu_->swiglu(p);
+    SwigluParams q = p;
+    q.gate = dev(p.gate, "swiglu gate"), q.up = dev(p.up, "swiglu up"), q.out = dev(p.out, "swiglu out");
+    cpu_->swiglu(q);
   }
   void embedding(const EmbeddingParams& p) override {
     ++counters_.op_calls;
-    need(p.table, "embedding"), need(p.ids, "embedding ids"), need(p.out, "embedding out");
-    cpu_->embedding(p);
+    EmbeddingParams q = p;
+    q.table = weight(p.table, "embedding"), q.ids = dev(p.ids, "embedding ids"), q.out = dev(p.out, "embedding out");
+    cpu_->embedding(q);
   }
   void gather_rows(const GatherRowsParams& p) override {
     ++counters_.op_calls;
-    need(p.src, "gather_rows src"), need(p.rows, "gather_rows rows"), need(p.dst, "gather_rows dst");
-    cpu_->gather_rows(p);
+    GatherRowsParams q = p;
+    q.src = dev(p.src, "gather_rows src"), q.rows = dev(p.rows, "gather_rows rows"), q.dst = dev(p.dst, "gather_rows dst");
+    cpu_->gather_rows(q);
   }
   void moe_combine(const MoeCombineParams& p) override {
     ++counters_.op_calls;
-    need(p.expert_out, "moe_combine expert_out"), need(p.slots, "moe_combine slots");
-    need(p.weights, "moe_combine weights"), need(p.out, "moe_combine out");
-    cpu_->moe_combine(p);
+    MoeCombineParams q = p;
+    q.expert_out = dev(p.expert_out, "moe_combine expert_out"), q.slots = dev(p.slots, "moe_combine slots");
+    q.weights = dev(p.weights, "moe_combine weights"), q.out = dev(p.out, "moe_combine out");
+    cpu_->moe_combine(q);
   }
   void add(const AddParams& p) override {
     ++counters_.op_calls;
-    need(p.x, "add x"), need(p.y, "add y");
-    cpu_->add(p);
+    AddParams q = p;
+    q.x = dev(p.x, "add x"), q.y = dev(p.y, "add y");
+    cpu_->add(q);
   }
   void copy_2d(const Copy2dParams& p) override {
     ++counters_.op_calls;
-    need(p.src, "copy_2d src"), need(p.dst, "copy_2d dst");
-    cpu_->copy_2d(p);
+    Copy2dParams q = p;
+    q.src = dev(p.src, "copy_2d src"), q.dst = dev(p.dst, "copy_2d dst");
+    cpu_->copy_2d(q);
   }
   void paged_write(const PagedWriteParams& p) override {
     ++counters_.op_calls;
-    need(p.src, "paged_write src"), need(p.pos, "paged_write pos"), need(p.pool, "paged_write pool");
-    need(p.pages, "paged_write");
-    cpu_->paged_write(p);
+    PagedWriteParams q = p;
+    q.src = dev(p.src, "paged_write src"), q.pos = dev(p.pos, "paged_write pos"), q.pool = dev(p.pool, "paged_write pool");
+    q.pages.block_table = dev(p.pages.block_table, "paged_write block table");
+    cpu_->paged_write(q);
   }
 
  private:
-  // An op's operand must be device memory (a null pointer with nothing to read is the op's own
-  // business: it validates its parameters).
-  static void need(const void* p, const char* what) {
+  // An operand's host address; it must be device memory (a null pointer is the op's own business:
+  // it validates its parameters).
+  template <class T>
+  static T* dev(T* p, const char* what) {
     CHECK(!p || is_device_like_memory(p, 1), "backend cpu-devicelike: ", what,
           " is host memory; a device backend's ops take device pointers only");
+    return p ? untag(p) : p;
   }
-  static void need(const Weight& w, const char* what) {
+  static Weight weight(Weight w, const char* what) {
     CHECK(!w.data || is_device_like_memory(w.data, 1), "backend cpu-devicelike: ", what,
           " weight is host memory (not uploaded)");
     CHECK(!w.scale || is_device_like_memory(w.scale, 1), "backend cpu-devicelike: ", what,
           " weight scales are host memory (not uploaded)");
+    w.data = w.data ? untag(w.data) : w.data;
+    w.scale = w.scale ? untag(w.scale) : w.scale;
+    return w;
   }
-  static void need(const KeyPages& k, const char* what) {
-    CHECK(!k.block_table || is_device_like_memory(k.block_table, 1), "backend cpu-devicelike: ",
-          what, " block table is host memory");
+  static GemmParams host(GemmParams g) {
+    g.x = dev(g.x, "gemm x"), g.y = dev(g.y, "gemm y"), g.w = weight(g.w, "gemm");
+    return g;
   }
 
   std::unique_ptr<Backend> cpu_;
   CachingAllocator cache_;
-  std::vector<void*> uploads_;
+  std::vector<void*> uploads_;                // host addresses
+  std::unordered_map<void*, size_t> sizes_;   // live alloc() blocks (host address) -> bytes asked
   mutable DeviceLikeCounters counters_;
 };
 
@@ -236,15 +286,17 @@ const DeviceLikeCounters* device_like_counters(const Backend& be) {
 std::unique_ptr<Backend> make_device_like_backend() { return std::make_unique<DeviceLikeBackend>(); }
 
 bool is_device_like_memory(const void* p, size_t bytes) {
-  if (!p || g_live_backends.load(std::memory_order_relaxed) == 0) return false;
-  return Registry::get().contains(p, bytes);
+  if (!p || !(reinterpret_cast<uintptr_t>(p) & kDeviceBit) || g_live_backends.load(std::memory_order_relaxed) == 0)
+    return false;
+  return Registry::get().contains(untag(p), bytes);
 }
 
-DeviceLikeAccess::DeviceLikeAccess() { ++t_access; }
-DeviceLikeAccess::~DeviceLikeAccess() { --t_access; }
+const void* device_like_host_address(const void* p) {
+  return is_device_like_memory(p, 1) ? untag(p) : p;
+}
 
 void check_host_pointer(const void* p, size_t bytes, const char* what) {
-  if (t_access > 0 || bytes == 0) return;
+  if (bytes == 0) return;
   CHECK(!is_device_like_memory(p, bytes), what, " was handed device memory (", bytes,
         " bytes): host communicators take host buffers only; device payloads go over the "
         "device communicator or through staging");

@@ -99,6 +99,7 @@ TEST(CachingAllocator, AMissThatDoesNotFitReleasesTheCacheFirst) {
   EXPECT_EQ(a.cached_bytes(), 0u);
   // More than the device holds: nullptr, no throw, nothing lost.
   EXPECT_EQ(a.alloc(4u << 20), nullptr);
+  EXPECT_EQ(a.alloc(size_t(-64)), nullptr);  // a negative size cast to size_t: refused at once
   EXPECT_TRUE(a.owns(q));
   EXPECT_TRUE(a.free(q));
 }

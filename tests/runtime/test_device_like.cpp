@@ -5,6 +5,7 @@
 // of backend calls whatever its batch size.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "model_fixture.h"
@@ -118,6 +119,14 @@ TEST(DeviceLike, HostPointersGivenToOpsAreRefused) {
     EXPECT_NE(std::string(e.what()).find("add x is host memory"), std::string::npos) << e.what();
   }
   EXPECT_THROW(m.backend->to_device(host.data(), dev, 64), Error);  // directions swapped
+  m.backend->free(dev);
+}
+
+TEST(DeviceLikeDeathTest, HostCodeReadingDeviceMemoryFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  OneProcessModel m(std::string(GLM5_TEST_DATA) + "/tiny-a", Kind::DeviceLike);
+  float* dev = static_cast<float*>(m.backend->alloc(64 * sizeof(float)));
+  EXPECT_DEATH({ std::fprintf(stderr, "%f\n", double(*static_cast<volatile float*>(dev))); }, "");
   m.backend->free(dev);
 }
 
