@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "core/caching_allocator.h"
@@ -52,6 +53,12 @@ constexpr int kLtCandidates = 16;
 // a step forwards at most max_step_tokens (8192 by default) rows; larger calls are cut into
 // blocks of rows by the scratch bound anyway.
 constexpr int64_t kLtCheckRows = 8192;
+// Allocations of at least kExactBytes (KV pools, the largest step buffers) skip the size classes:
+// a class may exceed the request by up to a quarter, gigabytes on a KV pool sized to fill the
+// device. They are cudaMalloc'd in kExactGranule steps and cached by that size (a freed one serves
+// a later request of up to 1/8 less, without a sync, as the cache does).
+constexpr size_t kExactBytes = size_t(256) << 20;
+constexpr size_t kExactGranule = size_t(2) << 20;
 // Pinned staging of to_device: kStagingSlots slots of kStagingSlotBytes, used as a ring (see
 // CudaBackend::to_device).
 constexpr int kStagingSlots = 4;
@@ -263,6 +270,7 @@ class CudaBackend final : public Backend {
               cudaGetLastError();
               last_alloc_error_ = e;
               if (stream_ && cudaStreamSynchronize(stream_) != cudaSuccess) cudaGetLastError();
+              release_exact_cached();
               return nullptr;
             },
             [](void* p) { cudaFree(p); }) {
@@ -310,6 +318,8 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     for (void* p : uploads_) cudaFree(p);
     for (void* p : {xs_, cs_, wq_, keys_}) cache_.free(p);
+    release_exact_cached();
+    for (const auto& [p, size] : exact_live_) cudaFree(p);
     lt_plans_.clear();
     for (cudaEvent_t e : staging_done_)
       if (e) cudaEventDestroy(e);
@@ -328,14 +338,16 @@ class CudaBackend final : public Backend {
   void* stream() const override { return static_cast<void*>(stream_); }
 
   // cudaMalloc calls made after construction: the blocks the caching allocator took from
-  // cudaMalloc (alloc() and every op's scratch) plus one per upload(). The construction's own
-  // (error word, cuBLASLt workspace; pinned host memory is not cudaMalloc) and the allocations
-  // cuBLAS makes internally are not counted. A warm step loop adds none.
-  uint64_t raw_allocations() const override { return cache_.raw_allocs() + upload_allocs_; }
+  // cudaMalloc (alloc() and every op's scratch), the blocks of kExactBytes or more, and one per
+  // upload(). The construction's own (error word, cuBLASLt workspace; pinned host memory is not
+  // cudaMalloc) and the allocations cuBLAS makes internally are not counted. A warm step loop adds
+  // none.
+  uint64_t raw_allocations() const override { return cache_.raw_allocs() + exact_allocs_ + upload_allocs_; }
 
   void* alloc(size_t bytes) override {
     if (bytes == 0) return nullptr;
     DeviceScope ds(device_);
+    if (bytes >= kExactBytes) return alloc_exact(bytes);
     void* p = cache_.alloc(bytes);
     if (!p) fail_out_of_memory(bytes, "allocate");
     return p;
@@ -344,6 +356,11 @@ class CudaBackend final : public Backend {
   // Back to the cache at once, without waiting: see the file comment.
   void free(void* p) override {
     if (!p) return;
+    if (auto it = exact_live_.find(p); it != exact_live_.end()) {
+      exact_free_.emplace(it->second, p);
+      exact_live_.erase(it);
+      return;
+    }
     CHECK(cache_.free(p), "backend cuda: free(", p, "): not a live block of this backend's alloc()");
   }
 
@@ -393,18 +410,7 @@ class CudaBackend final : public Backend {
     DeviceScope ds(device_);
     const size_t n = bytes == 0 ? 1 : bytes;
     void* p = nullptr;
-    cudaError_t e = cudaMalloc(&p, n);
-    if (e != cudaSuccess) {  // give the cache's blocks back and try once more
-      cudaGetLastError();
-      CUDA_CHECK(cudaStreamSynchronize(stream_));
-      cache_.release_cached();
-      e = cudaMalloc(&p, n);
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        last_alloc_error_ = e;
-        fail_out_of_memory(n, "upload");
-      }
-    }
+    if (!raw_malloc_or_release(&p, n)) fail_out_of_memory(n, "upload");
     ++upload_allocs_;
     uploads_.push_back(p);
     if (bytes) CUDA_CHECK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
@@ -438,6 +444,7 @@ class CudaBackend final : public Backend {
         GLM5_FAIL("cuda: a kernel reported unknown error code ", code);
     }
   }
+
   void gemm(const GemmParams& p) override {
     CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0, "cuda gemm: negative size m = ", p.m, ", n = ", p.n,
           ", k = ", p.k);
@@ -647,6 +654,45 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // cudaMalloc; when it fails, every cached block (of the cache and the exact list) goes back to
+  // cudaFree, after the stream has drained (their queued users), and it tries once more.
+  bool raw_malloc_or_release(void** p, size_t bytes) {
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e == cudaSuccess) return true;
+    cudaGetLastError();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    release_exact_cached();
+    cache_.release_cached();
+    e = cudaMalloc(p, bytes);
+    if (e == cudaSuccess) return true;
+    cudaGetLastError();
+    last_alloc_error_ = e;
+    return false;
+  }
+
+  // A block of kExactBytes or more: a cached one of the same kExactGranule-rounded size or up to
+  // 1/8 larger, else a new cudaMalloc.
+  void* alloc_exact(size_t bytes) {
+    const size_t size = size_t(round_up(int64_t(bytes), int64_t(kExactGranule)));
+    if (auto it = exact_free_.lower_bound(size); it != exact_free_.end() && it->first <= size + size / 8) {
+      void* p = it->second;
+      exact_live_.emplace(p, it->first);
+      exact_free_.erase(it);
+      return p;
+    }
+    void* p = nullptr;
+    if (!raw_malloc_or_release(&p, size)) fail_out_of_memory(bytes, "allocate");
+    ++exact_allocs_;
+    exact_live_.emplace(p, size);
+    return p;
+  }
+
+  // Cached exact blocks back to cudaFree; the caller has drained the stream.
+  void release_exact_cached() {
+    for (const auto& [size, p] : exact_free_) cudaFree(p);
+    exact_free_.clear();
+  }
+
   [[noreturn]] void fail_out_of_memory(size_t bytes, const char* what) {
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) cudaGetLastError();
@@ -926,7 +972,9 @@ class CudaBackend final : public Backend {
   // Declared before the CUDA handles below, destroyed after the destructor's body has drained
   // the stream; its raw free is cudaFree.
   CachingAllocator cache_;
-  uint64_t upload_allocs_ = 0;
+  std::multimap<size_t, void*> exact_free_;       // blocks of kExactBytes or more: size -> cached
+  std::unordered_map<void*, size_t> exact_live_;  // handed out -> size
+  uint64_t exact_allocs_ = 0, upload_allocs_ = 0;
   int gemm_terms_ = 3;
   GemmMode gemm_mode_ = GemmMode::kLt;
   int64_t lt_ref_rows_ = 512;

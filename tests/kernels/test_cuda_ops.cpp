@@ -1440,7 +1440,8 @@ TEST(CudaOps, WarmStepLoopMakesNoRawAllocation) {
   auto step = [&](int it) {
     const int64_t m = std::array<int64_t, 3>{1, 37, 300}[size_t(it % 3)], s = it % 2 ? S : 1;
     std::vector<void*> scratch;
-    for (size_t bytes : {size_t(1000), size_t(4096), size_t(1) << 20, (size_t(3) << 20) + 17, size_t(64) << 20})
+    for (size_t bytes : {size_t(1000), size_t(4096), size_t(1) << 20, (size_t(3) << 20) + 17, size_t(64) << 20,
+                         size_t(300) << 20})  // the last: the exact-size path of large blocks
       scratch.push_back(gpu->alloc(bytes + size_t(it % 3) * 700));
     for (auto& v : host_pos) v = int32_t(it);  // new host data; the device copy feeds nothing
     gpu->to_device(static_cast<int32_t*>(scratch[0]), host_pos.data(), host_pos.size() * sizeof(int32_t));
@@ -1459,6 +1460,7 @@ TEST(CudaOps, WarmStepLoopMakesNoRawAllocation) {
     md.n_heads = H, md.kv_lora_rank = R, md.qk_rope_head_dim = dr, md.scale = 0.05f;
     md.pages = KeyPages{dtab.get(), max_blocks, B, DType::F32};
     gpu->mla_decode(md);
+    gpu->to_device(scratch[5], host_pos.data(), host_pos.size() * sizeof(int32_t));
     for (size_t i = scratch.size(); i-- > 0;)  // freed while their work is still queued
       if (i != 3) gpu->free(scratch[i]);
     float v = 0.0f;
