@@ -1,9 +1,11 @@
 // Every op of the CUDA backend against the reference backend: the shared case lists of
 // op_cases.h (as the CPU backend is checked), then CUDA-specific cases: GLM-5 sizes (64 heads,
 // 576/512 latent, index top-k 2048 over a 128k context), every GEMM activation split, quantized
-// weights (FP8 block-scaled, int4 / int8 group-wise, both GLM5_CUDA_QUANT_GEMM modes), batch
-// invariance, device-side input errors. Outputs are poisoned before each op and guarded after
-// their end. Without a usable GPU every test skips with the reason.
+// weights (FP8 block-scaled, int4 / int8 group-wise, both GLM5_CUDA_QUANT_GEMM modes), both
+// GLM5_CUDA_GEMM modes, batch invariance (GEMM rows for m = 1..2048 on every route; MLA decode and
+// indexer rows alone, in 37 and in 150), device hygiene (no cudaMalloc in a warm step loop; a
+// to_device source reusable at return), device-side input errors. Outputs are poisoned before
+// each op and guarded after their end. Without a usable GPU every test skips with the reason.
 #include <gtest/gtest.h>
 
 #include <algorithm>
