@@ -1,18 +1,33 @@
-// The CUDA backend: device memory, one stream, cuBLAS GEMMs and the kernels of ops_*.cu behind
+// The CUDA backend: device memory, one stream, cuBLASLt GEMMs and the kernels of ops_*.cu behind
 // the Backend interface of ops.h. Activations stay fp32. GEMMs on bf16 weights split each fp32
 // activation into bf16 terms (x = hi + mid + lo, exact with 3 terms), so tensor cores see the
 // fp32 value. Quantized weights (F8_E4M3 block-scaled, Q4 / Q8 group-wise) run the fused kernel
 // of ops_quant.cu by default, or are dequantized exactly into this cuBLAS path. No CUDA graphs and
 // no multi-stream overlap yet.
+//
+// Device hygiene: every op is queued on the backend's one in-order stream and returns without
+// waiting for it. Memory comes from a caching allocator (kernels/core/caching_allocator.h) over
+// cudaMalloc, so a warm step loop makes no cudaMalloc / cudaFree call and no device sync: a block
+// freed while queued work still uses it is handed out again only to later work on the same stream,
+// which runs after that use. The host waits for the device only where it reads results (to_host,
+// synchronize), where the pinned staging ring of to_device wraps onto a copy not yet executed, when
+// a cudaMalloc fails (before the cache is given back to cudaFree), and at upload / destruction.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <unordered_map>
 #include <vector>
 
+#include "core/caching_allocator.h"
 #include "cuda_check.h"
 #include "kernels.cuh"
 #include "ops.h"
@@ -23,13 +38,31 @@ namespace {
 using cuda::launch_gemm_combine;
 using cuda::launch_gemm_split_x;
 
-// Rows of x per cuBLAS call. Every call has exactly this many rows (the last chunk is padded
-// with zero rows in scratch), so cuBLAS sees the same problem shape, picks the same kernel and
-// sums k in the same order whatever the batch size: each output row is batch-invariant.
-// 64 rows x 3 terms keeps a decode-size GEMM bound by weight bandwidth on H100/H200.
+// Rows of x per cuBLAS call on the chunked GEMM path (GLM5_CUDA_GEMM=chunked). Every call has
+// exactly this many rows (the last chunk is padded with zero rows in scratch), so cuBLAS sees the
+// same problem shape, picks the same kernel and sums k in the same order whatever the batch size.
 constexpr int64_t kChunkRows = 64;
-// Upper bound on the GEMM scratch (split activations + per-term outputs); larger m loops.
+// Upper bound on the GEMM scratch (split activations + per-term outputs); larger m loops over
+// blocks of rows (each row's result does not depend on the block it is in, on either path).
 constexpr size_t kGemmScratchBytes = size_t(256) << 20;
+// cuBLASLt workspace, allocated once at construction; pinned algorithms that need more are refused.
+constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
+// Heuristic candidates looked at when pinning a cuBLASLt algorithm for a weight shape.
+constexpr int kLtCandidates = 16;
+// The largest m at which a pinned algorithm is validated (cublasLtMatmulAlgoCheck) besides m = 1:
+// a step forwards at most max_step_tokens (8192 by default) rows; larger calls are cut into
+// blocks of rows by the scratch bound anyway.
+constexpr int64_t kLtCheckRows = 8192;
+// Allocations of at least kExactBytes (KV pools, the largest step buffers) skip the size classes:
+// a class may exceed the request by up to a quarter, gigabytes on a KV pool sized to fill the
+// device. They are cudaMalloc'd in kExactGranule steps and cached by that size (a freed one serves
+// a later request of up to 1/8 less, without a sync, as the cache does).
+constexpr size_t kExactBytes = size_t(256) << 20;
+constexpr size_t kExactGranule = size_t(2) << 20;
+// Pinned staging of to_device: kStagingSlots slots of kStagingSlotBytes, used as a ring (see
+// CudaBackend::to_device).
+constexpr int kStagingSlots = 4;
+constexpr size_t kStagingSlotBytes = size_t(8) << 20;
 
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
@@ -44,6 +77,60 @@ int gemm_terms_from_env() {
   CHECK(s == "0" || s == "1" || s == "2" || s == "3",
         "environment variable GLM5_CUDA_GEMM_TERMS: expected 0, 1, 2 or 3, found '", s, "'");
   return std::stoi(s);
+}
+
+// GLM5_CUDA_GEMM: how the BF16 / F32 cuBLAS GEMMs keep every row's result independent of m.
+//   lt (default): one cuBLASLt call for all rows with an algorithm pinned per weight shape (n, k,
+//     ld, dtype, trans_w, alignment, terms): the first heuristic candidate for
+//     GLM5_CUDA_GEMM_ALGO_ROWS rows that has no split-K and no reduction scheme and that
+//     cublasLtMatmulAlgoCheck accepts at m = 1 and m = kLtCheckRows. The same kernel (tile, stages,
+//     swizzle, cluster shape) then runs for every m, and each output element is summed over k by
+//     one CTA in the kernel's fixed k order, so a row's bits depend on that row and the weight
+//     only. The weight is read once per column tile of the whole batch (an 8192-row prefill no
+//     longer reads it 128 times), but a decode-size call gets only ceil(n / tile) CTAs, since
+//     split-K (which would change the order with m) is excluded. A shape with no such candidate
+//     uses the chunked path, for every m.
+//   chunked: cuBLAS (cublasGemmEx, its own heuristic and split-K) on fixed 64-row chunks, padded:
+//     invariant because every call has the same shape; an m-row GEMM makes ceil(m / 64) calls and
+//     reads the weight that many times (the cost the lt path removes), and a decode call pays a
+//     64-row GEMM for one row.
+// Either way the x terms and the outputs live in the backend's aligned scratch, so the caller's
+// pointers and strides never change which kernel runs.
+enum class GemmMode { kLt, kChunked };
+
+GemmMode gemm_mode_from_env() {
+  const char* v = std::getenv("GLM5_CUDA_GEMM");
+  if (!v || !*v) return GemmMode::kLt;
+  const std::string s = v;
+  CHECK(s == "lt" || s == "chunked",
+        "environment variable GLM5_CUDA_GEMM: expected 'lt' or 'chunked', found '", s, "'");
+  return s == "lt" ? GemmMode::kLt : GemmMode::kChunked;
+}
+
+// Parses a positive integer environment variable (`fallback` when unset or empty).
+long long positive_from_env(const char* name, long long fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  const std::string s = v;
+  size_t used = 0;
+  long long n = 0;
+  try {
+    n = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  CHECK(used == s.size() && n > 0, "environment variable ", name, ": expected a positive integer, found '", s,
+        "'");
+  return n;
+}
+
+// GLM5_CUDA_GEMM_ALGO_ROWS: the m for which cuBLASLt's heuristic picks the pinned algorithm
+// (default 512: between decode batches and prefill steps). GLM5_CUDA_GEMM_LOG=1 prints each pinned
+// algorithm (or the fallback to the chunked path) on stderr when a weight shape first runs.
+int64_t gemm_algo_rows_from_env() { return positive_from_env("GLM5_CUDA_GEMM_ALGO_ROWS", 512); }
+bool gemm_log_from_env() {
+  const char* v = std::getenv("GLM5_CUDA_GEMM_LOG");
+  return v && *v && std::string(v) != "0";
 }
 
 // GLM5_CUDA_QUANT_GEMM: how GEMMs on quantized weights (F8_E4M3, Q4, Q8) run.
@@ -70,19 +157,7 @@ QuantGemmMode quant_gemm_mode_from_env() {
 // Upper bound on the scratch of dequantized weight rows (GLM5_CUDA_QUANT_GEMM=dequant, trans_w):
 // 256 MiB, or GLM5_CUDA_DEQUANT_SCRATCH bytes (tests set it small to exercise the blocking).
 size_t dequant_scratch_from_env() {
-  const char* v = std::getenv("GLM5_CUDA_DEQUANT_SCRATCH");
-  if (!v || !*v) return size_t(256) << 20;
-  const std::string s = v;
-  size_t used = 0;
-  long long bytes = 0;
-  try {
-    bytes = std::stoll(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  CHECK(used == s.size() && bytes > 0,
-        "environment variable GLM5_CUDA_DEQUANT_SCRATCH: expected a positive byte count, found '", s, "'");
-  return size_t(bytes);
+  return size_t(positive_from_env("GLM5_CUDA_DEQUANT_SCRATCH", (long long)(size_t(256) << 20)));
 }
 
 // The checks the reference backend makes on a quantized weight, plus what this backend needs
@@ -127,10 +202,78 @@ class DeviceScope {
   bool changed_ = false;
 };
 
+// A cuBLASLt matrix layout for the duration of one call.
+class LtLayout {
+ public:
+  LtLayout(cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_, type, rows, cols, ld));
+  }
+  ~LtLayout() {
+    if (layout_) cublasLtMatrixLayoutDestroy(layout_);
+  }
+  LtLayout(const LtLayout&) = delete;
+  LtLayout& operator=(const LtLayout&) = delete;
+  operator cublasLtMatrixLayout_t() const { return layout_; }
+
+ private:
+  cublasLtMatrixLayout_t layout_ = nullptr;
+};
+
+// What fixes a pinned cuBLASLt algorithm: everything about a GEMM but m. `align` is the largest
+// power of two (<= 256) dividing the weight pointer; the operands the backend owns (x terms,
+// outputs, workspace) are always 256-byte aligned.
+struct LtKey {
+  bool f32 = false, trans = false;
+  int terms = 0;  // bf16 terms of x (0: one fp32 copy, F32 weights)
+  int64_t n = 0, k = 0, ldw = 0;
+  uint32_t align = 256;
+  bool operator<(const LtKey& o) const {
+    return std::tie(f32, trans, terms, n, k, ldw, align) < std::tie(o.f32, o.trans, o.terms, o.n, o.k, o.ldw, o.align);
+  }
+};
+
+// The pinned algorithm of one LtKey (ok = false: none qualified, the chunked path runs instead).
+struct LtPlan {
+  bool ok = false;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t w = nullptr;  // the weight as stored (column-major view)
+  cublasLtMatmulAlgo_t algo{};
+  LtPlan() = default;
+  LtPlan(const LtPlan&) = delete;
+  LtPlan& operator=(const LtPlan&) = delete;
+  ~LtPlan() {
+    if (w) cublasLtMatrixLayoutDestroy(w);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+uint32_t pointer_alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
+
 class CudaBackend final : public Backend {
  public:
   bool host_memory() const override { return false; }
-  explicit CudaBackend(int device) : device_(device) {
+  explicit CudaBackend(int device)
+      : device_(device),
+        // Raw allocations of the cache. On failure the allocator gives its cached blocks back to
+        // cudaFree and tries once more: queued work may still use those blocks, so wait for the
+        // stream first (the only sync in the allocation path, and only when memory runs out).
+        cache_(
+            [this](size_t bytes) -> void* {
+              void* p = nullptr;
+              const cudaError_t e = cudaMalloc(&p, bytes);
+              if (e == cudaSuccess) return p;
+              cudaGetLastError();
+              last_alloc_error_ = e;
+              if (stream_ && cudaStreamSynchronize(stream_) != cudaSuccess) cudaGetLastError();
+              release_exact_cached();
+              return nullptr;
+            },
+            [](void* p) { cudaFree(p); }) {
     int n = 0;
     CUDA_CHECK(cudaGetDeviceCount(&n));
     CHECK(device >= 0 && device < n, "backend cuda: device ", device, " requested, but ", n,
@@ -148,6 +291,9 @@ class CudaBackend final : public Backend {
                 "; configure with -DCMAKE_CUDA_ARCHITECTURES=", prop.major, prop.minor);
     }
     gemm_terms_ = gemm_terms_from_env();
+    gemm_mode_ = gemm_mode_from_env();
+    lt_ref_rows_ = gemm_algo_rows_from_env();
+    gemm_log_ = gemm_log_from_env();
     quant_mode_ = quant_gemm_mode_from_env();
     dequant_scratch_ = dequant_scratch_from_env();
     // A blocking stream: work on the legacy default stream (NCCL, cudaMemcpy) orders with it.
@@ -156,56 +302,101 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
     CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));            // fp32 GEMMs: no TF32
     CUBLAS_CHECK(cublasSetAtomicsMode(cublas_, CUBLAS_ATOMICS_NOT_ALLOWED));  // deterministic
+    CUBLAS_CHECK(cublasLtCreate(&lt_));
+    // Made here, so not counted by raw_allocations(): the error word, the cuBLASLt workspace and
+    // the pinned staging ring of to_device.
     CUDA_CHECK(cudaMalloc(&error_word_, 4 * sizeof(int)));
     CUDA_CHECK(cudaMemset(error_word_, 0, 4 * sizeof(int)));
     CUDA_CHECK(cudaMallocHost(&error_host_, 4 * sizeof(int)));
+    CUDA_CHECK(cudaMalloc(&lt_workspace_, kLtWorkspaceBytes));
+    CUDA_CHECK(cudaMallocHost(&staging_, kStagingSlots * kStagingSlotBytes));
+    for (cudaEvent_t& e : staging_done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
 
   ~CudaBackend() override {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     for (void* p : uploads_) cudaFree(p);
-    cudaFree(xs_);
-    cudaFree(cs_);
-    cudaFree(wq_);
-    cudaFree(keys_);
+    for (void* p : {xs_, cs_, wq_, keys_}) cache_.free(p);
+    release_exact_cached();
+    for (const auto& [p, size] : exact_live_) cudaFree(p);
+    lt_plans_.clear();
+    for (cudaEvent_t e : staging_done_)
+      if (e) cudaEventDestroy(e);
+    if (staging_) cudaFreeHost(staging_);
+    cudaFree(lt_workspace_);
     cudaFree(error_word_);
     cudaFreeHost(error_host_);
+    if (lt_) cublasLtDestroy(lt_);
     if (cublas_) cublasDestroy(cublas_);
     if (stream_) cudaStreamDestroy(stream_);
+    // cache_ (declared before these handles, destroyed after this body) returns its blocks to
+    // cudaFree, the stream having drained above.
   }
 
   std::string name() const override { return "cuda"; }
+  void* stream() const override { return static_cast<void*>(stream_); }
+
+  // cudaMalloc calls made after construction: the blocks the caching allocator took from
+  // cudaMalloc (alloc() and every op's scratch), the blocks of kExactBytes or more, and one per
+  // upload(). The construction's own (error word, cuBLASLt workspace; pinned host memory is not
+  // cudaMalloc) and the allocations cuBLAS makes internally are not counted. A warm step loop adds
+  // none.
+  uint64_t raw_allocations() const override { return cache_.raw_allocs() + exact_allocs_ + upload_allocs_; }
 
   void* alloc(size_t bytes) override {
-    DeviceScope ds(device_);
-    void* p = nullptr;
     if (bytes == 0) return nullptr;
-    const cudaError_t e = cudaMalloc(&p, bytes);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      size_t free_b = 0, total_b = 0;
-      cudaMemGetInfo(&free_b, &total_b);
-      GLM5_FAIL("backend cuda: cannot allocate ", bytes, " bytes on device ", device_, " (", free_b,
-                " of ", total_b, " bytes free): ", cudaGetErrorString(e));
-    }
+    DeviceScope ds(device_);
+    if (bytes >= kExactBytes) return alloc_exact(bytes);
+    void* p = cache_.alloc(bytes);
+    if (!p) fail_out_of_memory(bytes, "allocate");
     return p;
   }
 
+  // Back to the cache at once, without waiting: see the file comment.
   void free(void* p) override {
     if (!p) return;
-    DeviceScope ds(device_);
-    CUDA_CHECK(cudaStreamSynchronize(stream_));  // kernels in flight may still use p
-    CUDA_CHECK(cudaFree(p));
+    if (auto it = exact_live_.find(p); it != exact_live_.end()) {
+      exact_free_.emplace(it->second, p);
+      exact_live_.erase(it);
+      return;
+    }
+    CHECK(cache_.free(p), "backend cuda: free(", p, "): not a live block of this backend's alloc()");
   }
 
+  // Returns once `src` has been read, so the caller may reuse it at once; the copy itself runs in
+  // stream order, after the work queued before it. Host memory is copied into a pinned staging
+  // ring first and the DMA reads it from there: CUDA's documentation does not promise that an
+  // async copy from pageable memory has read its source when it returns ("For transfers between
+  // device memory and pageable host memory, the function might be synchronous with respect to
+  // host", and "If pageable memory must first be staged to pinned memory, the driver may
+  // synchronize with the stream and stage the copy into pinned memory"), and from pinned memory
+  // it certainly has not ("For all other transfers, the function should be fully asynchronous").
+  // The ring has kStagingSlots slots; small copies share a slot, and an event recorded after each
+  // copy marks the slot's last reader. The host waits only when the ring wraps onto a slot whose
+  // last copy the device has not run yet (as the driver's own staging would). Device memory is
+  // copied device to device, in stream order.
   void to_device(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     DeviceScope ds(device_);
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
-    synchronize();
+    if (is_device_memory(src)) {
+      CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    const char* s = static_cast<const char*>(src);
+    char* d = static_cast<char*>(dst);
+    for (size_t off = 0; off < bytes;) {
+      const size_t n = std::min(bytes - off, kStagingSlotBytes);
+      char* stage = staging_claim(n);
+      std::memcpy(stage, s + off, n);
+      CUDA_CHECK(cudaMemcpyAsync(d + off, stage, n, cudaMemcpyHostToDevice, stream_));
+      CUDA_CHECK(cudaEventRecord(staging_done_[staging_slot_], stream_));
+      staging_pending_[staging_slot_] = true;
+      off += n;
+    }
   }
 
+  // The host reads the result: waits for the stream (and reports kernel input errors).
   void to_host(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     DeviceScope ds(device_);
@@ -213,8 +404,14 @@ class CudaBackend final : public Backend {
     synchronize();
   }
 
+  // A copy that lives until the backend is destroyed: its own cudaMalloc (size classes would waste
+  // up to a quarter of a weight), counted by raw_allocations(). cudaMemcpy waits for the copy.
   const void* upload(const void* host, size_t bytes) override {
-    void* p = alloc(bytes == 0 ? 1 : bytes);
+    DeviceScope ds(device_);
+    const size_t n = bytes == 0 ? 1 : bytes;
+    void* p = nullptr;
+    if (!raw_malloc_or_release(&p, n)) fail_out_of_memory(n, "upload");
+    ++upload_allocs_;
     uploads_.push_back(p);
     if (bytes) CUDA_CHECK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
     return p;
@@ -457,6 +654,78 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // cudaMalloc; when it fails, every cached block (of the cache and the exact list) goes back to
+  // cudaFree, after the stream has drained (their queued users), and it tries once more.
+  bool raw_malloc_or_release(void** p, size_t bytes) {
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e == cudaSuccess) return true;
+    cudaGetLastError();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    release_exact_cached();
+    cache_.release_cached();
+    e = cudaMalloc(p, bytes);
+    if (e == cudaSuccess) return true;
+    cudaGetLastError();
+    last_alloc_error_ = e;
+    return false;
+  }
+
+  // A block of kExactBytes or more: a cached one of the same kExactGranule-rounded size or up to
+  // 1/8 larger, else a new cudaMalloc.
+  void* alloc_exact(size_t bytes) {
+    const size_t size = size_t(round_up(int64_t(bytes), int64_t(kExactGranule)));
+    if (auto it = exact_free_.lower_bound(size); it != exact_free_.end() && it->first <= size + size / 8) {
+      void* p = it->second;
+      exact_live_.emplace(p, it->first);
+      exact_free_.erase(it);
+      return p;
+    }
+    void* p = nullptr;
+    if (!raw_malloc_or_release(&p, size)) fail_out_of_memory(bytes, "allocate");
+    ++exact_allocs_;
+    exact_live_.emplace(p, size);
+    return p;
+  }
+
+  // Cached exact blocks back to cudaFree; the caller has drained the stream.
+  void release_exact_cached() {
+    for (const auto& [size, p] : exact_free_) cudaFree(p);
+    exact_free_.clear();
+  }
+
+  [[noreturn]] void fail_out_of_memory(size_t bytes, const char* what) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) cudaGetLastError();
+    GLM5_FAIL("backend cuda: cannot ", what, " ", bytes, " bytes on device ", device_, " (", free_b, " of ",
+              total_b, " bytes free after returning this backend's cached blocks): ",
+              cudaGetErrorString(last_alloc_error_));
+  }
+
+  static bool is_device_memory(const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeDevice;
+  }
+
+  // `n` (<= kStagingSlotBytes) bytes of the staging ring that no queued copy still reads.
+  char* staging_claim(size_t n) {
+    const size_t need = size_t(round_up(int64_t(n), 256));
+    if (staging_used_ + need > kStagingSlotBytes) {
+      staging_slot_ = (staging_slot_ + 1) % kStagingSlots;
+      staging_used_ = 0;
+      if (staging_pending_[staging_slot_]) {  // the slot's last copy (queued a ring ago) has run
+        CUDA_CHECK(cudaEventSynchronize(staging_done_[staging_slot_]));
+        staging_pending_[staging_slot_] = false;
+      }
+    }
+    char* p = staging_ + size_t(staging_slot_) * kStagingSlotBytes + staging_used_;
+    staging_used_ += need;
+    return p;
+  }
+
   // Per-row key sets of the attention ops: s * (topk_len + 1) ints (none for dense causal).
   int32_t* key_scratch(int64_t s, int64_t topk_len, const int32_t* topk) {
     if (!topk) return nullptr;
@@ -464,14 +733,16 @@ class CudaBackend final : public Backend {
     return static_cast<int32_t*>(keys_);
   }
 
-  // Grow-only scratch; a resize waits for the stream so no kernel still reads the old buffer.
+  // Grow-only scratch from the cache. The old block goes back to the cache without a wait: work
+  // queued before may still read it, and whoever gets it next is queued after that work.
   void reserve(void** buf, size_t* cap, size_t bytes) {
     if (bytes <= *cap) return;
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    CUDA_CHECK(cudaFree(*buf));
+    cache_.free(*buf);
     *buf = nullptr;
     *cap = 0;
-    CUDA_CHECK(cudaMalloc(buf, bytes));
+    void* p = cache_.alloc(bytes);
+    if (!p) fail_out_of_memory(bytes, "allocate scratch of");
+    *buf = p;
     *cap = bytes;
   }
 
@@ -479,10 +750,15 @@ class CudaBackend final : public Backend {
   void gemm_plain(const GemmParams& p) {
     const bool use_cublas =
         gemm_terms_ > 0 && p.k > 0 && (p.w.dtype == DType::BF16 || p.w.dtype == DType::F32);
-    if (use_cublas)
-      gemm_cublas(p);
-    else
-      cuda::launch_gemm_simt(p, stream_);  // F16 weights, GLM5_CUDA_GEMM_TERMS=0, k = 0
+    if (!use_cublas) return cuda::launch_gemm_simt(p, stream_);  // F16 weights, GLM5_CUDA_GEMM_TERMS=0, k = 0
+    const bool f32 = p.w.dtype == DType::F32;
+    const int terms = f32 ? 0 : gemm_terms_;  // 0: one fp32 copy of x
+    if (gemm_mode_ == GemmMode::kLt) {
+      const LtKey key{f32, p.trans_w, terms, p.n, p.k, p.w.ld, pointer_alignment(p.w.data)};
+      const LtPlan& plan = lt_plan(key);
+      if (plan.ok) return gemm_lt(p, plan, terms);
+    }
+    gemm_chunked(p, terms);
   }
 
   // Quantized weights (validated). The route depends on the mode and trans_w, never on m.
@@ -521,12 +797,144 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // y (+)= x W^T (or x W) through cuBLAS, kChunkRows rows per call. BF16 weights: x is split
-  // into `terms` bf16 parts stacked as extra rows (one call, the weight read once), the fp32
-  // partial outputs are summed smallest first. F32 weights: fp32 GEMM with fp32 compute.
-  void gemm_cublas(const GemmParams& p) {
+  // The pinned cuBLASLt algorithm of a weight shape, chosen on first use (see GLM5_CUDA_GEMM).
+  //
+  // Column-major view of y = x W^T, as cuBLAS sees it: C [n, M] = op(W) [n, k] * X [k, M], where
+  // M = terms * rows (the bf16 terms of x stacked as extra rows, so W is read once for all of
+  // them). W row-major [n, k] (stride ld) is column-major [k, n] used transposed; with trans_w,
+  // W row-major [k, n] is column-major [n, k] used as is. X is the split scratch [M, ldk] row-major
+  // = column-major [k, M]; C is the output scratch [M, ldc] row-major = column-major [n, M].
+  const LtPlan& lt_plan(const LtKey& key) {
+    auto it = lt_plans_.find(key);
+    if (it != lt_plans_.end()) return *it->second;
+    auto plan = std::make_unique<LtPlan>();
+    const cudaDataType_t ab = key.f32 ? CUDA_R_32F : CUDA_R_16BF;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));  // fp32: no TF32
+    const cublasOperation_t op_w = key.trans ? CUBLAS_OP_N : CUBLAS_OP_T, op_x = CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_w, sizeof(op_w)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_x, sizeof(op_x)));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->w, ab, uint64_t(key.trans ? key.n : key.k),
+                                            uint64_t(key.trans ? key.k : key.n), key.ldw));
+    const int64_t t_count = key.terms == 0 ? 1 : key.terms;
+    const int64_t ldk = round_up(key.k, 8), ldc = round_up(key.n, 4);
+    const size_t x_elem = key.f32 ? sizeof(float) : 2;
+    const int64_t max_rows = std::clamp<int64_t>(
+        int64_t(kGemmScratchBytes / (size_t(t_count) * (size_t(ldk) * x_elem + size_t(ldc) * sizeof(float)))), 1,
+        kLtCheckRows);
+    auto layouts = [&](int64_t rows) {
+      return std::make_pair(std::make_unique<LtLayout>(ab, uint64_t(key.k), uint64_t(t_count * rows), ldk),
+                            std::make_unique<LtLayout>(CUDA_R_32F, uint64_t(key.n), uint64_t(t_count * rows), ldc));
+    };
+    auto runs_at = [&](const cublasLtMatmulAlgo_t& algo, int64_t rows) {
+      auto [x, c] = layouts(rows);
+      cublasLtMatmulHeuristicResult_t r{};
+      return cublasLtMatmulAlgoCheck(lt_, plan->op, plan->w, *x, *c, *c, &algo, &r) == CUBLAS_STATUS_SUCCESS &&
+             r.workspaceSize <= kLtWorkspaceBytes;
+    };
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = kLtWorkspaceBytes;
+    const uint32_t align_w = key.align, align_own = 256;
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_w, sizeof(align_w));
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align_own, sizeof(align_own));
+    cublasLtMatmulHeuristicResult_t found[kLtCandidates] = {};
+    int n_found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      auto [x, c] = layouts(std::min(lt_ref_rows_, max_rows));
+      st = cublasLtMatmulAlgoGetHeuristic(lt_, plan->op, plan->w, *x, *c, *c, pref, kLtCandidates, found, &n_found);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    std::string why = st == CUBLAS_STATUS_SUCCESS ? "no candidate without split-K that runs at m = 1 and m = " +
+                                                         std::to_string(max_rows)
+                                                   : std::string("heuristic failed: ") + cublasGetStatusName(st);
+    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < n_found && !plan->ok; ++i) {
+      if (found[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      const cublasLtMatmulAlgo_t& algo = found[i].algo;
+      int32_t splitk = 0;
+      uint32_t reduction = 0;
+      size_t got = 0;
+      if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &got) !=
+              CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
+                                               sizeof(reduction), &got) != CUBLAS_STATUS_SUCCESS)
+        continue;  // cannot tell: not pinned
+      if (splitk > 1 || reduction != CUBLASLT_REDUCTION_SCHEME_NONE) continue;
+      if (!runs_at(algo, 1) || !runs_at(algo, max_rows)) continue;
+      plan->algo = algo;
+      plan->ok = true;
+    }
+    if (gemm_log_) log_lt_plan(key, *plan, why);
+    return *lt_plans_.emplace(key, std::move(plan)).first->second;
+  }
+
+  void log_lt_plan(const LtKey& key, const LtPlan& plan, const std::string& why) const {
+    std::string desc = "chunked path (" + why + ")";
+    if (plan.ok) {
+      int32_t id = 0, splitk = 0;
+      uint32_t tile = 0, stages = 0, reduction = 0, swizzle = 0, custom = 0;
+      uint16_t inner = 0, cluster = 0;
+      size_t got = 0;
+      cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &got);
+      cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &got);
+      cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &got);
+      cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &got);
+      cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
+                                           sizeof(reduction), &got);
+      cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof(swizzle),
+                                           &got);
+      cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof(custom), &got);
+      cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, &inner, sizeof(inner), &got);
+      cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster),
+                                           &got);
+      desc = "cuBLASLt algo " + std::to_string(id) + " tile " + std::to_string(tile) + " stages " +
+             std::to_string(stages) + " splitK " + std::to_string(splitk) + " reduction " + std::to_string(reduction) +
+             " swizzle " + std::to_string(swizzle) + " custom " + std::to_string(custom) + " inner " +
+             std::to_string(inner) + " cluster " + std::to_string(cluster);
+    }
+    std::fprintf(stderr, "glm5 cuda gemm: %s n=%lld k=%lld ld=%lld%s terms=%d align=%u: %s\n",
+                 key.f32 ? "F32" : "BF16", (long long)key.n, (long long)key.k, (long long)key.ldw,
+                 key.trans ? " trans_w" : "", key.terms, key.align, desc.c_str());
+  }
+
+  // y (+)= x W^T (or x W) through one cuBLASLt call per block of rows with the pinned algorithm.
+  // BF16 weights: x is split into `terms` bf16 parts stacked as extra rows, the fp32 partial
+  // outputs are summed smallest first. F32 weights (terms 0): an fp32 copy of x, fp32 compute.
+  void gemm_lt(const GemmParams& p, const LtPlan& plan, int terms) {
     const bool f32 = p.w.dtype == DType::F32;
-    const int terms = f32 ? 0 : gemm_terms_;  // 0: one fp32 copy of x
+    const int64_t t_count = terms == 0 ? 1 : terms;
+    const size_t x_elem = f32 ? sizeof(float) : 2;
+    const int64_t ldk = round_up(p.k, 8), ldc = round_up(p.n, 4);
+    const size_t row_bytes = size_t(t_count) * (size_t(ldk) * x_elem + size_t(ldc) * sizeof(float));
+    const int64_t block = std::clamp<int64_t>(int64_t(kGemmScratchBytes / row_bytes), 1, std::min(p.m, kLtCheckRows));
+    reserve(&xs_, &xs_cap_, size_t(block * t_count * ldk) * x_elem);
+    reserve(&cs_, &cs_cap_, size_t(block * t_count * ldc) * sizeof(float));
+    const cudaDataType_t ab = f32 ? CUDA_R_32F : CUDA_R_16BF;
+    const float one = 1.0f, zero = 0.0f;
+    for (int64_t r0 = 0; r0 < p.m; r0 += block) {
+      const int64_t rows = std::min(block, p.m - r0);
+      // Layout [term][rows][ldk]: a single chunk of `rows` rows.
+      launch_gemm_split_x(p.x + r0 * p.ldx, p.ldx, rows, p.k, terms, rows, xs_, ldk, stream_);
+      const LtLayout x(ab, uint64_t(p.k), uint64_t(t_count * rows), ldk);
+      const LtLayout c(CUDA_R_32F, uint64_t(p.n), uint64_t(t_count * rows), ldc);
+      const cublasStatus_t st = cublasLtMatmul(lt_, plan.op, &one, p.w.data, plan.w, xs_, x, &zero, cs_, c, cs_, c,
+                                               &plan.algo, lt_workspace_, kLtWorkspaceBytes, stream_);
+      CHECK(st == CUBLAS_STATUS_SUCCESS, "cuda gemm: cublasLtMatmul with the pinned algorithm failed for m = ", rows,
+            ", n = ", p.n, ", k = ", p.k, (p.trans_w ? " (trans_w)" : ""), ": ", cublasGetStatusName(st), " (",
+            cublasGetStatusString(st), "); GLM5_CUDA_GEMM=chunked avoids cuBLASLt");
+      launch_gemm_combine(static_cast<const float*>(cs_), ldc, rows, p.n, terms, rows, p.y + r0 * p.ldy, p.ldy,
+                          p.accumulate, stream_);
+    }
+  }
+
+  // y (+)= x W^T (or x W) through cuBLAS, kChunkRows rows per call (GLM5_CUDA_GEMM=chunked, and
+  // weight shapes without a pinned cuBLASLt algorithm). Terms as in gemm_lt.
+  void gemm_chunked(const GemmParams& p, int terms) {
+    const bool f32 = p.w.dtype == DType::F32;
     const int64_t t_rows = (terms == 0 ? 1 : terms) * kChunkRows;
     const size_t x_elem = f32 ? sizeof(float) : 2;
     const int64_t ldk = round_up(p.k, 8), ldc = round_up(p.n, 4);
@@ -560,17 +968,35 @@ class CudaBackend final : public Backend {
   }
 
   int device_ = 0;
+  cudaError_t last_alloc_error_ = cudaSuccess;  // of the last failed cudaMalloc
+  // Declared before the CUDA handles below, destroyed after the destructor's body has drained
+  // the stream; its raw free is cudaFree.
+  CachingAllocator cache_;
+  std::multimap<size_t, void*> exact_free_;       // blocks of kExactBytes or more: size -> cached
+  std::unordered_map<void*, size_t> exact_live_;  // handed out -> size
+  uint64_t exact_allocs_ = 0, upload_allocs_ = 0;
   int gemm_terms_ = 3;
+  GemmMode gemm_mode_ = GemmMode::kLt;
+  int64_t lt_ref_rows_ = 512;
+  bool gemm_log_ = false;
   QuantGemmMode quant_mode_ = QuantGemmMode::kFused;
   size_t dequant_scratch_ = size_t(256) << 20;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* lt_workspace_ = nullptr;
+  std::map<LtKey, std::unique_ptr<LtPlan>> lt_plans_;
   int* error_word_ = nullptr;  // device: see cuda::DeviceErrorCode
   int* error_host_ = nullptr;  // pinned copy read at synchronize()
+  char* staging_ = nullptr;    // pinned, kStagingSlots * kStagingSlotBytes
+  cudaEvent_t staging_done_[kStagingSlots] = {};
+  bool staging_pending_[kStagingSlots] = {};
+  int staging_slot_ = 0;
+  size_t staging_used_ = 0;
   std::vector<void*> uploads_;
-  void* xs_ = nullptr;
+  void* xs_ = nullptr;  // GEMM scratch: split x terms
   size_t xs_cap_ = 0;
-  void* cs_ = nullptr;
+  void* cs_ = nullptr;  // GEMM scratch: per-term outputs
   size_t cs_cap_ = 0;
   void* wq_ = nullptr;  // dequantized weight rows (gemm_dequantized)
   size_t wq_cap_ = 0;

@@ -1,7 +1,11 @@
 // CUDA kernels of the attention-side ops: DSA indexer scores, per-row top-k, naive MLA prefill
 // and weight-absorbed MLA decode. Top-k is an exact 4-pass radix select per row (one block per
-// row), so its selection equals the reference rule bit for bit; attention is one block per
-// (query row, head) with an online softmax whose order depends only on that row's keys.
+// row), so its selection equals the reference rule bit for bit. The indexer and MLA decode read
+// each cached key row from global memory once per query row into a shared-memory tile that all
+// heads of the row (the indexer's heads; up to 64 MLA heads, FlashMLA's head block) then use.
+// Prefill attention is one block per (query row, head) with an online softmax. Every result's
+// reduction order depends only on that row's own inputs, never on how many rows a call has.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 
@@ -18,11 +22,68 @@ __device__ __forceinline__ float cached(const float* base, int64_t i, bool bf16)
   return __ldg(base + i);
 }
 
+// Four BF16 values (two little-endian words, element 2i in the low half) widened exactly.
+__device__ __forceinline__ float4 bf16x4_to_float4(uint2 u) {
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                     __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
+// One warp copies cached row `row` (dk elements of F32 or BF16 at `base`) into dst[0:dk) as floats.
+// `vec`: dk % 4 == 0 and `base` 16-byte (F32) / 8-byte (BF16) aligned, so every row is too; dst
+// is 16-byte aligned. Coalesced: consecutive lanes read consecutive elements.
+__device__ __forceinline__ void load_row_warp(const void* base, int64_t row, int64_t dk, bool bf16,
+                                              bool vec, float* dst, int lane) {
+  if (vec) {
+    const int64_t n4 = dk / 4;
+    float4* d4 = reinterpret_cast<float4*>(dst);
+    if (bf16) {
+      const uint2* src = reinterpret_cast<const uint2*>(static_cast<const unsigned short*>(base) + row * dk);
+#pragma unroll 4
+      for (int64_t v = lane; v < n4; v += 32) d4[v] = bf16x4_to_float4(__ldg(src + v));
+    } else {
+      const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(base) + row * dk);
+#pragma unroll 4
+      for (int64_t v = lane; v < n4; v += 32) d4[v] = __ldg(src + v);
+    }
+  } else {
+    const float* b = static_cast<const float*>(base);
+    for (int64_t d = lane; d < dk; d += 32) dst[d] = cached(b, row * dk + d, bf16);
+  }
+}
+
+// acc + x . y as one fmaf chain in element order (x, y, z, w): the order a dot takes everywhere
+// below, so a dot's value depends on its operands only.
+__device__ __forceinline__ float dot4(float4 x, float4 y, float acc) {
+  acc = __fmaf_rn(x.x, y.x, acc);
+  acc = __fmaf_rn(x.y, y.y, acc);
+  acc = __fmaf_rn(x.z, y.z, acc);
+  return __fmaf_rn(x.w, y.w, acc);
+}
+
+int64_t round_up4(int64_t v) { return (v + 3) / 4 * 4; }
+
+// Shared-memory pitch (floats) of rows that 8 consecutive lanes read as float4 at the same
+// column, one row each: >= d4 and = 4 (mod 32), so the 8 reads start 4 banks apart and fill the
+// 32 banks once (no conflict).
+int conflict_free_pitch(int64_t d4) { return int(d4 + (36 - d4 % 32) % 32); }
+
+bool aligned_rows(const void* base, int64_t dk, DType dtype) {
+  const uintptr_t need = dtype == DType::BF16 ? 8 : 16;
+  return dk % 4 == 0 && reinterpret_cast<uintptr_t>(base) % need == 0;
+}
+
 // Largest dynamic shared memory one block may take on the current device (opt-in limit).
 int max_dynamic_smem() {
   int dev = 0, v = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return v;
+}
+
+int multiprocessor_count() {
+  int dev = 0, v = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
   return v;
 }
 
@@ -36,65 +97,99 @@ void reserve_smem(Kernel kernel, size_t bytes, const char* op, const char* what)
 
 // ---- indexer scores ----------------------------------------------------------------------------
 
-constexpr int kIdxWarps = 8, kIdxKeysPerWarp = 32, kIdxKeysPerBlock = kIdxWarps * kIdxKeysPerWarp;
-constexpr int kIdxMaxPerLane = 8;  // head_dim <= 256 keeps the key row in registers
+// Block = (query row s, tile of kIdxTile keys). The tile's key rows are read from global memory
+// once, a warp per row (coalesced), into shared memory k_s [kIdxTile][pitch]; q [n_heads][d4] and
+// the head weights of row s sit beside them. Thread (group g = tid / 64, kl = tid % 64) scores
+// keys kl and kl + 64 against heads g, g + 4, g + 8, ..., kIdxHeadChunk heads at a time: 2 x 8
+// register accumulators, each key float4 read feeding 8 heads, each q float4 read (a broadcast:
+// the 32 lanes of a warp share the head) feeding 2 keys.
+// Per (s, t): dot_h is one fmaf chain over d ascending; S_g = fmaf chain of w_h * relu(dot_h)
+// over the group's heads ascending; score = (S_0 + S_1) + (S_2 + S_3). Nothing depends on the
+// tile, the grid or the other rows of the call.
+constexpr int kIdxThreads = 256, kIdxGroups = 4, kIdxTile = 128, kIdxHeadChunk = 8;
+static_assert(kIdxThreads / kIdxGroups * 2 == kIdxTile, "each thread of a group takes 2 keys of the tile");
+static_assert(kIdxGroups == 4, "the final sum below adds 4 group sums");
 
-// Block = (query row s, tile of 256 keys); warp = one key at a time, lanes split head_dim.
-// Per key: sum over heads in ascending order of w[h] * relu(q[h] . k) (each dot: lane-strided
-// partial sums, then a fixed butterfly).
-__global__ void __launch_bounds__(kIdxWarps * 32) indexer_scores_kernel(IndexerScoresParams p) {
-  extern __shared__ float smem[];
-  const int64_t tiles = (p.t + kIdxKeysPerBlock - 1) / kIdxKeysPerBlock;
-  const int64_t s = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * kIdxKeysPerBlock;
-  const int64_t hd = p.head_dim, nh = p.n_heads, qpos = p.q_pos[s];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+struct IndexerArgs {
+  IndexerScoresParams p;
+  int d4;     // head_dim rounded up to 4: dots run over zero padding
+  int pitch;  // k_s row pitch, conflict_free_pitch(d4)
+  bool vec;   // aligned_rows(k, head_dim): float4 / 4 x bf16 loads
+};
+
+__global__ void __launch_bounds__(kIdxThreads) indexer_scores_kernel(IndexerArgs a) {
+  extern __shared__ float4 idx_smem4[];
+  float* smem = reinterpret_cast<float*>(idx_smem4);
+  const IndexerScoresParams p = a.p;
+  const int64_t tiles = (p.t + kIdxTile - 1) / kIdxTile;
+  const int64_t s = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * kIdxTile;
+  const int64_t qpos = p.q_pos[s];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   float* row = p.scores + s * p.ld_scores;
   if (t0 > qpos) {  // the whole tile is in the future
-    for (int64_t t = t0 + threadIdx.x; t < p.t && t < t0 + kIdxKeysPerBlock; t += blockDim.x)
-      row[t] = -INFINITY;
+    for (int64_t t = t0 + tid; t < p.t && t < t0 + kIdxTile; t += blockDim.x) row[t] = -INFINITY;
     return;
   }
-  float* q = smem;         // [n_heads * head_dim]
-  float* w = q + nh * hd;  // [n_heads]
-  for (int64_t i = threadIdx.x; i < nh * hd; i += blockDim.x) q[i] = p.q[s * nh * hd + i];
-  for (int64_t i = threadIdx.x; i < nh; i += blockDim.x) w[i] = p.weights[s * nh + i];
+  const int hd = int(p.head_dim), nh = int(p.n_heads), d4 = a.d4, P = a.pitch;
+  float* q_s = smem;                   // [nh][d4], zero padded
+  float* w_s = q_s + nh * d4;          // [nh] (room rounded up to 4 floats: k_s stays 16-byte aligned)
+  float* k_s = w_s + ((nh + 3) & ~3);  // [kIdxTile][P]; columns [hd, d4) zero
+  float* r_s = k_s + kIdxTile * P;     // [kIdxGroups][kIdxTile] group sums
+  for (int i = tid; i < nh * d4; i += blockDim.x) {
+    const int h = i / d4, d = i % d4;
+    q_s[i] = d < hd ? p.q[(s * nh + h) * hd + d] : 0.0f;
+  }
+  for (int i = tid; i < nh; i += blockDim.x) w_s[i] = p.weights[s * nh + i];
+  if (d4 > hd)
+    for (int i = tid; i < kIdxTile * (d4 - hd); i += blockDim.x)
+      k_s[(i / (d4 - hd)) * P + hd + i % (d4 - hd)] = 0.0f;
+  // Keys t0 .. last are read (at least one: t0 <= qpos and t0 < T); the rest of the tile is never
+  // written out as a score, so its rows stay unread.
+  const int64_t last = qpos < p.t - 1 ? qpos : p.t - 1;
+  const int nk = int(last - t0 + 1 < kIdxTile ? last - t0 + 1 : kIdxTile);
+  const bool bf16 = p.pages.dtype == DType::BF16;
+  for (int jj = warp; jj < nk; jj += kIdxThreads / 32)
+    load_row_warp(p.k, p.pages.row(s, t0 + jj), hd, bf16, a.vec, k_s + jj * P, lane);
   __syncthreads();
-  for (int j = 0; j < kIdxKeysPerWarp; ++j) {
-    const int64_t t = t0 + warp + int64_t(kIdxWarps) * j;
-    if (t >= p.t) break;
-    if (t > qpos) {
-      if (lane == 0) row[t] = -INFINITY;
-      continue;
-    }
-    const int64_t k = p.pages.row(s, t) * hd;  // element offset of the key row
-    const bool bf16 = p.pages.dtype == DType::BF16;
-    float acc = 0.0f;
-    if (hd <= 32 * kIdxMaxPerLane) {
-      float kr[kIdxMaxPerLane];
+
+  const int g = tid / (kIdxThreads / kIdxGroups), kl = tid % (kIdxThreads / kIdxGroups);
+  const float4* ka = reinterpret_cast<const float4*>(k_s + kl * P);
+  const float4* kb = reinterpret_cast<const float4*>(k_s + (kl + kIdxTile / 2) * P);
+  float sa = 0.0f, sb = 0.0f;  // S_g of keys kl and kl + 64
+  for (int h0 = g; h0 < nh; h0 += kIdxGroups * kIdxHeadChunk) {
+    float da[kIdxHeadChunk], db[kIdxHeadChunk];
 #pragma unroll
-      for (int u = 0; u < kIdxMaxPerLane; ++u) {
-        const int64_t d = lane + 32 * u;
-        kr[u] = d < hd ? cached(p.k, k + d, bf16) : 0.0f;
-      }
-      for (int64_t h = 0; h < nh; ++h) {
-        const float* qh = q + h * hd;
-        float part = 0.0f;
+    for (int i = 0; i < kIdxHeadChunk; ++i) da[i] = db[i] = 0.0f;
+    for (int v = 0; v < d4 / 4; ++v) {
+      const float4 x0 = ka[v], x1 = kb[v];
 #pragma unroll
-        for (int u = 0; u < kIdxMaxPerLane; ++u) {
-          const int64_t d = lane + 32 * u;
-          if (d < hd) part = fmaf(qh[d], kr[u], part);
+      for (int i = 0; i < kIdxHeadChunk; ++i) {
+        const int h = h0 + kIdxGroups * i;
+        if (h < nh) {  // the same for the whole warp
+          const float4 qv = reinterpret_cast<const float4*>(q_s + h * d4)[v];
+          da[i] = dot4(qv, x0, da[i]);
+          db[i] = dot4(qv, x1, db[i]);
         }
-        acc += w[h] * fmaxf(warp_sum(part), 0.0f);
-      }
-    } else {
-      for (int64_t h = 0; h < nh; ++h) {
-        const float* qh = q + h * hd;
-        float part = 0.0f;
-        for (int64_t d = lane; d < hd; d += 32) part = fmaf(qh[d], cached(p.k, k + d, bf16), part);
-        acc += w[h] * fmaxf(warp_sum(part), 0.0f);
       }
     }
-    if (lane == 0) row[t] = acc;
+#pragma unroll
+    for (int i = 0; i < kIdxHeadChunk; ++i) {
+      const int h = h0 + kIdxGroups * i;
+      if (h < nh) {
+        sa = __fmaf_rn(w_s[h], fmaxf(da[i], 0.0f), sa);
+        sb = __fmaf_rn(w_s[h], fmaxf(db[i], 0.0f), sb);
+      }
+    }
+  }
+  r_s[g * kIdxTile + kl] = sa;
+  r_s[g * kIdxTile + kl + kIdxTile / 2] = sb;
+  __syncthreads();
+  for (int j = tid; j < kIdxTile; j += blockDim.x) {
+    const int64_t t = t0 + j;
+    if (t >= p.t) break;
+    row[t] = t <= qpos ? __fadd_rn(__fadd_rn(r_s[j], r_s[kIdxTile + j]),
+                                   __fadd_rn(r_s[2 * kIdxTile + j], r_s[3 * kIdxTile + j]))
+                       : -INFINITY;
   }
 }
 
@@ -206,7 +301,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(TopkParams p) {
   for (int64_t i = written + threadIdx.x; i < p.k; i += blockDim.x) out[i] = -1;
 }
 
-// ---- MLA attention (both modes) ----------------------------------------------------------------
+// ---- MLA prefill (and the key selection of both modes) ------------------------------------------------------------
 
 constexpr int kSelectThreads = 512;
 constexpr int kMaxTopkLen = 16384;  // the sort of one row's list lives in shared memory
@@ -255,9 +350,8 @@ __global__ void __launch_bounds__(kSelectThreads)
   if (threadIdx.x == 0) counts[s] = written;
 }
 
-// One query row (s, h) attends over keys t. The key is [ka(t, h) (da values) | kb(t) (db)], the
-// value v(t, h) (dv values). prefill: ka = k_nope, kb = k_pe, v = v;  decode: ka = c_kv,
-// kb = k_pe (both rows of the latent cache), v = c_kv.
+// Prefill ("MHA mode"): query row (s, h) attends over keys t. The key is [ka(t, h) (da values) |
+// kb(t) (db)] = [k_nope | k_pe], the value v(t, h) (dv values).
 struct AttnArgs {
   const float* q;
   int64_t q_stride_s, q_stride_h;
@@ -265,7 +359,7 @@ struct AttnArgs {
   int64_t ka_stride_t, ka_stride_h, da;
   const float* kb;
   int64_t kb_stride_t, db;
-  int64_t kb_offset;  // elements from kb to the k_pe part of a row (decode: kv_lora_rank; prefill: 0)
+  int64_t kb_offset;  // elements from kb to the k_pe part of a row (0 for prefill's own k_pe rows)
   const float* v;
   int64_t v_stride_t, v_stride_h, dv;
   const int32_t* q_pos;
@@ -275,7 +369,7 @@ struct AttnArgs {
   float* out;
   int64_t s, t, n_heads;
   float scale;
-  KeyPages pages;  // paged key/value rows (decode over a paged latent cache); contiguous by default
+  KeyPages pages;  // contiguous (no block table) for prefill
 };
 
 constexpr int kAttnWarps = 8;
@@ -341,24 +435,31 @@ __global__ void __launch_bounds__(kAttnWarps * 32) mla_attention_kernel(AttnArgs
   }
 }
 
-// Runs the key selection when a top-k list is given (into `scratch`, which holds
-// s * (topk_len + 1) ints), then the attention.
+// The per-row key sets of a top-k list (select_keys_kernel) into `scratch`, which holds
+// s * (topk_len + 1) ints: keys [s, topk_len], then counts [s].
+void launch_select_keys(const int32_t* topk, int64_t topk_len, const int32_t* q_pos, int64_t s, int64_t t,
+                        int32_t* scratch, int* err, cudaStream_t st, const char* op) {
+  CHECK(topk_len <= kMaxTopkLen, "cuda ", op, ": topk_len ", topk_len, " > ", kMaxTopkLen,
+        " is not supported");
+  CHECK(s < (int64_t(1) << 31), "cuda ", op, ": s = ", s, " too large for one launch");
+  int n_pow2 = 1;
+  while (n_pow2 < topk_len) n_pow2 <<= 1;
+  const size_t smem = size_t(n_pow2 + 33) * sizeof(int32_t);
+  reserve_smem(select_keys_kernel, smem, op, "topk_len");
+  select_keys_kernel<<<unsigned(s), kSelectThreads, smem, st>>>(topk, topk_len, q_pos, t, n_pow2, scratch,
+                                                                scratch + s * topk_len, err);
+  CUDA_CHECK_LAUNCH(op);
+}
+
+// Prefill: the key selection when a top-k list is given, then the attention.
 void launch_attention(AttnArgs a, const int32_t* topk, int64_t topk_len, int32_t* scratch, int* err,
                       cudaStream_t st, const char* op) {
   if (a.s == 0 || a.n_heads == 0) return;
   CHECK(a.s < (int64_t(1) << 31) / (a.n_heads > 0 ? a.n_heads : 1), "cuda ", op, ": s = ", a.s,
         " x n_heads = ", a.n_heads, " too large for one launch");
   if (topk) {
-    CHECK(topk_len <= kMaxTopkLen, "cuda ", op, ": topk_len ", topk_len, " > ", kMaxTopkLen,
-          " is not supported");
-    int n_pow2 = 1;
-    while (n_pow2 < topk_len) n_pow2 <<= 1;
-    const size_t smem = size_t(n_pow2 + 33) * sizeof(int32_t);
-    reserve_smem(select_keys_kernel, smem, op, "topk_len");
+    launch_select_keys(topk, topk_len, a.q_pos, a.s, a.t, scratch, err, st, op);
     a.keys = scratch, a.counts = scratch + a.s * topk_len, a.keys_ld = topk_len;
-    select_keys_kernel<<<unsigned(a.s), kSelectThreads, smem, st>>>(
-        topk, topk_len, a.q_pos, a.t, n_pow2, scratch, scratch + a.s * topk_len, err);
-    CUDA_CHECK_LAUNCH(op);
   }
   const size_t smem = size_t(a.da + a.db + kAttnWarps * a.dv) * sizeof(float);
   reserve_smem(mla_attention_kernel, smem, op, "head dims");
@@ -366,15 +467,214 @@ void launch_attention(AttnArgs a, const int32_t* topk, int64_t topk_len, int32_t
   CUDA_CHECK_LAUNCH(op);
 }
 
+// ---- MLA decode: the heads of a row share each key tile ----------------------------------------
+
+// Block = (query row s, group of G heads, 512-column chunk of the output). Shapes (dk =
+// kv_lora_rank + qk_rope_head_dim, R = kv_lora_rank): q [s, H, dk], cache rows [c_kv | k_pe] of dk,
+// out [s, H, R]. The block walks the row's candidate keys (ascending) in tiles of TK: each tile's
+// key rows are read from global memory once, a warp per row, into shared memory k_s [TK][pitch],
+// and all G heads use them there (as FlashMLA's head block does; 64 heads x 512 fp32
+// accumulators are half of an SM's registers, so G <= 64). Per tile:
+//   scores  p_s[g][j] = scale * q[g] . k[j]: thread item = 2 heads x 2 keys (4 dots sharing each
+//           float4 read; q rows 2 apart and key rows of 8 lanes land in distinct banks);
+//   softmax one thread per head walks the tile's keys in order: running max m, per-key rescale
+//           c_j = exp(m_old - m_new) (1 when the max holds), p_j = exp(s_j - m), l = l * c_j + p_j;
+//   values  acc[h][c] = acc[h][c] * c_j + p_j * cache[t_j][c] for j in order: warp = a block of 8
+//           heads, lane = columns c, c + 32, ... (8 x 16 register accumulators per thread; the
+//           8 heads' p_j, c_j are warp-wide broadcasts, the value row is read conflict-free).
+// Each head's result is thus one sequential online softmax over the row's keys in ascending
+// order, with every dot a single fmaf chain over d: the same arithmetic whatever G, TK or the
+// number of rows, so the host may pick G and TK per call (from the row count, to fill the GPU).
+// Padding q / key columns [dk, d4) are zero and add nothing; heads of a group past H compute on
+// zero q and are not written.
+constexpr int kDecThreads = 256, kDecWarps = kDecThreads / 32;
+constexpr int kDecMaxHeads = 64;      // G <= 64
+constexpr int kDecHeadsPerWarp = 8;   // values phase: a warp's head block
+constexpr int kDecColsPerLane = 16;   // values phase: 16 x 32 lanes = 512 columns per warp
+constexpr int kDecColChunk = kDecColsPerLane * 32;  // output columns per block (grid z)
+static_assert(kDecMaxHeads == kDecHeadsPerWarp * kDecWarps, "8 warps x 8 heads cover G <= 64");
+
+struct DecodeArgs {
+  const float* q;
+  const void* cache;     // F32 or BF16 rows of dk elements, addressed through `pages`
+  KeyPages pages;
+  bool bf16, vec;        // vec: aligned_rows(cache, dk)
+  const int32_t* q_pos;
+  const int32_t* keys;   // select_keys_kernel output [s, keys_ld], or nullptr: dense causal
+  const int32_t* counts; // [s]
+  int64_t keys_ld;
+  float* out;
+  int64_t s, t, n_heads, r, dk;
+  int g, tk;             // heads per block, keys per tile (even)
+  int d4, pitch, ts;     // round_up4(dk); q_s / k_s row pitch; p_s / c_s row pitch (tk + 1)
+  float scale;
+};
+
+size_t decode_smem_bytes(int g, int tk, int pitch) {
+  const size_t ts = size_t(tk) + 1;
+  return sizeof(float) * (size_t(g) * pitch + size_t(tk) * pitch + 2 * size_t(g) * ts + 2 * size_t(g));
+}
+
+__global__ void __launch_bounds__(kDecThreads, 1) mla_decode_kernel(DecodeArgs a) {
+  extern __shared__ float4 dec_smem4[];
+  float* smem = reinterpret_cast<float*>(dec_smem4);
+  const int G = a.g, TK = a.tk, P = a.pitch, TS = a.ts, d4 = a.d4;
+  float* q_s = smem;           // [G][P]   this block's heads of q, zero padded
+  float* k_s = q_s + G * P;    // [TK][P]  the tile's key rows (value = first R columns)
+  float* p_s = k_s + TK * P;   // [G][TS]  scores, then p_j
+  float* c_s = p_s + G * TS;   // [G][TS]  c_j
+  float* m_s = c_s + G * TS;   // [G]      running max
+  float* l_s = m_s + G;        // [G]      running sum
+  const int64_t s = blockIdx.x, h0 = int64_t(blockIdx.y) * G;
+  const int heads = int(a.n_heads - h0 < G ? a.n_heads - h0 : G);  // heads of this block that exist
+  const int64_t c0 = int64_t(blockIdx.z) * kDecColChunk;
+  const int64_t c_end = c0 + kDecColChunk < a.r ? c0 + kDecColChunk : a.r;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t dk = a.dk;
+
+  for (int i = tid; i < G * d4; i += kDecThreads) {
+    const int g = i / d4, d = i % d4;
+    q_s[g * P + d] = g < heads && d < dk ? a.q[(s * a.n_heads + h0 + g) * dk + d] : 0.0f;
+  }
+  if (d4 > dk)
+    for (int i = tid; i < TK * (d4 - int(dk)); i += kDecThreads)
+      k_s[(i / (d4 - int(dk))) * P + int(dk) + i % (d4 - int(dk))] = 0.0f;
+  for (int g = tid; g < G; g += kDecThreads) m_s[g] = -INFINITY, l_s[g] = 0.0f;
+
+  const int64_t qpos = a.q_pos[s];
+  const int64_t last = qpos < a.t - 1 ? qpos : a.t - 1;
+  const int64_t n_cand = a.keys ? int64_t(a.counts[s]) : (last >= 0 ? last + 1 : 0);
+  const int32_t* keys = a.keys ? a.keys + s * a.keys_ld : nullptr;
+
+  // Values phase mapping: head block hb (heads 8 hb .. 8 hb + 7 of the group), and when the group
+  // has fewer than 8 head blocks, several warps per head block splitting the columns.
+  const int n_hb = (G + kDecHeadsPerWarp - 1) / kDecHeadsPerWarp;
+  const int wpb = kDecWarps / n_hb;  // >= 1 since n_hb <= 8
+  const int hb = warp / wpb, cp = warp % wpb;
+  const bool pv = hb < n_hb;
+  float acc[kDecHeadsPerWarp][kDecColsPerLane];
+#pragma unroll
+  for (int i = 0; i < kDecHeadsPerWarp; ++i)
+#pragma unroll
+    for (int jc = 0; jc < kDecColsPerLane; ++jc) acc[i][jc] = 0.0f;
+
+  for (int64_t j0 = 0; j0 < n_cand; j0 += TK) {
+    const int nk = int(n_cand - j0 < TK ? n_cand - j0 : TK);
+    __syncthreads();  // the previous tile's readers are done (and the set-up above is visible)
+    for (int jj = warp; jj < nk; jj += kDecWarps) {
+      const int64_t t = keys ? int64_t(keys[j0 + jj]) : j0 + jj;
+      load_row_warp(a.cache, a.pages.row(s, t), dk, a.bf16, a.vec, k_s + jj * P, lane);
+    }
+    __syncthreads();
+
+    // Scores: item = head pair hp x key pair kp (keys kp and kp + TK/2); rows of keys >= nk hold
+    // stale data, and their scores are never read.
+    const int kpairs = TK / 2, items = (G + 1) / 2 * kpairs;
+    for (int it = tid; it < items; it += kDecThreads) {
+      const int hp = it / kpairs, kp = it % kpairs;
+      const int ga = 2 * hp, gb = 2 * hp + 1 < G ? 2 * hp + 1 : ga;
+      const float4* qa = reinterpret_cast<const float4*>(q_s + ga * P);
+      const float4* qb = reinterpret_cast<const float4*>(q_s + gb * P);
+      const float4* ka = reinterpret_cast<const float4*>(k_s + kp * P);
+      const float4* kb = reinterpret_cast<const float4*>(k_s + (kp + kpairs) * P);
+      float saa = 0.0f, sab = 0.0f, sba = 0.0f, sbb = 0.0f;
+      for (int v = 0; v < d4 / 4; ++v) {
+        const float4 x0 = qa[v], x1 = qb[v], y0 = ka[v], y1 = kb[v];
+        saa = dot4(x0, y0, saa);
+        sab = dot4(x0, y1, sab);
+        sba = dot4(x1, y0, sba);
+        sbb = dot4(x1, y1, sbb);
+      }
+      p_s[ga * TS + kp] = __fmul_rn(a.scale, saa);
+      p_s[ga * TS + kp + kpairs] = __fmul_rn(a.scale, sab);
+      if (gb != ga) {
+        p_s[gb * TS + kp] = __fmul_rn(a.scale, sba);
+        p_s[gb * TS + kp + kpairs] = __fmul_rn(a.scale, sbb);
+      }
+    }
+    __syncthreads();
+
+    // Online softmax, key by key in candidate order (the first key: c = exp(-inf) = 0).
+    for (int g = tid; g < G; g += kDecThreads) {
+      float m = m_s[g], l = l_s[g];
+      float* ps = p_s + g * TS;
+      float* cs = c_s + g * TS;
+      for (int jj = 0; jj < nk; ++jj) {
+        const float sc = ps[jj];
+        float c = 1.0f;
+        if (sc > m) {
+          c = expf(m - sc);
+          m = sc;
+        }
+        const float pr = expf(sc - m);
+        l = __fmaf_rn(l, c, pr);
+        ps[jj] = pr;
+        cs[jj] = c;
+      }
+      m_s[g] = m, l_s[g] = l;
+    }
+    __syncthreads();
+
+    if (pv) {
+      for (int jj = 0; jj < nk; ++jj) {
+        const float* vrow = k_s + jj * P;
+        float pr[kDecHeadsPerWarp], cr[kDecHeadsPerWarp];
+#pragma unroll
+        for (int i = 0; i < kDecHeadsPerWarp; ++i) {
+          const int g = hb * kDecHeadsPerWarp + i;
+          pr[i] = g < G ? p_s[g * TS + jj] : 0.0f;
+          cr[i] = g < G ? c_s[g * TS + jj] : 1.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < kDecHeadsPerWarp; ++i)
+          if (cr[i] != 1.0f) {  // warp-uniform: the lanes share the heads
+#pragma unroll
+            for (int jc = 0; jc < kDecColsPerLane; ++jc) acc[i][jc] = __fmul_rn(acc[i][jc], cr[i]);
+          }
+#pragma unroll
+        for (int jc = 0; jc < kDecColsPerLane; ++jc) {
+          const int64_t c = c0 + 32 * (cp + int64_t(wpb) * jc) + lane;
+          if (c < c_end) {
+            const float v = vrow[c];
+#pragma unroll
+            for (int i = 0; i < kDecHeadsPerWarp; ++i) acc[i][jc] = __fmaf_rn(pr[i], v, acc[i][jc]);
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();  // l_s final (also when the row has no key)
+  if (pv) {
+#pragma unroll
+    for (int i = 0; i < kDecHeadsPerWarp; ++i) {
+      const int g = hb * kDecHeadsPerWarp + i;
+      if (g >= heads) continue;
+      const float l = l_s[g];
+      float* out = a.out + (s * a.n_heads + h0 + g) * a.r;
+#pragma unroll
+      for (int jc = 0; jc < kDecColsPerLane; ++jc) {
+        const int64_t c = c0 + 32 * (cp + int64_t(wpb) * jc) + lane;
+        if (c < c_end) out[c] = l > 0.0f ? __fdiv_rn(acc[i][jc], l) : 0.0f;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void launch_indexer_scores(const IndexerScoresParams& p, cudaStream_t st) {
-  const size_t smem = size_t(p.n_heads * p.head_dim + p.n_heads) * sizeof(float);
+  IndexerArgs a;
+  a.p = p;
+  a.d4 = int(round_up4(p.head_dim));
+  a.pitch = conflict_free_pitch(a.d4);
+  a.vec = aligned_rows(p.k, p.head_dim, p.pages.dtype);
+  const size_t smem = sizeof(float) * (size_t(p.n_heads) * size_t(a.d4) + size_t(round_up4(p.n_heads)) +
+                                       size_t(kIdxTile) * size_t(a.pitch) + size_t(kIdxGroups) * kIdxTile);
   reserve_smem(indexer_scores_kernel, smem, "indexer_scores", "n_heads * head_dim");
-  const int64_t blocks = p.s * ((p.t + kIdxKeysPerBlock - 1) / kIdxKeysPerBlock);
+  const int64_t blocks = p.s * ((p.t + kIdxTile - 1) / kIdxTile);
   CHECK(blocks < (int64_t(1) << 31), "cuda indexer_scores: s = ", p.s, ", t = ", p.t,
         " too large for one launch");
-  indexer_scores_kernel<<<unsigned(blocks), kIdxWarps * 32, smem, st>>>(p);
+  indexer_scores_kernel<<<unsigned(blocks), kIdxThreads, smem, st>>>(a);
   CUDA_CHECK_LAUNCH("indexer_scores");
 }
 
@@ -401,16 +701,50 @@ void launch_mla_prefill(const MlaPrefillParams& p, int32_t* scratch, int* error_
 
 void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, int* error_word,
                        cudaStream_t st) {
-  const int64_t row = p.kv_lora_rank + p.qk_rope_head_dim;
-  AttnArgs a{};
-  a.q = p.q_lat, a.q_stride_h = row, a.q_stride_s = p.n_heads * row;
-  a.ka = p.cache, a.ka_stride_t = row, a.ka_stride_h = 0, a.da = p.kv_lora_rank;
-  a.kb = p.cache, a.kb_offset = p.kv_lora_rank, a.kb_stride_t = row, a.db = p.qk_rope_head_dim;
-  a.v = p.cache, a.v_stride_t = row, a.v_stride_h = 0, a.dv = p.kv_lora_rank;
-  a.q_pos = p.q_pos, a.out = p.out_lat, a.s = p.s, a.t = p.t, a.n_heads = p.n_heads;
-  a.scale = p.scale;
-  a.pages = p.pages;
-  launch_attention(a, p.topk, p.topk_len, scratch, error_word, st, "mla_decode");
+  if (p.s == 0) return;
+  const int64_t dk = p.kv_lora_rank + p.qk_rope_head_dim;
+  DecodeArgs a{};
+  a.q = p.q_lat, a.cache = p.cache, a.pages = p.pages;
+  a.bf16 = p.pages.dtype == DType::BF16;
+  a.vec = aligned_rows(p.cache, dk, p.pages.dtype);
+  a.q_pos = p.q_pos, a.out = p.out_lat;
+  a.s = p.s, a.t = p.t, a.n_heads = p.n_heads, a.r = p.kv_lora_rank, a.dk = dk, a.scale = p.scale;
+  if (p.topk) {
+    launch_select_keys(p.topk, p.topk_len, p.q_pos, p.s, p.t, scratch, error_word, st, "mla_decode");
+    a.keys = scratch, a.counts = scratch + p.s * p.topk_len, a.keys_ld = p.topk_len;
+  }
+  a.d4 = int(round_up4(dk));
+  a.pitch = conflict_free_pitch(a.d4);
+  // Heads per block: all of a row's heads (up to 64) once the rows fill the SMs; with fewer rows,
+  // fewer heads per block so that about one block per SM still runs (the results do not change,
+  // see mla_decode_kernel; only how often a key row is read from global memory does).
+  const int64_t per_row = (int64_t(multiprocessor_count()) + p.s - 1) / p.s;
+  int64_t g = std::clamp<int64_t>((p.n_heads + per_row - 1) / per_row, 1,
+                                  std::min<int64_t>(p.n_heads, kDecMaxHeads));
+  // Keys per tile: 32, or 16 where 32 does not fit (GLM-5's 64 heads x 576: 190 KB with 16).
+  const size_t limit = size_t(max_dynamic_smem());
+  int tk = 0;
+  for (;;) {
+    if (decode_smem_bytes(int(g), 32, a.pitch) <= limit) {
+      tk = 32;
+      break;
+    }
+    if (decode_smem_bytes(int(g), 16, a.pitch) <= limit) {
+      tk = 16;
+      break;
+    }
+    CHECK(g > 1, "cuda mla_decode: kv_lora_rank + qk_rope_head_dim = ", dk, " needs ",
+          decode_smem_bytes(1, 16, a.pitch), " bytes of shared memory per block, the device allows ", limit);
+    g = (g + 1) / 2;
+  }
+  a.g = int(g), a.tk = tk, a.ts = tk + 1;
+  const int64_t groups = (p.n_heads + g - 1) / g, chunks = (p.kv_lora_rank + kDecColChunk - 1) / kDecColChunk;
+  CHECK(p.s < (int64_t(1) << 31) && groups <= 65535 && chunks <= 65535, "cuda mla_decode: s = ", p.s,
+        ", n_heads = ", p.n_heads, " or kv_lora_rank = ", p.kv_lora_rank, " too large for one launch");
+  const size_t smem = decode_smem_bytes(a.g, a.tk, a.pitch);
+  reserve_smem(mla_decode_kernel, smem, "mla_decode", "kv_lora_rank + qk_rope_head_dim");
+  mla_decode_kernel<<<dim3(unsigned(p.s), unsigned(groups), unsigned(chunks)), kDecThreads, smem, st>>>(a);
+  CUDA_CHECK_LAUNCH("mla_decode");
 }
 
 }  // namespace glm5::kernels::cuda

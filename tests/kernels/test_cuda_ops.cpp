@@ -1,12 +1,15 @@
 // Every op of the CUDA backend against the reference backend: the shared case lists of
 // op_cases.h (as the CPU backend is checked), then CUDA-specific cases: GLM-5 sizes (64 heads,
 // 576/512 latent, index top-k 2048 over a 128k context), every GEMM activation split, quantized
-// weights (FP8 block-scaled, int4 / int8 group-wise, both GLM5_CUDA_QUANT_GEMM modes), batch
-// invariance, device-side input errors. Outputs are poisoned before each op and guarded after
-// their end. Without a usable GPU every test skips with the reason.
+// weights (FP8 block-scaled, int4 / int8 group-wise, both GLM5_CUDA_QUANT_GEMM modes), both
+// GLM5_CUDA_GEMM modes, batch invariance (GEMM rows for m = 1..2048 on every route; MLA decode and
+// indexer rows alone, in 37 and in 150), device hygiene (no cudaMalloc in a warm step loop; a
+// to_device source reusable at return), device-side input errors. Outputs are poisoned before
+// each op and guarded after their end. Without a usable GPU every test skips with the reason.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -197,6 +200,30 @@ class GemmTermsEnv {
   bool had_ = false;
 };
 
+// A scoped environment variable (the backend reads GLM5_CUDA_* when it is created).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* v) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (v)
+      setenv(name, v, 1);
+    else
+      unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_.c_str(), old_.c_str(), 1);
+    else
+      unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
 // ---- the shared case lists (op_cases.h) ---------------------------------------------------------
 
 // One backend for all parameterised cases (creating cuBLAS handles per case costs time); never
@@ -314,25 +341,35 @@ const std::vector<GemmCase>& gemm_cases() {
   return cases;
 }
 
+// The GLM5_CUDA_GEMM modes (backend_cuda.cu): one cuBLASLt call with a pinned algorithm, or
+// fixed 64-row cuBLAS chunks. Both must match the reference and be batch-invariant.
+constexpr const char* kGemmModes[] = {"lt", "chunked"};
+
 TEST(CudaOps, GemmMatchesReferenceExactActivations) {
   if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
   GemmTermsEnv env(nullptr);  // default: 3 bf16 terms, activations exact
-  auto gpu = make_cuda_backend(0);
-  uint32_t seed = 1;
-  for (const auto& c : gemm_cases()) check_gemm(*gpu, c, 2e-5f, seed++);
+  for (const char* mode : kGemmModes) {
+    SCOPED_TRACE(std::string("GLM5_CUDA_GEMM=") + mode);
+    ScopedEnv gm("GLM5_CUDA_GEMM", mode);
+    auto gpu = make_cuda_backend(0);
+    uint32_t seed = 1;
+    for (const auto& c : gemm_cases()) check_gemm(*gpu, c, 2e-5f, seed++);
+  }
 }
 
 TEST(CudaOps, GemmOtherActivationSplits) {
   if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
   // terms: 0 = plain fp32 kernel, 2 = ~16-bit activations, 1 = bf16 activations.
   const std::pair<const char*, float> modes[] = {{"0", 2e-5f}, {"2", 6e-5f}, {"1", 6e-3f}};
-  for (const auto& [terms, tol] : modes) {
-    SCOPED_TRACE(std::string("GLM5_CUDA_GEMM_TERMS=") + terms);
-    GemmTermsEnv env(terms);
-    auto gpu = make_cuda_backend(0);
-    uint32_t seed = 100;
-    for (const auto& c : gemm_cases()) check_gemm(*gpu, c, tol, seed++);
-  }
+  for (const char* mode : kGemmModes)
+    for (const auto& [terms, tol] : modes) {
+      SCOPED_TRACE(std::string("GLM5_CUDA_GEMM=") + mode + " GLM5_CUDA_GEMM_TERMS=" + terms);
+      ScopedEnv gm("GLM5_CUDA_GEMM", mode);
+      GemmTermsEnv env(terms);
+      auto gpu = make_cuda_backend(0);
+      uint32_t seed = 100;
+      for (const auto& c : gemm_cases()) check_gemm(*gpu, c, tol, seed++);
+    }
 }
 
 TEST(CudaOps, GemmRowsAreBatchInvariant) {
@@ -368,30 +405,6 @@ TEST(CudaOps, GemmRowsAreBatchInvariant) {
 }
 
 // ---- GEMM on quantized weights -----------------------------------------------------------------
-
-// A scoped environment variable (the backend reads GLM5_CUDA_* when it is created).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* v) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    if (v)
-      setenv(name, v, 1);
-    else
-      unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      setenv(name_.c_str(), old_.c_str(), 1);
-    else
-      unsetenv(name_.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
 
 // The GLM5_CUDA_QUANT_GEMM modes (backend_cuda.cu). Both must match the reference.
 constexpr const char* kQuantModes[] = {"fused", "dequant"};
@@ -648,6 +661,81 @@ TEST(CudaOps, QuantGemmRowsAreBatchInvariant) {
                      "rows " + std::to_string(r0) + ".." + std::to_string(r0 + rows - 1) +
                          " alone vs in a batch of 150");
       }
+    }
+  }
+}
+
+// y rows of an m-row GEMM whose rows m / 2 and m - 1 are `probe` (row 0 when m = 1) and whose
+// other rows are random: the probe's output rows, in that order.
+std::vector<std::vector<float>> gemm_probe_rows(Backend& gpu, const Weight& w, bool trans, int64_t n,
+                                                int64_t k, int64_t m, const std::vector<float>& probe) {
+  Rng rng(uint32_t(1000 + m));
+  auto x = rng.floats(size_t(m * k));
+  const std::vector<int64_t> at = m == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{m / 2, m - 1};
+  for (int64_t r : at) std::copy(probe.begin(), probe.end(), x.begin() + r * k);
+  Dev<float> dx(gpu, x), dy(gpu, nan_vec(size_t(m * n)));
+  GemmParams p;
+  p.x = dx.get(), p.ldx = k, p.w = w, p.trans_w = trans, p.y = dy.get(), p.ldy = n;
+  p.m = m, p.n = n, p.k = k;
+  gpu.gemm(p);
+  const auto y = dy.host("gemm m=" + std::to_string(m));
+  std::vector<std::vector<float>> rows;
+  for (int64_t r : at) rows.emplace_back(y.begin() + r * n, y.begin() + (r + 1) * n);
+  return rows;
+}
+
+// Every GEMM route (GLM5_CUDA_GEMM lt / chunked x GLM5_CUDA_GEMM_TERMS 3 / 2 / 1 / 0 x BF16 / F32
+// / F16 weights x trans_w, and quantized weights fused or dequantized into either route): a probe
+// row's output bits alone (m = 1) equal its bits at rows m / 2 and m - 1 of calls with m = 7, 64,
+// 65, 300 and 2048 (one 64-row chunk and a bit, several cuBLASLt column tiles).
+TEST(CudaOps, GemmRowsBatchInvariantAcrossM) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  struct Route {
+    const char* gemm;
+    const char* terms;
+    const char* quant;  // nullptr: plain weights
+    DType dt, sdt;
+    int64_t group;
+    bool trans;
+  };
+  std::vector<Route> routes;
+  for (const char* gemm : kGemmModes)
+    for (bool trans : {false, true}) {
+      for (const char* terms : {"3", "2", "1", "0"})
+        routes.push_back({gemm, terms, nullptr, DType::BF16, DType::F32, 0, trans});
+      for (const char* terms : {"3", "0"})
+        routes.push_back({gemm, terms, nullptr, DType::F32, DType::F32, 0, trans});
+      routes.push_back({gemm, "3", "dequant", DType::Q4, DType::BF16, 32, trans});  // bf16-exact rows
+      routes.push_back({gemm, "3", "dequant", DType::F8_E4M3, DType::F32, 128, trans});  // fp32 rows
+    }
+  for (bool trans : {false, true}) routes.push_back({"lt", "3", nullptr, DType::F16, DType::F32, 0, trans});
+  routes.push_back({"lt", "3", "fused", DType::Q4, DType::BF16, 32, false});
+  routes.push_back({"lt", "3", "fused", DType::Q8, DType::F32, 64, false});
+  routes.push_back({"lt", "3", "fused", DType::F8_E4M3, DType::F32, 128, false});
+  const int64_t n = 160, k = 333;
+  for (const Route& r : routes) {
+    const std::string what = std::string("GLM5_CUDA_GEMM=") + r.gemm + " GLM5_CUDA_GEMM_TERMS=" + r.terms +
+                             (r.quant ? std::string(" GLM5_CUDA_QUANT_GEMM=") + r.quant : std::string()) + " " +
+                             std::string(dtype_name(r.dt)) + (r.trans ? " trans_w" : "");
+    SCOPED_TRACE(what);
+    ScopedEnv gm("GLM5_CUDA_GEMM", r.gemm), te("GLM5_CUDA_GEMM_TERMS", r.terms),
+        qm("GLM5_CUDA_QUANT_GEMM", r.quant ? r.quant : "fused");
+    auto gpu = make_cuda_backend(0);
+    Rng rng(31);
+    const int64_t w_rows = r.trans ? k : n, w_cols = r.trans ? n : k;
+    Weight w;
+    if (r.quant) {
+      w = random_quant_matrix(rng, r.dt, r.sdt, w_rows, w_cols, r.group, 0).upload(*gpu);
+    } else {
+      const auto bytes = random_weight(rng, r.dt, w_rows, w_cols);
+      w = Weight{gpu->upload(bytes.data(), bytes.size()), r.dt, w_rows, w_cols, w_cols};
+    }
+    const auto probe = rng.floats(size_t(k));
+    const auto alone = gemm_probe_rows(*gpu, w, r.trans, n, k, 1, probe).front();
+    for (int64_t m : {7, 64, 65, 300, 2048}) {
+      const auto rows = gemm_probe_rows(*gpu, w, r.trans, n, k, m, probe);
+      expect_equal(rows[0], alone, what + ": row " + std::to_string(m / 2) + " of m = " + std::to_string(m) + " vs m = 1");
+      expect_equal(rows[1], alone, what + ": row " + std::to_string(m - 1) + " of m = " + std::to_string(m) + " vs m = 1");
     }
   }
 }
@@ -1206,6 +1294,103 @@ TEST(CudaOps, MlaDecodeGlm5Shapes) {
     check_mla_decode(*gpu, c, seed++);
 }
 
+// Decode rows of different sequences over paged pools (one block table per row) with GLM-5's
+// attention and indexer dims. A row's output bits must not depend on the call: all 150 rows at
+// once, 37 of them (rows 0..36 and 113..149) and each of rows 0..36 alone. The kernels choose how
+// many heads share a block from the row count (on an H200: 64 for 150 rows, 16 for 37, 1 for one),
+// so this also checks that that choice leaves every bit unchanged. F32 and BF16 caches.
+TEST(CudaOps, MlaDecodeAndIndexerRowsIndependentOfRowCount) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  Rng rng(90);
+  const int64_t S = 150, T = 3000, B = 64, max_blocks = (T + B - 1) / B, pool_blocks = 64;
+  const int64_t H = 64, R = 512, dr = 64, dk = R + dr, topk = 2048, IH = 32, ID = 128;
+  std::vector<int32_t> tables(size_t(S * max_blocks));
+  for (int64_t i = 0; i < S; ++i) {  // each row its own order of the pool's blocks
+    std::vector<int32_t> perm(static_cast<size_t>(pool_blocks));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng.gen);
+    std::copy(perm.begin(), perm.begin() + max_blocks, tables.begin() + i * max_blocks);
+  }
+  std::vector<int32_t> qpos(static_cast<size_t>(S));
+  for (auto& v : qpos) v = rng.integer(0, int(T - 1));
+  qpos[0] = int32_t(T - 1), qpos[1] = 5, qpos[2] = -1, qpos[3] = int32_t(topk - 1);
+  const auto sel = make_topk_lists(rng, qpos, T, topk, true);
+  const auto q = rng.floats(size_t(S * H * dk));
+  const auto latent = rng.floats(size_t(pool_blocks * B * dk));
+  const auto iq = rng.floats(size_t(S * IH * ID));
+  const auto iw = rng.floats(size_t(S * IH), -0.2f, 0.2f);
+  const auto ik = rng.floats(size_t(pool_blocks * B * ID));
+  auto to_bf16 = [](const std::vector<float>& v) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
+    return b;
+  };
+  Dev<float> dq(*gpu, q), diq(*gpu, iq), diw(*gpu, iw);
+  Dev<int32_t> dtab(*gpu, tables), dpos(*gpu, qpos), dsel(*gpu, sel);
+  for (DType cache : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(std::string("cache ") + std::string(dtype_name(cache)));
+    const void* lat = cache == DType::F32 ? gpu->upload(latent.data(), latent.size() * 4)
+                                          : gpu->upload(to_bf16(latent).data(), latent.size() * 2);
+    const void* idk = cache == DType::F32 ? gpu->upload(ik.data(), ik.size() * 4)
+                                          : gpu->upload(to_bf16(ik).data(), ik.size() * 2);
+    // Rows [first, first + n) in one call; outputs on the host.
+    auto decode = [&](int64_t first, int64_t n) {
+      Dev<float> out(*gpu, nan_vec(size_t(n * H * R)));
+      MlaDecodeParams p;
+      p.q_lat = dq.get() + first * H * dk, p.cache = static_cast<const float*>(lat);
+      p.q_pos = dpos.get() + first, p.topk = dsel.get() + first * topk, p.topk_len = topk;
+      p.out_lat = out.get(), p.s = n, p.t = T, p.n_heads = H, p.kv_lora_rank = R, p.qk_rope_head_dim = dr;
+      p.scale = 1.0f / std::sqrt(float(dk));
+      p.pages = KeyPages{dtab.get() + first * max_blocks, max_blocks, B, cache};
+      gpu->mla_decode(p);
+      return out.host("mla_decode");
+    };
+    auto index = [&](int64_t first, int64_t n) {
+      Dev<float> out(*gpu, nan_vec(size_t(n * T)));
+      IndexerScoresParams p;
+      p.q = diq.get() + first * IH * ID, p.weights = diw.get() + first * IH;
+      p.k = static_cast<const float*>(idk), p.q_pos = dpos.get() + first, p.scores = out.get();
+      p.s = n, p.t = T, p.n_heads = IH, p.head_dim = ID, p.ld_scores = T;
+      p.pages = KeyPages{dtab.get() + first * max_blocks, max_blocks, B, cache};
+      gpu->indexer_scores(p);
+      return out.host("indexer_scores");
+    };
+    const auto all = decode(0, S), all_idx = index(0, S);
+    auto rows_of = [](const std::vector<float>& v, int64_t first, int64_t n, int64_t width) {
+      return std::vector<float>(v.begin() + first * width, v.begin() + (first + n) * width);
+    };
+    for (int64_t first : {int64_t(0), S - 37}) {
+      expect_equal(decode(first, 37), rows_of(all, first, 37, H * R),
+                   "mla_decode rows " + std::to_string(first) + "..+37 vs the 150-row call");
+      expect_equal(index(first, 37), rows_of(all_idx, first, 37, T),
+                   "indexer_scores rows " + std::to_string(first) + "..+37 vs the 150-row call");
+    }
+    for (int64_t i = 0; i < 37; ++i) {
+      expect_equal(decode(i, 1), rows_of(all, i, 1, H * R), "mla_decode row " + std::to_string(i) + " alone");
+      expect_equal(index(i, 1), rows_of(all_idx, i, 1, T), "indexer_scores row " + std::to_string(i) + " alone");
+    }
+    if (cache == DType::F32) {  // rows 0 and 1 against the reference (the op tests do the rest)
+      auto ref = make_reference_backend();
+      std::vector<float> want = nan_vec(size_t(2 * H * R)), want_idx = nan_vec(size_t(2 * T));
+      MlaDecodeParams p;
+      p.q_lat = q.data(), p.cache = latent.data(), p.q_pos = qpos.data(), p.topk = sel.data();
+      p.topk_len = topk, p.out_lat = want.data(), p.s = 2, p.t = T, p.n_heads = H, p.kv_lora_rank = R;
+      p.qk_rope_head_dim = dr, p.scale = 1.0f / std::sqrt(float(dk));
+      p.pages = KeyPages{tables.data(), max_blocks, B, DType::F32};
+      ref->mla_decode(p);
+      expect_close(rows_of(all, 0, 2, H * R), want, 2e-6f, 1e-4f, "mla_decode rows 0, 1 vs reference");
+      IndexerScoresParams ip;
+      ip.q = iq.data(), ip.weights = iw.data(), ip.k = ik.data(), ip.q_pos = qpos.data();
+      ip.scores = want_idx.data(), ip.s = 2, ip.t = T, ip.n_heads = IH, ip.head_dim = ID, ip.ld_scores = T;
+      ip.pages = KeyPages{tables.data(), max_blocks, B, DType::F32};
+      ref->indexer_scores(ip);
+      expect_close(rows_of(all_idx, 0, 2, T), want_idx, 2e-6f * float(IH) * 0.2f * std::sqrt(float(ID)), 1e-5f,
+                   "indexer_scores rows 0, 1 vs reference");
+    }
+  }
+}
+
 // ---- memory and device-side input errors -------------------------------------------------------
 
 TEST(CudaOps, MemoryRoundTripAndUpload) {
@@ -1227,6 +1412,118 @@ TEST(CudaOps, MemoryRoundTripAndUpload) {
   EXPECT_EQ(back, bytes);
   gpu->free(p);
   gpu->synchronize();
+}
+
+// A warm step loop: scratch of varying sizes alloc'd and freed, GEMMs of several m, indexer and
+// MLA decode on 1 or 37 rows, to_device of new host data, to_host at the end. After one round of
+// every size (the warm-up), further rounds make no cudaMalloc: raw_allocations() stays put.
+TEST(CudaOps, WarmStepLoopMakesNoRawAllocation) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  EXPECT_NE(gpu->stream(), nullptr);
+  Rng rng(77);
+  const int64_t n = 256, k = 512, S = 37, T = 700, B = 64, max_blocks = (T + B - 1) / B;
+  const int64_t H = 16, R = 512, dr = 64, dk = R + dr, topk = 256, IH = 8, ID = 128;
+  const auto wbytes = random_weight(rng, DType::BF16, n, k);
+  const uint64_t before_upload = gpu->raw_allocations();
+  const Weight w{gpu->upload(wbytes.data(), wbytes.size()), DType::BF16, n, k, k};
+  EXPECT_EQ(gpu->raw_allocations(), before_upload + 1) << "an upload is one cudaMalloc";
+  std::vector<int32_t> tables(size_t(S * max_blocks)), qpos(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i)
+    for (int64_t b = 0; b < max_blocks; ++b) tables[size_t(i * max_blocks + b)] = int32_t((b * 7 + i) % max_blocks);
+  for (auto& v : qpos) v = rng.integer(0, int(T - 1));
+  const auto sel = make_topk_lists(rng, qpos, T, topk, false);
+  Dev<float> dx(*gpu, rng.floats(size_t(300 * k))), dq(*gpu, rng.floats(size_t(S * H * dk)));
+  Dev<float> dlat(*gpu, rng.floats(size_t(max_blocks * B * dk))), diq(*gpu, rng.floats(size_t(S * IH * ID)));
+  Dev<float> diw(*gpu, rng.floats(size_t(S * IH))), dik(*gpu, rng.floats(size_t(max_blocks * B * ID)));
+  Dev<int32_t> dtab(*gpu, tables), dpos(*gpu, qpos), dsel(*gpu, sel);
+  std::vector<int32_t> host_pos(static_cast<size_t>(S));
+  float sink = 0.0f;
+  auto step = [&](int it) {
+    const int64_t m = std::array<int64_t, 3>{1, 37, 300}[size_t(it % 3)], s = it % 2 ? S : 1;
+    std::vector<void*> scratch;
+    for (size_t bytes : {size_t(1000), size_t(4096), size_t(1) << 20, (size_t(3) << 20) + 17, size_t(64) << 20,
+                         size_t(300) << 20})  // the last: the exact-size path of large blocks
+      scratch.push_back(gpu->alloc(bytes + size_t(it % 3) * 700));
+    for (auto& v : host_pos) v = int32_t(it);  // new host data; the device copy feeds nothing
+    gpu->to_device(static_cast<int32_t*>(scratch[0]), host_pos.data(), host_pos.size() * sizeof(int32_t));
+    float* y = static_cast<float*>(scratch[3]);
+    GemmParams g;
+    g.x = dx.get(), g.ldx = k, g.w = w, g.y = y, g.ldy = n, g.m = m, g.n = n, g.k = k;
+    gpu->gemm(g);
+    IndexerScoresParams ip;
+    ip.q = diq.get(), ip.weights = diw.get(), ip.k = dik.get(), ip.q_pos = dpos.get();
+    ip.scores = static_cast<float*>(scratch[4]), ip.s = s, ip.t = T, ip.n_heads = IH, ip.head_dim = ID;
+    ip.ld_scores = T, ip.pages = KeyPages{dtab.get(), max_blocks, B, DType::F32};
+    gpu->indexer_scores(ip);
+    MlaDecodeParams md;
+    md.q_lat = dq.get(), md.cache = dlat.get(), md.q_pos = dpos.get(), md.topk = dsel.get();
+    md.topk_len = topk, md.out_lat = static_cast<float*>(scratch[4]) + S * T, md.s = s, md.t = T;
+    md.n_heads = H, md.kv_lora_rank = R, md.qk_rope_head_dim = dr, md.scale = 0.05f;
+    md.pages = KeyPages{dtab.get(), max_blocks, B, DType::F32};
+    gpu->mla_decode(md);
+    gpu->to_device(scratch[5], host_pos.data(), host_pos.size() * sizeof(int32_t));
+    for (size_t i = scratch.size(); i-- > 0;)  // freed while their work is still queued
+      if (i != 3) gpu->free(scratch[i]);
+    float v = 0.0f;
+    gpu->to_host(&v, y, sizeof(float));  // waits: the step's end
+    gpu->free(y);
+    sink += v;
+  };
+  for (int it = 0; it < 6; ++it) step(it);  // warm-up: every size once (6 = the period of m and s)
+  const uint64_t warm = gpu->raw_allocations();
+  EXPECT_GT(warm, before_upload + 1) << "the warm-up took blocks from cudaMalloc";
+  for (int it = 0; it < 60; ++it) step(it);
+  EXPECT_EQ(gpu->raw_allocations(), warm) << "cudaMalloc calls in a warm step loop";
+  EXPECT_TRUE(std::isfinite(sink));
+}
+
+// to_device returns once the source is read: the caller overwrites its buffer at once, while the
+// copies still wait behind a long GEMM on the stream. Large copies (through every slot of the
+// staging ring and around it), many small ones (sharing a slot), and device-to-device.
+TEST(CudaOps, ToDeviceSourceMayBeReusedAtReturn) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto gpu = make_cuda_backend(0);
+  Rng rng(78);
+  const int64_t m = 2048, n = 4096, k = 4096;
+  const auto wbytes = random_weight(rng, DType::BF16, n, k);
+  const Weight w{gpu->upload(wbytes.data(), wbytes.size()), DType::BF16, n, k, k};
+  Dev<float> dx(*gpu, rng.floats(size_t(m * k))), dy(*gpu, nan_vec(size_t(m * n)));
+  GemmParams g;
+  g.x = dx.get(), g.ldx = k, g.w = w, g.y = dy.get(), g.ldy = n, g.m = m, g.n = n, g.k = k;
+  const size_t big = (size_t(40) << 20) / sizeof(int32_t);  // 40 MiB: more than the 32 MiB ring
+  std::vector<int32_t> host(big);
+  std::vector<int32_t*> dev(3);
+  for (auto& d : dev) d = static_cast<int32_t*>(gpu->alloc(big * sizeof(int32_t)));
+  const int small = 1000;
+  auto* dsmall = static_cast<int32_t*>(gpu->alloc(small * sizeof(int32_t)));
+  gpu->gemm(g);  // the copies below queue behind it
+  for (int c = 0; c < 3; ++c) {
+    for (size_t i = 0; i < big; ++i) host[i] = int32_t(i * 2654435761u) ^ c;
+    gpu->to_device(dev[size_t(c)], host.data(), big * sizeof(int32_t));
+  }
+  int32_t one = 0;
+  for (int i = 0; i < small; ++i) {
+    one = 7 * i + 1;
+    gpu->to_device(dsmall + i, &one, sizeof(one));
+  }
+  gpu->to_device(dev[0] + big / 2, dsmall, small * sizeof(int32_t));  // device to device
+  for (int c = 0; c < 3; ++c) {
+    std::vector<int32_t> back(big);
+    gpu->to_host(back.data(), dev[size_t(c)], big * sizeof(int32_t));
+    size_t bad = 0;
+    for (size_t i = 0; i < big; ++i) {
+      int32_t want = int32_t(i * 2654435761u) ^ c;
+      if (c == 0 && i >= big / 2 && i < big / 2 + small) want = int32_t(7 * (i - big / 2) + 1);
+      bad += back[i] != want;
+    }
+    EXPECT_EQ(bad, 0u) << "copy " << c << ": elements that are not the source at the call";
+  }
+  std::vector<int32_t> back(small);
+  gpu->to_host(back.data(), dsmall, small * sizeof(int32_t));
+  for (int i = 0; i < small; ++i) ASSERT_EQ(back[size_t(i)], 7 * i + 1) << "small copy " << i;
+  for (auto* d : dev) gpu->free(d);
+  gpu->free(dsmall);
 }
 
 TEST(CudaOps, BadDeviceInputThrowsAtSynchronize) {
