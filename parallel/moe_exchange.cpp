@@ -46,7 +46,7 @@ MoeExchange::MoeExchange(Comm& stage_comm, kernels::Backend& backend, Comm& payl
             payload_comm.rank() == stage_comm.rank(),
         "MoeExchange: the payload communicator (", payload_comm.transport(),
         ") must take device buffers and have the stage's ranks in the same order");
-  for (DeviceScratch* b : {&dev_index_, &dev_wire_, &dev_table_, &dev_results_, &dev_back_}) b->be = &backend;
+  for (DeviceScratch* b : {&dev_index_, &dev_wire_, &dev_table_, &dev_results_}) b->be = &backend;
 }
 
 MoeExchange::~MoeExchange() = default;
@@ -379,9 +379,11 @@ void MoeExchange::move_rows_device(const float* x) {
   float* wire = nullptr;
   float* table = nullptr;
   if (p > 1) {
-    wire = static_cast<float*>(dev_wire_.reserve(size_t(std::max<int64_t>(n_pack_, 1) * d) * sizeof(float)));
+    // One wire for the rows out and, at combine, the results back (the first is consumed by the
+    // time the second is gathered: both are ordered on the backend's stream).
+    const int64_t wire_rows = std::max<int64_t>({n_pack_, n_back_, 1});
+    wire = static_cast<float*>(dev_wire_.reserve(size_t(wire_rows * d) * sizeof(float)));
     table = static_cast<float*>(dev_table_.reserve(size_t(std::max<int64_t>(table_rows_, 1) * d) * sizeof(float)));
-    dev_back_.reserve(size_t(std::max<int64_t>(n_back_, 1) * d) * sizeof(float));
   }
   be_->to_device(idx, h.data(), h.size() * sizeof(int32_t));
   dev_pack_ = idx;
@@ -411,7 +413,7 @@ void MoeExchange::combine() {
     back_rows_ = recv_slots_;
     back_rows_[me] = 0;
     std::vector<int64_t>& back_rows = back_rows_;
-    float* back = dev_back_.as<float>();
+    float* back = dev_wire_.as<float>();
     float* res = dev_results_.as<float>();
     if (n_back_) be_->gather_rows({res, dev_back_idx_, n_back_, d, back});
     exchange(*payload_comm_, back, back_rows, row_bytes, res + n_recv_ * d, send_slots_);

@@ -162,7 +162,7 @@ class MoeExchange {
   std::vector<int32_t> dev_index_host_, back_pos_;
   std::vector<int64_t> back_rows_;
   int64_t n_pack_ = 0, n_own_ = 0, n_back_ = 0;
-  DeviceScratch dev_index_, dev_wire_, dev_table_, dev_results_, dev_back_;
+  DeviceScratch dev_index_, dev_wire_, dev_table_, dev_results_;
   const int32_t *dev_pack_ = nullptr, *dev_own_ = nullptr, *dev_recv_row_ = nullptr,
                 *dev_slot_row_ = nullptr, *dev_back_idx_ = nullptr;
   // all_to_all_v scratch.

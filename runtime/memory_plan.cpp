@@ -228,6 +228,9 @@ ActivationEstimate estimate_activations(const ModelConfig& c, const StepShape& s
     moe = m * (double(c.n_routed_experts) + 2 * K) * f + m * std::min(ep, K) * H * f + 2 * m * K * H * f +
           2 * m * K * 4 + run * (H + 2 * I) * f +
           (c.n_shared_experts > 0 ? m * (H + 2 * I * double(c.n_shared_experts)) * f : 0);
+    // A device backend's exchange also packs, in one wire, its outgoing rows (each token once per
+    // other rank it reaches) and later the results going back (<= K rows per token).
+    if (s.device && ep > 1) moe += m * std::max(std::min(ep - 1, K), K) * H * f;
   }
   a.mlp = std::max(dense, moe);
   const double lrows = std::min(m, double(std::max<int64_t>(1, s.max_batch)));
