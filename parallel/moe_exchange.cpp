@@ -1,9 +1,12 @@
 // MoeExchange: counts, then token rows with their (row, tag) slot entries, with
-// Comm::all_to_all_v; results back the same way. The receive order (tag, source rank, source
-// slot) comes from a stable sort by tag of the source-major arrival order, so it is fixed by the
-// data alone, never by timing or rank count. Local copies: each token row sent is packed once,
-// the rank's own tokens are copied into the table once (none on a one-rank comm), and results
-// for other ranks are put in arrival order once; everything else is addressed by index.
+// Comm::all_to_all_v; results back the same way. Host payload: a peer's rows and entries travel in
+// one message. Device payload: the entries first over the host comm (the plan is then complete
+// on the host), then the rows over the payload comm, packed and unpacked by the backend's
+// gather_rows. The receive order (tag, source rank, source slot) comes from a stable sort by tag
+// of the source-major arrival order, so it is fixed by the data alone, never by timing or rank
+// count. Local copies: each token row sent is packed once, the rank's own tokens are copied into
+// the table once (none on a one-rank comm), and results for other ranks are put in arrival order
+// once; everything else is addressed by index.
 #include "parallel/moe_exchange.h"
 
 #include <algorithm>

@@ -64,8 +64,9 @@ class MoeExchange {
   //   dest_rank [m * top_k]: rank (in stage_comm) that gets slot t*top_k + j, or -1 = not sent
   //   tag       [m * top_k]: ordering key at the receiver, e.g. the local expert id
   // Exchanges per-destination counts first (one all_to_all_v), then each destination's rows with
-  // one (row, tag) entry per slot (one all_to_all_v); on a one-rank comm it makes no call. Bad
-  // arguments on any rank make every rank throw, none hangs.
+  // one (row, tag) entry per slot (one all_to_all_v on the host path; entries then rows, two, on
+  // the device path); on a one-rank comm it makes no call. Bad arguments on any rank make every
+  // rank throw, none hangs.
   void dispatch(const float* x, int64_t m, int64_t d, int64_t top_k, const int32_t* dest_rank,
                 const int32_t* tag);
 
