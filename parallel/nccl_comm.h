@@ -4,7 +4,11 @@
 // Without a work stream every call has completed when it returns, like MpiComm. With one (the
 // backend's, Backend::stream()), calls are ordered with the work queued on it through events and
 // never block the host: a buffer received is ready for the backend's next op, and the host sees
-// it after the backend's next to_host (which waits for the stream).
+// it after the backend's next to_host (which waits for the stream). All stream-ordered
+// communicators of a device share one NCCL stream, so a send still waiting for its receiver holds
+// back every later NCCL operation of that device (not the host): the engine stays deadlock-free
+// because its hidden-state sends only go to later stages, and every host wait (a to_host, a plan
+// exchange) depends only on operations the peers have already issued or on later stages.
 #pragma once
 
 #include <memory>

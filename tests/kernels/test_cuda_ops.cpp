@@ -740,6 +740,31 @@ TEST(CudaOps, GemmRowsBatchInvariantAcrossM) {
   }
 }
 
+// The lt route is really taken for an aligned shape (the batch-invariance test above would pass
+// on the chunked path too): GLM5_CUDA_GEMM_LOG names the pinned algorithm, the bitwise probe at
+// pinning keeps it, and rows still agree across m.
+TEST(CudaOps, GemmLtPathIsTakenForAlignedShapes) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  ScopedEnv gm("GLM5_CUDA_GEMM", "lt"), log("GLM5_CUDA_GEMM_LOG", "1");
+  for (DType dt : {DType::BF16, DType::F32}) {
+    ::testing::internal::CaptureStderr();
+    auto gpu = make_cuda_backend(0);
+    Rng rng(77);
+    const int64_t n = 256, k = 512;
+    const auto bytes = random_weight(rng, dt, n, k);
+    const Weight w{gpu->upload(bytes.data(), bytes.size()), dt, n, k, k};
+    const auto probe = rng.floats(size_t(k));
+    const auto alone = gemm_probe_rows(*gpu, w, false, n, k, 1, probe).front();
+    const auto rows = gemm_probe_rows(*gpu, w, false, n, k, 300, probe);
+    gpu->synchronize();
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("cuBLASLt algo"), std::string::npos) << dtype_name(dt) << ": " << err;
+    EXPECT_EQ(err.find("chunked path"), std::string::npos) << dtype_name(dt) << ": " << err;
+    expect_equal(rows[0], alone, std::string(dtype_name(dt)) + " lt: row 150 of m = 300 vs m = 1");
+    expect_equal(rows[1], alone, std::string(dtype_name(dt)) + " lt: row 299 of m = 300 vs m = 1");
+  }
+}
+
 // Host-side checks of quantized weights throw at the call, naming what is wrong.
 TEST(CudaOps, QuantGemmRejectsBadWeights) {
   if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
@@ -1290,7 +1315,8 @@ TEST(CudaOps, MlaDecodeGlm5Shapes) {
         MlaCase{3, 37, 5, 7, 3, 0, 0, false}, MlaCase{3, 37, 5, 7, 3, 0, 64, true},
         MlaCase{2, 5000, 64, 512, 64, 0, 2048, false},  // GLM-5 decode
         MlaCase{3, 1500, 64, 512, 64, 0, 2048, true},   // top-k > context
-        MlaCase{2, 700, 16, 512, 64, 0, 0, false}})
+        MlaCase{2, 700, 16, 512, 64, 0, 0, false},
+        MlaCase{20, 300, 20, 600, 16, 0, 0, false}})  // partial head groups, latent in 2 column chunks
     check_mla_decode(*gpu, c, seed++);
 }
 
