@@ -52,8 +52,12 @@ TEST(Quant, Fp8EncodingIsNearestEven) {
     const double d = std::fabs(double(v) - got);
     ASSERT_LE(d, std::fabs(double(v) - lo)) << v << " -> " << got;
     ASSERT_LE(d, std::fabs(double(v) - hi)) << v << " -> " << got;
-    if (d == std::fabs(double(v) - lo) && c > 0 && got != lo) ASSERT_EQ(c & 1, 0) << "tie " << v;
-    if (d == std::fabs(double(v) - hi) && got != hi) ASSERT_EQ(c & 1, 0) << "tie " << v;
+    if (d == std::fabs(double(v) - lo) && c > 0 && got != lo) {
+      ASSERT_EQ(c & 1, 0) << "tie " << v;
+    }
+    if (d == std::fabs(double(v) - hi) && got != hi) {
+      ASSERT_EQ(c & 1, 0) << "tie " << v;
+    }
     ASSERT_EQ(quant::f32_to_fp8_e4m3(-v), c | 0x80) << v;
   }
 }

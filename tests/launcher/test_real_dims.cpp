@@ -119,10 +119,12 @@ TEST(RealDims, GenerateMatchesFloat64ReferenceAndTwoStagePipeline) {
   const auto topk_rows = tensor<int32_t>(ref, "topk_rows");
   const auto margins = tensor<float>(ref, "topk_margin");
   const int64_t R = int64_t(topk_rows.size()), L = int64_t(margins.size()) / std::max<int64_t>(R, 1);
-  for (int32_t row : rows)
-    if (row >= K)
-      for (int64_t l = 0; l < L; ++l)
-        ASSERT_GE(margins[size_t(l * R + (row - K))], kTieMargin) << "stored row " << row << " is a near-tie";
+  for (int32_t row : rows) {
+    if (row < K) continue;
+    for (int64_t l = 0; l < L; ++l) {
+      ASSERT_GE(margins[size_t(l * R + (row - K))], kTieMargin) << "stored row " << row << " is a near-tie";
+    }
+  }
   float worst_dense = 0, worst_sparse = 0;
   int64_t sparse_rows = 0;
   for (size_t i = 0; i < rows.size(); ++i) {

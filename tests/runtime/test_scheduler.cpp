@@ -262,8 +262,11 @@ TEST(Scheduler, PreemptsTheYoungestAndRecomputesIt) {
         EXPECT_EQ(r.index, 1);  // the younger one
         ASSERT_FALSE(st.seqs.empty());
       }
-    for (const StepSeq& q : st.seqs)
-      if (q.req == 1 && !q.decode && q.start + q.n > 60) EXPECT_FALSE(q.sample) << "a recompute chunk sampled";
+    for (const StepSeq& q : st.seqs) {
+      if (q.req == 1 && !q.decode && q.start + q.n > 60) {
+        EXPECT_FALSE(q.sample) << "a recompute chunk sampled";
+      }
+    }
     s.apply(answer(st, next++));
     for (auto& r : s.take_finished()) done[r.index] = r;
   }
