@@ -64,6 +64,7 @@ TEST(ClusterConfigFiles, EveryShippedFileParses) {
       {"cpu-pp4.yaml", {4, 1, "cpu", "mpi"}},
       {"cpu-uneven.yaml", {2, 1, "cpu", "mpi"}},
       {"cpu-pp2-ep2-ucx.yaml", {2, 2, "cpu", "mpi"}},
+      {"cpu-devicelike-pp2-ep2.yaml", {2, 2, "cpu-devicelike", "nccl"}},
       {"cuda-1.yaml", {1, 1, "cuda", "nccl"}},
       {"h100x8.yaml", {1, 8, "cuda", "nccl"}},
       {"h100x16-2nodes.yaml", {2, 8, "cuda", "nccl"}},
