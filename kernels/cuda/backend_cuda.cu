@@ -871,14 +871,9 @@ class CudaBackend final : public Backend {
                                                sizeof(reduction), &got) != CUBLAS_STATUS_SUCCESS)
         continue;  // cannot tell: not pinned
       if (splitk > 1 || reduction != CUBLASLT_REDUCTION_SCHEME_NONE) continue;
-      // A tile or stage count left to the library could change with the problem size.
-      uint32_t tile = 0, stages = 0;
-      if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &got) !=
-              CUBLAS_STATUS_SUCCESS ||
-          cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &got) !=
-              CUBLAS_STATUS_SUCCESS ||
-          tile == CUBLASLT_MATMUL_TILE_UNDEFINED || stages == CUBLASLT_MATMUL_STAGES_UNDEFINED)
-        continue;
+      // Whether the kernel still changes with the problem size (a tile or schedule the library
+      // picks per call) is not readable from the config for every kernel family: the bitwise
+      // probe on first use (probe_lt_invariance) decides.
       if (!runs_at(algo, 1) || !runs_at(algo, max_rows)) continue;
       plan->algo = algo;
       plan->ok = true;
@@ -921,7 +916,6 @@ class CudaBackend final : public Backend {
   // and the first 65 rows as one call; any bit that differs (a kernel or schedule the library
   // still picks by problem size) sends the shape to the chunked path. One stream sync per shape.
   void probe_lt_invariance(const LtKey& key, LtPlan& plan, const GemmParams& p, int terms) {
-    plan.probed = true;
     const int64_t R = std::clamp<int64_t>(int64_t((64u << 20) / (size_t(p.n) * sizeof(float))), 66, 300);
     std::vector<float> xh(size_t(R * p.k));
     uint32_t h = 12345;
@@ -930,7 +924,15 @@ class CudaBackend final : public Backend {
       v = float(int32_t(h >> 8) % 2001 - 1000) / 997.0f;
     }
     float* x = static_cast<float*>(alloc(xh.size() * sizeof(float)));
-    float* y = static_cast<float*>(alloc(size_t(R * p.n) * 2 * sizeof(float)));
+    float* y = nullptr;
+    struct Scratch {  // freed on every way out (an earlier kernel's error surfaces at to_host)
+      CudaBackend* be;
+      float** bufs[2];
+      ~Scratch() {
+        for (float** b : bufs) be->free(*b);
+      }
+    } scratch{this, {&x, &y}};
+    y = static_cast<float*>(alloc(size_t(R * p.n) * 2 * sizeof(float)));
     float* y1 = y + R * p.n;
     to_device(x, xh.data(), xh.size() * sizeof(float));
     GemmParams q = p;
@@ -955,8 +957,7 @@ class CudaBackend final : public Backend {
       to_host(got.data(), y1, got.size() * sizeof(float));
       same = std::memcmp(got.data(), all.data(), got.size() * sizeof(float)) == 0;
     }
-    free(x);
-    free(y);
+    plan.probed = true;
     if (!same && plan.ok) {
       plan.ok = false;
       std::fprintf(stderr, "glm5 cuda gemm: the pinned cuBLASLt algorithm for n=%lld k=%lld%s gives rows that "
@@ -969,6 +970,7 @@ class CudaBackend final : public Backend {
   // BF16 weights: x is split into `terms` bf16 parts stacked as extra rows, the fp32 partial
   // outputs are summed smallest first. F32 weights (terms 0): an fp32 copy of x, fp32 compute.
   void gemm_lt(const GemmParams& p, LtPlan& plan, int terms) {
+    if (!plan.ok) return gemm_chunked(p, terms);  // a call of this shape failed before
     const bool f32 = p.w.dtype == DType::F32;
     const int64_t t_count = terms == 0 ? 1 : terms;
     const size_t x_elem = f32 ? sizeof(float) : 2;
@@ -991,7 +993,8 @@ class CudaBackend final : public Backend {
         // The algorithm was checked at m = 1 and the largest block only: this shape goes chunked
         // from here on (the rest of this call too), said once.
         std::fprintf(stderr, "glm5 cuda gemm: cublasLtMatmul with the pinned algorithm failed at m = %lld (n = %lld, "
-                     "k = %lld%s): %s; this weight shape uses the chunked path from now on\n", (long long)rows,
+                     "k = %lld%s): %s; this weight shape uses the chunked path from now on (this call's later rows already "
+                     "do, so its rows mix the two paths once)\n", (long long)rows,
                      (long long)p.n, (long long)p.k, p.trans_w ? ", trans_w" : "", cublasGetStatusName(st));
         plan.ok = false;
         GemmParams rest = p;

@@ -747,7 +747,17 @@ TEST(CudaOps, GemmLtPathIsTakenForAlignedShapes) {
   if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
   ScopedEnv gm("GLM5_CUDA_GEMM", "lt"), log("GLM5_CUDA_GEMM_LOG", "1");
   for (DType dt : {DType::BF16, DType::F32}) {
-    ::testing::internal::CaptureStderr();
+    struct Capture {  // released on every way out
+      Capture() { ::testing::internal::CaptureStderr(); }
+      ~Capture() {
+        if (!done) ::testing::internal::GetCapturedStderr();
+      }
+      std::string take() {
+        done = true;
+        return ::testing::internal::GetCapturedStderr();
+      }
+      bool done = false;
+    } capture;
     auto gpu = make_cuda_backend(0);
     Rng rng(77);
     const int64_t n = 256, k = 512;
@@ -757,7 +767,7 @@ TEST(CudaOps, GemmLtPathIsTakenForAlignedShapes) {
     const auto alone = gemm_probe_rows(*gpu, w, false, n, k, 1, probe).front();
     const auto rows = gemm_probe_rows(*gpu, w, false, n, k, 300, probe);
     gpu->synchronize();
-    const std::string err = ::testing::internal::GetCapturedStderr();
+    const std::string err = capture.take();
     EXPECT_NE(err.find("cuBLASLt algo"), std::string::npos) << dtype_name(dt) << ": " << err;
     EXPECT_EQ(err.find("chunked path"), std::string::npos) << dtype_name(dt) << ": " << err;
     expect_equal(rows[0], alone, std::string(dtype_name(dt)) + " lt: row 150 of m = 300 vs m = 1");
