@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # One command for a machine with an NVIDIA GPU: configure with CUDA + NCCL, build, run the GPU
-# tests (ctest -R 'Cuda|nccl'), run the tiny-a golden on the cuda backend, print a summary.
+# tests (ctest -R 'Cuda|nccl'), run the tiny-a, tiny-b and tiny-v32 goldens and a real-dims forward
+# (against the cpu backend) on the cuda backend, print a summary (also to LOGS/summary.txt, and the
+# logs to $OUT/gpu-check-logs when OUT is set, as on the device machine).
 # Needs the CI packages (MPI, yaml-cpp, json, PCRE2, GoogleTest) plus the CUDA toolkit with
 # cuBLAS and NCCL. It does not install anything and does not change GPU settings.
 #
 # Usage: scripts/gpu-check.sh [BUILD_DIR]          (default: build-gpu in the repository)
 #        GLM5_BUNDLE=DIR scripts/gpu-check.sh [LOG_DIR]: no build; runs the binaries of a bundle
 #        made by scripts/gpu-bundle.sh (for a GPU machine without our packages): the CUDA op tests
-#        of its test_kernels and the golden through its glm5.
-# Env:   CUDA_ARCH (default 90), JOBS (default nproc), GOLDEN_ATOL (default 1e-4, the tiny-a
-#        README's float32 tolerance), GLM5_RUN_PREFIX (e.g. "mpirun --allow-run-as-root -np 1"
+#        (and the one-GPU NCCL test) of its test_kernels and the goldens through its glm5.
+# Env:   CUDA_ARCH (default 90), JOBS (default nproc), GOLDEN_ATOL (default 1e-4, the goldens'
+#        float32 tolerance), REAL_DIMS_ATOL (default 1e-3: cuda vs cpu over a 3000-token prompt), GLM5_RUN_PREFIX (e.g. "mpirun --allow-run-as-root -np 1"
 #        if the cluster config must be launched under MPI).
 set -uo pipefail
 
@@ -103,28 +105,13 @@ elif [ $blocked = 0 ]; then
   fi
 fi
 
-# 5. tiny-a golden on the cuda backend. DEPENDS ON THE MODEL RUNNING ON CUDA: needs the glm5
-#    executable, cluster-configs/cuda-1.yaml and `glm5 generate --dump-logits`; skipped (not
-#    failed) until those exist.
-golden=$root/tests/data/tiny-a/golden.safetensors
+# 5. Goldens on the cuda backend: tiny-a, tiny-b and tiny-v32 against their golden.safetensors
+#    (decode tokens exact, logits within GOLDEN_ATOL), then real-dims (GLM-5's attention and
+#    indexer dims on a 3000-token prompt) on cuda against the same run on the cpu backend.
 cluster=$root/cluster-configs/cuda-1.yaml
-if [ $blocked = 0 ]; then
-  if { [ -z "$bundle" ] && [ ! -x "$build/glm5" ]; } || [ ! -f "$cluster" ]; then
-    record golden SKIP 0 "needs $build/glm5 and cluster-configs/cuda-1.yaml (model on cuda not wired yet)"
-  else
-    t0=$SECONDS
-    out=$logs/tiny-a-cuda-logits.safetensors
-    read_ids='import json,struct,sys
-f=open(sys.argv[1],"rb"); n=struct.unpack("<Q",f.read(8))[0]; h=json.loads(f.read(n))
-e=h["prompt_ids"]; f.seek(8+n+e["data_offsets"][0]); c=(e["data_offsets"][1]-e["data_offsets"][0])//4
-print(",".join(str(v) for v in struct.unpack("<%di"%c,f.read(4*c))))'
-    ids=$(python3 -c "$read_ids" "$golden")
-    # shellcheck disable=SC2086
-    if ${GLM5_RUN_PREFIX:-} $glm5_cmd generate --model "$root/tests/data/tiny-a" --cluster "$cluster" \
-      --prompt-ids "$ids" --max-new-tokens 16 --temperature 0 --dump-logits "$out" \
-      >"$logs/golden.log" 2>&1 &&
-      python3 - "$golden" "$out" "$atol" >>"$logs/golden.log" 2>&1 <<'PY'
-# Compares a --dump-logits file with golden.safetensors: decode tokens exact, logits within atol.
+compare_py=$logs/compare_logits.py
+cat > "$compare_py" <<'PY'
+# compare_logits.py REF GOT ATOL: decode tokens exact, prefill / decode logits within ATOL.
 import json, struct, sys
 
 def load(path):
@@ -142,32 +129,69 @@ def load(path):
             out[name] = struct.unpack("<%d%s" % ((b - a) // 4, code), data[a:b])
     return out
 
-gold, got, atol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+ref, got, atol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
 ok = True
-toks_g, toks_c = list(gold["decode_tokens"]), list(got.get("decode_tokens", []))
-print("decode_tokens golden", toks_g)
-print("decode_tokens cuda  ", toks_c)
-ok &= toks_g == toks_c
+toks_r, toks_c = list(ref["decode_tokens"]), list(got.get("decode_tokens", []))
+print("decode_tokens reference", toks_r)
+print("decode_tokens cuda     ", toks_c)
+ok &= toks_r == toks_c
 for name in ("prefill_logits", "decode_logits"):
-    g, c = gold[name], got.get(name, ())
-    if len(g) != len(c):
-        print(f"{name}: {len(c)} values, golden has {len(g)}")
+    r, c = ref[name], got.get(name, ())
+    if len(r) != len(c):
+        print(f"{name}: {len(c)} values, the reference has {len(r)}")
         ok = False
         continue
-    worst = max(abs(x - y) for x, y in zip(g, c))
-    print(f"{name}: max |cuda - golden| = {worst:.3g} (atol {atol:g})")
+    worst = max(abs(x - y) for x, y in zip(r, c))
+    print(f"{name}: max |cuda - reference| = {worst:.3g} (atol {atol:g})")
     ok &= worst <= atol
-print("golden:", "PASS" if ok else "FAIL")
+print("result:", "PASS" if ok else "FAIL")
 sys.exit(0 if ok else 1)
 PY
-    then
-      record golden PASS $((SECONDS - t0)) "$(grep 'max |' "$logs/golden.log" | tr '\n' ';')"
+read_ids='import json,struct,sys
+f=open(sys.argv[1],"rb"); n=struct.unpack("<Q",f.read(8))[0]; h=json.loads(f.read(n))
+e=h["prompt_ids"]; f.seek(8+n+e["data_offsets"][0]); c=(e["data_offsets"][1]-e["data_offsets"][0])//4
+print(",".join(str(v) for v in struct.unpack("<%di"%c,f.read(4*c))))'
+count_tokens='import json,struct,sys
+f=open(sys.argv[1],"rb"); n=struct.unpack("<Q",f.read(8))[0]; print(json.loads(f.read(n))["decode_tokens"]["shape"][0])'
+
+# golden_step NAME MODEL_DIR REF_FILE IDS N ATOL [CLUSTER]: generate N greedy tokens (logits dumped)
+# on the cuda backend and compare them with REF_FILE.
+golden_step() {
+  local name=$1 model=$2 ref=$3 ids=$4 n=$5 tol=$6 t0=$SECONDS out=$logs/$1-cuda-logits.safetensors
+  # shellcheck disable=SC2086
+  if ${GLM5_RUN_PREFIX:-} $glm5_cmd generate --model "$model" --cluster "$cluster" --prompt-ids "$ids" \
+    --max-new-tokens "$n" --temperature 0 --ignore-eos --dump-logits "$out" >"$logs/$name.log" 2>&1 &&
+    python3 "$compare_py" "$ref" "$out" "$tol" >>"$logs/$name.log" 2>&1; then
+    record "$name" PASS $((SECONDS - t0)) "$(grep 'max |' "$logs/$name.log" | tr '\n' ';')"
+  else
+    record "$name" FAIL $((SECONDS - t0)) "log: $logs/$name.log"
+    tail -n 15 "$logs/$name.log" >&2
+  fi
+}
+
+if [ $blocked = 0 ]; then
+  if { [ -z "$bundle" ] && [ ! -x "$build/glm5" ]; } || [ ! -f "$cluster" ]; then
+    record golden SKIP 0 "needs $build/glm5 and cluster-configs/cuda-1.yaml"
+  else
+    for m in tiny-a tiny-b tiny-v32; do
+      g=$root/tests/data/$m/golden.safetensors
+      golden_step "golden-$m" "$root/tests/data/$m" "$g" "$(python3 -c "$read_ids" "$g")" \
+        "$(python3 -c "$count_tokens" "$g")" "$atol"
+    done
+    # real-dims: the cpu backend's run of the same prompt is the reference (the cpu path matches
+    # the float64 reference within 6.4e-6 on the compared rows: tests/launcher/test_real_dims.cpp).
+    rd=$root/tests/data/real-dims
+    rd_ids=$(python3 -c 'import json,sys; print(",".join(str(v) for v in json.load(open(sys.argv[1]))))' "$rd/prompt.json")
+    t0=$SECONDS
+    if $glm5_cmd generate --model "$rd" --prompt-ids "$rd_ids" --max-new-tokens 4 --temperature 0 --ignore-eos \
+      --dump-logits "$logs/real-dims-cpu.safetensors" >"$logs/real-dims-cpu.log" 2>&1; then
+      golden_step real-dims "$rd" "$logs/real-dims-cpu.safetensors" "$rd_ids" 4 "${REAL_DIMS_ATOL:-1e-3}"
     else
-      record golden FAIL $((SECONDS - t0)) "log: $logs/golden.log"
-      tail -n 15 "$logs/golden.log" >&2
+      record real-dims FAIL $((SECONDS - t0)) "the cpu reference run failed; log: $logs/real-dims-cpu.log"
     fi
   fi
 fi
 
-print_summary
+print_summary | tee "$logs/summary.txt"
+[ -n "${OUT:-}" ] && [ -d "${OUT:-}" ] && cp -r "$logs" "$OUT/gpu-check-logs"
 exit $failed
