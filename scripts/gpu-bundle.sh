@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A self-contained GPU bundle: builds here (sm_90 SASS, the CUDA toolkit of this machine) the glm5
-# binary, the CUDA plugin and the kernel test binary, and collects every shared library they need
+# binary, the CUDA plugin, the kernel test binary and the kernel benchmark, and collects every shared library they need
 # except the CUDA ones (libcuda from the GPU machine's driver; cudart, cuBLAS, cuBLASLt and NCCL
 # from its toolkit or its Python packages nvidia-cuda-runtime / nvidia-cublas / nvidia-nccl-cu13),
 # the C library and its loader included, so the bundle runs on a machine with none of our packages
@@ -34,17 +34,17 @@ mkdir -p "$build"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGLM5_NATIVE=OFF -DCMAKE_CXX_FLAGS="-march=x86-64-v3" \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" > "$build/configure.log" 2>&1 || { tail -30 "$build/configure.log" >&2; exit 1; }
 grep -q "CUDA backend ON" "$build/configure.log" || { echo "the CUDA backend is not configured (nvcc/NCCL missing?)" >&2; exit 1; }
-echo "== build glm5, glm5_cuda, test_kernels" >&2
-cmake --build "$build" -j "$jobs" --target glm5 glm5_cuda test_kernels > "$build/build.log" 2>&1 ||
+echo "== build glm5, glm5_cuda, test_kernels, bench_cuda" >&2
+cmake --build "$build" -j "$jobs" --target glm5 glm5_cuda test_kernels bench_cuda > "$build/build.log" 2>&1 ||
   { tail -30 "$build/build.log" >&2; exit 1; }
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
-cp "$build/glm5" "$build/tests/test_kernels" "$out/bin/"
+cp "$build/glm5" "$build/tests/test_kernels" "$build/bench_cuda" "$out/bin/"
 cp "$build/libglm5_cuda.so" "$out/lib/"
 # Every library they load, but the CUDA ones (the GPU machine's own: they must match its driver).
 cuda_libs='^(linux-vdso|libcuda\.|libcudart\.|libcublas\.|libcublasLt\.|libnccl\.)'
-for elf in "$out/bin/glm5" "$out/bin/test_kernels" "$out/lib/libglm5_cuda.so"; do
+for elf in "$out/bin/glm5" "$out/bin/test_kernels" "$out/bin/bench_cuda" "$out/lib/libglm5_cuda.so"; do
   ldd "$elf" | awk '{ if ($2 == "=>") print $1, $3; else print $1, $1 }' | while read -r name path; do
     [[ $name =~ $cuda_libs ]] && continue
     [ -f "$path" ] || { echo "$elf needs $name, not found here" >&2; exit 1; }
@@ -84,7 +84,7 @@ if [ "${1:-}" = --where ]; then
   echo "$path"
   exit 0
 fi
-prog=${1:?usage: run.sh PROGRAM ARGS (glm5, test_kernels) or --where}
+prog=${1:?usage: run.sh PROGRAM ARGS (glm5, test_kernels, bench_cuda) or --where}
 shift
 export GLM5_CUDA_PLUGIN=${GLM5_CUDA_PLUGIN:-$here/lib/libglm5_cuda.so}
 exec "$here/lib/ld-linux-x86-64.so.2" --library-path "$path" "$here/bin/$prog" "$@"
@@ -113,4 +113,6 @@ else
   grep -q "glm5: error" "$log" || { cat "$log" >&2; exit 1; }
   echo "cuda generate without a GPU: $(grep -m1 'glm5: error' "$log" | head -c 300)" >&2
 fi
+run bench_cuda > "$log" 2>&1 && { echo "bench_cuda ran here (a GPU is present)" >&2; } ||
+  { grep -q "no usable CUDA device" "$log" || { cat "$log" >&2; exit 1; }; echo "bench_cuda without a GPU: $(head -c 200 "$log")" >&2; }
 echo "dry run: PASS" >&2

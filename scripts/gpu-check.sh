@@ -192,6 +192,21 @@ if [ $blocked = 0 ]; then
   fi
 fi
 
+# 6. Kernel figures (scripts/bench/bench_cuda.cpp): MLA decode and indexer + top-k bandwidth against
+#    the HBM copy bandwidth measured in the same run, expert GEMMs exact vs one bf16 term vs chunked.
+if [ $blocked = 0 ]; then
+  bench_cmd="$build/bench_cuda"
+  [ -n "$bundle" ] && bench_cmd="$bundle/run.sh bench_cuda"
+  t0=$SECONDS
+  if timeout 300 $bench_cmd >"$logs/bench_cuda.log" 2>&1; then
+    record bench PASS $((SECONDS - t0)) "tables in $logs/bench_cuda.log; $(grep -m1 '^HBM' "$logs/bench_cuda.log")"
+    cat "$logs/bench_cuda.log" >&2
+  else
+    record bench FAIL $((SECONDS - t0)) "log: $logs/bench_cuda.log"
+    tail -n 10 "$logs/bench_cuda.log" >&2
+  fi
+fi
+
 print_summary | tee "$logs/summary.txt"
 [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ] && cp -r "$logs" "$OUT/gpu-check-logs"
 exit $failed

@@ -1,0 +1,189 @@
+// CUDA kernel benchmark (not a test), for a GPU machine: each figure beside a ceiling measured in
+// the same run. Uses the Backend interface only (no CUDA headers), so it builds everywhere and
+// exits with a message where no GPU is usable. Wall time of N calls after a warm-up, then the
+// backend's synchronize().
+//   HBM:        a device-to-device copy of 4 GiB (bytes read + written per second): the ceiling.
+//   mla_decode: GLM-5 dims (64 heads, kv_lora 512 + rope 64, BF16 cache), 2048 selected keys per
+//               row from a paged pool, each row its own sequence of 32768 keys (no L2 reuse):
+//               key bytes read per second vs HBM.
+//   indexer:    indexer_scores (32 heads x 128) of R rows over T cached keys, then top-2048:
+//               key + score bytes per second vs HBM, T = 32k, 64k, 128k.
+//   expert GEMM: y = x W^T with GLM-5's expert shape (W [2048, 6144] BF16) at m = 1 .. 4096 on the
+//               default path (x split into 3 bf16 terms, exact to fp32) against one bf16 term
+//               (GLM5_CUDA_GEMM_TERMS=1: a plain cuBLASLt bf16 GEMM on the same path): the cost of
+//               exactness; and the fixed 64-row chunked path.
+//   bench_cuda [--reps N]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops.h"
+
+using namespace glm5;
+using namespace glm5::kernels;
+
+namespace {
+
+int g_reps = 20;
+
+double seconds_per_call(Backend& be, const std::function<void()>& f) {
+  f();
+  be.synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < g_reps; ++r) f();
+  be.synchronize();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / g_reps;
+}
+
+// Device memory filled with a repeated pseudo-random pattern (values in [-1, 1]).
+template <class T>
+T* device_fill(Backend& be, size_t n) {
+  T* p = static_cast<T*>(be.alloc(n * sizeof(T)));
+  const size_t chunk = std::min<size_t>(n, size_t(16) << 20);
+  std::vector<T> h(chunk);
+  uint32_t s = 7;
+  for (T& v : h) {
+    s = s * 1664525u + 1013904223u;
+    const float f = float(int32_t(s >> 8) % 2001 - 1000) / 1000.0f;
+    if constexpr (sizeof(T) == 2) {
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      v = T(u >> 16);
+    } else {
+      v = T(f);
+    }
+  }
+  for (size_t i = 0; i < n; i += chunk) be.to_device(p + i, h.data(), std::min(chunk, n - i) * sizeof(T));
+  return p;
+}
+
+double hbm_gbs(Backend& be) {
+  const size_t bytes = size_t(4) << 30;
+  char* a = static_cast<char*>(be.alloc(bytes));
+  char* b = static_cast<char*>(be.alloc(bytes));
+  const int64_t cols = int64_t(1) << 20;  // copy_2d in F32 elements: rows of 4 MiB
+  const int64_t rows = int64_t(bytes / 4 / size_t(cols));
+  const double t = seconds_per_call(be, [&] { be.copy_2d({a, cols, b, cols, rows, cols}); });
+  be.free(a);
+  be.free(b);
+  return 2.0 * double(bytes) / t / 1e9;
+}
+
+void bench_mla_decode(Backend& be, double hbm) {
+  const int64_t H = 64, R = 512, dr = 64, LAT = R + dr, T = 32768, topk = 2048, B = 64;
+  std::printf("\n| mla_decode rows | us per call | key bytes | GB/s | of HBM |\n|---|---|---|---|---|\n");
+  for (int64_t s : {1, 8, 32, 128}) {
+    const int64_t per = T / B;  // blocks per row: each row its own sequence
+    uint16_t* pool = device_fill<uint16_t>(be, size_t(s * T * LAT));
+    std::vector<int32_t> table(size_t(s * per)), qpos(size_t(s), int32_t(T - 1)), sel(size_t(s * topk));
+    for (int64_t i = 0; i < s * per; ++i) table[size_t(i)] = int32_t(i);
+    for (int64_t i = 0; i < s; ++i)
+      for (int64_t j = 0; j < topk; ++j) sel[size_t(i * topk + j)] = int32_t(j * (T / topk) + (i % 7));
+    auto up = [&](const std::vector<int32_t>& v) {
+      int32_t* d = static_cast<int32_t*>(be.alloc(v.size() * 4));
+      be.to_device(d, v.data(), v.size() * 4);
+      return d;
+    };
+    int32_t *d_table = up(table), *d_qpos = up(qpos), *d_sel = up(sel);
+    float* q = device_fill<float>(be, size_t(s * H * LAT));
+    float* out = static_cast<float*>(be.alloc(size_t(s * H * R) * 4));
+    const MlaDecodeParams p{q, reinterpret_cast<const float*>(pool), d_qpos, d_sel, topk, out, s, T, H, R, dr, 0.05f,
+                            KeyPages{d_table, per, B, DType::BF16}};
+    const double t = seconds_per_call(be, [&] { be.mla_decode(p); });
+    const double bytes = double(s * topk * LAT * 2);
+    std::printf("| %lld | %.1f | %.1f MB | %.0f | %.0f %% |\n", (long long)s, t * 1e6, bytes / 1e6, bytes / t / 1e9,
+                100 * bytes / t / 1e9 / hbm);
+    for (void* v : {static_cast<void*>(pool), static_cast<void*>(d_table), static_cast<void*>(d_qpos),
+                    static_cast<void*>(d_sel), static_cast<void*>(q), static_cast<void*>(out)})
+      be.free(v);
+  }
+}
+
+void bench_indexer(Backend& be, double hbm) {
+  const int64_t IH = 32, ID = 128, topk = 2048, S = 4;
+  std::printf("\n| indexer + top-k keys | rows | us per call | bytes | GB/s | of HBM |\n|---|---|---|---|---|---|\n");
+  for (int64_t T : {32768, 65536, 131072}) {
+    float* k = device_fill<float>(be, size_t(T * ID));
+    float* q = device_fill<float>(be, size_t(S * IH * ID));
+    float* w = device_fill<float>(be, size_t(S * IH));
+    std::vector<int32_t> qpos(size_t(S), int32_t(T - 1));
+    int32_t* d_qpos = static_cast<int32_t*>(be.alloc(qpos.size() * 4));
+    be.to_device(d_qpos, qpos.data(), qpos.size() * 4);
+    float* scores = static_cast<float*>(be.alloc(size_t(S * T) * 4));
+    int32_t* idx = static_cast<int32_t*>(be.alloc(size_t(S * topk) * 4));
+    const double t = seconds_per_call(be, [&] {
+      be.indexer_scores({q, w, k, d_qpos, scores, S, T, IH, ID, T, KeyPages{}});
+      be.topk({scores, S, T, T, topk, idx});
+    });
+    const double bytes = double(T * ID * 4) + 2.0 * double(S * T * 4);  // keys, scores written and read
+    std::printf("| %lld | %lld | %.1f | %.1f MB | %.0f | %.0f %% |\n", (long long)T, (long long)S, t * 1e6, bytes / 1e6,
+                bytes / t / 1e9, 100 * bytes / t / 1e9 / hbm);
+    for (void* v : {static_cast<void*>(k), static_cast<void*>(q), static_cast<void*>(w), static_cast<void*>(d_qpos),
+                    static_cast<void*>(scores), static_cast<void*>(idx)})
+      be.free(v);
+  }
+}
+
+// One backend per GEMM setting (the backend reads GLM5_CUDA_* when it is made).
+double gemm_seconds(const char* mode, const char* terms, int64_t m) {
+  setenv("GLM5_CUDA_GEMM", mode, 1);
+  setenv("GLM5_CUDA_GEMM_TERMS", terms, 1);
+  auto be = make_cuda_backend(0);
+  const int64_t n = 2048, k = 6144;
+  uint16_t* wd = device_fill<uint16_t>(*be, size_t(n * k));
+  float* x = device_fill<float>(*be, size_t(m * k));
+  float* y = static_cast<float*>(be->alloc(size_t(m * n) * 4));
+  GemmParams p{x, k, Weight{wd, DType::BF16, n, k, k}, false, y, n, m, n, k};
+  const double t = seconds_per_call(*be, [&] { be->gemm(p); });
+  be->free(wd);
+  be->free(x);
+  be->free(y);
+  return t;
+}
+
+void bench_expert_gemm() {
+  std::printf("\n| expert GEMM m | exact (3 terms) us | one bf16 term us | exact / one term | chunked (3 terms) us "
+              "| GFLOP/s exact |\n|---|---|---|---|---|---|\n");
+  for (int64_t m : {1, 16, 128, 1024, 4096}) {
+    const double exact = gemm_seconds("lt", "3", m), one = gemm_seconds("lt", "1", m),
+                 chunked = gemm_seconds("chunked", "3", m);
+    std::printf("| %lld | %.1f | %.1f | %.2fx | %.1f | %.0f |\n", (long long)m, exact * 1e6, one * 1e6, one / exact,
+                chunked * 1e6, 2.0 * double(m) * 2048 * 6144 / exact / 1e9);
+  }
+  unsetenv("GLM5_CUDA_GEMM");
+  unsetenv("GLM5_CUDA_GEMM_TERMS");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--reps" && i + 1 < argc) g_reps = std::max(1, std::atoi(argv[++i]));
+  if (!cuda_available()) {
+    try {
+      make_cuda_backend(0);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_cuda: no usable CUDA device: %s\n", e.what());
+      return 2;
+    }
+  }
+  try {
+    auto be = make_cuda_backend(0);
+    const double hbm = hbm_gbs(*be);
+    std::printf("HBM (device-to-device copy of 4 GiB, read + write): %.0f GB/s\n", hbm);
+    bench_mla_decode(*be, hbm);
+    bench_indexer(*be, hbm);
+    be.reset();
+    bench_expert_gemm();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cuda: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
