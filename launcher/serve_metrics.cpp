@@ -66,10 +66,12 @@ std::string ServeMetrics::text() const {
   const std::pair<const char*, const std::atomic<int64_t>*> counters[] = {
       {"glm5_serve_prompt_tokens_total", &prompt_tokens},
       {"glm5_serve_generation_tokens_total", &generation_tokens},
-      {"glm5_serve_cancelled_total", &cancelled}};
+      {"glm5_serve_cancelled_total", &cancelled},
+      {"glm5_serve_engine_ticks_total", &engine_ticks}};
   const char* counter_help[] = {"Prompt tokens of the requests run.", "Tokens generated for the requests.",
-                                "Requests ended early (client gone, or the drain timed out)."};
-  for (size_t i = 0; i < 3; ++i) {
+                                "Requests ended early (client gone, or the drain timed out).",
+                                "Engine ticks on rank 0 (an idle engine backs off to about one per 50 ms)."};
+  for (size_t i = 0; i < 4; ++i) {
     family(o, counters[i].first, "counter", counter_help[i]);
     o += std::string(counters[i].first) + " " + std::to_string(counters[i].second->load()) + "\n";
   }

@@ -34,7 +34,7 @@ struct ServeMetrics {
   void count_request(const std::string& endpoint, int status);
   std::string text() const;  // the server's families, exposition format 0.0.4
 
-  std::atomic<int64_t> prompt_tokens{0}, generation_tokens{0}, cancelled{0};
+  std::atomic<int64_t> prompt_tokens{0}, generation_tokens{0}, cancelled{0}, engine_ticks{0};
   std::atomic<int64_t> queue_depth{0}, running{0}, kv_blocks_used{0}, kv_blocks{0};
   Histogram ttft, itl, e2e;
 

@@ -141,6 +141,7 @@ std::vector<int64_t> ServeQueue::take_cancelled() {
 // Gauges every tick; rank 0's engine counters twice a second (building the text costs more than a
 // tick of the test models).
 void ServeQueue::on_status(const runtime::EngineStatus& status) {
+  ++metrics_.engine_ticks;
   metrics_.running = status.work;
   metrics_.kv_blocks_used = status.kv_blocks_used;
   metrics_.kv_blocks = status.kv_blocks;
