@@ -285,6 +285,8 @@ class NcclComm final : public Comm {
     CUDA_CHECK(cudaStreamWaitEvent(stream_, work_done_, 0));
   }
 
+  // Throws (and marks the communicator failed: it is aborted, not destroyed) on an NCCL async
+  // error such as a peer gone or a network failure.
   void check_async(const char* what) {
     ncclResult_t async = ncclSuccess;
     NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
@@ -316,13 +318,7 @@ class NcclComm final : public Comm {
         failed_ = true;
         CUDA_CHECK(e);
       }
-      ncclResult_t async = ncclSuccess;
-      NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-      if (async != ncclSuccess && async != ncclInProgress) {
-        failed_ = true;
-        GLM5_FAIL("nccl ", what, " failed on rank ", rank_, " of ", size_, ": ",
-                  ncclGetErrorString(async), " (", ncclGetLastError(comm_), ")");
-      }
+      check_async(what);
       std::this_thread::yield();
     }
   }
