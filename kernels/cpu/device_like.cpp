@@ -134,8 +134,7 @@ class DeviceLikeBackend final : public Backend {
 
   // Each op: every operand must be device memory; the cpu backend runs on the host addresses.
   void gemm(const GemmParams& p) override {
-    ++counters_.op_calls;
-    cpu_->gemm(host(p));
+    run(&Backend::gemm, p, [](GemmParams& g) { g = host(g); });
   }
   void gemm_batch(const GemmParams* ps, size_t n) override {
     ++counters_.op_calls;
@@ -144,109 +143,104 @@ class DeviceLikeBackend final : public Backend {
     cpu_->gemm_batch(h.data(), n);
   }
   void rms_norm(const RmsNormParams& p) override {
-    ++counters_.op_calls;
-    RmsNormParams q = p;
-    q.x = dev(p.x, "rms_norm x"), q.weight = dev(p.weight, "rms_norm weight"), q.y = dev(p.y, "rms_norm y");
-    cpu_->rms_norm(q);
+    run(&Backend::rms_norm, p, [](RmsNormParams& q) {
+      q.x = dev(q.x, "rms_norm x"), q.weight = dev(q.weight, "rms_norm weight"), q.y = dev(q.y, "rms_norm y");
+    });
   }
   void layer_norm(const LayerNormParams& p) override {
-    ++counters_.op_calls;
-    LayerNormParams q = p;
-    q.x = dev(p.x, "layer_norm x"), q.weight = dev(p.weight, "layer_norm weight");
-    q.bias = dev(p.bias, "layer_norm bias"), q.y = dev(p.y, "layer_norm y");
-    cpu_->layer_norm(q);
+    run(&Backend::layer_norm, p, [](LayerNormParams& q) {
+      q.x = dev(q.x, "layer_norm x"), q.weight = dev(q.weight, "layer_norm weight");
+      q.bias = dev(q.bias, "layer_norm bias"), q.y = dev(q.y, "layer_norm y");
+    });
   }
   void rope(const RopeParams& p) override {
-    ++counters_.op_calls;
-    RopeParams q = p;
-    q.x = dev(p.x, "rope x"), q.positions = dev(p.positions, "rope positions");
-    q.inv_freq = dev(p.inv_freq, "rope inv_freq");
-    cpu_->rope(q);
+    run(&Backend::rope, p, [](RopeParams& q) {
+      q.x = dev(q.x, "rope x"), q.positions = dev(q.positions, "rope positions");
+      q.inv_freq = dev(q.inv_freq, "rope inv_freq");
+    });
   }
   void indexer_scores(const IndexerScoresParams& p) override {
-    ++counters_.op_calls;
-    IndexerScoresParams q = p;
-    q.q = dev(p.q, "indexer q"), q.weights = dev(p.weights, "indexer weights"), q.k = dev(p.k, "indexer k");
-    q.q_pos = dev(p.q_pos, "indexer q_pos"), q.scores = dev(p.scores, "indexer scores");
-    q.pages.block_table = dev(p.pages.block_table, "indexer block table");
-    cpu_->indexer_scores(q);
+    run(&Backend::indexer_scores, p, [](IndexerScoresParams& q) {
+      q.q = dev(q.q, "indexer q"), q.weights = dev(q.weights, "indexer weights"), q.k = dev(q.k, "indexer k");
+      q.q_pos = dev(q.q_pos, "indexer q_pos"), q.scores = dev(q.scores, "indexer scores");
+      q.pages.block_table = dev(q.pages.block_table, "indexer block table");
+    });
   }
   void topk(const TopkParams& p) override {
-    ++counters_.op_calls;
-    TopkParams q = p;
-    q.scores = dev(p.scores, "topk scores"), q.indices = dev(p.indices, "topk indices");
-    cpu_->topk(q);
+    run(&Backend::topk, p, [](TopkParams& q) {
+      q.scores = dev(q.scores, "topk scores"), q.indices = dev(q.indices, "topk indices");
+    });
   }
   void mla_prefill(const MlaPrefillParams& p) override {
-    ++counters_.op_calls;
-    MlaPrefillParams q = p;
-    q.q = dev(p.q, "mla_prefill q"), q.kv = dev(p.kv, "mla_prefill kv"), q.k_pe = dev(p.k_pe, "mla_prefill k_pe");
-    q.q_pos = dev(p.q_pos, "mla_prefill q_pos"), q.topk = dev(p.topk, "mla_prefill topk");
-    q.out = dev(p.out, "mla_prefill out");
-    cpu_->mla_prefill(q);
+    run(&Backend::mla_prefill, p, [](MlaPrefillParams& q) {
+      q.q = dev(q.q, "mla_prefill q"), q.kv = dev(q.kv, "mla_prefill kv"), q.k_pe = dev(q.k_pe, "mla_prefill k_pe");
+      q.q_pos = dev(q.q_pos, "mla_prefill q_pos"), q.topk = dev(q.topk, "mla_prefill topk");
+      q.out = dev(q.out, "mla_prefill out");
+    });
   }
   void mla_decode(const MlaDecodeParams& p) override {
-    ++counters_.op_calls;
-    MlaDecodeParams q = p;
-    q.q_lat = dev(p.q_lat, "mla_decode q_lat"), q.cache = dev(p.cache, "mla_decode cache");
-    q.q_pos = dev(p.q_pos, "mla_decode q_pos"), q.topk = dev(p.topk, "mla_decode topk");
-    q.out_lat = dev(p.out_lat, "mla_decode out_lat");
-    q.pages.block_table = dev(p.pages.block_table, "mla_decode block table");
-    cpu_->mla_decode(q);
+    run(&Backend::mla_decode, p, [](MlaDecodeParams& q) {
+      q.q_lat = dev(q.q_lat, "mla_decode q_lat"), q.cache = dev(q.cache, "mla_decode cache");
+      q.q_pos = dev(q.q_pos, "mla_decode q_pos"), q.topk = dev(q.topk, "mla_decode topk");
+      q.out_lat = dev(q.out_lat, "mla_decode out_lat");
+      q.pages.block_table = dev(q.pages.block_table, "mla_decode block table");
+    });
   }
   void router(const RouterParams& p) override {
-    ++counters_.op_calls;
-    RouterParams q = p;
-    q.logits = dev(p.logits, "router logits"), q.bias = dev(p.bias, "router bias");
-    q.expert_ids = dev(p.expert_ids, "router expert_ids"), q.expert_weights = dev(p.expert_weights, "router expert_weights");
-    cpu_->router(q);
+    run(&Backend::router, p, [](RouterParams& q) {
+      q.logits = dev(q.logits, "router logits"), q.bias = dev(q.bias, "router bias");
+      q.expert_ids = dev(q.expert_ids, "router expert_ids"), q.expert_weights = dev(q.expert_weights, "router expert_weights");
+    });
   }
   void swiglu(const SwigluParams& p) override {
-    ++counters_.op_calls;
-    SwigluParams q = p;
-    q.gate = dev(p.gate, "swiglu gate"), q.up = dev(p.up, "swiglu up"), q.out = dev(p.out, "swiglu out");
-    cpu_->swiglu(q);
+    run(&Backend::swiglu, p, [](SwigluParams& q) {
+      q.gate = dev(q.gate, "swiglu gate"), q.up = dev(q.up, "swiglu up"), q.out = dev(q.out, "swiglu out");
+    });
   }
   void embedding(const EmbeddingParams& p) override {
-    ++counters_.op_calls;
-    EmbeddingParams q = p;
-    q.table = weight(p.table, "embedding"), q.ids = dev(p.ids, "embedding ids"), q.out = dev(p.out, "embedding out");
-    cpu_->embedding(q);
+    run(&Backend::embedding, p, [](EmbeddingParams& q) {
+      q.table = weight(q.table, "embedding"), q.ids = dev(q.ids, "embedding ids"), q.out = dev(q.out, "embedding out");
+    });
   }
   void gather_rows(const GatherRowsParams& p) override {
-    ++counters_.op_calls;
-    GatherRowsParams q = p;
-    q.src = dev(p.src, "gather_rows src"), q.rows = dev(p.rows, "gather_rows rows"), q.dst = dev(p.dst, "gather_rows dst");
-    cpu_->gather_rows(q);
+    run(&Backend::gather_rows, p, [](GatherRowsParams& q) {
+      q.src = dev(q.src, "gather_rows src"), q.rows = dev(q.rows, "gather_rows rows"), q.dst = dev(q.dst, "gather_rows dst");
+    });
   }
   void moe_combine(const MoeCombineParams& p) override {
-    ++counters_.op_calls;
-    MoeCombineParams q = p;
-    q.expert_out = dev(p.expert_out, "moe_combine expert_out"), q.slots = dev(p.slots, "moe_combine slots");
-    q.weights = dev(p.weights, "moe_combine weights"), q.out = dev(p.out, "moe_combine out");
-    cpu_->moe_combine(q);
+    run(&Backend::moe_combine, p, [](MoeCombineParams& q) {
+      q.expert_out = dev(q.expert_out, "moe_combine expert_out"), q.slots = dev(q.slots, "moe_combine slots");
+      q.weights = dev(q.weights, "moe_combine weights"), q.out = dev(q.out, "moe_combine out");
+    });
   }
   void add(const AddParams& p) override {
-    ++counters_.op_calls;
-    AddParams q = p;
-    q.x = dev(p.x, "add x"), q.y = dev(p.y, "add y");
-    cpu_->add(q);
+    run(&Backend::add, p, [](AddParams& q) {
+      q.x = dev(q.x, "add x"), q.y = dev(q.y, "add y");
+    });
   }
   void copy_2d(const Copy2dParams& p) override {
-    ++counters_.op_calls;
-    Copy2dParams q = p;
-    q.src = dev(p.src, "copy_2d src"), q.dst = dev(p.dst, "copy_2d dst");
-    cpu_->copy_2d(q);
+    run(&Backend::copy_2d, p, [](Copy2dParams& q) {
+      q.src = dev(q.src, "copy_2d src"), q.dst = dev(q.dst, "copy_2d dst");
+    });
   }
   void paged_write(const PagedWriteParams& p) override {
-    ++counters_.op_calls;
-    PagedWriteParams q = p;
-    q.src = dev(p.src, "paged_write src"), q.pos = dev(p.pos, "paged_write pos"), q.pool = dev(p.pool, "paged_write pool");
-    q.pages.block_table = dev(p.pages.block_table, "paged_write block table");
-    cpu_->paged_write(q);
+    run(&Backend::paged_write, p, [](PagedWriteParams& q) {
+      q.src = dev(q.src, "paged_write src"), q.pos = dev(q.pos, "paged_write pos"), q.pool = dev(q.pool, "paged_write pool");
+      q.pages.block_table = dev(q.pages.block_table, "paged_write block table");
+    });
   }
 
  private:
+  // One op: counted, its operands checked and translated to host addresses by `translate`, then
+  // run by the cpu backend.
+  template <class P, class Translate>
+  void run(void (Backend::*op)(const P&), const P& p, Translate translate) {
+    ++counters_.op_calls;
+    P q = p;
+    translate(q);
+    (cpu_.get()->*op)(q);
+  }
+
   // An operand's host address; it must be device memory (a null pointer is the op's own business:
   // it validates its parameters).
   template <class T>
