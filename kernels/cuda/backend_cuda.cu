@@ -98,13 +98,19 @@ int gemm_terms_from_env() {
 // pointers and strides never change which kernel runs.
 enum class GemmMode { kLt, kChunked };
 
-GemmMode gemm_mode_from_env() {
-  const char* v = std::getenv("GLM5_CUDA_GEMM");
-  if (!v || !*v) return GemmMode::kLt;
+// An environment variable with two allowed values: true for `first` (the default when unset or
+// empty), false for `second`, a clear error otherwise.
+bool env_is_first_of(const char* name, const char* first, const char* second) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return true;
   const std::string s = v;
-  CHECK(s == "lt" || s == "chunked",
-        "environment variable GLM5_CUDA_GEMM: expected 'lt' or 'chunked', found '", s, "'");
-  return s == "lt" ? GemmMode::kLt : GemmMode::kChunked;
+  CHECK(s == first || s == second, "environment variable ", name, ": expected '", first, "' or '", second,
+        "', found '", s, "'");
+  return s == first;
+}
+
+GemmMode gemm_mode_from_env() {
+  return env_is_first_of("GLM5_CUDA_GEMM", "lt", "chunked") ? GemmMode::kLt : GemmMode::kChunked;
 }
 
 // Parses a positive integer environment variable (`fallback` when unset or empty).
@@ -146,12 +152,8 @@ bool gemm_log_from_env() {
 enum class QuantGemmMode { kFused, kDequant };
 
 QuantGemmMode quant_gemm_mode_from_env() {
-  const char* v = std::getenv("GLM5_CUDA_QUANT_GEMM");
-  if (!v || !*v) return QuantGemmMode::kFused;
-  const std::string s = v;
-  CHECK(s == "fused" || s == "dequant",
-        "environment variable GLM5_CUDA_QUANT_GEMM: expected 'fused' or 'dequant', found '", s, "'");
-  return s == "fused" ? QuantGemmMode::kFused : QuantGemmMode::kDequant;
+  return env_is_first_of("GLM5_CUDA_QUANT_GEMM", "fused", "dequant") ? QuantGemmMode::kFused
+                                                                      : QuantGemmMode::kDequant;
 }
 
 // Upper bound on the scratch of dequantized weight rows (GLM5_CUDA_QUANT_GEMM=dequant, trans_w):
