@@ -272,6 +272,13 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
   dispatched_ = true;
 }
 
+// Table and result rows are addressed by int32 indices (recv_row, slot_row).
+void MoeExchange::check_row_indices(int64_t table_rows) const {
+  CHECK(table_rows < (int64_t(1) << 31) && n_recv_ + n_ret_ < (int64_t(1) << 31), "MoE dispatch on rank ",
+        comm_.rank(), ": ", table_rows, " table rows and ", n_recv_ + n_ret_,
+        " result rows, more than int32 row indices can address");
+}
+
 // Host payload: one block per peer holds its token rows, then its (row, tag) entries padded to
 // whole rows; this rank's own tokens are copied into its own block of the table.
 void MoeExchange::move_rows_host(const float* x, const std::vector<int64_t>& recv_toks) {
@@ -287,9 +294,7 @@ void MoeExchange::move_rows_host(const float* x, const std::vector<int64_t>& rec
     block_first_[r] = rows;
     rows += recv_block_rows_[r];
   }
-  CHECK(rows < (int64_t(1) << 31) && n_recv_ + n_ret_ < (int64_t(1) << 31), "MoE dispatch on rank ",
-        me, ": ", rows, " table rows and ", n_recv_ + n_ret_,
-        " result rows, more than int32 row indices can address");
+  check_row_indices(rows);
   if (p == 1) {
     table_ = x;
     table_rows_ = m_;
@@ -339,9 +344,7 @@ void MoeExchange::exchange_entries(const float* x, const std::vector<int64_t>& r
     block_first_[r] = rows;
     rows += recv_toks[r];
   }
-  CHECK(rows < (int64_t(1) << 31) && n_recv_ + n_ret_ < (int64_t(1) << 31), "MoE dispatch on rank ",
-        me, ": ", rows, " table rows and ", n_recv_ + n_ret_,
-        " result rows, more than int32 row indices can address");
+  check_row_indices(rows);
   table_rows_ = p == 1 ? m_ : rows;
   table_ = p == 1 ? x : nullptr;  // set by move_rows_device otherwise
   if (p == 1) return;

@@ -117,6 +117,7 @@ class MoeExchange {
                 void* recv, const std::vector<int64_t>& recv_rows, bool include_self = false);
   void move_rows_host(const float* x, const std::vector<int64_t>& recv_toks);
   void exchange_entries(const float* x, const std::vector<int64_t>& recv_toks);
+  void check_row_indices(int64_t table_rows) const;
   void move_rows_device(const float* x);
 
   Comm& comm_;
