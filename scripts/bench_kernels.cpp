@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu/amx_gemm.h"
+#include "cpu/fast_ops.h"
 #include "ops.h"
 
 #ifndef GLM5_NO_BLAS
@@ -129,31 +131,59 @@ double fma_peak() {
   return best;
 }
 
+// The AMX-BF16 tile peak of all threads in bf16 GFLOP/s (0 without AMX).
+double amx_peak() {
+  if (!cpu::amx::available()) return 0;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    double sum = 0;
+#pragma omp parallel reduction(+ : sum)
+    sum += cpu::amx::tile_macs_per_second(int64_t(1) << 18);
+    best = std::max(best, 2 * sum / 1e9);
+  }
+  return best;
+}
+
+// The BF16 gemm paths worth timing here (not the emulation).
+std::vector<std::string> bench_paths() {
+  std::vector<std::string> v;
+  for (const std::string& p : cpu::fast::gemm_paths())
+    if (p != "amx-emulated") v.push_back(p);
+  return v;
+}
+
 // Prefill cost per FLOP against the row count at hidden 6144 (q_a-like [2048, 6144] and
 // o_proj-like [6144, 2048]): GFLOP/s, its share of the FMA peak and its ratio to 64 rows.
 void prefill_sweep(Backend& cpu, bool quick) {
-  const double peak = fma_peak();
-  std::printf("\nprefill gemm, BF16 weights, against the row count (fp32 FMA peak %.0f GFLOP/s, same run):\n\n", peak);
-  std::printf("| n x k | rows | time | GFLOP/s | of the FMA peak | vs 64 rows |\n|---|---|---|---|---|---|\n");
-  for (auto [n, k] : {std::pair<int64_t, int64_t>{2048, 6144}, {6144, 2048}}) {
-    auto wf = random_floats(size_t(n * k), 2);
-    std::vector<uint16_t> wb(wf.size());
-    for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
-    double first = 0;
-    for (int64_t m : {int64_t(64), int64_t(512), int64_t(2048), int64_t(8192)}) {
-      if (quick && m > 2048) break;
-      auto x = random_floats(size_t(m * k), 1);
-      std::vector<float> y(size_t(m * n));
-      GemmParams p;
-      p.x = x.data(), p.ldx = k, p.w = Weight{wb.data(), DType::BF16, n, k, k};
-      p.y = y.data(), p.ldy = n, p.m = m, p.n = n, p.k = k;
-      const double t = median_seconds([&] { cpu.gemm(p); });
-      const double gf = 2.0 * double(m) * double(n) * double(k) / t / 1e9;
-      if (m == 64) first = gf;
-      std::printf("| %ld x %ld | %ld | %.2f ms | %.1f | %.0f%% | %.2f |\n", long(n), long(k), long(m), t * 1e3, gf,
-                  100 * gf / peak, gf / first);
+  const double peak = fma_peak(), tiles = amx_peak();
+  std::printf("\nprefill gemm, BF16 weights, against the row count (fp32 FMA peak %.0f GFLOP/s", peak);
+  if (tiles > 0) std::printf("; AMX-BF16 tile peak %.0f GFLOP/s, %.0f for fp32 activations as 3 terms", tiles, tiles / 3);
+  std::printf(", same run):\n\n");
+  std::printf("| path | n x k | rows | time | GFLOP/s | of its peak | vs 64 rows |\n|---|---|---|---|---|---|---|\n");
+  for (const std::string& path : bench_paths()) {
+    cpu::fast::set_gemm_path(path);
+    const double path_peak = path == "amx" ? tiles / 3 : peak;
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{2048, 6144}, {6144, 2048}}) {
+      auto wf = random_floats(size_t(n * k), 2);
+      std::vector<uint16_t> wb(wf.size());
+      for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+      double first = 0;
+      for (int64_t m : {int64_t(64), int64_t(512), int64_t(2048), int64_t(8192)}) {
+        if (quick && m > 2048) break;
+        auto x = random_floats(size_t(m * k), 1);
+        std::vector<float> y(size_t(m * n));
+        GemmParams p;
+        p.x = x.data(), p.ldx = k, p.w = Weight{wb.data(), DType::BF16, n, k, k};
+        p.y = y.data(), p.ldy = n, p.m = m, p.n = n, p.k = k;
+        const double t = median_seconds([&] { cpu.gemm(p); });
+        const double gf = 2.0 * double(m) * double(n) * double(k) / t / 1e9;
+        if (m == 64) first = gf;
+        std::printf("| %s | %ld x %ld | %ld | %.2f ms | %.1f | %.0f%% | %.2f |\n", path.c_str(), long(n), long(k),
+                    long(m), t * 1e3, gf, 100 * gf / path_peak, gf / first);
+      }
     }
   }
+  cpu::fast::set_gemm_path("auto");
 }
 
 void attention_rows(Backend& cpu, bool quick) {
@@ -248,14 +278,22 @@ int main(int argc, char** argv) {
     }
   }
   auto cpu = make_cpu_backend();
-  std::printf("threads: %d, median of %d runs\n\n", omp_get_max_threads(), g_reps);
+  std::string why;
+  cpu::amx::available(&why);
+  std::printf("threads: %d, median of %d runs; BF16 gemm paths: fp32%s (default: %s)\n\n", omp_get_max_threads(),
+              g_reps, why.empty() ? ", amx" : (" (no amx: " + why + ")").c_str(), cpu::fast::gemm_path().c_str());
   const double bw = read_bandwidth();
   std::printf("| op | shape | time | rate | yardstick | ratio |\n|---|---|---|---|---|---|\n");
-  gemm_row(1, 2048, 2048, false, *cpu, bw);
-  gemm_row(1, 6144, quick ? 2048 : 6144, false, *cpu, bw);
-  gemm_row(512, 2048, 2048, false, *cpu, bw);
-  if (!quick) gemm_row(512, 6144, 2048, false, *cpu, bw);
-  gemm_row(64, 2048, 2048, false, *cpu, bw);
+  for (const std::string& path : bench_paths()) {  // BF16 rows on each gemm path
+    cpu::fast::set_gemm_path(path);
+    std::printf("| (gemm path: %s) | | | | | |\n", path.c_str());
+    gemm_row(1, 2048, 2048, false, *cpu, bw);
+    gemm_row(1, 6144, quick ? 2048 : 6144, false, *cpu, bw);
+    gemm_row(512, 2048, 2048, false, *cpu, bw);
+    if (!quick) gemm_row(512, 6144, 2048, false, *cpu, bw);
+    gemm_row(64, 2048, 2048, false, *cpu, bw);
+  }
+  cpu::fast::set_gemm_path("auto");
   gemm_row(512, 512, 192, true, *cpu, bw);
   attention_rows(*cpu, quick);
   prefill_sweep(*cpu, quick);

@@ -15,6 +15,15 @@ void gemm(const GemmParams& p);                      // cpu/gemm.cpp
 // Independent gemms (no output overlaps another's input or output) in one parallel region, their
 // work items spread over all threads; each result is bitwise what gemm() gives it alone.
 void gemm_batch(std::span<const GemmParams> ps);     // cpu/gemm.cpp
+// The BF16-weight gemm's code paths (y = x W^T): "fp32" (the 16-lane dot_tile recipe, AVX-512 or
+// portable), "amx" (AMX-BF16 tiles on three bf16 terms of x, cpu/amx_gemm.h; where
+// amx::available()), "amx-emulated" (the same kernel on emulated tiles, for tests). gemm_paths()
+// lists what this machine runs; the path in use is GLM5_CPU_GEMM if set, else the best (amx where
+// available); set_gemm_path ("auto" = best) switches it for tests and benchmarks. One path serves
+// every row count, so results stay batch-invariant; F16 / F32 / quantized weights keep theirs.
+std::vector<std::string> gemm_paths();
+std::string gemm_path();
+void set_gemm_path(const std::string& path);
 void indexer_scores(const IndexerScoresParams& p);   // cpu/attention.cpp
 void mla_prefill(const MlaPrefillParams& p);         // cpu/attention.cpp
 void mla_decode(const MlaDecodeParams& p);           // cpu/attention.cpp

@@ -10,8 +10,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <vector>
 
+#include "cpu/amx_gemm.h"
 #include "cpu/dot_tile.h"
 #include "cpu/panel_block.h"
 #include "cpu/fast_ops.h"
@@ -131,13 +133,49 @@ void panel_item(const GemmParams& p, int64_t item) {
                  p.accumulate);
 }
 
+// The BF16 path (gemm_path()): 0 fp32 (the dot_tile recipe), 1 amx, 2 amx-emulated; -1 not chosen.
+std::atomic<int> g_gemm_path{-1};
+constexpr const char* kGemmPathNames[] = {"fp32", "amx", "amx-emulated"};
+
+int path_index(const std::string& name, const char* what) {
+  for (int i = 0; i < 3; ++i)
+    if (name == kGemmPathNames[i]) {
+      std::string why;
+      CHECK(i != 1 || amx::available(&why), what, "=amx: this machine cannot run AMX: ", why);
+      return i;
+    }
+  CHECK(name == "auto", what, "=", name, ": expected auto, fp32, amx or amx-emulated");
+  return amx::available() ? 1 : 0;
+}
+
+// Chosen once: GLM5_CPU_GEMM if set, else the best this machine has.
+int gemm_path_now() {
+  int v = g_gemm_path.load(std::memory_order_relaxed);
+  if (v >= 0) return v;
+  const char* e = std::getenv("GLM5_CPU_GEMM");
+  v = path_index(e && *e ? e : "auto", "GLM5_CPU_GEMM");
+  int expected = -1;
+  g_gemm_path.compare_exchange_strong(expected, v);
+  return g_gemm_path.load(std::memory_order_relaxed);
+}
+
+// BF16 y = x W^T on AMX tiles: items of W rows (a multiple of 32, ~kBlockBytes of W) against all
+// of x, packed once per call.
+int64_t amx_rows_per_item(int64_t k) {
+  const int64_t nb = kBlockBytes / (2 * std::max<int64_t>(k, 1));
+  return std::clamp<int64_t>(nb / 32 * 32, 32, 256);
+}
+
 // One gemm of a batch: how it is cut into items and what an item costs (bytes of W read plus
 // a share for the multiply-adds), for splitting a batch over threads by cost.
 struct Job {
   const GemmParams* p = nullptr;
-  enum Kind { kNt, kPanel, kTn, kQuant } kind = kNt;
+  enum Kind { kNt, kPanel, kTn, kQuant, kAmx } kind = kNt;
   NtSplit nt;
   QuantSplit quant;
+  amx::PackedX px;  // kAmx: x as tile terms
+  int64_t amx_rows = 0;
+  bool amx_emulated = false;
   int64_t items = 0;
   double item_cost = 0;
 
@@ -152,6 +190,13 @@ struct Job {
       quant = quant_split(g);
       items = quant.items;
       item_cost = double(quant.rows_per_item * g.k) * (wbytes + double(g.m));
+    } else if (g.w.dtype == DType::BF16 && g.k > 0 && gemm_path_now() != 0) {
+      kind = kAmx;
+      amx_emulated = gemm_path_now() == 2;
+      amx_rows = amx_rows_per_item(g.k);
+      items = (g.n + amx_rows - 1) / amx_rows;
+      item_cost = double(amx_rows * g.k) * (wbytes + double(g.m));
+      amx::pack_x(g.x, g.ldx, g.m, g.k, px);
     } else if (g.m >= kPanelMinRows && g.k > 0) {  // (k = 0: dot_tile writes the zeros)
       kind = kPanel;
       items = (g.m + kPanelRows - 1) / kPanelRows * ((g.n + kPanelCols - 1) / kPanelCols);
@@ -166,6 +211,12 @@ struct Job {
   void run(int64_t item) const {
     switch (kind) {
       case kQuant: quant_item(*p, quant, item); return;
+      case kAmx: {
+        const int64_t j0 = item * amx_rows;
+        amx::gemm_rows(px, static_cast<const uint16_t*>(p->w.data) + j0 * p->w.ld, p->w.ld,
+                       std::min(amx_rows, p->n - j0), p->y + j0, p->ldy, p->accumulate, amx_emulated);
+        return;
+      }
       case kTn: return typed([&]<class L>() { tn_item<L>(*p, item); });
       case kPanel: return typed([&]<class L>() { panel_item<L>(*p, item); });
       case kNt: return typed([&]<class L>() { nt_item<L>(*p, nt, item); });
@@ -288,5 +339,16 @@ void gemm_batch(std::span<const GemmParams> ps) {
 }
 
 void gemm(const GemmParams& p) { gemm_batch({&p, 1}); }
+
+std::vector<std::string> gemm_paths() {
+  std::vector<std::string> v = {"fp32"};
+  if (amx::available()) v.push_back("amx");
+  v.push_back("amx-emulated");
+  return v;
+}
+
+std::string gemm_path() { return kGemmPathNames[gemm_path_now()]; }
+
+void set_gemm_path(const std::string& path) { g_gemm_path.store(path_index(path, "set_gemm_path")); }
 
 }  // namespace glm5::kernels::cpu::fast

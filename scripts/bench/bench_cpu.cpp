@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/fast_ops.h"
 #include "parallel/comm.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
@@ -179,8 +180,8 @@ int main(int argc, char** argv) {
   const double bound_tps = read_gbs * 1e9 / touched;
 
   const double rss_run = double(rss_kb() - rss0) * 1024;
-  std::printf("machine: %d threads, read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s\n", threads,
-              read_gbs, fma_gflops);
+  std::printf("machine: %d threads, read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s; BF16 gemm path %s\n",
+              threads, read_gbs, fma_gflops, glm5::kernels::cpu::fast::gemm_path().c_str());
   std::printf("model: %s, %.3f GB of weights, loaded in %.2f s; RSS after load %.3f GB (%.2fx weights)\n",
               model_dir.c_str(), weight_bytes / 1e9, load_s, rss_load / 1e9, rss_load / weight_bytes);
   std::printf("decode  batch 1: %.2f tok/s (%.1f ms/token); %.3f GB of weights per token -> "

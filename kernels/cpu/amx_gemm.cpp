@@ -1,0 +1,399 @@
+// AMX-BF16 gemm: the kernel of cpu/amx_gemm.h over two tile implementations (hardware, emulated).
+// The tile instructions are written as inline assembly (not the compiler's intrinsics, which need
+// a target attribute on every caller and declare no memory operands), so this file builds with any
+// -march; nothing here runs AMX unless amx::available() said so.
+#include "cpu/amx_gemm.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include "core/check.h"
+#include "core/dtype.h"
+
+namespace glm5::kernels::cpu::amx {
+
+namespace {
+
+// Tile registers: C(wb, cb) = 2 wb + cb (0..3), A(wb) = 4 + wb (W blocks), B = 6 (one x term).
+constexpr int kC0 = 0, kA0 = 4, kB = 6, kTiles = 7;
+
+// The 64-byte operand of LDTILECFG (palette 1).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+// C and B tiles hold n_cols x rows (4 bytes each); A tiles 32 bf16 of k.
+TileConfig config_for(int n_cols) {
+  TileConfig c;
+  for (int t = 0; t < kTiles; ++t) {
+    c.rows[t] = kTileRows;
+    c.colsb[t] = uint16_t(t == kA0 || t == kA0 + 1 ? kChunk * 2 : n_cols * 4);
+  }
+  return c;
+}
+
+#if defined(__x86_64__)
+// The hardware tiles. Tile numbers are immediates, hence the templates.
+struct HwTiles {
+  static void configure(const TileConfig& c) { asm volatile("ldtilecfg %0" ::"m"(c)); }
+  static void release() { asm volatile("tilerelease" ::: "memory"); }
+  template <int T>
+  static void zero() {
+    asm volatile("tilezero %%tmm%c0" ::"i"(T));
+  }
+  template <int T>
+  static void load(const void* p, int64_t stride) {
+    asm volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(p), "r"(stride), "i"(T) : "memory");
+  }
+  template <int T>
+  static void store(void* p, int64_t stride) {
+    asm volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(p), "r"(stride), "i"(T) : "memory");
+  }
+  // The W rows of a block a few chunks ahead (16 rows are 16 streams; the L2 streamer alone
+  // follows them late).
+  static void prefetch(const uint16_t* p, int64_t stride_bytes) {
+    for (int r = 0; r < kTileRows; ++r) __builtin_prefetch(reinterpret_cast<const char*>(p) + r * stride_bytes);
+  }
+  template <int C, int A, int B>
+  static void dp() {  // C += A . B (TDPBF16PS tmmC, tmmA, tmmB; AT&T operand order)
+    asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
+  }
+};
+#endif
+
+// The same instructions in C++ after the SDM's pseudocode, with its operand checks (a violation
+// is #UD on hardware, a failed check here).
+struct EmuTiles {
+  struct State {
+    TileConfig cfg;
+    bool configured = false;
+    alignas(64) uint8_t t[8][16][64];
+  };
+  static State& s() {
+    thread_local State st;
+    return st;
+  }
+  static void configure(const TileConfig& c) {
+    s().cfg = c;
+    s().configured = true;
+    std::memset(s().t, 0, sizeof(s().t));
+  }
+  static void release() { s().configured = false; }
+  static void prefetch(const uint16_t*, int64_t) {}
+  static void check(int t) {
+    CHECK(s().configured, "amx emulation: tile ", t, " used without a configuration");
+    CHECK(s().cfg.rows[t] >= 1 && s().cfg.rows[t] <= 16 && s().cfg.colsb[t] >= 4 &&
+                   s().cfg.colsb[t] <= 64 && s().cfg.colsb[t] % 4 == 0,
+               "amx emulation: tile ", t, " is not configured (rows ", int(s().cfg.rows[t]), ", colsb ",
+               s().cfg.colsb[t], ")");
+  }
+  template <int T>
+  static void zero() {
+    check(T);
+    std::memset(s().t[T], 0, sizeof(s().t[T]));
+  }
+  template <int T>
+  static void load(const void* p, int64_t stride) {
+    check(T);
+    zero<T>();
+    for (int r = 0; r < s().cfg.rows[T]; ++r)
+      std::memcpy(s().t[T][r], static_cast<const uint8_t*>(p) + r * stride, s().cfg.colsb[T]);
+  }
+  template <int T>
+  static void store(void* p, int64_t stride) {
+    check(T);
+    for (int r = 0; r < s().cfg.rows[T]; ++r)
+      std::memcpy(static_cast<uint8_t*>(p) + r * stride, s().t[T][r], s().cfg.colsb[T]);
+  }
+  static float bf16_daz(uint16_t v) {
+    if ((v & 0x7f80u) == 0) v &= 0x8000u;  // denormal input -> signed zero
+    return bf16_to_f32(v);
+  }
+  static float ftz(float v) { return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.0f, v) : v; }
+  template <int C, int A, int B>
+  static void dp() {
+    check(C), check(A), check(B);
+    const TileConfig& c = s().cfg;
+    CHECK(c.rows[A] == c.rows[C] && c.colsb[B] == c.colsb[C] && c.colsb[A] / 4 == c.rows[B],
+               "amx emulation: tdpbf16ps shapes: C ", int(c.rows[C]), "x", c.colsb[C], ", A ", int(c.rows[A]),
+               "x", c.colsb[A], ", B ", int(c.rows[B]), "x", c.colsb[B]);
+    for (int m = 0; m < c.rows[C]; ++m) {
+      float* out = reinterpret_cast<float*>(s().t[C][m]);
+      const uint16_t* a = reinterpret_cast<const uint16_t*>(s().t[A][m]);
+      for (int kp = 0; kp < c.colsb[A] / 4; ++kp) {
+        const uint16_t* b = reinterpret_cast<const uint16_t*>(s().t[B][kp]);
+        for (int n = 0; n < c.colsb[C] / 4; ++n) {
+          float acc = out[n];
+          acc = ftz(acc + bf16_daz(a[2 * kp]) * bf16_daz(b[2 * n]));  // products are exact
+          acc = ftz(acc + bf16_daz(a[2 * kp + 1]) * bf16_daz(b[2 * n + 1]));
+          out[n] = acc;
+        }
+      }
+    }
+  }
+};
+
+// One 16-row W block as A tiles: chunk kc from `base` (row stride ld_bytes) while kc < full, the
+// zero-padded last chunk from `tail` (16 x 32, stride 64 bytes).
+struct ABlock {
+  const uint16_t* base = nullptr;
+  int64_t ld_bytes = 0, full = 0;
+  const uint16_t* tail = nullptr;
+  const uint16_t* chunk(int64_t kc) const { return kc < full ? base + kc * kChunk : tail; }
+  int64_t stride(int64_t kc) const { return kc < full ? ld_bytes : kChunk * 2; }
+};
+
+constexpr int64_t kAhead = 8;  // chunks (512 bytes of each W row) prefetched ahead
+
+template <int... I, class F>
+void each(std::integer_sequence<int, I...>, F&& f) {
+  (f.template operator()<I>(), ...);
+}
+
+// C(wb, cb) for MW W blocks x NC x-row blocks, over all k chunks; then each C tile stored to
+// out[wb][cb] (16 x 16 floats, row = W row, column = x row).
+template <class Tiles, int MW, int NC>
+void micro(const ABlock* a, const PackedX& x, int64_t cb0, float (*out)[2][16][16]) {
+  constexpr auto wbs = std::make_integer_sequence<int, MW>{};
+  constexpr auto cbs = std::make_integer_sequence<int, NC>{};
+  each(wbs, [&]<int W>() { each(cbs, [&]<int B>() { Tiles::template zero<kC0 + 2 * W + B>(); }); });
+  const int64_t b_stride = int64_t(x.n_cols) * 4;
+  for (int64_t kc = 0; kc < x.chunks; ++kc) {
+    each(wbs, [&]<int W>() {
+      Tiles::template load<kA0 + W>(a[W].chunk(kc), a[W].stride(kc));
+      if (kc + kAhead < a[W].full) Tiles::prefetch(a[W].chunk(kc + kAhead), a[W].stride(kc));
+    });
+    for (int t = 0; t < kTerms; ++t)
+      each(cbs, [&]<int B>() {
+        Tiles::template load<kB>(x.tile(cb0 + B, kc, t), b_stride);
+        each(wbs, [&]<int W>() { Tiles::template dp<kC0 + 2 * W + B, kA0 + W, kB>(); });
+      });
+  }
+  each(wbs, [&]<int W>() {
+    each(cbs, [&]<int B>() { Tiles::template store<kC0 + 2 * W + B>(&out[W][B][0][0], 16 * 4); });
+  });
+}
+
+template <class Tiles>
+using MicroFn = void (*)(const ABlock*, const PackedX&, int64_t, float (*)[2][16][16]);
+
+template <class Tiles>
+MicroFn<Tiles> micro_fn(int mw, int nc) {
+  static const MicroFn<Tiles> t[2][2] = {{micro<Tiles, 1, 1>, micro<Tiles, 1, 2>},
+                                         {micro<Tiles, 2, 1>, micro<Tiles, 2, 2>}};
+  return t[mw - 1][nc - 1];
+}
+
+// Per-thread buffers: the last-chunk tails of two W blocks, a W block past n copied whole.
+struct Scratch {
+  alignas(64) uint16_t tail[2][kTileRows * kChunk];
+  std::vector<uint16_t> part;
+};
+
+// W rows [r0, r0 + rows) of a block as an ABlock: straight from w when all 16 rows exist (only the
+// partial last chunk copied), else copied whole into `part` with zero rows and columns.
+ABlock a_block(const uint16_t* w, int64_t ldw, int64_t k, int64_t chunks, int rows, uint16_t* tail,
+               std::vector<uint16_t>& part) {
+  ABlock b;
+  if (rows == kTileRows) {
+    b.base = w;
+    b.ld_bytes = ldw * 2;
+    b.full = k / kChunk;
+    const int64_t rem = k - b.full * kChunk;
+    if (rem > 0) {
+      std::memset(tail, 0, size_t(kTileRows * kChunk) * 2);
+      for (int r = 0; r < kTileRows; ++r) std::memcpy(tail + r * kChunk, w + r * ldw + b.full * kChunk, size_t(rem) * 2);
+      b.tail = tail;
+    }
+    return b;
+  }
+  const int64_t kpad = chunks * kChunk;
+  part.assign(size_t(kTileRows * kpad), 0);
+  for (int r = 0; r < rows; ++r) std::memcpy(part.data() + r * kpad, w + r * ldw, size_t(k) * 2);
+  b.base = part.data();
+  b.ld_bytes = kpad * 2;
+  b.full = chunks;
+  return b;
+}
+
+template <class Tiles>
+void gemm_rows_t(const PackedX& x, const uint16_t* w, int64_t ldw, int64_t nb, float* y, int64_t ldy,
+                 bool accumulate) {
+  thread_local Scratch sc;
+  Tiles::configure(config_for(x.n_cols));
+  alignas(64) float out[2][2][16][16];
+  for (int64_t cb0 = 0; cb0 < x.col_blocks; cb0 += 2) {
+    const int nc = int(std::min<int64_t>(2, x.col_blocks - cb0));
+    for (int64_t r0 = 0; r0 < nb; r0 += 2 * kTileRows) {
+      const int64_t rem = nb - r0;
+      const int mw = rem > kTileRows ? 2 : 1;
+      ABlock a[2];
+      for (int wb = 0; wb < mw; ++wb) {
+        const int rows = int(std::min<int64_t>(kTileRows, rem - wb * kTileRows));
+        // (only the last block can be partial, so one `part` serves)
+        a[wb] = a_block(w + (r0 + wb * kTileRows) * ldw, ldw, x.k, x.chunks, rows, sc.tail[wb], sc.part);
+      }
+      micro_fn<Tiles>(mw, nc)(a, x, cb0, out);
+      for (int wb = 0; wb < mw; ++wb)
+        for (int cb = 0; cb < nc; ++cb) {
+          const int64_t i0 = (cb0 + cb) * kTileRows, j0 = r0 + wb * kTileRows;
+          const int64_t ni = std::min<int64_t>(kTileRows, x.m - i0), nj = std::min<int64_t>(kTileRows, nb - j0);
+          for (int64_t i = 0; i < ni; ++i) {
+            float* yr = y + (i0 + i) * ldy + j0;
+            for (int64_t j = 0; j < nj; ++j) yr[j] = accumulate ? yr[j] + out[wb][cb][j][i] : out[wb][cb][j][i];
+          }
+        }
+    }
+  }
+  Tiles::release();
+}
+
+#if defined(__x86_64__) && defined(__linux__)
+uint64_t xcr0() {
+  uint32_t lo, hi;
+  asm volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return uint64_t(hi) << 32 | lo;
+}
+
+std::string probe() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return "cpuid has no leaf 7";
+  if (!(d & (1u << 24))) return "the CPU has no AMX-TILE";
+  if (!(d & (1u << 22))) return "the CPU has no AMX-BF16";
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return "the OS has not enabled XSAVE";
+  if ((xcr0() & (3u << 17)) != (3u << 17)) return "the OS has not enabled the AMX tile state (XCR0 bits 17, 18)";
+  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) != 0)
+    return "the kernel refused AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM; Linux >= 5.16 needed)";
+  return "";
+}
+#else
+std::string probe() { return "AMX needs x86-64 Linux"; }
+#endif
+
+}  // namespace
+
+bool available(std::string* why) {
+  static const std::string missing = probe();
+  if (why) *why = missing;
+  return missing.empty();
+}
+
+void split_terms(float v, uint16_t out[kTerms]) {
+  if (!std::isfinite(v)) {
+    out[0] = f32_to_bf16(v);
+    out[1] = out[2] = 0;
+    return;
+  }
+  for (int t = 0; t < kTerms; ++t) {
+    uint16_t h = f32_to_bf16(v);
+    if (!std::isfinite(bf16_to_f32(h))) {  // rounds past the largest bf16: truncate instead
+      uint32_t u;
+      std::memcpy(&u, &v, 4);
+      h = uint16_t(u >> 16);
+    }
+    out[t] = h;
+    v -= bf16_to_f32(h);  // exact (Sterbenz): h is within a factor 2 of v
+  }
+}
+
+namespace {
+
+// The terms of 32 values at once, branch-free (vectorized by the compiler) for finite values
+// whose first term does not round past the largest bf16; the rest through split_terms.
+void split_chunk(const float* v, int n, uint16_t out[kTerms][kChunk]) {
+  float r[kChunk] = {};
+  if (n > 0) std::memcpy(r, v, size_t(n) * 4);
+  uint32_t special = 0;
+  for (int t = 0; t < kTerms; ++t)
+    for (int c = 0; c < kChunk; ++c) {
+      uint32_t u;
+      std::memcpy(&u, &r[c], 4);
+      const uint32_t h = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // round to nearest even
+      special |= uint32_t((h & 0x7f80u) == 0x7f80u);               // inf / NaN / overflow
+      out[t][c] = uint16_t(h);
+      r[c] -= bf16_to_f32(uint16_t(h));
+    }
+  if (special)
+    for (int c = 0; c < n; ++c) {
+      uint16_t t3[kTerms];
+      split_terms(v[c], t3);
+      for (int t = 0; t < kTerms; ++t) out[t][c] = t3[t];
+    }
+}
+
+}  // namespace
+
+void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out) {
+  out.m = m;
+  out.k = k;
+  out.chunks = (k + kChunk - 1) / kChunk;
+  out.col_blocks = (m + kTileRows - 1) / kTileRows;
+  out.n_cols = int(std::min<int64_t>(m, kTileRows));
+  out.data.resize(size_t(out.col_blocks * out.chunks * kTerms * out.tile_elems()));
+  const int64_t nc = out.n_cols, tile = out.tile_elems();
+  // Row i of x is column j = i % 16 of block i / 16: pair kk of chunk kc (2 bf16, one 4-byte
+  // element of the B tile at (kk, j)) holds x[i, 32 kc + 2 kk + {0, 1}]; k past its end is zero.
+  // Columns j >= m of the last block (m > 16) are zero rows of x.
+#pragma omp parallel for schedule(static) if (m * k >= (int64_t(1) << 15))
+  for (int64_t i = 0; i < out.col_blocks * kTileRows; ++i) {
+    if (i >= m && i % kTileRows >= nc) continue;  // no such column (m <= 16)
+    const int64_t cb = i / kTileRows, j = i % kTileRows;
+    for (int64_t kc = 0; kc < out.chunks; ++kc) {
+      uint16_t t3[kTerms][kChunk];
+      const int n = i < m ? int(std::min<int64_t>(kChunk, k - kc * kChunk)) : 0;
+      split_chunk(n > 0 ? x + i * ldx + kc * kChunk : nullptr, n, t3);
+      for (int t = 0; t < kTerms; ++t) {
+        uint16_t* dst = out.data.data() + ((cb * out.chunks + kc) * kTerms + t) * tile + j * 2;
+        for (int kk = 0; kk < kChunk / 2; ++kk) std::memcpy(dst + kk * nc * 2, &t3[t][2 * kk], 4);
+      }
+    }
+  }
+}
+
+void gemm_rows(const PackedX& x, const uint16_t* w, int64_t ldw, int64_t nb, float* y, int64_t ldy,
+               bool accumulate, bool emulated) {
+  if (nb <= 0 || x.m <= 0) return;
+  if (emulated) return gemm_rows_t<EmuTiles>(x, w, ldw, nb, y, ldy, accumulate);
+#if defined(__x86_64__)
+  CHECK(available(), "amx::gemm_rows: this machine cannot run AMX");
+  return gemm_rows_t<HwTiles>(x, w, ldw, nb, y, ldy, accumulate);
+#else
+  GLM5_FAIL("amx::gemm_rows: AMX needs x86-64");
+#endif
+}
+
+double tile_macs_per_second(int64_t iters) {
+  CHECK(available(), "amx::tile_macs_per_second: this machine cannot run AMX");
+#if defined(__x86_64__)
+  using T = HwTiles;
+  T::configure(config_for(kTileRows));
+  T::zero<0>(), T::zero<1>(), T::zero<2>(), T::zero<3>(), T::zero<4>(), T::zero<5>(), T::zero<6>();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iters; ++i) {
+    T::dp<0, 4, 6>(), T::dp<1, 5, 6>(), T::dp<2, 4, 6>(), T::dp<3, 5, 6>();
+  }
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  T::release();
+  return double(iters) * 4 * kTileRows * kTileRows * kChunk / dt;
+#else
+  return 0;
+#endif
+}
+
+}  // namespace glm5::kernels::cpu::amx

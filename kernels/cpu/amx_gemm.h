@@ -1,0 +1,68 @@
+// y = x W^T for BF16 weights on Intel AMX tiles (AMX-BF16), exact to float32 activations.
+//
+// The tiles multiply bf16 by bf16 with float32 accumulation. Activations are float32, so each x
+// is split into three bf16 terms, x = x1 + x2 + x3 (x1 = bf16(x), x2 = bf16(x - x1), x3 =
+// bf16(x - x1 - x2): together all 24 bits of x's mantissa, for |x| >= 2^-100), and every product
+// x_t * w is exact in float32: the result is the float32 dot product in the tiles' accumulation
+// order, within the goldens' 1e-4 of the reference, with no weight rounding anywhere.
+//
+// Layout: the tiles compute C^T = W x^T. A tiles are 16 W rows x 32 k values read straight from
+// the weight (row stride = the weight's), so weights need no repacking; B tiles are the packed
+// activation terms (16 k pairs x N x rows, the layout TDPBF16PS takes); C tiles are 16 W rows x N
+// x rows of float32, transposed into y on store.
+//
+// Batch-invariant: y[i, j] is, whatever m, n, the tile mix or the thread: for every 32-wide k
+// chunk in order, for the terms t = 1, 2, 3, C += TDPBF16PS(W chunk, x_t chunk); then y = C (or
+// y + C). Zero padding (k past its end, W rows past n, x rows past m) adds exact zeros.
+//
+// Two implementations of the same kernel source: the hardware one (target amx-tile,amx-bf16, used
+// where cpuid, XCR0 and the Linux permission request allow) and an emulation of the three tile
+// instructions in plain C++ after the Intel SDM pseudocode (round to nearest even per
+// accumulation, bf16 input and float32 output denormals flushed), which tests and machines without
+// AMX can run: it checks the kernel's tiling, padding, packing and tile configuration everywhere.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace glm5::kernels::cpu::amx {
+
+// Whether this CPU and OS run AMX-BF16: cpuid AMX-TILE and AMX-BF16, the tile state enabled in
+// XCR0, and the process's permission for it (arch_prctl ARCH_REQ_XCOMP_PERM, asked once). When
+// not, `why` (if given) says what is missing.
+bool available(std::string* why = nullptr);
+
+constexpr int kTerms = 3;     // bf16 terms per float32 activation
+constexpr int kChunk = 32;    // k values per tile product (16 pairs)
+constexpr int kTileRows = 16; // W rows per A / C tile, and most x rows per B / C tile
+
+// Activations packed into B tiles: for x-row block cb (16 rows), chunk kc, term t, a tile of 16
+// k pairs x n_cols rows x 2 bf16 (n_cols = min(m, 16): a decode row packs no padding columns).
+struct PackedX {
+  int64_t m = 0, k = 0, chunks = 0, col_blocks = 0;
+  int n_cols = 0;
+  std::vector<uint16_t> data;
+
+  int64_t tile_elems() const { return int64_t(kTileRows) * n_cols * 2; }
+  const uint16_t* tile(int64_t cb, int64_t kc, int t) const {
+    return data.data() + ((cb * chunks + kc) * kTerms + t) * tile_elems();
+  }
+};
+// x [m, k] float32, row stride ldx. Large packs run on all threads.
+void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out);
+
+// The three bf16 terms of one float32 (exported for tests).
+void split_terms(float v, uint16_t out[kTerms]);
+
+// y[:, 0:nb] (+)= x W^T for W rows [0, nb) (bf16, row stride ldw elements), x packed; y row
+// stride ldy. Any nb >= 1; a call uses one thread. `emulated` runs the emulation.
+void gemm_rows(const PackedX& x, const uint16_t* w, int64_t ldw, int64_t nb, float* y, int64_t ldy,
+               bool accumulate, bool emulated);
+
+// The calling thread's BF16 multiply-add rate on the tiles in multiply-adds per second: `iters`
+// rounds of four independent full-size TDPBF16PS (no memory traffic), what benchmarks measure the
+// AMX kernel against (a float32 activation costs kTerms of them). Hardware only.
+double tile_macs_per_second(int64_t iters);
+
+}  // namespace glm5::kernels::cpu::amx

@@ -1,0 +1,279 @@
+// The AMX-BF16 gemm (cpu/amx_gemm.h): the three bf16 terms of an activation sum to it exactly; the
+// kernel on emulated tiles (every machine) and on the hardware (machines with AMX; skipped with the
+// reason elsewhere) is close to a float64 dot product over every shape edge (k, n and m around the
+// tile sizes, strides, accumulate), batch-invariant bitwise, and independent of how W rows are cut
+// into calls; through the cpu backend on each BF16 path, close to the reference backend and
+// invariant in m and in the thread count.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "cpu/amx_gemm.h"
+#include "cpu/fast_ops.h"
+#include "ops.h"
+
+namespace glm5::kernels::test {
+namespace {
+
+using cpu::amx::PackedX;
+
+TEST(AmxGemm, ThreeTermsSumExactly) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> mant(-2, 2);
+  // (Below ~2^-100 the third term would be a denormal, which the tiles read as zero: activations
+  // are never that small.)
+  std::uniform_int_distribution<int> ex(-100, 120);
+  for (int i = 0; i < 200000; ++i) {
+    const float v = std::ldexp(mant(rng), ex(rng));
+    uint16_t t[3];
+    cpu::amx::split_terms(v, t);
+    const double sum = double(bf16_to_f32(t[0])) + double(bf16_to_f32(t[1])) + double(bf16_to_f32(t[2]));
+    ASSERT_EQ(sum, double(v)) << v;
+    ASSERT_EQ(t[0], f32_to_bf16(v)) << "the first term is bf16(v)";
+  }
+  uint16_t t[3];
+  cpu::amx::split_terms(3.4e38f, t);  // rounds to infinity in bf16: truncated instead
+  EXPECT_EQ(double(bf16_to_f32(t[0])) + bf16_to_f32(t[1]) + bf16_to_f32(t[2]), double(3.4e38f));
+  cpu::amx::split_terms(INFINITY, t);
+  EXPECT_TRUE(std::isinf(bf16_to_f32(t[0])));
+  EXPECT_EQ(t[1], 0);
+}
+
+// Every x element's terms sit where the B tiles read them (pair kk of chunk kc at column i % 16),
+// zeros past k and past m; infinities, NaNs and values near the float32 maximum included.
+TEST(AmxGemm, PackPlacesEveryTerm) {
+  for (int64_t m : {1, 5, 16, 21}) {
+    const int64_t k = 70, ldx = 75;
+    std::vector<float> x(size_t(m * ldx));
+    std::mt19937 rng{uint32_t(m)};
+    std::normal_distribution<float> d(0, 1);
+    for (float& v : x) v = d(rng);
+    x[3] = INFINITY, x[size_t(ldx + 40)] = NAN, x[10] = 3.4e38f, x[size_t((m - 1) * ldx + 69)] = -3.4e38f;
+    PackedX px;
+    cpu::amx::pack_x(x.data(), ldx, m, k, px);
+    ASSERT_EQ(px.n_cols, std::min<int64_t>(m, 16));
+    for (int64_t i = 0; i < px.col_blocks * 16; ++i) {
+      if (i % 16 >= px.n_cols) continue;
+      for (int64_t c = 0; c < px.chunks * 32; ++c) {
+        uint16_t want[3] = {0, 0, 0};
+        if (i < m && c < k) cpu::amx::split_terms(x[size_t(i * ldx + c)], want);
+        for (int t = 0; t < 3; ++t) {
+          const uint16_t got = px.tile(i / 16, c / 32, t)[((c % 32) / 2 * px.n_cols + i % 16) * 2 + c % 2];
+          ASSERT_EQ(got, want[t]) << "m " << m << " row " << i << " k " << c << " term " << t;
+        }
+      }
+    }
+  }
+}
+
+struct Problem {
+  int64_t m, n, k, ldw, ldy;
+  std::vector<float> x;
+  std::vector<uint16_t> w;
+  std::vector<double> exact;  // float64 x W^T
+  std::vector<double> mag;    // sum |x| |w| per element: the scale of rounding error
+};
+
+Problem make_problem(int64_t m, int64_t n, int64_t k, uint32_t seed) {
+  Problem p{m, n, k, k + 3, n + 5, {}, {}, {}, {}};
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0, 1);
+  p.x.resize(size_t(m * k));
+  for (float& v : p.x) v = d(rng);
+  p.w.assign(size_t(n * p.ldw), 0x7fc0);  // NaN in the stride padding: must never be read
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t c = 0; c < k; ++c) p.w[size_t(j * p.ldw + c)] = f32_to_bf16(0.1f * d(rng));
+  p.exact.assign(size_t(m * n), 0);
+  p.mag.assign(size_t(m * n), 0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t c = 0; c < k; ++c) {
+        const double a = p.x[size_t(i * k + c)], b = bf16_to_f32(p.w[size_t(j * p.ldw + c)]);
+        p.exact[size_t(i * n + j)] += a * b;
+        p.mag[size_t(i * n + j)] += std::fabs(a * b);
+      }
+  return p;
+}
+
+// y [m, ldy] from gemm_rows over W rows cut into calls of `rows` rows (0: one call).
+std::vector<float> run_rows(const Problem& p, bool emulated, int64_t rows, bool accumulate = false) {
+  PackedX px;
+  cpu::amx::pack_x(p.x.data(), p.k, p.m, p.k, px);
+  std::vector<float> y(size_t(p.m * p.ldy), accumulate ? 0.5f : -7.0f);
+  if (rows == 0) rows = p.n;
+  for (int64_t j0 = 0; j0 < p.n; j0 += rows)
+    cpu::amx::gemm_rows(px, p.w.data() + j0 * p.ldw, p.ldw, std::min(rows, p.n - j0), y.data() + j0, p.ldy,
+                        accumulate, emulated);
+  return y;
+}
+
+void expect_close(const Problem& p, const std::vector<float>& y, float offset = 0) {
+  for (int64_t i = 0; i < p.m; ++i) {
+    for (int64_t j = 0; j < p.n; ++j) {
+      const double e = p.exact[size_t(i * p.n + j)] + offset;
+      // float32 accumulation over k terms: a few ulps of the magnitude per term.
+      const double tol = 1e-6 * (1.0 + p.mag[size_t(i * p.n + j)]) * std::sqrt(double(p.k));
+      ASSERT_NEAR(y[size_t(i * p.ldy + j)], e, tol) << "row " << i << " col " << j;
+    }
+    for (int64_t j = p.n; j < p.ldy; ++j)  // the stride gap is never written
+      ASSERT_EQ(y[size_t(i * p.ldy + j)], offset ? 0.5f : -7.0f) << "row " << i << " gap " << j;
+  }
+}
+
+// Shapes around every edge: m, n around 16 / 32, k around the 32-wide chunk.
+void check_kernel(bool emulated) {
+  uint32_t seed = 1;
+  for (int64_t k : {1, 2, 31, 32, 33, 64, 100, 300})
+    for (int64_t n : {1, 15, 16, 17, 31, 32, 33, 70})
+      for (int64_t m : {1, 2, 16, 17, 33, 40}) {
+        if (k > 64 && n > 32 && m > 17) continue;  // the emulation is slow; edges are covered
+        SCOPED_TRACE("m " + std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k));
+        const Problem p = make_problem(m, n, k, seed++);
+        expect_close(p, run_rows(p, emulated, 0));
+        if (m == 17 && n == 33) expect_close(p, run_rows(p, emulated, 0, true), 0.5f);
+      }
+}
+
+// Row i alone, or W rows in calls of 16 / 32 / 48, give the bytes of the whole call.
+void check_invariance(bool emulated) {
+  for (int64_t m : {37, 150}) {
+    const Problem p = make_problem(m, 70, 200, uint32_t(m));
+    const auto all = run_rows(p, emulated, 0);
+    for (int64_t rows : {16, 32, 48}) {
+      const auto cut = run_rows(p, emulated, rows);
+      ASSERT_EQ(0, std::memcmp(all.data(), cut.data(), all.size() * 4)) << "W rows in calls of " << rows;
+    }
+    for (int64_t i : {int64_t(0), int64_t(17), m - 1}) {
+      Problem one = p;
+      one.m = 1;
+      one.x.assign(p.x.begin() + i * p.k, p.x.begin() + (i + 1) * p.k);
+      const auto y1 = run_rows(one, emulated, 0);
+      ASSERT_EQ(0, std::memcmp(y1.data(), all.data() + i * p.ldy, size_t(p.n) * 4)) << "row " << i << " of " << m;
+    }
+  }
+}
+
+// W rows with one power-of-two entry each: y[i, j] = x[i, c_j] 2^e_j exactly, which holds only if
+// all three terms of x reach the tiles at the right k (a lost term or pair is a wrong bit here).
+void check_one_hot(bool emulated) {
+  for (int64_t k : {1, 33, 100})
+    for (int64_t m : {1, 19}) {
+      Problem p = make_problem(m, 37, k, 11);
+      std::mt19937 rng{uint32_t(k)};
+      for (int64_t j = 0; j < p.n; ++j) {
+        const int64_t c = int64_t(rng() % uint32_t(k));
+        const int e = int(rng() % 9) - 4;
+        for (int64_t q = 0; q < k; ++q) p.w[size_t(j * p.ldw + q)] = q == c ? f32_to_bf16(std::ldexp(1.0f, e)) : 0;
+        for (int64_t i = 0; i < m; ++i) p.exact[size_t(i * p.n + j)] = std::ldexp(double(p.x[size_t(i * k + c)]), e);
+      }
+      const auto y = run_rows(p, emulated, 0);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < p.n; ++j)
+          ASSERT_EQ(double(y[size_t(i * p.ldy + j)]), p.exact[size_t(i * p.n + j)]) << "k " << k << " row " << i << " col " << j;
+    }
+}
+
+TEST(AmxGemm, EmulatedTilesExactOnOneHotWeights) { check_one_hot(true); }
+TEST(AmxGemm, EmulatedTilesCloseToFloat64) { check_kernel(true); }
+TEST(AmxGemm, EmulatedTilesBatchInvariant) { check_invariance(true); }
+
+TEST(AmxGemm, HardwareTilesCloseToFloat64) {
+  std::string why;
+  if (!cpu::amx::available(&why)) GTEST_SKIP() << "no AMX here: " << why;
+  check_kernel(false);
+}
+
+TEST(AmxGemm, HardwareTilesExactOnOneHotWeights) {
+  std::string why;
+  if (!cpu::amx::available(&why)) GTEST_SKIP() << "no AMX here: " << why;
+  check_one_hot(false);
+}
+
+TEST(AmxGemm, HardwareTilesBatchInvariant) {
+  std::string why;
+  if (!cpu::amx::available(&why)) GTEST_SKIP() << "no AMX here: " << why;
+  check_invariance(false);
+}
+
+// The hardware and the emulation compute the same sums in the same order; where the hardware
+// rounds inside a pair differently they may differ in the last bits, never by more than that.
+TEST(AmxGemm, HardwareCloseToEmulation) {
+  std::string why;
+  if (!cpu::amx::available(&why)) GTEST_SKIP() << "no AMX here: " << why;
+  const Problem p = make_problem(40, 70, 300, 9);
+  const auto hw = run_rows(p, false, 0), emu = run_rows(p, true, 0);
+  int64_t differ = 0;
+  for (size_t i = 0; i < hw.size(); ++i) {
+    ASSERT_NEAR(hw[i], emu[i], 1e-5f * (1 + std::fabs(emu[i]))) << i;
+    differ += hw[i] != emu[i];
+  }
+  RecordProperty("elements_differing_from_emulation", int(differ));
+}
+
+TEST(AmxGemm, PathSelection) {
+  const auto paths = cpu::fast::gemm_paths();
+  ASSERT_GE(paths.size(), 2u);
+  EXPECT_EQ(paths.front(), "fp32");
+  EXPECT_EQ(paths.back(), "amx-emulated");
+  EXPECT_EQ(std::find(paths.begin(), paths.end(), "amx") != paths.end(), cpu::amx::available());
+  EXPECT_THROW(cpu::fast::set_gemm_path("amx512"), std::exception);
+  if (!cpu::amx::available()) {
+    try {
+      cpu::fast::set_gemm_path("amx");
+      FAIL() << "amx accepted on a machine without it";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot run AMX"), std::string::npos) << e.what();
+    }
+  }
+  cpu::fast::set_gemm_path("auto");
+  EXPECT_EQ(cpu::fast::gemm_path(), cpu::amx::available() ? "amx" : "fp32");
+}
+
+std::vector<float> backend_gemm(Backend& b, const std::vector<uint16_t>& w, int64_t n, int64_t k,
+                                const std::vector<float>& x, int64_t m) {
+  std::vector<float> y(size_t(m * n), -7.0f);
+  GemmParams p;
+  p.x = x.data(), p.ldx = k, p.w = Weight{w.data(), DType::BF16, n, k, k}, p.y = y.data(), p.ldy = n;
+  p.m = m, p.n = n, p.k = k;
+  b.gemm(p);
+  return y;
+}
+
+// Through the cpu backend on every BF16 path: close to the reference backend, a row's bytes
+// independent of m (decode and prefill sizes) and of the thread count.
+TEST(AmxGemm, BackendEveryPathCloseAndInvariant) {
+  auto cpu_b = make_cpu_backend();
+  auto ref = make_reference_backend();
+  const int64_t n = 300, k = 640;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> d(0, 1);
+  std::vector<uint16_t> w(size_t(n * k));
+  for (auto& v : w) v = f32_to_bf16(0.05f * d(rng));
+  for (const std::string& path : cpu::fast::gemm_paths()) {
+    SCOPED_TRACE(path);
+    cpu::fast::set_gemm_path(path);
+    const int64_t big = path == "amx-emulated" ? 40 : 300;
+    std::vector<float> x(size_t(big * k));
+    for (float& v : x) v = d(rng);
+    const auto y = backend_gemm(*cpu_b, w, n, k, x, big), yr = backend_gemm(*ref, w, n, k, x, big);
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], yr[i], 1e-4f * (1 + std::fabs(yr[i]))) << i;
+    const std::vector<float> x0(x.begin() + 5 * k, x.begin() + 6 * k);
+    const auto y0 = backend_gemm(*cpu_b, w, n, k, x0, 1);
+    ASSERT_EQ(0, std::memcmp(y0.data(), y.data() + 5 * n, size_t(n) * 4)) << "row 5 alone";
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(2);
+    const auto y2 = backend_gemm(*cpu_b, w, n, k, x, big);
+    omp_set_num_threads(saved);
+    ASSERT_EQ(0, std::memcmp(y2.data(), y.data(), y.size() * 4)) << "2 threads";
+  }
+  cpu::fast::set_gemm_path("auto");
+}
+
+}  // namespace
+}  // namespace glm5::kernels::test
