@@ -113,6 +113,7 @@ llama() {  # llama() GGUF_TYPE THREADS ARGS... -> "n_prompt n_gen avg_ts" per te
 glm5() {  # glm5() DIR THREADS PROMPT DECODE -> "prefill decode bandwidth fma"
   local out
   out=$(OMP_NUM_THREADS=$2 "$D/bench_cpu" --model "$1" --prompt "$3" --decode "$4") || { echo "bench_cpu failed on $1" >&2; return 1; }
+  printf '%s\n' "$out" | sed -n 's/.*BF16 gemm path \([a-z0-9-]*\).*/\1/p' > "$WORK/gemm_path"
   printf '%s\n' "$out" | python3 -c '
 import re, sys
 s = sys.stdin.read()
@@ -188,3 +189,4 @@ if depth:
             if a and b:
                 print(f"{eng}: decode after {d[5:]} tokens of context / after {first[5:]}: {a[0] / b[0]:.2f}")
 PY
+echo "glm5 BF16 gemm path: $(cat "$WORK/gemm_path" 2>/dev/null) (fp32 16-lane FMA, or amx tiles; GLM5_CPU_GEMM to choose)"
