@@ -25,8 +25,14 @@ namespace glm5::kernels::cpu::amx {
 
 namespace {
 
-// Tile registers: C(wb, cb) = 2 wb + cb (0..3), A(wb) = 4 + wb (W blocks), B = 6 (one x term).
-constexpr int kC0 = 0, kA0 = 4, kB = 6, kTiles = 7;
+// Tile registers, two layouts. Wide (x has more than 16 rows): C(wb, cb) = 2 wb + cb (0..3) for
+// 2 W blocks x 2 x-row blocks, A(wb) = 4 + wb, B = 6. Narrow (decode-sized x, one x-row block):
+// C(wb) = wb (0..2) and A(wb) = 3 + wb for 3 W blocks, B = 6: three accumulation chains instead of
+// two, since each C waits for its previous product. Either way B holds one x term at a time.
+constexpr int kB = 6, kTiles = 7;
+constexpr int c_tile(bool narrow, int wb, int cb) { return narrow ? wb : 2 * wb + cb; }
+constexpr int a_tile(bool narrow, int wb) { return (narrow ? 3 : 4) + wb; }
+constexpr int max_w_blocks(bool narrow) { return narrow ? 3 : 2; }
 
 // The 64-byte operand of LDTILECFG (palette 1).
 struct alignas(64) TileConfig {
@@ -38,11 +44,12 @@ struct alignas(64) TileConfig {
 static_assert(sizeof(TileConfig) == 64);
 
 // C and B tiles hold n_cols x rows (4 bytes each); A tiles 32 bf16 of k.
-TileConfig config_for(int n_cols) {
+TileConfig config_for(bool narrow, int n_cols) {
   TileConfig c;
   for (int t = 0; t < kTiles; ++t) {
+    const bool a = t >= a_tile(narrow, 0) && t < a_tile(narrow, 0) + max_w_blocks(narrow);
     c.rows[t] = kTileRows;
-    c.colsb[t] = uint16_t(t == kA0 || t == kA0 + 1 ? kChunk * 2 : n_cols * 4);
+    c.colsb[t] = uint16_t(a ? kChunk * 2 : n_cols * 4);
   }
   return c;
 }
@@ -165,43 +172,48 @@ void each(std::integer_sequence<int, I...>, F&& f) {
   (f.template operator()<I>(), ...);
 }
 
+using OutTiles = float[3][2][16][16];
+
 // C(wb, cb) for MW W blocks x NC x-row blocks, over all k chunks; then each C tile stored to
 // out[wb][cb] (16 x 16 floats, row = W row, column = x row).
-template <class Tiles, int MW, int NC>
-void micro(const ABlock* a, const PackedX& x, int64_t cb0, float (*out)[2][16][16]) {
+template <class Tiles, bool N, int MW, int NC>
+void micro(const ABlock* a, const PackedX& x, int64_t cb0, OutTiles& out) {
+  static_assert(MW <= max_w_blocks(N) && (!N || NC == 1));
   constexpr auto wbs = std::make_integer_sequence<int, MW>{};
   constexpr auto cbs = std::make_integer_sequence<int, NC>{};
-  each(wbs, [&]<int W>() { each(cbs, [&]<int B>() { Tiles::template zero<kC0 + 2 * W + B>(); }); });
+  each(wbs, [&]<int W>() { each(cbs, [&]<int B>() { Tiles::template zero<c_tile(N, W, B)>(); }); });
   const int64_t b_stride = int64_t(x.n_cols) * 4;
   for (int64_t kc = 0; kc < x.chunks; ++kc) {
     each(wbs, [&]<int W>() {
-      Tiles::template load<kA0 + W>(a[W].chunk(kc), a[W].stride(kc));
+      Tiles::template load<a_tile(N, W)>(a[W].chunk(kc), a[W].stride(kc));
       if (kc + kAhead < a[W].full) Tiles::prefetch(a[W].chunk(kc + kAhead), a[W].stride(kc));
     });
     for (int t = 0; t < kTerms; ++t)
       each(cbs, [&]<int B>() {
         Tiles::template load<kB>(x.tile(cb0 + B, kc, t), b_stride);
-        each(wbs, [&]<int W>() { Tiles::template dp<kC0 + 2 * W + B, kA0 + W, kB>(); });
+        each(wbs, [&]<int W>() { Tiles::template dp<c_tile(N, W, B), a_tile(N, W), kB>(); });
       });
   }
   each(wbs, [&]<int W>() {
-    each(cbs, [&]<int B>() { Tiles::template store<kC0 + 2 * W + B>(&out[W][B][0][0], 16 * 4); });
+    each(cbs, [&]<int B>() { Tiles::template store<c_tile(N, W, B)>(&out[W][B][0][0], 16 * 4); });
   });
 }
 
 template <class Tiles>
-using MicroFn = void (*)(const ABlock*, const PackedX&, int64_t, float (*)[2][16][16]);
+using MicroFn = void (*)(const ABlock*, const PackedX&, int64_t, OutTiles&);
 
 template <class Tiles>
-MicroFn<Tiles> micro_fn(int mw, int nc) {
-  static const MicroFn<Tiles> t[2][2] = {{micro<Tiles, 1, 1>, micro<Tiles, 1, 2>},
-                                         {micro<Tiles, 2, 1>, micro<Tiles, 2, 2>}};
-  return t[mw - 1][nc - 1];
+MicroFn<Tiles> micro_fn(bool narrow, int mw, int nc) {
+  static const MicroFn<Tiles> wide[2][2] = {{micro<Tiles, false, 1, 1>, micro<Tiles, false, 1, 2>},
+                                            {micro<Tiles, false, 2, 1>, micro<Tiles, false, 2, 2>}};
+  static const MicroFn<Tiles> thin[3] = {micro<Tiles, true, 1, 1>, micro<Tiles, true, 2, 1>,
+                                         micro<Tiles, true, 3, 1>};
+  return narrow ? thin[mw - 1] : wide[mw - 1][nc - 1];
 }
 
-// Per-thread buffers: the last-chunk tails of two W blocks, a W block past n copied whole.
+// Per-thread buffers: the last-chunk tails of the W blocks, a W block past n copied whole.
 struct Scratch {
-  alignas(64) uint16_t tail[2][kTileRows * kChunk];
+  alignas(64) uint16_t tail[3][kTileRows * kChunk];
   std::vector<uint16_t> part;
 };
 
@@ -235,20 +247,22 @@ template <class Tiles>
 void gemm_rows_t(const PackedX& x, const uint16_t* w, int64_t ldw, int64_t nb, float* y, int64_t ldy,
                  bool accumulate) {
   thread_local Scratch sc;
-  Tiles::configure(config_for(x.n_cols));
-  alignas(64) float out[2][2][16][16];
+  const bool narrow = x.col_blocks == 1;
+  const int max_mw = max_w_blocks(narrow);
+  Tiles::configure(config_for(narrow, x.n_cols));
+  alignas(64) OutTiles out;
   for (int64_t cb0 = 0; cb0 < x.col_blocks; cb0 += 2) {
     const int nc = int(std::min<int64_t>(2, x.col_blocks - cb0));
-    for (int64_t r0 = 0; r0 < nb; r0 += 2 * kTileRows) {
+    for (int64_t r0 = 0; r0 < nb; r0 += max_mw * kTileRows) {
       const int64_t rem = nb - r0;
-      const int mw = rem > kTileRows ? 2 : 1;
-      ABlock a[2];
+      const int mw = int(std::min<int64_t>(max_mw, (rem + kTileRows - 1) / kTileRows));
+      ABlock a[3];
       for (int wb = 0; wb < mw; ++wb) {
         const int rows = int(std::min<int64_t>(kTileRows, rem - wb * kTileRows));
         // (only the last block can be partial, so one `part` serves)
         a[wb] = a_block(w + (r0 + wb * kTileRows) * ldw, ldw, x.k, x.chunks, rows, sc.tail[wb], sc.part);
       }
-      micro_fn<Tiles>(mw, nc)(a, x, cb0, out);
+      micro_fn<Tiles>(narrow, mw, nc)(a, x, cb0, out);
       for (int wb = 0; wb < mw; ++wb)
         for (int cb = 0; cb < nc; ++cb) {
           const int64_t i0 = (cb0 + cb) * kTileRows, j0 = r0 + wb * kTileRows;
@@ -382,7 +396,7 @@ double tile_macs_per_second(int64_t iters) {
   CHECK(available(), "amx::tile_macs_per_second: this machine cannot run AMX");
 #if defined(__x86_64__)
   using T = HwTiles;
-  T::configure(config_for(kTileRows));
+  T::configure(config_for(false, kTileRows));
   T::zero<0>(), T::zero<1>(), T::zero<2>(), T::zero<3>(), T::zero<4>(), T::zero<5>(), T::zero<6>();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < iters; ++i) {
