@@ -13,6 +13,7 @@
 #include <utility>
 
 #if defined(__x86_64__) && defined(__linux__)
+#include <cerrno>
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -26,10 +27,10 @@ namespace glm5::kernels::cpu::amx {
 namespace {
 
 // Tile registers, two layouts. Wide (x has more than 16 rows): C(wb, cb) = 2 wb + cb (0..3) for
-// 2 W blocks x 2 x-row blocks, A(wb) = 4 + wb, B = 6. Narrow (decode-sized x, one x-row block):
-// C(wb) = wb (0..2) and A(wb) = 3 + wb for 3 W blocks, B = 6: three accumulation chains instead of
-// two, since each C waits for its previous product. Either way B holds one x term at a time.
-constexpr int kB = 6, kTiles = 7;
+// 2 W blocks x 2 x-row blocks, A(wb) = 4 + wb. Narrow (decode-sized x, one x-row block): C(wb) =
+// wb (0..2) and A(wb) = 3 + wb for 3 W blocks: three accumulation chains instead of two, since
+// each C waits for its previous product. Either way B (one x term at a time) alternates 6 and 7.
+constexpr int kB = 6, kTiles = 8;
 constexpr int c_tile(bool narrow, int wb, int cb) { return narrow ? wb : 2 * wb + cb; }
 constexpr int a_tile(bool narrow, int wb) { return (narrow ? 3 : 4) + wb; }
 constexpr int max_w_blocks(bool narrow) { return narrow ? 3 : 2; }
@@ -83,7 +84,7 @@ struct HwTiles {
 };
 #endif
 
-// The same instructions in C++ after the SDM's pseudocode, with its operand checks (a violation
+// The same instructions in C++ (pairs added into C in sequence), with their operand checks (a violation
 // is #UD on hardware, a failed check here).
 struct EmuTiles {
   struct State {
@@ -95,7 +96,14 @@ struct EmuTiles {
     thread_local State st;
     return st;
   }
-  static void configure(const TileConfig& c) {
+  static void configure(const TileConfig& c) {  // the #GP conditions of LDTILECFG
+    CHECK(c.palette == 1 && c.start_row == 0, "amx emulation: palette ", int(c.palette), ", start_row ",
+          int(c.start_row));
+    for (uint8_t r : c.reserved) CHECK(r == 0, "amx emulation: reserved config bytes not zero");
+    for (int t = 0; t < 16; ++t)
+      CHECK((c.rows[t] == 0) == (c.colsb[t] == 0) && (t < 8 || c.rows[t] == 0) && c.rows[t] <= 16 &&
+                c.colsb[t] <= 64,
+            "amx emulation: tile ", t, " configured with rows ", int(c.rows[t]), ", colsb ", c.colsb[t]);
     s().cfg = c;
     s().configured = true;
     std::memset(s().t, 0, sizeof(s().t));
@@ -135,6 +143,7 @@ struct EmuTiles {
   template <int C, int A, int B>
   static void dp() {
     check(C), check(A), check(B);
+    static_assert(C != A && C != B && A != B, "tdpbf16ps needs three distinct tiles (#UD)");
     const TileConfig& c = s().cfg;
     CHECK(c.rows[A] == c.rows[C] && c.colsb[B] == c.colsb[C] && c.colsb[A] / 4 == c.rows[B],
                "amx emulation: tdpbf16ps shapes: C ", int(c.rows[C]), "x", c.colsb[C], ", A ", int(c.rows[A]),
@@ -188,11 +197,15 @@ void micro(const ABlock* a, const PackedX& x, int64_t cb0, OutTiles& out) {
       Tiles::template load<a_tile(N, W)>(a[W].chunk(kc), a[W].stride(kc));
       if (kc + kAhead < a[W].full) Tiles::prefetch(a[W].chunk(kc + kAhead), a[W].stride(kc));
     });
-    for (int t = 0; t < kTerms; ++t)
+    // B alternates between two tiles, so the next load need not wait for the products reading
+    // the last one.
+    each(std::make_integer_sequence<int, kTerms>{}, [&]<int T>() {
       each(cbs, [&]<int B>() {
-        Tiles::template load<kB>(x.tile(cb0 + B, kc, t), b_stride);
-        each(wbs, [&]<int W>() { Tiles::template dp<c_tile(N, W, B), a_tile(N, W), kB>(); });
+        constexpr int b_tile = kB + (T * NC + B) % 2;
+        Tiles::template load<b_tile>(x.tile(cb0 + B, kc, T), b_stride);
+        each(wbs, [&]<int W>() { Tiles::template dp<c_tile(N, W, B), a_tile(N, W), b_tile>(); });
       });
+    });
   }
   each(wbs, [&]<int W>() {
     each(cbs, [&]<int B>() { Tiles::template store<c_tile(N, W, B)>(&out[W][B][0][0], 16 * 4); });
@@ -293,7 +306,8 @@ std::string probe() {
   if ((xcr0() & (3u << 17)) != (3u << 17)) return "the OS has not enabled the AMX tile state (XCR0 bits 17, 18)";
   constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   if (syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) != 0)
-    return "the kernel refused AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM; Linux >= 5.16 needed)";
+    return std::string("the kernel refused AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM: ") + std::strerror(errno) +
+           "; Linux >= 5.16 grants it unless a thread has a small sigaltstack)";
   return "";
 }
 #else
@@ -364,7 +378,7 @@ void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out) {
   // Row i of x is column j = i % 16 of block i / 16: pair kk of chunk kc (2 bf16, one 4-byte
   // element of the B tile at (kk, j)) holds x[i, 32 kc + 2 kk + {0, 1}]; k past its end is zero.
   // Columns j >= m of the last block (m > 16) are zero rows of x.
-#pragma omp parallel for schedule(static) if (m * k >= (int64_t(1) << 15))
+#pragma omp parallel for schedule(static) if (m * k >= (int64_t(1) << 18))
   for (int64_t i = 0; i < out.col_blocks * kTileRows; ++i) {
     if (i >= m && i % kTileRows >= nc) continue;  // no such column (m <= 16)
     const int64_t cb = i / kTileRows, j = i % kTileRows;

@@ -4,7 +4,8 @@
 // is split into three bf16 terms, x = x1 + x2 + x3 (x1 = bf16(x), x2 = bf16(x - x1), x3 =
 // bf16(x - x1 - x2): together all 24 bits of x's mantissa, for |x| >= 2^-100), and every product
 // x_t * w is exact in float32: the result is the float32 dot product in the tiles' accumulation
-// order, within the goldens' 1e-4 of the reference, with no weight rounding anywhere.
+// order, within the goldens' 1e-4 of the reference, with no weight rounding anywhere. (A weight of
+// +-inf gives NaN, where the reference gives +-inf: the zero terms of x multiply it too.)
 //
 // Layout: the tiles compute C^T = W x^T. A tiles are 16 W rows x 32 k values read straight from
 // the weight (row stride = the weight's), so weights need no repacking; B tiles are the packed
@@ -15,11 +16,13 @@
 // chunk in order, for the terms t = 1, 2, 3, C += TDPBF16PS(W chunk, x_t chunk); then y = C (or
 // y + C). Zero padding (k past its end, W rows past n, x rows past m) adds exact zeros.
 //
-// Two implementations of the same kernel source: the hardware one (target amx-tile,amx-bf16, used
-// where cpuid, XCR0 and the Linux permission request allow) and an emulation of the three tile
-// instructions in plain C++ after the Intel SDM pseudocode (round to nearest even per
-// accumulation, bf16 input and float32 output denormals flushed), which tests and machines without
+// Two implementations of the same kernel source: the hardware one (inline assembly, used where
+// cpuid, XCR0 and the Linux permission request allow) and an emulation of the tile instructions in
+// plain C++ (exact products, round to nearest even per accumulation, bf16 input and float32 output
+// denormals flushed, the operand checks that fault on hardware), which tests and machines without
 // AMX can run: it checks the kernel's tiling, padding, packing and tile configuration everywhere.
+// Within one instruction the hardware may add the 16 pairs of a dot product in another order than
+// the emulation's (sequential), so the two agree to rounding, not bitwise; each is batch-invariant.
 #pragma once
 
 #include <cstdint>

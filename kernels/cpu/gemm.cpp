@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <memory>
 #include <vector>
 
 #include "cpu/amx_gemm.h"
@@ -159,11 +160,14 @@ int gemm_path_now() {
   return g_gemm_path.load(std::memory_order_relaxed);
 }
 
-// BF16 y = x W^T on AMX tiles: items of W rows (a multiple of 32, ~kBlockBytes of W) against all
-// of x, packed once per call.
-int64_t amx_rows_per_item(int64_t k) {
+// BF16 y = x W^T on AMX tiles: items of W rows against all of x (packed once per batch). Decode-
+// sized x (<= 16 rows): ~kBlockBytes of W in multiples of 48 rows (the kernel's three W blocks);
+// larger x: 128 rows, so that each pass over the packed x (6 bytes per element, from L3) feeds
+// 128 W rows (~0.02 bytes per flop) while the W block stays in L2.
+int64_t amx_rows_per_item(int64_t m, int64_t k) {
+  if (m > amx::kTileRows) return 128;
   const int64_t nb = kBlockBytes / (2 * std::max<int64_t>(k, 1));
-  return std::clamp<int64_t>(nb / 32 * 32, 32, 256);
+  return std::clamp<int64_t>(nb / 48 * 48, 48, 240);
 }
 
 // One gemm of a batch: how it is cut into items and what an item costs (bytes of W read plus
@@ -173,7 +177,7 @@ struct Job {
   enum Kind { kNt, kPanel, kTn, kQuant, kAmx } kind = kNt;
   NtSplit nt;
   QuantSplit quant;
-  amx::PackedX px;  // kAmx: x as tile terms
+  const amx::PackedX* px = nullptr;  // kAmx: x as tile terms (set by pack_amx_inputs)
   int64_t amx_rows = 0;
   bool amx_emulated = false;
   int64_t items = 0;
@@ -193,10 +197,9 @@ struct Job {
     } else if (g.w.dtype == DType::BF16 && g.k > 0 && gemm_path_now() != 0) {
       kind = kAmx;
       amx_emulated = gemm_path_now() == 2;
-      amx_rows = amx_rows_per_item(g.k);
+      amx_rows = amx_rows_per_item(g.m, g.k);
       items = (g.n + amx_rows - 1) / amx_rows;
       item_cost = double(amx_rows * g.k) * (wbytes + double(g.m));
-      amx::pack_x(g.x, g.ldx, g.m, g.k, px);
     } else if (g.m >= kPanelMinRows && g.k > 0) {  // (k = 0: dot_tile writes the zeros)
       kind = kPanel;
       items = (g.m + kPanelRows - 1) / kPanelRows * ((g.n + kPanelCols - 1) / kPanelCols);
@@ -213,7 +216,7 @@ struct Job {
       case kQuant: quant_item(*p, quant, item); return;
       case kAmx: {
         const int64_t j0 = item * amx_rows;
-        amx::gemm_rows(px, static_cast<const uint16_t*>(p->w.data) + j0 * p->w.ld, p->w.ld,
+        amx::gemm_rows(*px, static_cast<const uint16_t*>(p->w.data) + j0 * p->w.ld, p->w.ld,
                        std::min(amx_rows, p->n - j0), p->y + j0, p->ldy, p->accumulate, amx_emulated);
         return;
       }
@@ -265,6 +268,25 @@ class ItemRange {
   }
   alignas(64) std::atomic<uint64_t> v_{0};
 };
+
+// The AMX jobs' x as tile terms, each distinct x once (decode: every expert's gate and up share
+// one), into buffers this thread keeps between calls.
+void pack_amx_inputs(std::vector<Job>& jobs) {
+  thread_local std::vector<std::unique_ptr<amx::PackedX>> pool;
+  size_t used = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    if (jobs[j].kind != Job::kAmx) continue;
+    const GemmParams& g = *jobs[j].p;
+    for (size_t i = 0; i < j && !jobs[j].px; ++i) {
+      const GemmParams& h = *jobs[i].p;
+      if (jobs[i].kind == Job::kAmx && h.x == g.x && h.ldx == g.ldx && h.m == g.m && h.k == g.k) jobs[j].px = jobs[i].px;
+    }
+    if (jobs[j].px) continue;
+    if (used == pool.size()) pool.push_back(std::make_unique<amx::PackedX>());
+    amx::pack_x(g.x, g.ldx, g.m, g.k, *pool[used]);
+    jobs[j].px = pool[used++].get();
+  }
+}
 
 void run_jobs(const std::vector<Job>& jobs) {
   int64_t total = 0, macs = 0, max_m = 0;
@@ -335,6 +357,7 @@ void gemm_batch(std::span<const GemmParams> ps) {
     }
     jobs.emplace_back(p);
   }
+  pack_amx_inputs(jobs);
   run_jobs(jobs);
 }
 
