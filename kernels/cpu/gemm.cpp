@@ -270,7 +270,8 @@ class ItemRange {
 };
 
 // The AMX jobs' x as tile terms, each distinct x once (decode: every expert's gate and up share
-// one), into buffers this thread keeps between calls.
+// one), into buffers this thread keeps between calls (no allocation in the decode loop; what stays
+// allocated is the high-water mark, 1.5x the float32 activations of the largest batch).
 void pack_amx_inputs(std::vector<Job>& jobs) {
   thread_local std::vector<std::unique_ptr<amx::PackedX>> pool;
   size_t used = 0;
