@@ -24,6 +24,7 @@
 #include "launcher/serve.h"
 #include "launcher/simulate.h"
 #include "cpu/device_like.h"
+#include "cpu/fast_ops.h"
 #include "parallel/device_comm.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"
@@ -62,6 +63,28 @@ void make_payload_comms(Job& job, int device) {
   if (moe) job.moe_payload = make(*job.stage_comm);
 }
 
+// Ranks on hosts with and without AMX would run BF16 gemms on different paths: each within
+// rounding of the reference, but the run no longer bitwise the single process. Rank 0 says so.
+void warn_on_mixed_gemm_paths(parallel::Comm& world) {
+  const std::string mine = kernels::cpu::fast::gemm_path();  // (a bad GLM5_CPU_GEMM fails here)
+  char my[16] = {};
+  std::snprintf(my, sizeof my, "%s", mine.c_str());
+  std::vector<char> all(sizeof my * size_t(world.size()));
+  world.all_gather(my, sizeof my, all.data());
+  std::string paths;
+  bool mixed = false;
+  for (int r = 0; r < world.size(); ++r) {
+    const std::string p(&all[sizeof my * size_t(r)]);
+    mixed |= p != mine;
+    paths += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + " " + p;
+  }
+  if (mixed && world.rank() == 0)
+    std::fprintf(stderr,
+                 "glm5: warning: ranks run different BF16 gemm paths (%s): results agree to rounding, not "
+                 "bitwise; set GLM5_CPU_GEMM=fp32 (or amx) on every host (mpirun -x GLM5_CPU_GEMM)\n",
+                 paths.c_str());
+}
+
 }  // namespace
 
 std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& cluster_file,
@@ -80,6 +103,7 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   job->backend = job->cluster.backend == "cuda"             ? kernels::make_cuda_backend(device)
                  : job->cluster.backend == "cpu-devicelike" ? kernels::make_device_like_backend()
                                                             : kernels::make_cpu_backend();
+  if (job->cluster.backend != "cuda") warn_on_mixed_gemm_paths(*job->world);
   job->checkpoint = std::make_unique<runtime::Checkpoint>(model_dir);
   if (rank == 0) runtime::check_checkpoint(*job->checkpoint, job->config);
   parallel::set_watchdog_seconds(0);  // armed by start_watchdog once every rank is ready

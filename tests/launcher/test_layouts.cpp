@@ -202,3 +202,27 @@ TEST(DeviceLikeLayouts, MatchSingleCpuProcessOverBothTransports) {
 }
 
 }  // namespace
+
+namespace {
+
+// Ranks on different BF16 gemm paths (as on hosts with and without AMX) run, and rank 0 says their
+// results are no longer bitwise the single process; one path everywhere says nothing; an unknown
+// GLM5_CPU_GEMM is one clear error.
+TEST(GemmPaths, MixedRanksWarnUniformRanksDoNot) {
+  const std::string gen = kBin + " generate --model " + kData + "/tiny-a --prompt-ids 1,5,9 --max-new-tokens 2" +
+                          " --temperature 0 --cluster " + kSrc + "/cluster-configs/cpu-ep2.yaml";
+  const std::string mpi = std::string(GLM5_MPIRUN) +
+                          " --allow-run-as-root --oversubscribe --mca btl self,vader,tcp -x OMP_NUM_THREADS=1 ";
+  ASSERT_EQ(sh(mpi + "-np 1 -x GLM5_CPU_GEMM=fp32 " + gen + " : -np 1 -x GLM5_CPU_GEMM=amx-emulated " + gen), 0)
+      << last_log();
+  EXPECT_NE(last_log().find("ranks run different BF16 gemm paths (rank 0 fp32, rank 1 amx-emulated)"),
+            std::string::npos)
+      << last_log();
+  ASSERT_EQ(sh(mpi + "-np 2 -x GLM5_CPU_GEMM=fp32 " + gen), 0) << last_log();
+  EXPECT_EQ(last_log().find("different BF16 gemm paths"), std::string::npos) << last_log();
+  EXPECT_NE(sh("GLM5_CPU_GEMM=amx512 " + gen.substr(0, gen.find(" --cluster"))), 0);
+  EXPECT_NE(last_log().find("GLM5_CPU_GEMM=amx512: expected auto, fp32, amx or amx-emulated"), std::string::npos)
+      << last_log();
+}
+
+}  // namespace
