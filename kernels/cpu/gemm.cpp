@@ -4,7 +4,8 @@
 // gemms) run in one OpenMP region: decode makes hundreds of small gemms per token, and one region
 // per gemm left the second thread waiting at a join for each of them.
 // Batch-invariant by construction: y[i, j] is always the dot_tile recipe (cpu/dot_tile.h) over
-// x row i and W row j, whatever m, the tile shape, the batch of gemms or the thread count.
+// x row i and W row j, whatever m, the tile shape, the batch of gemms or the thread count; on the
+// AMX path (BF16 weights, gemm_path() "amx") always the tile recipe of cpu/amx_gemm.h instead.
 // Not here: library GEMMs (they change the reduction order with the shape), weight prepacking.
 #include <omp.h>
 
