@@ -350,12 +350,10 @@ void split_chunk(const float* v, int n, uint16_t out[kTerms][kChunk]) {
   uint32_t special = 0;
   for (int t = 0; t < kTerms; ++t)
     for (int c = 0; c < kChunk; ++c) {
-      uint32_t u;
-      std::memcpy(&u, &r[c], 4);
-      const uint32_t h = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // round to nearest even
-      special |= uint32_t((h & 0x7f80u) == 0x7f80u);               // inf / NaN / overflow
-      out[t][c] = uint16_t(h);
-      r[c] -= bf16_to_f32(uint16_t(h));
+      const uint16_t h = f32_to_bf16(r[c]);
+      special |= uint32_t((h & 0x7f80u) == 0x7f80u);  // inf / NaN / overflow
+      out[t][c] = h;
+      r[c] -= bf16_to_f32(h);
     }
   if (special)
     for (int c = 0; c < n; ++c) {

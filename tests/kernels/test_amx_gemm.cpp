@@ -180,33 +180,36 @@ void check_one_hot(bool emulated) {
     }
 }
 
+// The hardware tests' first line: skip, saying why, where this machine cannot run AMX.
+#define SKIP_WITHOUT_AMX()                                                      \
+  do {                                                                          \
+    std::string why;                                                            \
+    if (!cpu::amx::available(&why)) GTEST_SKIP() << "no AMX here: " << why;    \
+  } while (0)
+
 TEST(AmxGemm, EmulatedTilesExactOnOneHotWeights) { check_one_hot(true); }
 TEST(AmxGemm, EmulatedTilesCloseToFloat64) { check_kernel(true); }
 TEST(AmxGemm, EmulatedTilesBatchInvariant) { check_invariance(true); }
 
 TEST(AmxGemm, HardwareTilesCloseToFloat64) {
-  std::string why;
-  if (!cpu::amx::available(&why)) GTEST_SKIP() << "no AMX here: " << why;
+  SKIP_WITHOUT_AMX();
   check_kernel(false);
 }
 
 TEST(AmxGemm, HardwareTilesExactOnOneHotWeights) {
-  std::string why;
-  if (!cpu::amx::available(&why)) GTEST_SKIP() << "no AMX here: " << why;
+  SKIP_WITHOUT_AMX();
   check_one_hot(false);
 }
 
 TEST(AmxGemm, HardwareTilesBatchInvariant) {
-  std::string why;
-  if (!cpu::amx::available(&why)) GTEST_SKIP() << "no AMX here: " << why;
+  SKIP_WITHOUT_AMX();
   check_invariance(false);
 }
 
 // The hardware and the emulation compute the same products and chunk order; inside one
 // instruction the hardware may add pairs in another order, so the last bits may differ, no more.
 TEST(AmxGemm, HardwareCloseToEmulation) {
-  std::string why;
-  if (!cpu::amx::available(&why)) GTEST_SKIP() << "no AMX here: " << why;
+  SKIP_WITHOUT_AMX();
   const Problem p = make_problem(40, 70, 300, 9);
   const auto hw = run_rows(p, false, 0), emu = run_rows(p, true, 0);
   int64_t differ = 0;
