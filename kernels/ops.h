@@ -17,6 +17,19 @@
 
 namespace glm5::kernels {
 
+// How a weight's elements lie in memory. kRowMajor: element (r, c) at r * ld + c. kQuad16 (BF16,
+// F16 or F32 only; made by the fast cpu backend for matrices used only as y = x W^T, see
+// Backend::upload_gemm_matrix): rows in groups of 4, each group stored as ld / 16 chunks of
+// 4 rows x 16 columns, so that a 4-row register tile reads one sequential stream (decode streams
+// W at ~0.97 of the read bandwidth this way, ~0.90 from 4 separate rows); ld is cols rounded up
+// to 16 and the rows are rounded up to 4, the padding zero.
+enum class WeightLayout { kRowMajor, kQuad16 };
+
+// Element (r, c) of a kQuad16 matrix with row stride ld: the offset in elements.
+constexpr int64_t quad16_offset(int64_t r, int64_t c, int64_t ld) {
+  return (r / 4) * 4 * ld + (c / 16) * 64 + (r % 4) * 16 + c % 16;
+}
+
 // A 2-D weight matrix [rows, cols] in checkpoint dtype, row stride `ld` elements (ld >= cols).
 // Quantized dtypes (F8_E4M3 block-scaled, Q4 / Q8 group-wise; element values in core/quant.h)
 // carry their scales: element (r, c) uses scale[(r / scale_block_rows) * scale_ld + c / group],
@@ -28,9 +41,12 @@ struct Weight {
   const void* scale = nullptr;
   DType scale_dtype = DType::F32;
   int64_t scale_ld = 0, group = 0, scale_block_rows = 1;
+  WeightLayout layout = WeightLayout::kRowMajor;
   // Rows [first, first + n) of this matrix (a view, no copy). A quantized matrix can be sliced
-  // only at multiples of its scale blocks.
+  // only at multiples of its scale blocks, a kQuad16 one only at multiples of 4 rows.
   Weight slice_rows(int64_t first, int64_t n) const {
+    CHECK(layout == WeightLayout::kRowMajor || first % 4 == 0, "slice_rows: row ", first,
+          " is inside a group of 4 interleaved rows");
     Weight w = *this;
     const size_t row = dtype == DType::Q4 ? size_t(ld) / 2 : size_t(ld) * dtype_size(dtype);
     w.data = static_cast<const char*>(data) + size_t(first) * row;
@@ -48,6 +64,19 @@ struct Weight {
 // Element (r, c) of a weight in host memory as float32: widened exactly, or dequantized by the
 // rule of core/quant.h. The definition every kernel's weight values are checked against.
 inline float weight_at(const Weight& w, int64_t r, int64_t c) {
+  if (w.layout == WeightLayout::kQuad16) {  // plain dtypes only (validated)
+    const size_t at = size_t(quad16_offset(r, c, w.ld));
+    switch (w.dtype) {
+      case DType::F32: {
+        float v;
+        std::memcpy(&v, static_cast<const uint8_t*>(w.data) + 4 * at, 4);
+        return v;
+      }
+      case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
+      case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
+      default: GLM5_FAIL("weight_at: a ", dtype_name(w.dtype), " weight cannot have the interleaved layout");
+    }
+  }
   const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * quant::row_bytes(w.dtype, w.ld);
   switch (w.dtype) {
     case DType::F32: {
@@ -298,6 +327,14 @@ class Backend {
   // afterwards when the result is not `mapped` itself. The fast cpu backend copies them into
   // huge-page memory (cpu/weight_arena.h); the default is upload().
   virtual const void* upload_mapped(const void* mapped, size_t bytes) { return upload(mapped, bytes); }
+  // A streamed matrix the model uses only as y = x W^T over whole rows (never transposed or
+  // sliced): `mapped` views it in the file mapping (`bytes` long). The result may use another
+  // layout (the fast cpu backend: WeightLayout::kQuad16); the default is upload_mapped().
+  virtual Weight upload_gemm_matrix(const Weight& mapped, size_t bytes) {
+    Weight w = mapped;
+    w.data = upload_mapped(mapped.data, bytes);
+    return w;
+  }
   virtual void synchronize() {}
   // The in-order work queue the backend's ops run on (a cudaStream_t for cuda), so that a
   // communicator can order its transfers with them without a host sync; nullptr for host

@@ -90,11 +90,13 @@ struct Model::Exchange {
 // A matrix in its stored dtype, uploaded to the backend (the kernels dequantize in registers).
 // FP8 block scales in BF16 (accepted from checkpoints) are widened to F32 here, exactly: every
 // backend then sees F32 FP8 scales only.
-Weight Model::matrix(const std::string& name, int64_t rows, int64_t cols, bool streamed) {
+Weight Model::matrix(const std::string& name, int64_t rows, int64_t cols, Use use) {
   const StoredTensor st = resolve_tensor(ckpt_, {name, {rows, cols}});
   Weight w = weight_view(st, rows, cols);
-  w.data = streamed ? backend_.upload_mapped(st.data->data, st.data->nbytes)
-                    : backend_.upload(st.data->data, st.data->nbytes);
+  const bool streamed = use != Use::kLookup;
+  if (use == Use::kGemm) w = backend_.upload_gemm_matrix(w, st.data->nbytes);
+  else w.data = streamed ? backend_.upload_mapped(st.data->data, st.data->nbytes)
+                         : backend_.upload(st.data->data, st.data->nbytes);
   weight_bytes_ += st.data->nbytes;
   // A copy is used: this process's mapping of the source pages goes (the page cache keeps them
   // until memory is needed).
@@ -184,9 +186,9 @@ Weight Model::matrix_f32_scaled(const std::string& name, int64_t rows, int64_t c
 // matrix() unless the checkpoint stores it quantized and its use needs plain values (kv_b_proj's
 // per-head slices cross scale blocks; the embedding lookup). Then its dequantized values, held in
 // BF16 when every one is a bf16 number (int4/int8 with BF16 scales), else in F32: exact either way.
-Weight Model::matrix_plain(const std::string& name, int64_t rows, int64_t cols, bool streamed) {
+Weight Model::matrix_plain(const std::string& name, int64_t rows, int64_t cols, Use use) {
   const StoredTensor st = resolve_tensor(ckpt_, {name, {rows, cols}});
-  if (!quant::is_quantized(st.dtype)) return matrix(name, rows, cols, streamed);
+  if (!quant::is_quantized(st.dtype)) return matrix(name, rows, cols, use);
   std::vector<float> v = dequantized(st, rows, cols, 1.0f);
   const bool bf16 = std::all_of(v.begin(), v.end(), [](float x) { return bf16_to_f32(f32_to_bf16(x)) == x; });
   return owned_matrix(std::move(v), rows, cols, bf16 ? DType::BF16 : DType::F32);
@@ -206,7 +208,7 @@ Model::Model(const ModelConfig& cfg, Checkpoint& ckpt, Backend& backend, const M
         cfg.num_hidden_layers, " layers");
 
   if (shard_.embedding)  // looked up a few rows per step: stays mapped
-    embed_tokens_ = matrix_plain("model.embed_tokens.weight", cfg.vocab_size, H, /*streamed=*/false);
+    embed_tokens_ = matrix_plain("model.embed_tokens.weight", cfg.vocab_size, H, Use::kLookup);
   if (shard_.head) {
     final_norm_ = vector("model.norm.weight", H);
     lm_head_ = cfg.tie_word_embeddings ? matrix("model.embed_tokens.weight", cfg.vocab_size, H)
@@ -228,7 +230,7 @@ Model::Model(const ModelConfig& cfg, Checkpoint& ckpt, Backend& backend, const M
     L->q_b_proj = matrix(n("self_attn.q_b_proj.weight"), NH * (dn + dr), QR);
     L->kv_a_proj_with_mqa = matrix(n("self_attn.kv_a_proj_with_mqa.weight"), R + dr, H);
     L->kv_a_layernorm = vector(n("self_attn.kv_a_layernorm.weight"), R);
-    L->kv_b_proj = matrix_plain(n("self_attn.kv_b_proj.weight"), NH * (dn + dv), R);  // sliced per head
+    L->kv_b_proj = matrix_plain(n("self_attn.kv_b_proj.weight"), NH * (dn + dv), R, Use::kStreamed);  // sliced per head
     L->o_proj = matrix(n("self_attn.o_proj.weight"), H, NH * dv);
     L->wq_b = matrix(n("self_attn.indexer.wq_b.weight"), IH * ID, QR);
     L->wk = matrix(n("self_attn.indexer.wk.weight"), ID, H);

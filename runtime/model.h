@@ -91,13 +91,16 @@ class Model {
  private:
   struct Layer;
   struct Expert;
-  // streamed: read whole every step (the backend may copy it out of the mapping); false for a
-  // table only looked up (the embedding), which stays mapped.
-  kernels::Weight matrix(const std::string& name, int64_t rows, int64_t cols, bool streamed = true);
+  // How a matrix is used, which decides how the backend may hold it. kGemm: read whole every step
+  // as y = x W^T only (the backend may copy it out of the mapping, in a layout of its own:
+  // Backend::upload_gemm_matrix); kStreamed: read every step but also sliced or transposed (kept
+  // row-major, may be copied); kLookup: a table only looked up (the embedding), which stays mapped.
+  enum class Use { kGemm, kStreamed, kLookup };
+  kernels::Weight matrix(const std::string& name, int64_t rows, int64_t cols, Use use = Use::kGemm);
   const float* vector(const std::string& name, int64_t n, float scale = 1.0f);
   kernels::Weight matrix_f32_scaled(const std::string& name, int64_t rows, int64_t cols,
                                     float scale);
-  kernels::Weight matrix_plain(const std::string& name, int64_t rows, int64_t cols, bool streamed = true);
+  kernels::Weight matrix_plain(const std::string& name, int64_t rows, int64_t cols, Use use);
   kernels::Weight owned_matrix(std::vector<float> values, int64_t rows, int64_t cols, DType dtype);
   struct Layout;
   void attention(Layer& L, int li, const Layout& lay, const int32_t* pos,

@@ -6,6 +6,7 @@
 // column is left out.
 //   bench_kernels [--reps N] [--quick]
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,6 +20,7 @@
 
 #include "cpu/amx_gemm.h"
 #include "cpu/fast_ops.h"
+#include "cpu/weight_arena.h"
 #include "ops.h"
 
 #ifndef GLM5_NO_BLAS
@@ -52,25 +54,55 @@ std::vector<float> random_floats(size_t n, unsigned seed) {
   return v;
 }
 
-// Memory read bandwidth in GB/s: a sum over 1 GiB in 16 independent lanes (vectorised), all
-// threads.
-double read_bandwidth() {
-  const size_t n = size_t(1) << 28;
-  std::vector<float> a(n, 1.0f);
-  volatile float sink = 0.0f;
-  double s = median_seconds([&] {
-    float tot = 0.0f;
-#pragma omp parallel for reduction(+ : tot) schedule(static)
-    for (size_t i = 0; i < n; i += 1024) {
-      float lane[16] = {};
-      for (size_t j = i; j < i + 1024; j += 16)
-        for (int l = 0; l < 16; ++l) lane[l] += a[j + size_t(l)];
-      for (float v : lane) tot += v;
+// GB/s of one sum over a[0, n) (n a multiple of 64), all threads: four 16-lane accumulators per
+// thread, so the loop is limited by memory, not by the latency of one add chain (bench_cpu's probe).
+double sum_gbs(const float* a, size_t n) {
+  typedef float v16 __attribute__((vector_size(64)));
+  const v16* v = reinterpret_cast<const v16*>(a);
+  const auto t0 = std::chrono::steady_clock::now();
+  float total = 0;
+#pragma omp parallel reduction(+ : total)
+  {
+    v16 s0{}, s1{}, s2{}, s3{};
+#pragma omp for schedule(static)
+    for (size_t i = 0; i < n / 16; i += 4) {
+      s0 += v[i];
+      s1 += v[i + 1];
+      s2 += v[i + 2];
+      s3 += v[i + 3];
     }
-    sink = tot;
-  });
-  (void)sink;
-  return double(n) * 4 / s / 1e9;
+    const v16 s = s0 + s1 + s2 + s3;
+    for (int j = 0; j < 16; ++j) total += s[j];
+  }
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return total < 0 ? 0.0 : double(n) * 4 / dt / 1e9;
+}
+
+// 1 GiB of floats on 2 MiB pages where the kernel gives them (as the weight arena's are: 4 KiB pages
+// cost a sum a TLB walk per page).
+struct ProbeBuffer {
+  static constexpr size_t n = size_t(1) << 28;
+  float* a = static_cast<float*>(std::aligned_alloc(size_t(2) << 20, n * 4));
+  ProbeBuffer() {
+    if (!a) {
+      std::fprintf(stderr, "bench_kernels: cannot allocate 1 GiB for the read probe\n");
+      std::exit(1);
+    }
+    ::madvise(a, n * 4, MADV_HUGEPAGE);
+    std::fill(a, a + n, 1.0f);
+  }
+  ~ProbeBuffer() { std::free(a); }
+  double gbs() const { return sum_gbs(a, n); }
+};
+
+// Memory read bandwidth in GB/s: the median of --reps sums over 1 GiB.
+double read_bandwidth() {
+  const ProbeBuffer probe;
+  std::vector<double> g;
+  for (int r = 0; r <= g_reps; ++r) g.push_back(probe.gbs());
+  g.erase(g.begin());  // warm-up
+  std::sort(g.begin(), g.end());
+  return g[g.size() / 2];
 }
 
 void gemm_row(int64_t m, int64_t n, int64_t k, bool trans, Backend& cpu, double bandwidth) {
@@ -104,6 +136,52 @@ void gemm_row(int64_t m, int64_t n, int64_t k, bool trans, Backend& cpu, double 
 #else
   std::printf(" | - | - |\n");
 #endif
+}
+
+// Decode from memory: y = x W^T at m = 1 over 1 GiB of BF16 weights (8 matrices [32768, 2048], in
+// huge-page arena memory as the model holds them), row-major and interleaved (WeightLayout::kQuad16),
+// each pass set against a 1 GiB read probe on either side of it (the bandwidth of a shared machine
+// drifts within a run); medians over `rounds` alternating passes. The decode rows above fit in the
+// L3 of large CPUs; this one cannot.
+void decode_stream_rows(Backend& cpu, int rounds) {
+  const int64_t n = 32768, k = 2048, mats = 8;
+  const size_t bytes = size_t(mats * n * k) * 2;
+  std::vector<uint16_t> src(size_t(n * k));
+  for (size_t i = 0; i < src.size(); ++i) src[i] = f32_to_bf16(float(int(i % 61) - 30) / 64.0f);
+  cpu::WeightArena arena;
+  std::vector<Weight> rows, quad;
+  for (int64_t i = 0; i < mats; ++i) {
+    Weight w{arena.copy(src.data(), src.size() * 2), DType::BF16, n, k, k};
+    Weight q{arena.copy_quad16(src.data(), 2, n, k, k), DType::BF16, n, k, cpu::WeightArena::quad16_ld(k)};
+    q.layout = WeightLayout::kQuad16;
+    if (!w.data || !q.data) {
+      std::printf("| gemm bf16 from memory | (no room for 2 GiB of weights: skipped) | | | | |\n");
+      return;
+    }
+    rows.push_back(w), quad.push_back(q);
+  }
+  const ProbeBuffer probe;  // 1 GiB: more than any L3 it could hide in
+  const std::vector<float> x = random_floats(size_t(k), 3);
+  std::vector<float> y(static_cast<size_t>(n));
+  const auto pass = [&](const std::vector<Weight>& ws) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const Weight& w : ws) cpu.gemm({x.data(), k, w, false, y.data(), n, 1, n, k});
+    return double(bytes) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
+  };
+  std::vector<double> ratio[2], gbs[2];
+  pass(rows), pass(quad);  // warm-up
+  for (int r = 0; r < rounds; ++r)
+    for (int l = 0; l < 2; ++l) {
+      const double before = probe.gbs(), g = pass(l ? quad : rows), after = probe.gbs();
+      gbs[l].push_back(g), ratio[l].push_back(g / (0.5 * (before + after)));
+    }
+  for (int l = 0; l < 2; ++l) {
+    std::sort(ratio[l].begin(), ratio[l].end()), std::sort(gbs[l].begin(), gbs[l].end());
+    std::printf("| gemm bf16 from memory, %s | m=1, 8 x n=%ld k=%ld (1 GiB) | | %.1f GB/s of weights | read probed "
+                "around each pass | %.2f (quartiles %.2f %.2f) |\n",
+                l ? "interleaved rows" : "row-major", long(n), long(k), gbs[l][gbs[l].size() / 2],
+                ratio[l][ratio[l].size() / 2], ratio[l][ratio[l].size() / 4], ratio[l][ratio[l].size() * 3 / 4]);
+  }
 }
 
 // The fp32 FMA peak of all threads in GFLOP/s: independent FMA chains in registers (16 lanes x
@@ -293,6 +371,8 @@ int main(int argc, char** argv) {
     if (!quick) gemm_row(512, 6144, 2048, false, *cpu, bw);
     gemm_row(64, 2048, 2048, false, *cpu, bw);
   }
+  cpu::fast::set_gemm_path("fp32");  // (interleaved weights always take the fp32 path)
+  decode_stream_rows(*cpu, quick ? 5 : 15);
   cpu::fast::set_gemm_path("auto");
   gemm_row(512, 512, 192, true, *cpu, bw);
   attention_rows(*cpu, quick);

@@ -110,7 +110,7 @@ llama() {  # llama() GGUF_TYPE THREADS ARGS... -> "n_prompt n_gen avg_ts" per te
     { cat "$D/llama.err" >&2; echo "llama-bench failed on $t" >&2; return 1; }
   printf '%s\n' "$out" | python3 -c 'import csv, sys; [print(r["n_prompt"], r["n_gen"], r["avg_ts"]) for r in csv.DictReader(sys.stdin)]'
 }
-glm5() {  # glm5() DIR THREADS PROMPT DECODE -> "prefill decode bandwidth fma"
+glm5() {  # glm5() DIR THREADS PROMPT DECODE -> "prefill decode bandwidth fma window%"
   local out
   out=$(OMP_NUM_THREADS=$2 "$D/bench_cpu" --model "$1" --prompt "$3" --decode "$4") || { echo "bench_cpu failed on $1" >&2; return 1; }
   printf '%s\n' "$out" | sed -n 's/.*BF16 gemm path \([a-z0-9-]*\).*/\1/p' > "$WORK/gemm_path"
@@ -119,7 +119,8 @@ import re, sys
 s = sys.stdin.read()
 g = lambda p: re.search(p, s).group(1)
 print(g(r"prefill \d+ tokens: ([0-9.]+) tok/s"), g(r"decode  batch 1: ([0-9.]+) tok/s"),
-      g(r"read bandwidth ([0-9.]+) GB/s"), g(r"fp32 FMA peak ([0-9.]+) GFLOP/s"))'
+      g(r"read bandwidth ([0-9.]+) GB/s"), g(r"fp32 FMA peak ([0-9.]+) GFLOP/s"),
+      g(r"probed around each: median ([0-9.]+)%"))'
 }
 declare -A GLM5_DIR=([bf16]=$MODEL [int8]=$WORK/glm5-int8 [int4]=$WORK/glm5-int4)
 for round in $(seq 1 "$ROUNDS"); do
@@ -132,9 +133,9 @@ for round in $(seq 1 "$ROUNDS"); do
     done
     for w in bf16 int8 int4; do
       out=$(glm5 "${GLM5_DIR[$w]}" "$th" 512 128)
-      read -r pp tg bw fma <<< "$out"
+      read -r pp tg bw fma win <<< "$out"
       echo "pp512 $th glm5 $w $pp $bw $fma" >> "$R"
-      echo "tg128 $th glm5 $w $tg $bw $fma" >> "$R"
+      echo "tg128 $th glm5 $w $tg $bw $fma $win" >> "$R"
     done
     log "round $round, $th threads done"
   done
@@ -145,7 +146,7 @@ for round in $(seq 1 "$DEPTH_ROUNDS"); do
     out=$(llama BF16 "$th" -p 0 -n 32 -d "$d")
     while read -r np ng ts; do echo "tg32@$d $th llama.cpp BF16 $ts" >> "$R"; done <<< "$out"
     out=$(glm5 "$MODEL" "$th" "$d" 32)
-    read -r pp tg bw fma <<< "$out"
+    read -r pp tg bw fma win <<< "$out"
     echo "tg32@$d $th glm5 bf16 $tg $bw $fma" >> "$R"
     log "depth $d round $round done"
   done
@@ -157,12 +158,14 @@ python3 - "$R" <<'PY'
 import statistics, sys
 from collections import defaultdict
 s = defaultdict(list)
-bw, fma = defaultdict(list), defaultdict(list)
+bw, fma, win = defaultdict(list), defaultdict(list), defaultdict(list)
 for line in open(sys.argv[1]):
     f = line.split()
     s[(f[0], f[1], f[2], f[3])].append(float(f[4]))
     if len(f) > 6:
         bw[f[1]].append(float(f[5])); fma[f[1]].append(float(f[6]))
+    if len(f) > 7:
+        win[(f[1], f[3])].append(float(f[7]))
 med = {k: statistics.median(v) for k, v in s.items()}
 peer = {"bf16": "BF16", "int8": "Q8_0", "int4": "Q4_K_M"}
 print("| test | threads | glm5 weights | glm5 tok/s | llama.cpp | llama.cpp tok/s | glm5 / llama.cpp | samples glm5 / llama.cpp |")
@@ -179,6 +182,9 @@ for (metric, th, eng, w), m in med.items():
 for th in sorted(bw):
     print(f"\n{th} threads: read bandwidth {statistics.median(bw[th]):.1f} GB/s, fp32 FMA peak "
           f"{statistics.median(fma[th]):.0f} GFLOP/s (bench_cpu, medians)")
+for (th, w), v in sorted(win.items()):
+    print(f"glm5 {w} decode, {th} threads: {statistics.median(v):.0f}% of the read bandwidth probed around each "
+          f"window of 8 tokens (median of the runs' medians: {' '.join(f'{x:.0f}' for x in v)})")
 depth = sorted({k[0] for k in med if k[0].startswith("tg32@")}, key=lambda x: int(x.split("@")[1]))
 if depth:
     first = depth[0]

@@ -82,6 +82,19 @@ class CpuBackend final : public HostBackend {
     const void* copy = arena_.copy(mapped, bytes);
     return copy ? copy : mapped;
   }
+  // Plain-dtype matrices copied interleaved (WeightLayout::kQuad16: the fp32 gemm path's decode
+  // tiles then read one stream), except where the BF16 gemm runs on AMX tiles, which load W rows.
+  Weight upload_gemm_matrix(const Weight& mapped, size_t bytes) override {
+    const bool plain = mapped.dtype == DType::BF16 || mapped.dtype == DType::F16 || mapped.dtype == DType::F32;
+    if (!plain || (mapped.dtype == DType::BF16 && fast::gemm_path() != "fp32"))
+      return HostBackend::upload_gemm_matrix(mapped, bytes);
+    Weight w = mapped;
+    w.data = arena_.copy_quad16(mapped.data, dtype_size(mapped.dtype), mapped.rows, mapped.cols, mapped.ld);
+    if (!w.data) return HostBackend::upload_gemm_matrix(mapped, bytes);  // the arena is off or full
+    w.layout = WeightLayout::kQuad16;
+    w.ld = WeightArena::quad16_ld(mapped.cols);
+    return w;
+  }
   void gemm(const GemmParams& p) override {
     validate(p);
     fast::gemm(p);

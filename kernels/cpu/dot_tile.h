@@ -17,9 +17,23 @@ namespace glm5::kernels::cpu {
 
 // Register tile shape: up to kTileRows rows of a by kTileCols rows of b (16 accumulators).
 constexpr int kTileRows = 4, kTileCols = 4;
-// Bytes ahead of the tile's b rows that it prefetches: the next tile, and at least this much (short
-// rows: a tile of k = 256 is 2 KiB, too close to cover the memory latency).
-constexpr size_t kPrefetchMinBytes = 8192;
+// Bytes ahead of the tile's b rows that it prefetches into L2. Row-major b: the next tile, and at
+// least kPrefetchMinBytes (short rows: a tile of k = 256 is 2 KiB, too close to cover the memory
+// latency). Interleaved b (WeightLayout::kQuad16, one stream): kPrefetchQuadBytes (16 KiB beat 8 and
+// 32 KiB there).
+constexpr size_t kPrefetchMinBytes = 8192, kPrefetchQuadBytes = 16384;
+// Bytes ahead that it prefetches again, into L1: by then the line is in L2 (or on its way), and the
+// load finds it in L1 instead of waiting on an L2 hit (decode GEMV 2-4% closer to the read
+// bandwidth, big and expert-sized shapes alike, 6 interleaved runs each).
+constexpr size_t kPrefetchNearBytes = 2048;
+
+// Where row c's chunk of 16 elements from column kk (a multiple of 16) starts, relative to the
+// first row of a tile: row-major b (Quad = false), row stride ldb; or interleaved (Quad = true,
+// WeightLayout::kQuad16 with the tile's first row a multiple of 4): chunks of 4 rows x 16.
+template <bool Quad>
+constexpr int64_t chunk_at(int c, int64_t kk, int64_t ldb) {
+  return Quad ? 4 * kk + 16 * c : c * ldb + kk;
+}
 
 // Loaders: 16 consecutive row elements widened to float (`part` reads only n of them and
 // zero-fills the rest).
@@ -47,8 +61,8 @@ struct LoadF16 {
   }
 };
 
-// y[r * ldy + c] = (accumulate ? y[r * ldy + c] : 0) + a[r * lda + :k] . b[c * ldb + :k]
-template <int MR, int NR, class L>
+// y[r * ldy + c] = (accumulate ? y[r * ldy + c] : 0) + a[r * lda + :k] . b row c (chunk_at<Quad>)
+template <int MR, int NR, class L, bool Quad = false>
 void dot_tile(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, int64_t k,
               float* y, int64_t ldy, bool accumulate) {
   simd::vf acc[MR][NR];
@@ -57,19 +71,30 @@ void dot_tile(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, 
 #pragma GCC unroll 8
     for (int c = 0; c < NR; ++c) acc[r][c] = simd::zero();
   int64_t kk = 0;
-  const size_t ahead = std::max<size_t>(sizeof(*b) * size_t(NR * ldb), kPrefetchMinBytes);
+  const size_t ahead = Quad ? kPrefetchQuadBytes : std::max<size_t>(sizeof(*b) * size_t(NR * ldb), kPrefetchMinBytes);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(b);
   for (; kk + simd::kLanes <= k; kk += simd::kLanes) {
     // Ask for the b rows `ahead` bytes on (each 64-byte line once, into L2): with few rows of a
     // (decode) the tile is short and b comes from memory, which otherwise waits for the FMAs
     // instead of overlapping them (decode GEMMs 10-25% faster at m = 4-16; one tile ahead into L2
-    // beat two tiles into L1 by ~5% of the read bandwidth at m = 1). A prefetch past the end of b
-    // is harmless: it never faults (the address is formed as an integer).
-    if ((kk * int64_t(sizeof(*b))) % 64 == 0) {
+    // beat two tiles into L1 by ~5% of the read bandwidth at m = 1); then again nearer, into L1.
+    // A prefetch past the end of b is harmless: it never faults (the address is formed as an
+    // integer).
+    if constexpr (Quad) {  // this step reads NR x 16 elements in one run
+      const uintptr_t at = base + sizeof(*b) * size_t(4 * kk);
+#pragma GCC unroll 8
+      for (size_t o = 0; o < sizeof(*b) * 16 * NR; o += 64) {
+        __builtin_prefetch(reinterpret_cast<const void*>(at + o + ahead), 0, 2);
+        __builtin_prefetch(reinterpret_cast<const void*>(at + o + kPrefetchNearBytes), 0, 3);
+      }
+    } else if ((kk * int64_t(sizeof(*b))) % 64 == 0) {
 #pragma GCC unroll 8
       for (int c = 0; c < NR; ++c)
-        __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(b) +
-                                                         sizeof(*b) * size_t(c * ldb + kk) + ahead),
-                           0, 2);
+        __builtin_prefetch(reinterpret_cast<const void*>(base + sizeof(*b) * size_t(c * ldb + kk) + ahead), 0, 2);
+#pragma GCC unroll 8
+      for (int c = 0; c < NR; ++c)
+        __builtin_prefetch(reinterpret_cast<const void*>(base + sizeof(*b) * size_t(c * ldb + kk) + kPrefetchNearBytes),
+                           0, 3);
     }
     simd::vf av[MR];
     // pin: keep each loaded operand in a register instead of letting the compiler fold it
@@ -78,7 +103,7 @@ void dot_tile(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, 
     for (int r = 0; r < MR; ++r) av[r] = simd::pin(simd::load(a + r * lda + kk));
 #pragma GCC unroll 8
     for (int c = 0; c < NR; ++c) {
-      simd::vf bv = simd::pin(L::full(b + c * ldb + kk));
+      simd::vf bv = simd::pin(L::full(b + chunk_at<Quad>(c, kk, ldb)));
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) acc[r][c] = simd::fma(av[r], bv, acc[r][c]);
     }
@@ -90,7 +115,7 @@ void dot_tile(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, 
     for (int r = 0; r < MR; ++r) av[r] = simd::load_n(a + r * lda + kk, n);
 #pragma GCC unroll 8
     for (int c = 0; c < NR; ++c) {
-      simd::vf bv = L::part(b + c * ldb + kk, n);
+      simd::vf bv = L::part(b + chunk_at<Quad>(c, kk, ldb), n);
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) acc[r][c] = simd::fma(av[r], bv, acc[r][c]);
     }
@@ -110,36 +135,38 @@ using DotTileFn = void (*)(const float*, int64_t, const typename L::T*, int64_t,
                            int64_t, bool);
 
 namespace detail {
-template <class L, int MR, int... NR>
+template <class L, bool Quad, int MR, int... NR>
 constexpr void fill_row(DotTileFn<L>* row, std::integer_sequence<int, NR...>) {
-  ((row[NR] = dot_tile<MR, NR + 1, L>), ...);
+  ((row[NR] = dot_tile<MR, NR + 1, L, Quad>), ...);
 }
-template <class L, int... MR>
+template <class L, bool Quad, int... MR>
 constexpr auto make_tile_table(std::integer_sequence<int, MR...>) {
   std::array<std::array<DotTileFn<L>, kTileCols>, kTileRows> t{};
-  (fill_row<L, MR + 1>(t[MR].data(), std::make_integer_sequence<int, kTileCols>{}), ...);
+  (fill_row<L, Quad, MR + 1>(t[MR].data(), std::make_integer_sequence<int, kTileCols>{}), ...);
   return t;
 }
 }  // namespace detail
 
 // The tile for runtime mr in [1, kTileRows], nr in [1, kTileCols].
-template <class L>
+template <class L, bool Quad = false>
 DotTileFn<L> dot_tile_fn(int mr, int nr) {
-  static const auto table = detail::make_tile_table<L>(std::make_integer_sequence<int, kTileRows>{});
+  static const auto table = detail::make_tile_table<L, Quad>(std::make_integer_sequence<int, kTileRows>{});
   return table[mr - 1][nr - 1];
 }
 
 // y[i, j] (+)= a[i, :] . b[j, :] for i < m, j < n: all rows of a against a block of b rows
-// (the b block stays in cache while a streams past it), single thread.
-template <class L>
+// (the b block stays in cache while a streams past it), single thread. Row j of b starts at
+// b + j * ldb (Quad: the block starts at a multiple of 4 rows, and tiles of 4 rows keep it so).
+template <class L, bool Quad = false>
 void dot_block(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, int64_t m,
                int64_t n, int64_t k, float* y, int64_t ldy, bool accumulate) {
+  static_assert(!Quad || kTileCols == 4, "interleaved rows come in groups of 4: tiles must not straddle them");
   for (int64_t i = 0; i < m; i += kTileRows) {
     const int mr = int(m - i < kTileRows ? m - i : kTileRows);
     for (int64_t j = 0; j < n; j += kTileCols) {
       const int nr = int(n - j < kTileCols ? n - j : kTileCols);
-      dot_tile_fn<L>(mr, nr)(a + i * lda, lda, b + j * ldb, ldb, k, y + i * ldy + j, ldy,
-                             accumulate);
+      dot_tile_fn<L, Quad>(mr, nr)(a + i * lda, lda, b + j * ldb, ldb, k, y + i * ldy + j, ldy,
+                                   accumulate);
     }
   }
 }

@@ -20,7 +20,9 @@ void gemm_batch(std::span<const GemmParams> ps);     // cpu/gemm.cpp
 // amx::available()), "amx-emulated" (the same kernel on emulated tiles, for tests). gemm_paths()
 // lists what this machine runs; the path in use is GLM5_CPU_GEMM if set, else the best (amx where
 // available); set_gemm_path ("auto" = best) switches it for tests and benchmarks. One path serves
-// every row count, so results stay batch-invariant; F16 / F32 / quantized weights keep theirs.
+// every row count, so results stay batch-invariant; F16 / F32 / quantized weights keep theirs, and
+// so do interleaved BF16 weights (WeightLayout::kQuad16: always fp32; the backend interleaves BF16
+// matrices at load only when the path is fp32, so switching to amx later leaves them there).
 std::vector<std::string> gemm_paths();
 std::string gemm_path();
 void set_gemm_path(const std::string& path);

@@ -5,8 +5,11 @@
 // per gemm left the second thread waiting at a join for each of them.
 // Batch-invariant by construction: y[i, j] is always the dot_tile recipe (cpu/dot_tile.h) over
 // x row i and W row j, whatever m, the tile shape, the batch of gemms or the thread count; on the
-// AMX path (BF16 weights, gemm_path() "amx") always the tile recipe of cpu/amx_gemm.h instead.
-// Not here: library GEMMs (they change the reduction order with the shape), weight prepacking.
+// AMX path (row-major BF16 weights, gemm_path() "amx") always the tile recipe of cpu/amx_gemm.h
+// instead. W is row-major or interleaved in groups of 4 rows (WeightLayout::kQuad16, how the fast
+// backend holds the model's plain-dtype matrices: a decode tile then reads one stream); the layout
+// changes where a tile reads its chunks, never the recipe, so both give the same bits.
+// Not here: library GEMMs (they change the reduction order with the shape).
 #include <omp.h>
 
 #include <algorithm>
@@ -47,13 +50,14 @@ NtSplit nt_split(const GemmParams& p, size_t elem_bytes) {
   return s;
 }
 
-template <class L>
+// (Items start at multiples of 4 W rows: a kQuad16 W stays aligned to its groups of 4.)
+template <class L, bool Quad>
 void nt_item(const GemmParams& p, const NtSplit& s, int64_t item) {
   using T = typename L::T;
   const T* w = static_cast<const T*>(p.w.data);
   const int64_t j0 = item * s.nb;
-  dot_block<L>(p.x, p.ldx, w + j0 * p.w.ld, p.w.ld, p.m, std::min(s.nb, p.n - j0), p.k, p.y + j0, p.ldy,
-               p.accumulate);
+  dot_block<L, Quad>(p.x, p.ldx, w + j0 * p.w.ld, p.w.ld, p.m, std::min(s.nb, p.n - j0), p.k, p.y + j0, p.ldy,
+                     p.accumulate);
 }
 
 // y[r, j0 + 16v + l] for r < MR, v < NV: sequential FMA over k of x[r, k] * W[k, j], W [k, n].
@@ -125,12 +129,12 @@ void tn_item(const GemmParams& p, int64_t item) {
 
 // From kPanelMinRows rows, y = x W^T (plain dtypes) runs in cache-blocked panels
 // (cpu/panel_block.h): items of kPanelRows x rows by kPanelCols W rows.
-template <class L>
+template <class L, bool Quad>
 void panel_item(const GemmParams& p, int64_t item) {
   using T = typename L::T;
   const int64_t cb = (p.n + kPanelCols - 1) / kPanelCols;
   const int64_t i0 = item / cb * kPanelRows, j0 = item % cb * kPanelCols;
-  panel_block<L>(p.x + i0 * p.ldx, p.ldx, static_cast<const T*>(p.w.data) + j0 * p.w.ld, p.w.ld,
+  panel_block<L, Quad>(p.x + i0 * p.ldx, p.ldx, static_cast<const T*>(p.w.data) + j0 * p.w.ld, p.w.ld,
                  std::min(kPanelRows, p.m - i0), std::min(kPanelCols, p.n - j0), p.k, p.y + i0 * p.ldy + j0, p.ldy,
                  p.accumulate);
 }
@@ -195,7 +199,7 @@ struct Job {
       quant = quant_split(g);
       items = quant.items;
       item_cost = double(quant.rows_per_item * g.k) * (wbytes + double(g.m));
-    } else if (g.w.dtype == DType::BF16 && g.k > 0 && gemm_path_now() != 0) {
+    } else if (g.w.dtype == DType::BF16 && g.k > 0 && g.w.layout == WeightLayout::kRowMajor && gemm_path_now() != 0) {
       kind = kAmx;
       amx_emulated = gemm_path_now() == 2;
       amx_rows = amx_rows_per_item(g.m, g.k);
@@ -222,12 +226,17 @@ struct Job {
         return;
       }
       case kTn: return typed([&]<class L>() { tn_item<L>(*p, item); });
-      case kPanel: return typed([&]<class L>() { panel_item<L>(*p, item); });
-      case kNt: return typed([&]<class L>() { nt_item<L>(*p, nt, item); });
+      case kPanel:
+        if (quad()) return typed([&]<class L>() { panel_item<L, true>(*p, item); });
+        return typed([&]<class L>() { panel_item<L, false>(*p, item); });
+      case kNt:
+        if (quad()) return typed([&]<class L>() { nt_item<L, true>(*p, nt, item); });
+        return typed([&]<class L>() { nt_item<L, false>(*p, nt, item); });
     }
   }
 
  private:
+  bool quad() const { return p->w.layout == WeightLayout::kQuad16; }
   template <class F>
   void typed(F f) const {
     switch (p->w.dtype) {
@@ -290,9 +299,26 @@ void pack_amx_inputs(std::vector<Job>& jobs) {
   }
 }
 
+// What run_jobs and gemm_batch need per call, kept by the calling thread between calls (decode
+// makes hundreds of gemm calls per token: none allocates once the buffers have grown).
+struct Scratch {
+  std::vector<Job> jobs;
+  std::vector<int64_t> first;  // first global item of each job, and the total
+  std::vector<double> mid;     // cost midpoint of every item, in item order
+  std::unique_ptr<ItemRange[]> ranges;
+  int n_ranges = 0;
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
 void run_jobs(const std::vector<Job>& jobs) {
+  Scratch& sc = scratch();
   int64_t total = 0, macs = 0, max_m = 0;
-  std::vector<int64_t> first(jobs.size() + 1, 0);  // first global item of each job
+  std::vector<int64_t>& first = sc.first;
+  first.assign(jobs.size() + 1, 0);
   for (size_t j = 0; j < jobs.size(); ++j) {
     total += jobs[j].items;
     first[j + 1] = total;
@@ -317,50 +343,56 @@ void run_jobs(const std::vector<Job>& jobs) {
   // Equal-cost contiguous ranges: thread t starts at the first item whose cost midpoint is at or
   // past t / threads of the total cost. Set before the region, so that items of a thread the
   // runtime does not start are taken by the others.
-  std::vector<double> mid;  // cost midpoint of every item, in item order
-  mid.reserve(size_t(total));
+  std::vector<double>& mid = sc.mid;
+  mid.clear();
   double cost = 0;
   for (const Job& j : jobs)
     for (int64_t i = 0; i < j.items; ++i, cost += j.item_cost) mid.push_back(cost + 0.5 * j.item_cost);
-  std::vector<ItemRange> ranges(static_cast<size_t>(threads));
+  if (sc.n_ranges < threads) {
+    sc.ranges = std::make_unique<ItemRange[]>(size_t(threads));
+    sc.n_ranges = threads;
+  }
+  ItemRange* ranges = sc.ranges.get();
   uint32_t begin = 0;
   for (int t = 0; t < threads; ++t) {
     uint32_t end = begin;
     while (end < uint32_t(total) && (t == threads - 1 || mid[end] < cost * (t + 1) / threads)) ++end;
-    ranges[size_t(t)].set(begin, end);
+    ranges[t].set(begin, end);
     begin = end;
   }
 #pragma omp parallel num_threads(threads)
   {
     const int id = omp_get_thread_num();
     uint32_t g;
-    while (ranges[size_t(id)].take_front(g)) run(g);
+    while (ranges[id].take_front(g)) run(g);
     for (int o = 1; o < threads; ++o)
-      while (ranges[size_t((id + o) % threads)].take_back(g)) run(g);
+      while (ranges[(id + o) % threads].take_back(g)) run(g);
   }
+}
+
+bool quantized_tn(const GemmParams& p) {  // dequantized whole first, then its own gemm call
+  return p.trans_w && quant::is_quantized(p.w.dtype);
 }
 
 }  // namespace
 
 void gemm_batch(std::span<const GemmParams> ps) {
-  std::vector<Job> jobs;
-  jobs.reserve(ps.size());
+  std::vector<Job>& jobs = scratch().jobs;
+  jobs.clear();
   for (const GemmParams& p : ps) {
-    if (p.m == 0 || p.n == 0) continue;
+    if (p.m == 0 || p.n == 0 || quantized_tn(p)) continue;
     switch (p.w.dtype) {
-      case DType::BF16: case DType::F16: case DType::F32: break;
-      case DType::F8_E4M3: case DType::Q4: case DType::Q8:
-        if (p.trans_w) {  // dequantized whole first: its own call
-          gemm_quantized_tn(p);
-          continue;
-        }
-        break;
+      case DType::BF16: case DType::F16: case DType::F32:
+      case DType::F8_E4M3: case DType::Q4: case DType::Q8: break;
       default: GLM5_FAIL("gemm: weight dtype ", dtype_name(p.w.dtype), " is not supported");
     }
     jobs.emplace_back(p);
   }
   pack_amx_inputs(jobs);
   run_jobs(jobs);
+  // After the batch: gemm_quantized_tn calls gemm, which reuses this thread's scratch.
+  for (const GemmParams& p : ps)
+    if (p.m != 0 && p.n != 0 && quantized_tn(p)) gemm_quantized_tn(p);
 }
 
 void gemm(const GemmParams& p) { gemm_batch({&p, 1}); }

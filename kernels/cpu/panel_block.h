@@ -87,9 +87,10 @@ inline PanelTileFn panel_tile_fn(int mr, int nr) {
 
 }  // namespace detail
 
-// y[i, j] (+)= x[i, :k] . w[j, :k] for i < m, j < n (rows of L::T); sized for m <= kPanelRows and
+// y[i, j] (+)= x[i, :k] . w[j, :k] for i < m, j < n (rows of L::T, row j at w + j * ldw; Quad: w
+// interleaved, WeightLayout::kQuad16, from a multiple of 4 rows); sized for m <= kPanelRows and
 // n <= kPanelCols (the accumulators take m x n x 64 bytes).
-template <class L>
+template <class L, bool Quad = false>
 void panel_block(const float* x, int64_t ldx, const typename L::T* w, int64_t ldw, int64_t m, int64_t n, int64_t k,
                  float* y, int64_t ldy, bool accumulate) {
   static_assert(kTileRows == 4 && kTileCols == 4, "panel_tile_fn's table is written for 4 x 4 tiles");
@@ -110,10 +111,11 @@ void panel_block(const float* x, int64_t ldx, const typename L::T* w, int64_t ld
       const int64_t sn = std::min(kSubCols, n - s0);
       // W rows [s0, s0 + sn), columns [kp, kp + kc) widened (exact), zero-padded to whole chunks.
       for (int64_t j = 0; j < sn; ++j) {
-        const typename L::T* src = w + (s0 + j) * ldw + kp;
+        const int64_t r = s0 + j;
+        const typename L::T* src = w + (r - r % 4) * ldw + chunk_at<Quad>(int(r % 4), kp, ldw);
         float* dst = wp + j * kPanelK;
-        for (int64_t q = 0; q < full; ++q) simd::store(dst + 16 * q, L::full(src + 16 * q));
-        if (tail) simd::store(dst + 16 * full, L::part(src + 16 * full, tail));
+        for (int64_t q = 0; q < full; ++q) simd::store(dst + 16 * q, L::full(src + chunk_at<Quad>(0, 16 * q, ldw)));
+        if (tail) simd::store(dst + 16 * full, L::part(src + chunk_at<Quad>(0, 16 * full, ldw), tail));
       }
       for (int64_t i = 0; i < m; i += kTileRows) {
         const int mr = int(std::min<int64_t>(kTileRows, m - i));

@@ -79,6 +79,10 @@ void validate(const GemmParams& p) {
         p.w.cols, "] but m = ", p.m, ", n = ", p.n, ", k = ", p.k, ", trans_w = ", p.trans_w,
         " need [", want_rows, ", ", want_cols, "]");
   CHECK(p.w.ld >= p.w.cols, "gemm: weight ld ", p.w.ld, " < cols ", p.w.cols);
+  if (p.w.layout == WeightLayout::kQuad16)
+    CHECK(!p.trans_w && !quant::is_quantized(p.w.dtype) && p.w.ld % 16 == 0, "gemm: an interleaved (kQuad16) ",
+          dtype_name(p.w.dtype), " weight with ld ", p.w.ld, " and trans_w = ", p.trans_w,
+          ": the layout holds only BF16/F16/F32 rows used as y = x W^T, ld a multiple of 16");
   CHECK(p.ldx >= p.k, "gemm: ldx ", p.ldx, " < k ", p.k);
   CHECK(p.ldy >= p.n, "gemm: ldy ", p.ldy, " < n ", p.n);
   if (p.m > 0 && p.n > 0) {

@@ -100,7 +100,7 @@ bool WeightArena::grow(size_t bytes) {
   return true;
 }
 
-const void* WeightArena::copy(const void* src, size_t bytes) {
+char* WeightArena::take(size_t bytes) {
   if (!copy_enabled() || refused_ || bytes == 0) return nullptr;
   const size_t need = (bytes + 63) / 64 * 64;
   if (chunks_.empty() || chunks_.back().size - chunks_.back().used < need)
@@ -109,6 +109,12 @@ const void* WeightArena::copy(const void* src, size_t bytes) {
   char* dst = c.base + c.used;
   c.used += need;
   used_ += bytes;
+  return dst;
+}
+
+const void* WeightArena::copy(const void* src, size_t bytes) {
+  char* dst = take(bytes);
+  if (!dst) return nullptr;
   // In 1 MiB pieces over the threads: the copy's source is the page cache (or the disk).
   constexpr size_t kPiece = size_t(1) << 20;
   const int64_t pieces = int64_t((bytes + kPiece - 1) / kPiece);
@@ -117,6 +123,24 @@ const void* WeightArena::copy(const void* src, size_t bytes) {
     const size_t off = size_t(i) * kPiece;
     std::memcpy(dst + off, static_cast<const char*>(src) + off, std::min(kPiece, bytes - off));
   }
+  return dst;
+}
+
+const void* WeightArena::copy_quad16(const void* src, size_t elem_bytes, int64_t rows, int64_t cols, int64_t ld) {
+  const int64_t groups = (rows + 3) / 4, ld16 = quad16_ld(cols);
+  const size_t chunk = 16 * elem_bytes;  // one row's 16 elements
+  char* dst = take(size_t(groups * 4 * ld16) * elem_bytes);
+  if (!dst) return nullptr;
+  const char* s = static_cast<const char*>(src);
+#pragma omp parallel for schedule(dynamic, 64) if (groups > 64)
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t q = 0; q < ld16 / 16; ++q)
+      for (int64_t c = 0; c < 4; ++c) {
+        char* out = dst + size_t(quad16_offset(4 * g + c, 16 * q, ld16)) * elem_bytes;
+        const int64_t r = 4 * g + c, n = r < rows ? std::min<int64_t>(16, cols - 16 * q) : 0;
+        if (n > 0) std::memcpy(out, s + size_t(r * ld + 16 * q) * elem_bytes, size_t(n) * elem_bytes);
+        std::memset(out + size_t(n) * elem_bytes, 0, chunk - size_t(n) * elem_bytes);
+      }
   return dst;
 }
 

@@ -5,11 +5,16 @@
 // save TLB misses). From the first chunk that would leave less than a quarter of RAM + 1 GiB free
 // (MemAvailable, and the cgroup's limit less its non-cache use), the rest stays mapped, with one
 // note on stderr. Ranks on one host each copy the weights they hold (the mapping shared the page
-// cache between them).
+// cache between them). BF16 / F16 / F32 matrices the model uses only as y = x W^T are copied
+// interleaved in groups of 4 rows (copy_quad16, WeightLayout::kQuad16 in ops.h; BF16 not where its
+// gemm runs on AMX tiles), the rest (quantized, sliced or transposed) as they are.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
+
+#include "ops.h"
 
 namespace glm5::kernels::cpu {
 
@@ -22,6 +27,10 @@ class WeightArena {
   // A copy of [src, src + bytes) in the arena (64-byte aligned), or nullptr when the copy is off
   // or would not fit in memory.
   const void* copy(const void* src, size_t bytes);
+  // A copy of the row-major [rows, cols] matrix at src (row stride ld elements of elem_bytes) in
+  // WeightLayout::kQuad16 with row stride quad16_ld(cols), or nullptr as for copy().
+  const void* copy_quad16(const void* src, size_t elem_bytes, int64_t rows, int64_t cols, int64_t ld);
+  static int64_t quad16_ld(int64_t cols) { return (cols + 15) / 16 * 16; }
   size_t bytes() const { return used_; }  // bytes copied so far
 
   // "copy" or "mmap", from GLM5_CPU_WEIGHTS (default copy).
@@ -33,6 +42,7 @@ class WeightArena {
     size_t size = 0, used = 0;
   };
   bool grow(size_t bytes);
+  char* take(size_t bytes);  // room for `bytes` (64-byte aligned), or nullptr
   std::vector<Chunk> chunks_;
   size_t used_ = 0;
   bool refused_ = false;  // the memory check said no once: keep mapping from then on

@@ -1,9 +1,12 @@
 // CPU forward-pass benchmark: decode tokens/s at batch 1 and prefill tokens/s, each next to the
-// machine limit measured in the same run: memory read bandwidth (a STREAM-like sum over 1 GiB)
-// for decode, and the float32 FMA peak of all threads for prefill (independent FMA chains in
-// registers: what the cores can do at all). Also peak RSS after loading vs weight bytes.
+// machine limit measured in the same run: for decode the memory read bandwidth (a STREAM-like
+// sum: best of 5 over 1 GiB before loading, and, in a second decode phase, over 512 MiB between
+// windows of 8 tokens, each window set against the probes around it), for prefill the float32
+// FMA peak of all threads (independent FMA chains in registers: what the cores can do at all).
+// Also peak RSS after loading vs weight bytes.
 //   bench_cpu --model DIR [--prompt 512] [--decode 32]
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -35,6 +38,51 @@ static long rss_kb() {  // current resident set size
   return res * 4;
 }
 
+// A sum over `bytes` of floats with 64-byte vector accumulators (so the loop is limited by memory,
+// not by a serial float reduction), on 2 MiB pages where the kernel gives them, as the weights are
+// (cpu/weight_arena.h: 4 KiB pages would cost the sum a TLB walk per page and understate it).
+class ReadProbe {
+ public:
+  typedef float v16 __attribute__((vector_size(64)));
+  explicit ReadProbe(size_t bytes) : n_(bytes / sizeof(v16)) {
+    a_ = static_cast<v16*>(std::aligned_alloc(size_t(2) << 20, n_ * sizeof(v16)));
+    if (!a_) {
+      std::fprintf(stderr, "bench_cpu: cannot allocate %zu MiB for the read probe\n", bytes >> 20);
+      std::exit(1);
+    }
+    ::madvise(a_, n_ * sizeof(v16), MADV_HUGEPAGE);
+#pragma omp parallel for
+    for (size_t i = 0; i < n_; ++i) a_[i] = v16{} + float(i & 1023);
+  }
+  ReadProbe(const ReadProbe&) = delete;
+  ReadProbe& operator=(const ReadProbe&) = delete;
+  ~ReadProbe() { std::free(a_); }
+  double gbs() const {  // GB/s of one sum over the buffer
+    auto t = Clock::now();
+    float total = 0;
+#pragma omp parallel reduction(+ : total)
+    {
+      v16 s0{}, s1{}, s2{}, s3{};
+#pragma omp for
+      for (size_t i = 0; i < n_; i += 4) {
+        s0 += a_[i];
+        s1 += a_[i + 1];
+        s2 += a_[i + 2];
+        s3 += a_[i + 3];
+      }
+      v16 s = s0 + s1 + s2 + s3;
+      for (int j = 0; j < 16; ++j) total += s[j];
+    }
+    const double dt = secs(t);
+    if (total < 0) std::puts("");
+    return double(n_ * sizeof(v16)) / dt / 1e9;
+  }
+
+ private:
+  size_t n_;
+  v16* a_ = nullptr;
+};
+
 int main(int argc, char** argv) {
   std::string model_dir;
   int prompt = 512, decode = 32;
@@ -44,42 +92,18 @@ int main(int argc, char** argv) {
     else if (a == "--prompt" && i + 1 < argc) prompt = std::stoi(argv[++i]);
     else if (a == "--decode" && i + 1 < argc) decode = std::stoi(argv[++i]);
   }
-  if (model_dir.empty()) {
-    std::fprintf(stderr, "usage: bench_cpu --model DIR [--prompt 512] [--decode 32]\n");
+  if (model_dir.empty() || prompt < 1 || decode < 1) {
+    std::fprintf(stderr, "usage: bench_cpu --model DIR [--prompt 512] [--decode 32]  (prompt, decode >= 1)\n");
     return 2;
   }
   const int threads = omp_get_max_threads();
 
-  // 1. Read bandwidth: sum over 1 GiB of floats with 64-byte vector accumulators (so the loop
-  // is limited by memory, not by a serial float reduction), best of 5.
+  // 1. Read bandwidth: best of 5 sums over 1 GiB (freed before loading: it would count against
+  // the memory the weight copy checks for).
   double read_gbs = 0;
   {
-    typedef float v16 __attribute__((vector_size(64)));
-    const size_t n = (size_t(1) << 30) / sizeof(v16);
-    v16* a = static_cast<v16*>(std::aligned_alloc(64, n * sizeof(v16)));
-#pragma omp parallel for
-    for (size_t i = 0; i < n; ++i) a[i] = v16{} + float(i & 1023);
-    for (int rep = 0; rep < 5; ++rep) {
-      auto t = Clock::now();
-      float total = 0;
-#pragma omp parallel reduction(+ : total)
-      {
-        v16 s0{}, s1{}, s2{}, s3{};
-#pragma omp for
-        for (size_t i = 0; i < n; i += 4) {
-          s0 += a[i];
-          s1 += a[i + 1];
-          s2 += a[i + 2];
-          s3 += a[i + 3];
-        }
-        v16 s = s0 + s1 + s2 + s3;
-        for (int j = 0; j < 16; ++j) total += s[j];
-      }
-      double dt = secs(t);
-      if (total < 0) std::puts("");
-      read_gbs = std::max(read_gbs, double(n * sizeof(v16)) / dt / 1e9);
-    }
-    std::free(a);
+    ReadProbe probe(size_t(1) << 30);
+    for (int rep = 0; rep < 5; ++rep) read_gbs = std::max(read_gbs, probe.gbs());
   }
   // 2. FMA peak: 12 independent 16-lane FMA chains per thread (enough to cover the latency of two
   // FMA pipes), all threads, best of 3. The compiler turns `a * b + c` into FMA instructions for
@@ -145,7 +169,7 @@ int main(int argc, char** argv) {
   // 4. Prefill `prompt` tokens (one chunk), then `decode` steps at batch 1.
   std::vector<int32_t> ids(static_cast<size_t>(prompt));
   for (int i = 0; i < prompt; ++i) ids[size_t(i)] = int32_t((i * 7919 + 13) % cfg.vocab_size);
-  const int64_t n_blocks = runtime::blocks_for(prompt + decode + 1);
+  const int64_t n_blocks = runtime::blocks_for(prompt + 2 * decode + 1);  // (two decode phases)
   runtime::KvPool pool(*be, cfg, model.n_local_layers(), n_blocks);
   std::vector<int32_t> table(static_cast<size_t>(n_blocks));
   for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
@@ -167,19 +191,41 @@ int main(int argc, char** argv) {
     flops += double(cfg.num_hidden_layers) * 2.0 * pairs * double(cfg.index_n_heads * cfg.index_head_dim);
   const double prefill_gflops = flops / prefill_s / 1e9;
 
+  // Decode: `decode` steps timed as a whole (the headline tok/s), then `decode` more in windows of
+  // kWindow with a read probe between windows (512 MiB: more than the L3 of these CPUs). On a shared
+  // machine the bandwidth drifts by 10-20% within a run, so each window is set against the probes on
+  // either side of it (their time left out); a window's first token finds the L3 emptied by the
+  // probe, which the headline phase does not.
+  constexpr int kWindow = 8;
   int32_t tok = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<float> h1(size_t(cfg.hidden_size));
-  t = Clock::now();
-  for (int i = 0; i < decode; ++i) {
+  const auto step = [&](int i) {
     model.embed(&tok, 1, h1.data());
     model.forward({{table.data(), prompt + i, 1, prompt}}, h1.data());
     model.logits(h1.data(), 1, logits.data());
     tok = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  }
+  };
+  t = Clock::now();
+  for (int i = 0; i < decode; ++i) step(i);
   const double decode_s = secs(t) / decode;
   const double bound_tps = read_gbs * 1e9 / touched;
-
   const double rss_run = double(rss_kb() - rss0) * 1024;
+
+  std::vector<double> window_ratio;
+  {
+    ReadProbe probe(size_t(512) << 20);
+    double before = probe.gbs();
+    for (int i0 = decode; i0 < 2 * decode; i0 += kWindow) {
+      const int n = std::min(kWindow, 2 * decode - i0);
+      t = Clock::now();
+      for (int i = i0; i < i0 + n; ++i) step(i);
+      const double dt = secs(t), after = probe.gbs();
+      window_ratio.push_back(touched * n / dt / 1e9 / (0.5 * (before + after)));
+      before = after;
+    }
+  }
+  std::sort(window_ratio.begin(), window_ratio.end());
+
   std::printf("machine: %d threads, read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s; BF16 gemm path %s\n",
               threads, read_gbs, fma_gflops, glm5::kernels::cpu::fast::gemm_path().c_str());
   std::printf("model: %s, %.3f GB of weights, loaded in %.2f s; RSS after load %.3f GB (%.2fx weights)\n",
@@ -187,6 +233,10 @@ int main(int argc, char** argv) {
   std::printf("decode  batch 1: %.2f tok/s (%.1f ms/token); %.3f GB of weights per token -> "
               "bandwidth bound %.2f tok/s; achieved %.0f%% of bound\n",
               1 / decode_s, decode_s * 1e3, touched / 1e9, bound_tps, 100.0 / decode_s / bound_tps);
+  std::printf("decode  windows of %d tokens against the read bandwidth probed around each: median %.0f%% "
+              "(quartiles %.0f%% %.0f%%, %zu windows)\n",
+              kWindow, 100 * window_ratio[window_ratio.size() / 2], 100 * window_ratio[window_ratio.size() / 4],
+              100 * window_ratio[window_ratio.size() * 3 / 4], window_ratio.size());
   std::printf("prefill %d tokens: %.1f tok/s, %.1f GFLOP/s = %.0f%% of the FMA peak\n", prompt, S / prefill_s,
               prefill_gflops, 100.0 * prefill_gflops / fma_gflops);
   std::printf("RSS after prefill + decode: %.3f GB = %.2fx the weights (each weight held once)\n",
