@@ -19,12 +19,12 @@ namespace glm5::kernels::cpu {
 constexpr int kTileRows = 4, kTileCols = 4;
 // Bytes ahead of the tile's b rows that it prefetches into L2. Row-major b: the next tile, and at
 // least kPrefetchMinBytes (short rows: a tile of k = 256 is 2 KiB, too close to cover the memory
-// latency). Interleaved b (WeightLayout::kQuad16, one stream): kPrefetchQuadBytes (16 KiB beat 8 and
-// 32 KiB there).
+// latency). Interleaved b (WeightLayout::kQuad16, one stream): kPrefetchQuadBytes (16 KiB did at
+// least as well as 8 and 32 KiB).
 constexpr size_t kPrefetchMinBytes = 8192, kPrefetchQuadBytes = 16384;
 // Bytes ahead that it prefetches again, into L1: by then the line is in L2 (or on its way), and the
-// load finds it in L1 instead of waiting on an L2 hit (decode GEMV 2-4% closer to the read
-// bandwidth, big and expert-sized shapes alike, 6 interleaved runs each).
+// load finds it in L1 instead of waiting on an L2 hit (decode ~3% closer to the read bandwidth,
+// BENCHMARKS.md).
 constexpr size_t kPrefetchNearBytes = 2048;
 
 // Where row c's chunk of 16 elements from column kk (a multiple of 16) starts, relative to the
