@@ -190,14 +190,18 @@ TEST(CpuBackend, MappedWeightsAreCopiedExactly) {
 }
 
 // Decode after a long context on 2 threads: one row's top-k over column chunks in parallel (each
-// chunk's best, then the best of their union) selects exactly the reference's indices, also when
-// k exceeds a chunk; the indexer's long paged scan (f32 and bf16 keys) matches the reference.
+// chunk's best, then the best of their union; from 2^16 columns) selects exactly the reference's
+// indices, also when k exceeds a chunk, and so does the sampled-threshold selection of long rows
+// (alone or several in parallel; ties, infinities and NaN included); the indexer's long paged scan
+// (f32 and bf16 keys) matches the reference.
 TEST(CpuBackend, LongDecodeRowsOnTwoThreads) {
   auto cpu = make_cpu_backend();
   auto ref = make_reference_backend();
   const int saved = omp_get_max_threads();
   omp_set_num_threads(2);
-  for (const OpCase& c : {cases::topk_case(1, 20000, 256, 71), cases::topk_case(1, 10000, 5000, 72),
+  for (const OpCase& c : {cases::topk_case(1, 70000, 256, 76), cases::topk_case(1, 70000, 9000, 77),
+                          cases::topk_case(3, 9000, 64, 78), cases::topk_case(1, 2048, 256, 79),
+                          cases::topk_case(1, 20000, 256, 71), cases::topk_case(1, 10000, 5000, 72),
                           cases::topk_case(1, 9000, 1, 73), cases::indexer_case(1, 3000, 8, 64, 74, cases::Paging::PerRow),
                           cases::indexer_case(1, 3000, 8, 64, 75, cases::Paging::PerRow, true)})
     EXPECT_TRUE(compare(*cpu, *ref, c)) << c.name;
