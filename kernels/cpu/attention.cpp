@@ -553,6 +553,12 @@ void indexer_scores(const IndexerScoresParams& p) {
 
 namespace {
 
+// The selection's strict order over indices of v: the larger value first, then the lower index.
+struct BestFirst {
+  const float* v;
+  bool operator()(int32_t a, int32_t b) const { return v[a] > v[b] || (v[a] == v[b] && a < b); }
+};
+
 // best_k for a long row, k <= (c1 - c0) / 8: a threshold from every 16th value (the k/8-th best of
 // them, so that ~2k entries reach it), then only the entries at or above it (all of the best k are,
 // when at least k reach it) go through the selection. False, with out untouched, when fewer than
@@ -572,8 +578,7 @@ bool best_k_sampled(const float* v, int64_t c0, int64_t c1, int64_t k, std::vect
   for (int64_t c = c0; c < c1; ++c)
     if (v[c] >= thr && std::isfinite(v[c])) cand.push_back(int32_t(c));
   if (cand.size() < size_t(k)) return false;
-  auto before = [v](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
-  if (cand.size() > size_t(k)) std::nth_element(cand.begin(), cand.begin() + std::ptrdiff_t(k), cand.end(), before);
+  if (cand.size() > size_t(k)) std::nth_element(cand.begin(), cand.begin() + std::ptrdiff_t(k), cand.end(), BestFirst{v});
   out.insert(out.end(), cand.begin(), cand.begin() + std::ptrdiff_t(k));
   return true;
 }
@@ -586,9 +591,8 @@ void best_k(const float* v, int64_t c0, int64_t c1, int64_t k, std::vector<int32
   for (int64_t c = c0; c < c1; ++c)
     if (std::isfinite(v[c])) out.push_back(int32_t(c));
   const size_t keep = std::min<size_t>(out.size() - base, size_t(k));
-  auto before = [v](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
   if (keep < out.size() - base) {
-    std::nth_element(out.begin() + std::ptrdiff_t(base), out.begin() + std::ptrdiff_t(base + keep), out.end(), before);
+    std::nth_element(out.begin() + std::ptrdiff_t(base), out.begin() + std::ptrdiff_t(base + keep), out.end(), BestFirst{v});
     out.resize(base + keep);
   }
 }
@@ -616,8 +620,7 @@ void topk(const TopkParams& p) {
     std::vector<int32_t> all;
     for (const auto& q : part) all.insert(all.end(), q.begin(), q.end());
     const size_t keep = std::min<size_t>(all.size(), size_t(p.k));
-    auto before = [v](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
-    if (keep < all.size()) std::nth_element(all.begin(), all.begin() + std::ptrdiff_t(keep), all.end(), before);
+    if (keep < all.size()) std::nth_element(all.begin(), all.begin() + std::ptrdiff_t(keep), all.end(), BestFirst{v});
     std::sort(all.begin(), all.begin() + std::ptrdiff_t(keep));
     int32_t* out = p.indices + r * p.k;
     for (int64_t j = 0; j < p.k; ++j) out[j] = size_t(j) < keep ? all[size_t(j)] : -1;

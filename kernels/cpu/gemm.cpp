@@ -279,11 +279,27 @@ class ItemRange {
   alignas(64) std::atomic<uint64_t> v_{0};
 };
 
+// What run_jobs and gemm_batch need per call, kept by the calling thread between calls (decode
+// makes hundreds of gemm calls per token: none allocates once the buffers have grown).
+struct Scratch {
+  std::vector<Job> jobs;
+  std::vector<int64_t> first;  // first global item of each job, and the total
+  std::vector<double> mid;     // cost midpoint of every item, in item order
+  std::unique_ptr<ItemRange[]> ranges;
+  int n_ranges = 0;
+  std::vector<std::unique_ptr<amx::PackedX>> packed;  // the AMX jobs' x (pack_amx_inputs)
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
 // The AMX jobs' x as tile terms, each distinct x once (decode: every expert's gate and up share
 // one), into buffers this thread keeps between calls (no allocation in the decode loop; what stays
 // allocated is the high-water mark, 1.5x the float32 activations of the largest batch).
 void pack_amx_inputs(std::vector<Job>& jobs) {
-  thread_local std::vector<std::unique_ptr<amx::PackedX>> pool;
+  std::vector<std::unique_ptr<amx::PackedX>>& pool = scratch().packed;
   size_t used = 0;
   for (size_t j = 0; j < jobs.size(); ++j) {
     if (jobs[j].kind != Job::kAmx) continue;
@@ -297,21 +313,6 @@ void pack_amx_inputs(std::vector<Job>& jobs) {
     amx::pack_x(g.x, g.ldx, g.m, g.k, *pool[used]);
     jobs[j].px = pool[used++].get();
   }
-}
-
-// What run_jobs and gemm_batch need per call, kept by the calling thread between calls (decode
-// makes hundreds of gemm calls per token: none allocates once the buffers have grown).
-struct Scratch {
-  std::vector<Job> jobs;
-  std::vector<int64_t> first;  // first global item of each job, and the total
-  std::vector<double> mid;     // cost midpoint of every item, in item order
-  std::unique_ptr<ItemRange[]> ranges;
-  int n_ranges = 0;
-};
-
-Scratch& scratch() {
-  thread_local Scratch s;
-  return s;
 }
 
 void run_jobs(const std::vector<Job>& jobs) {
