@@ -6,7 +6,6 @@
 // column is left out.
 //   bench_kernels [--reps N] [--quick]
 #include <omp.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/read_probe.h"
 #include "cpu/amx_gemm.h"
 #include "cpu/fast_ops.h"
 #include "cpu/weight_arena.h"
@@ -54,50 +54,9 @@ std::vector<float> random_floats(size_t n, unsigned seed) {
   return v;
 }
 
-// GB/s of one sum over a[0, n) (n a multiple of 64), all threads: four 16-lane accumulators per
-// thread, so the loop is limited by memory, not by the latency of one add chain (bench_cpu's probe).
-double sum_gbs(const float* a, size_t n) {
-  typedef float v16 __attribute__((vector_size(64)));
-  const v16* v = reinterpret_cast<const v16*>(a);
-  const auto t0 = std::chrono::steady_clock::now();
-  float total = 0;
-#pragma omp parallel reduction(+ : total)
-  {
-    v16 s0{}, s1{}, s2{}, s3{};
-#pragma omp for schedule(static)
-    for (size_t i = 0; i < n / 16; i += 4) {
-      s0 += v[i];
-      s1 += v[i + 1];
-      s2 += v[i + 2];
-      s3 += v[i + 3];
-    }
-    const v16 s = s0 + s1 + s2 + s3;
-    for (int j = 0; j < 16; ++j) total += s[j];
-  }
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return total < 0 ? 0.0 : double(n) * 4 / dt / 1e9;
-}
-
-// 1 GiB of floats on 2 MiB pages where the kernel gives them (as the weight arena's are: 4 KiB pages
-// cost a sum a TLB walk per page).
-struct ProbeBuffer {
-  static constexpr size_t n = size_t(1) << 28;
-  float* a = static_cast<float*>(std::aligned_alloc(size_t(2) << 20, n * 4));
-  ProbeBuffer() {
-    if (!a) {
-      std::fprintf(stderr, "bench_kernels: cannot allocate 1 GiB for the read probe\n");
-      std::exit(1);
-    }
-    ::madvise(a, n * 4, MADV_HUGEPAGE);
-    std::fill(a, a + n, 1.0f);
-  }
-  ~ProbeBuffer() { std::free(a); }
-  double gbs() const { return sum_gbs(a, n); }
-};
-
 // Memory read bandwidth in GB/s: the median of --reps sums over 1 GiB.
 double read_bandwidth() {
-  const ProbeBuffer probe;
+  const ReadProbe probe(size_t(1) << 30);
   std::vector<double> g;
   for (int r = 0; r <= g_reps; ++r) g.push_back(probe.gbs());
   g.erase(g.begin());  // warm-up
@@ -160,7 +119,7 @@ void decode_stream_rows(Backend& cpu, int rounds) {
     }
     rows.push_back(w), quad.push_back(q);
   }
-  const ProbeBuffer probe;  // 1 GiB: more than any L3 it could hide in
+  const ReadProbe probe(size_t(1) << 30);  // more than any L3 it could hide in
   const std::vector<float> x = random_floats(size_t(k), 3);
   std::vector<float> y(static_cast<size_t>(n));
   const auto pass = [&](const std::vector<Weight>& ws) {
