@@ -22,12 +22,26 @@ namespace glm5::kernels {
 // Backend::upload_gemm_matrix): rows in groups of 4, each group stored as ld / 16 chunks of
 // 4 rows x 16 columns, so that a 4-row register tile reads one sequential stream (decode streams
 // W at ~0.97 of the read bandwidth this way, ~0.90 from 4 separate rows); ld is cols rounded up
-// to 16 and the rows are rounded up to 4, the padding zero.
-enum class WeightLayout { kRowMajor, kQuad16 };
+// to 16 and the rows are rounded up to 4, the padding zero. kTile16 (BF16 only; where the fast cpu
+// backend's BF16 gemm runs on AMX tiles): the same scheme with groups of 16 rows and chunks of 32
+// columns, so that every A tile (16 W rows x 32 k values) is one contiguous KiB and a W block
+// streams as one sequence; ld is cols rounded up to 32, the rows rounded up to 16.
+enum class WeightLayout { kRowMajor, kQuad16, kTile16 };
 
-// Element (r, c) of a kQuad16 matrix with row stride ld: the offset in elements.
-constexpr int64_t quad16_offset(int64_t r, int64_t c, int64_t ld) {
-  return (r / 4) * 4 * ld + (c / 16) * 64 + (r % 4) * 16 + c % 16;
+// Element (r, c) of a matrix in groups of G rows stored as ld / C chunks of G rows x C columns.
+template <int64_t G, int64_t C>
+constexpr int64_t interleaved_offset(int64_t r, int64_t c, int64_t ld) {
+  return (r / G) * G * ld + (c / C) * (G * C) + (r % G) * C + c % C;
+}
+// Element (r, c) of a kQuad16 / kTile16 matrix with row stride ld: the offset in elements.
+constexpr int64_t quad16_offset(int64_t r, int64_t c, int64_t ld) { return interleaved_offset<4, 16>(r, c, ld); }
+constexpr int64_t tile16_offset(int64_t r, int64_t c, int64_t ld) { return interleaved_offset<16, 32>(r, c, ld); }
+// Rows per group of an interleaved layout (1: row-major), and the multiple its ld must be.
+constexpr int64_t layout_group_rows(WeightLayout l) {
+  return l == WeightLayout::kQuad16 ? 4 : l == WeightLayout::kTile16 ? 16 : 1;
+}
+constexpr int64_t layout_ld_multiple(WeightLayout l) {
+  return l == WeightLayout::kQuad16 ? 16 : l == WeightLayout::kTile16 ? 32 : 1;
 }
 
 // A 2-D weight matrix [rows, cols] in checkpoint dtype, row stride `ld` elements (ld >= cols).
@@ -43,10 +57,10 @@ struct Weight {
   int64_t scale_ld = 0, group = 0, scale_block_rows = 1;
   WeightLayout layout = WeightLayout::kRowMajor;
   // Rows [first, first + n) of this matrix (a view, no copy). A quantized matrix can be sliced
-  // only at multiples of its scale blocks, a kQuad16 one only at multiples of 4 rows.
+  // only at multiples of its scale blocks, a kQuad16 / kTile16 one only at multiples of 4 / 16 rows.
   Weight slice_rows(int64_t first, int64_t n) const {
-    CHECK(layout == WeightLayout::kRowMajor || first % 4 == 0, "slice_rows: row ", first,
-          " is inside a group of 4 interleaved rows");
+    CHECK(first % layout_group_rows(layout) == 0, "slice_rows: row ", first, " is inside a group of ",
+          layout_group_rows(layout), " interleaved rows");
     Weight w = *this;
     const size_t row = dtype == DType::Q4 ? size_t(ld) / 2 : size_t(ld) * dtype_size(dtype);
     w.data = static_cast<const char*>(data) + size_t(first) * row;
@@ -64,8 +78,8 @@ struct Weight {
 // Element (r, c) of a weight in host memory as float32: widened exactly, or dequantized by the
 // rule of core/quant.h. The definition every kernel's weight values are checked against.
 inline float weight_at(const Weight& w, int64_t r, int64_t c) {
-  if (w.layout == WeightLayout::kQuad16) {  // plain dtypes only (validated)
-    const size_t at = size_t(quad16_offset(r, c, w.ld));
+  if (w.layout != WeightLayout::kRowMajor) {  // plain dtypes only (validated)
+    const size_t at = size_t(w.layout == WeightLayout::kQuad16 ? quad16_offset(r, c, w.ld) : tile16_offset(r, c, w.ld));
     switch (w.dtype) {
       case DType::F32: {
         float v;
@@ -329,7 +343,7 @@ class Backend {
   virtual const void* upload_mapped(const void* mapped, size_t bytes) { return upload(mapped, bytes); }
   // A streamed matrix the model uses only as y = x W^T over whole rows (never transposed or
   // sliced): `mapped` views it in the file mapping (`bytes` long). The result may use another
-  // layout (the fast cpu backend: WeightLayout::kQuad16); the default is upload_mapped().
+  // layout (the fast cpu backend: WeightLayout::kQuad16 or kTile16); the default is upload_mapped().
   virtual Weight upload_gemm_matrix(const Weight& mapped, size_t bytes) {
     Weight w = mapped;
     w.data = upload_mapped(mapped.data, bytes);

@@ -12,6 +12,10 @@
 #include <cstring>
 #include <utility>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #if defined(__x86_64__) && defined(__linux__)
 #include <cerrno>
 #include <cpuid.h>
@@ -169,8 +173,9 @@ struct EmuTiles {
 struct ABlock {
   const uint16_t* base = nullptr;
   int64_t ld_bytes = 0, full = 0;
+  int64_t step = kChunk;  // elements from one chunk to the next (kTile16: a whole 16 x 32 tile)
   const uint16_t* tail = nullptr;
-  const uint16_t* chunk(int64_t kc) const { return kc < full ? base + kc * kChunk : tail; }
+  const uint16_t* chunk(int64_t kc) const { return kc < full ? base + kc * step : tail; }
   int64_t stride(int64_t kc) const { return kc < full ? ld_bytes : kChunk * 2; }
 };
 
@@ -181,21 +186,33 @@ void each(std::integer_sequence<int, I...>, F&& f) {
   (f.template operator()<I>(), ...);
 }
 
-using OutTiles = float[3][2][16][16];
+// The C tiles of up to 3 W blocks x 2 x-row blocks, as stored: [wb][cb][W row][x row].
+struct alignas(64) OutTiles {
+  float t[3][2][16][16];
+  float (&operator[](int wb))[2][16][16] { return t[wb]; }
+  const float (&operator[](int wb) const)[2][16][16] { return t[wb]; }
+};
 
-// C(wb, cb) for MW W blocks x NC x-row blocks, over all k chunks; then each C tile stored to
-// out[wb][cb] (16 x 16 floats, row = W row, column = x row).
+// Chunks [kc0, kc1) into C(wb, cb) for MW W blocks x NC x-row blocks: C starts at zero (kc0 = 0)
+// or as `out` holds it (a float32 tile stored and loaded back is the same value, so cutting k into
+// blocks changes no bit), and is stored to out[wb][cb] (16 x 16 floats, row = W row, column = x
+// row). `prefetch`: the W rows a few chunks ahead (first pass over W: 16 rows are 16 streams).
 template <class Tiles, bool N, int MW, int NC>
-void micro(const ABlock* a, const PackedX& x, int64_t cb0, OutTiles& out) {
+void micro(const ABlock* a, const PackedX& x, int64_t cb0, int64_t kc0, int64_t kc1, bool prefetch, OutTiles& out) {
   static_assert(MW <= max_w_blocks(N) && (!N || NC == 1));
   constexpr auto wbs = std::make_integer_sequence<int, MW>{};
   constexpr auto cbs = std::make_integer_sequence<int, NC>{};
-  each(wbs, [&]<int W>() { each(cbs, [&]<int B>() { Tiles::template zero<c_tile(N, W, B)>(); }); });
+  each(wbs, [&]<int W>() {
+    each(cbs, [&]<int B>() {
+      if (kc0 == 0) Tiles::template zero<c_tile(N, W, B)>();
+      else Tiles::template load<c_tile(N, W, B)>(&out[W][B][0][0], 16 * 4);
+    });
+  });
   const int64_t b_stride = int64_t(x.n_cols) * 4;
-  for (int64_t kc = 0; kc < x.chunks; ++kc) {
+  for (int64_t kc = kc0; kc < kc1; ++kc) {
     each(wbs, [&]<int W>() {
       Tiles::template load<a_tile(N, W)>(a[W].chunk(kc), a[W].stride(kc));
-      if (kc + kAhead < a[W].full) Tiles::prefetch(a[W].chunk(kc + kAhead), a[W].stride(kc));
+      if (prefetch && kc + kAhead < a[W].full) Tiles::prefetch(a[W].chunk(kc + kAhead), a[W].stride(kc));
     });
     // B alternates between two tiles, so the next load need not wait for the products reading
     // the last one.
@@ -213,7 +230,7 @@ void micro(const ABlock* a, const PackedX& x, int64_t cb0, OutTiles& out) {
 }
 
 template <class Tiles>
-using MicroFn = void (*)(const ABlock*, const PackedX&, int64_t, OutTiles&);
+using MicroFn = void (*)(const ABlock*, const PackedX&, int64_t, int64_t, int64_t, bool, OutTiles&);
 
 template <class Tiles>
 MicroFn<Tiles> micro_fn(bool narrow, int mw, int nc) {
@@ -224,16 +241,24 @@ MicroFn<Tiles> micro_fn(bool narrow, int mw, int nc) {
   return narrow ? thin[mw - 1] : wide[mw - 1][nc - 1];
 }
 
-// Per-thread buffers: the last-chunk tails of the W blocks, a W block past n copied whole.
+// Chunks per k block of the wide kernel: the B tiles of one block (2 x-row blocks x 3 terms x
+// kKBlock KiB) stay in L1 while every W block pair of the call passes over them (tile loads from
+// L2 cost several times those from L1).
+constexpr int64_t kKBlock = 4;
+
+// Per-thread buffers: the last-chunk tails of the W blocks, a W block past n copied whole, the C
+// tiles of every W block pair between k blocks.
 struct Scratch {
-  alignas(64) uint16_t tail[3][kTileRows * kChunk];
-  std::vector<uint16_t> part;
+  std::vector<uint16_t, Aligned64<uint16_t>> tails;  // [pair][wb] 16 x 32
+  std::vector<uint16_t, Aligned64<uint16_t>> part;
+  std::vector<ABlock> blocks;                        // [pair][wb]
+  std::vector<OutTiles, Aligned64<OutTiles>> out;    // [pair]
 };
 
 // W rows [r0, r0 + rows) of a block as an ABlock: straight from w when all 16 rows exist (only the
 // partial last chunk copied), else copied whole into `part` with zero rows and columns.
 ABlock a_block(const uint16_t* w, int64_t ldw, int64_t k, int64_t chunks, int rows, uint16_t* tail,
-               std::vector<uint16_t>& part) {
+               std::vector<uint16_t, Aligned64<uint16_t>>& part) {
   ABlock b;
   if (rows == kTileRows) {
     b.base = w;
@@ -256,34 +281,95 @@ ABlock a_block(const uint16_t* w, int64_t ldw, int64_t k, int64_t chunks, int ro
   return b;
 }
 
+// W rows [r0, r0 + 16) of a kTile16 weight (r0 a multiple of 16; ldw >= 32 * chunks, zero-padded,
+// so no chunk needs a tail): chunk kc is the KiB at group + kc * 512 elements, 64 bytes per row.
+ABlock tiled_block(const uint16_t* group, int64_t chunks) {
+  ABlock b;
+  b.base = group;
+  b.ld_bytes = kChunk * 2;
+  b.full = chunks;
+  b.step = kTileRows * kChunk;
+  return b;
+}
+
+// y[i, j] (+)= c[j][i] for i < ni, j < nj (c: a stored C tile, [W row][x row]). With AVX-512 the
+// tile is transposed in registers (four rounds of block swaps) and each y row written at once.
+void store_transposed(float (&c)[16][16], int ni, int nj, float* y, int64_t ldy, bool accumulate) {
+#if defined(__AVX512F__)
+  __m512 r[16];
+  for (int j = 0; j < 16; ++j) r[j] = _mm512_load_ps(c[j]);
+  for (int s = 8; s >= 1; s /= 2) {
+    alignas(64) int32_t lo[16], hi[16];
+    for (int q = 0; q < 16; ++q) {
+      lo[q] = (q & s) ? 16 + q - s : q;  // row i keeps its own columns, takes row i + s's low ones
+      hi[q] = (q & s) ? 16 + q : q + s;  // row i + s takes row i's high columns, keeps its own
+    }
+    const __m512i il = _mm512_load_si512(lo), ih = _mm512_load_si512(hi);
+    for (int i = 0; i < 16; ++i)
+      if (!(i & s)) {
+        const __m512 a = r[i], b = r[i + s];
+        r[i] = _mm512_permutex2var_ps(a, il, b);
+        r[i + s] = _mm512_permutex2var_ps(a, ih, b);
+      }
+  }
+  const __mmask16 mask = __mmask16((1u << nj) - 1);
+  for (int i = 0; i < ni; ++i) {
+    float* yr = y + i * ldy;
+    const __m512 v = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, yr), r[i]) : r[i];
+    _mm512_mask_storeu_ps(yr, mask, v);
+  }
+#else
+  for (int i = 0; i < ni; ++i)
+    for (int j = 0; j < nj; ++j) y[i * ldy + j] = accumulate ? y[i * ldy + j] + c[j][i] : c[j][i];
+#endif
+}
+
+// The loop: for each pair of x-row blocks, for each k block, every pair (narrow: triple) of W
+// blocks; C tiles wait in sc.out between k blocks. Decode-sized x (one x-row block) takes all of k
+// at once: its B tiles are small and its C tiles never leave the registers.
 template <class Tiles>
-void gemm_rows_t(const PackedX& x, const uint16_t* w, int64_t ldw, int64_t nb, float* y, int64_t ldy,
+void gemm_rows_t(const PackedX& x, const uint16_t* w, int64_t ldw, bool tiled, int64_t nb, float* y, int64_t ldy,
                  bool accumulate) {
   thread_local Scratch sc;
   const bool narrow = x.col_blocks == 1;
   const int max_mw = max_w_blocks(narrow);
+  const int64_t span = max_mw * kTileRows, groups = (nb + span - 1) / span;
+  const int64_t kb = narrow ? std::max<int64_t>(x.chunks, 1) : kKBlock;
+  sc.blocks.resize(size_t(groups * max_mw));
+  sc.tails.resize(size_t(groups * max_mw * kTileRows * kChunk));
+  sc.out.resize(size_t(groups));
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    const int64_t r0 = gi * span, rem = nb - r0;
+    const int mw = int(std::min<int64_t>(max_mw, (rem + kTileRows - 1) / kTileRows));
+    for (int wb = 0; wb < mw; ++wb) {
+      const int rows = int(std::min<int64_t>(kTileRows, rem - wb * kTileRows));
+      // (only the last block can be partial, so one `part` serves)
+      const uint16_t* wr = w + (r0 + wb * kTileRows) * ldw;
+      uint16_t* tail = sc.tails.data() + (gi * max_mw + wb) * kTileRows * kChunk;
+      sc.blocks[size_t(gi * max_mw + wb)] =
+          tiled ? tiled_block(wr, x.chunks) : a_block(wr, ldw, x.k, x.chunks, rows, tail, sc.part);
+    }
+  }
   Tiles::configure(config_for(narrow, x.n_cols));
-  alignas(64) OutTiles out;
   for (int64_t cb0 = 0; cb0 < x.col_blocks; cb0 += 2) {
     const int nc = int(std::min<int64_t>(2, x.col_blocks - cb0));
-    for (int64_t r0 = 0; r0 < nb; r0 += max_mw * kTileRows) {
-      const int64_t rem = nb - r0;
-      const int mw = int(std::min<int64_t>(max_mw, (rem + kTileRows - 1) / kTileRows));
-      ABlock a[3];
-      for (int wb = 0; wb < mw; ++wb) {
-        const int rows = int(std::min<int64_t>(kTileRows, rem - wb * kTileRows));
-        // (only the last block can be partial, so one `part` serves)
-        a[wb] = a_block(w + (r0 + wb * kTileRows) * ldw, ldw, x.k, x.chunks, rows, sc.tail[wb], sc.part);
+    for (int64_t kc0 = 0; kc0 < std::max<int64_t>(x.chunks, 1); kc0 += kb) {
+      const int64_t kc1 = std::min(x.chunks, kc0 + kb);
+      for (int64_t gi = 0; gi < groups; ++gi) {
+        const int mw = int(std::min<int64_t>(max_mw, (nb - gi * span + kTileRows - 1) / kTileRows));
+        micro_fn<Tiles>(narrow, mw, nc)(sc.blocks.data() + gi * max_mw, x, cb0, kc0, kc1, cb0 == 0,
+                                        sc.out[size_t(gi)]);
       }
-      micro_fn<Tiles>(narrow, mw, nc)(a, x, cb0, out);
+    }
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      const int64_t r0 = gi * span;
+      const int mw = int(std::min<int64_t>(max_mw, (nb - r0 + kTileRows - 1) / kTileRows));
+      OutTiles& out = sc.out[size_t(gi)];
       for (int wb = 0; wb < mw; ++wb)
         for (int cb = 0; cb < nc; ++cb) {
           const int64_t i0 = (cb0 + cb) * kTileRows, j0 = r0 + wb * kTileRows;
           const int64_t ni = std::min<int64_t>(kTileRows, x.m - i0), nj = std::min<int64_t>(kTileRows, nb - j0);
-          for (int64_t i = 0; i < ni; ++i) {
-            float* yr = y + (i0 + i) * ldy + j0;
-            for (int64_t j = 0; j < nj; ++j) yr[j] = accumulate ? yr[j] + out[wb][cb][j][i] : out[wb][cb][j][i];
-          }
+          store_transposed(out[wb][cb], int(ni), int(nj), y + i0 * ldy + j0, ldy, accumulate);
         }
     }
   }
@@ -392,13 +478,14 @@ void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out) {
   }
 }
 
-void gemm_rows(const PackedX& x, const uint16_t* w, int64_t ldw, int64_t nb, float* y, int64_t ldy,
+void gemm_rows(const PackedX& x, const uint16_t* w, int64_t ldw, bool tiled, int64_t nb, float* y, int64_t ldy,
                bool accumulate, bool emulated) {
   if (nb <= 0 || x.m <= 0) return;
-  if (emulated) return gemm_rows_t<EmuTiles>(x, w, ldw, nb, y, ldy, accumulate);
+  CHECK(!tiled || ldw >= x.chunks * kChunk, "amx::gemm_rows: a kTile16 weight with ld ", ldw, " for k = ", x.k);
+  if (emulated) return gemm_rows_t<EmuTiles>(x, w, ldw, tiled, nb, y, ldy, accumulate);
 #if defined(__x86_64__)
   CHECK(available(), "amx::gemm_rows: this machine cannot run AMX");
-  return gemm_rows_t<HwTiles>(x, w, ldw, nb, y, ldy, accumulate);
+  return gemm_rows_t<HwTiles>(x, w, ldw, tiled, nb, y, ldy, accumulate);
 #else
   GLM5_FAIL("amx::gemm_rows: AMX needs x86-64");
 #endif

@@ -82,17 +82,19 @@ class CpuBackend final : public HostBackend {
     const void* copy = arena_.copy(mapped, bytes);
     return copy ? copy : mapped;
   }
-  // Plain-dtype matrices copied interleaved (WeightLayout::kQuad16: the fp32 gemm path's decode
-  // tiles then read one stream), except where the BF16 gemm runs on AMX tiles, which load W rows.
+  // Plain-dtype matrices copied interleaved: WeightLayout::kQuad16 (the fp32 gemm path's decode
+  // tiles then read one stream), or kTile16 for BF16 where the gemm runs on AMX tiles (each A tile
+  // one contiguous KiB).
   Weight upload_gemm_matrix(const Weight& mapped, size_t bytes) override {
     const bool plain = mapped.dtype == DType::BF16 || mapped.dtype == DType::F16 || mapped.dtype == DType::F32;
-    if (!plain || (mapped.dtype == DType::BF16 && fast::gemm_path() != "fp32"))
-      return HostBackend::upload_gemm_matrix(mapped, bytes);
+    if (!plain) return HostBackend::upload_gemm_matrix(mapped, bytes);
+    const WeightLayout layout = mapped.dtype == DType::BF16 && fast::gemm_path() != "fp32" ? WeightLayout::kTile16
+                                                                                          : WeightLayout::kQuad16;
     Weight w = mapped;
-    w.data = arena_.copy_quad16(mapped.data, dtype_size(mapped.dtype), mapped.rows, mapped.cols, mapped.ld);
+    w.data = arena_.copy_interleaved(mapped.data, dtype_size(mapped.dtype), mapped.rows, mapped.cols, mapped.ld, layout);
     if (!w.data) return HostBackend::upload_gemm_matrix(mapped, bytes);  // the arena is off or full
-    w.layout = WeightLayout::kQuad16;
-    w.ld = WeightArena::quad16_ld(mapped.cols);
+    w.layout = layout;
+    w.ld = WeightArena::interleaved_ld(layout, mapped.cols);
     return w;
   }
   void gemm(const GemmParams& p) override {

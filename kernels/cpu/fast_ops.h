@@ -22,7 +22,9 @@ void gemm_batch(std::span<const GemmParams> ps);     // cpu/gemm.cpp
 // available); set_gemm_path ("auto" = best) switches it for tests and benchmarks. One path serves
 // every row count, so results stay batch-invariant; F16 / F32 / quantized weights keep theirs, and
 // so do interleaved BF16 weights (WeightLayout::kQuad16: always fp32; the backend interleaves BF16
-// matrices at load only when the path is fp32, so switching to amx later leaves them there).
+// matrices that way at load only when the path is fp32, so switching to amx later leaves them
+// there). On an AMX path the backend holds BF16 matrices as tiles (kTile16), which only an AMX
+// path runs: switching to fp32 after loading is refused at their first gemm.
 std::vector<std::string> gemm_paths();
 std::string gemm_path();
 void set_gemm_path(const std::string& path);

@@ -5,10 +5,11 @@
 // per gemm left the second thread waiting at a join for each of them.
 // Batch-invariant by construction: y[i, j] is always the dot_tile recipe (cpu/dot_tile.h) over
 // x row i and W row j, whatever m, the tile shape, the batch of gemms or the thread count; on the
-// AMX path (row-major BF16 weights, gemm_path() "amx") always the tile recipe of cpu/amx_gemm.h
-// instead. W is row-major or interleaved in groups of 4 rows (WeightLayout::kQuad16, how the fast
-// backend holds the model's plain-dtype matrices: a decode tile then reads one stream); the layout
-// changes where a tile reads its chunks, never the recipe, so both give the same bits.
+// AMX path (row-major or kTile16 BF16 weights, gemm_path() "amx") always the tile recipe of
+// cpu/amx_gemm.h instead. W is row-major or interleaved: in groups of 4 rows (WeightLayout::kQuad16,
+// how the fast backend holds the model's plain-dtype matrices on the fp32 path: a decode tile then
+// reads one stream) or of 16 rows as AMX tiles (kTile16, BF16 on the AMX path); the layout changes
+// where a tile reads its chunks, never the recipe, so all give the same bits.
 // Not here: library GEMMs (they change the reduction order with the shape).
 #include <omp.h>
 
@@ -199,7 +200,10 @@ struct Job {
       quant = quant_split(g);
       items = quant.items;
       item_cost = double(quant.rows_per_item * g.k) * (wbytes + double(g.m));
-    } else if (g.w.dtype == DType::BF16 && g.k > 0 && g.w.layout == WeightLayout::kRowMajor && gemm_path_now() != 0) {
+    } else if (g.w.layout == WeightLayout::kTile16 ||
+               (g.w.dtype == DType::BF16 && g.k > 0 && g.w.layout == WeightLayout::kRowMajor && gemm_path_now() != 0)) {
+      CHECK(gemm_path_now() != 0, "gemm: a kTile16 (AMX tile) weight on the fp32 gemm path (GLM5_CPU_GEMM=fp32): ",
+            "weights are laid out for the path chosen when they were loaded");
       kind = kAmx;
       amx_emulated = gemm_path_now() == 2;
       amx_rows = amx_rows_per_item(g.m, g.k);
@@ -222,7 +226,8 @@ struct Job {
       case kAmx: {
         const int64_t j0 = item * amx_rows;
         amx::gemm_rows(*px, static_cast<const uint16_t*>(p->w.data) + j0 * p->w.ld, p->w.ld,
-                       std::min(amx_rows, p->n - j0), p->y + j0, p->ldy, p->accumulate, amx_emulated);
+                       p->w.layout == WeightLayout::kTile16, std::min(amx_rows, p->n - j0), p->y + j0, p->ldy,
+                       p->accumulate, amx_emulated);
         return;
       }
       case kTn: return typed([&]<class L>() { tn_item<L>(*p, item); });
@@ -288,6 +293,7 @@ struct Scratch {
   std::unique_ptr<ItemRange[]> ranges;
   int n_ranges = 0;
   std::vector<std::unique_ptr<amx::PackedX>> packed;  // the AMX jobs' x (pack_amx_inputs)
+  std::vector<size_t> pack_jobs;
 };
 
 Scratch& scratch() {
@@ -298,9 +304,14 @@ Scratch& scratch() {
 // The AMX jobs' x as tile terms, each distinct x once (decode: every expert's gate and up share
 // one), into buffers this thread keeps between calls (no allocation in the decode loop; what stays
 // allocated is the high-water mark, 1.5x the float32 activations of the largest batch).
+// Several distinct x (prefill's experts: one per expert, each too small to split) are packed one per
+// thread; a single one splits its rows over the threads inside pack_x.
 void pack_amx_inputs(std::vector<Job>& jobs) {
-  std::vector<std::unique_ptr<amx::PackedX>>& pool = scratch().packed;
-  size_t used = 0;
+  Scratch& sc = scratch();
+  std::vector<std::unique_ptr<amx::PackedX>>& pool = sc.packed;
+  std::vector<size_t>& owner = sc.pack_jobs;  // the job whose x each used pool entry packs
+  owner.clear();
+  int64_t elems = 0;
   for (size_t j = 0; j < jobs.size(); ++j) {
     if (jobs[j].kind != Job::kAmx) continue;
     const GemmParams& g = *jobs[j].p;
@@ -309,9 +320,16 @@ void pack_amx_inputs(std::vector<Job>& jobs) {
       if (jobs[i].kind == Job::kAmx && h.x == g.x && h.ldx == g.ldx && h.m == g.m && h.k == g.k) jobs[j].px = jobs[i].px;
     }
     if (jobs[j].px) continue;
-    if (used == pool.size()) pool.push_back(std::make_unique<amx::PackedX>());
-    amx::pack_x(g.x, g.ldx, g.m, g.k, *pool[used]);
-    jobs[j].px = pool[used++].get();
+    if (owner.size() == pool.size()) pool.push_back(std::make_unique<amx::PackedX>());
+    jobs[j].px = pool[owner.size()].get();
+    owner.push_back(j);
+    elems += g.m * g.k;
+  }
+  const int64_t n = int64_t(owner.size());
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1 && elems >= (int64_t(1) << 16))
+  for (int64_t u = 0; u < n; ++u) {
+    const GemmParams& g = *jobs[owner[size_t(u)]].p;
+    amx::pack_x(g.x, g.ldx, g.m, g.k, *pool[size_t(u)]);
   }
 }
 

@@ -83,6 +83,10 @@ void validate(const GemmParams& p) {
     CHECK(!p.trans_w && !quant::is_quantized(p.w.dtype) && p.w.ld % 16 == 0, "gemm: an interleaved (kQuad16) ",
           dtype_name(p.w.dtype), " weight with ld ", p.w.ld, " and trans_w = ", p.trans_w,
           ": the layout holds only BF16/F16/F32 rows used as y = x W^T, ld a multiple of 16");
+  if (p.w.layout == WeightLayout::kTile16)
+    CHECK(!p.trans_w && p.w.dtype == DType::BF16 && p.w.ld % 32 == 0, "gemm: an interleaved (kTile16) ",
+          dtype_name(p.w.dtype), " weight with ld ", p.w.ld, " and trans_w = ", p.trans_w,
+          ": the layout holds only BF16 rows used as y = x W^T, ld a multiple of 32");
   CHECK(p.ldx >= p.k, "gemm: ldx ", p.ldx, " < k ", p.k);
   CHECK(p.ldy >= p.n, "gemm: ldy ", p.ldy, " < n ", p.n);
   if (p.m > 0 && p.n > 0) {

@@ -126,19 +126,23 @@ const void* WeightArena::copy(const void* src, size_t bytes) {
   return dst;
 }
 
-const void* WeightArena::copy_quad16(const void* src, size_t elem_bytes, int64_t rows, int64_t cols, int64_t ld) {
-  const int64_t groups = (rows + 3) / 4, ld16 = quad16_ld(cols);
-  const size_t chunk = 16 * elem_bytes;  // one row's 16 elements
-  char* dst = take(size_t(groups * 4 * ld16) * elem_bytes);
+const void* WeightArena::copy_interleaved(const void* src, size_t elem_bytes, int64_t rows, int64_t cols, int64_t ld,
+                                          WeightLayout layout) {
+  const int64_t G = layout_group_rows(layout), C = layout_ld_multiple(layout);
+  CHECK(G > 1, "copy_interleaved: not an interleaved layout");
+  const int64_t groups = (rows + G - 1) / G, ldc = interleaved_ld(layout, cols);
+  const size_t chunk = size_t(C) * elem_bytes;  // one row's C elements
+  char* dst = take(size_t(groups * G * ldc) * elem_bytes);
   if (!dst) return nullptr;
   const char* s = static_cast<const char*>(src);
+  // Group g's chunk q lies at (g * G * ldc + q * G * C) elements, its row c at + c * C.
 #pragma omp parallel for schedule(dynamic, 64) if (groups > 64)
   for (int64_t g = 0; g < groups; ++g)
-    for (int64_t q = 0; q < ld16 / 16; ++q)
-      for (int64_t c = 0; c < 4; ++c) {
-        char* out = dst + size_t(quad16_offset(4 * g + c, 16 * q, ld16)) * elem_bytes;
-        const int64_t r = 4 * g + c, n = r < rows ? std::min<int64_t>(16, cols - 16 * q) : 0;
-        if (n > 0) std::memcpy(out, s + size_t(r * ld + 16 * q) * elem_bytes, size_t(n) * elem_bytes);
+    for (int64_t q = 0; q < ldc / C; ++q)
+      for (int64_t c = 0; c < G; ++c) {
+        char* out = dst + size_t(g * G * ldc + q * G * C + c * C) * elem_bytes;
+        const int64_t r = G * g + c, n = r < rows ? std::min<int64_t>(C, cols - C * q) : 0;
+        if (n > 0) std::memcpy(out, s + size_t(r * ld + C * q) * elem_bytes, size_t(n) * elem_bytes);
         std::memset(out + size_t(n) * elem_bytes, 0, chunk - size_t(n) * elem_bytes);
       }
   return dst;

@@ -6,8 +6,9 @@
 // (MemAvailable, and the cgroup's limit less its non-cache use), the rest stays mapped, with one
 // note on stderr. Ranks on one host each copy the weights they hold (the mapping shared the page
 // cache between them). BF16 / F16 / F32 matrices the model uses only as y = x W^T are copied
-// interleaved in groups of 4 rows (copy_quad16, WeightLayout::kQuad16 in ops.h; BF16 not where its
-// gemm runs on AMX tiles), the rest (quantized, sliced or transposed) as they are.
+// interleaved in groups of 4 rows (copy_quad16, WeightLayout::kQuad16 in ops.h; BF16 in the AMX
+// tiles' groups of 16 rows, kTile16, where its gemm runs on them), the rest (quantized, sliced or
+// transposed) as they are.
 #pragma once
 
 #include <cstddef>
@@ -28,9 +29,18 @@ class WeightArena {
   // or would not fit in memory.
   const void* copy(const void* src, size_t bytes);
   // A copy of the row-major [rows, cols] matrix at src (row stride ld elements of elem_bytes) in
-  // WeightLayout::kQuad16 with row stride quad16_ld(cols), or nullptr as for copy().
-  const void* copy_quad16(const void* src, size_t elem_bytes, int64_t rows, int64_t cols, int64_t ld);
-  static int64_t quad16_ld(int64_t cols) { return (cols + 15) / 16 * 16; }
+  // an interleaved layout (WeightLayout::kQuad16 or kTile16, ops.h) with row stride
+  // interleaved_ld(layout, cols), zero-padded, or nullptr as for copy().
+  const void* copy_interleaved(const void* src, size_t elem_bytes, int64_t rows, int64_t cols, int64_t ld,
+                               WeightLayout layout);
+  const void* copy_quad16(const void* src, size_t elem_bytes, int64_t rows, int64_t cols, int64_t ld) {
+    return copy_interleaved(src, elem_bytes, rows, cols, ld, WeightLayout::kQuad16);
+  }
+  static int64_t interleaved_ld(WeightLayout layout, int64_t cols) {
+    const int64_t c = layout_ld_multiple(layout);
+    return (cols + c - 1) / c * c;
+  }
+  static int64_t quad16_ld(int64_t cols) { return interleaved_ld(WeightLayout::kQuad16, cols); }
   size_t bytes() const { return used_; }  // bytes copied so far
 
   // "copy" or "mmap", from GLM5_CPU_WEIGHTS (default copy).

@@ -1,8 +1,8 @@
 // The AMX-BF16 gemm (cpu/amx_gemm.h): the three bf16 terms of an activation sum to it exactly; the
 // kernel on emulated tiles (every machine) and on the hardware (machines with AMX; skipped with the
 // reason elsewhere) is close to a float64 dot product over every shape edge (k, n and m around the
-// tile sizes, strides, accumulate), batch-invariant bitwise, and independent of how W rows are cut
-// into calls; through the cpu backend on each BF16 path, close to the reference backend and
+// tile sizes, strides, accumulate), batch-invariant bitwise, independent of how W rows are cut
+// into calls, and the same bytes from a kTile16 weight as from the row-major one; through the cpu backend on each BF16 path, close to the reference backend and
 // invariant in m and in the thread count.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -16,6 +16,7 @@
 #include "core/dtype.h"
 #include "cpu/amx_gemm.h"
 #include "cpu/fast_ops.h"
+#include "cpu/weight_arena.h"
 #include "ops.h"
 
 namespace glm5::kernels::test {
@@ -101,16 +102,37 @@ Problem make_problem(int64_t m, int64_t n, int64_t k, uint32_t seed) {
   return p;
 }
 
-// y [m, ldy] from gemm_rows over W rows cut into calls of `rows` rows (0: one call).
-std::vector<float> run_rows(const Problem& p, bool emulated, int64_t rows, bool accumulate = false) {
+// p's W in WeightLayout::kTile16 (groups of 16 rows as 16 x 32 tiles, zero padding), row stride
+// ld = k rounded up to 32, by the layout's offset function.
+std::vector<uint16_t> tile16_of(const Problem& p, int64_t& ld) {
+  ld = (p.k + 31) / 32 * 32;
+  std::vector<uint16_t> t(size_t((p.n + 15) / 16 * 16 * ld), 0);
+  for (int64_t j = 0; j < p.n; ++j)
+    for (int64_t c = 0; c < p.k; ++c) t[size_t(tile16_offset(j, c, ld))] = p.w[size_t(j * p.ldw + c)];
+  return t;
+}
+
+// y [m, ldy] from gemm_rows over W rows cut into calls of `rows` rows (0: one call; a multiple of
+// 16 when tiled), W row-major or as kTile16.
+std::vector<float> run_rows(const Problem& p, bool emulated, int64_t rows, bool accumulate = false,
+                            bool tiled = false) {
   PackedX px;
   cpu::amx::pack_x(p.x.data(), p.k, p.m, p.k, px);
   std::vector<float> y(size_t(p.m * p.ldy), accumulate ? 0.5f : -7.0f);
+  int64_t ld = p.ldw;
+  const std::vector<uint16_t> w = tiled ? tile16_of(p, ld) : p.w;
   if (rows == 0) rows = p.n;
   for (int64_t j0 = 0; j0 < p.n; j0 += rows)
-    cpu::amx::gemm_rows(px, p.w.data() + j0 * p.ldw, p.ldw, std::min(rows, p.n - j0), y.data() + j0, p.ldy,
+    cpu::amx::gemm_rows(px, w.data() + j0 * ld, ld, tiled, std::min(rows, p.n - j0), y.data() + j0, p.ldy,
                         accumulate, emulated);
   return y;
+}
+
+// The kTile16 weight gives the row-major weight's bytes (the same tiles, read from elsewhere).
+void expect_tiled_same(const Problem& p, bool emulated, const std::vector<float>& y, int64_t rows = 0,
+                       bool accumulate = false) {
+  const auto t = run_rows(p, emulated, rows, accumulate, true);
+  ASSERT_EQ(0, std::memcmp(t.data(), y.data(), y.size() * 4)) << "kTile16 weight, calls of " << rows << " rows";
 }
 
 void expect_close(const Problem& p, const std::vector<float>& y, float offset = 0) {
@@ -135,8 +157,14 @@ void check_kernel(bool emulated) {
         if (k > 64 && n > 32 && m > 17) continue;  // the emulation is slow; edges are covered
         SCOPED_TRACE("m " + std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k));
         const Problem p = make_problem(m, n, k, seed++);
-        expect_close(p, run_rows(p, emulated, 0));
-        if (m == 17 && n == 33) expect_close(p, run_rows(p, emulated, 0, true), 0.5f);
+        const auto y = run_rows(p, emulated, 0);
+        expect_close(p, y);
+        expect_tiled_same(p, emulated, y);
+        if (m == 17 && n == 33) {
+          const auto ya = run_rows(p, emulated, 0, true);
+          expect_close(p, ya, 0.5f);
+          expect_tiled_same(p, emulated, ya, 0, true);
+        }
       }
 }
 
@@ -148,6 +176,7 @@ void check_invariance(bool emulated) {
     for (int64_t rows : {16, 32, 48}) {
       const auto cut = run_rows(p, emulated, rows);
       ASSERT_EQ(0, std::memcmp(all.data(), cut.data(), all.size() * 4)) << "W rows in calls of " << rows;
+      expect_tiled_same(p, emulated, all, rows);
     }
     for (int64_t i : {int64_t(0), int64_t(17), m - 1}) {
       if (i >= m) continue;
@@ -173,10 +202,13 @@ void check_one_hot(bool emulated) {
         for (int64_t q = 0; q < k; ++q) p.w[size_t(j * p.ldw + q)] = q == c ? f32_to_bf16(std::ldexp(1.0f, e)) : 0;
         for (int64_t i = 0; i < m; ++i) p.exact[size_t(i * p.n + j)] = std::ldexp(double(p.x[size_t(i * k + c)]), e);
       }
-      const auto y = run_rows(p, emulated, 0);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < p.n; ++j)
-          ASSERT_EQ(double(y[size_t(i * p.ldy + j)]), p.exact[size_t(i * p.n + j)]) << "k " << k << " row " << i << " col " << j;
+      for (bool tiled : {false, true}) {
+        const auto y = run_rows(p, emulated, 0, false, tiled);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < p.n; ++j)
+            ASSERT_EQ(double(y[size_t(i * p.ldy + j)]), p.exact[size_t(i * p.n + j)])
+                << "k " << k << " row " << i << " col " << j << (tiled ? " (kTile16)" : "");
+      }
     }
 }
 
@@ -288,6 +320,81 @@ TEST(AmxGemm, BackendEveryPathCloseAndInvariant) {
     ASSERT_EQ(0, std::memcmp(yc.data(), y0.data(), y0.size() * 4)) << "batch: own x";
     for (int64_t i = 0; i < big; ++i)
       ASSERT_EQ(0, std::memcmp(yb.data() + i * 100, y.data() + i * n + 7, 400)) << "batch: shared x, row " << i;
+  }
+  cpu::fast::set_gemm_path("auto");
+}
+
+// On the AMX paths the cpu backend holds BF16 gemm matrices as kTile16 (zero-padded to 16 rows and
+// 32 columns, every element where weight_at finds it) and a gemm over them gives the bytes of the
+// row-major weight on the same path, at decode and prefill sizes, alone and in a batch; the
+// refusals: kTile16 with trans_w, another dtype, ld off 32, the fp32 path, a slice inside a group.
+TEST(AmxGemm, BackendHoldsBf16InTiles) {
+  cpu::WeightArena probe;
+  std::vector<uint8_t> mib(size_t(1) << 20);
+  if (!probe.copy(mib.data(), mib.size())) GTEST_SKIP() << "the weight arena copies nothing here";
+  auto cpu_b = make_cpu_backend();
+  const int64_t n = 70, k = 100;  // neither a multiple of the tile
+  std::mt19937 rng(8);
+  std::normal_distribution<float> d(0, 1);
+  std::vector<uint16_t> w(size_t(n * k));
+  for (auto& v : w) v = f32_to_bf16(0.05f * d(rng));
+  const Weight rows{w.data(), DType::BF16, n, k, k};
+  for (const std::string& path : cpu::fast::gemm_paths()) {
+    if (path == "fp32") continue;
+    SCOPED_TRACE(path);
+    cpu::fast::set_gemm_path(path);
+    const Weight t = cpu_b->upload_gemm_matrix(rows, w.size() * 2);
+    ASSERT_EQ(t.layout, WeightLayout::kTile16);
+    ASSERT_EQ(t.ld, 128);
+    for (int64_t r = 0; r < 80; ++r)
+      for (int64_t c = 0; c < t.ld; ++c) {
+        const uint16_t got = static_cast<const uint16_t*>(t.data)[tile16_offset(r, c, t.ld)];
+        ASSERT_EQ(got, r < n && c < k ? w[size_t(r * k + c)] : uint16_t(0)) << r << ", " << c;
+        if (r < n && c < k) {
+          ASSERT_EQ(weight_at(t, r, c), bf16_to_f32(got));
+        }
+      }
+    for (int64_t m : {1, 3, 40}) {
+      std::vector<float> x(size_t(m * k));
+      for (float& v : x) v = d(rng);
+      std::vector<float> yr(size_t(m * n)), yt(size_t(m * n)), yb(size_t(m * n));
+      cpu_b->gemm({x.data(), k, rows, false, yr.data(), n, m, n, k});
+      cpu_b->gemm({x.data(), k, t, false, yt.data(), n, m, n, k});
+      ASSERT_EQ(0, std::memcmp(yr.data(), yt.data(), yr.size() * 4)) << "m=" << m;
+      const GemmParams batch[] = {{x.data(), k, t.slice_rows(16, 48), false, yb.data() + 16, n, m, 48, k},
+                                  {x.data(), k, t.slice_rows(0, 16), false, yb.data(), n, m, 16, k},
+                                  {x.data(), k, t.slice_rows(64, 6), false, yb.data() + 64, n, m, 6, k}};
+      cpu_b->gemm_batch(batch, 3);
+      ASSERT_EQ(0, std::memcmp(yr.data(), yb.data(), yr.size() * 4)) << "batch of slices, m=" << m;
+    }
+    std::vector<float> x(size_t(k * 64)), y(size_t(k * 64));
+    auto message = [&](const GemmParams& p) {
+      try {
+        cpu_b->gemm(p);
+      } catch (const std::exception& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    EXPECT_NE(message({x.data(), 70, Weight{t.data, DType::BF16, 70, 100, 128, nullptr, DType::F32, 0, 0, 1,
+                                            WeightLayout::kTile16},
+                       true, y.data(), 100, 1, 100, 70})
+                  .find("kTile16"),
+              std::string::npos);
+    Weight f16 = t;
+    f16.dtype = DType::F16;
+    EXPECT_NE(message({x.data(), k, f16, false, y.data(), n, 1, n, k}).find("only BF16"), std::string::npos);
+    Weight odd = t;
+    odd.ld = 112;
+    EXPECT_NE(message({x.data(), k, odd, false, y.data(), n, 1, n, k}).find("ld 112"), std::string::npos);
+    cpu::fast::set_gemm_path("fp32");
+    EXPECT_NE(message({x.data(), k, t, false, y.data(), n, 1, n, k}).find("fp32 gemm path"), std::string::npos);
+    try {
+      (void)t.slice_rows(8, 8);
+      ADD_FAILURE() << "a slice inside a group of 16 rows was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("group of 16"), std::string::npos) << e.what();
+    }
   }
   cpu::fast::set_gemm_path("auto");
 }
