@@ -16,9 +16,9 @@
 #        (the first is the reference for the depth ratios) DEPTH_ROUNDS=1, LLAMA_CMAKE_ARGS (extra cmake options for llama.cpp)
 #
 # llama.cpp is built with -DGGML_NATIVE=ON (its best kernels for this CPU). On CPUs with AMX, its Q8_0 /
-# Q4_K_M runs abort with GGML_ASSERT(*cur_backend_id != -1) unless its extra buffer types are off:
-# pass LLAMA_CMAKE_ARGS="-DGGML_CPU_REPACK=OFF -DGGML_NATIVE=OFF -DGGML_AVX512=ON ..." (no AMX) and
-# say so next to the figures (they then understate llama.cpp).
+# Q4_K_M runs abort with GGML_ASSERT(*cur_backend_id != -1) while its repacked (AMX) buffer types are
+# on, so there the quantized runs get llama-bench --repack 0 (its AVX-512 VNNI kernels; the table
+# says so). LLAMA_QUANT_ARGS overrides those extra llama-bench arguments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -104,10 +104,17 @@ load_start
 # One line per sample: "<metric> <threads> <engine> <weights> <value> [bandwidth GB/s] [fma GFLOP/s]".
 R=$WORK/results.txt
 : > "$R"
+if [ -z "${LLAMA_QUANT_ARGS+set}" ]; then
+  LLAMA_QUANT_ARGS=""
+  if grep -q -w amx_tile /proc/cpuinfo 2> /dev/null; then LLAMA_QUANT_ARGS="--repack 0"; fi
+fi
+echo "llama.cpp Q8_0 / Q4_K_M: llama-bench ${LLAMA_QUANT_ARGS:-with no extra arguments}"
 llama() {  # llama() GGUF_TYPE THREADS ARGS... -> "n_prompt n_gen avg_ts" per test, one per line
-  local t=$1 th=$2 out
+  local t=$1 th=$2 out extra=""
   shift 2
-  out=$(LD_LIBRARY_PATH="$D/llama" "$D/llama/llama-bench" -m "$G/model.$t.gguf" -t "$th" -r 1 "$@" -o csv 2> "$D/llama.err") ||
+  if [ "$t" != BF16 ]; then extra=$LLAMA_QUANT_ARGS; fi
+  # shellcheck disable=SC2086
+  out=$(LD_LIBRARY_PATH="$D/llama" "$D/llama/llama-bench" -m "$G/model.$t.gguf" -t "$th" -r 1 $extra "$@" -o csv 2> "$D/llama.err") ||
     { cat "$D/llama.err" >&2; echo "llama-bench failed on $t" >&2; return 1; }
   printf '%s\n' "$out" | python3 -c 'import csv, sys; [print(r["n_prompt"], r["n_gen"], r["avg_ts"]) for r in csv.DictReader(sys.stdin)]'
 }
