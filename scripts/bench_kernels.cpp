@@ -98,48 +98,65 @@ void gemm_row(int64_t m, int64_t n, int64_t k, bool trans, Backend& cpu, double 
 }
 
 // Decode from memory: y = x W^T at m = 1 over 1 GiB of BF16 weights (8 matrices [32768, 2048], in
-// huge-page arena memory as the model holds them), row-major and interleaved (WeightLayout::kQuad16),
-// each pass set against a 1 GiB read probe on either side of it (the bandwidth of a shared machine
-// drifts within a run); medians over `rounds` alternating passes. The decode rows above fit in the
-// L3 of large CPUs; this one cannot.
+// huge-page arena memory as the model holds them): row-major and interleaved (WeightLayout::kQuad16)
+// on the fp32 path, and where the CPU has AMX, as AMX tiles (kTile16) on the amx path; each pass set
+// against a 1 GiB read probe on either side of it (the bandwidth of a shared machine drifts within a
+// run); medians over `rounds` alternating passes. The decode rows above fit in the L3 of large
+// CPUs; this one cannot.
 void decode_stream_rows(Backend& cpu, int rounds) {
   const int64_t n = 32768, k = 2048, mats = 8;
   const size_t bytes = size_t(mats * n * k) * 2;
   std::vector<uint16_t> src(size_t(n * k));
   for (size_t i = 0; i < src.size(); ++i) src[i] = f32_to_bf16(float(int(i % 61) - 30) / 64.0f);
   cpu::WeightArena arena;
-  std::vector<Weight> rows, quad;
-  for (int64_t i = 0; i < mats; ++i) {
-    Weight w{arena.copy(src.data(), src.size() * 2), DType::BF16, n, k, k};
-    Weight q{arena.copy_quad16(src.data(), 2, n, k, k), DType::BF16, n, k, cpu::WeightArena::quad16_ld(k)};
-    q.layout = WeightLayout::kQuad16;
-    if (!w.data || !q.data) {
-      std::printf("| gemm bf16 from memory | (no room for 2 GiB of weights: skipped) | | | | |\n");
-      return;
+  struct Layout {
+    const char* name;
+    const char* path;  // the gemm path that reads it
+    WeightLayout layout;
+    std::vector<Weight> ws;
+  };
+  std::vector<Layout> layouts = {{"row-major", "fp32", WeightLayout::kRowMajor, {}},
+                                 {"interleaved rows", "fp32", WeightLayout::kQuad16, {}}};
+  if (cpu::amx::available()) layouts.push_back({"AMX tiles (amx path)", "amx", WeightLayout::kTile16, {}});
+  for (Layout& l : layouts)
+    for (int64_t i = 0; i < mats; ++i) {
+      Weight w{nullptr, DType::BF16, n, k, k};
+      w.layout = l.layout;
+      if (l.layout == WeightLayout::kRowMajor) {
+        w.data = arena.copy(src.data(), src.size() * 2);
+      } else {
+        w.data = arena.copy_interleaved(src.data(), 2, n, k, k, l.layout);
+        w.ld = cpu::WeightArena::interleaved_ld(l.layout, k);
+      }
+      if (!w.data) {
+        std::printf("| gemm bf16 from memory | (no room for %zu GiB of weights: skipped) | | | | |\n", layouts.size());
+        return;
+      }
+      l.ws.push_back(w);
     }
-    rows.push_back(w), quad.push_back(q);
-  }
   const ReadProbe probe(size_t(1) << 30);  // more than any L3 it could hide in
   const std::vector<float> x = random_floats(size_t(k), 3);
   std::vector<float> y(static_cast<size_t>(n));
-  const auto pass = [&](const std::vector<Weight>& ws) {
+  const auto pass = [&](const Layout& l) {
+    cpu::fast::set_gemm_path(l.path);
     const auto t0 = std::chrono::steady_clock::now();
-    for (const Weight& w : ws) cpu.gemm({x.data(), k, w, false, y.data(), n, 1, n, k});
+    for (const Weight& w : l.ws) cpu.gemm({x.data(), k, w, false, y.data(), n, 1, n, k});
     return double(bytes) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
   };
-  std::vector<double> ratio[2], gbs[2];
-  pass(rows), pass(quad);  // warm-up
+  const size_t nl = layouts.size();
+  std::vector<std::vector<double>> ratio(nl), gbs(nl);
+  for (const Layout& l : layouts) pass(l);  // warm-up
   for (int r = 0; r < rounds; ++r)
-    for (int l = 0; l < 2; ++l) {
-      const double before = probe.gbs(), g = pass(l ? quad : rows), after = probe.gbs();
+    for (size_t l = 0; l < nl; ++l) {
+      const double before = probe.gbs(), g = pass(layouts[l]), after = probe.gbs();
       gbs[l].push_back(g), ratio[l].push_back(g / (0.5 * (before + after)));
     }
-  for (int l = 0; l < 2; ++l) {
+  for (size_t l = 0; l < nl; ++l) {
     std::sort(ratio[l].begin(), ratio[l].end()), std::sort(gbs[l].begin(), gbs[l].end());
     std::printf("| gemm bf16 from memory, %s | m=1, 8 x n=%ld k=%ld (1 GiB) | | %.1f GB/s of weights | read probed "
                 "around each pass | %.2f (quartiles %.2f %.2f) |\n",
-                l ? "interleaved rows" : "row-major", long(n), long(k), gbs[l][gbs[l].size() / 2],
-                ratio[l][ratio[l].size() / 2], ratio[l][ratio[l].size() / 4], ratio[l][ratio[l].size() * 3 / 4]);
+                layouts[l].name, long(n), long(k), gbs[l][gbs[l].size() / 2], ratio[l][ratio[l].size() / 2],
+                ratio[l][ratio[l].size() / 4], ratio[l][ratio[l].size() * 3 / 4]);
   }
 }
 
@@ -330,8 +347,7 @@ int main(int argc, char** argv) {
     if (!quick) gemm_row(512, 6144, 2048, false, *cpu, bw);
     gemm_row(64, 2048, 2048, false, *cpu, bw);
   }
-  cpu::fast::set_gemm_path("fp32");  // (interleaved weights always take the fp32 path)
-  decode_stream_rows(*cpu, quick ? 5 : 15);
+  decode_stream_rows(*cpu, quick ? 5 : 15);  // (sets each layout's path)
   cpu::fast::set_gemm_path("auto");
   gemm_row(512, 512, 192, true, *cpu, bw);
   attention_rows(*cpu, quick);

@@ -50,13 +50,16 @@ LLAMA_REV=$(git -C "$SRC" rev-parse --short HEAD 2> /dev/null || echo unknown)
 
 # 2. The checkpoint, its GGUFs and glm5's quantized conversions (the generator and the GGUF writer
 # need numpy and gguf: a venv in $WORK unless PYTHON names a python3 that has them).
-if [ -z "${PYTHON:-}" ]; then
-  if [ ! -f "$WORK/venv/.ready" ]; then
-    python3 -m venv "$WORK/venv" && "$WORK/venv/bin/pip" install -q -r scripts/requirements-gguf.txt && touch "$WORK/venv/.ready"
+need_python() {  # sets PYTHON, making the venv the first time it is needed
+  if [ -z "${PYTHON:-}" ]; then
+    if [ ! -f "$WORK/venv/.ready" ]; then
+      python3 -m venv "$WORK/venv" && "$WORK/venv/bin/pip" install -q -r scripts/requirements-gguf.txt && touch "$WORK/venv/.ready"
+    fi
+    PYTHON=$WORK/venv/bin/python3
   fi
-  PYTHON=$WORK/venv/bin/python3
-fi
+}
 if [ ! -f "$MODEL/config.json" ]; then
+  need_python
   log "generating speed-a into $MODEL"
   "$PYTHON" scripts/gen_tiny_model.py --out "$MODEL" --seed 1 --hidden-size 2048 --num-hidden-layers 8 \
     --first-k-dense-replace 1 --num-attention-heads 16 --q-lora-rank 512 --kv-lora-rank 256 --qk-nope-head-dim 64 \
@@ -68,6 +71,7 @@ fi
 G=$WORK/gguf
 mkdir -p "$G"
 if [ ! -f "$G/model.f32.gguf" ] && [ ! -f "$G/model.BF16.gguf" ]; then
+  need_python
   log "converting $MODEL to GGUF"
   "$PYTHON" scripts/hf_to_gguf.py "$MODEL" "$G/model.f32.gguf.tmp" > "$WORK/gguf.log" || fail "$WORK/gguf.log"
   mv "$G/model.f32.gguf.tmp" "$G/model.f32.gguf"

@@ -462,7 +462,7 @@ void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out) {
   // Row i of x is column j = i % 16 of block i / 16: pair kk of chunk kc (2 bf16, one 4-byte
   // element of the B tile at (kk, j)) holds x[i, 32 kc + 2 kk + {0, 1}]; k past its end is zero.
   // Columns j >= m of the last block (m > 16) are zero rows of x.
-#pragma omp parallel for schedule(static) if (m * k >= (int64_t(1) << 18))
+#pragma omp parallel for schedule(static) if (m * k >= kPackParallelElems)
   for (int64_t i = 0; i < out.col_blocks * kTileRows; ++i) {
     if (i >= m && i % kTileRows >= nc) continue;  // no such column (m <= 16)
     const int64_t cb = i / kTileRows, j = i % kTileRows;

@@ -69,7 +69,8 @@ struct PackedX {
     return data.data() + ((cb * chunks + kc) * kTerms + t) * tile_elems();
   }
 };
-// x [m, k] float32, row stride ldx. Large packs run on all threads.
+// x [m, k] float32, row stride ldx. Packs of kPackParallelElems elements or more run on all threads.
+constexpr int64_t kPackParallelElems = int64_t(1) << 18;
 void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out);
 
 // The three bf16 terms of one float32 (exported for tests).

@@ -293,7 +293,7 @@ struct Scratch {
   std::unique_ptr<ItemRange[]> ranges;
   int n_ranges = 0;
   std::vector<std::unique_ptr<amx::PackedX>> packed;  // the AMX jobs' x (pack_amx_inputs)
-  std::vector<size_t> pack_jobs;
+  std::vector<size_t> pack_jobs, pack_small;
 };
 
 Scratch& scratch() {
@@ -304,13 +304,15 @@ Scratch& scratch() {
 // The AMX jobs' x as tile terms, each distinct x once (decode: every expert's gate and up share
 // one), into buffers this thread keeps between calls (no allocation in the decode loop; what stays
 // allocated is the high-water mark, 1.5x the float32 activations of the largest batch).
-// Several distinct x (prefill's experts: one per expert, each too small to split) are packed one per
-// thread; a single one splits its rows over the threads inside pack_x.
+// A large x splits its rows over the threads inside pack_x, one after another; the small ones
+// (prefill's experts: one x per expert) are then packed one per thread.
 void pack_amx_inputs(std::vector<Job>& jobs) {
   Scratch& sc = scratch();
   std::vector<std::unique_ptr<amx::PackedX>>& pool = sc.packed;
   std::vector<size_t>& owner = sc.pack_jobs;  // the job whose x each used pool entry packs
   owner.clear();
+  std::vector<size_t>& small = sc.pack_small;  // indices into owner of the x packed one per thread
+  small.clear();
   int64_t elems = 0;
   for (size_t j = 0; j < jobs.size(); ++j) {
     if (jobs[j].kind != Job::kAmx) continue;
@@ -322,14 +324,20 @@ void pack_amx_inputs(std::vector<Job>& jobs) {
     if (jobs[j].px) continue;
     if (owner.size() == pool.size()) pool.push_back(std::make_unique<amx::PackedX>());
     jobs[j].px = pool[owner.size()].get();
+    if (g.m * g.k >= amx::kPackParallelElems) {
+      amx::pack_x(g.x, g.ldx, g.m, g.k, *pool[owner.size()]);
+    } else {
+      small.push_back(owner.size());
+      elems += g.m * g.k;
+    }
     owner.push_back(j);
-    elems += g.m * g.k;
   }
-  const int64_t n = int64_t(owner.size());
+  const int64_t n = int64_t(small.size());
 #pragma omp parallel for schedule(dynamic, 1) if (n > 1 && elems >= (int64_t(1) << 16))
   for (int64_t u = 0; u < n; ++u) {
-    const GemmParams& g = *jobs[owner[size_t(u)]].p;
-    amx::pack_x(g.x, g.ldx, g.m, g.k, *pool[size_t(u)]);
+    const size_t at = small[size_t(u)];
+    const GemmParams& g = *jobs[owner[at]].p;
+    amx::pack_x(g.x, g.ldx, g.m, g.k, *pool[at]);
   }
 }
 

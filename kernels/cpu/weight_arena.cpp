@@ -136,7 +136,7 @@ const void* WeightArena::copy_interleaved(const void* src, size_t elem_bytes, in
   if (!dst) return nullptr;
   const char* s = static_cast<const char*>(src);
   // Group g's chunk q lies at (g * G * ldc + q * G * C) elements, its row c at + c * C.
-#pragma omp parallel for schedule(dynamic, 64) if (groups > 64)
+#pragma omp parallel for schedule(dynamic, 256 / G) if (groups * G > 256)  // pieces of 256 rows
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t q = 0; q < ldc / C; ++q)
       for (int64_t c = 0; c < G; ++c) {

@@ -2,8 +2,9 @@
 // kernel on emulated tiles (every machine) and on the hardware (machines with AMX; skipped with the
 // reason elsewhere) is close to a float64 dot product over every shape edge (k, n and m around the
 // tile sizes, strides, accumulate), batch-invariant bitwise, independent of how W rows are cut
-// into calls, and the same bytes from a kTile16 weight as from the row-major one; through the cpu backend on each BF16 path, close to the reference backend and
-// invariant in m and in the thread count.
+// into calls, and the same bytes from a kTile16 weight as from the row-major one; through the cpu
+// backend on each BF16 path, close to the reference backend and invariant in m and in the thread
+// count, and on the AMX paths holding BF16 weights as kTile16.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -339,6 +340,9 @@ TEST(AmxGemm, BackendHoldsBf16InTiles) {
   std::vector<uint16_t> w(size_t(n * k));
   for (auto& v : w) v = f32_to_bf16(0.05f * d(rng));
   const Weight rows{w.data(), DType::BF16, n, k, k};
+  struct RestorePath {
+    ~RestorePath() { cpu::fast::set_gemm_path("auto"); }
+  } restore;  // also when an assertion returns early
   for (const std::string& path : cpu::fast::gemm_paths()) {
     if (path == "fp32") continue;
     SCOPED_TRACE(path);
@@ -366,6 +370,36 @@ TEST(AmxGemm, BackendHoldsBf16InTiles) {
                                   {x.data(), k, t.slice_rows(64, 6), false, yb.data() + 64, n, m, 6, k}};
       cpu_b->gemm_batch(batch, 3);
       ASSERT_EQ(0, std::memcmp(yr.data(), yb.data(), yr.size() * 4)) << "batch of slices, m=" << m;
+      std::vector<float> acc_r(size_t(m * n), 0.25f), acc_t(acc_r);
+      GemmParams ar{x.data(), k, rows, false, acc_r.data(), n, m, n, k}, at = ar;
+      ar.accumulate = true, at.w = t, at.y = acc_t.data(), at.accumulate = true;
+      cpu_b->gemm(ar), cpu_b->gemm(at);
+      ASSERT_EQ(0, std::memcmp(acc_r.data(), acc_t.data(), acc_r.size() * 4)) << "accumulate, m=" << m;
+      EXPECT_NE(acc_t[0], yt[0]);
+    }
+    // Several distinct x in one batch, enough elements to be packed one per thread (prefill's
+    // experts): each gemm's bytes as alone.
+    {
+      const int64_t m = 40, kk = 1024;
+      std::vector<uint16_t> w2(size_t(16 * kk));
+      for (auto& v : w2) v = f32_to_bf16(0.05f * d(rng));
+      const Weight t2 = cpu_b->upload_gemm_matrix(Weight{w2.data(), DType::BF16, 16, kk, kk}, w2.size() * 2);
+      std::vector<std::vector<float>> xs(3), alone(3), together(3);
+      std::vector<GemmParams> batch;
+      for (int b = 0; b < 3; ++b) {
+        xs[size_t(b)].resize(size_t(m * kk));
+        for (float& v : xs[size_t(b)]) v = d(rng);
+        alone[size_t(b)].resize(size_t(m * 16)), together[size_t(b)].resize(size_t(m * 16));
+        cpu_b->gemm({xs[size_t(b)].data(), kk, t2, false, alone[size_t(b)].data(), 16, m, 16, kk});
+        batch.push_back({xs[size_t(b)].data(), kk, t2, false, together[size_t(b)].data(), 16, m, 16, kk});
+      }
+      const int saved = omp_get_max_threads();
+      omp_set_num_threads(2);
+      cpu_b->gemm_batch(batch);
+      omp_set_num_threads(saved);
+      for (int b = 0; b < 3; ++b)
+        ASSERT_EQ(0, std::memcmp(alone[size_t(b)].data(), together[size_t(b)].data(), alone[size_t(b)].size() * 4))
+            << "x " << b << " packed beside the others";
     }
     std::vector<float> x(size_t(k * 64)), y(size_t(k * 64));
     auto message = [&](const GemmParams& p) {
@@ -396,7 +430,6 @@ TEST(AmxGemm, BackendHoldsBf16InTiles) {
       EXPECT_NE(std::string(e.what()).find("group of 16"), std::string::npos) << e.what();
     }
   }
-  cpu::fast::set_gemm_path("auto");
 }
 
 }  // namespace
