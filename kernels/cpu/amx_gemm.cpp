@@ -30,10 +30,9 @@ namespace glm5::kernels::cpu::amx {
 
 namespace {
 
-// Tile registers, two layouts. Wide (x has more than 16 rows): C(wb, cb) = 2 wb + cb (0..3) for
-// 2 W blocks x 2 x-row blocks, A(wb) = 4 + wb. Narrow (decode-sized x, one x-row block): C(wb) =
-// wb (0..2) and A(wb) = 3 + wb for 3 W blocks: three accumulation chains instead of two, since
-// each C waits for its previous product. Either way B (one x term at a time) alternates 6 and 7.
+// Tile registers, two layouts. Wide (x has more than one row block): C(wb, cb) = 2 wb + cb (0..3)
+// for 2 W blocks x 2 x-row blocks, A(wb) = 4 + wb, B(cb) = 6 + cb. Narrow (decode-sized x, one
+// x-row block): C(wb) = wb (0..2) and A(wb) = 3 + wb for 3 W blocks, B = 6.
 constexpr int kB = 6, kTiles = 8;
 constexpr int c_tile(bool narrow, int wb, int cb) { return narrow ? wb : 2 * wb + cb; }
 constexpr int a_tile(bool narrow, int wb) { return (narrow ? 3 : 4) + wb; }
@@ -214,14 +213,10 @@ void micro(const ABlock* a, const PackedX& x, int64_t cb0, int64_t kc0, int64_t 
       Tiles::template load<a_tile(N, W)>(a[W].chunk(kc), a[W].stride(kc));
       if (prefetch && kc + kAhead < a[W].full) Tiles::prefetch(a[W].chunk(kc + kAhead), a[W].stride(kc));
     });
-    // B alternates between two tiles, so the next load need not wait for the products reading
-    // the last one.
-    each(std::make_integer_sequence<int, kTerms>{}, [&]<int T>() {
-      each(cbs, [&]<int B>() {
-        constexpr int b_tile = kB + (T * NC + B) % 2;
-        Tiles::template load<b_tile>(x.tile(cb0 + B, kc, T), b_stride);
-        each(wbs, [&]<int W>() { Tiles::template dp<c_tile(N, W, B), a_tile(N, W), b_tile>(); });
-      });
+    each(cbs, [&]<int B>() {
+      constexpr int b_tile = kB + B;
+      Tiles::template load<b_tile>(x.tile(cb0 + B, kc), b_stride);
+      each(wbs, [&]<int W>() { Tiles::template dp<c_tile(N, W, B), a_tile(N, W), b_tile>(); });
     });
   }
   each(wbs, [&]<int W>() {
@@ -241,10 +236,10 @@ MicroFn<Tiles> micro_fn(bool narrow, int mw, int nc) {
   return narrow ? thin[mw - 1] : wide[mw - 1][nc - 1];
 }
 
-// Chunks per k block of the wide kernel: the B tiles of one block (2 x-row blocks x 3 terms x
-// kKBlock KiB) stay in L1 while every W block pair of the call passes over them (tile loads from
-// L2 cost several times those from L1).
-constexpr int64_t kKBlock = 4;
+// Chunks per k block of the wide kernel: the B tiles of one block (2 x-row blocks x kKBlock
+// KiB) stay in L1 while every W block pair of the call passes over them (tile loads from L2 cost
+// several times those from L1).
+constexpr int64_t kKBlock = 8;
 
 // Per-thread buffers: the last-chunk tails of the W blocks, a W block past n copied whole, the C
 // tiles of every W block pair between k blocks.
@@ -292,9 +287,10 @@ ABlock tiled_block(const uint16_t* group, int64_t chunks) {
   return b;
 }
 
-// y[i, j] (+)= c[j][i] for i < ni, j < nj (c: a stored C tile, [W row][x row]). With AVX-512 the
-// tile is transposed in registers (four rounds of block swaps) and each y row written at once.
-void store_transposed(float (&c)[16][16], int ni, int nj, float* y, int64_t ldy, bool accumulate) {
+// y[r, j] (+)= (c[j][3r] + c[j][3r + 1]) + c[j][3r + 2] for r < nr, j < nj (c: a stored C tile,
+// [W row][column 3 r + t]). With AVX-512 the tile is transposed in registers (four rounds of block
+// swaps) and each y row written at once.
+void store_rows(float (&c)[16][16], int nr, int nj, float* y, int64_t ldy, bool accumulate) {
 #if defined(__AVX512F__)
   __m512 r[16];
   for (int j = 0; j < 16; ++j) r[j] = _mm512_load_ps(c[j]);
@@ -313,14 +309,17 @@ void store_transposed(float (&c)[16][16], int ni, int nj, float* y, int64_t ldy,
       }
   }
   const __mmask16 mask = __mmask16((1u << nj) - 1);
-  for (int i = 0; i < ni; ++i) {
+  for (int i = 0; i < nr; ++i) {
     float* yr = y + i * ldy;
-    const __m512 v = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, yr), r[i]) : r[i];
-    _mm512_mask_storeu_ps(yr, mask, v);
+    const __m512 v = _mm512_add_ps(_mm512_add_ps(r[3 * i], r[3 * i + 1]), r[3 * i + 2]);
+    _mm512_mask_storeu_ps(yr, mask, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, yr), v) : v);
   }
 #else
-  for (int i = 0; i < ni; ++i)
-    for (int j = 0; j < nj; ++j) y[i * ldy + j] = accumulate ? y[i * ldy + j] + c[j][i] : c[j][i];
+  for (int i = 0; i < nr; ++i)
+    for (int j = 0; j < nj; ++j) {
+      const float v = (c[j][3 * i] + c[j][3 * i + 1]) + c[j][3 * i + 2];
+      y[i * ldy + j] = accumulate ? y[i * ldy + j] + v : v;
+    }
 #endif
 }
 
@@ -367,9 +366,9 @@ void gemm_rows_t(const PackedX& x, const uint16_t* w, int64_t ldw, bool tiled, i
       OutTiles& out = sc.out[size_t(gi)];
       for (int wb = 0; wb < mw; ++wb)
         for (int cb = 0; cb < nc; ++cb) {
-          const int64_t i0 = (cb0 + cb) * kTileRows, j0 = r0 + wb * kTileRows;
-          const int64_t ni = std::min<int64_t>(kTileRows, x.m - i0), nj = std::min<int64_t>(kTileRows, nb - j0);
-          store_transposed(out[wb][cb], int(ni), int(nj), y + i0 * ldy + j0, ldy, accumulate);
+          const int64_t i0 = (cb0 + cb) * kRowsPerBlock, j0 = r0 + wb * kTileRows;
+          const int64_t ni = std::min<int64_t>(kRowsPerBlock, x.m - i0), nj = std::min<int64_t>(kTileRows, nb - j0);
+          store_rows(out[wb][cb], int(ni), int(nj), y + i0 * ldy + j0, ldy, accumulate);
         }
     }
   }
@@ -455,25 +454,24 @@ void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out) {
   out.m = m;
   out.k = k;
   out.chunks = (k + kChunk - 1) / kChunk;
-  out.col_blocks = (m + kTileRows - 1) / kTileRows;
-  out.n_cols = int(std::min<int64_t>(m, kTileRows));
-  out.data.resize(size_t(out.col_blocks * out.chunks * kTerms * out.tile_elems()));
+  out.col_blocks = (m + kRowsPerBlock - 1) / kRowsPerBlock;
+  out.n_cols = int(kTerms * std::min<int64_t>(m, kRowsPerBlock));
+  out.data.resize(size_t(out.col_blocks * out.chunks * out.tile_elems()));
   const int64_t nc = out.n_cols, tile = out.tile_elems();
-  // Row i of x is column j = i % 16 of block i / 16: pair kk of chunk kc (2 bf16, one 4-byte
-  // element of the B tile at (kk, j)) holds x[i, 32 kc + 2 kk + {0, 1}]; k past its end is zero.
-  // Columns j >= m of the last block (m > 16) are zero rows of x.
+  // Row i of x is row r = i % 5 of block i / 5: pair kk of chunk kc of its term t (2 bf16, one
+  // 4-byte element of the B tile at (kk, 3 r + t)) holds term t of x[i, 32 kc + 2 kk + {0, 1}]; k
+  // past its end is zero. Rows i >= m of the last block (m > 5) are zero rows of x.
 #pragma omp parallel for schedule(static) if (m * k >= kPackParallelElems)
-  for (int64_t i = 0; i < out.col_blocks * kTileRows; ++i) {
-    if (i >= m && i % kTileRows >= nc) continue;  // no such column (m <= 16)
-    const int64_t cb = i / kTileRows, j = i % kTileRows;
+  for (int64_t i = 0; i < out.col_blocks * kRowsPerBlock; ++i) {
+    if (i >= m && m <= kRowsPerBlock) continue;  // no such column
+    const int64_t cb = i / kRowsPerBlock, r = i % kRowsPerBlock;
     for (int64_t kc = 0; kc < out.chunks; ++kc) {
       uint16_t t3[kTerms][kChunk];
       const int n = i < m ? int(std::min<int64_t>(kChunk, k - kc * kChunk)) : 0;
       split_chunk(n > 0 ? x + i * ldx + kc * kChunk : nullptr, n, t3);
-      for (int t = 0; t < kTerms; ++t) {
-        uint16_t* dst = out.data.data() + ((cb * out.chunks + kc) * kTerms + t) * tile + j * 2;
-        for (int kk = 0; kk < kChunk / 2; ++kk) std::memcpy(dst + kk * nc * 2, &t3[t][2 * kk], 4);
-      }
+      uint16_t* dst = out.data.data() + (cb * out.chunks + kc) * tile + r * kTerms * 2;
+      for (int kk = 0; kk < kChunk / 2; ++kk)
+        for (int t = 0; t < kTerms; ++t) std::memcpy(dst + (kk * nc + t) * 2, &t3[t][2 * kk], 4);
     }
   }
 }

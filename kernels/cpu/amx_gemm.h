@@ -9,13 +9,15 @@
 //
 // Layout: the tiles compute C^T = W x^T. A tiles are 16 W rows x 32 k values read straight from
 // the weight: row-major (row stride = the weight's) or, as the fast backend holds them, kTile16
-// (each tile one contiguous KiB, one stream per 16-row block); B tiles are the packed
-// activation terms (16 k pairs x N x rows, the layout TDPBF16PS takes); C tiles are 16 W rows x N
-// x rows of float32, transposed into y on store.
+// (each tile one contiguous KiB, one stream per 16-row block); B tiles are the packed activation
+// terms, 16 k pairs x N columns, where column 3 r + t is term t of x row r of a block of 5 rows
+// (N = 3 min(m, 5): a decode row is one B tile of 3 columns, one product per W tile); C tiles
+// are 16 W rows x N columns of float32, whose three columns of an x row are added on store.
 //
-// Batch-invariant: y[i, j] is, whatever m, n, the tile mix or the thread: for every 32-wide k
-// chunk in order, for the terms t = 1, 2, 3, C += TDPBF16PS(W chunk, x_t chunk); then y = C (or
-// y + C). Zero padding (k past its end, W rows past n, x rows past m) adds exact zeros.
+// Batch-invariant: y[i, j] is, whatever m, n, the tile mix or the thread: C_t = the TDPBF16PS
+// products of W row j and term t of x row i over the 32-wide k chunks in order, each term its own
+// column (a column's value depends on its own column of B only); then y = (C_1 + C_2) + C_3 (or
+// y + that). Zero padding (k past its end, W rows past n, x rows past m) adds exact zeros.
 //
 // Two implementations of the same kernel source: the hardware one (inline assembly, used where
 // cpuid, XCR0 and the Linux permission request allow) and an emulation of the tile instructions in
@@ -57,17 +59,19 @@ struct Aligned64 {
   bool operator==(const Aligned64<U>&) const { return true; }
 };
 
-// Activations packed into B tiles: for x-row block cb (16 rows), chunk kc, term t, a tile of 16
-// k pairs x n_cols rows x 2 bf16 (n_cols = min(m, 16): a decode row packs no padding columns).
+// x rows per B tile: each brings its three terms as three columns (15 of the tile's 16).
+constexpr int kRowsPerBlock = 5;
+
+// Activations packed into B tiles: for x-row block cb (kRowsPerBlock rows) and chunk kc, a tile
+// of 16 k pairs x n_cols columns x 2 bf16, column 3 r + t = term t of row r of the block
+// (n_cols = 3 min(m, kRowsPerBlock): small batches pack no padding columns).
 struct PackedX {
   int64_t m = 0, k = 0, chunks = 0, col_blocks = 0;
   int n_cols = 0;
   std::vector<uint16_t, Aligned64<uint16_t>> data;  // every tile on a 64-byte boundary
 
   int64_t tile_elems() const { return int64_t(kTileRows) * n_cols * 2; }
-  const uint16_t* tile(int64_t cb, int64_t kc, int t) const {
-    return data.data() + ((cb * chunks + kc) * kTerms + t) * tile_elems();
-  }
+  const uint16_t* tile(int64_t cb, int64_t kc) const { return data.data() + (cb * chunks + kc) * tile_elems(); }
 };
 // x [m, k] float32, row stride ldx. Packs of kPackParallelElems elements or more run on all threads.
 constexpr int64_t kPackParallelElems = int64_t(1) << 18;

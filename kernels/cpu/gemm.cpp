@@ -167,11 +167,11 @@ int gemm_path_now() {
 }
 
 // BF16 y = x W^T on AMX tiles: items of W rows against all of x (packed once per batch). Decode-
-// sized x (<= 16 rows): ~kBlockBytes of W in multiples of 48 rows (the kernel's three W blocks);
+// sized x (<= 5 rows: one B tile): ~kBlockBytes of W in multiples of 48 rows (the kernel's three W blocks);
 // larger x: 128 rows, so that each pass over the packed x (6 bytes per element, from L3) feeds
 // 128 W rows (~0.02 bytes per flop) while the W block stays in L2.
 int64_t amx_rows_per_item(int64_t m, int64_t k) {
-  if (m > amx::kTileRows) return 128;
+  if (m > amx::kRowsPerBlock) return 128;
   const int64_t nb = kBlockBytes / (2 * std::max<int64_t>(k, 1));
   return std::clamp<int64_t>(nb / 48 * 48, 48, 240);
 }
