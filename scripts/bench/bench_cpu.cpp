@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/amx_gemm.h"
 #include "cpu/fast_ops.h"
 #include "read_probe.h"
 #include "parallel/comm.h"
@@ -59,6 +60,15 @@ int main(int argc, char** argv) {
   {
     ReadProbe probe(size_t(1) << 30);
     for (int rep = 0; rep < 5; ++rep) read_gbs = std::max(read_gbs, probe.gbs());
+  }
+  // AMX peak, where the BF16 gemms run on the tiles: their rate, all threads (four independent
+  // TDPBF16PS per round), as GFLOP/s of float32 activations (each costs three bf16 products).
+  double amx_gflops = 0;
+  if (glm5::kernels::cpu::fast::gemm_path() == "amx") {
+    double macs = 0;
+#pragma omp parallel reduction(+ : macs)
+    macs += glm5::kernels::cpu::amx::tile_macs_per_second(int64_t(1) << 20);
+    amx_gflops = 2 * macs / 3 / 1e9;
   }
   // 2. FMA peak: 12 independent 16-lane FMA chains per thread (enough to cover the latency of two
   // FMA pipes), all threads, best of 3. The compiler turns `a * b + c` into FMA instructions for
@@ -192,8 +202,12 @@ int main(int argc, char** argv) {
               "(quartiles %.0f%% %.0f%%, %zu windows)\n",
               kWindow, 100 * window_ratio[window_ratio.size() / 2], 100 * window_ratio[window_ratio.size() / 4],
               100 * window_ratio[window_ratio.size() * 3 / 4], window_ratio.size());
-  std::printf("prefill %d tokens: %.1f tok/s, %.1f GFLOP/s = %.0f%% of the FMA peak\n", prompt, S / prefill_s,
+  std::printf("prefill %d tokens: %.1f tok/s, %.1f GFLOP/s = %.0f%% of the FMA peak", prompt, S / prefill_s,
               prefill_gflops, 100.0 * prefill_gflops / fma_gflops);
+  if (amx_gflops > 0)
+    std::printf(", %.0f%% of the AMX tile peak (%.0f GFLOP/s of fp32 activations as 3 bf16 terms)",
+                100.0 * prefill_gflops / amx_gflops, amx_gflops);
+  std::printf("\n");
   std::printf("RSS after prefill + decode: %.3f GB = %.2fx the weights (each weight held once)\n",
               rss_run / 1e9, rss_run / weight_bytes);
   return 0;
