@@ -73,6 +73,7 @@ void gemm_row(int64_t m, int64_t n, int64_t k, bool trans, Backend& cpu, double 
   GemmParams p;
   p.x = x.data(), p.ldx = k;
   p.w = Weight{wb.data(), DType::BF16, trans ? k : n, trans ? n : k, trans ? n : k};
+  if (!trans) p.w = cpu.upload_gemm_matrix(p.w, wb.size() * 2);  // the layout the model holds on this path
   p.trans_w = trans;
   p.y = y.data(), p.ldy = n, p.m = m, p.n = n, p.k = k;
   double t = median_seconds([&] { cpu.gemm(p); });
@@ -221,13 +222,14 @@ void prefill_sweep(Backend& cpu, bool quick) {
       auto wf = random_floats(size_t(n * k), 2);
       std::vector<uint16_t> wb(wf.size());
       for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+      const Weight w = cpu.upload_gemm_matrix(Weight{wb.data(), DType::BF16, n, k, k}, wb.size() * 2);
       double first = 0;
       for (int64_t m : {int64_t(64), int64_t(512), int64_t(2048), int64_t(8192)}) {
         if (quick && m > 2048) break;
         auto x = random_floats(size_t(m * k), 1);
         std::vector<float> y(size_t(m * n));
         GemmParams p;
-        p.x = x.data(), p.ldx = k, p.w = Weight{wb.data(), DType::BF16, n, k, k};
+        p.x = x.data(), p.ldx = k, p.w = w;
         p.y = y.data(), p.ldy = n, p.m = m, p.n = n, p.k = k;
         const double t = median_seconds([&] { cpu.gemm(p); });
         const double gf = 2.0 * double(m) * double(n) * double(k) / t / 1e9;

@@ -32,7 +32,7 @@ namespace {
 
 // Tile registers, two layouts. Wide (x has more than one row block): C(wb, cb) = 2 wb + cb (0..3)
 // for 2 W blocks x 2 x-row blocks, A(wb) = 4 + wb, B(cb) = 6 + cb. Narrow (decode-sized x, one
-// x-row block): C(wb) = wb (0..2) and A(wb) = 3 + wb for 3 W blocks, B = 6.
+// x-row block): C(wb) = wb (0..2) and A(wb) = 3 + wb for 3 W blocks, B = 6 or 7 by chunk parity.
 constexpr int kB = 6, kTiles = 8;
 constexpr int c_tile(bool narrow, int wb, int cb) { return narrow ? wb : 2 * wb + cb; }
 constexpr int a_tile(bool narrow, int wb) { return (narrow ? 3 : 4) + wb; }
@@ -47,7 +47,7 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64);
 
-// C and B tiles hold n_cols x rows (4 bytes each); A tiles 32 bf16 of k.
+// B and C tiles: 16 rows (k pairs / W rows) of n_cols 4-byte columns; A tiles: 16 W rows of 32 bf16.
 TileConfig config_for(bool narrow, int n_cols) {
   TileConfig c;
   for (int t = 0; t < kTiles; ++t) {
@@ -185,7 +185,7 @@ void each(std::integer_sequence<int, I...>, F&& f) {
   (f.template operator()<I>(), ...);
 }
 
-// The C tiles of up to 3 W blocks x 2 x-row blocks, as stored: [wb][cb][W row][x row].
+// The C tiles of up to 3 W blocks x 2 x-row blocks, as stored: [wb][cb][W row][column 3 r + t].
 struct alignas(64) OutTiles {
   float t[3][2][16][16];
   float (&operator[](int wb))[2][16][16] { return t[wb]; }
@@ -194,8 +194,8 @@ struct alignas(64) OutTiles {
 
 // Chunks [kc0, kc1) into C(wb, cb) for MW W blocks x NC x-row blocks: C starts at zero (kc0 = 0)
 // or as `out` holds it (a float32 tile stored and loaded back is the same value, so cutting k into
-// blocks changes no bit), and is stored to out[wb][cb] (16 x 16 floats, row = W row, column = x
-// row). `prefetch`: the W rows a few chunks ahead (first pass over W: 16 rows are 16 streams).
+// blocks changes no bit), and is stored to out[wb][cb] (16 x 16 floats, row = W row, column =
+// term t of x row r at 3 r + t). `prefetch`: the W rows a few chunks ahead (first pass over W: 16 rows are 16 streams).
 template <class Tiles, bool N, int MW, int NC>
 void micro(const ABlock* a, const PackedX& x, int64_t cb0, int64_t kc0, int64_t kc1, bool prefetch, OutTiles& out) {
   static_assert(MW <= max_w_blocks(N) && (!N || NC == 1));
@@ -207,18 +207,24 @@ void micro(const ABlock* a, const PackedX& x, int64_t cb0, int64_t kc0, int64_t 
       else Tiles::template load<c_tile(N, W, B)>(&out[W][B][0][0], 16 * 4);
     });
   });
-  const int64_t b_stride = int64_t(x.n_cols) * 4;
-  for (int64_t kc = kc0; kc < kc1; ++kc) {
+  const int64_t b_stride = int64_t(x.ld) * 4;
+  // Chunk kc; with one x block in the call (narrow, or the wide kernel's odd last block) its B
+  // tile alternates between 6 and 7 by the parity P of the chunk, so the next chunk's B load need
+  // not wait for the products reading this one.
+  const auto chunk = [&]<int P>(int64_t kc) {
     each(wbs, [&]<int W>() {
       Tiles::template load<a_tile(N, W)>(a[W].chunk(kc), a[W].stride(kc));
       if (prefetch && kc + kAhead < a[W].full) Tiles::prefetch(a[W].chunk(kc + kAhead), a[W].stride(kc));
     });
     each(cbs, [&]<int B>() {
-      constexpr int b_tile = kB + B;
+      constexpr int b_tile = kB + (NC == 1 ? P : B);
       Tiles::template load<b_tile>(x.tile(cb0 + B, kc), b_stride);
       each(wbs, [&]<int W>() { Tiles::template dp<c_tile(N, W, B), a_tile(N, W), b_tile>(); });
     });
-  }
+  };
+  int64_t kc = kc0;
+  for (; kc + 1 < kc1; kc += 2) chunk.template operator()<0>(kc), chunk.template operator()<1>(kc + 1);
+  if (kc < kc1) chunk.template operator()<0>(kc);
   each(wbs, [&]<int W>() {
     each(cbs, [&]<int B>() { Tiles::template store<c_tile(N, W, B)>(&out[W][B][0][0], 16 * 4); });
   });
@@ -456,10 +462,11 @@ void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out) {
   out.chunks = (k + kChunk - 1) / kChunk;
   out.col_blocks = (m + kRowsPerBlock - 1) / kRowsPerBlock;
   out.n_cols = int(kTerms * std::min<int64_t>(m, kRowsPerBlock));
+  out.ld = out.n_cols <= 4 ? 4 : out.n_cols <= 8 ? 8 : 16;
   out.data.resize(size_t(out.col_blocks * out.chunks * out.tile_elems()));
-  const int64_t nc = out.n_cols, tile = out.tile_elems();
+  const int64_t ld = out.ld, tile = out.tile_elems();
   // Row i of x is row r = i % 5 of block i / 5: pair kk of chunk kc of its term t (2 bf16, one
-  // 4-byte element of the B tile at (kk, 3 r + t)) holds term t of x[i, 32 kc + 2 kk + {0, 1}]; k
+  // 4-byte element of the B tile at (kk, 3 r + t), row stride ld) holds term t of x[i, 32 kc + 2 kk + {0, 1}]; k
   // past its end is zero. Rows i >= m of the last block (m > 5) are zero rows of x.
 #pragma omp parallel for schedule(static) if (m * k >= kPackParallelElems)
   for (int64_t i = 0; i < out.col_blocks * kRowsPerBlock; ++i) {
@@ -471,7 +478,7 @@ void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out) {
       split_chunk(n > 0 ? x + i * ldx + kc * kChunk : nullptr, n, t3);
       uint16_t* dst = out.data.data() + (cb * out.chunks + kc) * tile + r * kTerms * 2;
       for (int kk = 0; kk < kChunk / 2; ++kk)
-        for (int t = 0; t < kTerms; ++t) std::memcpy(dst + (kk * nc + t) * 2, &t3[t][2 * kk], 4);
+        for (int t = 0; t < kTerms; ++t) std::memcpy(dst + (kk * ld + t) * 2, &t3[t][2 * kk], 4);
     }
   }
 }

@@ -3,8 +3,8 @@
 // The tiles multiply bf16 by bf16 with float32 accumulation. Activations are float32, so each x
 // is split into three bf16 terms, x = x1 + x2 + x3 (x1 = bf16(x), x2 = bf16(x - x1), x3 =
 // bf16(x - x1 - x2): together all 24 bits of x's mantissa, for |x| >= 2^-100), and every product
-// x_t * w is exact in float32: the result is the float32 dot product in the tiles' accumulation
-// order, within the goldens' 1e-4 of the reference, with no weight rounding anywhere. (A weight of
+// x_t * w is exact in float32: the result is the sum of three float32 dot products (one per
+// term) in the tiles' accumulation order, within the goldens' 1e-4 of the reference, with no weight rounding anywhere. (A weight of
 // +-inf gives NaN, where the reference gives +-inf: the zero terms of x multiply it too.)
 //
 // Layout: the tiles compute C^T = W x^T. A tiles are 16 W rows x 32 k values read straight from
@@ -43,7 +43,7 @@ bool available(std::string* why = nullptr);
 
 constexpr int kTerms = 3;     // bf16 terms per float32 activation
 constexpr int kChunk = 32;    // k values per tile product (16 pairs)
-constexpr int kTileRows = 16; // W rows per A / C tile, and most x rows per B / C tile
+constexpr int kTileRows = 16; // W rows per A / C tile, and k pairs per B tile
 
 // std::allocator on 64-byte boundaries: a tile row that crosses a cache line costs a tile load
 // ~6x its time (measured: 1 KiB from L1 in 4.5 ns aligned, 26 ns at a 16-byte offset).
@@ -64,13 +64,14 @@ constexpr int kRowsPerBlock = 5;
 
 // Activations packed into B tiles: for x-row block cb (kRowsPerBlock rows) and chunk kc, a tile
 // of 16 k pairs x n_cols columns x 2 bf16, column 3 r + t = term t of row r of the block
-// (n_cols = 3 min(m, kRowsPerBlock): small batches pack no padding columns).
+// (n_cols = 3 min(m, kRowsPerBlock): small batches pack no padding columns). A tile row (one k
+// pair) takes ld columns, n_cols rounded up to 4, 8 or 16, so that no row crosses a cache line.
 struct PackedX {
   int64_t m = 0, k = 0, chunks = 0, col_blocks = 0;
-  int n_cols = 0;
+  int n_cols = 0, ld = 0;
   std::vector<uint16_t, Aligned64<uint16_t>> data;  // every tile on a 64-byte boundary
 
-  int64_t tile_elems() const { return int64_t(kTileRows) * n_cols * 2; }
+  int64_t tile_elems() const { return int64_t(kTileRows) * ld * 2; }
   const uint16_t* tile(int64_t cb, int64_t kc) const { return data.data() + (cb * chunks + kc) * tile_elems(); }
 };
 // x [m, k] float32, row stride ldx. Packs of kPackParallelElems elements or more run on all threads.

@@ -51,16 +51,17 @@ TEST(AmxGemm, ThreeTermsSumExactly) {
 // of block i / 5), zeros past k and past m; infinities, NaNs and values near the float32 maximum
 // included.
 TEST(AmxGemm, PackPlacesEveryTerm) {
-  for (int64_t m : {1, 3, 5, 16, 21}) {
+  PackedX px;  // reused from larger to smaller m: stale bytes must not show through
+  for (int64_t m : {21, 16, 5, 3, 2, 1}) {
     const int64_t k = 70, ldx = 75;
     std::vector<float> x(size_t(m * ldx));
     std::mt19937 rng{uint32_t(m)};
     std::normal_distribution<float> d(0, 1);
     for (float& v : x) v = d(rng);
     x[3] = INFINITY, x[size_t((m - 1) * ldx + 40)] = NAN, x[10] = 3.4e38f, x[size_t((m - 1) * ldx + 69)] = -3.4e38f;
-    PackedX px;
     cpu::amx::pack_x(x.data(), ldx, m, k, px);
     ASSERT_EQ(px.n_cols, 3 * std::min<int64_t>(m, 5));
+    ASSERT_EQ(px.ld, m == 1 ? 4 : m == 2 ? 8 : 16);  // tile rows of 16, 32 or 64 bytes
     ASSERT_EQ(px.col_blocks, (m + 4) / 5);
     for (int64_t i = 0; i < px.col_blocks * 5; ++i) {
       if (3 * (i % 5) >= px.n_cols) continue;
@@ -68,7 +69,7 @@ TEST(AmxGemm, PackPlacesEveryTerm) {
         uint16_t want[3] = {0, 0, 0};
         if (i < m && c < k) cpu::amx::split_terms(x[size_t(i * ldx + c)], want);
         for (int t = 0; t < 3; ++t) {
-          const uint16_t got = px.tile(i / 5, c / 32)[((c % 32) / 2 * px.n_cols + 3 * (i % 5) + t) * 2 + c % 2];
+          const uint16_t got = px.tile(i / 5, c / 32)[((c % 32) / 2 * px.ld + 3 * (i % 5) + t) * 2 + c % 2];
           ASSERT_EQ(got, want[t]) << "m " << m << " row " << i << " k " << c << " term " << t;
         }
       }
@@ -151,12 +152,13 @@ void expect_close(const Problem& p, const std::vector<float>& y, float offset = 
   }
 }
 
-// Shapes around every edge: m, n around 16 / 32, k around the 32-wide chunk.
+// Shapes around every edge: m around the 5-row B block (and 16 / 32), n around 16 / 32, k around
+// the 32-wide chunk.
 void check_kernel(bool emulated) {
   uint32_t seed = 1;
   for (int64_t k : {1, 2, 31, 32, 33, 64, 100, 300})
     for (int64_t n : {1, 15, 16, 17, 31, 32, 33, 70})
-      for (int64_t m : {1, 2, 5, 6, 11, 16, 17, 33, 40}) {
+      for (int64_t m : {1, 2, 3, 4, 5, 6, 10, 11, 16, 17, 33, 40}) {
         if (k > 64 && n > 32 && m > 17) continue;  // the emulation is slow; edges are covered
         SCOPED_TRACE("m " + std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k));
         const Problem p = make_problem(m, n, k, seed++);
@@ -173,7 +175,7 @@ void check_kernel(bool emulated) {
 
 // Row i alone, or W rows in calls of 16 / 32 / 48, give the bytes of the whole call.
 void check_invariance(bool emulated) {
-  for (int64_t m : {5, 6, 16, 37, 150}) {
+  for (int64_t m : {5, 6, 9, 16, 37, 150}) {
     const Problem p = make_problem(m, 70, 300, uint32_t(m));
     const auto all = run_rows(p, emulated, 0);
     for (int64_t rows : {16, 32, 48}) {
@@ -181,7 +183,7 @@ void check_invariance(bool emulated) {
       ASSERT_EQ(0, std::memcmp(all.data(), cut.data(), all.size() * 4)) << "W rows in calls of " << rows;
       expect_tiled_same(p, emulated, all, rows);
     }
-    for (int64_t i : {int64_t(0), int64_t(17), m - 1}) {
+    for (int64_t i : {int64_t(0), int64_t(3), int64_t(17), m - 1}) {
       if (i >= m) continue;
       Problem one = p;
       one.m = 1;
