@@ -174,6 +174,9 @@ struct ABlock {
   int64_t ld_bytes = 0, full = 0;
   int64_t step = kChunk;  // elements from one chunk to the next (kTile16: a whole 16 x 32 tile)
   const uint16_t* tail = nullptr;
+  // The block at this position of the next group (narrow calls read the groups one after another:
+  // prefetching runs on into it), or nullptr.
+  const uint16_t* next = nullptr;
   const uint16_t* chunk(int64_t kc) const { return kc < full ? base + kc * step : tail; }
   int64_t stride(int64_t kc) const { return kc < full ? ld_bytes : kChunk * 2; }
 };
@@ -214,7 +217,10 @@ void micro(const ABlock* a, const PackedX& x, int64_t cb0, int64_t kc0, int64_t 
   const auto chunk = [&]<int P>(int64_t kc) {
     each(wbs, [&]<int W>() {
       Tiles::template load<a_tile(N, W)>(a[W].chunk(kc), a[W].stride(kc));
-      if (prefetch && kc + kAhead < a[W].full) Tiles::prefetch(a[W].chunk(kc + kAhead), a[W].stride(kc));
+      const int64_t ahead = kc + kAhead;
+      if (prefetch && ahead < a[W].full) Tiles::prefetch(a[W].chunk(ahead), a[W].stride(kc));
+      else if (prefetch && a[W].next && ahead - a[W].full < a[W].full)
+        Tiles::prefetch(a[W].next + (ahead - a[W].full) * a[W].step, a[W].ld_bytes);
     });
     each(cbs, [&]<int B>() {
       constexpr int b_tile = kB + (NC == 1 ? P : B);
@@ -355,6 +361,10 @@ void gemm_rows_t(const PackedX& x, const uint16_t* w, int64_t ldw, bool tiled, i
           tiled ? tiled_block(wr, x.chunks) : a_block(wr, ldw, x.k, x.chunks, rows, tail, sc.part);
     }
   }
+  if (narrow)  // block wb of group gi runs on into block wb of group gi + 1, where that exists
+    for (int64_t gi = 0; gi + 1 < groups; ++gi)
+      for (int wb = 0; wb < max_mw && (gi + 1) * span + wb * kTileRows < nb; ++wb)
+        sc.blocks[size_t(gi * max_mw + wb)].next = sc.blocks[size_t((gi + 1) * max_mw + wb)].base;
   Tiles::configure(config_for(narrow, x.n_cols));
   for (int64_t cb0 = 0; cb0 < x.col_blocks; cb0 += 2) {
     const int nc = int(std::min<int64_t>(2, x.col_blocks - cb0));
