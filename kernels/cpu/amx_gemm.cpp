@@ -198,7 +198,8 @@ struct alignas(64) OutTiles {
 // Chunks [kc0, kc1) into C(wb, cb) for MW W blocks x NC x-row blocks: C starts at zero (kc0 = 0)
 // or as `out` holds it (a float32 tile stored and loaded back is the same value, so cutting k into
 // blocks changes no bit), and is stored to out[wb][cb] (16 x 16 floats, row = W row, column =
-// term t of x row r at 3 r + t). `prefetch`: the W rows a few chunks ahead (first pass over W: 16 rows are 16 streams).
+// term t of x row r at 3 r + t). `prefetch`: the W rows a few chunks ahead (first pass over W),
+// running on into the next group's block where the call reads the groups one after another.
 template <class Tiles, bool N, int MW, int NC>
 void micro(const ABlock* a, const PackedX& x, int64_t cb0, int64_t kc0, int64_t kc1, bool prefetch, OutTiles& out) {
   static_assert(MW <= max_w_blocks(N) && (!N || NC == 1));
@@ -475,9 +476,9 @@ void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out) {
   out.ld = out.n_cols <= 4 ? 4 : out.n_cols <= 8 ? 8 : 16;
   out.data.resize(size_t(out.col_blocks * out.chunks * out.tile_elems()));
   const int64_t ld = out.ld, tile = out.tile_elems();
-  // Row i of x is row r = i % 5 of block i / 5: pair kk of chunk kc of its term t (2 bf16, one
-  // 4-byte element of the B tile at (kk, 3 r + t), row stride ld) holds term t of x[i, 32 kc + 2 kk + {0, 1}]; k
-  // past its end is zero. Rows i >= m of the last block (m > 5) are zero rows of x.
+  // Row i of x is row r = i % 5 of block i / 5: the B tile element (kk, 3 r + t) of chunk kc (2
+  // bf16, row stride ld) holds term t of x[i, 32 kc + 2 kk + {0, 1}]; k past its end is zero.
+  // Rows i >= m of the last block (m > 5) are zero rows of x.
 #pragma omp parallel for schedule(static) if (m * k >= kPackParallelElems)
   for (int64_t i = 0; i < out.col_blocks * kRowsPerBlock; ++i) {
     if (i >= m && m <= kRowsPerBlock) continue;  // no such column

@@ -4,8 +4,9 @@
 // is split into three bf16 terms, x = x1 + x2 + x3 (x1 = bf16(x), x2 = bf16(x - x1), x3 =
 // bf16(x - x1 - x2): together all 24 bits of x's mantissa, for |x| >= 2^-100), and every product
 // x_t * w is exact in float32: the result is the sum of three float32 dot products (one per
-// term) in the tiles' accumulation order, within the goldens' 1e-4 of the reference, with no weight rounding anywhere. (A weight of
-// +-inf gives NaN, where the reference gives +-inf: the zero terms of x multiply it too.)
+// term) in the tiles' accumulation order, within the goldens' 1e-4 of the reference, with no
+// weight rounding anywhere. (A weight of +-inf gives NaN, where the reference gives +-inf: the
+// zero terms of x multiply it too.)
 //
 // Layout: the tiles compute C^T = W x^T. A tiles are 16 W rows x 32 k values read straight from
 // the weight: row-major (row stride = the weight's) or, as the fast backend holds them, kTile16
