@@ -12,10 +12,6 @@
 #include <cstring>
 #include <utility>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #if defined(__x86_64__) && defined(__linux__)
 #include <cerrno>
 #include <cpuid.h>
@@ -25,6 +21,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "cpu/simd.h"
 
 namespace glm5::kernels::cpu::amx {
 
@@ -301,26 +298,13 @@ ABlock tiled_block(const uint16_t* group, int64_t chunks) {
 }
 
 // y[r, j] (+)= (c[j][3r] + c[j][3r + 1]) + c[j][3r + 2] for r < nr, j < nj (c: a stored C tile,
-// [W row][column 3 r + t]). With AVX-512 the tile is transposed in registers (four rounds of block
-// swaps) and each y row written at once.
+// [W row][column 3 r + t]). With AVX-512 the tile is transposed in registers (simd::transpose16)
+// and each y row written at once.
 void store_rows(float (&c)[16][16], int nr, int nj, float* y, int64_t ldy, bool accumulate) {
 #if defined(__AVX512F__)
   __m512 r[16];
   for (int j = 0; j < 16; ++j) r[j] = _mm512_load_ps(c[j]);
-  for (int s = 8; s >= 1; s /= 2) {
-    alignas(64) int32_t lo[16], hi[16];
-    for (int q = 0; q < 16; ++q) {
-      lo[q] = (q & s) ? 16 + q - s : q;  // row i keeps its own columns, takes row i + s's low ones
-      hi[q] = (q & s) ? 16 + q : q + s;  // row i + s takes row i's high columns, keeps its own
-    }
-    const __m512i il = _mm512_load_si512(lo), ih = _mm512_load_si512(hi);
-    for (int i = 0; i < 16; ++i)
-      if (!(i & s)) {
-        const __m512 a = r[i], b = r[i + s];
-        r[i] = _mm512_permutex2var_ps(a, il, b);
-        r[i + s] = _mm512_permutex2var_ps(a, ih, b);
-      }
-  }
+  simd::transpose16(r);
   const __mmask16 mask = __mmask16((1u << nj) - 1);
   for (int i = 0; i < nr; ++i) {
     float* yr = y + i * ldy;

@@ -433,28 +433,6 @@ inline void indexer_heads(const float* q, int64_t D, const float* w, const float
   }
 }
 
-#if defined(__AVX512F__)
-// r[0..16): the rows of a 16 x 16 float block, replaced by its transpose: four rounds of block
-// swaps (8 x 8, 4 x 4, 2 x 2, 1 x 1 sub-blocks across the diagonal), two permutes per row pair.
-inline void transpose16(__m512 (&r)[16]) {
-#pragma GCC unroll 4
-  for (int s = 8; s >= 1; s /= 2) {
-    alignas(64) int32_t lo[16], hi[16];
-    for (int c = 0; c < 16; ++c) {
-      lo[c] = (c & s) ? 16 + c - s : c;  // row i keeps its own columns, takes row i + s's low ones
-      hi[c] = (c & s) ? 16 + c : c + s;  // row i + s takes row i's high columns, keeps its own
-    }
-    const __m512i il = _mm512_load_si512(lo), ih = _mm512_load_si512(hi);
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i)
-      if (!(i & s)) {
-        const __m512 a = r[i], b = r[i + s];
-        r[i] = _mm512_permutex2var_ps(a, il, b);
-        r[i + s] = _mm512_permutex2var_ps(a, ih, b);
-      }
-  }
-}
-#endif
 
 // Transposes keys [t0, t0 + nt) of query row s (nt <= kIndexerKeys) into kt [D][kIndexerKeys],
 // zero-padded. Exact data movement (bf16 keys widened exactly), so how is free: on AVX-512 builds
@@ -474,7 +452,7 @@ void transpose_keys(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t
           const int64_t a = at[g + i];
           r[i] = a < 0 ? _mm512_setzero_ps() : bf16 ? simd::widen_bf16(kb + a + d0) : _mm512_loadu_ps(p.k + a + d0);
         }
-        transpose16(r);
+        simd::transpose16(r);
         for (int x = 0; x < 16; ++x) _mm512_store_ps(kt + (d0 + x) * kIndexerKeys + g, r[x]);
       }
     return;

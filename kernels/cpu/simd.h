@@ -86,6 +86,27 @@ inline vf widen_f16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
+// r[0..16): the rows of a 16 x 16 float block, replaced by its transpose: four rounds of block
+// swaps (8 x 8, 4 x 4, 2 x 2, 1 x 1 sub-blocks across the diagonal), two permutes per row pair.
+inline void transpose16(__m512 (&r)[16]) {
+#pragma GCC unroll 4
+  for (int s = 8; s >= 1; s /= 2) {
+    alignas(64) int32_t lo[16], hi[16];
+    for (int c = 0; c < 16; ++c) {
+      lo[c] = (c & s) ? 16 + c - s : c;  // row i keeps its own columns, takes row i + s's low ones
+      hi[c] = (c & s) ? 16 + c : c + s;  // row i + s takes row i's high columns, keeps its own
+    }
+    const __m512i il = _mm512_load_si512(lo), ih = _mm512_load_si512(hi);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i)
+      if (!(i & s)) {
+        const __m512 a = r[i], b = r[i + s];
+        r[i] = _mm512_permutex2var_ps(a, il, b);
+        r[i + s] = _mm512_permutex2var_ps(a, ih, b);
+      }
+  }
+}
+
 #else  // portable fallback with the same lane structure
 
 // 64-byte vectors are passed by value in these helpers and in the kernels built on them: GCC
