@@ -29,13 +29,12 @@ namespace glm5::kernels {
 enum class WeightLayout { kRowMajor, kQuad16, kTile16 };
 
 // Element (r, c) of a matrix in groups of G rows stored as ld / C chunks of G rows x C columns.
-template <int64_t G, int64_t C>
-constexpr int64_t interleaved_offset(int64_t r, int64_t c, int64_t ld) {
+constexpr int64_t interleaved_offset(int64_t r, int64_t c, int64_t ld, int64_t G, int64_t C) {
   return (r / G) * G * ld + (c / C) * (G * C) + (r % G) * C + c % C;
 }
 // Element (r, c) of a kQuad16 / kTile16 matrix with row stride ld: the offset in elements.
-constexpr int64_t quad16_offset(int64_t r, int64_t c, int64_t ld) { return interleaved_offset<4, 16>(r, c, ld); }
-constexpr int64_t tile16_offset(int64_t r, int64_t c, int64_t ld) { return interleaved_offset<16, 32>(r, c, ld); }
+constexpr int64_t quad16_offset(int64_t r, int64_t c, int64_t ld) { return interleaved_offset(r, c, ld, 4, 16); }
+constexpr int64_t tile16_offset(int64_t r, int64_t c, int64_t ld) { return interleaved_offset(r, c, ld, 16, 32); }
 // Rows per group of an interleaved layout (1: row-major), and the multiple its ld must be.
 constexpr int64_t layout_group_rows(WeightLayout l) {
   return l == WeightLayout::kQuad16 ? 4 : l == WeightLayout::kTile16 ? 16 : 1;

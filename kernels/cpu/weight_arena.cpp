@@ -135,12 +135,11 @@ const void* WeightArena::copy_interleaved(const void* src, size_t elem_bytes, in
   char* dst = take(size_t(groups * G * ldc) * elem_bytes);
   if (!dst) return nullptr;
   const char* s = static_cast<const char*>(src);
-  // Group g's chunk q lies at (g * G * ldc + q * G * C) elements, its row c at + c * C.
 #pragma omp parallel for schedule(dynamic, 256 / G) if (groups * G > 256)  // pieces of 256 rows
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t q = 0; q < ldc / C; ++q)
       for (int64_t c = 0; c < G; ++c) {
-        char* out = dst + size_t(g * G * ldc + q * G * C + c * C) * elem_bytes;
+        char* out = dst + size_t(interleaved_offset(G * g + c, C * q, ldc, G, C)) * elem_bytes;
         const int64_t r = G * g + c, n = r < rows ? std::min<int64_t>(C, cols - C * q) : 0;
         if (n > 0) std::memcpy(out, s + size_t(r * ld + C * q) * elem_bytes, size_t(n) * elem_bytes);
         std::memset(out + size_t(n) * elem_bytes, 0, chunk - size_t(n) * elem_bytes);
