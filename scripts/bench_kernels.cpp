@@ -4,7 +4,7 @@
 // time of --reps runs after one warm-up, all OpenMP threads (set OMP_NUM_THREADS to change).
 // Built and run by scripts/bench_kernels.sh; without OpenBLAS (-DGLM5_NO_BLAS) the sgemm
 // column is left out.
-//   bench_kernels [--reps N] [--quick]
+//   bench_kernels [--reps N] [--quick] [--only experts]
 #include <omp.h>
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <random>
 #include <string>
@@ -158,6 +159,88 @@ void decode_stream_rows(Backend& cpu, int rounds) {
                 "around each pass | %.2f (quartiles %.2f %.2f) |\n",
                 layouts[l].name, long(n), long(k), gbs[l][gbs[l].size() / 2], ratio[l][ratio[l].size() / 2],
                 ratio[l][ratio[l].size() / 4], ratio[l][ratio[l].size() * 3 / 4]);
+  }
+}
+
+// Routed experts at decode from memory: per MoE layer, 8 of 64 experts picked at random (a fixed
+// seed), their gate and up gemms in one batch and their down gemms in another, as the model runs
+// them (m = 1; speed-a's expert [256, 2048] / [2048, 256], 1 MiB each in BF16); 6 layers of
+// experts (1.1 GiB) so that no step finds its experts in the L3. Each path reads the layout the
+// model gives it; each pass (all 6 layers, 10 times) is set against a read probe on either side.
+void expert_stream_rows(Backend& cpu, int rounds) {
+  const int64_t H = 2048, I = 256, E = 64, K = 8, layers = 6, steps = 10;
+  std::vector<uint16_t> src(size_t(H * I));
+  for (size_t i = 0; i < src.size(); ++i) src[i] = f32_to_bf16(float(int(i % 61) - 30) / 64.0f);
+  struct Path {
+    const char* path;
+    WeightLayout layout;
+    cpu::WeightArena arena;
+    std::vector<Weight> gate, up, down;  // [layer * E + e]
+  };
+  std::deque<Path> paths;  // (an arena does not move)
+  const auto add = [&](const char* path, WeightLayout layout) {
+    paths.emplace_back();
+    paths.back().path = path, paths.back().layout = layout;
+  };
+  add("fp32", WeightLayout::kQuad16);
+  if (cpu::amx::available()) add("amx", WeightLayout::kTile16);
+  for (Path& p : paths) {
+    const auto make = [&](int64_t n, int64_t k) {
+      Weight w{p.arena.copy_interleaved(src.data(), 2, n, k, k, p.layout), DType::BF16, n, k,
+               cpu::WeightArena::interleaved_ld(p.layout, k)};
+      w.layout = p.layout;
+      return w;
+    };
+    for (int64_t i = 0; i < layers * E; ++i) {
+      p.gate.push_back(make(I, H)), p.up.push_back(make(I, H)), p.down.push_back(make(H, I));
+      if (!p.gate.back().data || !p.up.back().data || !p.down.back().data) {
+        std::printf("| routed experts from memory | (no room for the experts: skipped) | | | | |\n");
+        return;
+      }
+    }
+  }
+  std::mt19937 rng(7);
+  std::vector<int64_t> pick;  // [step][layer][K] expert ids, distinct within a layer
+  for (int64_t i = 0; i < steps * layers; ++i) {
+    std::vector<int64_t> ids(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) ids[size_t(e)] = e;
+    std::shuffle(ids.begin(), ids.end(), rng);
+    pick.insert(pick.end(), ids.begin(), ids.begin() + K);
+  }
+  const ReadProbe probe(size_t(1) << 30);
+  const std::vector<float> x = random_floats(size_t(H), 5);
+  std::vector<float> g(size_t(K * I)), u(size_t(K * I)), y(size_t(K * H));
+  const double bytes = double(steps * layers * K * 3 * H * I * 2);
+  const auto pass = [&](const Path& p) {
+    cpu::fast::set_gemm_path(p.path);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t sl = 0; sl < steps * layers; ++sl) {
+      const int64_t l = sl % layers;
+      std::vector<GemmParams> upb, downb;
+      for (int64_t j = 0; j < K; ++j) {
+        const size_t e = size_t(l * E + pick[size_t(sl * K + j)]);
+        upb.push_back({x.data(), H, p.gate[e], false, g.data() + j * I, I, 1, I, H});
+        upb.push_back({x.data(), H, p.up[e], false, u.data() + j * I, I, 1, I, H});
+        downb.push_back({g.data() + j * I, I, p.down[e], false, y.data() + j * H, H, 1, H, I});
+      }
+      cpu.gemm_batch(upb);
+      cpu.gemm_batch(downb);
+    }
+    return bytes / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
+  };
+  std::vector<std::vector<double>> ratio(paths.size()), gbs(paths.size());
+  for (const Path& p : paths) pass(p);  // warm-up
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < paths.size(); ++i) {
+      const double before = probe.gbs(), v = pass(paths[i]), after = probe.gbs();
+      gbs[i].push_back(v), ratio[i].push_back(v / (0.5 * (before + after)));
+    }
+  for (size_t i = 0; i < paths.size(); ++i) {
+    std::sort(ratio[i].begin(), ratio[i].end()), std::sort(gbs[i].begin(), gbs[i].end());
+    std::printf("| routed experts from memory, %s path | m=1, 8 of 64 x (gate, up [%ld, %ld], down [%ld, %ld]) | "
+                "| %.1f GB/s of weights | read probed around each pass | %.2f (quartiles %.2f %.2f) |\n",
+                paths[i].path, long(I), long(H), long(H), long(I), gbs[i][gbs[i].size() / 2],
+                ratio[i][ratio[i].size() / 2], ratio[i][ratio[i].size() / 4], ratio[i][ratio[i].size() * 3 / 4]);
   }
 }
 
@@ -324,12 +407,14 @@ void attention_rows(Backend& cpu, bool quick) {
 
 int main(int argc, char** argv) {
   bool quick = false;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) g_reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--quick") quick = true;
+    else if (a == "--only" && i + 1 < argc && std::string(argv[i + 1]) == "experts") only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: bench_kernels [--reps N] [--quick]\n");
+      std::fprintf(stderr, "usage: bench_kernels [--reps N] [--quick] [--only experts]\n");
       return 2;
     }
   }
@@ -340,6 +425,10 @@ int main(int argc, char** argv) {
               g_reps, why.empty() ? ", amx" : (" (no amx: " + why + ")").c_str(), cpu::fast::gemm_path().c_str());
   const double bw = read_bandwidth();
   std::printf("| op | shape | time | rate | yardstick | ratio |\n|---|---|---|---|---|---|\n");
+  if (only == "experts") {
+    expert_stream_rows(*cpu, quick ? 5 : 15);
+    return 0;
+  }
   for (const std::string& path : bench_paths()) {  // BF16 rows on each gemm path
     cpu::fast::set_gemm_path(path);
     std::printf("| (gemm path: %s) | | | | | |\n", path.c_str());
@@ -350,6 +439,7 @@ int main(int argc, char** argv) {
     gemm_row(64, 2048, 2048, false, *cpu, bw);
   }
   decode_stream_rows(*cpu, quick ? 5 : 15);  // (sets each layout's path)
+  expert_stream_rows(*cpu, quick ? 5 : 15);
   cpu::fast::set_gemm_path("auto");
   gemm_row(512, 512, 192, true, *cpu, bw);
   attention_rows(*cpu, quick);

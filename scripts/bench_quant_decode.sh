@@ -97,7 +97,7 @@ for round in $(seq 1 "$ROUNDS"); do
     label=${pair%%=*}
     dir=${pair#*=}
     out=$(OMP_NUM_THREADS=$THREADS "$D/bench_cpu" --model "$dir" --prompt "$PROMPT" --decode "$DECODE")
-    ts=$(printf '%s\n' "$out" | sed -n 's/^decode  batch 1: \([0-9.]*\) tok\/s.*/\1/p')
+    ts=$(printf '%s\n' "$out" | sed -n 's/^decode  batch 1 ([a-z]* tokens): \([0-9.]*\) tok\/s.*/\1/p')
     bw=$(printf '%s\n' "$out" | sed -n 's/.*read bandwidth \([0-9.]*\) GB\/s.*/\1/p')
     [ -n "$ts" ] || { printf '%s\n' "$out" >&2; echo "bench_cpu gave no decode figure for $dir" >&2; exit 1; }
     echo "glm5 $label $round $ts $bw" >> "$R"

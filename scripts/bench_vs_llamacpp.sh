@@ -6,6 +6,8 @@
 # with 2 and 1 threads, then (BF16 only, DEPTH_ROUNDS rounds) decode after 512, 4k and 16k tokens of context
 # (llama-bench -p 0 -n 32 -d N  |  bench_cpu --prompt N --decode 32). Prints one markdown table of
 # medians with glm5 / llama.cpp ratios and the read bandwidth / FMA peak bench_cpu measured.
+# Both decode pseudo-random tokens (llama-bench's tg does; bench_cpu's default --decode-tokens random),
+# so that each step routes to experts the step before did not leave in the L3.
 #
 #   scripts/bench_vs_llamacpp.sh LLAMA_CPP_SRC [MODEL_DIR]
 #     MODEL_DIR  a GLM-5-shaped BF16 checkpoint (default: speed-a generated into $WORK/speed-a by
@@ -130,7 +132,7 @@ glm5() {  # glm5() DIR THREADS PROMPT DECODE -> "prefill decode bandwidth fma wi
 import re, sys
 s = sys.stdin.read()
 g = lambda p: re.search(p, s).group(1)
-print(g(r"prefill \d+ tokens: ([0-9.]+) tok/s"), g(r"decode  batch 1: ([0-9.]+) tok/s"),
+print(g(r"prefill \d+ tokens: ([0-9.]+) tok/s"), g(r"decode  batch 1 \([a-z]+ tokens\): ([0-9.]+) tok/s"),
       g(r"read bandwidth ([0-9.]+) GB/s"), g(r"fp32 FMA peak ([0-9.]+) GFLOP/s"),
       g(r"probed around each: median ([0-9.]+)%"))'
 }

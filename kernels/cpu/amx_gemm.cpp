@@ -451,6 +451,73 @@ void split_chunk(const float* v, int n, uint16_t out[kTerms][kChunk]) {
 
 }  // namespace
 
+namespace {
+
+// The tile of x-row block cb, chunk kc (see pack_x), one row and chunk at a time through
+// split_chunk: every case, special values included.
+void pack_tile_scalar(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t cb, int64_t kc, PackedX& out) {
+  for (int64_t r = 0; r < kRowsPerBlock; ++r) {
+    const int64_t i = cb * kRowsPerBlock + r;
+    if (i >= m && m <= kRowsPerBlock) return;  // no such column
+    uint16_t t3[kTerms][kChunk];
+    const int n = i < m ? int(std::min<int64_t>(kChunk, k - kc * kChunk)) : 0;
+    split_chunk(n > 0 ? x + i * ldx + kc * kChunk : nullptr, n, t3);
+    uint16_t* dst = out.data.data() + (cb * out.chunks + kc) * out.tile_elems() + r * kTerms * 2;
+    for (int kk = 0; kk < kChunk / 2; ++kk)
+      for (int t = 0; t < kTerms; ++t) std::memcpy(dst + (kk * out.ld + t) * 2, &t3[t][2 * kk], 4);
+  }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// The same tile in registers: each row's 32 values split into its three terms 16 lanes at a time
+// (split_chunk's arithmetic: round to nearest even, subtract, exact), each term's 32 bf16 in k
+// order as one vector, i.e. 16 k pairs as 16 dwords; the 15 term vectors (row r, term t at 3 r +
+// t) transposed as a 16 x 16 dword block are the tile's 16 rows. Columns past the block's rows
+// are zero. False, with nothing written, when a term is inf / NaN / rounds past the largest bf16
+// (then pack_tile_scalar). An expert's x (64 x 2048, one thread): 2.4 -> 0.8 ns per element.
+bool pack_tile_avx512(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t cb, int64_t kc, PackedX& out) {
+  alignas(64) static const uint16_t odd_words[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21,
+                                                     23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
+                                                     45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+  const __m512i high_halves = _mm512_load_si512(odd_words);  // word 2j + 1 of a, then of b
+  const __m512i exp_mask = _mm512_set1_epi32(0x7f800000), one = _mm512_set1_epi32(1);
+  const __m512i bias = _mm512_set1_epi32(0x7fff), keep = _mm512_set1_epi32(int(0xffff0000u));
+  const int n = int(std::min<int64_t>(kChunk, k - kc * kChunk));
+  const __mmask16 m0 = __mmask16((1u << std::min(n, 16)) - 1), m1 = __mmask16((1u << std::max(n - 16, 0)) - 1);
+  __m512 r[16];
+  __mmask16 special = 0;
+  for (int row = 0; row < kRowsPerBlock; ++row) {
+    const int64_t i = cb * kRowsPerBlock + row;
+    __m512 v[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    if (i < m) {
+      v[0] = _mm512_maskz_loadu_ps(m0, x + i * ldx + kc * kChunk);
+      v[1] = _mm512_maskz_loadu_ps(m1, x + i * ldx + kc * kChunk + 16);
+    }
+    for (int t = 0; t < kTerms; ++t) {
+      __m512i h[2];
+      for (int e = 0; e < 2; ++e) {
+        const __m512i u = _mm512_castps_si512(v[e]);
+        // u + 0x7fff + ((u >> 16) & 1): the bf16 in the high half (f32_to_bf16 for finite u)
+        h[e] = _mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(_mm512_srli_epi32(u, 16), one));
+        special |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, exp_mask), exp_mask) |
+                   _mm512_cmpeq_epi32_mask(_mm512_and_si512(h[e], exp_mask), exp_mask);
+        v[e] = _mm512_sub_ps(v[e], _mm512_castsi512_ps(_mm512_and_si512(h[e], keep)));
+      }
+      r[kTerms * row + t] = _mm512_castsi512_ps(_mm512_permutex2var_epi16(h[0], high_halves, h[1]));
+    }
+  }
+  if (special) return false;
+  r[15] = _mm512_setzero_ps();
+  simd::transpose16(r);
+  uint16_t* dst = out.data.data() + (cb * out.chunks + kc) * out.tile_elems();
+  const __mmask16 cols = __mmask16((1u << out.ld) - 1);
+  for (int kk = 0; kk < kTileRows; ++kk) _mm512_mask_storeu_ps(dst + kk * out.ld * 2, cols, r[kk]);
+  return true;
+}
+#endif
+
+}  // namespace
+
 void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out) {
   out.m = m;
   out.k = k;
@@ -459,23 +526,17 @@ void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out) {
   out.n_cols = int(kTerms * std::min<int64_t>(m, kRowsPerBlock));
   out.ld = out.n_cols <= 4 ? 4 : out.n_cols <= 8 ? 8 : 16;
   out.data.resize(size_t(out.col_blocks * out.chunks * out.tile_elems()));
-  const int64_t ld = out.ld, tile = out.tile_elems();
   // Row i of x is row r = i % 5 of block i / 5: the B tile element (kk, 3 r + t) of chunk kc (2
   // bf16, row stride ld) holds term t of x[i, 32 kc + 2 kk + {0, 1}]; k past its end is zero.
   // Rows i >= m of the last block (m > 5) are zero rows of x.
 #pragma omp parallel for schedule(static) if (m * k >= kPackParallelElems)
-  for (int64_t i = 0; i < out.col_blocks * kRowsPerBlock; ++i) {
-    if (i >= m && m <= kRowsPerBlock) continue;  // no such column
-    const int64_t cb = i / kRowsPerBlock, r = i % kRowsPerBlock;
+  for (int64_t cb = 0; cb < out.col_blocks; ++cb)
     for (int64_t kc = 0; kc < out.chunks; ++kc) {
-      uint16_t t3[kTerms][kChunk];
-      const int n = i < m ? int(std::min<int64_t>(kChunk, k - kc * kChunk)) : 0;
-      split_chunk(n > 0 ? x + i * ldx + kc * kChunk : nullptr, n, t3);
-      uint16_t* dst = out.data.data() + (cb * out.chunks + kc) * tile + r * kTerms * 2;
-      for (int kk = 0; kk < kChunk / 2; ++kk)
-        for (int t = 0; t < kTerms; ++t) std::memcpy(dst + (kk * ld + t) * 2, &t3[t][2 * kk], 4);
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+      if (pack_tile_avx512(x, ldx, m, k, cb, kc, out)) continue;
+#endif
+      pack_tile_scalar(x, ldx, m, k, cb, kc, out);
     }
-  }
 }
 
 void gemm_rows(const PackedX& x, const uint16_t* w, int64_t ldw, bool tiled, int64_t nb, float* y, int64_t ldy,

@@ -77,6 +77,34 @@ TEST(AmxGemm, PackPlacesEveryTerm) {
   }
 }
 
+// The same on finite bit patterns of every kind, a tile at a time (the vectorised packing where the
+// build has it): denormals, signed zeros, rounding ties of both parities, values just under where
+// bf16 rounding overflows, and uniformly random bits, with one special value in a single chunk.
+TEST(AmxGemm, PackSplitsEdgeValuesLikeSplitTerms) {
+  const int64_t m = 7, k = 96;
+  std::vector<float> x(size_t(m * k));
+  std::mt19937 rng{11};
+  const uint32_t edge[] = {0x00000001u, 0x80000001u, 0x007fffffu, 0x00008000u, 0x00018000u, 0x3f808000u,
+                           0x3f818000u, 0x80000000u, 0x00000000u, 0x7f7f7fffu, 0xff7f7fffu, 0x3f80ffffu};
+  for (size_t i = 0; i < x.size(); ++i) {
+    uint32_t u = i < std::size(edge) ? edge[i] : uint32_t(rng());
+    if ((u & 0x7f800000u) == 0x7f800000u) u &= 0xbfffffffu;  // finite
+    std::memcpy(&x[i], &u, 4);
+  }
+  x[size_t(5 * k + 70)] = INFINITY;  // chunk 2 of block 1 only
+  PackedX px;
+  cpu::amx::pack_x(x.data(), k, m, k, px);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t c = 0; c < k; ++c) {
+      uint16_t want[3];
+      cpu::amx::split_terms(x[size_t(i * k + c)], want);
+      for (int t = 0; t < 3; ++t) {
+        const uint16_t got = px.tile(i / 5, c / 32)[((c % 32) / 2 * px.ld + 3 * (i % 5) + t) * 2 + c % 2];
+        ASSERT_EQ(got, want[t]) << "row " << i << " k " << c << " term " << t << " value " << x[size_t(i * k + c)];
+      }
+    }
+}
+
 struct Problem {
   int64_t m, n, k, ldw, ldy;
   std::vector<float> x;
