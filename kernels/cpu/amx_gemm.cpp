@@ -488,11 +488,12 @@ bool pack_tile_avx512(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t
   __mmask16 special = 0;
   for (int row = 0; row < kRowsPerBlock; ++row) {
     const int64_t i = cb * kRowsPerBlock + row;
-    __m512 v[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    if (i < m) {
-      v[0] = _mm512_maskz_loadu_ps(m0, x + i * ldx + kc * kChunk);
-      v[1] = _mm512_maskz_loadu_ps(m1, x + i * ldx + kc * kChunk + 16);
+    if (i >= m) {  // a zero row of x (past m): zero terms
+      for (int t = 0; t < kTerms; ++t) r[kTerms * row + t] = _mm512_setzero_ps();
+      continue;
     }
+    __m512 v[2] = {_mm512_maskz_loadu_ps(m0, x + i * ldx + kc * kChunk),
+                   _mm512_maskz_loadu_ps(m1, x + i * ldx + kc * kChunk + 16)};
     for (int t = 0; t < kTerms; ++t) {
       __m512i h[2];
       for (int e = 0; e < 2; ++e) {
@@ -507,9 +508,23 @@ bool pack_tile_avx512(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t
     }
   }
   if (special) return false;
+  uint16_t* dst = out.data.data() + (cb * out.chunks + kc) * out.tile_elems();
+  if (m == 1) {  // decode: tile rows of 4 dwords (the three terms' pairs and a zero), 4 rows per vector
+    alignas(64) static const int32_t from01[16] = {0, 16, 0, 0, 1, 17, 0, 0, 2, 18, 0, 0, 3, 19, 0, 0};
+    alignas(64) static const int32_t from2[16] = {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0};
+    const __m512i i01 = _mm512_load_si512(from01), i2 = _mm512_load_si512(from2), four = _mm512_set1_epi32(4);
+    __m512i a01 = i01, a2 = i2;
+    const __m512i p0 = _mm512_castps_si512(r[0]), p1 = _mm512_castps_si512(r[1]), p2 = _mm512_castps_si512(r[2]);
+    for (int q = 0; q < 4; ++q) {  // tile rows 4 q .. 4 q + 3
+      const __m512i lo = _mm512_maskz_permutex2var_epi32(__mmask16(0x3333), p0, a01, p1);
+      const __m512i v = _mm512_mask_permutexvar_epi32(lo, __mmask16(0x4444), a2, p2);
+      _mm512_store_si512(dst + q * 32, v);
+      a01 = _mm512_add_epi32(a01, four), a2 = _mm512_add_epi32(a2, four);
+    }
+    return true;
+  }
   r[15] = _mm512_setzero_ps();
   simd::transpose16(r);
-  uint16_t* dst = out.data.data() + (cb * out.chunks + kc) * out.tile_elems();
   const __mmask16 cols = __mmask16((1u << out.ld) - 1);
   for (int kk = 0; kk < kTileRows; ++kk) _mm512_mask_storeu_ps(dst + kk * out.ld * 2, cols, r[kk]);
   return true;
@@ -525,18 +540,29 @@ void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out) {
   out.col_blocks = (m + kRowsPerBlock - 1) / kRowsPerBlock;
   out.n_cols = int(kTerms * std::min<int64_t>(m, kRowsPerBlock));
   out.ld = out.n_cols <= 4 ? 4 : out.n_cols <= 8 ? 8 : 16;
-  out.data.resize(size_t(out.col_blocks * out.chunks * out.tile_elems()));
+  // Grown, never shrunk: a buffer reused for x of varying size (prefill's experts) is not zero-filled
+  // again on every call. Every element a tile reads is written below.
+  const size_t need = size_t(out.col_blocks * out.chunks * out.tile_elems());
+  if (out.data.size() < need) out.data.resize(need);
   // Row i of x is row r = i % 5 of block i / 5: the B tile element (kk, 3 r + t) of chunk kc (2
   // bf16, row stride ld) holds term t of x[i, 32 kc + 2 kk + {0, 1}]; k past its end is zero.
   // Rows i >= m of the last block (m > 5) are zero rows of x.
-#pragma omp parallel for schedule(static) if (m * k >= kPackParallelElems)
-  for (int64_t cb = 0; cb < out.col_blocks; ++cb)
+  const auto block = [&](int64_t cb) {
     for (int64_t kc = 0; kc < out.chunks; ++kc) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
       if (pack_tile_avx512(x, ldx, m, k, cb, kc, out)) continue;
 #endif
       pack_tile_scalar(x, ldx, m, k, cb, kc, out);
     }
+  };
+  // (A branch, not `parallel if`: a region whose if is false still costs ~0.5 us, and decode packs
+  // a few hundred small x per token.)
+  if (m * k >= kPackParallelElems) {
+#pragma omp parallel for schedule(static)
+    for (int64_t cb = 0; cb < out.col_blocks; ++cb) block(cb);
+  } else {
+    for (int64_t cb = 0; cb < out.col_blocks; ++cb) block(cb);
+  }
 }
 
 void gemm_rows(const PackedX& x, const uint16_t* w, int64_t ldw, bool tiled, int64_t nb, float* y, int64_t ldy,

@@ -176,6 +176,32 @@ int64_t amx_rows_per_item(int64_t m, int64_t k) {
   return std::clamp<int64_t>(nb / 48 * 48, 48, 240);
 }
 
+// An AMX job's x as tile terms. A small x is packed by the first thread that runs an item reading
+// it (state 0 -> 1 -> 2; others wait for 2), so that the small x of a batch (decode's per-head
+// absorption inputs, prefill's experts) are packed on all threads inside the batch's one parallel
+// region instead of one after another, or in a region of their own, before it.
+struct Pack {
+  amx::PackedX x;
+  const GemmParams* src = nullptr;  // what to pack
+  std::atomic<int> state{2};         // 0: to pack, 1: being packed, 2: ready
+
+  const amx::PackedX& ready() {
+    int s = state.load(std::memory_order_acquire);
+    if (s == 2) return x;
+    if (s == 0 && state.compare_exchange_strong(s, 1, std::memory_order_acquire)) {
+      amx::pack_x(src->x, src->ldx, src->m, src->k, x);
+      state.store(2, std::memory_order_release);
+      return x;
+    }
+    while (state.load(std::memory_order_acquire) != 2) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+    return x;
+  }
+};
+
 // One gemm of a batch: how it is cut into items and what an item costs (bytes of W read plus
 // a share for the multiply-adds), for splitting a batch over threads by cost.
 struct Job {
@@ -183,7 +209,7 @@ struct Job {
   enum Kind { kNt, kPanel, kTn, kQuant, kAmx } kind = kNt;
   NtSplit nt;
   QuantSplit quant;
-  const amx::PackedX* px = nullptr;  // kAmx: x as tile terms (set by pack_amx_inputs)
+  Pack* px = nullptr;  // kAmx: x as tile terms (set by pack_amx_inputs)
   int64_t amx_rows = 0;
   bool amx_emulated = false;
   int64_t items = 0;
@@ -225,7 +251,7 @@ struct Job {
       case kQuant: quant_item(*p, quant, item); return;
       case kAmx: {
         const int64_t j0 = item * amx_rows;
-        amx::gemm_rows(*px, static_cast<const uint16_t*>(p->w.data) + j0 * p->w.ld, p->w.ld,
+        amx::gemm_rows(px->ready(), static_cast<const uint16_t*>(p->w.data) + j0 * p->w.ld, p->w.ld,
                        p->w.layout == WeightLayout::kTile16, std::min(amx_rows, p->n - j0), p->y + j0, p->ldy,
                        p->accumulate, amx_emulated);
         return;
@@ -292,8 +318,8 @@ struct Scratch {
   std::vector<double> mid;     // cost midpoint of every item, in item order
   std::unique_ptr<ItemRange[]> ranges;
   int n_ranges = 0;
-  std::vector<std::unique_ptr<amx::PackedX>> packed;  // the AMX jobs' x (pack_amx_inputs)
-  std::vector<size_t> pack_jobs, pack_small;
+  std::vector<std::unique_ptr<Pack>> packed;  // the AMX jobs' x (pack_amx_inputs)
+  std::vector<Pack*> pack_first;               // those packed before the items run
 };
 
 Scratch& scratch() {
@@ -303,16 +329,18 @@ Scratch& scratch() {
 
 // The AMX jobs' x as tile terms, each distinct x once (decode: every expert's gate and up share
 // one), into buffers this thread keeps between calls (no allocation in the decode loop; what stays
-// allocated is the high-water mark, 1.5x the float32 activations of the largest batch).
-// A large x splits its rows over the threads inside pack_x, one after another; the small ones
-// (prefill's experts: one x per expert) are then packed one per thread.
+// allocated is the high-water mark, 1.5x the float32 activations of the largest batch). A large x
+// is packed here, its rows split over the threads inside pack_x. A small one with at most
+// kStaticRows rows is packed where it is first read (Pack::ready): those batches give each thread
+// its own run of jobs, so each packs its own x. Other small x (prefill's experts, whose items go
+// to threads one by one, so that a neighbour would wait for the pack) are packed here first, one
+// per thread.
 void pack_amx_inputs(std::vector<Job>& jobs) {
   Scratch& sc = scratch();
-  std::vector<std::unique_ptr<amx::PackedX>>& pool = sc.packed;
-  std::vector<size_t>& owner = sc.pack_jobs;  // the job whose x each used pool entry packs
-  owner.clear();
-  std::vector<size_t>& small = sc.pack_small;  // indices into owner of the x packed one per thread
-  small.clear();
+  std::vector<std::unique_ptr<Pack>>& pool = sc.packed;
+  std::vector<Pack*>& first = sc.pack_first;
+  first.clear();
+  size_t used = 0;
   int64_t elems = 0;
   for (size_t j = 0; j < jobs.size(); ++j) {
     if (jobs[j].kind != Job::kAmx) continue;
@@ -322,22 +350,24 @@ void pack_amx_inputs(std::vector<Job>& jobs) {
       if (jobs[i].kind == Job::kAmx && h.x == g.x && h.ldx == g.ldx && h.m == g.m && h.k == g.k) jobs[j].px = jobs[i].px;
     }
     if (jobs[j].px) continue;
-    if (owner.size() == pool.size()) pool.push_back(std::make_unique<amx::PackedX>());
-    jobs[j].px = pool[owner.size()].get();
+    if (used == pool.size()) pool.push_back(std::make_unique<Pack>());
+    Pack& pk = *pool[used++];
+    jobs[j].px = &pk;
+    pk.src = &g;
+    pk.state.store(0, std::memory_order_relaxed);  // (published to the threads by a region's start)
     if (g.m * g.k >= amx::kPackParallelElems) {
-      amx::pack_x(g.x, g.ldx, g.m, g.k, *pool[owner.size()]);
-    } else {
-      small.push_back(owner.size());
+      pk.ready();
+    } else if (g.m > kStaticRows) {
+      first.push_back(&pk);
       elems += g.m * g.k;
     }
-    owner.push_back(j);
   }
-  const int64_t n = int64_t(small.size());
-#pragma omp parallel for schedule(dynamic, 1) if (n > 1 && elems >= (int64_t(1) << 16))
-  for (int64_t u = 0; u < n; ++u) {
-    const size_t at = small[size_t(u)];
-    const GemmParams& g = *jobs[owner[at]].p;
-    amx::pack_x(g.x, g.ldx, g.m, g.k, *pool[at]);
+  const int64_t n = int64_t(first.size());
+  if (n > 1 && elems >= (int64_t(1) << 16)) {  // (a branch: a region whose if is false costs ~0.5 us)
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t u = 0; u < n; ++u) first[size_t(u)]->ready();
+  } else {
+    for (int64_t u = 0; u < n; ++u) first[size_t(u)]->ready();
   }
 }
 

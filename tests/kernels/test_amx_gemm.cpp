@@ -81,28 +81,31 @@ TEST(AmxGemm, PackPlacesEveryTerm) {
 // build has it): denormals, signed zeros, rounding ties of both parities, values just under where
 // bf16 rounding overflows, and uniformly random bits, with one special value in a single chunk.
 TEST(AmxGemm, PackSplitsEdgeValuesLikeSplitTerms) {
-  const int64_t m = 7, k = 96;
-  std::vector<float> x(size_t(m * k));
-  std::mt19937 rng{11};
-  const uint32_t edge[] = {0x00000001u, 0x80000001u, 0x007fffffu, 0x00008000u, 0x00018000u, 0x3f808000u,
-                           0x3f818000u, 0x80000000u, 0x00000000u, 0x7f7f7fffu, 0xff7f7fffu, 0x3f80ffffu};
-  for (size_t i = 0; i < x.size(); ++i) {
-    uint32_t u = i < std::size(edge) ? edge[i] : uint32_t(rng());
-    if ((u & 0x7f800000u) == 0x7f800000u) u &= 0xbfffffffu;  // finite
-    std::memcpy(&x[i], &u, 4);
-  }
-  x[size_t(5 * k + 70)] = INFINITY;  // chunk 2 of block 1 only
-  PackedX px;
-  cpu::amx::pack_x(x.data(), k, m, k, px);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t c = 0; c < k; ++c) {
-      uint16_t want[3];
-      cpu::amx::split_terms(x[size_t(i * k + c)], want);
-      for (int t = 0; t < 3; ++t) {
-        const uint16_t got = px.tile(i / 5, c / 32)[((c % 32) / 2 * px.ld + 3 * (i % 5) + t) * 2 + c % 2];
-        ASSERT_EQ(got, want[t]) << "row " << i << " k " << c << " term " << t << " value " << x[size_t(i * k + c)];
-      }
+  for (int64_t m : {1, 2, 7}) {  // (one row: decode's own tile rows of 4 dwords)
+    const int64_t k = 96;
+    std::vector<float> x(size_t(m * k));
+    std::mt19937 rng{uint32_t(11 + m)};
+    const uint32_t edge[] = {0x00000001u, 0x80000001u, 0x007fffffu, 0x00008000u, 0x00018000u, 0x3f808000u,
+                             0x3f818000u, 0x80000000u, 0x00000000u, 0x7f7f7fffu, 0xff7f7fffu, 0x3f80ffffu};
+    for (size_t i = 0; i < x.size(); ++i) {
+      uint32_t u = i < std::size(edge) ? edge[i] : uint32_t(rng());
+      if ((u & 0x7f800000u) == 0x7f800000u) u &= 0xbfffffffu;  // finite
+      std::memcpy(&x[i], &u, 4);
     }
+    x[size_t((m - 1) * k + 70)] = INFINITY;  // chunk 2 of the last block only
+    PackedX px;
+    cpu::amx::pack_x(x.data(), k, m, k, px);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t c = 0; c < k; ++c) {
+        uint16_t want[3];
+        cpu::amx::split_terms(x[size_t(i * k + c)], want);
+        for (int t = 0; t < 3; ++t) {
+          const uint16_t got = px.tile(i / 5, c / 32)[((c % 32) / 2 * px.ld + 3 * (i % 5) + t) * 2 + c % 2];
+          ASSERT_EQ(got, want[t]) << "m " << m << " row " << i << " k " << c << " term " << t << " value "
+                                  << x[size_t(i * k + c)];
+        }
+      }
+  }
 }
 
 struct Problem {
@@ -432,6 +435,36 @@ TEST(AmxGemm, BackendHoldsBf16InTiles) {
       for (int b = 0; b < 3; ++b)
         ASSERT_EQ(0, std::memcmp(alone[size_t(b)].data(), together[size_t(b)].data(), alone[size_t(b)].size() * 4))
             << "x " << b << " packed beside the others";
+    }
+    // A decode-sized batch on 2 threads (the small x packed where first read, by whichever thread
+    // gets there): 16 gemms each with its own one-row x (the per-head absorption) and 4 sharing
+    // one two-row x; each gemm's bytes as alone.
+    {
+      const int64_t kk = 512, nn = 64;
+      std::vector<uint16_t> w3(size_t(nn * kk));
+      for (auto& v : w3) v = f32_to_bf16(0.05f * d(rng));
+      const Weight t3 = cpu_b->upload_gemm_matrix(Weight{w3.data(), DType::BF16, nn, kk, kk}, w3.size() * 2);
+      std::vector<float> xs(size_t(16 * kk)), shared(size_t(2 * kk));
+      for (float& v : xs) v = d(rng);
+      for (float& v : shared) v = d(rng);
+      std::vector<float> alone(size_t(20 * 2 * nn)), together(alone.size(), -1.0f);
+      std::vector<GemmParams> batch;
+      for (int64_t b = 0; b < 20; ++b) {
+        const bool own = b < 16;
+        const float* xb = own ? xs.data() + b * kk : shared.data();
+        const int64_t m = own ? 1 : 2;
+        cpu_b->gemm({xb, kk, t3, false, alone.data() + b * 2 * nn, nn, m, nn, kk});
+        batch.push_back({xb, kk, t3, false, together.data() + b * 2 * nn, nn, m, nn, kk});
+      }
+      for (int rep = 0; rep < 3; ++rep) {  // (the packs are reused from one call to the next)
+        const int saved = omp_get_max_threads();
+        omp_set_num_threads(2);
+        cpu_b->gemm_batch(batch);
+        omp_set_num_threads(saved);
+        for (int64_t b = 0; b < 20; ++b)
+          ASSERT_EQ(0, std::memcmp(alone.data() + b * 2 * nn, together.data() + b * 2 * nn, size_t((b < 16 ? 1 : 2) * nn) * 4))
+              << "gemm " << b << " in a decode batch, call " << rep;
+      }
     }
     std::vector<float> x(size_t(k * 64)), y(size_t(k * 64));
     auto message = [&](const GemmParams& p) {
