@@ -323,6 +323,32 @@ void store_rows(float (&c)[16][16], int nr, int nj, float* y, int64_t ldy, bool 
 // The loop: for each pair of x-row blocks, for each k block, every pair (narrow: triple) of W
 // blocks; C tiles wait in sc.out between k blocks. Decode-sized x (one x-row block) takes all of k
 // at once: its B tiles are small and its C tiles never leave the registers.
+// The configuration the calling thread's tiles hold (gemm_rows leaves it loaded for the next call,
+// release_tiles drops it): a decode batch runs hundreds of items of one shape per thread, and
+// LDTILECFG costs ~160 ns.
+struct ThreadTiles {
+  TileConfig cfg;
+  bool on = false;
+};
+template <class Tiles>
+ThreadTiles& thread_tiles() {
+  thread_local ThreadTiles t;
+  return t;
+}
+template <class Tiles>
+void configure_once(const TileConfig& c) {
+  ThreadTiles& t = thread_tiles<Tiles>();
+  if (t.on && std::memcmp(&t.cfg, &c, sizeof c) == 0) return;
+  Tiles::configure(c);
+  t.cfg = c, t.on = true;
+}
+template <class Tiles>
+void release_once() {
+  ThreadTiles& t = thread_tiles<Tiles>();
+  if (t.on) Tiles::release();
+  t.on = false;
+}
+
 template <class Tiles>
 void gemm_rows_t(const PackedX& x, const uint16_t* w, int64_t ldw, bool tiled, int64_t nb, float* y, int64_t ldy,
                  bool accumulate) {
@@ -350,7 +376,7 @@ void gemm_rows_t(const PackedX& x, const uint16_t* w, int64_t ldw, bool tiled, i
     for (int64_t gi = 0; gi + 1 < groups; ++gi)
       for (int wb = 0; wb < max_mw && (gi + 1) * span + wb * kTileRows < nb; ++wb)
         sc.blocks[size_t(gi * max_mw + wb)].next = sc.blocks[size_t((gi + 1) * max_mw + wb)].base;
-  Tiles::configure(config_for(narrow, x.n_cols));
+  configure_once<Tiles>(config_for(narrow, x.n_cols));
   for (int64_t cb0 = 0; cb0 < x.col_blocks; cb0 += 2) {
     const int nc = int(std::min<int64_t>(2, x.col_blocks - cb0));
     for (int64_t kc0 = 0; kc0 < std::max<int64_t>(x.chunks, 1); kc0 += kb) {
@@ -373,7 +399,6 @@ void gemm_rows_t(const PackedX& x, const uint16_t* w, int64_t ldw, bool tiled, i
         }
     }
   }
-  Tiles::release();
 }
 
 #if defined(__x86_64__) && defined(__linux__)
@@ -578,18 +603,25 @@ void gemm_rows(const PackedX& x, const uint16_t* w, int64_t ldw, bool tiled, int
 #endif
 }
 
+void release_tiles() {
+  release_once<EmuTiles>();
+#if defined(__x86_64__)
+  release_once<HwTiles>();
+#endif
+}
+
 double tile_macs_per_second(int64_t iters) {
   CHECK(available(), "amx::tile_macs_per_second: this machine cannot run AMX");
 #if defined(__x86_64__)
   using T = HwTiles;
-  T::configure(config_for(false, kTileRows));
+  configure_once<T>(config_for(false, kTileRows));
   T::zero<0>(), T::zero<1>(), T::zero<2>(), T::zero<3>(), T::zero<4>(), T::zero<5>(), T::zero<6>();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < iters; ++i) {
     T::dp<0, 4, 6>(), T::dp<1, 5, 6>(), T::dp<2, 4, 6>(), T::dp<3, 5, 6>();
   }
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  T::release();
+  release_once<T>();
   return double(iters) * 4 * kTileRows * kTileRows * kChunk / dt;
 #else
   return 0;

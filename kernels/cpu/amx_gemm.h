@@ -85,9 +85,13 @@ void split_terms(float v, uint16_t out[kTerms]);
 // y[:, 0:nb] (+)= x W^T for W rows [0, nb) (bf16, row stride ldw elements), x packed; y row
 // stride ldy. W row-major, or `tiled` (WeightLayout::kTile16 of ops.h from a multiple of 16 rows:
 // each A tile one contiguous KiB, zero padding past k and past the last row). Any nb >= 1; a call
-// uses one thread. `emulated` runs the emulation.
+// uses one thread and leaves its tiles configured (release_tiles). `emulated` runs the emulation.
 void gemm_rows(const PackedX& x, const uint16_t* w, int64_t ldw, bool tiled, int64_t nb, float* y, int64_t ldy,
                bool accumulate, bool emulated);
+
+// gemm_rows leaves the calling thread's tiles configured for its next call of the same shape; a
+// thread calls this when its run of gemm_rows calls ends (a batch's items), to release them.
+void release_tiles();
 
 // The calling thread's BF16 multiply-add rate on the tiles in multiply-adds per second: `iters`
 // rounds of four independent full-size TDPBF16PS (no memory traffic), what benchmarks measure the

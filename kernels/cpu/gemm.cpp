@@ -387,14 +387,22 @@ void run_jobs(const std::vector<Job>& jobs) {
     const size_t j = size_t(std::upper_bound(first.begin(), first.end(), g) - first.begin() - 1);
     jobs[j].run(g - first[j]);
   };
+  // Each thread that ran AMX items releases its tiles when its items are done (gemm_rows leaves
+  // them configured from one item to the next).
+  const bool tiles = std::any_of(jobs.begin(), jobs.end(), [](const Job& j) { return j.kind == Job::kAmx; });
   const int threads = omp_get_max_threads();
   if (macs < kParallelMacs || total == 1 || threads == 1) {
     for (int64_t g = 0; g < total; ++g) run(g);
+    if (tiles) amx::release_tiles();
     return;
   }
   if (max_m > kStaticRows) {
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t g = 0; g < total; ++g) run(g);
+#pragma omp parallel
+    {
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int64_t g = 0; g < total; ++g) run(g);
+      if (tiles) amx::release_tiles();
+    }
     return;
   }
   // Equal-cost contiguous ranges: thread t starts at the first item whose cost midpoint is at or
@@ -424,6 +432,7 @@ void run_jobs(const std::vector<Job>& jobs) {
     while (ranges[id].take_front(g)) run(g);
     for (int o = 1; o < threads; ++o)
       while (ranges[(id + o) % threads].take_back(g)) run(g);
+    if (tiles) amx::release_tiles();
   }
 }
 
