@@ -320,9 +320,6 @@ void store_rows(float (&c)[16][16], int nr, int nj, float* y, int64_t ldy, bool 
 #endif
 }
 
-// The loop: for each pair of x-row blocks, for each k block, every pair (narrow: triple) of W
-// blocks; C tiles wait in sc.out between k blocks. Decode-sized x (one x-row block) takes all of k
-// at once: its B tiles are small and its C tiles never leave the registers.
 // The configuration the calling thread's tiles hold (gemm_rows leaves it loaded for the next call,
 // release_tiles drops it): a decode batch runs hundreds of items of one shape per thread, and
 // LDTILECFG costs ~160 ns.
@@ -349,6 +346,9 @@ void release_once() {
   t.on = false;
 }
 
+// The loop: for each pair of x-row blocks, for each k block, every pair (narrow: triple) of W
+// blocks; C tiles wait in sc.out between k blocks. Decode-sized x (one x-row block) takes all of k
+// at once: its B tiles are small and its C tiles never leave the registers.
 template <class Tiles>
 void gemm_rows_t(const PackedX& x, const uint16_t* w, int64_t ldw, bool tiled, int64_t nb, float* y, int64_t ldy,
                  bool accumulate) {

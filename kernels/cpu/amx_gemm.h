@@ -85,7 +85,8 @@ void split_terms(float v, uint16_t out[kTerms]);
 // y[:, 0:nb] (+)= x W^T for W rows [0, nb) (bf16, row stride ldw elements), x packed; y row
 // stride ldy. W row-major, or `tiled` (WeightLayout::kTile16 of ops.h from a multiple of 16 rows:
 // each A tile one contiguous KiB, zero padding past k and past the last row). Any nb >= 1; a call
-// uses one thread and leaves its tiles configured (release_tiles). `emulated` runs the emulation.
+// uses one thread and leaves its tiles configured (release_tiles); nothing else on the thread may
+// change the tile state in between. `emulated` runs the emulation.
 void gemm_rows(const PackedX& x, const uint16_t* w, int64_t ldw, bool tiled, int64_t nb, float* y, int64_t ldy,
                bool accumulate, bool emulated);
 

@@ -178,8 +178,9 @@ int64_t amx_rows_per_item(int64_t m, int64_t k) {
 
 // An AMX job's x as tile terms. A small x is packed by the first thread that runs an item reading
 // it (state 0 -> 1 -> 2; others wait for 2), so that the small x of a batch (decode's per-head
-// absorption inputs, prefill's experts) are packed on all threads inside the batch's one parallel
-// region instead of one after another, or in a region of their own, before it.
+// absorption inputs) are packed on all threads inside the batch's one parallel region instead of
+// one after another before it (see pack_amx_inputs for which x are packed this way). A batch's x
+// must not alias any of its y: a lazily packed x is read while other gemms of the batch write.
 struct Pack {
   amx::PackedX x;
   const GemmParams* src = nullptr;  // what to pack

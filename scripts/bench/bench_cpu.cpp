@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
     touched_params += params;
   }
 
-  // 4. Prefill `prompt` tokens (one chunk), then `decode` steps at batch 1.
+  // 4. Prefill `prompt` tokens (chunks of `chunk`), then `decode` steps at batch 1.
   std::vector<int32_t> ids(static_cast<size_t>(prompt));
   for (int i = 0; i < prompt; ++i) ids[size_t(i)] = int32_t((i * 7919 + 13) % cfg.vocab_size);
   const int64_t n_blocks = runtime::blocks_for(prompt + 2 * decode + 1);  // (two decode phases)
