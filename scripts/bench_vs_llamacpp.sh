@@ -45,8 +45,9 @@ if [ ! -x "$LB/bin/llama-bench" ] || [ ! -x "$LB/bin/llama-quantize" ]; then
   # shellcheck disable=SC2086
   cmake -S "$SRC" -B "$LB" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF ${LLAMA_CMAKE_ARGS:-} > "$WORK/llama-cmake.log"
-  cmake --build "$LB" -j"$(nproc)" --target llama-bench llama-quantize > "$WORK/llama-build.log"
+    -DLLAMA_BUILD_SERVER=OFF ${LLAMA_CMAKE_ARGS:-} > "$WORK/llama-cmake.log" 2>&1 || fail "$WORK/llama-cmake.log"
+  cmake --build "$LB" -j"$(nproc)" --target llama-bench llama-quantize > "$WORK/llama-build.log" 2>&1 \
+    || fail "$WORK/llama-build.log"
 fi
 LLAMA_REV=$(git -C "$SRC" rev-parse --short HEAD 2> /dev/null || echo unknown)
 
