@@ -4,7 +4,7 @@
 // time of --reps runs after one warm-up, all OpenMP threads (set OMP_NUM_THREADS to change).
 // Built and run by scripts/bench_kernels.sh; without OpenBLAS (-DGLM5_NO_BLAS) the sgemm
 // column is left out.
-//   bench_kernels [--reps N] [--quick] [--only experts]
+//   bench_kernels [--reps N] [--quick] [--only experts|attention]
 #include <omp.h>
 
 #include <algorithm>
@@ -412,9 +412,10 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) g_reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--quick") quick = true;
-    else if (a == "--only" && i + 1 < argc && std::string(argv[i + 1]) == "experts") only = argv[++i];
+    else if (a == "--only" && i + 1 < argc && (std::string(argv[i + 1]) == "experts" || std::string(argv[i + 1]) == "attention"))
+      only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: bench_kernels [--reps N] [--quick] [--only experts]\n");
+      std::fprintf(stderr, "usage: bench_kernels [--reps N] [--quick] [--only experts|attention]\n");
       return 2;
     }
   }
@@ -427,6 +428,10 @@ int main(int argc, char** argv) {
   std::printf("| op | shape | time | rate | yardstick | ratio |\n|---|---|---|---|---|---|\n");
   if (only == "experts") {
     expert_stream_rows(*cpu, quick ? 5 : 15);
+    return 0;
+  }
+  if (only == "attention") {
+    attention_rows(*cpu, quick);
     return 0;
   }
   for (const std::string& path : bench_paths()) {  // BF16 rows on each gemm path
