@@ -409,11 +409,10 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
+    const std::string a = argv[i], next = i + 1 < argc ? argv[i + 1] : "";
     if (a == "--reps" && i + 1 < argc) g_reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--quick") quick = true;
-    else if (a == "--only" && i + 1 < argc && (std::string(argv[i + 1]) == "experts" || std::string(argv[i + 1]) == "attention"))
-      only = argv[++i];
+    else if (a == "--only" && (next == "experts" || next == "attention")) only = argv[++i];
     else {
       std::fprintf(stderr, "usage: bench_kernels [--reps N] [--quick] [--only experts|attention]\n");
       return 2;

@@ -76,7 +76,7 @@ mkdir -p "$G"
 if [ ! -f "$G/model.f32.gguf" ] && [ ! -f "$G/model.BF16.gguf" ]; then
   need_python
   log "converting $MODEL to GGUF"
-  "$PYTHON" scripts/hf_to_gguf.py "$MODEL" "$G/model.f32.gguf.tmp" > "$WORK/gguf.log" || fail "$WORK/gguf.log"
+  "$PYTHON" scripts/hf_to_gguf.py "$MODEL" "$G/model.f32.gguf.tmp" > "$WORK/gguf.log" 2>&1 || fail "$WORK/gguf.log"
   mv "$G/model.f32.gguf.tmp" "$G/model.f32.gguf"
 fi
 for t in BF16 Q8_0 Q4_K_M; do  # each written under a temporary name, so an interrupted run redoes it

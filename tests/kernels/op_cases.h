@@ -417,7 +417,7 @@ inline std::vector<std::pair<OpCase, OpCase>> paging_pairs() {
   for (Paging g : {Paging::Shared, Paging::PerRow}) {
     // (The per-row variant clamps q_pos to t - 1, which changes nothing: a row sees at most t keys.)
     v.push_back({indexer_case(9, 70, 8, 128, 902, Paging::None), indexer_case(9, 70, 8, 128, 902, g)});
-    // Other head counts and key spans (a tail block; 32 heads of 128 as GLM-5's indexer).
+    // Other head shapes: 16 heads of 64 (150 keys), 32 heads of 128 (GLM-5's indexer).
     v.push_back({indexer_case(9, 150, 16, 64, 907, Paging::None), indexer_case(9, 150, 16, 64, 907, g)});
     v.push_back({indexer_case(9, 70, 32, 128, 908, Paging::None), indexer_case(9, 70, 32, 128, 908, g)});
     v.push_back({mla_decode_case(4, 70, 9, 512, 64, 50, 903, 0.3f, Paging::None),
