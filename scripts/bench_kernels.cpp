@@ -4,7 +4,7 @@
 // time of --reps runs after one warm-up, all OpenMP threads (set OMP_NUM_THREADS to change).
 // Built and run by scripts/bench_kernels.sh; without OpenBLAS (-DGLM5_NO_BLAS) the sgemm
 // column is left out.
-//   bench_kernels [--reps N] [--quick] [--only experts|attention]
+//   bench_kernels [--reps N] [--quick] [--only experts|attention|quant]
 #include <omp.h>
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench/read_probe.h"
+#include "core/quant.h"
 #include "cpu/amx_gemm.h"
 #include "cpu/fast_ops.h"
 #include "cpu/weight_arena.h"
@@ -244,6 +245,65 @@ void expert_stream_rows(Backend& cpu, int rounds) {
   }
 }
 
+// Quantized decode (int8 / int4, BF16 scales, group 128, as `glm5 convert --quant` writes them):
+// y = x W^T at m = 1 over 512 MiB of weight bytes (matrices [32768, 2048]), each pass set against a
+// read probe on either side as above; and the same kernel over one [256, 2048] matrix that stays in
+// the L2, which shows what the dequantization costs when memory is not the limit.
+void quant_stream_rows(Backend& cpu, int rounds) {
+  const int64_t n = 32768, k = 2048, group = 128;
+  cpu::WeightArena arena;  // huge-page memory, as the model holds its weights
+  struct Mat {
+    std::vector<uint8_t> q;
+    std::vector<uint16_t> s;
+    Weight w;
+  };
+  const auto make = [&](DType dt, int64_t rows, unsigned seed) {
+    Mat m;
+    std::mt19937 g(seed);
+    m.q.resize(quant::row_bytes(dt, k) * size_t(rows));
+    for (auto& b : m.q) b = uint8_t(g());
+    m.s.resize(size_t(rows * (k / group)));
+    for (auto& v : m.s) v = f32_to_bf16(float(g() % 1000 + 1) * 1e-5f);
+    const void* held = arena.copy(m.q.data(), m.q.size());
+    m.w = Weight{held ? held : m.q.data(), dt, rows, k, k};
+    m.w.scale = m.s.data(), m.w.scale_dtype = DType::BF16, m.w.scale_ld = k / group, m.w.group = group;
+    return m;
+  };
+  const ReadProbe probe(size_t(1) << 30);
+  const std::vector<float> x = random_floats(size_t(k), 3);
+  std::vector<float> y(static_cast<size_t>(n));
+  for (DType dt : {DType::Q8, DType::Q4}) {
+    const char* name = dt == DType::Q8 ? "int8" : "int4";
+    std::deque<Mat> mats;
+    const size_t total = size_t(512) << 20;
+    while (mats.size() * quant::row_bytes(dt, k) * size_t(n) < total) mats.push_back(make(dt, n, unsigned(mats.size())));
+    const double bytes = double(mats.size() * quant::row_bytes(dt, k) * size_t(n));
+    const auto pass = [&] {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (const Mat& m : mats) cpu.gemm({x.data(), k, m.w, false, y.data(), n, 1, n, k});
+      return bytes / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
+    };
+    pass();  // warm-up
+    std::vector<double> ratio, gbs;
+    for (int r = 0; r < rounds; ++r) {
+      const double before = probe.gbs(), v = pass(), after = probe.gbs();
+      gbs.push_back(v), ratio.push_back(v / (0.5 * (before + after)));
+    }
+    std::sort(ratio.begin(), ratio.end()), std::sort(gbs.begin(), gbs.end());
+    std::printf("| gemm %s from memory | m=1, %zu x n=%ld k=%ld, group %ld | | %.1f GB/s of weights | read probed around "
+                "each pass | %.2f (quartiles %.2f %.2f) |\n",
+                name, mats.size(), long(n), long(k), long(group), gbs[gbs.size() / 2], ratio[ratio.size() / 2],
+                ratio[ratio.size() / 4], ratio[ratio.size() * 3 / 4]);
+    const Mat small = make(dt, 256, 99);
+    const double sbytes = double(quant::row_bytes(dt, k) * 256);
+    const double t = median_seconds([&] {
+      for (int i = 0; i < 100; ++i) cpu.gemm({x.data(), k, small.w, false, y.data(), 256, 1, 256, k});
+    }) / 100;
+    std::printf("| gemm %s in L2 | m=1, n=256 k=%ld | %.3f ms | %.1f GB/s of weights | | |\n", name, long(k), t * 1e3,
+                sbytes / t / 1e9);
+  }
+}
+
 // The fp32 FMA peak of all threads in GFLOP/s: independent FMA chains in registers (16 lanes x
 // 16 chains per thread), what the cores can do at all.
 double fma_peak() {
@@ -412,9 +472,9 @@ int main(int argc, char** argv) {
     const std::string a = argv[i], next = i + 1 < argc ? argv[i + 1] : "";
     if (a == "--reps" && i + 1 < argc) g_reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--quick") quick = true;
-    else if (a == "--only" && (next == "experts" || next == "attention")) only = argv[++i];
+    else if (a == "--only" && (next == "experts" || next == "attention" || next == "quant")) only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: bench_kernels [--reps N] [--quick] [--only experts|attention]\n");
+      std::fprintf(stderr, "usage: bench_kernels [--reps N] [--quick] [--only experts|attention|quant]\n");
       return 2;
     }
   }
@@ -427,6 +487,10 @@ int main(int argc, char** argv) {
   std::printf("| op | shape | time | rate | yardstick | ratio |\n|---|---|---|---|---|---|\n");
   if (only == "experts") {
     expert_stream_rows(*cpu, quick ? 5 : 15);
+    return 0;
+  }
+  if (only == "quant") {
+    quant_stream_rows(*cpu, quick ? 5 : 15);
     return 0;
   }
   if (only == "attention") {
@@ -445,6 +509,7 @@ int main(int argc, char** argv) {
   decode_stream_rows(*cpu, quick ? 5 : 15);  // (sets each layout's path)
   expert_stream_rows(*cpu, quick ? 5 : 15);
   cpu::fast::set_gemm_path("auto");
+  quant_stream_rows(*cpu, quick ? 5 : 15);
   gemm_row(512, 512, 192, true, *cpu, bw);
   attention_rows(*cpu, quick);
   prefill_sweep(*cpu, quick);

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds and runs scripts/bench_kernels.cpp (the fast CPU backend's kernels against OpenBLAS
 # sgemm and the memory read bandwidth, measured in the same run) and prints a markdown table.
-# The kernels are compiled from source with -O3 -march=native, as the CMake build does; OpenBLAS
+# The kernels are compiled from source with -O3 -march=native -ffp-contract=off, as the CMake build does; OpenBLAS
 # is linked when its cblas.h is found (Debian: libopenblas-dev), else the sgemm column is empty.
 #
-#   scripts/bench_kernels.sh [OUT_DIR] [-- bench args: --reps N --quick --only experts|attention]   (OUT_DIR default: build)
+#   scripts/bench_kernels.sh [OUT_DIR] [-- bench args: --reps N --quick --only experts|attention|quant]   (OUT_DIR default: build)
 #   env: OMP_NUM_THREADS (default: all cores), CXX (default: g++)
 set -euo pipefail
 
@@ -24,7 +24,7 @@ for inc in /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas 
   fi
 done
 
-"$CXX" -std=gnu++20 -O3 -march=native -fopenmp -I"$ROOT/kernels" \
+"$CXX" -std=gnu++20 -O3 -march=native -ffp-contract=off -fopenmp -I"$ROOT/kernels" \
   "$ROOT/scripts/bench_kernels.cpp" "$ROOT"/kernels/cpu/*.cpp "$ROOT/kernels/cuda_stub.cpp" \
   "${blas[@]}" -o "$BIN"
 echo "bench_kernels: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores" >&2

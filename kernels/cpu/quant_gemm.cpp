@@ -122,38 +122,117 @@ GLM5_AVX512 inline __m512 q8x16(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_sub_epi32(v, _mm512_set1_epi32(128)));
 }
 
-// Groups are whole multiples of 16 columns here (checked by the caller); a ragged last chunk of
-// a row (cols % 16) goes through the portable code. Int4 takes each group's 16 possible values
-// from a table built once per group (the same rule, so the same floats) with one permute.
-GLM5_AVX512 void dequant_row_avx512(const Weight& w, int64_t r, float* out) {
+// v rounded to BF16 (8 significant bits, nearest even) in three operations, Veltkamp's split:
+// c = v (2^16 + 1), hi = c - (c - v). For v = q s with q an int8 or int4 and s a
+// BF16 scale, hi equals round_to_avx512(BF16, v) (five operations) for every q and every BF16
+// mantissa, ties included (the tests check all of them), as long as c neither overflows nor leaves
+// the normal range: scales s with split_safe(s). Other groups take the bit trick.
+constexpr float kSplitBf16 = 65537.0f;  // 2^16 + 1
+inline bool split_safe(float s) {
+  const float a = std::fabs(s);
+  return a >= 0x1p-100f && a <= 0x1p100f;
+}
+GLM5_AVX512 inline __m512 bf16_round_split(__m512 v) {
+  const __m512 c = _mm512_mul_ps(v, _mm512_set1_ps(kSplitBf16));
+  return _mm512_sub_ps(c, _mm512_sub_ps(c, v));
+}
+
+// Int4: for the 16 elements at byte p (8 bytes, element 2i in the low nibble of byte i), dword l
+// of the result holds element l's nibble in its bits 0-3 (higher bits are not cleared: vpermps,
+// which reads these as table indices, looks at bits 0-3 only). The 8 bytes are broadcast to every
+// qword; with AVX512-VBMI (a build for such a CPU) one multishift takes bits 4l.. of the qword into
+// the low byte of dword l; otherwise vpshufb copies byte l / 2 there (within each 128-bit lane)
+// and a shift by 4 on odd l brings the high nibble down.
+GLM5_AVX512 inline __m512i q4x16_nibbles(const uint8_t* p) {
+  uint64_t b;
+  std::memcpy(&b, p, 8);
+  const __m512i bytes = _mm512_set1_epi64(int64_t(b));
+#if defined(__AVX512VBMI__)
+  const __m512i at = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60);
+  return _mm512_multishift_epi64_epi8(at, bytes);
+#else
+  alignas(64) static constexpr int8_t kSpread[64] = {
+      0, -1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 2, -1, -1, -1,
+      3, -1, -1, -1, 3, -1, -1, -1, 4, -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 5, -1, -1, -1,
+      6, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1, 7, -1, -1, -1};
+  const __m512i shift = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+  return _mm512_srlv_epi32(_mm512_shuffle_epi8(bytes, _mm512_load_si512(kSpread)), shift);
+#endif
+}
+
+// Per group state and one chunk of 16 dequantized values, for weight dtype DT and scale dtype SD.
+// at<kFast>: kFast where the group's `fast` is set (split_safe scales, and for Q8 positive ones),
+// which allows the shorter sequences (the same floats): Q8's (u - 128) s as one FMA u s + (-128 s),
+// exact (a product of at most 8 x 24 bits rounded once, as float(q) * s is; q = 0 gives +0, as
+// 0 * s does for s > 0 only), and the BF16 rounding by Veltkamp's split.
+template <DType DT, DType SD>
+struct Chunk {
+  __m512 t;     // Q4: the group's 16 values by stored nibble; Q8: the scale
+  __m512 bias;  // Q8: -128 * scale
+  Fp8Scale fs{1.0f};
+  // Whether a group with scale s may take at<true>.
+  static bool fast_scale(float s) { return DT == DType::F8_E4M3 || (split_safe(s) && (DT == DType::Q4 || s > 0)); }
+  GLM5_AVX512 void group(float s) {
+    const bool fast = fast_scale(s);
+    if constexpr (DT == DType::Q4) {
+      const __m512 v = _mm512_mul_ps(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7),
+                                     _mm512_set1_ps(s));
+      t = SD == DType::BF16 && fast ? bf16_round_split(v) : round_to_avx512(SD, v);
+    } else if constexpr (DT == DType::F8_E4M3) {
+      fs = Fp8Scale(s);
+    } else {
+      t = _mm512_set1_ps(s);
+      bias = _mm512_set1_ps(-128.0f * s);
+    }
+  }
+  template <bool kFast>
+  GLM5_AVX512 __m512 at(const uint8_t* row, int64_t c) const {
+    if constexpr (DT == DType::Q4) {
+      return _mm512_permutexvar_ps(q4x16_nibbles(row + c / 2), t);
+    } else if constexpr (DT == DType::Q8) {
+      if constexpr (!kFast) return round_to_avx512(SD, _mm512_mul_ps(q8x16(row + c), t));
+      const __m512i u = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c)));
+      const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), t, bias);
+      return SD == DType::BF16 ? bf16_round_split(v) : round_to_avx512(SD, v);
+    } else {
+      return fs.apply(fp8x16_biased(row + c));
+    }
+  }
+};
+
+// Row r of w dequantized into out[0, w.cols). Groups are whole multiples of 16 columns here
+// (checked by the caller); a ragged last chunk of a row (cols % 16) takes weight_at.
+template <DType DT, DType SD>
+GLM5_AVX512 void dequant_row_t(const Weight& w, int64_t r, float* out) {
   const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * quant::row_bytes(w.dtype, w.ld);
   const int64_t srow = (r / w.scale_block_rows) * w.scale_ld;
   const int64_t full = w.cols / 16 * 16;
-  const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-  for (int64_t c0 = 0; c0 < full; c0 += w.group) {
-    const float s = quant::scale_at(w.scale_dtype, w.scale, srow + c0 / w.group);
-    const __m512 sv = _mm512_set1_ps(s);
+  for (int64_t c0 = 0, gi = 0; c0 < full; c0 += w.group, ++gi) {
+    Chunk<DT, SD> ch;
+    const float s = quant::scale_at(SD, w.scale, srow + gi);
+    ch.group(s);
     const int64_t c1 = std::min(full, c0 + w.group);
-    if (w.dtype == DType::Q4) {
-      const __m512 table = round_to_avx512(w.scale_dtype, _mm512_mul_ps(levels, sv));  // value of stored nibble u = q + 8
-      for (int64_t c = c0; c < c1; c += 16) {
-        __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + c / 2));
-        __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
-        __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
-        __m512i u = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
-        _mm512_storeu_ps(out + c, _mm512_permutexvar_ps(u, table));
-      }
-      continue;
-    }
-    const Fp8Scale fs(s);
-    for (int64_t c = c0; c < c1; c += 16) {
-      __m512 v;
-      if (w.dtype == DType::F8_E4M3) v = fs.apply(fp8x16_biased(row + c));
-      else v = round_to_avx512(w.scale_dtype, _mm512_mul_ps(q8x16(row + c), sv));
-      _mm512_storeu_ps(out + c, v);
-    }
+    if (ch.fast_scale(s))
+      for (int64_t c = c0; c < c1; c += 16) _mm512_storeu_ps(out + c, ch.template at<true>(row, c));
+    else
+      for (int64_t c = c0; c < c1; c += 16) _mm512_storeu_ps(out + c, ch.template at<false>(row, c));
   }
   for (int64_t c = full; c < w.cols; ++c) out[c] = weight_at(w, r, c);
+}
+
+using DequantRowFn = void (*)(const Weight&, int64_t, float*);
+
+template <DType DT>
+DequantRowFn dequant_row_for_scale(DType sd) {
+  if (sd == DType::BF16) return dequant_row_t<DT, DType::BF16>;
+  if (sd == DType::F16) return dequant_row_t<DT, DType::F16>;
+  return dequant_row_t<DT, DType::F32>;
+}
+
+DequantRowFn dequant_row_avx512(const Weight& w) {
+  if (w.dtype == DType::Q4) return dequant_row_for_scale<DType::Q4>(w.scale_dtype);
+  if (w.dtype == DType::Q8) return dequant_row_for_scale<DType::Q8>(w.scale_dtype);
+  return dequant_row_for_scale<DType::F8_E4M3>(w.scale_dtype);
 }
 #endif
 
@@ -164,98 +243,89 @@ GLM5_AVX512 void dequant_row_avx512(const Weight& w, int64_t r, float* out) {
 // recipe is dot_tile's exactly (lane l sums x[16q + l] * w[16q + l] by FMA in q order, then the
 // simd::reduce tree), over the same float weights, so the bytes equal the panel path's.
 
-// Per group state and one chunk of 16 dequantized values, per format.
-template <DType DT, DType SD>
-struct Chunk {
-  __m512 t;  // Q4: the group's 16 values by stored nibble; Q8: the scale
-  Fp8Scale fs{1.0f};
-  GLM5_AVX512 void group(float s) {
-    if constexpr (DT == DType::Q4)
-      t = round_to_avx512(SD, _mm512_mul_ps(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7),
-                                            _mm512_set1_ps(s)));
-    else if constexpr (DT == DType::F8_E4M3)
-      fs = Fp8Scale(s);
-    else
-      t = _mm512_set1_ps(s);
-  }
-  // Q4: 32 values (16 bytes) at once, chunks c and c + 16.
-  GLM5_AVX512 void at2(const uint8_t* row, int64_t c, __m512& a, __m512& b) const {
-    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2));
-    __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0f));
-    __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f));
-    a = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), t);
-    b = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)), t);
-  }
-  GLM5_AVX512 __m512 at(const uint8_t* row, int64_t c) const {
-    if constexpr (DT == DType::Q4) {
-      __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + c / 2));
-      __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
-      __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
-      return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), t);
-    } else if constexpr (DT == DType::Q8) {
-      return round_to_avx512(SD, _mm512_mul_ps(q8x16(row + c), t));
-    } else {
-      return fs.apply(fp8x16_biased(row + c));
+// Columns [k0, k1) of one group of the tile's NR rows (their Chunk states ch) into acc. The next
+// tile's rows are prefetched as this one goes (each W row is short, a few KiB: too short for the
+// hardware prefetcher to ramp up on four streams at once).
+template <int MR, int NR, bool kFast, DType DT, DType SD>
+GLM5_AVX512 __attribute__((always_inline)) inline void fused_group(const Chunk<DT, SD>* ch, const uint8_t* const* rows,
+                                                                  const uint8_t* next, size_t rb, const float* x,
+                                                                  int64_t ldx, int64_t k0, int64_t k1,
+                                                                  __m512 (&acc)[MR][4]) {
+  const int64_t bytes_per_k2 = DT == DType::Q4 ? 1 : 2;  // bytes per 2 elements
+  for (int64_t k = k0; k < k1; k += 16) {
+    if ((k * bytes_per_k2 / 2) % 64 == 0)
+      for (int c = 0; c < NR; ++c) _mm_prefetch(reinterpret_cast<const char*>(next + c * rb + k * bytes_per_k2 / 2), _MM_HINT_T0);
+    __m512 xv[MR];
+    for (int r = 0; r < MR; ++r) xv[r] = _mm512_loadu_ps(x + r * ldx + k);
+    for (int c = 0; c < NR; ++c) {
+      const __m512 wv = ch[c].template at<kFast>(rows[c], k);
+      for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
     }
   }
-};
+}
 
-// y[r, j] (+)= x[r, :] . W[j, :] for r < MR, j in [j0, j0 + nr), nr <= 4; k % 16 == 0, group % 16 == 0.
-// The next tile's rows are prefetched as this one goes (each W row is short, a few KiB: too
-// short for the hardware prefetcher to ramp up on four streams at once).
+// The scales of groups [gb, gb + ng) of the tile's rows (scale offsets srow) as float32 into sc, and
+// whether every one of them allows Chunk's fast sequences: done once per block of groups rather
+// than once per group and row (an int4 group is only 64 bytes of a row). BF16 16 at a time.
+constexpr int64_t kScaleBlock = 32;
+template <DType DT, DType SD, int NR>
+GLM5_AVX512 bool block_scales(const void* scale, const int64_t* srow, int64_t gb, int ng, float (&sc)[NR][kScaleBlock]) {
+  if constexpr (SD == DType::BF16 && DT != DType::F8_E4M3) {
+    __mmask16 ok = 0xffff;
+    for (int c = 0; c < NR; ++c)
+      for (int i = 0; i < ng; i += 16) {
+        const __mmask16 lanes = __mmask16((1u << std::min(16, ng - i)) - 1);
+        const __m256i b = _mm256_maskz_loadu_epi16(lanes, static_cast<const uint16_t*>(scale) + srow[c] + gb + i);
+        const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+        _mm512_store_ps(sc[c] + i, v);
+        const __m512 a = _mm512_abs_ps(v);
+        __mmask16 good = _mm512_cmp_ps_mask(a, _mm512_set1_ps(0x1p-100f), _CMP_GE_OQ) &
+                         _mm512_cmp_ps_mask(a, _mm512_set1_ps(0x1p100f), _CMP_LE_OQ);
+        if constexpr (DT == DType::Q8) good &= _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ);
+        ok &= __mmask16(good | ~lanes);
+      }
+    return ok == 0xffff;
+  } else {
+    bool ok = true;
+    for (int c = 0; c < NR; ++c)
+      for (int i = 0; i < ng; ++i) {
+        sc[c][i] = quant::scale_at(SD, scale, srow[c] + gb + i);
+        ok = ok && Chunk<DT, SD>::fast_scale(sc[c][i]);
+      }
+    return ok;
+  }
+}
+
+// y[r, j] (+)= x[r, :] . W[j, :] for r < MR, j in [j0, j0 + NR), NR <= 4; k % 16 == 0, group % 16 == 0.
 template <int MR, int NR, DType DT, DType SD>
 GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_t j0, float* y, int64_t ldy,
                             bool accumulate) {
-  constexpr int nr = NR;
   const size_t rb = quant::row_bytes(DT, w.ld);
-  const uint8_t* rows[4];
-  int64_t srow[4];
-  for (int c = 0; c < 4; ++c) {
-    const int64_t j = j0 + std::min(c, nr - 1);
-    rows[c] = static_cast<const uint8_t*>(w.data) + size_t(j) * rb;
-    srow[c] = (j / w.scale_block_rows) * w.scale_ld;
+  const uint8_t* rows[NR];
+  int64_t srow[NR];
+  for (int c = 0; c < NR; ++c) {
+    rows[c] = static_cast<const uint8_t*>(w.data) + size_t(j0 + c) * rb;
+    srow[c] = ((j0 + c) / w.scale_block_rows) * w.scale_ld;
   }
   const uint8_t* next = rows[0] + 4 * rb;  // the following tile's first row
-  const int64_t bytes_per_k = DT == DType::Q4 ? 1 : 2;  // 2 x bytes per element (Q4: half a byte)
   __m512 acc[MR][4];
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t g0 = 0; g0 < w.cols; g0 += w.group) {
-    Chunk<DT, SD> ch[4];
-    for (int c = 0; c < 4; ++c) ch[c].group(quant::scale_at(SD, w.scale, srow[c] + g0 / w.group));
-    const int64_t g1 = std::min(w.cols, g0 + w.group);  // FP8's last block may be partial
-    int64_t k = g0;
-    if constexpr (DT == DType::Q4) {
-      for (; k + 32 <= g1; k += 32) {
-        if ((k * bytes_per_k / 2) % 64 == 0)
-          for (int c = 0; c < nr; ++c) _mm_prefetch(reinterpret_cast<const char*>(next + c * rb + k * bytes_per_k / 2), _MM_HINT_T0);
-        __m512 x0[MR], x1[MR];
-        for (int r = 0; r < MR; ++r) {
-          x0[r] = _mm512_loadu_ps(x + r * ldx + k);
-          x1[r] = _mm512_loadu_ps(x + r * ldx + k + 16);
-        }
-        for (int c = 0; c < 4; ++c) {
-          if (c >= nr) break;
-          __m512 w0, w1;
-          ch[c].at2(rows[c], k, w0, w1);
-          for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_fmadd_ps(x1[r], w1, _mm512_fmadd_ps(x0[r], w0, acc[r][c]));
-        }
-      }
-    }
-    for (; k < g1; k += 16) {
-      if ((k * bytes_per_k / 2) % 64 == 0)
-        for (int c = 0; c < nr; ++c) _mm_prefetch(reinterpret_cast<const char*>(next + c * rb + k * bytes_per_k / 2), _MM_HINT_T0);
-      __m512 xv[MR];
-      for (int r = 0; r < MR; ++r) xv[r] = _mm512_loadu_ps(x + r * ldx + k);
-      for (int c = 0; c < 4; ++c) {
-        if (c >= nr) break;
-        const __m512 wv = ch[c].at(rows[c], k);
-        for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
-      }
+  alignas(64) float sc[NR][kScaleBlock];
+  const int64_t groups = (w.cols + w.group - 1) / w.group;
+  for (int64_t gb = 0; gb < groups; gb += kScaleBlock) {
+    const int ng = int(std::min(kScaleBlock, groups - gb));
+    const bool fast = block_scales<DT, SD, NR>(w.scale, srow, gb, ng, sc);
+    for (int gi = 0; gi < ng; ++gi) {
+      Chunk<DT, SD> ch[NR];
+      for (int c = 0; c < NR; ++c) ch[c].group(sc[c][gi]);
+      const int64_t g0 = (gb + gi) * w.group, g1 = std::min(w.cols, g0 + w.group);  // FP8's last block may be partial
+      if (fast) fused_group<MR, NR, true>(ch, rows, next, rb, x, ldx, g0, g1, acc);
+      else fused_group<MR, NR, false>(ch, rows, next, rb, x, ldx, g0, g1, acc);
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int c = 0; c < nr; ++c) {
+    for (int c = 0; c < NR; ++c) {
       float* o = y + r * ldy + j0 + c;
       const float v = simd::reduce(acc[r][c]);
       *o = accumulate ? *o + v : v;
@@ -348,7 +418,8 @@ std::string quant_path() { return use_avx512() ? "avx512" : "portable"; }
 void dequantize_rows(const Weight& w, int64_t r0, int64_t n, float* out, int64_t ldo) {
 #if defined(__x86_64__)
   if (use_avx512() && w.group % 16 == 0) {
-    for (int64_t i = 0; i < n; ++i) dequant_row_avx512(w, r0 + i, out + i * ldo);
+    const DequantRowFn row = dequant_row_avx512(w);
+    for (int64_t i = 0; i < n; ++i) row(w, r0 + i, out + i * ldo);
     return;
   }
 #endif

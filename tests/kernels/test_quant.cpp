@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -248,6 +249,46 @@ TEST(QuantGemm, Fp8LargeScalesAndSubnormalCodes) {
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << path;
   }
   cpu::fast::set_quant_path("auto");
+}
+
+// Int8 / int4 with BF16 scales: every stored value against every scale mantissa and sign (the
+// AVX-512 path rounds q * s to BF16 by Veltkamp's split there, ties included), every exponent, and
+// scales outside the split's range (tiny, subnormal, zero, the largest finite: the bit trick), in
+// both dequantize_rows and the fused decode tiles (m = 1..4, tiles that mix both kinds of group).
+TEST(QuantGemm, Bf16ScalesEveryMantissaAndExponent) {
+  std::vector<uint16_t> scales;
+  for (uint16_t sm = 0; sm < 256; ++sm) scales.push_back(uint16_t((sm & 0x80) << 8 | 0x3a00 | (sm & 0x7f)));
+  for (uint16_t e = 1; e < 255; ++e) scales.push_back(uint16_t((e & 1) << 15 | e << 7 | 0x55));
+  for (uint16_t v : {0x0000, 0x8000, 0x0001, 0x807f, 0x0040, 0x7f7f, 0xff7f, 0x0c00, 0x7200}) scales.push_back(v);
+  const int64_t k = 256, group = 128, n = int64_t(scales.size() + 1) / 2;
+  scales.resize(size_t(2 * n), 0x3c00);
+  auto cpu = make_cpu_backend();
+  for (DType dt : {DType::Q8, DType::Q4}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)));
+    std::vector<uint8_t> data(quant::row_bytes(dt, k) * size_t(n));
+    std::mt19937 rng(11);
+    for (int64_t r = 0; r < n; ++r) {  // each row holds every stored byte value, shuffled
+      uint8_t* row = data.data() + size_t(r) * quant::row_bytes(dt, k);
+      for (size_t i = 0; i < quant::row_bytes(dt, k); ++i) row[i] = uint8_t(i % 256);
+      std::shuffle(row, row + quant::row_bytes(dt, k), rng);
+    }
+    const Weight w{data.data(), dt, n, k, k, scales.data(), DType::BF16, k / group, group, 1};
+    const std::vector<float> want = dequantized(w);
+    for (const std::string& path : cpu::fast::quant_paths()) {
+      cpu::fast::set_quant_path(path);
+      std::vector<float> got(want.size());
+      cpu::fast::dequantize_rows(w, 0, n, got.data(), k);
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << path;
+      const Weight wf{want.data(), DType::F32, n, k, k};
+      for (int64_t m = 1; m <= 4; ++m) {
+        std::vector<float> x(size_t(m * k));
+        for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 7919 % 201) - 100) * 1e-3f;
+        const auto a = run_gemm(*cpu, w, x, m), b = run_gemm(*cpu, wf, x, m);
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << path << ", m = " << m;
+      }
+    }
+    cpu::fast::set_quant_path("auto");
+  }
 }
 
 TEST(QuantGemm, MissingScalesRefused) {
