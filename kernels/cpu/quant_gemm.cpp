@@ -251,10 +251,10 @@ GLM5_AVX512 __attribute__((always_inline)) inline void fused_group(const Chunk<D
                                                                   const uint8_t* next, size_t rb, const float* x,
                                                                   int64_t ldx, int64_t k0, int64_t k1,
                                                                   __m512 (&acc)[MR][4]) {
-  const int64_t bytes_per_k2 = DT == DType::Q4 ? 1 : 2;  // bytes per 2 elements
+  const int64_t b0 = DT == DType::Q4 ? k0 / 2 : k0, b1 = DT == DType::Q4 ? k1 / 2 : k1;  // the group's bytes
+  for (int64_t b = b0; b < b1; b += 64)
+    for (int c = 0; c < NR; ++c) _mm_prefetch(reinterpret_cast<const char*>(next + c * rb + b), _MM_HINT_T0);
   for (int64_t k = k0; k < k1; k += 16) {
-    if ((k * bytes_per_k2 / 2) % 64 == 0)
-      for (int c = 0; c < NR; ++c) _mm_prefetch(reinterpret_cast<const char*>(next + c * rb + k * bytes_per_k2 / 2), _MM_HINT_T0);
     __m512 xv[MR];
     for (int r = 0; r < MR; ++r) xv[r] = _mm512_loadu_ps(x + r * ldx + k);
     for (int c = 0; c < NR; ++c) {
