@@ -248,7 +248,8 @@ void expert_stream_rows(Backend& cpu, int rounds) {
 // Quantized decode (int8 / int4, BF16 scales, group 128, as `glm5 convert --quant` writes them):
 // y = x W^T at m = 1 over 512 MiB of weight bytes (matrices [32768, 2048]), each pass set against a
 // read probe on either side as above; and the same kernel over one [256, 2048] matrix that stays in
-// the L2, which shows what the dequantization costs when memory is not the limit.
+// the L2, which shows what the dequantization costs when memory is not the limit. Scales are
+// positive and of ordinary size, as a checkpoint's are (the kernels' fast sequences).
 void quant_stream_rows(Backend& cpu, int rounds) {
   const int64_t n = 32768, k = 2048, group = 128;
   cpu::WeightArena arena;  // huge-page memory, as the model holds its weights
@@ -266,6 +267,7 @@ void quant_stream_rows(Backend& cpu, int rounds) {
     for (auto& v : m.s) v = f32_to_bf16(float(g() % 1000 + 1) * 1e-5f);
     const void* held = arena.copy(m.q.data(), m.q.size());
     m.w = Weight{held ? held : m.q.data(), dt, rows, k, k};
+    if (held) std::vector<uint8_t>().swap(m.q);
     m.w.scale = m.s.data(), m.w.scale_dtype = DType::BF16, m.w.scale_ld = k / group, m.w.group = group;
     return m;
   };

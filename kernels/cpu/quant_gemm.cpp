@@ -123,10 +123,12 @@ GLM5_AVX512 inline __m512 q8x16(const uint8_t* p) {
 }
 
 // v rounded to BF16 (8 significant bits, nearest even) in three operations, Veltkamp's split:
-// c = v (2^16 + 1), hi = c - (c - v). For v = q s with q an int8 or int4 and s a
-// BF16 scale, hi equals round_to_avx512(BF16, v) (five operations) for every q and every BF16
-// mantissa, ties included (the tests check all of them), as long as c neither overflows nor leaves
-// the normal range: scales s with split_safe(s). Other groups take the bit trick.
+// c = v (2^16 + 1), hi = c - (c - v). For v = q s with q an int8 or int4 and s a BF16 scale, hi
+// equals round_to_avx512(BF16, v) (five operations) for every q and every BF16 mantissa, ties
+// included (the tests run all of them), as long as c neither overflows nor leaves the normal range:
+// scales s with split_safe(s). Other groups take the bit trick. Each of the three operations must
+// round on its own: this file is compiled with -ffp-contract=off (kernels/CMakeLists.txt; GCC
+// treats these intrinsics as plain vector arithmetic, which it would otherwise fuse into FMAs).
 constexpr float kSplitBf16 = 65537.0f;  // 2^16 + 1
 inline bool split_safe(float s) {
   const float a = std::fabs(s);
@@ -161,8 +163,9 @@ GLM5_AVX512 inline __m512i q4x16_nibbles(const uint8_t* p) {
 }
 
 // Per group state and one chunk of 16 dequantized values, for weight dtype DT and scale dtype SD.
-// at<kFast>: kFast where the group's `fast` is set (split_safe scales, and for Q8 positive ones),
-// which allows the shorter sequences (the same floats): Q8's (u - 128) s as one FMA u s + (-128 s),
+// at<true> only for groups whose scale passes fast_scale (split_safe, and for Q8 positive; the
+// fused tiles take it when every group of a block of groups does): the shorter sequences, with the
+// same floats: Q8's (u - 128) s as one FMA u s + (-128 s),
 // exact (a product of at most 8 x 24 bits rounded once, as float(q) * s is; q = 0 gives +0, as
 // 0 * s does for s > 0 only), and the BF16 rounding by Veltkamp's split.
 template <DType DT, DType SD>
@@ -251,8 +254,9 @@ GLM5_AVX512 __attribute__((always_inline)) inline void fused_group(const Chunk<D
                                                                   const uint8_t* next, size_t rb, const float* x,
                                                                   int64_t ldx, int64_t k0, int64_t k1,
                                                                   __m512 (&acc)[MR][4]) {
-  const int64_t b0 = DT == DType::Q4 ? k0 / 2 : k0, b1 = DT == DType::Q4 ? k1 / 2 : k1;  // the group's bytes
-  for (int64_t b = b0; b < b1; b += 64)
+  // one prefetch per 64 bytes of each next row, at the offsets within the group's bytes [b0, b1)
+  const int64_t b0 = DT == DType::Q4 ? k0 / 2 : k0, b1 = DT == DType::Q4 ? k1 / 2 : k1;
+  for (int64_t b = (b0 + 63) / 64 * 64; b < b1; b += 64)
     for (int c = 0; c < NR; ++c) _mm_prefetch(reinterpret_cast<const char*>(next + c * rb + b), _MM_HINT_T0);
   for (int64_t k = k0; k < k1; k += 16) {
     __m512 xv[MR];

@@ -152,6 +152,10 @@ std::vector<QCase> cases() {
   c.push_back({DType::Q4, DType::BF16, 7, 36, 12});    // ld 40 > cols 36 (rows padded to whole int32s)
   c.push_back({DType::Q8, DType::F32, 5, 26, 13});     // ld 28 > cols 26
   c.push_back({DType::Q4, DType::BF16, 512, 256, 32});  // many column blocks, the fused path's row items
+  for (DType s : {DType::BF16, DType::F32, DType::F16}) {  // 80 / 34 groups: blocks of 32 groups and tails
+    c.push_back({DType::Q4, s, 35, 1280, 16});             // (35 rows: a last tile of 3)
+    c.push_back({DType::Q8, s, 35, 1088, 32});
+  }
   c.push_back({DType::F8_E4M3, DType::F32, 200, 300, 128});  // ragged 128 x 128 blocks
   c.push_back({DType::F8_E4M3, DType::F32, 130, 136, 128});
   c.push_back({DType::F8_E4M3, DType::F32, 256, 384, 128});  // fused path across 2 x 3 scale blocks
@@ -254,25 +258,27 @@ TEST(QuantGemm, Fp8LargeScalesAndSubnormalCodes) {
 // Int8 / int4 with BF16 scales: every stored value against every scale mantissa and sign (the
 // AVX-512 path rounds q * s to BF16 by Veltkamp's split there, ties included), every exponent, and
 // scales outside the split's range (tiny, subnormal, zero, the largest finite: the bit trick), in
-// both dequantize_rows and the fused decode tiles (m = 1..4, tiles that mix both kinds of group).
+// both dequantize_rows and the fused decode tiles (m = 1..4, tiles of 4 and 3 rows, tiles that mix
+// both kinds of group). One group per row, each row all 256 byte values (int4: every pair of nibbles).
 TEST(QuantGemm, Bf16ScalesEveryMantissaAndExponent) {
   std::vector<uint16_t> scales;
   for (uint16_t sm = 0; sm < 256; ++sm) scales.push_back(uint16_t((sm & 0x80) << 8 | 0x3a00 | (sm & 0x7f)));
   for (uint16_t e = 1; e < 255; ++e) scales.push_back(uint16_t((e & 1) << 15 | e << 7 | 0x55));
   for (uint16_t v : {0x0000, 0x8000, 0x0001, 0x807f, 0x0040, 0x7f7f, 0xff7f, 0x0c00, 0x7200}) scales.push_back(v);
-  const int64_t k = 256, group = 128, n = int64_t(scales.size() + 1) / 2;
-  scales.resize(size_t(2 * n), 0x3c00);
+  while (scales.size() % 4 != 3) scales.push_back(0x3c00);  // a last tile of 3 rows
+  const int64_t n = int64_t(scales.size());
   auto cpu = make_cpu_backend();
   for (DType dt : {DType::Q8, DType::Q4}) {
     SCOPED_TRACE(std::string(dtype_name(dt)));
+    const int64_t k = dt == DType::Q8 ? 256 : 512, group = k;
     std::vector<uint8_t> data(quant::row_bytes(dt, k) * size_t(n));
     std::mt19937 rng(11);
     for (int64_t r = 0; r < n; ++r) {  // each row holds every stored byte value, shuffled
-      uint8_t* row = data.data() + size_t(r) * quant::row_bytes(dt, k);
-      for (size_t i = 0; i < quant::row_bytes(dt, k); ++i) row[i] = uint8_t(i % 256);
-      std::shuffle(row, row + quant::row_bytes(dt, k), rng);
+      uint8_t* row = data.data() + size_t(r) * 256;
+      for (int i = 0; i < 256; ++i) row[i] = uint8_t(i);
+      std::shuffle(row, row + 256, rng);
     }
-    const Weight w{data.data(), dt, n, k, k, scales.data(), DType::BF16, k / group, group, 1};
+    const Weight w{data.data(), dt, n, k, k, scales.data(), DType::BF16, 1, group, 1};
     const std::vector<float> want = dequantized(w);
     for (const std::string& path : cpu::fast::quant_paths()) {
       cpu::fast::set_quant_path(path);
