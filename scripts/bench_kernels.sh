@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds and runs scripts/bench_kernels.cpp (the fast CPU backend's kernels against OpenBLAS
 # sgemm and the memory read bandwidth, measured in the same run) and prints a markdown table.
-# The kernels are compiled from source with -O3 -march=native -ffp-contract=off, as the CMake build does; OpenBLAS
-# is linked when its cblas.h is found (Debian: libopenblas-dev), else the sgemm column is empty.
+# The kernels are compiled from source with -O3 -march=native -ffp-contract=off, as the CMake build
+# does; OpenBLAS is linked when its cblas.h is found (Debian: libopenblas-dev), else the sgemm
+# column is empty.
 #
 #   scripts/bench_kernels.sh [OUT_DIR] [-- bench args: --reps N --quick --only experts|attention|quant]   (OUT_DIR default: build)
 #   env: OMP_NUM_THREADS (default: all cores), CXX (default: g++)

@@ -165,9 +165,9 @@ GLM5_AVX512 inline __m512i q4x16_nibbles(const uint8_t* p) {
 // Per group state and one chunk of 16 dequantized values, for weight dtype DT and scale dtype SD.
 // at<true> only for groups whose scale passes fast_scale (split_safe, and for Q8 positive; the
 // fused tiles take it when every group of a block of groups does): the shorter sequences, with the
-// same floats: Q8's (u - 128) s as one FMA u s + (-128 s),
-// exact (a product of at most 8 x 24 bits rounded once, as float(q) * s is; q = 0 gives +0, as
-// 0 * s does for s > 0 only), and the BF16 rounding by Veltkamp's split.
+// same floats. Q8's (u - 128) s is one FMA u s + (-128 s), exact (a product of at most 8 x 24 bits
+// rounded once, as float(q) * s is; q = 0 gives +0, as 0 * s does for s > 0 only), and the BF16
+// rounding is Veltkamp's split.
 template <DType DT, DType SD>
 struct Chunk {
   __m512 t;     // Q4: the group's 16 values by stored nibble; Q8: the scale
