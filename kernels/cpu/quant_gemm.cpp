@@ -223,19 +223,24 @@ GLM5_AVX512 void dequant_row_t(const Weight& w, int64_t r, float* out) {
   for (int64_t c = full; c < w.cols; ++c) out[c] = weight_at(w, r, c);
 }
 
-using DequantRowFn = void (*)(const Weight&, int64_t, float*);
-
-template <DType DT>
-DequantRowFn dequant_row_for_scale(DType sd) {
-  if (sd == DType::BF16) return dequant_row_t<DT, DType::BF16>;
-  if (sd == DType::F16) return dequant_row_t<DT, DType::F16>;
-  return dequant_row_t<DT, DType::F32>;
+// f.template operator()<DT, SD>() for w's weight dtype DT (Q4, Q8, else F8_E4M3) and scale dtype SD
+// (BF16, F16, else F32): how each kernel picks its instance for a weight.
+template <class F>
+auto for_format(const Weight& w, F f) {
+  const auto scale = [&]<DType DT>() {
+    if (w.scale_dtype == DType::BF16) return f.template operator()<DT, DType::BF16>();
+    if (w.scale_dtype == DType::F16) return f.template operator()<DT, DType::F16>();
+    return f.template operator()<DT, DType::F32>();
+  };
+  if (w.dtype == DType::Q4) return scale.template operator()<DType::Q4>();
+  if (w.dtype == DType::Q8) return scale.template operator()<DType::Q8>();
+  return scale.template operator()<DType::F8_E4M3>();
 }
 
+using DequantRowFn = void (*)(const Weight&, int64_t, float*);
+
 DequantRowFn dequant_row_avx512(const Weight& w) {
-  if (w.dtype == DType::Q4) return dequant_row_for_scale<DType::Q4>(w.scale_dtype);
-  if (w.dtype == DType::Q8) return dequant_row_for_scale<DType::Q8>(w.scale_dtype);
-  return dequant_row_for_scale<DType::F8_E4M3>(w.scale_dtype);
+  return for_format(w, []<DType DT, DType SD>() -> DequantRowFn { return dequant_row_t<DT, SD>; });
 }
 #endif
 
@@ -361,17 +366,8 @@ GLM5_AVX512 void fused_rows(const GemmParams& p, int64_t j0, int64_t j1) {
 
 using FusedFn = void (*)(const GemmParams&, int64_t, int64_t);
 
-template <DType DT>
-FusedFn fused_for_scale(DType sd) {
-  if (sd == DType::BF16) return fused_rows<DT, DType::BF16>;
-  if (sd == DType::F16) return fused_rows<DT, DType::F16>;
-  return fused_rows<DT, DType::F32>;
-}
-
 FusedFn fused_fn(const Weight& w) {
-  if (w.dtype == DType::Q4) return fused_for_scale<DType::Q4>(w.scale_dtype);
-  if (w.dtype == DType::Q8) return fused_for_scale<DType::Q8>(w.scale_dtype);
-  return fused_for_scale<DType::F8_E4M3>(w.scale_dtype);
+  return for_format(w, []<DType DT, DType SD>() -> FusedFn { return fused_rows<DT, SD>; });
 }
 #endif
 
