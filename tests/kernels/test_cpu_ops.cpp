@@ -203,9 +203,55 @@ TEST(CpuBackend, LongDecodeRowsOnTwoThreads) {
                           cases::topk_case(3, 9000, 64, 78), cases::topk_case(1, 2048, 256, 79),
                           cases::topk_case(1, 20000, 256, 71), cases::topk_case(1, 10000, 5000, 72),
                           cases::topk_case(1, 9000, 1, 73), cases::indexer_case(1, 3000, 8, 64, 74, cases::Paging::PerRow),
-                          cases::indexer_case(1, 3000, 8, 64, 75, cases::Paging::PerRow, true)})
+                          cases::indexer_case(1, 3000, 8, 64, 75, cases::Paging::PerRow, true),
+                          cases::mla_decode_case(1, 5000, 16, 64, 16, 256, 80),
+                          cases::mla_decode_case(3, 5000, 9, 64, 16, 300, 81, 0.3f, cases::Paging::PerRow)})
     EXPECT_TRUE(compare(*cpu, *ref, c)) << c.name;
   omp_set_num_threads(saved);
+}
+
+// Attention's key blocks (at most 32 of a row's keys each; decode's heads share them) and the
+// grouping of heads into tiles change which tile computes a value, never how: each head of a
+// sparse decode row over a long context, alone, gives the bytes it gives among 16 heads; and each
+// prefill row with its own selection, alone, the bytes it gives among 8 (one task, whose blocks
+// end where any of its rows has its 32nd next key).
+TEST(CpuBackend, AttentionKeyBlocksDoNotChangeBits) {
+  auto cpu = make_cpu_backend();
+  const int64_t T = 5000, H = 16, R = 64, P = 16, D = R + P, K = 256;
+  auto cache = random_floats(size_t(T * D), 90);
+  auto q = random_floats(size_t(H * D), 91, -0.5f, 0.5f);
+  auto sel = random_ints(size_t(K), 92, -1, int32_t(T) - 1);
+  const int32_t pos = int32_t(T - 1);
+  std::vector<float> all(static_cast<size_t>(H * R)), one(static_cast<size_t>(R));
+  MlaDecodeParams p;
+  p.cache = cache.data(), p.q_pos = &pos, p.topk = sel.data(), p.topk_len = K;
+  p.s = 1, p.t = T, p.kv_lora_rank = R, p.qk_rope_head_dim = P, p.scale = 0.1f;
+  p.q_lat = q.data(), p.out_lat = all.data(), p.n_heads = H;
+  cpu->mla_decode(p);
+  for (int64_t h = 0; h < H; ++h) {
+    p.q_lat = q.data() + h * D, p.out_lat = one.data(), p.n_heads = 1;
+    cpu->mla_decode(p);
+    EXPECT_EQ(0, std::memcmp(one.data(), all.data() + h * R, size_t(R) * 4)) << "decode head " << h;
+  }
+  // Prefill: 8 rows of one head, each its own selection of up to 300 keys of 3000.
+  const int64_t S = 8, TP = 3000, dn = 32, dr = 16, dv = 48, L = 300;
+  auto qp = random_floats(size_t(S * (dn + dr)), 93, -0.5f, 0.5f);
+  auto kv = random_floats(size_t(TP * (dn + dv)), 94), kpe = random_floats(size_t(TP * dr), 95);
+  auto topk = random_ints(size_t(S * L), 96, -1, int32_t(TP) - 1);
+  std::vector<int32_t> qpos(S);
+  for (int64_t i = 0; i < S; ++i) qpos[size_t(i)] = int32_t(TP - S + i);
+  std::vector<float> rows(static_cast<size_t>(S * dv)), row(static_cast<size_t>(dv));
+  MlaPrefillParams f;
+  f.kv = kv.data(), f.k_pe = kpe.data(), f.ld_k_pe = dr, f.t = TP, f.n_heads = 1, f.topk_len = L;
+  f.qk_nope_head_dim = dn, f.qk_rope_head_dim = dr, f.v_head_dim = dv, f.scale = 0.125f;
+  f.q = qp.data(), f.q_pos = qpos.data(), f.topk = topk.data(), f.out = rows.data(), f.s = S;
+  cpu->mla_prefill(f);
+  for (int64_t i = 0; i < S; ++i) {
+    f.q = qp.data() + i * (dn + dr), f.q_pos = qpos.data() + i, f.topk = topk.data() + i * L;
+    f.out = row.data(), f.s = 1;
+    cpu->mla_prefill(f);
+    EXPECT_EQ(0, std::memcmp(row.data(), rows.data() + i * dv, size_t(dv) * 4)) << "prefill row " << i;
+  }
 }
 
 // Both CPU backends reject bad parameters with a message naming the op and the value.
