@@ -463,6 +463,59 @@ void attention_rows(Backend& cpu, bool quick) {
     t = median_seconds([&] { cpu.topk(tp); });
     std::printf("| topk decode | rows=1 cols=%ld k=%ld | %.3f ms | | | |\n", long(T), long(K), t * 1e3);
   }
+  {  // decode after 16k tokens with the caches in memory, as in the model: speed-a's layers (latent
+     // 256 + 32, 16 heads, top-256; indexer 8 x 64), 24 layers' caches (550 MB, past any L3) visited
+     // in turn, each the indexer's scan over all keys and attention over 256 scattered keys
+    const int64_t T = 16384, H = 16, R = 256, P = 32, D = R + P, IH = 8, ID = 64, K = 256, B = 64, L = 24;
+    std::vector<std::vector<float>> lat, ik;
+    for (int64_t l = 0; l < L; ++l)
+      lat.push_back(random_floats(size_t(T * D), 40 + uint64_t(l))), ik.push_back(random_floats(size_t(T * ID), 80 + uint64_t(l)));
+    auto q = random_floats(size_t(H * D), 14), qi = random_floats(size_t(IH * ID), 15), w = random_floats(size_t(IH), 16);
+    std::vector<int32_t> table(size_t(T / B)), q_pos = {int32_t(T - 1)}, sel(static_cast<size_t>(K));
+    for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
+    for (size_t i = 0; i < sel.size(); ++i) sel[i] = int32_t((i * 2654435761u) % uint64_t(T));
+    std::vector<float> scores(static_cast<size_t>(T)), out(size_t(H * R));
+    const auto per_layer = [&](auto op) {
+      return median_seconds([&] {
+        for (int64_t l = 0; l < L; ++l) op(l);
+      }) / double(L);
+    };
+    double t = per_layer([&](int64_t l) {
+      IndexerScoresParams p;
+      p.q = qi.data(), p.weights = w.data(), p.k = ik[size_t(l)].data(), p.q_pos = q_pos.data();
+      p.scores = scores.data(), p.s = 1, p.t = T, p.n_heads = IH, p.head_dim = ID, p.ld_scores = T;
+      p.pages = KeyPages{table.data(), 0, B, DType::F32};
+      cpu.indexer_scores(p);
+    });
+    std::printf("| indexer_scores decode, keys from memory | s=1 t=%ld heads=%ld dim=%ld, %ld layers | %.3f ms | %.1f GB/s of keys | | |\n",
+                long(T), long(IH), long(ID), long(L), t * 1e3, double(T * ID * 4) / t / 1e9);
+    t = per_layer([&](int64_t l) {
+      MlaDecodeParams p;
+      p.q_lat = q.data(), p.cache = lat[size_t(l)].data(), p.q_pos = q_pos.data(), p.topk = sel.data(), p.topk_len = K;
+      p.out_lat = out.data(), p.s = 1, p.t = T, p.n_heads = H, p.kv_lora_rank = R, p.qk_rope_head_dim = P;
+      p.scale = 0.0625f, p.pages = KeyPages{table.data(), 0, B, DType::F32};
+      cpu.mla_decode(p);
+    });
+    std::printf("| mla_decode top-256, cache from memory | s=1 t=%ld heads=%ld %ld+%ld, %ld layers | %.3f ms | | | |\n", long(T),
+                long(H), long(R), long(P), long(L), t * 1e3);
+  }
+  {  // prefill's sparse rows (speed-a, a 512-token prompt): rows 256..511, each its own 256 of its
+     // earlier positions, attention in the absorbed form
+    const int64_t S = 256, T = 512, H = 16, R = 256, P = 32, D = R + P, K = 256;
+    auto cache = random_floats(size_t(T * D), 17), q = random_floats(size_t(S * H * D), 18);
+    std::vector<int32_t> q_pos(static_cast<size_t>(S)), sel(static_cast<size_t>(S * K));
+    for (int64_t i = 0; i < S; ++i) {
+      q_pos[size_t(i)] = int32_t(T - S + i);
+      for (int64_t j = 0; j < K; ++j) sel[size_t(i * K + j)] = int32_t((uint64_t(j) * 2654435761u + uint64_t(i)) % uint64_t(q_pos[size_t(i)] + 1));
+    }
+    std::vector<float> out(size_t(S * H * R));
+    MlaDecodeParams p;
+    p.q_lat = q.data(), p.cache = cache.data(), p.q_pos = q_pos.data(), p.topk = sel.data(), p.topk_len = K;
+    p.out_lat = out.data(), p.s = S, p.t = T, p.n_heads = H, p.kv_lora_rank = R, p.qk_rope_head_dim = P, p.scale = 0.0625f;
+    const double t = median_seconds([&] { cpu.mla_decode(p); });
+    std::printf("| mla_decode, prefill's sparse rows | s=%ld t=%ld heads=%ld top-%ld | %.3f ms | | | |\n", long(S), long(T),
+                long(H), long(K), t * 1e3);
+  }
 }
 
 }  // namespace
