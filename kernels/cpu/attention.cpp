@@ -162,7 +162,8 @@ void value_tile_n(int nv, const KeyValues& kv, const int32_t* keys, int64_t n,
 // Splits the rows of a task into key blocks: each block ends where the row that reaches furthest
 // soonest has its kKeyBlock-th next key, so no row has more than kKeyBlock keys in a block (dense
 // causal rows: positions [0, 32), [32, 64), ...; a sparse selection over a long context: 32
-// selected keys per block, not the one or two that a block of 32 positions would hold). Row r's
+// selected keys per block, not the one or two that a block of 32 positions would hold; near the
+// diagonal of causal rows, short blocks up to where each next row's keys end). Row r's
 // keys in the block are keys[lo[r]:hi[r]] (cursor cur[r] advances), and runs of 4 rows that see
 // exactly the same keys there (all heads of a decode row, causal prefill rows off the diagonal)
 // are grouped so that each key load serves 4 rows. Neither the blocks nor the grouping change how
@@ -212,7 +213,7 @@ struct KeyBlock {
 
 // The cache lines of keys[i0, i1) (both parts), for the score pass: a sparse selection reads keys
 // scattered over the whole cache, each a few hundred bytes, and the prefetchers do not see them
-// coming.
+// coming. (Each 4-head group of a decode task prefetches the same keys again: cheap, they hit.)
 inline void prefetch_keys(const KeyValues& kv, const int32_t* keys, int64_t i0, int64_t i1) {
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t at = kv.at(keys[i]);
@@ -224,8 +225,9 @@ inline void prefetch_keys(const KeyValues& kv, const int32_t* keys, int64_t i0, 
 }
 
 // Attention for the rows of one task, in three passes over the rows' allowed keys: scores,
-// softmax weights, weighted values. Keys are visited in blocks of kKeyBlock positions so a
-// block is read from memory once for all rows; each row's arithmetic is unaffected by that.
+// softmax weights, weighted values. Keys are visited in blocks (KeyBlock: at most kKeyBlock of a
+// row's keys) so a block is read from memory once for all rows; each row's arithmetic is
+// unaffected by that. Every row's key list is strictly ascending (AllowedKeys, or positions).
 void attend(const KeyValues& kv, const QueryRow* rows, int64_t n_rows, std::vector<float>& scratch) {
   int64_t max_keys = 0;
   for (int64_t r = 0; r < n_rows; ++r) max_keys = std::max(max_keys, rows[r].n_keys);
@@ -401,7 +403,7 @@ void mla_decode(const MlaDecodeParams& p) {
         const int64_t n_keys = allowed.len[s];
         if (bf16) {
           // A bf16 cache: the row's keys widened (exactly) into f32 rows 0..n_keys-1, then the
-          // f32 recipe. The grouping of keys into blocks changes, which never changes a bit.
+          // f32 recipe (the keys renumbered 0..n_keys-1: blocks and tiles are the same).
           widened.resize(size_t(n_keys * dk));
           local.resize(size_t(n_keys));
           const uint16_t* c = static_cast<const uint16_t*>(static_cast<const void*>(p.cache));

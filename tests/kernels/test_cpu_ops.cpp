@@ -214,7 +214,7 @@ TEST(CpuBackend, LongDecodeRowsOnTwoThreads) {
 // grouping of heads into tiles change which tile computes a value, never how: each head of a
 // sparse decode row over a long context, alone, gives the bytes it gives among 16 heads; and each
 // prefill row with its own selection, alone, the bytes it gives among 8 (one task, whose blocks
-// end where any of its rows has its 32nd next key).
+// end where any of its rows has its 32nd next key); both agree with the reference to rounding.
 TEST(CpuBackend, AttentionKeyBlocksDoNotChangeBits) {
   auto cpu = make_cpu_backend();
   const int64_t T = 5000, H = 16, R = 64, P = 16, D = R + P, K = 256;
@@ -228,6 +228,10 @@ TEST(CpuBackend, AttentionKeyBlocksDoNotChangeBits) {
   p.s = 1, p.t = T, p.kv_lora_rank = R, p.qk_rope_head_dim = P, p.scale = 0.1f;
   p.q_lat = q.data(), p.out_lat = all.data(), p.n_heads = H;
   cpu->mla_decode(p);
+  std::vector<float> want(all.size());
+  p.out_lat = want.data();
+  make_reference_backend()->mla_decode(p);
+  EXPECT_TRUE(compare_floats("mla_decode t=5000 top-256", all, want, 1e-5));
   for (int64_t h = 0; h < H; ++h) {
     p.q_lat = q.data() + h * D, p.out_lat = one.data(), p.n_heads = 1;
     cpu->mla_decode(p);
@@ -246,6 +250,10 @@ TEST(CpuBackend, AttentionKeyBlocksDoNotChangeBits) {
   f.qk_nope_head_dim = dn, f.qk_rope_head_dim = dr, f.v_head_dim = dv, f.scale = 0.125f;
   f.q = qp.data(), f.q_pos = qpos.data(), f.topk = topk.data(), f.out = rows.data(), f.s = S;
   cpu->mla_prefill(f);
+  std::vector<float> ref_rows(rows.size());
+  f.out = ref_rows.data();
+  make_reference_backend()->mla_prefill(f);
+  EXPECT_TRUE(compare_floats("mla_prefill 8 rows, top-300 of 3000", rows, ref_rows, 1e-5));
   for (int64_t i = 0; i < S; ++i) {
     f.q = qp.data() + i * (dn + dr), f.q_pos = qpos.data() + i, f.topk = topk.data() + i * L;
     f.out = row.data(), f.s = 1;
