@@ -173,13 +173,24 @@ struct RopeParams {
 // ever read, so a row's table needs to cover its own positions only.
 // `dtype` is how the cached rows are stored: F32, or BF16 (a bf16 KV cache: the key pointer then
 // points at uint16 elements, rows and strides counted in elements all the same).
+// `tiled` (indexer keys only, see Backend::index_key_tiles): each block of block_size rows is
+// stored transposed, [width][block_size], so that a scan reads 16 consecutive keys' element d as
+// one vector; rows are then located by at(), and a contiguous tiled cache holds whole blocks.
 struct KeyPages {
   const int32_t* block_table = nullptr;
   int64_t ld_table = 0, block_size = 0;
   DType dtype = DType::F32;
+  bool tiled = false;
   GLM5_HOST_DEVICE int64_t row(int64_t s, int64_t t) const {
     if (!block_table) return t;
     return int64_t(block_table[s * ld_table + t / block_size]) * block_size + t % block_size;
+  }
+  // Element d of the width-element key at position t of query row s.
+  GLM5_HOST_DEVICE int64_t at(int64_t s, int64_t t, int64_t d, int64_t width) const {
+    const int64_t r = row(s, t);
+    if (!tiled) return r * width + d;
+    const int64_t j = r % block_size;
+    return (r - j) * width + d * block_size + j;
   }
 };
 
@@ -304,7 +315,7 @@ struct Copy2dParams {
 
 // The KV cache write of a step: row i of src [n, width] (float32) goes to position pos[i] of its
 // sequence in a paged pool [blocks * block_size, width] of pages.dtype elements (F32, or BF16
-// rounded to nearest even), i.e. pool row pages.row(i, pos[i]); ld_table 0: one sequence.
+// rounded to nearest even), i.e. pool element pages.at(i, pos[i], j, width); ld_table 0: one sequence.
 struct PagedWriteParams {
   const float* src = nullptr;
   int64_t ld_src = 0;
@@ -383,6 +394,9 @@ class Backend {
   virtual void add(const AddParams& p) = 0;
   virtual void copy_2d(const Copy2dParams& p) = 0;
   virtual void paged_write(const PagedWriteParams& p) = 0;
+  // Whether the runtime should keep this backend's indexer keys in tiles (KeyPages::tiled): the
+  // fast cpu backend scores a tile's 64 keys without transposing them first.
+  virtual bool index_key_tiles() const { return false; }
 };
 
 // The reference backend: plain loops, float32, one thread. Every other backend is tested against it.

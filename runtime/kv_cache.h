@@ -1,10 +1,12 @@
 // The paged KV cache. Every rank holds, for each of its layers, a pool of fixed-size blocks of
 // kBlockTokens positions: latent rows [kv_lora_rank + qk_rope_head_dim] (c_kv after
 // kv_a_layernorm | k_pe after RoPE) and indexer-key rows [index_head_dim] (after k_norm and
-// RoPE), float32 or bfloat16 (kv_dtype) in backend memory. A sequence's cache is its block table: position t lives in
-// row table[t / kBlockTokens] * kBlockTokens + t % kBlockTokens of the pool (kernels/ops.h
-// KeyPages). Block ids are handed out by the column's scheduler (BlockManager) and are the same
-// on every stage of the column, whose pools have the same number of blocks.
+// RoPE), float32 or bfloat16 (kv_dtype) in backend memory. A sequence's cache is its block
+// table: position t lives in row table[t / kBlockTokens] * kBlockTokens + t % kBlockTokens of
+// the pool (kernels/ops.h KeyPages). Where the backend asks for it (Backend::index_key_tiles),
+// each block of indexer keys is stored transposed, [index_head_dim][kBlockTokens]. Block ids
+// are handed out by the column's scheduler (BlockManager) and are the same on every stage of the
+// column, whose pools have the same number of blocks.
 #pragma once
 
 #include <cstdint>

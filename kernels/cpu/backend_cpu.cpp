@@ -215,7 +215,14 @@ class CpuBackend final : public HostBackend {
     parallel_rows(p.n, p.width, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         const int64_t row = p.pages.row(i, p.pos[i]) * p.width;
-        if (p.pages.dtype == DType::BF16) {
+        if (p.pages.tiled) {  // one key's elements lie block_size apart
+          for (int64_t j = 0; j < p.width; ++j) {
+            const float v = p.src[i * p.ld_src + j];
+            const int64_t at = p.pages.at(i, p.pos[i], j, p.width);
+            if (p.pages.dtype == DType::BF16) static_cast<uint16_t*>(p.pool)[at] = f32_to_bf16(v);
+            else static_cast<float*>(p.pool)[at] = v;
+          }
+        } else if (p.pages.dtype == DType::BF16) {
           uint16_t* dst = static_cast<uint16_t*>(p.pool) + row;
           for (int64_t j = 0; j < p.width; ++j) dst[j] = f32_to_bf16(p.src[i * p.ld_src + j]);
         } else {
@@ -224,6 +231,7 @@ class CpuBackend final : public HostBackend {
       }
     });
   }
+  bool index_key_tiles() const override { return true; }
 
  private:
   WeightArena arena_;

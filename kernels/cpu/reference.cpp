@@ -122,6 +122,7 @@ void validate(const IndexerScoresParams& p) {
   CHECK(p.ld_scores >= p.t, "indexer_scores: ld_scores ", p.ld_scores, " < t ", p.t);
   CHECK(p.s == 0 || (p.q && p.weights && p.q_pos && p.scores && (p.t == 0 || p.k)),
         "indexer_scores: null pointer");
+  CHECK(!p.pages.tiled || p.pages.block_size > 0, "indexer_scores: tiled keys need block_size > 0");
 }
 
 void validate(const TopkParams& p) {
@@ -152,6 +153,7 @@ void validate(const MlaDecodeParams& p) {
   CHECK(!p.topk || p.topk_len >= 0, "mla_decode: topk_len ", p.topk_len, " < 0");
   CHECK(p.s == 0 || (p.q_lat && p.q_pos && p.out_lat), "mla_decode: null pointer");
   CHECK(p.s == 0 || p.t == 0 || p.cache, "mla_decode: null cache");
+  CHECK(!p.pages.tiled, "mla_decode: the latent cache is stored by rows, found tiled pages");
 }
 
 void validate(const RouterParams& p) {
@@ -320,8 +322,8 @@ void indexer_scores(const IndexerScoresParams& p) {
       float acc = 0.0f;
       for (int64_t h = 0; h < p.n_heads; ++h) {
         const float* q = p.q + (s * p.n_heads + h) * p.head_dim;
-        const int64_t k = p.pages.row(s, t) * p.head_dim;
-        for (int64_t d = 0; d < p.head_dim; ++d) key[size_t(d)] = cache_at(p.pages.dtype, p.k, k + d);
+        for (int64_t d = 0; d < p.head_dim; ++d)
+          key[size_t(d)] = cache_at(p.pages.dtype, p.k, p.pages.at(s, t, d, p.head_dim));
         float dot = 0.0f;  // the same loop for f32 and bf16 caches
         for (int64_t d = 0; d < p.head_dim; ++d) dot += q[d] * key[size_t(d)];
         acc += p.weights[s * p.n_heads + h] * std::max(dot, 0.0f);
@@ -490,11 +492,11 @@ void copy_2d(const Copy2dParams& p) {
 
 void paged_write(const PagedWriteParams& p) {
   for (int64_t i = 0; i < p.n; ++i) {
-    const int64_t row = p.pages.row(i, p.pos[i]) * p.width;
     for (int64_t j = 0; j < p.width; ++j) {
       const float v = p.src[i * p.ld_src + j];
-      if (p.pages.dtype == DType::BF16) static_cast<uint16_t*>(p.pool)[row + j] = f32_to_bf16(v);
-      else static_cast<float*>(p.pool)[row + j] = v;
+      const int64_t e = p.pages.at(i, p.pos[i], j, p.width);
+      if (p.pages.dtype == DType::BF16) static_cast<uint16_t*>(p.pool)[e] = f32_to_bf16(v);
+      else static_cast<float*>(p.pool)[e] = v;
     }
   }
 }

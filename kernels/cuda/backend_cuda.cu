@@ -517,6 +517,7 @@ class CudaBackend final : public Backend {
     CHECK(p.ld_scores >= p.t, "cuda indexer_scores: ld_scores ", p.ld_scores, " < t ", p.t);
     if (p.s == 0 || p.t == 0) return;
     CHECK(p.q && p.weights && p.q_pos && p.scores && p.k, "cuda indexer_scores: null pointer");
+    CHECK(!p.pages.tiled, "cuda indexer_scores: keys must be stored by rows, found tiled pages");
     DeviceScope ds(device_);
     cuda::launch_indexer_scores(p, stream_);
   }

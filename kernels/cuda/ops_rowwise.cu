@@ -266,12 +266,12 @@ __global__ void convert_2d_kernel(Copy2dParams p) {
   }
 }
 
-// One thread per element: row i of src to pool row pages.row(i, pos[i]) (bf16: as f32_to_bf16).
+// One thread per element: row i of src to pool element pages.at(i, pos[i], j) (bf16: as f32_to_bf16).
 __global__ void paged_write_kernel(PagedWriteParams p) {
   const int64_t total = p.n * p.width;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = e / p.width, j = e % p.width;
-    const int64_t at = p.pages.row(i, p.pos[i]) * p.width + j;
+    const int64_t at = p.pages.at(i, p.pos[i], j, p.width);
     const float v = p.src[i * p.ld_src + j];
     if (p.pages.dtype == DType::BF16) {
       const uint32_t u = __float_as_uint(v);

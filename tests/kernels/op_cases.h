@@ -120,9 +120,10 @@ inline std::string paging_str(Paging g) {
 // A paged copy of a contiguous cache [t, row] for s query rows: the pool (blocks of `bs` rows
 // plus spare blocks that hold garbage) and the block tables, such that every row reads exactly
 // the contiguous cache. Returns the pool; `tables` / `ld` get the tables and their stride.
+// `tiled`: each block stored transposed, [row][bs] (KeyPages::tiled).
 inline std::vector<float> paged_pool(const std::vector<float>& cache, int64_t t, int64_t row, int64_t s,
                                      Paging g, int64_t bs, uint64_t seed, std::vector<int32_t>& tables,
-                                     int64_t& ld) {
+                                     int64_t& ld, bool tiled = false) {
   const int64_t nb = std::max<int64_t>(1, (t + bs - 1) / bs), n_tables = g == Paging::PerRow ? s : 1;
   const int64_t pool_blocks = nb * n_tables + 3;
   std::vector<float> pool = random_floats(size_t(pool_blocks * bs * row), seed, -50.0f, 50.0f);
@@ -137,7 +138,8 @@ inline std::vector<float> paged_pool(const std::vector<float>& cache, int64_t t,
       const int32_t blk = order[size_t(r * nb + j)];
       tables[size_t(r * nb + j)] = blk;
       for (int64_t i = 0; i < bs && j * bs + i < t; ++i)
-        std::copy_n(cache.begin() + (j * bs + i) * row, row, pool.begin() + (int64_t(blk) * bs + i) * row);
+        for (int64_t d = 0; d < row; ++d)
+          pool[size_t(int64_t(blk) * bs * row + (tiled ? d * bs + i : i * row + d))] = cache[size_t((j * bs + i) * row + d)];
     }
   return pool;
 }
@@ -156,8 +158,10 @@ inline std::vector<float> pack_bf16(const std::vector<float>& v) {
   return out;
 }
 
+// tile: 0 for keys by rows, else KeyPages::tiled with blocks of `tile` keys (64: the fast cpu
+// backend's own tiles, read in place; others go through its gather path).
 inline OpCase indexer_case(int64_t s, int64_t t, int64_t heads, int64_t dim, uint64_t seed,
-                           Paging g = Paging::None, bool bf16 = false) {
+                           Paging g = Paging::None, bool bf16 = false, int64_t tile = 0) {
   auto q = random_floats(size_t(s * heads * dim), seed);
   auto w = random_floats(size_t(s * heads), seed + 1, -0.3f, 0.5f);
   auto k = random_floats(size_t(t * dim), seed + 2);
@@ -165,21 +169,23 @@ inline OpCase indexer_case(int64_t s, int64_t t, int64_t heads, int64_t dim, uin
   q_pos[0] = int32_t(t) - 1;  // one row that sees every key
   if (g == Paging::PerRow)    // per-row tables cover only the row's own positions
     for (auto& x : q_pos) x = std::min(x, int32_t(t) - 1);
-  const int64_t ld = t + 3, bs = 4;
+  const int64_t ld = t + 3, bs = tile > 0 ? tile : 4;
   std::vector<int32_t> tables;
   int64_t ld_table = 0;
   if (bf16) k = round_bf16(k);
-  if (g != Paging::None) k = paged_pool(k, t, dim, s, g, bs, seed + 5, tables, ld_table);
+  if (g != Paging::None) k = paged_pool(k, t, dim, s, g, bs, seed + 5, tables, ld_table, tile > 0);
   const bool packed = bf16 && g != Paging::None;  // a bf16 pool (the contiguous twin stays f32)
   if (packed) k = pack_bf16(k);
   return {"indexer_scores_s" + std::to_string(s) + "_t" + std::to_string(t) + "_h" +
-              std::to_string(heads) + "_d" + std::to_string(dim) + paging_str(g) + (bf16 ? "_bf16" : ""),
+              std::to_string(heads) + "_d" + std::to_string(dim) + paging_str(g) + (bf16 ? "_bf16" : "") +
+              (tile > 0 ? "_tiles" + std::to_string(tile) : ""),
           [=](Buffers& b) {
             IndexerScoresParams p;
             p.q = b.in(q), p.weights = b.in(w), p.k = b.in(k), p.q_pos = b.in(q_pos);
             p.scores = b.out("scores", size_t(s * ld));
             p.s = s, p.t = t, p.n_heads = heads, p.head_dim = dim, p.ld_scores = ld;
-            if (g != Paging::None) p.pages = KeyPages{b.in(tables), ld_table, bs, packed ? DType::BF16 : DType::F32};
+            if (g != Paging::None)
+              p.pages = KeyPages{b.in(tables), ld_table, bs, packed ? DType::BF16 : DType::F32, tile > 0};
             b.backend().indexer_scores(p);
           }};
 }
@@ -377,7 +383,7 @@ inline OpCase copy_2d_bf16_case(int64_t rows, int64_t cols, uint64_t seed) {
 // The KV cache write of a step: n rows to their positions in a paged pool (per-row block tables
 // of 4-position blocks, rows of a few sequences), F32 or BF16 pool; the pool is the output (a
 // bf16 pool read back through copy_2d).
-inline OpCase paged_write_case(int64_t n, int64_t width, bool bf16, uint64_t seed) {
+inline OpCase paged_write_case(int64_t n, int64_t width, bool bf16, uint64_t seed, bool tiled = false) {
   const int64_t bs = 4, seqs = 3, per_seq = (n + seqs - 1) / seqs, nb = (per_seq + bs - 1) / bs + 1;
   auto src = random_floats(size_t(n * (width + 1)), seed, -200.0f, 200.0f);
   std::vector<int32_t> pos(static_cast<size_t>(n)), tables(size_t(n * nb));
@@ -388,11 +394,12 @@ inline OpCase paged_write_case(int64_t n, int64_t width, bool bf16, uint64_t see
   }
   const int64_t pool_rows = seqs * nb * bs;
   auto pool0 = random_floats(size_t(pool_rows * width), seed + 1);
-  return {"paged_write_n" + std::to_string(n) + "_w" + std::to_string(width) + (bf16 ? "_bf16" : ""),
+  return {"paged_write_n" + std::to_string(n) + "_w" + std::to_string(width) + (bf16 ? "_bf16" : "") +
+              (tiled ? "_tiled" : ""),
           [=](Buffers& b) {
             PagedWriteParams p;
             p.src = b.in(src), p.ld_src = width + 1, p.pos = b.in(pos), p.n = n, p.width = width;
-            p.pages = KeyPages{b.in(tables), nb, bs, bf16 ? DType::BF16 : DType::F32};
+            p.pages = KeyPages{b.in(tables), nb, bs, bf16 ? DType::BF16 : DType::F32, tiled};
             if (!bf16) {
               p.pool = b.out("pool", pool0);
               b.backend().paged_write(p);
@@ -428,6 +435,15 @@ inline std::vector<std::pair<OpCase, OpCase>> paging_pairs() {
     v.push_back({indexer_case(9, 70, 8, 128, 905, Paging::None, true), indexer_case(9, 70, 8, 128, 905, g, true)});
     v.push_back({mla_decode_case(4, 70, 9, 512, 64, 50, 906, 0.3f, Paging::None, true),
                  mla_decode_case(4, 70, 9, 512, 64, 50, 906, 0.3f, g, true)});
+    // Indexer keys in tiles: of 64 (the runtime's blocks on the fast cpu backend; 150 keys end in
+    // a partial tile) and of 4, f32 and bf16; one row and several (decode and prefill).
+    for (bool bf16 : {false, true})
+      for (int64_t rows : {1, 9}) {
+        v.push_back({indexer_case(rows, 150, 8, 64, 909, Paging::None, bf16),
+                     indexer_case(rows, 150, 8, 64, 909, g, bf16, 64)});
+        v.push_back({indexer_case(rows, 70, 32, 128, 910, Paging::None, bf16),
+                     indexer_case(rows, 70, 32, 128, 910, g, bf16, 4)});
+      }
   }
   return v;
 }
@@ -508,6 +524,7 @@ inline std::vector<OpCase> op_cases() {
   for (bool bf16 : {false, true}) {
     v.push_back(paged_write_case(1, 576, bf16, seed++));
     v.push_back(paged_write_case(37, 128, bf16, seed++));
+    v.push_back(paged_write_case(37, 128, bf16, seed++, true));
   }
   for (Paging g : {Paging::Shared, Paging::PerRow}) {
     v.push_back(indexer_case(9, 70, 8, 128, 905, g, true));

@@ -335,6 +335,19 @@ TEST_P(CpuBackendErrors, AttentionTopkEntryOutOfRange) {
   EXPECT_NE(msg.find("topk entry 7"), std::string::npos) << msg;
 }
 
+// Tiles are an indexer-key layout: the latent cache given as tiles is refused.
+TEST_P(CpuBackendErrors, AttentionRefusesTiledLatents) {
+  auto b = backend();
+  std::vector<float> q(4), cache(4), out(2);
+  std::vector<int32_t> q_pos = {0}, table = {0};
+  MlaDecodeParams p;
+  p.q_lat = q.data(), p.cache = cache.data(), p.q_pos = q_pos.data(), p.out_lat = out.data();
+  p.s = 1, p.t = 1, p.n_heads = 1, p.kv_lora_rank = 2, p.qk_rope_head_dim = 2, p.scale = 1.0f;
+  p.pages = KeyPages{table.data(), 0, 1, DType::F32, true};
+  std::string msg = error_of([&] { b->mla_decode(p); });
+  EXPECT_NE(msg.find("tiled"), std::string::npos) << msg;
+}
+
 TEST_P(CpuBackendErrors, RouterBadGroups) {
   auto b = backend();
   std::vector<float> logits(10), w(2);
