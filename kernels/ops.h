@@ -170,7 +170,8 @@ struct RopeParams {
 // blocks), row  block_table[s * ld_table + t / block_size] * block_size + t % block_size  of the
 // pool; ld_table 0 means every query row reads one table (rows of one sequence), > 0 one table
 // per row (decode rows of different sequences in one call). Only positions t <= q_pos[s] are
-// ever read, so a row's table needs to cover its own positions only.
+// ever used, so a row's table needs to cover its own positions only (with tiles, the rest of a
+// covered block may be read and dropped).
 // `dtype` is how the cached rows are stored: F32, or BF16 (a bf16 KV cache: the key pointer then
 // points at uint16 elements, rows and strides counted in elements all the same).
 // `tiled` (indexer keys only, see Backend::index_key_tiles): each block of block_size rows is
@@ -394,8 +395,8 @@ class Backend {
   virtual void add(const AddParams& p) = 0;
   virtual void copy_2d(const Copy2dParams& p) = 0;
   virtual void paged_write(const PagedWriteParams& p) = 0;
-  // Whether the runtime should keep this backend's indexer keys in tiles (KeyPages::tiled): the
-  // fast cpu backend scores a tile's 64 keys without transposing them first.
+  // Whether the runtime should keep this backend's indexer keys in tiles of its 64-token blocks
+  // (KeyPages::tiled): the fast cpu backend scores a tile's 64 keys without transposing them.
   virtual bool index_key_tiles() const { return false; }
 };
 

@@ -457,7 +457,7 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
     for (const Layout::Group& g : lay.groups) {
       const int32_t* table = lay.tables + g.first * lay.max_blocks;
       const kernels::KeyPages pages{table, g.one_table ? 0 : lay.max_blocks, kBlockTokens, kv_pool_->dtype(),
-                                    be.index_key_tiles()};
+                                    kv_pool_->index_tiles()};
       Buf<float> scores(be, g.rows * g.t);
       span.emplace(prof_, "indexer_scores", L.index);
       be.indexer_scores({rqi + g.first * IH * ID, riw + g.first * IH, static_cast<const float*>(kv_pool_->index_k(li)),
@@ -537,7 +537,7 @@ void Model::attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
   if (m > 0) {
     const kernels::KeyPages rows{lay.row_tables, lay.row_ld, kBlockTokens, kv_pool_->dtype()};
     kernels::KeyPages index_rows = rows;
-    index_rows.tiled = be.index_key_tiles();
+    index_rows.tiled = kv_pool_->index_tiles();
     be.paged_write({kv, LAT, pos, kv_pool_->latent(li), m, LAT, rows});
     be.paged_write({ki, ID, pos, kv_pool_->index_k(li), m, ID, index_rows});
   }

@@ -30,7 +30,7 @@ std::vector<uint64_t> prefix_hashes(const std::vector<int32_t>& prompt) {
 }
 
 KvPool::KvPool(kernels::Backend& backend, const ModelConfig& cfg, int n_layers, int64_t num_blocks, DType dtype)
-    : backend_(backend), num_blocks_(num_blocks), dtype_(dtype) {
+    : backend_(backend), num_blocks_(num_blocks), dtype_(dtype), index_tiles_(backend.index_key_tiles()) {
   CHECK(num_blocks >= 1, "KV cache: need at least one block, got ", num_blocks);
   CHECK(dtype == DType::F32 || dtype == DType::BF16, "KV cache: kv_dtype must be f32 or bf16, found ",
         dtype_name(dtype));

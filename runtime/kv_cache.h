@@ -18,7 +18,7 @@
 
 namespace glm5::runtime {
 
-constexpr int64_t kBlockTokens = 64;  // FlashMLA's page size
+constexpr int64_t kBlockTokens = 64;  // FlashMLA's page size, and the cpu backend's indexer tile
 
 inline int64_t blocks_for(int64_t tokens) { return (tokens + kBlockTokens - 1) / kBlockTokens; }
 
@@ -39,7 +39,10 @@ class KvPool {
 
   int64_t num_blocks() const { return num_blocks_; }
   DType dtype() const { return dtype_; }
-  // Row arrays [num_blocks * kBlockTokens, width] of `dtype` elements (F32 or BF16).
+  // Whether indexer keys are kept in tiles (the backend asks for it: Backend::index_key_tiles).
+  bool index_tiles() const { return index_tiles_; }
+  // Row arrays [num_blocks * kBlockTokens, width] of `dtype` elements (F32 or BF16); indexer keys
+  // in tiles of a block ([width][kBlockTokens] each) when index_tiles().
   void* latent(int local_layer) const { return latent_[size_t(local_layer)]; }
   void* index_k(int local_layer) const { return index_k_[size_t(local_layer)]; }
 
@@ -57,6 +60,7 @@ class KvPool {
   kernels::Backend& backend_;
   int64_t num_blocks_;
   DType dtype_;
+  bool index_tiles_;
   std::vector<void*> latent_, index_k_;
 };
 

@@ -454,10 +454,10 @@ void attention_rows(Backend& cpu, bool quick) {
     IndexerScoresParams p;
     p.q = q.data(), p.weights = w.data(), p.k = k.data(), p.q_pos = q_pos.data();
     p.scores = scores.data(), p.s = 1, p.t = T, p.n_heads = H, p.head_dim = D, p.ld_scores = T;
-    p.pages = KeyPages{table.data(), 0, B, DType::F32};
+    p.pages = KeyPages{table.data(), 0, B, DType::F32, cpu.index_key_tiles()};  // the runtime's layout
     double t = median_seconds([&] { cpu.indexer_scores(p); });
-    std::printf("| indexer_scores decode | s=1 t=%ld heads=%ld dim=%ld paged | %.3f ms | %.1f GB/s of keys | | |\n",
-                long(T), long(H), long(D), t * 1e3, double(T * D * 4) / t / 1e9);
+    std::printf("| indexer_scores decode | s=1 t=%ld heads=%ld dim=%ld paged%s | %.3f ms | %.1f GB/s of keys | | |\n",
+                long(T), long(H), long(D), p.pages.tiled ? ", tiles" : "", t * 1e3, double(T * D * 4) / t / 1e9);
     TopkParams tp;
     tp.scores = scores.data(), tp.rows = 1, tp.cols = T, tp.ld = T, tp.k = K, tp.indices = idx.data();
     t = median_seconds([&] { cpu.topk(tp); });
@@ -484,11 +484,12 @@ void attention_rows(Backend& cpu, bool quick) {
       IndexerScoresParams p;
       p.q = qi.data(), p.weights = w.data(), p.k = ik[size_t(l)].data(), p.q_pos = q_pos.data();
       p.scores = scores.data(), p.s = 1, p.t = T, p.n_heads = IH, p.head_dim = ID, p.ld_scores = T;
-      p.pages = KeyPages{table.data(), 0, B, DType::F32};
+      p.pages = KeyPages{table.data(), 0, B, DType::F32, cpu.index_key_tiles()};
       cpu.indexer_scores(p);
     });
-    std::printf("| indexer_scores decode, keys from memory | s=1 t=%ld heads=%ld dim=%ld, %ld layers | %.3f ms | %.1f GB/s of keys | | |\n",
-                long(T), long(IH), long(ID), long(L), t * 1e3, double(T * ID * 4) / t / 1e9);
+    std::printf("| indexer_scores decode, keys from memory | s=1 t=%ld heads=%ld dim=%ld%s, %ld layers | %.3f ms | %.1f GB/s of keys | | |\n",
+                long(T), long(IH), long(ID), cpu.index_key_tiles() ? " tiles" : "", long(L), t * 1e3,
+                double(T * ID * 4) / t / 1e9);
     t = per_layer([&](int64_t l) {
       MlaDecodeParams p;
       p.q_lat = q.data(), p.cache = lat[size_t(l)].data(), p.q_pos = q_pos.data(), p.topk = sel.data(), p.topk_len = K;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cpu/fast_ops.h"
+#include "cpu/reference.h"
 #include "cpu/simd.h"
 
 namespace glm5::kernels::cpu::fast {
@@ -462,22 +463,16 @@ inline void indexer_heads(const float* q, int64_t D, const float* w, const float
 }
 
 
-// Key element e of the cache, widened exactly when it is bf16.
-float cache_value(const IndexerScoresParams& p, int64_t e) {
-  if (p.pages.dtype == DType::BF16) return bf16_to_f32(static_cast<const uint16_t*>(static_cast<const void*>(p.k))[e]);
-  return p.k[e];
-}
-
 // Transposes keys [t0, t0 + nt) of query row s (nt <= kIndexerKeys) into kt [D][kIndexerKeys],
 // zero-padded. Exact data movement (bf16 keys widened exactly), so how is free: on AVX-512 builds
 // 16 x 16 blocks in registers (one row over 16k keys: 0.37 -> 0.22 ms with them, bench_kernels).
 void transpose_keys(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t nt, float* kt) {
   const int64_t D = p.head_dim;
   const bool bf16 = p.pages.dtype == DType::BF16;
-  if (p.pages.tiled) {  // tiles of another size than the block (not used by the runtime)
+  if (p.pages.tiled) {  // tiles of another size than kIndexerKeys (not the runtime's layout)
     for (int64_t d = 0; d < D; ++d)
       for (int64_t j = 0; j < kIndexerKeys; ++j)
-        kt[d * kIndexerKeys + j] = j < nt ? cache_value(p, p.pages.at(s, t0 + j, d, D)) : 0.0f;
+        kt[d * kIndexerKeys + j] = j < nt ? cache_at(p.pages.dtype, p.k, p.pages.at(s, t0 + j, d, D)) : 0.0f;
     return;
   }
   int64_t at[kIndexerKeys];
@@ -570,7 +565,8 @@ void score_block(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t nt
 // one tile (the runtime's layout on this backend: 16k keys of 8 x 64 from memory, 2 threads,
 // 0.42-0.50 -> 0.25-0.32 ms), else transposed once into L1, is scored against every query row
 // that can see it (scores[s, t] for t > q_pos[s] are -inf). With one table per row (decode rows
-// of different sequences), a work item is (row, key block) and only the row's own keys are read. Either way a score is the same sequence of FMAs.
+// of different sequences), a work item is (row, key block) and only the row's own keys are used.
+// Either way a score is the same sequence of FMAs.
 void indexer_scores(const IndexerScoresParams& p) {
   const int64_t D = p.head_dim;
   const int64_t blocks = (p.t + kIndexerKeys - 1) / kIndexerKeys;
@@ -589,13 +585,16 @@ void indexer_scores(const IndexerScoresParams& p) {
           score_block(p, s, t0, nt, seen > 0 ? key_block(p, s, t0, seen, kt) : kt);
         }
     } else if (p.s == 1) {
-      // One row (decode): blocks of equal cost, so each thread takes one contiguous run and
-      // prefetches its next block's keys while it scores this one (16k keys of 8 x 64 from memory,
-      // 2 threads: 0.47 / 0.51 -> 0.45 / 0.46 ms in one run; transposing stays the larger cost).
+      // One row (decode): blocks of equal cost, so each thread takes one contiguous run. Keys by
+      // rows: it prefetches its next block's keys while it transposes and scores this one (16k
+      // keys of 8 x 64 from memory, 2 threads: 0.47 / 0.51 -> 0.45 / 0.46 ms in one run). Tiles
+      // are contiguous 16 KiB runs, which the hardware prefetcher follows (a software prefetch of
+      // the next tile gave nothing).
 #pragma omp for schedule(static)
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t t0 = b * kIndexerKeys, nt = std::min(kIndexerKeys, p.t - t0);
-        if (!block_is_tile(p) && t0 + nt < p.t) prefetch_key_block(p, t0 + nt, std::min(kIndexerKeys, p.t - t0 - nt));
+        if (!p.pages.tiled && t0 + nt < p.t)
+          prefetch_key_block(p, t0 + nt, std::min(kIndexerKeys, p.t - t0 - nt));
         score_block(p, 0, t0, nt, key_block(p, 0, t0, nt, kt));
       }
     } else {

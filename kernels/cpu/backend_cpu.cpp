@@ -216,11 +216,11 @@ class CpuBackend final : public HostBackend {
       for (int64_t i = b; i < e; ++i) {
         const int64_t row = p.pages.row(i, p.pos[i]) * p.width;
         if (p.pages.tiled) {  // one key's elements lie block_size apart
+          const int64_t at = p.pages.at(i, p.pos[i], 0, p.width), step = p.pages.block_size;
           for (int64_t j = 0; j < p.width; ++j) {
             const float v = p.src[i * p.ld_src + j];
-            const int64_t at = p.pages.at(i, p.pos[i], j, p.width);
-            if (p.pages.dtype == DType::BF16) static_cast<uint16_t*>(p.pool)[at] = f32_to_bf16(v);
-            else static_cast<float*>(p.pool)[at] = v;
+            if (p.pages.dtype == DType::BF16) static_cast<uint16_t*>(p.pool)[at + j * step] = f32_to_bf16(v);
+            else static_cast<float*>(p.pool)[at + j * step] = v;
           }
         } else if (p.pages.dtype == DType::BF16) {
           uint16_t* dst = static_cast<uint16_t*>(p.pool) + row;

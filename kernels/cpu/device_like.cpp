@@ -74,6 +74,8 @@ T* untag(T* p) {
 // Byte value written over freed blocks: NaN as float, -1 as int32, so a read after free shows.
 constexpr int kPoison = 0xFF;
 
+// It keeps indexer keys by rows (index_key_tiles() stays false, as on CUDA), so that the tests
+// comparing it with the cpu backend compare the tiled layout with rows, end to end.
 class DeviceLikeBackend final : public Backend {
  public:
   DeviceLikeBackend() : cpu_(make_cpu_backend()), cache_(raw_block, free_block) { ++g_live_backends; }

@@ -266,7 +266,7 @@ __global__ void convert_2d_kernel(Copy2dParams p) {
   }
 }
 
-// One thread per element: row i of src to pool element pages.at(i, pos[i], j) (bf16: as f32_to_bf16).
+// One thread per element: row i of src to pool element pages.at(i, pos[i], j, width) (bf16: as f32_to_bf16).
 __global__ void paged_write_kernel(PagedWriteParams p) {
   const int64_t total = p.n * p.width;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {

@@ -138,8 +138,10 @@ inline std::vector<float> paged_pool(const std::vector<float>& cache, int64_t t,
       const int32_t blk = order[size_t(r * nb + j)];
       tables[size_t(r * nb + j)] = blk;
       for (int64_t i = 0; i < bs && j * bs + i < t; ++i)
-        for (int64_t d = 0; d < row; ++d)
-          pool[size_t(int64_t(blk) * bs * row + (tiled ? d * bs + i : i * row + d))] = cache[size_t((j * bs + i) * row + d)];
+        for (int64_t d = 0; d < row; ++d) {
+          const int64_t at = int64_t(blk) * bs * row + (tiled ? d * bs + i : i * row + d);
+          pool[size_t(at)] = cache[size_t((j * bs + i) * row + d)];
+        }
     }
   return pool;
 }
@@ -435,15 +437,16 @@ inline std::vector<std::pair<OpCase, OpCase>> paging_pairs() {
     v.push_back({indexer_case(9, 70, 8, 128, 905, Paging::None, true), indexer_case(9, 70, 8, 128, 905, g, true)});
     v.push_back({mla_decode_case(4, 70, 9, 512, 64, 50, 906, 0.3f, Paging::None, true),
                  mla_decode_case(4, 70, 9, 512, 64, 50, 906, 0.3f, g, true)});
-    // Indexer keys in tiles: of 64 (the runtime's blocks on the fast cpu backend; 150 keys end in
-    // a partial tile) and of 4, f32 and bf16; one row and several (decode and prefill).
+    // Indexer keys in tiles, f32 and bf16, one row and several (decode and prefill): of 64 (the
+    // runtime's blocks on the fast cpu backend, read in place; 150 keys end in a partial tile),
+    // speed-a's 8 x 64, GLM-5's 32 x 128 and 6 heads; then tiles of 4 and 128 (its gather path).
+    struct Shape { int64_t t, heads, dim, tile; };
     for (bool bf16 : {false, true})
-      for (int64_t rows : {1, 9}) {
-        v.push_back({indexer_case(rows, 150, 8, 64, 909, Paging::None, bf16),
-                     indexer_case(rows, 150, 8, 64, 909, g, bf16, 64)});
-        v.push_back({indexer_case(rows, 70, 32, 128, 910, Paging::None, bf16),
-                     indexer_case(rows, 70, 32, 128, 910, g, bf16, 4)});
-      }
+      for (int64_t rows : {1, 9})
+        for (Shape h : {Shape{150, 8, 64, 64}, Shape{150, 32, 128, 64}, Shape{150, 6, 64, 64},
+                        Shape{70, 32, 128, 4}, Shape{300, 8, 64, 128}})
+          v.push_back({indexer_case(rows, h.t, h.heads, h.dim, 909, Paging::None, bf16),
+                       indexer_case(rows, h.t, h.heads, h.dim, 909, g, bf16, h.tile)});
   }
   return v;
 }
