@@ -2,17 +2,22 @@
 # One command for a machine with an NVIDIA GPU: configure with CUDA + NCCL, build, run the GPU
 # tests (ctest -R 'Cuda|nccl'), run the tiny-a, tiny-b and tiny-v32 goldens and a real-dims forward
 # (against the cpu backend) on the cuda backend, print a summary (also to LOGS/summary.txt, and the
-# logs to $OUT/gpu-check-logs when OUT is set, as on the device machine).
+# logs under LOGS, and to $OUT when OUT is set, as on the device machine: see below).
 # Needs the CI packages (MPI, yaml-cpp, json, PCRE2, GoogleTest) plus the CUDA toolkit with
 # cuBLAS and NCCL. It does not install anything and does not change GPU settings.
 #
 # Usage: scripts/gpu-check.sh [BUILD_DIR]          (default: build-gpu in the repository)
 #        GLM5_BUNDLE=DIR scripts/gpu-check.sh [LOG_DIR]: no build; runs the binaries of a bundle
-#        made by scripts/gpu-bundle.sh (for a GPU machine without our packages): the CUDA op tests
-#        (and the one-GPU NCCL test) of its test_kernels and the goldens through its glm5.
+#        made by scripts/gpu-bundle.sh (for a GPU machine without our packages): every CUDA test
+#        of its test_kernels (--gtest_filter=*Cuda*: CudaOps, the op cases against the reference,
+#        batch invariance, the one-GPU NCCL test) and the goldens through its glm5.
 # Env:   CUDA_ARCH (default 90), JOBS (default nproc), GOLDEN_ATOL (default 1e-4, the goldens'
 #        float32 tolerance), REAL_DIMS_ATOL (default 1e-3: cuda vs cpu over a 3000-token prompt), GLM5_RUN_PREFIX (e.g. "mpirun --allow-run-as-root -np 1"
-#        if the cluster config must be launched under MPI).
+#        if the cluster config must be launched under MPI), TESTS_TIMEOUT / RUN_TIMEOUT /
+#        BENCH_TIMEOUT (seconds for the GPU tests, each generate run, the kernel benchmark; default
+#        600 / 300 / 300: on a leased machine, keep their sum inside the call's limit).
+# With OUT set (the device machine), $OUT gets summary.txt and the logs as one gpu-check-logs.tgz
+# (a leased machine returns only a few files).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,6 +28,9 @@ glm5_cmd="$build/glm5"
 arch=${CUDA_ARCH:-90}
 jobs=${JOBS:-$(nproc)}
 atol=${GOLDEN_ATOL:-1e-4}
+tests_timeout=${TESTS_TIMEOUT:-600}
+run_timeout=${RUN_TIMEOUT:-300}
+bench_timeout=${BENCH_TIMEOUT:-300}
 logs=$build/gpu-check-logs
 mkdir -p "$logs"
 summary=()
@@ -79,7 +87,7 @@ fi
 # 4. GPU tests. A GPU test that skips on a GPU machine is a failure (the device was not usable).
 if [ $blocked = 0 ] && [ -n "$bundle" ]; then
   t0=$SECONDS
-  (cd "$root" && timeout 600 "$bundle/run.sh" test_kernels --gtest_filter='Cuda*') >"$logs/gpu-tests.log" 2>&1
+  (cd "$root" && timeout "$tests_timeout" "$bundle/run.sh" test_kernels --gtest_filter='*Cuda*') >"$logs/gpu-tests.log" 2>&1
   rc=$?
   counts=$(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$logs/gpu-tests.log" | tr '\n' ' ')
   skipped=$(grep -c '^\[  SKIPPED \]' "$logs/gpu-tests.log")
@@ -91,7 +99,7 @@ if [ $blocked = 0 ] && [ -n "$bundle" ]; then
   fi
 elif [ $blocked = 0 ]; then
   t0=$SECONDS
-  (cd "$build" && ctest -R 'Cuda|nccl' -j 4 --output-on-failure --timeout 600) \
+  (cd "$build" && ctest -R 'Cuda|nccl' -j 4 --output-on-failure --timeout "$tests_timeout") \
     >"$logs/gpu-tests.log" 2>&1
   rc=$?
   counts=$(grep -E 'tests passed|No tests were found' "$logs/gpu-tests.log" | tail -n 1)
@@ -159,7 +167,7 @@ f=open(sys.argv[1],"rb"); n=struct.unpack("<Q",f.read(8))[0]; print(json.loads(f
 golden_step() {
   local name=$1 model=$2 ref=$3 ids=$4 n=$5 tol=$6 t0=$SECONDS out=$logs/$1-cuda-logits.safetensors
   # shellcheck disable=SC2086
-  if ${GLM5_RUN_PREFIX:-} $glm5_cmd generate --model "$model" --cluster "$cluster" --prompt-ids "$ids" \
+  if timeout "$run_timeout" ${GLM5_RUN_PREFIX:-} $glm5_cmd generate --model "$model" --cluster "$cluster" --prompt-ids "$ids" \
     --max-new-tokens "$n" --temperature 0 --ignore-eos --dump-logits "$out" >"$logs/$name.log" 2>&1 &&
     python3 "$compare_py" "$ref" "$out" "$tol" >>"$logs/$name.log" 2>&1; then
     record "$name" PASS $((SECONDS - t0)) "$(grep 'max |' "$logs/$name.log" | tr '\n' ';')"
@@ -183,7 +191,7 @@ if [ $blocked = 0 ]; then
     rd=$root/tests/data/real-dims
     rd_ids=$(python3 -c 'import json,sys; print(",".join(str(v) for v in json.load(open(sys.argv[1]))))' "$rd/prompt.json")
     t0=$SECONDS
-    if $glm5_cmd generate --model "$rd" --prompt-ids "$rd_ids" --max-new-tokens 4 --temperature 0 --ignore-eos \
+    if timeout "$run_timeout" $glm5_cmd generate --model "$rd" --prompt-ids "$rd_ids" --max-new-tokens 4 --temperature 0 --ignore-eos \
       --dump-logits "$logs/real-dims-cpu.safetensors" >"$logs/real-dims-cpu.log" 2>&1; then
       golden_step real-dims "$rd" "$logs/real-dims-cpu.safetensors" "$rd_ids" 4 "${REAL_DIMS_ATOL:-1e-3}"
     else
@@ -198,7 +206,7 @@ if [ $blocked = 0 ]; then
   bench_cmd="$build/bench_cuda"
   [ -n "$bundle" ] && bench_cmd="$bundle/run.sh bench_cuda"
   t0=$SECONDS
-  if timeout 300 $bench_cmd >"$logs/bench_cuda.log" 2>&1; then
+  if timeout "$bench_timeout" $bench_cmd >"$logs/bench_cuda.log" 2>&1; then
     record bench PASS $((SECONDS - t0)) "tables in $logs/bench_cuda.log; $(grep -m1 '^HBM' "$logs/bench_cuda.log")"
     cat "$logs/bench_cuda.log" >&2
   else
@@ -208,5 +216,8 @@ if [ $blocked = 0 ]; then
 fi
 
 print_summary | tee "$logs/summary.txt"
-[ -n "${OUT:-}" ] && [ -d "${OUT:-}" ] && cp -r "$logs" "$OUT/gpu-check-logs"
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
+  cp "$logs/summary.txt" "$OUT/summary.txt"
+  tar -czf "$OUT/gpu-check-logs.tgz" -C "$(dirname "$logs")" "$(basename "$logs")"
+fi
 exit $failed

@@ -113,6 +113,11 @@ GemmMode gemm_mode_from_env() {
   return env_is_first_of("GLM5_CUDA_GEMM", "lt", "chunked") ? GemmMode::kLt : GemmMode::kChunked;
 }
 
+// GLM5_CUDA_MLA_DECODE: `simt` (default: the kernel verified on an H200) or `tensor`: the
+// tensor-core kernel for BF16 caches with top-k lists (kernels/cuda/ops_attention.cu), opt-in
+// until its test (CudaOps.MlaDecodeBf16CacheTensorCores) has passed on a GPU.
+bool tensor_decode_from_env() { return !env_is_first_of("GLM5_CUDA_MLA_DECODE", "simt", "tensor"); }
+
 // Parses a positive integer environment variable (`fallback` when unset or empty).
 long long positive_from_env(const char* name, long long fallback) {
   const char* v = std::getenv(name);
@@ -298,6 +303,7 @@ class CudaBackend final : public Backend {
     }
     gemm_terms_ = gemm_terms_from_env();
     gemm_mode_ = gemm_mode_from_env();
+    tensor_decode_ = tensor_decode_from_env();
     lt_ref_rows_ = gemm_algo_rows_from_env();
     gemm_log_ = gemm_log_from_env();
     quant_mode_ = quant_gemm_mode_from_env();
@@ -323,7 +329,7 @@ class CudaBackend final : public Backend {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     for (void* p : uploads_) cudaFree(p);
-    for (void* p : {xs_, cs_, wq_, keys_}) cache_.free(p);
+    for (void* p : {xs_, cs_, wq_, keys_, partials_}) cache_.free(p);
     release_exact_cached();
     for (const auto& [p, size] : exact_live_) cudaFree(p);
     lt_plans_.clear();
@@ -559,8 +565,15 @@ class CudaBackend final : public Backend {
     if (p.s == 0) return;
     CHECK(p.q_lat && p.q_pos && p.out_lat, "cuda mla_decode: null pointer");
     CHECK(p.t == 0 || p.cache, "cuda mla_decode: null cache");
+    CHECK(!p.pages.tiled, "cuda mla_decode: the latent cache is stored by rows, found tiled pages");
     DeviceScope ds(device_);
-    cuda::launch_mla_decode(p, key_scratch(p.s, p.topk_len, p.topk), error_word_, stream_);
+    int32_t* keys = key_scratch(p.s, p.topk_len, p.topk);
+    float* partials = nullptr;
+    if (const int64_t n = tensor_decode_ ? cuda::mla_decode_partial_floats(p) : 0; n > 0) {
+      reserve(&partials_, &partials_cap_, size_t(n) * sizeof(float));
+      partials = static_cast<float*>(partials_);
+    }
+    cuda::launch_mla_decode(p, keys, partials, error_word_, stream_);
   }
 
   void router(const RouterParams& p) override {
@@ -644,6 +657,10 @@ class CudaBackend final : public Backend {
     DeviceScope ds(device_);
     if (p.src_dtype != p.dst_dtype) return cuda::launch_convert_2d(p, stream_);
     const size_t es = dtype_size(p.src_dtype);
+    if (p.ld_src == p.cols && p.ld_dst == p.cols) {  // one run: the 1-D copy kernel (2.5x the 2-D copy's rate on an H200)
+      CUDA_CHECK(cudaMemcpyAsync(p.dst, p.src, size_t(p.rows) * size_t(p.cols) * es, cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
     CUDA_CHECK(cudaMemcpy2DAsync(p.dst, size_t(p.ld_dst) * es, p.src, size_t(p.ld_src) * es, size_t(p.cols) * es,
                                  size_t(p.rows), cudaMemcpyDeviceToDevice, stream_));
   }
@@ -1055,6 +1072,7 @@ class CudaBackend final : public Backend {
   uint64_t exact_allocs_ = 0, upload_allocs_ = 0;
   int gemm_terms_ = 3;
   GemmMode gemm_mode_ = GemmMode::kLt;
+  bool tensor_decode_ = false;  // GLM5_CUDA_MLA_DECODE=tensor
   int64_t lt_ref_rows_ = 512;
   bool gemm_log_ = false;
   QuantGemmMode quant_mode_ = QuantGemmMode::kFused;
@@ -1080,6 +1098,8 @@ class CudaBackend final : public Backend {
   size_t wq_cap_ = 0;
   void* keys_ = nullptr;
   size_t keys_cap_ = 0;
+  void* partials_ = nullptr;  // mla_decode's per-split partial results (tensor-core kernel)
+  size_t partials_cap_ = 0;
 };
 
 }  // namespace

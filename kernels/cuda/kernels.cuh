@@ -68,7 +68,12 @@ void launch_topk(const TopkParams& p, cudaStream_t st);
 // With a top-k list, `scratch` holds s * (topk_len + 1) ints (the per-row key sets).
 void launch_mla_prefill(const MlaPrefillParams& p, int32_t* scratch, int* error_word,
                         cudaStream_t st);
-void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, int* error_word,
+// The tensor-core kernel applies to top-k lists over a BF16 cache of GLM-5's latent width
+// (kv_lora_rank 512, dk % 64 == 0) on compute capability >= 8: mla_decode_partial_floats(p) is
+// then > 0, and launch_mla_decode runs it when given `partials` of that many floats; with
+// partials null (or 0 from the function) the SIMT kernel runs.
+int64_t mla_decode_partial_floats(const MlaDecodeParams& p);
+void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, float* partials, int* error_word,
                        cudaStream_t st);
 
 // A kernel whose presence proves the module has code for the current device (cuda_available()).

@@ -660,6 +660,250 @@ __global__ void __launch_bounds__(kDecThreads, 1) mla_decode_kernel(DecodeArgs a
   }
 }
 
+
+// ---- MLA decode on the tensor cores (BF16 cache, top-k rows) ------------------------------------
+
+// The production case (a BF16 latent cache, each row its top-k keys) as bf16 MMAs without giving
+// up fp32 exactness: the cached keys are bf16 already, and the fp32 operands (q, and the softmax
+// weights p) are split into 3 bf16 terms x = x1 + x2 + x3 that hold x exactly (as the GEMMs do), so
+// every product is exact and only the fp32 accumulation order differs from the SIMT kernel.
+// Block = (group of 16 heads, split of kMmaSplit candidate keys, query row s), 8 warps; a split
+// walks its keys in tiles of kMmaTile:
+//   load    the tile's key rows (bf16, as cached) into k_s [kMmaTile][pitch];
+//   scores  S = q k^T (16 heads x 32 keys, K = dk): warp w takes keys 8 (w % 4) .. + 7 over half
+//           of dk (w / 4); the two halves are added in that order;
+//   softmax per head over the tile (16 lanes a head): max, p = exp(s - m), the old sum and output
+//           rescaled by exp(m_old - m) (flash attention);
+//   values  O += p V (V = the first R columns of the key rows): warp w owns columns 64 w .. + 63.
+// Each split writes its unnormalized O with (m, l) to `part`, and mla_decode_combine_kernel merges
+// a row's splits in split order. The splits of a row depend only on its own key count, so a row's
+// bits never depend on the other rows of the call.
+constexpr int kMmaThreads = 256;
+constexpr int kMmaHeads = 16;    // the MMA's M
+constexpr int kMmaTile = 32;     // keys per tile
+constexpr int kMmaSplit = 256;   // keys per split (one block)
+constexpr int kMmaR = 512;       // kv_lora_rank: 8 warps x 64 value columns
+constexpr int kMmaTerms = 3;
+constexpr int kMmaSPitch = kMmaTile + 4;  // scores row pitch (floats)
+constexpr int kMmaPPitch = kMmaTile + 8;  // p row pitch (bf16): 20 words, conflict-free A fragments
+
+struct MmaDecodeArgs {
+  const float* q;
+  const uint16_t* cache;  // BF16 rows of dk, 16-byte aligned (dk % 8 == 0)
+  KeyPages pages;
+  const int32_t* keys;    // select_keys_kernel output [s, keys_ld]
+  const int32_t* counts;  // [s]
+  int64_t keys_ld;
+  float* part;            // [s, n_heads, splits, kMmaR + 2]: O, then m, l
+  int64_t n_heads, dk, splits;
+  int pitch;              // q_s / k_s row pitch in bf16: dk + 8 (= 4 words mod 32 when dk % 64 == 0)
+  float scale;
+};
+
+size_t mma_decode_smem_bytes(int pitch) {
+  return size_t(kMmaTerms) * kMmaHeads * pitch * 2 + size_t(kMmaTile) * pitch * 2 +
+         size_t(2) * kMmaHeads * kMmaSPitch * 4 + size_t(kMmaTerms) * kMmaHeads * kMmaPPitch * 2 +
+         size_t(kMmaTile) * 8 + size_t(3) * kMmaHeads * 4;
+}
+
+// c += a b for one m16n8k16 tile: a row-major 16 x 16 bf16 (4 words), b 16 x 8 (2 words), c fp32.
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// v = t0 + t1 + t2 in bf16, exactly for finite v (each remainder is exact in fp32), as gemm_split_x.
+__device__ __forceinline__ void split3(float v, uint16_t* t0, int64_t stride) {
+#pragma unroll
+  for (int t = 0; t < kMmaTerms; ++t) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    t0[t * stride] = __bfloat16_as_ushort(h);
+    const float hf = __bfloat162float(h);
+    v = isfinite(hf) ? v - hf : 0.0f;
+  }
+}
+
+__global__ void __launch_bounds__(kMmaThreads, 2) mla_decode_mma_kernel(MmaDecodeArgs a) {
+  extern __shared__ float4 mma_smem4[];
+  const int P = a.pitch, dk = int(a.dk);
+  uint16_t* q_s = reinterpret_cast<uint16_t*>(mma_smem4);   // [3][16][P] q's terms
+  uint16_t* k_s = q_s + kMmaTerms * kMmaHeads * P;           // [32][P] the tile's key rows
+  float* s_s = reinterpret_cast<float*>(k_s + kMmaTile * P);  // [2][16][kMmaSPitch] score halves
+  uint16_t* p_s = reinterpret_cast<uint16_t*>(s_s + 2 * kMmaHeads * kMmaSPitch);  // [3][16][kMmaPPitch]
+  int64_t* row_s = reinterpret_cast<int64_t*>(p_s + kMmaTerms * kMmaHeads * kMmaPPitch);  // [32]
+  float* m_s = reinterpret_cast<float*>(row_s + kMmaTile);   // [16] running max
+  float* l_s = m_s + kMmaHeads;                              // [16] running sum
+  float* c_s = l_s + kMmaHeads;                              // [16] this tile's rescale
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+  const int64_t h0 = int64_t(blockIdx.x) * kMmaHeads, split = blockIdx.y, s = blockIdx.z;
+  const int64_t count = a.counts[s];
+  const int64_t j_begin = split * kMmaSplit;
+  const int64_t j_end = j_begin + kMmaSplit < count ? j_begin + kMmaSplit : count;
+  float* part = a.part + ((s * a.n_heads + h0) * a.splits + split) * (kMmaR + 2);
+  const int64_t head_stride = a.splits * (kMmaR + 2);
+  if (j_begin >= j_end) {  // no key in this split: (m, l) = (-inf, 0), O unused
+    if (tid < kMmaHeads && h0 + tid < a.n_heads)
+      part[tid * head_stride + kMmaR] = -INFINITY, part[tid * head_stride + kMmaR + 1] = 0.0f;
+    return;
+  }
+
+  for (int i = tid; i < kMmaHeads * dk; i += kMmaThreads) {
+    const int hh = i / dk, d = i % dk;
+    const float v = h0 + hh < a.n_heads ? a.q[(s * a.n_heads + h0 + hh) * dk + d] : 0.0f;
+    split3(v, q_s + hh * P + d, int64_t(kMmaHeads) * P);
+  }
+  if (tid < kMmaHeads) m_s[tid] = -INFINITY, l_s[tid] = 0.0f;
+
+  const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q_s);
+  const uint32_t* k32 = reinterpret_cast<const uint32_t*>(k_s);
+  const uint32_t* p32 = reinterpret_cast<const uint32_t*>(p_s);
+  const int P2 = P / 2, PP2 = kMmaPPitch / 2, n16 = dk / 8;  // words per row; 16-byte chunks per key row
+  const int ksteps = dk / 16, kh = warp >> 2, nt_s = warp & 3;
+  const int kb = kh ? ksteps / 2 : 0, ke = kh ? ksteps : ksteps / 2;
+  float acc[8][4];
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kMmaTile) {
+    const int nk = int(j_end - j0 < kMmaTile ? j_end - j0 : kMmaTile);
+    __syncthreads();  // the previous tile's readers are done (and the set-up above is visible)
+    if (tid < kMmaTile) row_s[tid] = tid < nk ? a.pages.row(s, a.keys[s * a.keys_ld + j0 + tid]) : -1;
+    __syncthreads();
+#pragma unroll 3
+    for (int i = tid; i < kMmaTile * n16; i += kMmaThreads) {
+      const int r = i / n16, c = i % n16;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);  // keys past nk: zeros (p = 0 there, and 0 * 0 adds nothing)
+      if (r < nk) v = __ldg(reinterpret_cast<const uint4*>(a.cache + row_s[r] * dk) + c);
+      *reinterpret_cast<uint4*>(k_s + r * P + c * 8) = v;
+    }
+    __syncthreads();
+
+    {  // scores: warp (nt_s, kh) -> keys 8 nt_s + n, head rows g, g + 8
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const uint32_t* kr = k32 + (nt_s * 8 + g) * P2 + t4;
+      for (int kk = kb; kk < ke; ++kk) {
+        const uint32_t b[2] = {kr[kk * 8], kr[kk * 8 + 4]};
+#pragma unroll
+        for (int term = 0; term < kMmaTerms; ++term) {
+          const uint32_t* qr = q32 + (term * kMmaHeads + g) * P2 + kk * 8 + t4;
+          const uint32_t af[4] = {qr[0], qr[8 * P2], qr[4], qr[8 * P2 + 4]};
+          mma_16816(c, af, b);
+        }
+      }
+      float* sh = s_s + kh * kMmaHeads * kMmaSPitch + nt_s * 8 + 2 * t4;
+      sh[g * kMmaSPitch] = c[0], sh[g * kMmaSPitch + 1] = c[1];
+      sh[(g + 8) * kMmaSPitch] = c[2], sh[(g + 8) * kMmaSPitch + 1] = c[3];
+    }
+    __syncthreads();
+
+    {  // softmax: head hh = tid / 16, keys 2 (tid % 16) and + 1; the 16 lanes of a head are one half-warp
+      const int hh = tid >> 4, kk = (tid & 15) * 2;
+      float sc[2], p[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float* sr = s_s + hh * kMmaSPitch + kk + e;
+        sc[e] = kk + e < nk ? __fmul_rn(a.scale, sr[0] + sr[kMmaHeads * kMmaSPitch]) : -INFINITY;
+      }
+      float mx = fmaxf(sc[0], sc[1]);
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, o));
+      const float m_old = m_s[hh], m_new = fmaxf(m_old, mx);
+      float sum = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        p[e] = kk + e < nk ? expf(sc[e] - m_new) : 0.0f;
+        sum += p[e];
+      }
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(kFullMask, sum, o);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) split3(p[e], p_s + hh * kMmaPPitch + kk + e, int64_t(kMmaHeads) * kMmaPPitch);
+      __syncwarp();
+      if ((tid & 15) == 0) {
+        const float corr = expf(m_old - m_new);  // 0 on the first tile (m_old = -inf)
+        c_s[hh] = corr;
+        m_s[hh] = m_new;
+        l_s[hh] = __fmaf_rn(l_s[hh], corr, sum);
+      }
+    }
+    __syncthreads();
+
+    {  // values: warp w -> columns 64 w + 8 nt + 2 t4 (+1), head rows g, g + 8
+      const float cg = c_s[g], cg8 = c_s[g + 8];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        acc[nt][0] = __fmul_rn(acc[nt][0], cg), acc[nt][1] = __fmul_rn(acc[nt][1], cg);
+        acc[nt][2] = __fmul_rn(acc[nt][2], cg8), acc[nt][3] = __fmul_rn(acc[nt][3], cg8);
+      }
+#pragma unroll
+      for (int ks = 0; ks < kMmaTile / 16; ++ks) {
+        uint32_t af[kMmaTerms][4];
+#pragma unroll
+        for (int term = 0; term < kMmaTerms; ++term) {
+          const uint32_t* pr = p32 + (term * kMmaHeads + g) * PP2 + ks * 8 + t4;
+          af[term][0] = pr[0], af[term][1] = pr[8 * PP2], af[term][2] = pr[4], af[term][3] = pr[8 * PP2 + 4];
+        }
+        const uint16_t* v0 = k_s + (ks * 16 + 2 * t4) * P + warp * 64 + g;  // key rows 2 t4, 2 t4 + 1; + 8
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          const uint16_t* v = v0 + nt * 8;
+          const uint32_t b[2] = {uint32_t(v[0]) | (uint32_t(v[P]) << 16),
+                                 uint32_t(v[8 * P]) | (uint32_t(v[9 * P]) << 16)};
+#pragma unroll
+          for (int term = 0; term < kMmaTerms; ++term) mma_16816(acc[nt], af[term], b);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    const int col = warp * 64 + nt * 8 + 2 * t4;
+    if (h0 + g < a.n_heads)
+      *reinterpret_cast<float2*>(part + g * head_stride + col) = make_float2(acc[nt][0], acc[nt][1]);
+    if (h0 + g + 8 < a.n_heads)
+      *reinterpret_cast<float2*>(part + (g + 8) * head_stride + col) = make_float2(acc[nt][2], acc[nt][3]);
+  }
+  __syncthreads();  // m_s, l_s final
+  if (tid < kMmaHeads && h0 + tid < a.n_heads)
+    part[tid * head_stride + kMmaR] = m_s[tid], part[tid * head_stride + kMmaR + 1] = l_s[tid];
+}
+
+// out[s, h, :] = sum_i e_i O_i / sum_i e_i l_i over the row's non-empty splits i in order,
+// e_i = exp(m_i - max m); zeros when the row has no key. Block = (s, h).
+__global__ void __launch_bounds__(128) mla_decode_combine_kernel(const float* part, int64_t splits, float* out) {
+  const int64_t sh = blockIdx.x;
+  const float* ph = part + sh * splits * (kMmaR + 2);
+  float m = -INFINITY;
+  for (int64_t i = 0; i < splits; ++i)
+    if (ph[i * (kMmaR + 2) + kMmaR + 1] > 0.0f) m = fmaxf(m, ph[i * (kMmaR + 2) + kMmaR]);
+  float l = 0.0f;
+  for (int64_t i = 0; i < splits; ++i) {
+    const float li = ph[i * (kMmaR + 2) + kMmaR + 1];
+    if (li > 0.0f) l = __fmaf_rn(expf(ph[i * (kMmaR + 2) + kMmaR] - m), li, l);
+  }
+  for (int c = threadIdx.x; c < kMmaR; c += blockDim.x) {
+    float o = 0.0f;
+    for (int64_t i = 0; i < splits; ++i) {
+      const float* pi = ph + i * (kMmaR + 2);
+      if (pi[kMmaR + 1] > 0.0f) o = __fmaf_rn(expf(pi[kMmaR] - m), pi[c], o);
+    }
+    out[sh * kMmaR + c] = l > 0.0f ? __fdiv_rn(o, l) : 0.0f;
+  }
+}
+
+bool device_has_bf16_mma() {
+  int dev = 0, major = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  return major >= 8;
+}
+
 }  // namespace
 
 void launch_indexer_scores(const IndexerScoresParams& p, cudaStream_t st) {
@@ -699,7 +943,17 @@ void launch_mla_prefill(const MlaPrefillParams& p, int32_t* scratch, int* error_
   launch_attention(a, p.topk, p.topk_len, scratch, error_word, st, "mla_prefill");
 }
 
-void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, int* error_word,
+int64_t mla_decode_partial_floats(const MlaDecodeParams& p) {
+  const int64_t dk = p.kv_lora_rank + p.qk_rope_head_dim;
+  const bool mma = p.topk && p.topk_len > 0 && p.pages.dtype == DType::BF16 && !p.pages.tiled &&
+                   p.kv_lora_rank == kMmaR && dk % 64 == 0 &&
+                   reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 &&
+                   mma_decode_smem_bytes(int(dk + 8)) <= size_t(max_dynamic_smem()) && device_has_bf16_mma();
+  if (!mma) return 0;
+  return p.s * p.n_heads * ((p.topk_len + kMmaSplit - 1) / kMmaSplit) * (kMmaR + 2);
+}
+
+void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, float* partials, int* error_word,
                        cudaStream_t st) {
   if (p.s == 0) return;
   const int64_t dk = p.kv_lora_rank + p.qk_rope_head_dim;
@@ -712,6 +966,24 @@ void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, int* error_wo
   if (p.topk) {
     launch_select_keys(p.topk, p.topk_len, p.q_pos, p.s, p.t, scratch, error_word, st, "mla_decode");
     a.keys = scratch, a.counts = scratch + p.s * p.topk_len, a.keys_ld = p.topk_len;
+  }
+  if (partials && mla_decode_partial_floats(p) > 0) {
+    MmaDecodeArgs m{};
+    m.q = p.q_lat, m.cache = reinterpret_cast<const uint16_t*>(p.cache), m.pages = p.pages;
+    m.keys = a.keys, m.counts = a.counts, m.keys_ld = a.keys_ld, m.part = partials;
+    m.n_heads = p.n_heads, m.dk = dk, m.splits = (p.topk_len + kMmaSplit - 1) / kMmaSplit;
+    m.pitch = int(dk + 8), m.scale = p.scale;
+    const int64_t groups = (p.n_heads + kMmaHeads - 1) / kMmaHeads;
+    CHECK(p.s <= 65535 && groups < (int64_t(1) << 31) && m.splits <= 65535, "cuda mla_decode: s = ", p.s,
+          ", n_heads = ", p.n_heads, " or topk_len = ", p.topk_len, " too large for one launch");
+    const size_t smem = mma_decode_smem_bytes(m.pitch);
+    reserve_smem(mla_decode_mma_kernel, smem, "mla_decode", "kv_lora_rank + qk_rope_head_dim");
+    mla_decode_mma_kernel<<<dim3(unsigned(groups), unsigned(m.splits), unsigned(p.s)), kMmaThreads, smem, st>>>(m);
+    CUDA_CHECK_LAUNCH("mla_decode");
+    CHECK(p.s * p.n_heads < (int64_t(1) << 31), "cuda mla_decode: s x n_heads too large for one launch");
+    mla_decode_combine_kernel<<<unsigned(p.s * p.n_heads), 128, 0, st>>>(partials, m.splits, p.out_lat);
+    CUDA_CHECK_LAUNCH("mla_decode combine");
+    return;
   }
   a.d4 = int(round_up4(dk));
   a.pitch = conflict_free_pitch(a.d4);

@@ -2,10 +2,12 @@
 // the same run. Uses the Backend interface only (no CUDA headers), so it builds everywhere and
 // exits with a message where no GPU is usable. Wall time of N calls after a warm-up, then the
 // backend's synchronize().
-//   HBM:        a device-to-device copy of 4 GiB (bytes read + written per second): the ceiling.
+//   HBM:        the faster of a 4 GiB device-to-device copy and a 2 GiB y += x (bytes read +
+//               written per second): the ceiling.
 //   mla_decode: GLM-5 dims (64 heads, kv_lora 512 + rope 64, BF16 cache), 2048 selected keys per
-//               row from a paged pool, each row its own sequence of 32768 keys (no L2 reuse):
-//               key bytes read per second vs HBM.
+//               row from a paged pool, each row its own sequence of 32768 keys (no L2 reuse): key
+//               bytes read per second vs HBM, on the SIMT kernel and the tensor-core one, with the
+//               rate the tensor-core kernel's MMAs would have at that time.
 //   indexer:    indexer_scores (32 heads x 128) of R rows over T cached keys, then top-2048:
 //               key + score bytes per second vs HBM, T = 32k, 64k, 128k.
 //   expert GEMM: y = x W^T with GLM-5's expert shape (W [2048, 6144] BF16) at m = 1 .. 4096 on the
@@ -21,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops.h"
@@ -63,6 +66,8 @@ T* device_fill(Backend& be, size_t n) {
   return p;
 }
 
+// The HBM ceiling: the faster of a 4 GiB device-to-device copy (copy_2d of one contiguous run:
+// cudaMemcpyAsync) and y += x over 2 GiB vectors (add: 2 reads, 1 write), bytes read + written.
 double hbm_gbs(Backend& be) {
   const size_t bytes = size_t(4) << 30;
   char* a = static_cast<char*>(be.alloc(bytes));
@@ -70,14 +75,21 @@ double hbm_gbs(Backend& be) {
   const int64_t cols = int64_t(1) << 20;  // copy_2d in F32 elements: rows of 4 MiB
   const int64_t rows = int64_t(bytes / 4 / size_t(cols));
   const double t = seconds_per_call(be, [&] { be.copy_2d({a, cols, b, cols, rows, cols}); });
+  const int64_t n = int64_t(bytes / 8);  // floats per vector: two vectors in each buffer's first half
+  const double t_add = seconds_per_call(be, [&] {
+    be.add({reinterpret_cast<const float*>(a), reinterpret_cast<float*>(b), n});
+  });
   be.free(a);
   be.free(b);
-  return 2.0 * double(bytes) / t / 1e9;
+  const double copy = 2.0 * double(bytes) / t / 1e9, add = 3.0 * double(n) * 4 / t_add / 1e9;
+  std::printf("HBM probes: copy %.0f GB/s, add %.0f GB/s (read + write)\n", copy, add);
+  return std::max(copy, add);
 }
 
-void bench_mla_decode(Backend& be, double hbm) {
+void bench_mla_decode(Backend& be, double hbm, const char* kernel) {
   const int64_t H = 64, R = 512, dr = 64, LAT = R + dr, T = 32768, topk = 2048, B = 64;
-  std::printf("\n| mla_decode rows | us per call | key bytes | GB/s | of HBM |\n|---|---|---|---|---|\n");
+  std::printf("\n| mla_decode (%s) rows | us per call | key bytes | GB/s | of HBM | as bf16 MMA TFLOP/s (3 terms) |\n"
+              "|---|---|---|---|---|---|\n", kernel);
   for (int64_t s : {1, 8, 32, 128}) {
     const int64_t per = T / B;  // blocks per row: each row its own sequence
     uint16_t* pool = device_fill<uint16_t>(be, size_t(s * T * LAT));
@@ -97,8 +109,10 @@ void bench_mla_decode(Backend& be, double hbm) {
                             KeyPages{d_table, per, B, DType::BF16}};
     const double t = seconds_per_call(be, [&] { be.mla_decode(p); });
     const double bytes = double(s * topk * LAT * 2);
-    std::printf("| %lld | %.1f | %.1f MB | %.0f | %.0f %% |\n", (long long)s, t * 1e6, bytes / 1e6, bytes / t / 1e9,
-                100 * bytes / t / 1e9 / hbm);
+    // q k^T over dk and p V over R, each with q / p split into 3 bf16 terms (the tensor-core kernel)
+    const double flops = 3.0 * 2.0 * double(s * topk * H) * double(LAT + R);
+    std::printf("| %lld | %.1f | %.1f MB | %.0f | %.0f %% | %.0f |\n", (long long)s, t * 1e6, bytes / 1e6,
+                bytes / t / 1e9, 100 * bytes / t / 1e9 / hbm, flops / t / 1e12);
     for (void* v : {static_cast<void*>(pool), static_cast<void*>(d_table), static_cast<void*>(d_qpos),
                     static_cast<void*>(d_sel), static_cast<void*>(q), static_cast<void*>(out)})
       be.free(v);
@@ -106,9 +120,11 @@ void bench_mla_decode(Backend& be, double hbm) {
 }
 
 void bench_indexer(Backend& be, double hbm) {
-  const int64_t IH = 32, ID = 128, topk = 2048, S = 4;
-  std::printf("\n| indexer + top-k keys | rows | us per call | bytes | GB/s | of HBM |\n|---|---|---|---|---|---|\n");
-  for (int64_t T : {32768, 65536, 131072}) {
+  const int64_t IH = 32, ID = 128, topk = 2048;
+  std::printf("\n| indexer + top-k keys | rows | us per call | bytes | GB/s | of HBM | indexer alone us | top-k alone us |\n"
+              "|---|---|---|---|---|---|---|---|\n");
+  const std::pair<int64_t, int64_t> shapes[] = {{4, 32768}, {4, 65536}, {4, 131072}, {64, 32768}};  // rows, keys
+  for (const auto& [S, T] : shapes) {
     float* k = device_fill<float>(be, size_t(T * ID));
     float* q = device_fill<float>(be, size_t(S * IH * ID));
     float* w = device_fill<float>(be, size_t(S * IH));
@@ -121,9 +137,11 @@ void bench_indexer(Backend& be, double hbm) {
       be.indexer_scores({q, w, k, d_qpos, scores, S, T, IH, ID, T, KeyPages{}});
       be.topk({scores, S, T, T, topk, idx});
     });
+    const double t_idx = seconds_per_call(be, [&] { be.indexer_scores({q, w, k, d_qpos, scores, S, T, IH, ID, T, KeyPages{}}); });
+    const double t_topk = seconds_per_call(be, [&] { be.topk({scores, S, T, T, topk, idx}); });
     const double bytes = double(T * ID * 4) + 2.0 * double(S * T * 4);  // keys, scores written and read
-    std::printf("| %lld | %lld | %.1f | %.1f MB | %.0f | %.0f %% |\n", (long long)T, (long long)S, t * 1e6, bytes / 1e6,
-                bytes / t / 1e9, 100 * bytes / t / 1e9 / hbm);
+    std::printf("| %lld | %lld | %.1f | %.1f MB | %.0f | %.0f %% | %.1f | %.1f |\n", (long long)T, (long long)S, t * 1e6,
+                bytes / 1e6, bytes / t / 1e9, 100 * bytes / t / 1e9 / hbm, t_idx * 1e6, t_topk * 1e6);
     for (void* v : {static_cast<void*>(k), static_cast<void*>(q), static_cast<void*>(w), static_cast<void*>(d_qpos),
                     static_cast<void*>(scores), static_cast<void*>(idx)})
       be.free(v);
@@ -176,8 +194,14 @@ int main(int argc, char** argv) {
   try {
     auto be = make_cuda_backend(0);
     const double hbm = hbm_gbs(*be);
-    std::printf("HBM (device-to-device copy of 4 GiB, read + write): %.0f GB/s\n", hbm);
-    bench_mla_decode(*be, hbm);
+    std::printf("HBM ceiling (the faster probe): %.0f GB/s\n", hbm);
+    bench_mla_decode(*be, hbm, "simt");
+    {  // the tensor-core kernel (opt-in: GLM5_CUDA_MLA_DECODE=tensor, read when a backend is made)
+      setenv("GLM5_CUDA_MLA_DECODE", "tensor", 1);
+      auto tensor = make_cuda_backend(0);
+      unsetenv("GLM5_CUDA_MLA_DECODE");
+      bench_mla_decode(*tensor, hbm, "tensor");
+    }
     bench_indexer(*be, hbm);
     be.reset();
     bench_expert_gemm();

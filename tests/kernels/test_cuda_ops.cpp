@@ -1273,11 +1273,20 @@ void check_mla_prefill(Backend& gpu, const MlaCase& c, uint32_t seed) {
                    (c.shuffle ? " shuffled" : ""));
 }
 
-void check_mla_decode(Backend& gpu, const MlaCase& c, uint32_t seed) {
+// cache_dtype BF16: the cache holds bf16 values (the reference reads them widened), which with a
+// top-k list and kv_lora_rank 512 takes the tensor-core kernel.
+void check_mla_decode(Backend& gpu, const MlaCase& c, uint32_t seed, DType cache_dtype = DType::F32) {
   Rng rng(seed);
   const int64_t lora = c.nope, row = c.nope + c.rope;  // MlaCase.nope = kv_lora_rank here
   auto q = rng.floats(size_t(c.s * c.heads * row));
   auto cache = rng.floats(size_t(c.t * row));
+  std::vector<uint16_t> cache_bf16;
+  if (cache_dtype == DType::BF16) {
+    for (float& v : cache) {
+      cache_bf16.push_back(f32_to_bf16(v));
+      v = bf16_to_f32(cache_bf16.back());
+    }
+  }
   std::vector<int32_t> qpos(size_t(c.s));
   for (int64_t i = 0; i < c.s; ++i) qpos[size_t(i)] = int32_t(std::max<int64_t>(0, c.t - c.s + i));
   if (c.s >= 3) qpos[0] = -1, qpos[1] = int32_t(c.t / 2);
@@ -1294,10 +1303,14 @@ void check_mla_decode(Backend& gpu, const MlaCase& c, uint32_t seed) {
   Dev<int32_t> dpos(gpu, qpos), dtk(gpu, c.topk_len ? topk : std::vector<int32_t>{0});
   MlaDecodeParams g = p;
   g.q_lat = dq_.get(), g.cache = dc.get(), g.q_pos = dpos.get();
+  if (cache_dtype == DType::BF16) {
+    g.cache = static_cast<const float*>(gpu.upload(cache_bf16.data(), cache_bf16.size() * 2));
+    g.pages.dtype = DType::BF16;
+  }
   g.topk = c.topk_len ? dtk.get() : nullptr, g.out_lat = dout.get();
   gpu.mla_decode(g);
   expect_close(dout.host("mla_decode"), want, 2e-6f, 1e-4f,
-               "mla_decode s=" + std::to_string(c.s) + " t=" + std::to_string(c.t) +
+               "mla_decode " + std::string(dtype_name(cache_dtype)) + " cache s=" + std::to_string(c.s) + " t=" + std::to_string(c.t) +
                    " heads=" + std::to_string(c.heads) + " topk_len=" + std::to_string(c.topk_len) +
                    (c.shuffle ? " shuffled" : ""));
 }
@@ -1330,13 +1343,35 @@ TEST(CudaOps, MlaDecodeGlm5Shapes) {
     check_mla_decode(*gpu, c, seed++);
 }
 
+// BF16 caches with top-k lists on both decode kernels: the SIMT one (default) and the tensor-core
+// one (GLM5_CUDA_MLA_DECODE=tensor; kv_lora_rank 512). GLM-5's 64 heads and partial head groups
+// (20, 5), keys in one or many 256-key splits and partial 32-key tiles, top-k wider than the
+// context, rows without keys (q_pos -1) and shuffled lists with -1 holes.
+TEST(CudaOps, MlaDecodeBf16CacheTensorCores) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  for (const char* kernel : {"simt", "tensor"}) {
+    SCOPED_TRACE(std::string("GLM5_CUDA_MLA_DECODE=") + kernel);
+    ScopedEnv env("GLM5_CUDA_MLA_DECODE", kernel);
+    auto gpu = make_cuda_backend(0);
+    uint32_t seed = 140;
+    // {s, t, heads, kv_lora_rank, rope, -, topk_len, shuffle}
+    for (const MlaCase& c :
+         {MlaCase{2, 5000, 64, 512, 64, 0, 2048, false}, MlaCase{3, 1500, 64, 512, 64, 0, 2048, true},
+          MlaCase{4, 300, 20, 512, 64, 0, 256, true}, MlaCase{3, 40, 5, 512, 64, 0, 33, false},
+          MlaCase{1, 1, 64, 512, 64, 0, 1, false}, MlaCase{5, 3000, 16, 512, 128, 0, 700, true}})
+      check_mla_decode(*gpu, c, seed++, DType::BF16);
+  }
+}
+
 // Decode rows of different sequences over paged pools (one block table per row) with GLM-5's
 // attention and indexer dims. A row's output bits must not depend on the call: all 150 rows at
 // once, 37 of them (rows 0..36 and 113..149) and each of rows 0..36 alone. The kernels choose how
 // many heads share a block from the row count (on an H200: 64 for 150 rows, 16 for 37, 1 for one),
-// so this also checks that that choice leaves every bit unchanged. F32 and BF16 caches.
-TEST(CudaOps, MlaDecodeAndIndexerRowsIndependentOfRowCount) {
-  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+// so this also checks that that choice leaves every bit unchanged. F32 and BF16 caches, on both
+// decode kernels (the tensor-core one takes the BF16 cache; its splits follow a row's own keys).
+void rows_independent_of_row_count(const char* decode_kernel) {
+  SCOPED_TRACE(std::string("GLM5_CUDA_MLA_DECODE=") + decode_kernel);
+  ScopedEnv env("GLM5_CUDA_MLA_DECODE", decode_kernel);
   auto gpu = make_cuda_backend(0);
   Rng rng(90);
   const int64_t S = 150, T = 3000, B = 64, max_blocks = (T + B - 1) / B, pool_blocks = 64;
@@ -1406,18 +1441,22 @@ TEST(CudaOps, MlaDecodeAndIndexerRowsIndependentOfRowCount) {
       expect_equal(decode(i, 1), rows_of(all, i, 1, H * R), "mla_decode row " + std::to_string(i) + " alone");
       expect_equal(index(i, 1), rows_of(all_idx, i, 1, T), "indexer_scores row " + std::to_string(i) + " alone");
     }
-    if (cache == DType::F32) {  // rows 0 and 1 against the reference (the op tests do the rest)
+    {  // rows 0 and 1 against the reference (the op tests do the rest); BF16: on the widened cache
+      std::vector<float> widened = latent, widened_idx = ik;
+      if (cache == DType::BF16)
+        for (auto* v : {&widened, &widened_idx})
+          for (float& x : *v) x = bf16_to_f32(f32_to_bf16(x));
       auto ref = make_reference_backend();
       std::vector<float> want = nan_vec(size_t(2 * H * R)), want_idx = nan_vec(size_t(2 * T));
       MlaDecodeParams p;
-      p.q_lat = q.data(), p.cache = latent.data(), p.q_pos = qpos.data(), p.topk = sel.data();
+      p.q_lat = q.data(), p.cache = widened.data(), p.q_pos = qpos.data(), p.topk = sel.data();
       p.topk_len = topk, p.out_lat = want.data(), p.s = 2, p.t = T, p.n_heads = H, p.kv_lora_rank = R;
       p.qk_rope_head_dim = dr, p.scale = 1.0f / std::sqrt(float(dk));
       p.pages = KeyPages{tables.data(), max_blocks, B, DType::F32};
       ref->mla_decode(p);
       expect_close(rows_of(all, 0, 2, H * R), want, 2e-6f, 1e-4f, "mla_decode rows 0, 1 vs reference");
       IndexerScoresParams ip;
-      ip.q = iq.data(), ip.weights = iw.data(), ip.k = ik.data(), ip.q_pos = qpos.data();
+      ip.q = iq.data(), ip.weights = iw.data(), ip.k = widened_idx.data(), ip.q_pos = qpos.data();
       ip.scores = want_idx.data(), ip.s = 2, ip.t = T, ip.n_heads = IH, ip.head_dim = ID, ip.ld_scores = T;
       ip.pages = KeyPages{tables.data(), max_blocks, B, DType::F32};
       ref->indexer_scores(ip);
@@ -1425,6 +1464,11 @@ TEST(CudaOps, MlaDecodeAndIndexerRowsIndependentOfRowCount) {
                    "indexer_scores rows 0, 1 vs reference");
     }
   }
+}
+
+TEST(CudaOps, MlaDecodeAndIndexerRowsIndependentOfRowCount) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  for (const char* kernel : {"simt", "tensor"}) rows_independent_of_row_count(kernel);
 }
 
 // ---- memory and device-side input errors -------------------------------------------------------

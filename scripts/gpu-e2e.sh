@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# End-to-end throughput of one GPU on a GLM-5-shaped model, from a bundle (scripts/gpu-bundle.sh):
+# generates the "bench" checkpoint there (scripts/gen_tiny_model.py, numpy only: 814 M parameters,
+# GLM-5's MLA and indexer geometry), makes N requests of pseudo-random prompt ids, and runs
+# `glm5 batch` on the cuda backend (one rank, bf16 KV cache: the tensor-core decode) for each
+# max_batch given. Prints output tokens per second and the first record's tokens; the records of
+# every run are compared with the first run's (greedy: batching must not change a token).
+#
+# Usage: GLM5_BUNDLE=DIR scripts/gpu-e2e.sh [WORK_DIR]
+# Env: N (requests, default 64), PROMPT (tokens, default 512), OUT_TOKENS (default 64),
+#      BATCHES (default "64 16"), RUN_TIMEOUT (seconds per run, default 200); for a dry run of the
+#      flow without a GPU: PRESET (default bench), BACKEND (default cuda), COMM (default nccl).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bundle=${GLM5_BUNDLE:?set GLM5_BUNDLE to a bundle made by scripts/gpu-bundle.sh}
+work=${1:-/tmp/glm5-e2e}
+n=${N:-64}
+prompt=${PROMPT:-512}
+out_tokens=${OUT_TOKENS:-64}
+mkdir -p "$work"
+preset=${PRESET:-bench}
+model=$work/$preset
+if [ ! -f "$model/config.json" ]; then
+  t0=$SECONDS
+  python3 "$root/scripts/gen_tiny_model.py" --preset "$preset" --out "$model" > "$work/gen.log" 2>&1 ||
+    { tail -5 "$work/gen.log"; exit 1; }
+  echo "generated $model in $((SECONDS - t0)) s ($(du -sh "$model" | cut -f1))"
+fi
+vocab=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]+'/config.json'))['vocab_size'])" "$model")
+python3 - "$work/requests.jsonl" "$vocab" "$n" "$prompt" "$out_tokens" <<'PY'
+import json, random, sys
+path, vocab, n, prompt, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+rng = random.Random(7)
+with open(path, "w") as f:
+    for i in range(n):
+        ids = [rng.randrange(vocab) for _ in range(prompt)]
+        f.write(json.dumps({"custom_id": f"r{i}", "prompt_ids": ids, "max_tokens": out,
+                            "temperature": 0, "ignore_eos": True}) + "\n")
+PY
+first=""
+for b in ${BATCHES:-64 16}; do
+  cfg=$work/cuda-b$b.yaml
+  printf 'stages: 1\nexpert_parallel: 1\nmicro_batches: 1\nbackend: %s\ncomm: %s\nkv_dtype: bf16\nkv_budget_gb: 16\nmax_batch: %d\nprefill_chunk: 2048\n' \
+    "${BACKEND:-cuda}" "${COMM:-nccl}" "$b" > "$cfg"
+  rm -f "$work/out-b$b.jsonl"
+  t0=$(date +%s.%N)
+  timeout "${RUN_TIMEOUT:-200}" "$bundle/run.sh" glm5 batch --model "$model" --input "$work/requests.jsonl" \
+    --output "$work/out-b$b.jsonl" --cluster "$cfg" --report "$work/report-b$b.json" > "$work/run-b$b.log" 2>&1 ||
+    { echo "max_batch $b: failed"; tail -5 "$work/run-b$b.log"; exit 1; }
+  t1=$(date +%s.%N)
+  python3 - "$work/out-b$b.jsonl" "$t0" "$t1" "$b" "${first:-}" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+toks = {r["custom_id"]: r["response"]["body"]["choices"][0]["token_ids"] for r in recs}
+n = sum(len(v) for v in toks.values())
+wall = float(sys.argv[3]) - float(sys.argv[2])
+line = f"max_batch {sys.argv[4]}: {len(recs)} records, {n} output tokens in {wall:.2f} s (process wall, load included): {n / wall:.1f} tok/s"
+if sys.argv[5]:
+    ref = {json.loads(l)["custom_id"]: json.loads(l)["response"]["body"]["choices"][0]["token_ids"] for l in open(sys.argv[5])}
+    same = sum(ref.get(k) == v for k, v in toks.items())
+    line += f"; {same} of {len(toks)} records token-identical to the first run"
+print(line)
+print("  r0:", toks.get("r0", [])[:16])
+PY
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); r=r[0] if isinstance(r,list) else r; rk=r.get("ranks",[r])[0] if isinstance(r,dict) else r; print("  report:", {k: rk.get(k) for k in ("wall_s","tokens_generated","tokens_per_s")})' "$work/report-b$b.json" 2>/dev/null || true
+  [ -n "$first" ] || first=$work/out-b$b.jsonl
+done
