@@ -666,8 +666,9 @@ __global__ void __launch_bounds__(kDecThreads, 1) mla_decode_kernel(DecodeArgs a
 // The production case (a BF16 latent cache, each row its top-k keys) as bf16 MMAs without giving
 // up fp32 exactness: the cached keys are bf16 already, and the fp32 operands (q, and the softmax
 // weights p) are split into 3 bf16 terms x = x1 + x2 + x3 that hold x exactly (as the GEMMs do), so
-// every product is exact and only the fp32 accumulation order differs from the SIMT kernel.
-// Block = (group of 16 heads, split of kMmaSplit candidate keys, query row s), 8 warps; a split
+// every product is exact; what differs from the SIMT kernel is the accumulation (the tensor
+// cores' fp32 sums, in their order), at fp32 rounding level.
+// Block = (query row s, split of kMmaSplit candidate keys, group of 16 heads), 8 warps; a split
 // walks its keys in tiles of kMmaTile:
 //   load    the tile's key rows (bf16, as cached) into k_s [kMmaTile][pitch];
 //   scores  S = q k^T (16 heads x 32 keys, K = dk): warp w takes keys 8 (w % 4) .. + 7 over half
@@ -714,6 +715,8 @@ __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], const
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  __trap();  // code for an architecture without bf16 MMA (the host only launches on >= 8.0)
 #endif
 }
 
@@ -740,7 +743,10 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mla_decode_mma_kernel(MmaDecod
   float* l_s = m_s + kMmaHeads;                              // [16] running sum
   float* c_s = l_s + kMmaHeads;                              // [16] this tile's rescale
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
-  const int64_t h0 = int64_t(blockIdx.x) * kMmaHeads, split = blockIdx.y, s = blockIdx.z;
+  // blockIdx.x = (s * splits + split) * groups + group: the head groups of a split run side by
+  // side and share its key rows in the L2.
+  const int64_t groups = (a.n_heads + kMmaHeads - 1) / kMmaHeads, blk = blockIdx.x;
+  const int64_t h0 = (blk % groups) * kMmaHeads, split = (blk / groups) % a.splits, s = blk / groups / a.splits;
   const int64_t count = a.counts[s];
   const int64_t j_begin = split * kMmaSplit;
   const int64_t j_end = j_begin + kMmaSplit < count ? j_begin + kMmaSplit : count;
@@ -875,25 +881,27 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mla_decode_mma_kernel(MmaDecod
 }
 
 // out[s, h, :] = sum_i e_i O_i / sum_i e_i l_i over the row's non-empty splits i in order,
-// e_i = exp(m_i - max m); zeros when the row has no key. Block = (s, h).
+// e_i = exp(m_i - max m); zeros when the row has no key. Block = (s, h). A split is empty when its
+// l is 0 (a NaN l, from NaN scores, counts as not empty, so the NaN reaches the output as in the
+// reference).
 __global__ void __launch_bounds__(128) mla_decode_combine_kernel(const float* part, int64_t splits, float* out) {
   const int64_t sh = blockIdx.x;
   const float* ph = part + sh * splits * (kMmaR + 2);
   float m = -INFINITY;
   for (int64_t i = 0; i < splits; ++i)
-    if (ph[i * (kMmaR + 2) + kMmaR + 1] > 0.0f) m = fmaxf(m, ph[i * (kMmaR + 2) + kMmaR]);
+    if (ph[i * (kMmaR + 2) + kMmaR + 1] != 0.0f) m = fmaxf(m, ph[i * (kMmaR + 2) + kMmaR]);
   float l = 0.0f;
   for (int64_t i = 0; i < splits; ++i) {
     const float li = ph[i * (kMmaR + 2) + kMmaR + 1];
-    if (li > 0.0f) l = __fmaf_rn(expf(ph[i * (kMmaR + 2) + kMmaR] - m), li, l);
+    if (li != 0.0f) l = __fmaf_rn(expf(ph[i * (kMmaR + 2) + kMmaR] - m), li, l);
   }
   for (int c = threadIdx.x; c < kMmaR; c += blockDim.x) {
     float o = 0.0f;
     for (int64_t i = 0; i < splits; ++i) {
       const float* pi = ph + i * (kMmaR + 2);
-      if (pi[kMmaR + 1] > 0.0f) o = __fmaf_rn(expf(pi[kMmaR] - m), pi[c], o);
+      if (pi[kMmaR + 1] != 0.0f) o = __fmaf_rn(expf(pi[kMmaR] - m), pi[c], o);
     }
-    out[sh * kMmaR + c] = l > 0.0f ? __fdiv_rn(o, l) : 0.0f;
+    out[sh * kMmaR + c] = l != 0.0f ? __fdiv_rn(o, l) : 0.0f;
   }
 }
 
@@ -973,14 +981,13 @@ void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, float* partia
     m.keys = a.keys, m.counts = a.counts, m.keys_ld = a.keys_ld, m.part = partials;
     m.n_heads = p.n_heads, m.dk = dk, m.splits = (p.topk_len + kMmaSplit - 1) / kMmaSplit;
     m.pitch = int(dk + 8), m.scale = p.scale;
-    const int64_t groups = (p.n_heads + kMmaHeads - 1) / kMmaHeads;
-    CHECK(p.s <= 65535 && groups < (int64_t(1) << 31) && m.splits <= 65535, "cuda mla_decode: s = ", p.s,
-          ", n_heads = ", p.n_heads, " or topk_len = ", p.topk_len, " too large for one launch");
+    const int64_t groups = (p.n_heads + kMmaHeads - 1) / kMmaHeads, blocks = p.s * m.splits * groups;
+    CHECK(blocks < (int64_t(1) << 31) && p.s * p.n_heads < (int64_t(1) << 31), "cuda mla_decode: s = ", p.s,
+          ", n_heads = ", p.n_heads, " and topk_len = ", p.topk_len, " too large for one launch");
     const size_t smem = mma_decode_smem_bytes(m.pitch);
     reserve_smem(mla_decode_mma_kernel, smem, "mla_decode", "kv_lora_rank + qk_rope_head_dim");
-    mla_decode_mma_kernel<<<dim3(unsigned(groups), unsigned(m.splits), unsigned(p.s)), kMmaThreads, smem, st>>>(m);
+    mla_decode_mma_kernel<<<unsigned(blocks), kMmaThreads, smem, st>>>(m);
     CUDA_CHECK_LAUNCH("mla_decode");
-    CHECK(p.s * p.n_heads < (int64_t(1) << 31), "cuda mla_decode: s x n_heads too large for one launch");
     mla_decode_combine_kernel<<<unsigned(p.s * p.n_heads), 128, 0, st>>>(partials, m.splits, p.out_lat);
     CUDA_CHECK_LAUNCH("mla_decode combine");
     return;
