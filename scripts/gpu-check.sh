@@ -16,8 +16,8 @@
 #        if the cluster config must be launched under MPI), TESTS_TIMEOUT / RUN_TIMEOUT /
 #        BENCH_TIMEOUT (seconds for the GPU tests, each generate run, the kernel benchmark; default
 #        600 / 300 / 300: on a leased machine, keep their sum inside the call's limit).
-# With OUT set (the device machine), $OUT gets summary.txt and the logs as one gpu-check-logs.tgz
-# (a leased machine returns only a few files).
+# With OUT set (the device machine), $OUT gets steps.txt (each step's line as it ends), then
+# summary.txt and the logs as one gpu-check-logs.tgz (a leased machine returns only a few files).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,8 +37,13 @@ summary=()
 failed=0   # any step failed: the exit status
 blocked=0  # configure or build failed: later steps cannot run
 
-# record NAME RESULT SECONDS DETAIL
-record() { summary+=("$(printf '%-9s %-4s %5ss  %s' "$1" "$2" "$3" "$4")"); if [ "$2" = FAIL ]; then failed=1; fi; }
+# record NAME RESULT SECONDS DETAIL (with OUT set, also appended to $OUT/steps.txt at once, so that
+# the steps done come back even if the call is cut off)
+record() {
+  summary+=("$(printf '%-9s %-4s %5ss  %s' "$1" "$2" "$3" "$4")")
+  if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then printf '%s\n' "${summary[-1]}" >> "$OUT/steps.txt"; fi
+  if [ "$2" = FAIL ]; then failed=1; fi
+}
 
 # run_step NAME COMMAND...: runs with output to $logs/NAME.log; PASS on exit 0.
 run_step() {

@@ -2,13 +2,15 @@
 # End-to-end throughput of one GPU on a GLM-5-shaped model, from a bundle (scripts/gpu-bundle.sh):
 # generates the "bench" checkpoint there (scripts/gen_tiny_model.py, numpy only: 814 M parameters,
 # GLM-5's MLA and indexer geometry), makes N requests of pseudo-random prompt ids, and runs
-# `glm5 batch` on the cuda backend (one rank, bf16 KV cache: the tensor-core decode) for each
-# max_batch given. Prints output tokens per second and the first record's tokens; the records of
-# every run are compared with the first run's (greedy: batching must not change a token).
+# `glm5 batch` on the cuda backend (one rank, bf16 KV cache) for each attention-kernel setting
+# (GLM5_CUDA_MLA_DECODE / GLM5_CUDA_INDEXER: simt, tensor) and max_batch given. Prints output tokens
+# per second and the first record's tokens; the records of every run are compared with the first
+# run's (greedy: batching must not change a token; the tensor kernels round differently, so a
+# near-tie may flip there).
 #
 # Usage: GLM5_BUNDLE=DIR scripts/gpu-e2e.sh [WORK_DIR]
 # Env: N (requests, default 64), PROMPT (tokens, default 512), OUT_TOKENS (default 64),
-#      BATCHES (default "64 16"), RUN_TIMEOUT (seconds per run, default 200); for a dry run of the
+#      BATCHES (default "64 16"), KERNELS (default "simt tensor"), RUN_TIMEOUT (seconds per run, default 200); for a dry run of the
 #      flow without a GPU: PRESET (default bench), BACKEND (default cuda), COMM (default nccl).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -38,17 +40,21 @@ with open(path, "w") as f:
                             "temperature": 0, "ignore_eos": True}) + "\n")
 PY
 first=""
-for b in ${BATCHES:-64 16}; do
-  cfg=$work/cuda-b$b.yaml
-  printf 'stages: 1\nexpert_parallel: 1\nmicro_batches: 1\nbackend: %s\ncomm: %s\nkv_dtype: bf16\nkv_budget_gb: 16\nmax_batch: %d\nprefill_chunk: 2048\n' \
-    "${BACKEND:-cuda}" "${COMM:-nccl}" "$b" > "$cfg"
-  rm -f "$work/out-b$b.jsonl"
-  t0=$(date +%s.%N)
-  timeout "${RUN_TIMEOUT:-200}" "$bundle/run.sh" glm5 batch --model "$model" --input "$work/requests.jsonl" \
-    --output "$work/out-b$b.jsonl" --cluster "$cfg" --report "$work/report-b$b.json" > "$work/run-b$b.log" 2>&1 ||
-    { echo "max_batch $b: failed"; tail -5 "$work/run-b$b.log"; exit 1; }
-  t1=$(date +%s.%N)
-  python3 - "$work/out-b$b.jsonl" "$t0" "$t1" "$b" "${first:-}" <<'PY'
+for kern in ${KERNELS:-simt tensor}; do
+  export GLM5_CUDA_MLA_DECODE=$kern GLM5_CUDA_INDEXER=$kern
+  for b in ${BATCHES:-64 16}; do
+    echo "== attention kernels $kern, max_batch $b"
+    cfg=$work/cuda-b$b.yaml
+    printf 'stages: 1\nexpert_parallel: 1\nmicro_batches: 1\nbackend: %s\ncomm: %s\nkv_dtype: bf16\nkv_budget_gb: 16\nmax_batch: %d\nprefill_chunk: 2048\n' \
+      "${BACKEND:-cuda}" "${COMM:-nccl}" "$b" > "$cfg"
+    out=$work/out-$kern-b$b.jsonl
+    rm -f "$out"
+    t0=$(date +%s.%N)
+    timeout "${RUN_TIMEOUT:-200}" "$bundle/run.sh" glm5 batch --model "$model" --input "$work/requests.jsonl" \
+      --output "$out" --cluster "$cfg" --report "$work/report-$kern-b$b.json" > "$work/run-$kern-b$b.log" 2>&1 ||
+      { echo "max_batch $b: failed"; tail -5 "$work/run-$kern-b$b.log"; exit 1; }
+    t1=$(date +%s.%N)
+    python3 - "$out" "$t0" "$t1" "$b" "${first:-}" <<'PY'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
 toks = {r["custom_id"]: r["response"]["body"]["choices"][0]["token_ids"] for r in recs}
@@ -62,6 +68,7 @@ if sys.argv[5]:
 print(line)
 print("  r0:", toks.get("r0", [])[:16])
 PY
-  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); r=r[0] if isinstance(r,list) else r; rk=r.get("ranks",[r])[0] if isinstance(r,dict) else r; print("  report:", {k: rk.get(k) for k in ("wall_s","tokens_generated","tokens_per_s")})' "$work/report-b$b.json" 2>/dev/null || true
-  [ -n "$first" ] || first=$work/out-b$b.jsonl
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); r=r[0] if isinstance(r,list) else r; rk=r.get("ranks",[r])[0] if isinstance(r,dict) else r; print("  report:", {k: rk.get(k) for k in ("wall_s","tokens_generated","tokens_per_s")})' "$work/report-$kern-b$b.json" 2>/dev/null || true
+    [ -n "$first" ] || first=$out
+  done
 done

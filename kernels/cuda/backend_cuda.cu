@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -117,6 +118,8 @@ GemmMode gemm_mode_from_env() {
 // tensor-core kernel for BF16 caches with top-k lists (kernels/cuda/ops_attention.cu), opt-in
 // until its test (CudaOps.MlaDecodeBf16CacheTensorCores) has passed on a GPU.
 bool tensor_decode_from_env() { return !env_is_first_of("GLM5_CUDA_MLA_DECODE", "simt", "tensor"); }
+// GLM5_CUDA_INDEXER: likewise for indexer_scores over BF16 keys (CudaOps.IndexerScoresBf16TensorCores).
+bool tensor_indexer_from_env() { return !env_is_first_of("GLM5_CUDA_INDEXER", "simt", "tensor"); }
 
 // Parses a positive integer environment variable (`fallback` when unset or empty).
 long long positive_from_env(const char* name, long long fallback) {
@@ -141,6 +144,13 @@ long long positive_from_env(const char* name, long long fallback) {
 int64_t gemm_algo_rows_from_env() { return positive_from_env("GLM5_CUDA_GEMM_ALGO_ROWS", 512); }
 bool gemm_log_from_env() {
   const char* v = std::getenv("GLM5_CUDA_GEMM_LOG");
+  return v && *v && std::string(v) != "0";
+}
+
+// GLM5_CUDA_ATTENTION_LOG=1: one line on stderr the first time a backend runs mla_decode /
+// indexer_scores on each kernel ("tensor cores" or "SIMT"), so a run (or a test) shows which ran.
+bool attention_log_from_env() {
+  const char* v = std::getenv("GLM5_CUDA_ATTENTION_LOG");
   return v && *v && std::string(v) != "0";
 }
 
@@ -304,8 +314,10 @@ class CudaBackend final : public Backend {
     gemm_terms_ = gemm_terms_from_env();
     gemm_mode_ = gemm_mode_from_env();
     tensor_decode_ = tensor_decode_from_env();
+    tensor_indexer_ = tensor_indexer_from_env();
     lt_ref_rows_ = gemm_algo_rows_from_env();
     gemm_log_ = gemm_log_from_env();
+    attention_log_ = attention_log_from_env();
     quant_mode_ = quant_gemm_mode_from_env();
     dequant_scratch_ = dequant_scratch_from_env();
     // A blocking stream: work on the legacy default stream (NCCL, cudaMemcpy) orders with it.
@@ -525,7 +537,9 @@ class CudaBackend final : public Backend {
     CHECK(p.q && p.weights && p.q_pos && p.scores && p.k, "cuda indexer_scores: null pointer");
     CHECK(!p.pages.tiled, "cuda indexer_scores: keys must be stored by rows, found tiled pages");
     DeviceScope ds(device_);
-    cuda::launch_indexer_scores(p, stream_);
+    const bool tensor_cores = tensor_indexer_ && cuda::indexer_mma_applies(p);
+    log_attention_kernel("indexer_scores", tensor_cores);
+    cuda::launch_indexer_scores(p, tensor_cores, stream_);
   }
 
   void topk(const TopkParams& p) override {
@@ -573,7 +587,13 @@ class CudaBackend final : public Backend {
       reserve(&partials_, &partials_cap_, size_t(n) * sizeof(float));
       partials = static_cast<float*>(partials_);
     }
+    log_attention_kernel("mla_decode", partials != nullptr);
     cuda::launch_mla_decode(p, keys, partials, error_word_, stream_);
+  }
+
+  void log_attention_kernel(const char* op, bool tensor_cores) {
+    if (!attention_log_ || !logged_kernels_.insert(std::string(op) + (tensor_cores ? "/tc" : "/simt")).second) return;
+    std::fprintf(stderr, "glm5 cuda: %s on the %s kernel\n", op, tensor_cores ? "tensor cores" : "SIMT");
   }
 
   void router(const RouterParams& p) override {
@@ -657,7 +677,8 @@ class CudaBackend final : public Backend {
     DeviceScope ds(device_);
     if (p.src_dtype != p.dst_dtype) return cuda::launch_convert_2d(p, stream_);
     const size_t es = dtype_size(p.src_dtype);
-    if (p.ld_src == p.cols && p.ld_dst == p.cols) {  // one run: the 1-D copy kernel (2.5x the 2-D copy's rate on an H200)
+    // One run: a 1-D copy (a 4 GiB 2-D copy moved only 1.7 TB/s read + written on an H200).
+    if (p.ld_src == p.cols && p.ld_dst == p.cols) {
       CUDA_CHECK(cudaMemcpyAsync(p.dst, p.src, size_t(p.rows) * size_t(p.cols) * es, cudaMemcpyDeviceToDevice, stream_));
       return;
     }
@@ -1072,9 +1093,12 @@ class CudaBackend final : public Backend {
   uint64_t exact_allocs_ = 0, upload_allocs_ = 0;
   int gemm_terms_ = 3;
   GemmMode gemm_mode_ = GemmMode::kLt;
-  bool tensor_decode_ = false;  // GLM5_CUDA_MLA_DECODE=tensor
+  bool tensor_decode_ = false;   // GLM5_CUDA_MLA_DECODE=tensor
+  bool tensor_indexer_ = false;  // GLM5_CUDA_INDEXER=tensor
   int64_t lt_ref_rows_ = 512;
   bool gemm_log_ = false;
+  bool attention_log_ = false;          // GLM5_CUDA_ATTENTION_LOG
+  std::set<std::string> logged_kernels_;  // "op/kernel" lines printed
   QuantGemmMode quant_mode_ = QuantGemmMode::kFused;
   size_t dequant_scratch_ = size_t(256) << 20;
   cudaStream_t stream_ = nullptr;
@@ -1098,7 +1122,7 @@ class CudaBackend final : public Backend {
   size_t wq_cap_ = 0;
   void* keys_ = nullptr;
   size_t keys_cap_ = 0;
-  void* partials_ = nullptr;  // mla_decode's per-split partial results (tensor-core kernel)
+  void* partials_ = nullptr;  // tensor-core mla_decode's per-split results (GLM-5 dims: 1.05 MB a row)
   size_t partials_cap_ = 0;
 };
 

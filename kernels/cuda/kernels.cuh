@@ -63,7 +63,11 @@ void launch_dequantize_rows(const Weight& w, int64_t r0, int64_t rows, void* out
                             cudaStream_t st);
 
 // ops_attention.cu
-void launch_indexer_scores(const IndexerScoresParams& p, cudaStream_t st);
+// Whether the tensor-core indexer kernel applies: BF16 keys stored by rows, head_dim a multiple of
+// 64 up to 256, up to 64 heads, shared memory for them, compute capability >= 8.
+bool indexer_mma_applies(const IndexerScoresParams& p);
+// tensor_cores (only where indexer_mma_applies): the tensor-core kernel, else the SIMT one.
+void launch_indexer_scores(const IndexerScoresParams& p, bool tensor_cores, cudaStream_t st);
 void launch_topk(const TopkParams& p, cudaStream_t st);
 // With a top-k list, `scratch` holds s * (topk_len + 1) ints (the per-row key sets).
 void launch_mla_prefill(const MlaPrefillParams& p, int32_t* scratch, int* error_word,

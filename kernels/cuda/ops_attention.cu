@@ -912,9 +912,144 @@ bool device_has_bf16_mma() {
   return major >= 8;
 }
 
+// ---- indexer scores on the tensor cores (BF16 keys) --------------------------------------------
+
+// The production case of the indexer (a bf16 KV cache: keys bf16 already) as bf16 MMAs, exact in
+// the products as mla_decode_mma_kernel: q split into 3 bf16 terms. Block = (query row s, tile of
+// kIdxMmaKeys keys), 8 warps; warp w scores keys 32 w .. + 31 (4 n-tiles of 8) against all heads
+// (MT m-tiles of 16, padded heads have q = 0 and weight 0), K = head_dim in steps of 16. Per key:
+//   dot_h = q_h . k (the MMA's fp32 sums), score = sum_h w_h * relu(dot_h): each lane adds its
+//   heads g, g + 8 of every m-tile by FMA, then the 8 lane groups are added by a fixed butterfly.
+// A score depends only on its row's q, weights and the key: never on the tile, grid or other rows.
+constexpr int kIdxMmaThreads = 256, kIdxMmaKeys = 256, kIdxMmaMaxTiles = 4;  // up to 64 heads
+
+struct IdxMmaArgs {
+  IndexerScoresParams p;
+  int pitch;  // q_s / k_s row pitch in bf16: head_dim + 8 (4 words mod 32 when head_dim % 64 == 0)
+};
+
+size_t idx_mma_smem_bytes(int pitch, int mt) {
+  return size_t(kMmaTerms) * mt * 16 * pitch * 2 + size_t(kIdxMmaKeys) * pitch * 2 + size_t(mt) * 16 * 4 +
+         size_t(kIdxMmaKeys) * 8;
+}
+
+template <int MT>
+__global__ void __launch_bounds__(kIdxMmaThreads, 2) indexer_mma_kernel(IdxMmaArgs a) {
+  extern __shared__ float4 idx_mma_smem4[];
+  const IndexerScoresParams& p = a.p;
+  const int64_t tiles = (p.t + kIdxMmaKeys - 1) / kIdxMmaKeys;
+  const int64_t s = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * kIdxMmaKeys;
+  const int64_t qpos = p.q_pos[s];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+  float* row = p.scores + s * p.ld_scores;
+  if (t0 > qpos) {  // the whole tile is in the future
+    for (int64_t t = t0 + tid; t < p.t && t < t0 + kIdxMmaKeys; t += kIdxMmaThreads) row[t] = -INFINITY;
+    return;
+  }
+  const int D = int(p.head_dim), H = int(p.n_heads), P = a.pitch, HP = MT * 16;
+  uint16_t* q_s = reinterpret_cast<uint16_t*>(idx_mma_smem4);  // [3][HP][P] q's terms
+  uint16_t* k_s = q_s + kMmaTerms * HP * P;                     // [kIdxMmaKeys][P] key rows
+  float* w_s = reinterpret_cast<float*>(k_s + kIdxMmaKeys * P);  // [HP] head weights (0 past H)
+  int64_t* row_s = reinterpret_cast<int64_t*>(w_s + HP);         // [kIdxMmaKeys] cache rows
+  for (int i = tid; i < HP * D; i += kIdxMmaThreads) {
+    const int hh = i / D, d = i % D;
+    split3(hh < H ? p.q[(s * H + hh) * D + d] : 0.0f, q_s + hh * P + d, int64_t(HP) * P);
+  }
+  for (int i = tid; i < HP; i += kIdxMmaThreads) w_s[i] = i < H ? p.weights[s * H + i] : 0.0f;
+  // Keys t0 .. last are read (at least one: t0 <= qpos and t0 < T); later rows of the tile are
+  // zeros, and their scores are -inf or not written.
+  const int64_t last = qpos < p.t - 1 ? qpos : p.t - 1;
+  const int nk = int(last - t0 + 1 < kIdxMmaKeys ? last - t0 + 1 : kIdxMmaKeys);
+  for (int i = tid; i < kIdxMmaKeys; i += kIdxMmaThreads) row_s[i] = i < nk ? p.pages.row(s, t0 + i) : -1;
+  __syncthreads();
+  const uint16_t* kg = reinterpret_cast<const uint16_t*>(p.k);
+  const int n16 = D / 8;  // 16-byte chunks per key row
+#pragma unroll 4
+  for (int i = tid; i < kIdxMmaKeys * n16; i += kIdxMmaThreads) {
+    const int r = i / n16, c = i % n16;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (r < nk) v = __ldg(reinterpret_cast<const uint4*>(kg + row_s[r] * D) + c);
+    *reinterpret_cast<uint4*>(k_s + r * P + c * 8) = v;
+  }
+  __syncthreads();
+
+  const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q_s);
+  const uint32_t* k32 = reinterpret_cast<const uint32_t*>(k_s);
+  const int P2 = P / 2;
+  float acc[4][MT][4];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) acc[nt][mt][0] = acc[nt][mt][1] = acc[nt][mt][2] = acc[nt][mt][3] = 0.0f;
+  for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      uint32_t af[kMmaTerms][4];
+#pragma unroll
+      for (int term = 0; term < kMmaTerms; ++term) {
+        const uint32_t* qr = q32 + (term * HP + mt * 16 + g) * P2 + kk * 8 + t4;
+        af[term][0] = qr[0], af[term][1] = qr[8 * P2], af[term][2] = qr[4], af[term][3] = qr[8 * P2 + 4];
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const uint32_t* kr = k32 + (warp * 32 + nt * 8 + g) * P2 + kk * 8 + t4;
+        const uint32_t b[2] = {kr[0], kr[4]};
+#pragma unroll
+        for (int term = 0; term < kMmaTerms; ++term) mma_16816(acc[nt][mt], af[term], b);
+      }
+    }
+  }
+  float wg[MT], wg8[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) wg[mt] = w_s[mt * 16 + g], wg8[mt] = w_s[mt * 16 + g + 8];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {  // key warp * 32 + nt * 8 + 2 t4 + e
+      float v = 0.0f;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        v = __fmaf_rn(wg[mt], fmaxf(acc[nt][mt][e], 0.0f), v);
+        v = __fmaf_rn(wg8[mt], fmaxf(acc[nt][mt][2 + e], 0.0f), v);
+      }
+      v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, 4));
+      v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, 8));
+      v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, 16));
+      const int64_t t = t0 + warp * 32 + nt * 8 + 2 * t4 + e;
+      if (g == 0 && t < p.t) row[t] = t <= qpos ? v : -INFINITY;
+    }
+}
+
 }  // namespace
 
-void launch_indexer_scores(const IndexerScoresParams& p, cudaStream_t st) {
+bool indexer_mma_applies(const IndexerScoresParams& p) {
+  const int64_t mt = (p.n_heads + 15) / 16;
+  return p.pages.dtype == DType::BF16 && !p.pages.tiled && p.head_dim % 64 == 0 && p.head_dim <= 256 &&
+         mt <= kIdxMmaMaxTiles && reinterpret_cast<uintptr_t>(p.k) % 16 == 0 &&
+         idx_mma_smem_bytes(int(p.head_dim + 8), int(mt)) <= size_t(max_dynamic_smem()) && device_has_bf16_mma();
+}
+
+void launch_indexer_scores(const IndexerScoresParams& p, bool tensor_cores, cudaStream_t st) {
+  if (tensor_cores) {
+    CHECK(indexer_mma_applies(p), "cuda indexer_scores: the tensor-core kernel does not apply to these keys");
+    IdxMmaArgs m{p, int(p.head_dim + 8)};
+    const int mt = int((p.n_heads + 15) / 16);
+    const int64_t blocks = p.s * ((p.t + kIdxMmaKeys - 1) / kIdxMmaKeys);
+    CHECK(blocks < (int64_t(1) << 31), "cuda indexer_scores: s = ", p.s, ", t = ", p.t, " too large for one launch");
+    const size_t smem = idx_mma_smem_bytes(m.pitch, mt);
+    auto launch = [&](auto kernel) {
+      reserve_smem(kernel, smem, "indexer_scores", "n_heads * head_dim");
+      kernel<<<unsigned(blocks), kIdxMmaThreads, smem, st>>>(m);
+    };
+    switch (mt) {
+      case 1: launch(indexer_mma_kernel<1>); break;
+      case 2: launch(indexer_mma_kernel<2>); break;
+      case 3: launch(indexer_mma_kernel<3>); break;
+      default: launch(indexer_mma_kernel<4>); break;
+    }
+    CUDA_CHECK_LAUNCH("indexer_scores");
+    return;
+  }
   IndexerArgs a;
   a.p = p;
   a.d4 = int(round_up4(p.head_dim));

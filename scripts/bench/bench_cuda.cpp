@@ -9,7 +9,8 @@
 //               bytes read per second vs HBM, on the SIMT kernel and the tensor-core one, with the
 //               rate the tensor-core kernel's MMAs would have at that time.
 //   indexer:    indexer_scores (32 heads x 128) of R rows over T cached keys, then top-2048:
-//               key + score bytes per second vs HBM, T = 32k, 64k, 128k.
+//               key + score bytes per second vs HBM (and each op alone), f32 and bf16 keys, SIMT
+//               and tensor-core kernels.
 //   expert GEMM: y = x W^T with GLM-5's expert shape (W [2048, 6144] BF16) at m = 1 .. 4096 on the
 //               default path (x split into 3 bf16 terms, exact to fp32) against one bf16 term
 //               (GLM5_CUDA_GEMM_TERMS=1: a plain cuBLASLt bf16 GEMM on the same path): the cost of
@@ -119,13 +120,16 @@ void bench_mla_decode(Backend& be, double hbm, const char* kernel) {
   }
 }
 
-void bench_indexer(Backend& be, double hbm) {
-  const int64_t IH = 32, ID = 128, topk = 2048;
-  std::printf("\n| indexer + top-k keys | rows | us per call | bytes | GB/s | of HBM | indexer alone us | top-k alone us |\n"
-              "|---|---|---|---|---|---|---|---|\n");
-  const std::pair<int64_t, int64_t> shapes[] = {{4, 32768}, {4, 65536}, {4, 131072}, {64, 32768}};  // rows, keys
+// keys: F32 or BF16 (then `kernel` says which kernel the backend was made with).
+void bench_indexer(Backend& be, double hbm, DType keys, const char* kernel) {
+  const int64_t IH = 32, ID = 128, topk = 2048, es = keys == DType::BF16 ? 2 : 4;
+  std::printf("\n| indexer (%s keys, %s) + top-k keys | rows | us per call | bytes | GB/s | of HBM | indexer alone us | "
+              "top-k alone us |\n|---|---|---|---|---|---|---|---|\n",
+              keys == DType::BF16 ? "bf16" : "f32", kernel);
+  const std::pair<int64_t, int64_t> shapes[] = {{4, 32768}, {4, 131072}, {64, 32768}};  // rows, keys
   for (const auto& [S, T] : shapes) {
-    float* k = device_fill<float>(be, size_t(T * ID));
+    void* k = keys == DType::BF16 ? static_cast<void*>(device_fill<uint16_t>(be, size_t(T * ID)))
+                                  : static_cast<void*>(device_fill<float>(be, size_t(T * ID)));
     float* q = device_fill<float>(be, size_t(S * IH * ID));
     float* w = device_fill<float>(be, size_t(S * IH));
     std::vector<int32_t> qpos(size_t(S), int32_t(T - 1));
@@ -133,16 +137,18 @@ void bench_indexer(Backend& be, double hbm) {
     be.to_device(d_qpos, qpos.data(), qpos.size() * 4);
     float* scores = static_cast<float*>(be.alloc(size_t(S * T) * 4));
     int32_t* idx = static_cast<int32_t*>(be.alloc(size_t(S * topk) * 4));
+    const IndexerScoresParams ip{q, w, static_cast<const float*>(k), d_qpos, scores, S, T, IH, ID, T,
+                                 KeyPages{nullptr, 0, 0, keys}};
     const double t = seconds_per_call(be, [&] {
-      be.indexer_scores({q, w, k, d_qpos, scores, S, T, IH, ID, T, KeyPages{}});
+      be.indexer_scores(ip);
       be.topk({scores, S, T, T, topk, idx});
     });
-    const double t_idx = seconds_per_call(be, [&] { be.indexer_scores({q, w, k, d_qpos, scores, S, T, IH, ID, T, KeyPages{}}); });
+    const double t_idx = seconds_per_call(be, [&] { be.indexer_scores(ip); });
     const double t_topk = seconds_per_call(be, [&] { be.topk({scores, S, T, T, topk, idx}); });
-    const double bytes = double(T * ID * 4) + 2.0 * double(S * T * 4);  // keys, scores written and read
+    const double bytes = double(T * ID * es) + 2.0 * double(S * T * 4);  // keys, scores written and read
     std::printf("| %lld | %lld | %.1f | %.1f MB | %.0f | %.0f %% | %.1f | %.1f |\n", (long long)T, (long long)S, t * 1e6,
                 bytes / 1e6, bytes / t / 1e9, 100 * bytes / t / 1e9 / hbm, t_idx * 1e6, t_topk * 1e6);
-    for (void* v : {static_cast<void*>(k), static_cast<void*>(q), static_cast<void*>(w), static_cast<void*>(d_qpos),
+    for (void* v : {k, static_cast<void*>(q), static_cast<void*>(w), static_cast<void*>(d_qpos),
                     static_cast<void*>(scores), static_cast<void*>(idx)})
       be.free(v);
   }
@@ -196,13 +202,18 @@ int main(int argc, char** argv) {
     const double hbm = hbm_gbs(*be);
     std::printf("HBM ceiling (the faster probe): %.0f GB/s\n", hbm);
     bench_mla_decode(*be, hbm, "simt");
-    {  // the tensor-core kernel (opt-in: GLM5_CUDA_MLA_DECODE=tensor, read when a backend is made)
+    bench_indexer(*be, hbm, DType::F32, "simt");
+    bench_indexer(*be, hbm, DType::BF16, "simt");
+    {  // the tensor-core kernels (opt-in: GLM5_CUDA_MLA_DECODE / GLM5_CUDA_INDEXER=tensor, read when a
+       // backend is made)
       setenv("GLM5_CUDA_MLA_DECODE", "tensor", 1);
+      setenv("GLM5_CUDA_INDEXER", "tensor", 1);
       auto tensor = make_cuda_backend(0);
       unsetenv("GLM5_CUDA_MLA_DECODE");
+      unsetenv("GLM5_CUDA_INDEXER");
       bench_mla_decode(*tensor, hbm, "tensor");
+      bench_indexer(*tensor, hbm, DType::BF16, "tensor");
     }
-    bench_indexer(*be, hbm);
     be.reset();
     bench_expert_gemm();
   } catch (const std::exception& e) {

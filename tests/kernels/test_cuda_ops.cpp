@@ -224,6 +224,29 @@ class ScopedEnv {
   bool had_ = false;
 };
 
+// Captures stderr from construction to take() (released on every way out).
+class StderrCapture {
+ public:
+  StderrCapture() { ::testing::internal::CaptureStderr(); }
+  ~StderrCapture() {
+    if (!done_) ::testing::internal::GetCapturedStderr();
+  }
+  std::string take() {
+    done_ = true;
+    return ::testing::internal::GetCapturedStderr();
+  }
+  StderrCapture(const StderrCapture&) = delete;
+  StderrCapture& operator=(const StderrCapture&) = delete;
+
+ private:
+  bool done_ = false;
+};
+
+// The kernel line GLM5_CUDA_ATTENTION_LOG prints for op on the SIMT or the tensor-core kernel.
+std::string attention_log_line(const std::string& op, const std::string& kernel) {
+  return "glm5 cuda: " + op + " on the " + (kernel == "tensor" ? "tensor cores" : "SIMT") + " kernel";
+}
+
 // ---- the shared case lists (op_cases.h) ---------------------------------------------------------
 
 // One backend for all parameterised cases (creating cuBLAS handles per case costs time); never
@@ -1110,6 +1133,74 @@ TEST(CudaOps, IndexerScores) {
   }
 }
 
+// BF16 keys on both indexer kernels: SIMT (default) and tensor cores (GLM5_CUDA_INDEXER=tensor;
+// head_dim 64 / 128 / 256, up to 64 heads, partial head tiles, partial and masked key tiles,
+// contiguous and paged keys with one table per row). The reference reads the keys widened.
+TEST(CudaOps, IndexerScoresBf16TensorCores) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  auto ref = make_reference_backend();
+  struct Case {
+    int64_t s, t, heads, dim;
+    bool paged;
+  };
+  for (const char* kernel : {"simt", "tensor"}) {
+    SCOPED_TRACE(std::string("GLM5_CUDA_INDEXER=") + kernel);
+    ScopedEnv env("GLM5_CUDA_INDEXER", kernel), log("GLM5_CUDA_ATTENTION_LOG", "1");
+    StderrCapture capture;
+    auto gpu = make_cuda_backend(0);
+    Rng rng(170);
+    for (const Case c : {Case{1, 1, 1, 64, false}, Case{5, 300, 8, 64, false}, Case{4, 1000, 32, 128, false},
+                         Case{2, 513, 64, 128, false}, Case{3, 700, 20, 256, false}, Case{6, 2000, 32, 128, true},
+                         Case{3, 257, 50, 64, true}}) {
+      const int64_t ld = c.t + 3, B = 64, max_blocks = (c.t + B - 1) / B;
+      auto q = rng.floats(size_t(c.s * c.heads * c.dim));
+      auto k = rng.floats(size_t(c.t * c.dim));
+      std::vector<uint16_t> kb(k.size());
+      for (size_t i = 0; i < k.size(); ++i) kb[i] = f32_to_bf16(k[i]), k[i] = bf16_to_f32(kb[i]);
+      auto w = rng.floats(size_t(c.s * c.heads), -0.3f, 0.3f);
+      std::vector<int32_t> qpos(size_t(c.s)), tables;
+      for (int64_t i = 0; i < c.s; ++i) qpos[size_t(i)] = int32_t(c.t - c.s + i);
+      if (c.s >= 3) qpos[0] = -1, qpos[1] = int32_t(c.t + 5);
+      if (c.paged)  // row i reads block j from pool block (j + i) % max_blocks: the keys rotate per row
+        for (int64_t i = 0; i < c.s; ++i)
+          for (int64_t j = 0; j < max_blocks; ++j) tables.push_back(int32_t((j + i) % max_blocks));
+      // The pool for paged rows: pool block b holds the keys of block b (all rows share the keys
+      // by position only through their tables, so the reference gets the same tables).
+      std::vector<float> want = nan_vec(size_t(c.s * ld));
+      IndexerScoresParams p;
+      p.q = q.data(), p.weights = w.data(), p.k = k.data(), p.q_pos = qpos.data();
+      p.scores = want.data(), p.s = c.s, p.t = c.t, p.n_heads = c.heads, p.head_dim = c.dim, p.ld_scores = ld;
+      if (c.paged) p.pages = KeyPages{tables.data(), max_blocks, B, DType::F32};
+      std::vector<float> pool = k;
+      if (c.paged) pool.resize(size_t(max_blocks * B * c.dim), 0.0f), p.k = pool.data();
+      ref->indexer_scores(p);
+      std::vector<uint16_t> pool_bf16(pool.size());
+      for (size_t i = 0; i < pool.size(); ++i) pool_bf16[i] = f32_to_bf16(pool[i]);
+      Dev<float> dq(*gpu, q), dw(*gpu, w), ds(*gpu, nan_vec(want.size()));
+      Dev<int32_t> dp(*gpu, qpos), dt(*gpu, c.paged ? tables : std::vector<int32_t>{0});
+      IndexerScoresParams g = p;
+      g.q = dq.get(), g.weights = dw.get(), g.q_pos = dp.get(), g.scores = ds.get();
+      g.k = static_cast<const float*>(gpu->upload(pool_bf16.data(), pool_bf16.size() * 2));
+      g.pages = c.paged ? KeyPages{dt.get(), max_blocks, B, DType::BF16} : KeyPages{nullptr, 0, 0, DType::BF16};
+      gpu->indexer_scores(g);
+      auto got = ds.host("indexer_scores");
+      for (int64_t i = 0; i < c.s; ++i)  // padding columns are not written (they stay NaN)
+        for (int64_t j = c.t; j < ld; ++j) {
+          EXPECT_TRUE(std::isnan(got[i * ld + j])) << "row " << i << " column " << j << " past t = " << c.t;
+          got[i * ld + j] = want[i * ld + j] = 0.0f;
+        }
+      const float scale = float(c.heads) * 0.3f * std::sqrt(float(c.dim));
+      expect_close(got, want, 2e-6f * scale, 1e-5f,
+                   "indexer_scores bf16 keys s=" + std::to_string(c.s) + " t=" + std::to_string(c.t) + " heads=" +
+                       std::to_string(c.heads) + " dim=" + std::to_string(c.dim) + (c.paged ? " paged" : ""));
+    }
+    const std::string err = capture.take();
+    EXPECT_NE(err.find(attention_log_line("indexer_scores", kernel)), std::string::npos) << err;
+    EXPECT_EQ(err.find(attention_log_line("indexer_scores", kernel == std::string("tensor") ? "simt" : "tensor")),
+              std::string::npos) << err;
+  }
+}
+
 // Runs topk on both backends over the same scores; the selections must be identical.
 void check_topk(Backend& gpu, const std::vector<float>& scores, int64_t rows, int64_t cols,
                 int64_t ld, int64_t k, const std::string& what) {
@@ -1351,7 +1442,8 @@ TEST(CudaOps, MlaDecodeBf16CacheTensorCores) {
   if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
   for (const char* kernel : {"simt", "tensor"}) {
     SCOPED_TRACE(std::string("GLM5_CUDA_MLA_DECODE=") + kernel);
-    ScopedEnv env("GLM5_CUDA_MLA_DECODE", kernel);
+    ScopedEnv env("GLM5_CUDA_MLA_DECODE", kernel), log("GLM5_CUDA_ATTENTION_LOG", "1");
+    StderrCapture capture;
     auto gpu = make_cuda_backend(0);
     uint32_t seed = 140;
     // {s, t, heads, kv_lora_rank, rope, -, topk_len, shuffle}
@@ -1360,6 +1452,10 @@ TEST(CudaOps, MlaDecodeBf16CacheTensorCores) {
           MlaCase{4, 300, 20, 512, 64, 0, 256, true}, MlaCase{3, 40, 5, 512, 64, 0, 33, false},
           MlaCase{1, 1, 64, 512, 64, 0, 1, false}, MlaCase{5, 3000, 16, 512, 128, 0, 700, true}})
       check_mla_decode(*gpu, c, seed++, DType::BF16);
+    const std::string err = capture.take();
+    EXPECT_NE(err.find(attention_log_line("mla_decode", kernel)), std::string::npos) << err;
+    EXPECT_EQ(err.find(attention_log_line("mla_decode", kernel == std::string("tensor") ? "simt" : "tensor")),
+              std::string::npos) << err;
   }
 }
 
@@ -1367,11 +1463,12 @@ TEST(CudaOps, MlaDecodeBf16CacheTensorCores) {
 // attention and indexer dims. A row's output bits must not depend on the call: all 150 rows at
 // once, 37 of them (rows 0..36 and 113..149) and each of rows 0..36 alone. The kernels choose how
 // many heads share a block from the row count (on an H200: 64 for 150 rows, 16 for 37, 1 for one),
-// so this also checks that that choice leaves every bit unchanged. F32 and BF16 caches, on both
-// decode kernels (the tensor-core one takes the BF16 cache; its splits follow a row's own keys).
-void rows_independent_of_row_count(const char* decode_kernel) {
-  SCOPED_TRACE(std::string("GLM5_CUDA_MLA_DECODE=") + decode_kernel);
-  ScopedEnv env("GLM5_CUDA_MLA_DECODE", decode_kernel);
+// so this also checks that that choice leaves every bit unchanged. F32 and BF16 caches, on the
+// SIMT kernels and on the tensor-core ones (which take the BF16 cache; a decode row's splits
+// follow its own keys, an indexer tile its own row).
+void rows_independent_of_row_count(const char* kernel) {
+  SCOPED_TRACE(std::string("GLM5_CUDA_MLA_DECODE and GLM5_CUDA_INDEXER = ") + kernel);
+  ScopedEnv decode_env("GLM5_CUDA_MLA_DECODE", kernel), indexer_env("GLM5_CUDA_INDEXER", kernel);
   auto gpu = make_cuda_backend(0);
   Rng rng(90);
   const int64_t S = 150, T = 3000, B = 64, max_blocks = (T + B - 1) / B, pool_blocks = 64;
