@@ -4,7 +4,7 @@
 // time of --reps runs after one warm-up, all OpenMP threads (set OMP_NUM_THREADS to change).
 // Built and run by scripts/bench_kernels.sh; without OpenBLAS (-DGLM5_NO_BLAS) the sgemm
 // column is left out.
-//   bench_kernels [--reps N] [--quick] [--only experts|attention|quant]
+//   bench_kernels [--reps N] [--quick] [--only experts|attention|quant|prefill]
 #include <omp.h>
 
 #include <algorithm>
@@ -528,9 +528,10 @@ int main(int argc, char** argv) {
     const std::string a = argv[i], next = i + 1 < argc ? argv[i + 1] : "";
     if (a == "--reps" && i + 1 < argc) g_reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--quick") quick = true;
-    else if (a == "--only" && (next == "experts" || next == "attention" || next == "quant")) only = argv[++i];
+    else if (a == "--only" && (next == "experts" || next == "attention" || next == "quant" || next == "prefill"))
+      only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: bench_kernels [--reps N] [--quick] [--only experts|attention|quant]\n");
+      std::fprintf(stderr, "usage: bench_kernels [--reps N] [--quick] [--only experts|attention|quant|prefill]\n");
       return 2;
     }
   }
@@ -551,6 +552,10 @@ int main(int argc, char** argv) {
   }
   if (only == "attention") {
     attention_rows(*cpu, quick);
+    return 0;
+  }
+  if (only == "prefill") {
+    prefill_sweep(*cpu, quick);
     return 0;
   }
   for (const std::string& path : bench_paths()) {  // BF16 rows on each gemm path

@@ -14,7 +14,8 @@
 //   expert GEMM: y = x W^T with GLM-5's expert shape (W [2048, 6144] BF16) at m = 1 .. 4096 on the
 //               default path (x split into 3 bf16 terms, exact to fp32) against one bf16 term
 //               (GLM5_CUDA_GEMM_TERMS=1: a plain cuBLASLt bf16 GEMM on the same path): the cost of
-//               exactness; and the fixed 64-row chunked path.
+//               exactness; the fixed 64-row chunked path; and the algorithm pinned at m = 16 and
+//               64 instead of 512 (GLM5_CUDA_GEMM_ALGO_ROWS: which suits decode's small m).
 //   bench_cuda [--reps N]
 #include <algorithm>
 #include <chrono>
@@ -155,9 +156,10 @@ void bench_indexer(Backend& be, double hbm, DType keys, const char* kernel) {
 }
 
 // One backend per GEMM setting (the backend reads GLM5_CUDA_* when it is made).
-double gemm_seconds(const char* mode, const char* terms, int64_t m) {
+double gemm_seconds(const char* mode, const char* terms, int64_t m, const char* algo_rows = "512") {
   setenv("GLM5_CUDA_GEMM", mode, 1);
   setenv("GLM5_CUDA_GEMM_TERMS", terms, 1);
+  setenv("GLM5_CUDA_GEMM_ALGO_ROWS", algo_rows, 1);
   auto be = make_cuda_backend(0);
   const int64_t n = 2048, k = 6144;
   uint16_t* wd = device_fill<uint16_t>(*be, size_t(n * k));
@@ -173,13 +175,15 @@ double gemm_seconds(const char* mode, const char* terms, int64_t m) {
 
 void bench_expert_gemm() {
   std::printf("\n| expert GEMM m | exact (3 terms) us | one bf16 term us | exact / one term | chunked (3 terms) us "
-              "| GFLOP/s exact |\n|---|---|---|---|---|---|\n");
+              "| GFLOP/s exact | exact, algorithm pinned at m = 16 us | at m = 64 us |\n|---|---|---|---|---|---|---|---|\n");
   for (int64_t m : {1, 16, 128, 1024, 4096}) {
     const double exact = gemm_seconds("lt", "3", m), one = gemm_seconds("lt", "1", m),
-                 chunked = gemm_seconds("chunked", "3", m);
-    std::printf("| %lld | %.1f | %.1f | %.2fx | %.1f | %.0f |\n", (long long)m, exact * 1e6, one * 1e6, one / exact,
-                chunked * 1e6, 2.0 * double(m) * 2048 * 6144 / exact / 1e9);
+                 chunked = gemm_seconds("chunked", "3", m), at16 = gemm_seconds("lt", "3", m, "16"),
+                 at64 = gemm_seconds("lt", "3", m, "64");
+    std::printf("| %lld | %.1f | %.1f | %.2fx | %.1f | %.0f | %.1f | %.1f |\n", (long long)m, exact * 1e6, one * 1e6,
+                one / exact, chunked * 1e6, 2.0 * double(m) * 2048 * 6144 / exact / 1e9, at16 * 1e6, at64 * 1e6);
   }
+  unsetenv("GLM5_CUDA_GEMM_ALGO_ROWS");
   unsetenv("GLM5_CUDA_GEMM");
   unsetenv("GLM5_CUDA_GEMM_TERMS");
 }
