@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
 # End-to-end throughput of one GPU on a GLM-5-shaped model, from a bundle (scripts/gpu-bundle.sh):
 # generates the "bench" checkpoint there (scripts/gen_tiny_model.py, numpy only: 814 M parameters,
-# GLM-5's MLA and indexer geometry), makes N requests of pseudo-random prompt ids, and runs
-# `glm5 batch` on the cuda backend (one rank, bf16 KV cache) for each attention-kernel setting
-# (GLM5_CUDA_MLA_DECODE / GLM5_CUDA_INDEXER: simt, tensor) and max_batch given. Prints output tokens
-# per second and the first record's tokens; the records of every run are compared with the first
-# run's (greedy: batching must not change a token; the tensor kernels round differently, so a
-# near-tie may flip there).
+# GLM-5's MLA and indexer geometry, index_topk 2048), makes N requests of pseudo-random prompt ids
+# (longer than index_topk, so that decode takes the sparse path: the indexer, top-k and sparse MLA
+# decode), and runs `glm5 batch` on the cuda backend (one rank, bf16 KV cache) for each
+# attention-kernel setting (GLM5_CUDA_MLA_DECODE / GLM5_CUDA_INDEXER: simt, tensor) and max_batch.
+# Prints output tokens per second, the first record's tokens and which attention kernels ran
+# (GLM5_CUDA_ATTENTION_LOG); the records of every run are compared with the first run's (greedy:
+# batching must not change a token; the tensor kernels round differently, so a near-tie may flip
+# there). A failed run is reported and the others still run; the exit status is then 1.
 #
 # Usage: GLM5_BUNDLE=DIR scripts/gpu-e2e.sh [WORK_DIR]
-# Env: N (requests, default 64), PROMPT (tokens, default 512), OUT_TOKENS (default 64),
-#      BATCHES (default "64 16"), KERNELS (default "simt tensor"), RUN_TIMEOUT (seconds per run, default 200); for a dry run of the
-#      flow without a GPU: PRESET (default bench), BACKEND (default cuda), COMM (default nccl).
+# Env: N (requests, default 16), PROMPT (tokens, default 3072), OUT_TOKENS (default 32),
+#      BATCHES (default "16 4"), KERNELS (default "simt tensor"), E2E_RUN_TIMEOUT (seconds per
+#      glm5 run, default 35); for a dry run of the flow without a GPU: PRESET (default bench),
+#      BACKEND (default cuda), COMM (default nccl).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bundle=${GLM5_BUNDLE:?set GLM5_BUNDLE to a bundle made by scripts/gpu-bundle.sh}
 work=${1:-/tmp/glm5-e2e}
-n=${N:-64}
-prompt=${PROMPT:-512}
-out_tokens=${OUT_TOKENS:-64}
+n=${N:-16}
+prompt=${PROMPT:-3072}
+out_tokens=${OUT_TOKENS:-32}
+rc=0
 mkdir -p "$work"
 preset=${PRESET:-bench}
 model=$work/$preset
@@ -41,8 +45,8 @@ with open(path, "w") as f:
 PY
 first=""
 for kern in ${KERNELS:-simt tensor}; do
-  export GLM5_CUDA_MLA_DECODE=$kern GLM5_CUDA_INDEXER=$kern
-  for b in ${BATCHES:-64 16}; do
+  export GLM5_CUDA_MLA_DECODE=$kern GLM5_CUDA_INDEXER=$kern GLM5_CUDA_ATTENTION_LOG=1
+  for b in ${BATCHES:-16 4}; do
     echo "== attention kernels $kern, max_batch $b"
     cfg=$work/cuda-b$b.yaml
     printf 'stages: 1\nexpert_parallel: 1\nmicro_batches: 1\nbackend: %s\ncomm: %s\nkv_dtype: bf16\nkv_budget_gb: 16\nmax_batch: %d\nprefill_chunk: 2048\n' \
@@ -50,9 +54,14 @@ for kern in ${KERNELS:-simt tensor}; do
     out=$work/out-$kern-b$b.jsonl
     rm -f "$out"
     t0=$(date +%s.%N)
-    timeout "${RUN_TIMEOUT:-200}" "$bundle/run.sh" glm5 batch --model "$model" --input "$work/requests.jsonl" \
-      --output "$out" --cluster "$cfg" --report "$work/report-$kern-b$b.json" > "$work/run-$kern-b$b.log" 2>&1 ||
-      { echo "max_batch $b: failed"; tail -5 "$work/run-$kern-b$b.log"; exit 1; }
+    if ! timeout "${E2E_RUN_TIMEOUT:-35}" "$bundle/run.sh" glm5 batch --model "$model" --input "$work/requests.jsonl" \
+      --output "$out" --cluster "$cfg" --report "$work/report-$kern-b$b.json" > "$work/run-$kern-b$b.log" 2>&1; then
+      echo "max_batch $b: failed (exit or time limit)"
+      tail -5 "$work/run-$kern-b$b.log"
+      rc=1
+      continue
+    fi
+    grep '^glm5 cuda: ' "$work/run-$kern-b$b.log" | sed 's/^/  /' || true
     t1=$(date +%s.%N)
     python3 - "$out" "$t0" "$t1" "$b" "${first:-}" <<'PY'
 import json, sys
@@ -72,3 +81,4 @@ PY
     [ -n "$first" ] || first=$out
   done
 done
+exit $rc

@@ -6,6 +6,7 @@
 // Prefill attention is one block per (query row, head) with an online softmax. Every result's
 // reduction order depends only on that row's own inputs, never on how many rows a call has.
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 
@@ -685,6 +686,7 @@ constexpr int kMmaTile = 32;     // keys per tile
 constexpr int kMmaSplit = 256;   // keys per split (one block)
 constexpr int kMmaR = 512;       // kv_lora_rank: 8 warps x 64 value columns
 constexpr int kMmaTerms = 3;
+constexpr int64_t kMmaRowChunk = 128;  // rows per launch: bounds the partials (1.05 MB a row at GLM-5 dims)
 constexpr int kMmaSPitch = kMmaTile + 4;  // scores row pitch (floats)
 constexpr int kMmaPPitch = kMmaTile + 8;  // p row pitch (bf16): 20 words, conflict-free A fragments
 
@@ -695,7 +697,8 @@ struct MmaDecodeArgs {
   const int32_t* keys;    // select_keys_kernel output [s, keys_ld]
   const int32_t* counts;  // [s]
   int64_t keys_ld;
-  float* part;            // [s, n_heads, splits, kMmaR + 2]: O, then m, l
+  int64_t s0;             // this launch's first row (rows s0 .. s0 + gridDim.x / (splits * groups) - 1)
+  float* part;            // [rows of the launch, n_heads, splits, kMmaR + 2]: O, then m, l
   int64_t n_heads, dk, splits;
   int pitch;              // q_s / k_s row pitch in bf16: dk + 8 (= 4 words mod 32 when dk % 64 == 0)
   float scale;
@@ -746,11 +749,12 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mla_decode_mma_kernel(MmaDecod
   // blockIdx.x = (s * splits + split) * groups + group: the head groups of a split run side by
   // side and share its key rows in the L2.
   const int64_t groups = (a.n_heads + kMmaHeads - 1) / kMmaHeads, blk = blockIdx.x;
-  const int64_t h0 = (blk % groups) * kMmaHeads, split = (blk / groups) % a.splits, s = blk / groups / a.splits;
+  const int64_t h0 = (blk % groups) * kMmaHeads, split = (blk / groups) % a.splits, sl = blk / groups / a.splits;
+  const int64_t s = a.s0 + sl;  // the row; sl its place in this launch's partials
   const int64_t count = a.counts[s];
   const int64_t j_begin = split * kMmaSplit;
   const int64_t j_end = j_begin + kMmaSplit < count ? j_begin + kMmaSplit : count;
-  float* part = a.part + ((s * a.n_heads + h0) * a.splits + split) * (kMmaR + 2);
+  float* part = a.part + ((sl * a.n_heads + h0) * a.splits + split) * (kMmaR + 2);
   const int64_t head_stride = a.splits * (kMmaR + 2);
   if (j_begin >= j_end) {  // no key in this split: (m, l) = (-inf, 0), O unused
     if (tid < kMmaHeads && h0 + tid < a.n_heads)
@@ -905,11 +909,22 @@ __global__ void __launch_bounds__(128) mla_decode_combine_kernel(const float* pa
   }
 }
 
+// Whether the tensor-core kernels can run on the current device: compute capability >= 8 and
+// this build's code for it made from PTX of >= 8.0 (a build for an older architecture, run by JIT
+// on a newer GPU, has kernels without the MMA). Asked once per device.
 bool device_has_bf16_mma() {
-  int dev = 0, major = 0;
+  static std::atomic<int> known[64];  // 0 not asked, 1 no, 2 yes
+  int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
+  std::atomic<int>* k = dev >= 0 && dev < 64 ? &known[dev] : nullptr;
+  if (k && k->load(std::memory_order_relaxed) != 0) return k->load(std::memory_order_relaxed) == 2;
+  int major = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  return major >= 8;
+  cudaFuncAttributes attr{};
+  const bool yes = major >= 8 && cudaFuncGetAttributes(&attr, mla_decode_mma_kernel) == cudaSuccess &&
+                   attr.ptxVersion >= 80;
+  if (k) k->store(yes ? 2 : 1, std::memory_order_relaxed);
+  return yes;
 }
 
 // ---- indexer scores on the tensor cores (BF16 keys) --------------------------------------------
@@ -1093,7 +1108,7 @@ int64_t mla_decode_partial_floats(const MlaDecodeParams& p) {
                    reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 &&
                    mma_decode_smem_bytes(int(dk + 8)) <= size_t(max_dynamic_smem()) && device_has_bf16_mma();
   if (!mma) return 0;
-  return p.s * p.n_heads * ((p.topk_len + kMmaSplit - 1) / kMmaSplit) * (kMmaR + 2);
+  return std::min(p.s, kMmaRowChunk) * p.n_heads * ((p.topk_len + kMmaSplit - 1) / kMmaSplit) * (kMmaR + 2);
 }
 
 void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, float* partials, int* error_word,
@@ -1110,21 +1125,26 @@ void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, float* partia
     launch_select_keys(p.topk, p.topk_len, p.q_pos, p.s, p.t, scratch, error_word, st, "mla_decode");
     a.keys = scratch, a.counts = scratch + p.s * p.topk_len, a.keys_ld = p.topk_len;
   }
-  if (partials && mla_decode_partial_floats(p) > 0) {
+  if (partials) {  // the caller sized them by mla_decode_partial_floats(p) > 0
     MmaDecodeArgs m{};
     m.q = p.q_lat, m.cache = reinterpret_cast<const uint16_t*>(p.cache), m.pages = p.pages;
     m.keys = a.keys, m.counts = a.counts, m.keys_ld = a.keys_ld, m.part = partials;
     m.n_heads = p.n_heads, m.dk = dk, m.splits = (p.topk_len + kMmaSplit - 1) / kMmaSplit;
     m.pitch = int(dk + 8), m.scale = p.scale;
-    const int64_t groups = (p.n_heads + kMmaHeads - 1) / kMmaHeads, blocks = p.s * m.splits * groups;
-    CHECK(blocks < (int64_t(1) << 31) && p.s * p.n_heads < (int64_t(1) << 31), "cuda mla_decode: s = ", p.s,
-          ", n_heads = ", p.n_heads, " and topk_len = ", p.topk_len, " too large for one launch");
+    const int64_t groups = (p.n_heads + kMmaHeads - 1) / kMmaHeads;
+    CHECK(kMmaRowChunk * m.splits * groups < (int64_t(1) << 31) && kMmaRowChunk * p.n_heads < (int64_t(1) << 31),
+          "cuda mla_decode: n_heads = ", p.n_heads, " and topk_len = ", p.topk_len, " too large for one launch");
     const size_t smem = mma_decode_smem_bytes(m.pitch);
     reserve_smem(mla_decode_mma_kernel, smem, "mla_decode", "kv_lora_rank + qk_rope_head_dim");
-    mla_decode_mma_kernel<<<unsigned(blocks), kMmaThreads, smem, st>>>(m);
-    CUDA_CHECK_LAUNCH("mla_decode");
-    mla_decode_combine_kernel<<<unsigned(p.s * p.n_heads), 128, 0, st>>>(partials, m.splits, p.out_lat);
-    CUDA_CHECK_LAUNCH("mla_decode combine");
+    for (int64_t s0 = 0; s0 < p.s; s0 += kMmaRowChunk) {  // rows in launches of kMmaRowChunk: a row's
+      const int64_t rows = std::min(kMmaRowChunk, p.s - s0);  // work does not depend on its launch
+      m.s0 = s0;
+      mla_decode_mma_kernel<<<unsigned(rows * m.splits * groups), kMmaThreads, smem, st>>>(m);
+      CUDA_CHECK_LAUNCH("mla_decode");
+      mla_decode_combine_kernel<<<unsigned(rows * p.n_heads), 128, 0, st>>>(partials, m.splits,
+                                                                           p.out_lat + s0 * p.n_heads * kMmaR);
+      CUDA_CHECK_LAUNCH("mla_decode combine");
+    }
     return;
   }
   a.d4 = int(round_up4(dk));
