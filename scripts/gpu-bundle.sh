@@ -102,7 +102,7 @@ cd "$root"
 run() { env -i HOME=/tmp PATH=/usr/bin:/bin "$out/run.sh" "$@"; }
 log=$build/dry-run.log
 run test_kernels --gtest_filter='*Cuda*:QuantGemm*' > "$log" 2>&1 || { tail -20 "$log" >&2; exit 1; }
-grep -E "PASSED|SKIPPED" "$log" | head -3 >&2
+grep -m 3 -E "PASSED|SKIPPED" "$log" >&2
 run glm5 generate --model tests/data/tiny-a --prompt-ids 1,5,9 --max-new-tokens 4 --temperature 0 > "$log" 2>&1 ||
   { cat "$log" >&2; exit 1; }
 echo "cpu generate: $(head -c 120 "$log")" >&2
