@@ -3,8 +3,10 @@
 // row), so its selection equals the reference rule bit for bit. The indexer and MLA decode read
 // each cached key row from global memory once per query row into a shared-memory tile that all
 // heads of the row (the indexer's heads; up to 64 MLA heads, FlashMLA's head block) then use.
-// Prefill attention is one block per (query row, head) with an online softmax. Every result's
-// reduction order depends only on that row's own inputs, never on how many rows a call has.
+// Prefill attention is one block per (query row, head) with an online softmax. For BF16 caches,
+// MLA decode and the indexer also have tensor-core kernels (bf16 MMAs on q split into 3 exact bf16
+// terms; opt-in, see backend_cuda.cu). Every result's reduction order depends only on that row's
+// own inputs, never on how many rows a call has.
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
@@ -660,7 +662,6 @@ __global__ void __launch_bounds__(kDecThreads, 1) mla_decode_kernel(DecodeArgs a
     }
   }
 }
-
 
 // ---- MLA decode on the tensor cores (BF16 cache, top-k rows) ------------------------------------
 
