@@ -735,6 +735,20 @@ __device__ __forceinline__ void split3(float v, uint16_t* t0, int64_t stride) {
   }
 }
 
+// The block copies key rows row_s[0 .. rows) (BF16, `width` elements each, 16-byte aligned) of
+// `cache` into dst [rows][pitch], 16 bytes per thread step; rows from nk on are zeros.
+__device__ __forceinline__ void load_bf16_rows(const uint16_t* cache, const int64_t* row_s, int rows, int nk,
+                                               int width, uint16_t* dst, int pitch) {
+  const int n16 = width / 8;  // 16-byte chunks per row
+#pragma unroll 4
+  for (int i = threadIdx.x; i < rows * n16; i += blockDim.x) {
+    const int r = i / n16, c = i % n16;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (r < nk) v = __ldg(reinterpret_cast<const uint4*>(cache + row_s[r] * width) + c);
+    *reinterpret_cast<uint4*>(dst + r * pitch + c * 8) = v;
+  }
+}
+
 __global__ void __launch_bounds__(kMmaThreads, 2) mla_decode_mma_kernel(MmaDecodeArgs a) {
   extern __shared__ float4 mma_smem4[];
   const int P = a.pitch, dk = int(a.dk);
@@ -773,7 +787,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mla_decode_mma_kernel(MmaDecod
   const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q_s);
   const uint32_t* k32 = reinterpret_cast<const uint32_t*>(k_s);
   const uint32_t* p32 = reinterpret_cast<const uint32_t*>(p_s);
-  const int P2 = P / 2, PP2 = kMmaPPitch / 2, n16 = dk / 8;  // words per row; 16-byte chunks per key row
+  const int P2 = P / 2, PP2 = kMmaPPitch / 2;  // words per row
   const int ksteps = dk / 16, kh = warp >> 2, nt_s = warp & 3;
   const int kb = kh ? ksteps / 2 : 0, ke = kh ? ksteps : ksteps / 2;
   float acc[8][4];
@@ -785,13 +799,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mla_decode_mma_kernel(MmaDecod
     __syncthreads();  // the previous tile's readers are done (and the set-up above is visible)
     if (tid < kMmaTile) row_s[tid] = tid < nk ? a.pages.row(s, a.keys[s * a.keys_ld + j0 + tid]) : -1;
     __syncthreads();
-#pragma unroll 3
-    for (int i = tid; i < kMmaTile * n16; i += kMmaThreads) {
-      const int r = i / n16, c = i % n16;
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);  // keys past nk: zeros (p = 0 there, and 0 * 0 adds nothing)
-      if (r < nk) v = __ldg(reinterpret_cast<const uint4*>(a.cache + row_s[r] * dk) + c);
-      *reinterpret_cast<uint4*>(k_s + r * P + c * 8) = v;
-    }
+    load_bf16_rows(a.cache, row_s, kMmaTile, nk, dk, k_s, P);  // keys past nk: zeros (p = 0 there)
     __syncthreads();
 
     {  // scores: warp (nt_s, kh) -> keys 8 nt_s + n, head rows g, g + 8
@@ -978,15 +986,7 @@ __global__ void __launch_bounds__(kIdxMmaThreads, 2) indexer_mma_kernel(IdxMmaAr
   const int nk = int(last - t0 + 1 < kIdxMmaKeys ? last - t0 + 1 : kIdxMmaKeys);
   for (int i = tid; i < kIdxMmaKeys; i += kIdxMmaThreads) row_s[i] = i < nk ? p.pages.row(s, t0 + i) : -1;
   __syncthreads();
-  const uint16_t* kg = reinterpret_cast<const uint16_t*>(p.k);
-  const int n16 = D / 8;  // 16-byte chunks per key row
-#pragma unroll 4
-  for (int i = tid; i < kIdxMmaKeys * n16; i += kIdxMmaThreads) {
-    const int r = i / n16, c = i % n16;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (r < nk) v = __ldg(reinterpret_cast<const uint4*>(kg + row_s[r] * D) + c);
-    *reinterpret_cast<uint4*>(k_s + r * P + c * 8) = v;
-  }
+  load_bf16_rows(reinterpret_cast<const uint16_t*>(p.k), row_s, kIdxMmaKeys, nk, D, k_s, P);
   __syncthreads();
 
   const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q_s);

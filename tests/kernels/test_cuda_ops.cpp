@@ -770,17 +770,7 @@ TEST(CudaOps, GemmLtPathIsTakenForAlignedShapes) {
   if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
   ScopedEnv gm("GLM5_CUDA_GEMM", "lt"), log("GLM5_CUDA_GEMM_LOG", "1");
   for (DType dt : {DType::BF16, DType::F32}) {
-    struct Capture {  // released on every way out
-      Capture() { ::testing::internal::CaptureStderr(); }
-      ~Capture() {
-        if (!done) ::testing::internal::GetCapturedStderr();
-      }
-      std::string take() {
-        done = true;
-        return ::testing::internal::GetCapturedStderr();
-      }
-      bool done = false;
-    } capture;
+    StderrCapture capture;
     auto gpu = make_cuda_backend(0);
     Rng rng(77);
     const int64_t n = 256, k = 512;
