@@ -25,8 +25,10 @@ namespace glm5::kernels {
 // to 16 and the rows are rounded up to 4, the padding zero. kTile16 (BF16 only; where the fast cpu
 // backend's BF16 gemm runs on AMX tiles): the same scheme with groups of 16 rows and chunks of 32
 // columns, so that every A tile (16 W rows x 32 k values) is one contiguous KiB and a W block
-// streams as one sequence; ld is cols rounded up to 32, the rows rounded up to 16.
-enum class WeightLayout { kRowMajor, kQuad16, kTile16 };
+// streams as one sequence; ld is cols rounded up to 32, the rows rounded up to 16. kNibble128 (Q4
+// only, ld and group multiples of 128; where the fast cpu backend holds an int4 gemm matrix): rows
+// as stored, the nibbles of each 128-column block reordered (core/quant.h, repack_nibble128).
+enum class WeightLayout { kRowMajor, kQuad16, kTile16, kNibble128 };
 
 // Element (r, c) of a matrix in groups of G rows stored as ld / C chunks of G rows x C columns.
 constexpr int64_t interleaved_offset(int64_t r, int64_t c, int64_t ld, int64_t G, int64_t C) {
@@ -77,6 +79,11 @@ struct Weight {
 // Element (r, c) of a weight in host memory as float32: widened exactly, or dequantized by the
 // rule of core/quant.h. The definition every kernel's weight values are checked against.
 inline float weight_at(const Weight& w, int64_t r, int64_t c) {
+  if (w.layout == WeightLayout::kNibble128) {  // Q4 only (validated)
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * quant::row_bytes(w.dtype, w.ld);
+    return quant::round_to(w.scale_dtype, float(quant::q4_nibble128_at(row, c)) *
+                                              quant::scale_at(w.scale_dtype, w.scale, (r / w.scale_block_rows) * w.scale_ld + c / w.group));
+  }
   if (w.layout != WeightLayout::kRowMajor) {  // plain dtypes only (validated)
     const size_t at = size_t(w.layout == WeightLayout::kQuad16 ? quad16_offset(r, c, w.ld) : tile16_offset(r, c, w.ld));
     switch (w.dtype) {

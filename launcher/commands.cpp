@@ -235,7 +235,7 @@ std::string human_bytes(double b) {
 }
 
 struct InspectArgs {
-  std::string model, cluster, quant, quantize;
+  std::string model, cluster, quant, quantize, scale_dtype = "bf16";
   int64_t group_size = 128;
 };
 
@@ -243,7 +243,8 @@ struct InspectArgs {
 // rank's share itself, from config.json and the index names (never the shards).
 int run_inspect(const InspectArgs& a) {
   std::unique_ptr<runtime::QuantPlan> plan;
-  if (!a.quant.empty()) plan = std::make_unique<runtime::QuantPlan>(runtime::parse_quant_plan(a.quant, a.group_size, a.quantize));
+  if (!a.quant.empty())
+    plan = std::make_unique<runtime::QuantPlan>(runtime::parse_quant_plan(a.quant, a.group_size, a.quantize, a.scale_dtype));
   runtime::ModelConfig mc = runtime::load_config(a.model);
   ClusterConfig cc = a.cluster.empty() ? default_cluster_config() : load_cluster_config(a.cluster);
   auto stages = plan_stages(cc, mc, cc.world_size());
@@ -469,6 +470,7 @@ int main_entry(int argc, char** argv) {
   ins->add_option("--group-size", ia.group_size, "int4 / int8: columns per scale (32, 64, 128)")
       ->capture_default_str()
       ->needs(ins_quant);
+  ins->add_option("--scale-dtype", ia.scale_dtype, "int4 / int8 scales: bf16 | f32")->capture_default_str()->needs(ins_quant);
   ins->add_option("--quantize", ia.quantize,
                   "roles --quant applies to, comma list of experts, shared, dense, attention, indexer, lm_head, all "
                   "(default experts,shared)")
@@ -480,6 +482,10 @@ int main_entry(int argc, char** argv) {
   conv->add_option("--out", ca.out, "output directory (created; a rerun resumes an interrupted conversion)")->required();
   conv->add_option("--quant", ca.quant, "int4 | int8 | fp8 | bf16 | f32")->capture_default_str();
   conv->add_option("--group-size", ca.group_size, "int4 / int8: columns per scale (32, 64, 128)")->capture_default_str();
+  conv->add_option("--scale-dtype", ca.scale_dtype,
+                   "int4 / int8 scales: bf16 (llm-compressor's bytes) | f32 (weights q * scale need no rounding: "
+                   "int8 decodes ~1.5x faster on CPUs, 2 more bytes per group)")
+      ->capture_default_str();
   conv->add_option("--quantize", ca.quantize,
                    "roles to quantize, comma list of experts, shared, dense, attention, indexer, lm_head, all "
                    "(default experts,shared)");

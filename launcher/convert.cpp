@@ -71,13 +71,13 @@ std::vector<TensorHeader> stored_parts(const StoredTensor& st, const TensorSpec&
 }
 
 // The outputs of a matrix written as `out` (plan target), named after spec.name = X.weight.
-std::vector<TensorHeader> converted_parts(const TensorSpec& s, DType out, int64_t group) {
+std::vector<TensorHeader> converted_parts(const TensorSpec& s, DType out, int64_t group, DType scale_dtype) {
   const int64_t rows = s.shape[0], cols = s.shape[1];
   switch (out) {
     case DType::Q4: case DType::Q8: {
       const int64_t per = out == DType::Q4 ? 8 : 4;
       return {{runtime::packed_name(s.name, "packed"), DType::I32, {rows, (cols + per - 1) / per}},
-              {runtime::packed_name(s.name, "scale"), DType::BF16, {rows, cols / group}},
+              {runtime::packed_name(s.name, "scale"), scale_dtype, {rows, cols / group}},
               {runtime::packed_name(s.name, "shape"), DType::I64, {2}}};
     }
     case DType::F8_E4M3: {
@@ -95,11 +95,12 @@ void decide(Item& it, const runtime::QuantPlan& plan, bool in_schema) {
   // Outside the schema (MTP extras such as eh_proj) only the plain targets apply (every matrix).
   bool convert = in_schema ? plan.converts(it.spec) : !plan.quantized_target();
   const bool int_target = plan.target == DType::Q4 || plan.target == DType::Q8;
-  if (convert && st.dtype == plan.target && (!int_target || st.group == plan.group_size))
+  if (convert && st.dtype == plan.target &&
+      (!int_target || (st.group == plan.group_size && st.scale->dtype == plan.scale_dtype)))
     convert = false;  // already stored that way
   if (convert && it.spec.shape.size() == 2) {
     it.out = plan.target;
-    it.outputs = converted_parts(it.spec, plan.target, plan.group_size);
+    it.outputs = converted_parts(it.spec, plan.target, plan.group_size, plan.scale_dtype);
   } else {
     it.outputs = stored_parts(st, it.spec);
   }
@@ -248,9 +249,10 @@ std::vector<Part> produce(const Item& it) {
       switch (it.out) {
         case DType::Q4: case DType::Q8: {
           const int64_t words = it.outputs[0].shape[1], groups = it.outputs[1].shape[1];
+          const DType sd = it.outputs[1].dtype;
           runtime::quantize_int_group(f, n, cols, quant::bits(it.out), cols / groups,
-                                      reinterpret_cast<int32_t*>(o0) + r0 * words,
-                                      reinterpret_cast<uint16_t*>(o1) + r0 * groups);
+                                      reinterpret_cast<int32_t*>(o0) + r0 * words, sd,
+                                      o1 + size_t(r0 * groups) * dtype_size(sd));
           break;
         }
         case DType::F8_E4M3:  // r0 is a multiple of 128: whole scale rows
@@ -356,7 +358,7 @@ struct Progress {
 }  // namespace
 
 int run_convert(const ConvertArgs& a) {
-  const runtime::QuantPlan plan = runtime::parse_quant_plan(a.quant, a.group_size, a.quantize);
+  const runtime::QuantPlan plan = runtime::parse_quant_plan(a.quant, a.group_size, a.quantize, a.scale_dtype);
   const runtime::ModelConfig cfg = runtime::load_config(a.model);
   Checkpoint ckpt(a.model);
   runtime::check_checkpoint(ckpt, cfg);

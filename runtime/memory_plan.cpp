@@ -77,7 +77,7 @@ namespace {
 size_t as_stored_bytes(const TensorSpec& spec, const StoredForm& form) {
   switch (form.dtype) {
     case DType::Q4:
-    case DType::Q8: return stored_bytes(spec, form.dtype, form.group) - 16;  // weight_shape stays on the host
+    case DType::Q8: return stored_bytes(spec, form.dtype, form.group, form.scale_bytes) - 16;  // weight_shape stays on the host
     case DType::F8_E4M3: return stored_bytes(spec, form.dtype, quant::kFp8Block);
     default: return size_t(numel_of(spec)) * dtype_size(form.dtype);
   }
@@ -154,7 +154,10 @@ WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, co
     }
     if (plan && plan->converts(s)) {
       StoredForm to{plan->target, 0};
-      if (to.dtype == DType::Q4 || to.dtype == DType::Q8) to.group = plan->group_size;
+      if (to.dtype == DType::Q4 || to.dtype == DType::Q8) {
+        to.group = plan->group_size;
+        to.scale_bytes = int64_t(dtype_size(plan->scale_dtype));
+      }
       if (to.dtype == DType::F8_E4M3) to.group = quant::kFp8Block;
       if (to.dtype != form.dtype || to.group != form.group) ++w.converted;
       form = to;

@@ -24,7 +24,8 @@ bool QuantPlan::converts(const TensorSpec& spec) const {
   return spec.shape[1] % group_size == 0;
 }
 
-QuantPlan parse_quant_plan(const std::string& quant, int64_t group_size, const std::string& roles) {
+QuantPlan parse_quant_plan(const std::string& quant, int64_t group_size, const std::string& roles,
+                           const std::string& scale_dtype) {
   QuantPlan p;
   if (quant == "int4") p.target = DType::Q4;
   else if (quant == "int8") p.target = DType::Q8;
@@ -35,6 +36,10 @@ QuantPlan parse_quant_plan(const std::string& quant, int64_t group_size, const s
   CHECK(group_size == 32 || group_size == 64 || group_size == 128,
         "--group-size: expected 32, 64 or 128, found ", group_size);
   p.group_size = group_size;
+  CHECK(scale_dtype == "bf16" || scale_dtype == "f32", "--scale-dtype: expected bf16 or f32, found '", scale_dtype, "'");
+  CHECK(scale_dtype == "bf16" || p.target == DType::Q4 || p.target == DType::Q8,
+        "--scale-dtype f32: only int4 and int8 have group scales to choose (found --quant ", quant, ")");
+  p.scale_dtype = scale_dtype == "f32" ? DType::F32 : DType::BF16;
   if (roles.empty()) return p;
   p.roles.clear();
   std::stringstream ss(roles);
@@ -65,19 +70,20 @@ std::string describe(const QuantPlan& p) {
     case DType::BF16: return "bf16 (every matrix)";
     default: return "f32 (every matrix)";
   }
+  if (p.scale_dtype == DType::F32) s += " f32 scales";
   s += " (";
   for (size_t i = 0; i < p.roles.size(); ++i) s += std::string(i ? ", " : "") + role_name(p.roles[i]);
   return s + ")";
 }
 
-size_t stored_bytes(const TensorSpec& spec, DType dtype, int64_t group) {
+size_t stored_bytes(const TensorSpec& spec, DType dtype, int64_t group, int64_t scale_bytes) {
   int64_t numel = 1;
   for (int64_t d : spec.shape) numel *= d;
   if (spec.shape.size() != 2) return size_t(numel) * dtype_size(dtype);
   const int64_t rows = spec.shape[0], cols = spec.shape[1];
   switch (dtype) {
-    case DType::Q4: return size_t(rows * ((cols + 7) / 8) * 4 + rows * (cols / group) * 2 + 16);
-    case DType::Q8: return size_t(rows * ((cols + 3) / 4) * 4 + rows * (cols / group) * 2 + 16);
+    case DType::Q4: return size_t(rows * ((cols + 7) / 8) * 4 + rows * (cols / group) * scale_bytes + 16);
+    case DType::Q8: return size_t(rows * ((cols + 3) / 4) * 4 + rows * (cols / group) * scale_bytes + 16);
     case DType::F8_E4M3: {
       const int64_t b = quant::kFp8Block;
       return size_t(numel + ((rows + b - 1) / b) * ((cols + b - 1) / b) * 4);

@@ -17,6 +17,7 @@ struct QuantPlan {
   // every matrix dequantized / cast to it).
   DType target = DType::BF16;
   int64_t group_size = 128;  // Q4 / Q8: columns per scale
+  DType scale_dtype = DType::BF16;  // Q4 / Q8: BF16 (what llm-compressor writes) or F32
   std::vector<Role> roles{Role::Expert, Role::SharedExpert};  // quantized roles (Q4/Q8/F8 only)
 
   bool quantized_target() const { return target == DType::Q4 || target == DType::Q8 || target == DType::F8_E4M3; }
@@ -27,13 +28,15 @@ struct QuantPlan {
 };
 
 // From the command line: quant "int4" | "int8" | "fp8" | "bf16" | "f32"; roles a comma list of
-// role names ("experts,shared", "attention", ... or "all"); errors name the flag and the choices.
-QuantPlan parse_quant_plan(const std::string& quant, int64_t group_size, const std::string& roles);
+// role names ("experts,shared", "attention", ... or "all"); scale_dtype "bf16" | "f32" (int4 / int8
+// only); errors name the flag and the choices.
+QuantPlan parse_quant_plan(const std::string& quant, int64_t group_size, const std::string& roles,
+                           const std::string& scale_dtype = "bf16");
 // "int4 g128 (experts, shared)" for messages and reports.
 std::string describe(const QuantPlan& plan);
 
 // Bytes a matrix or vector takes when stored in `dtype` (scales included; Q4/Q8 with `group`
-// columns per BF16 scale, plus the 16-byte weight_shape).
-size_t stored_bytes(const TensorSpec& spec, DType dtype, int64_t group);
+// columns per scale of scale_bytes, plus the 16-byte weight_shape).
+size_t stored_bytes(const TensorSpec& spec, DType dtype, int64_t group, int64_t scale_bytes = 2);
 
 }  // namespace glm5::runtime

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/check.h"
 #include "core/quant.h"
 
 namespace glm5::runtime {
@@ -30,7 +31,10 @@ void quantize_fp8_block(const float* w, int64_t rows, int64_t cols, uint8_t* q, 
 }
 
 void quantize_int_group(const float* w, int64_t rows, int64_t cols, int bits, int64_t group,
-                        int32_t* packed, uint16_t* scale) {
+                        int32_t* packed, DType scale_dtype, void* scale) {
+  CHECK(scale_dtype == DType::BF16 || scale_dtype == DType::F32, "quantize_int_group: scale dtype ",
+        dtype_name(scale_dtype), " (expected BF16 or F32)");
+  const bool bf16 = scale_dtype == DType::BF16;
   const int per = 32 / bits, qmin = -(1 << (bits - 1)), qmax = (1 << (bits - 1)) - 1;
   const int64_t words = (cols + per - 1) / per, groups = cols / group;
   const float half_range = float((1 << bits) - 1) / 2.0f;  // 7.5 for int4, 127.5 for int8
@@ -43,11 +47,16 @@ void quantize_int_group(const float* w, int64_t rows, int64_t cols, int bits, in
     for (int64_t g = 0; g < groups; ++g) {
       float amax = 0.0f;
       for (int64_t c = g * group; c < (g + 1) * group; ++c) amax = std::max(amax, std::fabs(row[c]));
-      const uint16_t sb = f32_to_bf16(std::max(amax / half_range, eps));
-      scale[r * groups + g] = sb;
-      const float s = bf16_to_f32(sb);
+      float s = std::max(amax / half_range, eps);
+      if (bf16) {
+        const uint16_t sb = f32_to_bf16(s);
+        static_cast<uint16_t*>(scale)[r * groups + g] = sb;
+        s = bf16_to_f32(sb);
+      } else {
+        static_cast<float*>(scale)[r * groups + g] = s;
+      }
       for (int64_t c = g * group; c < (g + 1) * group; ++c) {
-        const float t = bf16_to_f32(f32_to_bf16(row[c] / s));
+        const float t = bf16 ? bf16_to_f32(f32_to_bf16(row[c] / s)) : row[c] / s;
         const int v = std::clamp(int(std::nearbyint(t)), qmin, qmax);
         out[c / per] |= uint32_t(v - qmin) << (bits * (c % per));
       }

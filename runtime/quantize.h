@@ -14,13 +14,16 @@ namespace glm5::runtime {
 // q [rows * cols], scale [ceil(rows / 128) * ceil(cols / 128)].
 void quantize_fp8_block(const float* w, int64_t rows, int64_t cols, uint8_t* q, float* scale);
 
-// Symmetric group-wise int4 / int8 in compressed-tensors pack-quantized form, computed the way
-// compressed-tensors / llm-compressor compute it (so a BF16 input converts to the same bytes):
+// Symmetric group-wise int4 / int8 in compressed-tensors pack-quantized form. With BF16 scales,
+// computed the way compressed-tensors / llm-compressor compute it (so a BF16 input converts to the
+// same bytes):
 //   scale = bf16(max(amax / ((2^bits - 1) / 2), eps_f32)) per group of `group` columns,
-//   q = clamp(round_half_even(bf16(w / scale)), -2^(bits-1), 2^(bits-1) - 1),
-// stored as q + 2^(bits-1), 32 / bits per little-endian int32, rows zero-padded to whole int32s.
-// packed [rows * ceil(cols * bits / 32)] int32, scale [rows * cols / group] BF16.
+//   q = clamp(round_half_even(bf16(w / scale)), -2^(bits-1), 2^(bits-1) - 1);
+// with F32 scales the same in float32 throughout (scale = max(amax / ..., eps), q = rne(w / scale)),
+// so that a weight q * scale needs no rounding to the scale's dtype (faster int8 decode on CPUs).
+// Stored as q + 2^(bits-1), 32 / bits per little-endian int32, rows zero-padded to whole int32s.
+// packed [rows * ceil(cols * bits / 32)] int32, scale [rows * cols / group] of scale_dtype (BF16, F32).
 void quantize_int_group(const float* w, int64_t rows, int64_t cols, int bits, int64_t group,
-                        int32_t* packed, uint16_t* scale);
+                        int32_t* packed, DType scale_dtype, void* scale);
 
 }  // namespace glm5::runtime

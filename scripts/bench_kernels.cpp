@@ -265,8 +265,10 @@ void quant_stream_rows(Backend& cpu, int rounds) {
     for (auto& b : m.q) b = uint8_t(g());
     m.s.resize(size_t(rows * (k / group)));
     for (auto& v : m.s) v = f32_to_bf16(float(g() % 1000 + 1) * 1e-5f);
-    const void* held = arena.copy(m.q.data(), m.q.size());
+    // int4 in the nibble128 order CpuBackend holds it in (upload_gemm_matrix)
+    const void* held = dt == DType::Q4 ? arena.copy_nibble128(m.q.data(), rows, k) : arena.copy(m.q.data(), m.q.size());
     m.w = Weight{held ? held : m.q.data(), dt, rows, k, k};
+    if (held && dt == DType::Q4) m.w.layout = WeightLayout::kNibble128;
     if (held) std::vector<uint8_t>().swap(m.q);
     m.w.scale = m.s.data(), m.w.scale_dtype = DType::BF16, m.w.scale_ld = k / group, m.w.group = group;
     return m;

@@ -79,6 +79,34 @@ inline int int_at(DType t, const uint8_t* row, int64_t c) {
   return int((c & 1) ? (b >> 4) : (b & 0xf)) - 8;
 }
 
+// Int4 in nibble128 order (WeightLayout::kNibble128 of ops.h: how the fast CPU backend holds an
+// int4 gemm matrix, so that its decode kernel takes 16 nibbles per shift and table lookup): each
+// 128-column block of a row is 64 bytes in which little-endian 32-bit word l (0..15) holds element
+// 16 t + l in bits 4 t .. 4 t + 3 (t = 0..7). Same stored values (q + 8), same bytes per row.
+constexpr int64_t kNibbleBlock = 128;
+// Byte and bit shift of element c of a nibble128 row.
+inline size_t nibble128_byte(int64_t c) {
+  const int64_t e = c % kNibbleBlock;
+  return size_t(c / kNibbleBlock * (kNibbleBlock / 2) + 4 * (e % 16) + (e / 16) / 2);
+}
+inline int nibble128_shift(int64_t c) { return 4 * ((c % kNibbleBlock / 16) & 1); }
+inline int q4_nibble128_at(const uint8_t* row, int64_t c) {
+  return int((row[nibble128_byte(c)] >> nibble128_shift(c)) & 0xf) - 8;
+}
+// One stored Q4 row of ld elements (ld a multiple of 128) from pack-quantized order into nibble128:
+// word by word, each gathering its 8 nibbles (columns l, 16 + l, ..., 112 + l of the block).
+inline void repack_nibble128(const uint8_t* src, uint8_t* dst, int64_t ld) {
+  for (int64_t b = 0; b < ld / kNibbleBlock; ++b, src += kNibbleBlock / 2, dst += kNibbleBlock / 2)
+    for (int l = 0; l < 16; ++l) {
+      uint32_t word = 0;
+      for (int t = 0; t < 8; ++t) {
+        const int e = 16 * t + l;  // element e of the block: byte e / 2, high nibble when e is odd
+        word |= uint32_t((src[e / 2] >> (4 * (e & 1))) & 0xf) << (4 * t);
+      }
+      std::memcpy(dst + 4 * l, &word, 4);  // little-endian, as the kernels load it
+    }
+}
+
 // Float32 -> E4M3 (fn), round to nearest even, saturating at +-448 (the converter's encoding).
 // Normal results round the float's mantissa to 3 bits in integer arithmetic (the carry moves into
 // the exponent by itself); below 2^-6 the result is a subnormal m / 8 * 2^-6 = m * 2^-9.

@@ -85,7 +85,16 @@ class CpuBackend final : public HostBackend {
   // Plain-dtype matrices copied interleaved: WeightLayout::kQuad16 (the fp32 gemm path's decode
   // tiles then read one stream), or kTile16 for BF16 where the gemm runs on AMX tiles (each A tile
   // one contiguous KiB).
+  // Int4 matrices whose rows and groups are whole 128-column blocks: kNibble128.
   Weight upload_gemm_matrix(const Weight& mapped, size_t bytes) override {
+    if (mapped.dtype == DType::Q4 && mapped.layout == WeightLayout::kRowMajor && mapped.ld % quant::kNibbleBlock == 0 &&
+        mapped.group % quant::kNibbleBlock == 0 && mapped.ld == mapped.cols) {
+      Weight w = mapped;
+      w.data = arena_.copy_nibble128(mapped.data, mapped.rows, mapped.ld);
+      if (!w.data) return HostBackend::upload_gemm_matrix(mapped, bytes);  // the arena is off or full
+      w.layout = WeightLayout::kNibble128;
+      return w;
+    }
     const bool plain = mapped.dtype == DType::BF16 || mapped.dtype == DType::F16 || mapped.dtype == DType::F32;
     if (!plain) return HostBackend::upload_gemm_matrix(mapped, bytes);
     const WeightLayout layout = mapped.dtype == DType::BF16 && fast::gemm_path() != "fp32" ? WeightLayout::kTile16

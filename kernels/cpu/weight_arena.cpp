@@ -147,4 +147,16 @@ const void* WeightArena::copy_interleaved(const void* src, size_t elem_bytes, in
   return dst;
 }
 
+const void* WeightArena::copy_nibble128(const void* src, int64_t rows, int64_t ld) {
+  CHECK(ld % quant::kNibbleBlock == 0, "copy_nibble128: ld ", ld, " is not a multiple of ", quant::kNibbleBlock);
+  const size_t row = size_t(ld / 2);
+  char* dst = take(size_t(rows) * row);
+  if (!dst) return nullptr;
+  const auto* s = static_cast<const uint8_t*>(src);
+#pragma omp parallel for schedule(dynamic, 256) if (rows > 256)
+  for (int64_t r = 0; r < rows; ++r)
+    quant::repack_nibble128(s + size_t(r) * row, reinterpret_cast<uint8_t*>(dst) + size_t(r) * row, ld);
+  return dst;
+}
+
 }  // namespace glm5::kernels::cpu

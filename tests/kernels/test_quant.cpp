@@ -2,7 +2,8 @@
 // rounding, int4/int8 unpacking), and the fast CPU gemm over F8_E4M3 / Q4 / Q8 weights on every
 // dequantization path this CPU has: bitwise equal to the same gemm over the weights dequantized to
 // float32 (weight_at), close to the reference, batch-invariant (a row's bytes do not depend on m)
-// and independent of the thread count.
+// and independent of the thread count; int4 also in the nibble128 order the fast backend holds it
+// in (the same values, the same bytes out).
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -136,6 +137,18 @@ std::vector<float> run_gemm(Backend& b, const Weight& w, const std::vector<float
   return y;
 }
 
+// w (Q4, row-major, ld and group multiples of 128) in nibble128 order, its bytes in `store`.
+Weight nibble128(const Weight& w, std::vector<uint8_t>& store) {
+  const size_t rb = quant::row_bytes(w.dtype, w.ld);
+  store.assign(rb * size_t(w.rows), 0);
+  for (int64_t r = 0; r < w.rows; ++r)
+    quant::repack_nibble128(static_cast<const uint8_t*>(w.data) + size_t(r) * rb, store.data() + size_t(r) * rb, w.ld);
+  Weight n = w;
+  n.data = store.data();
+  n.layout = WeightLayout::kNibble128;
+  return n;
+}
+
 struct QCase {
   DType dt, scale_dt;
   int64_t n, k, group;
@@ -152,6 +165,7 @@ std::vector<QCase> cases() {
   c.push_back({DType::Q4, DType::BF16, 7, 36, 12});    // ld 40 > cols 36 (rows padded to whole int32s)
   c.push_back({DType::Q8, DType::F32, 5, 26, 13});     // ld 28 > cols 26
   c.push_back({DType::Q4, DType::BF16, 512, 256, 32});  // many column blocks, the fused path's row items
+  c.push_back({DType::Q4, DType::BF16, 37, 768, 256});  // groups of two 128-column blocks
   for (DType s : {DType::BF16, DType::F32, DType::F16}) {  // 80 / 34 groups: blocks of 32 groups and tails
     c.push_back({DType::Q4, s, 35, 1280, 16});             // (35 rows: a last tile of 3)
     c.push_back({DType::Q8, s, 35, 1088, 32});
@@ -196,6 +210,15 @@ TEST(QuantGemm, BitwiseDequantizedF32OnEveryPath) {
         const std::vector<float> x0(x.begin(), x.begin() + c.k);
         const auto y0 = run_gemm(*cpu, q.w, x0, 1);
         ASSERT_EQ(0, std::memcmp(y0.data(), yq.data(), y0.size() * 4)) << "m = " << m;
+        if (c.dt == DType::Q4 && c.k % 128 == 0 && c.group % 128 == 0) {  // nibble128: the same bytes
+          std::vector<uint8_t> store;
+          const Weight wn = nibble128(q.w, store);
+          const auto yn = run_gemm(*cpu, wn, x, m), y0n = run_gemm(*cpu, wn, x0, 1);
+          ASSERT_EQ(0, std::memcmp(yn.data(), yq.data(), yq.size() * 4)) << "nibble128, m = " << m;
+          ASSERT_EQ(0, std::memcmp(y0n.data(), yq.data(), y0n.size() * 4)) << "nibble128 row 0, m = " << m;
+          const auto yrn = run_gemm(*ref, wn, x, m);
+          ASSERT_EQ(0, std::memcmp(yrn.data(), yr.data(), yr.size() * 4)) << "reference nibble128, m = " << m;
+        }
       }
     }
   }
@@ -220,6 +243,18 @@ TEST(QuantGemm, PathsAndThreadsAgreeBitwise) {
     ASSERT_EQ(0, std::memcmp(rows[0].data(), dequantized(q.w).data(), rows[0].size() * 4));
     for (size_t i = 1; i < rows.size(); ++i)
       ASSERT_EQ(0, std::memcmp(rows[0].data(), rows[i].data(), rows[0].size() * 4)) << paths[i];
+    if (c.dt == DType::Q4 && c.k % 128 == 0 && c.group % 128 == 0) {
+      std::vector<uint8_t> store;
+      const Weight wn = nibble128(q.w, store);
+      ASSERT_EQ(0, std::memcmp(rows[0].data(), dequantized(wn).data(), rows[0].size() * 4)) << "weight_at, nibble128";
+      for (const std::string& path : paths) {
+        cpu::fast::set_quant_path(path);
+        std::vector<float> out(size_t(c.n * c.k));
+        cpu::fast::dequantize_rows(wn, 0, c.n, out.data(), c.k);
+        ASSERT_EQ(0, std::memcmp(rows[0].data(), out.data(), out.size() * 4)) << path << ", nibble128";
+      }
+      cpu::fast::set_quant_path("auto");
+    }
     std::vector<float> x(size_t(64 * c.k), 0.25f);
     for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 7919 % 200) - 100) / 100.0f;
     const int saved = omp_get_max_threads();
@@ -278,22 +313,71 @@ TEST(QuantGemm, Bf16ScalesEveryMantissaAndExponent) {
       for (int i = 0; i < 256; ++i) row[i] = uint8_t(i);
       std::shuffle(row, row + 256, rng);
     }
-    const Weight w{data.data(), dt, n, k, k, scales.data(), DType::BF16, 1, group, 1};
-    const std::vector<float> want = dequantized(w);
+    const Weight rm{data.data(), dt, n, k, k, scales.data(), DType::BF16, 1, group, 1};
+    const std::vector<float> want = dequantized(rm);
+    std::vector<uint8_t> store;
+    std::vector<Weight> forms{rm};
+    if (dt == DType::Q4) forms.push_back(nibble128(rm, store));
     for (const std::string& path : cpu::fast::quant_paths()) {
-      cpu::fast::set_quant_path(path);
-      std::vector<float> got(want.size());
-      cpu::fast::dequantize_rows(w, 0, n, got.data(), k);
-      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << path;
-      const Weight wf{want.data(), DType::F32, n, k, k};
-      for (int64_t m = 1; m <= 4; ++m) {
-        std::vector<float> x(size_t(m * k));
-        for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 7919 % 201) - 100) * 1e-3f;
-        const auto a = run_gemm(*cpu, w, x, m), b = run_gemm(*cpu, wf, x, m);
-        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << path << ", m = " << m;
+      for (const Weight& w : forms) {
+        SCOPED_TRACE(w.layout == WeightLayout::kNibble128 ? "nibble128" : "row-major");
+        cpu::fast::set_quant_path(path);
+        std::vector<float> got(want.size());
+        cpu::fast::dequantize_rows(w, 0, n, got.data(), k);
+        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << path;
+        const Weight wf{want.data(), DType::F32, n, k, k};
+        for (int64_t m = 1; m <= 4; ++m) {
+          std::vector<float> x(size_t(m * k));
+          for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 7919 % 201) - 100) * 1e-3f;
+          const auto a = run_gemm(*cpu, w, x, m), b = run_gemm(*cpu, wf, x, m);
+          EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << path << ", m = " << m;
+        }
       }
     }
     cpu::fast::set_quant_path("auto");
+  }
+}
+
+// The nibble128 order: element c's nibble where quant::nibble128_byte / _shift say, every stored
+// value kept; CpuBackend holds int4 gemm matrices that way when rows and groups are whole 128-column
+// blocks (else as stored), the reference backend as stored; layouts it cannot hold are refused.
+TEST(QuantGemm, Nibble128LayoutAndUpload) {
+  QWeight q = random_weight(DType::Q4, DType::BF16, 6, 256, 128, 21);
+  std::vector<uint8_t> store;
+  const Weight wn = nibble128(q.w, store);
+  for (int64_t r = 0; r < 6; ++r)
+    for (int64_t c = 0; c < 256; ++c) {
+      const uint8_t* row = store.data() + size_t(r) * 128;
+      ASSERT_EQ(quant::q4_nibble128_at(row, c), quant::int_at(DType::Q4, q.data.data() + size_t(r) * 128, c)) << r << ", " << c;
+      ASSERT_EQ(weight_at(wn, r, c), weight_at(q.w, r, c));
+    }
+  // word l of a block holds columns l, 16 + l, ..., 112 + l in its nibbles 0..7
+  EXPECT_EQ(quant::nibble128_byte(0), 0u);
+  EXPECT_EQ(quant::nibble128_byte(16), 0u);
+  EXPECT_EQ(quant::nibble128_shift(16), 4);
+  EXPECT_EQ(quant::nibble128_byte(33), 5u);
+  EXPECT_EQ(quant::nibble128_byte(127 + 128), 64u + 63u);
+  auto cpu = make_cpu_backend();
+  auto ref = make_reference_backend();
+  const Weight up = cpu->upload_gemm_matrix(q.w, q.data.size());
+  if (up.data != q.w.data) {  // (GLM5_CPU_WEIGHTS=mmap or short memory: kept as stored)
+    EXPECT_EQ(up.layout, WeightLayout::kNibble128);
+    EXPECT_EQ(0, std::memcmp(up.data, store.data(), store.size()));
+  }
+  EXPECT_EQ(ref->upload_gemm_matrix(q.w, q.data.size()).layout, WeightLayout::kRowMajor);
+  QWeight g32 = random_weight(DType::Q4, DType::BF16, 6, 256, 32, 22);
+  EXPECT_EQ(cpu->upload_gemm_matrix(g32.w, g32.data.size()).layout, WeightLayout::kRowMajor);
+  Weight bad = g32.w;  // groups of 32 columns cannot take the layout
+  bad.layout = WeightLayout::kNibble128;
+  std::vector<float> x(256), y(6);
+  for (Backend* b : {cpu.get(), ref.get()}) {
+    try {
+      b->gemm({x.data(), 256, bad, false, y.data(), 6, 1, 6, 256});
+      ADD_FAILURE() << b->name() << ": no error";
+    } catch (const glm5::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("nibble128"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("group 32"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -100,9 +100,21 @@ TEST(Convert, QuantizedRunsAreBitwiseTheirDequantizedF32) {
   for (const auto& [name, flags] : std::vector<std::pair<std::string, std::string>>{
            {"int4", "--quant int4 --group-size 32"},
            {"int8", "--quant int8 --group-size 64 --quantize all"},
+           {"int8-f32-scales", "--quant int8 --group-size 32 --scale-dtype f32"},
+           {"int4-f32-scales", "--quant int4 --group-size 128 --scale-dtype f32"},  // experts in nibble128
            {"fp8", "--quant fp8 --quantize attention,indexer,dense,experts,shared"}}) {
     SCOPED_TRACE(name);
     const std::string q = convert(tiny, name, flags);
+    if (contains(name, "f32-scales")) {  // the scales as asked, the weights' values then q * s unrounded
+      Checkpoint c(q);
+      int scales = 0;
+      for (const std::string& n : c.names())
+        if (contains(n, ".weight_scale")) {
+          EXPECT_EQ(c.find(n)->dtype, glm5::DType::F32) << n;
+          ++scales;
+        }
+      EXPECT_GT(scales, 10);
+    }
     const std::string f = convert(q, name + "-f32", "--quant f32");
     expect_bitwise(logits_of(q, name), logits_of(f, name + "-f32"), name);
     const Logits bf16 = logits_of(tiny, "bf16-" + name);
@@ -191,6 +203,12 @@ TEST(Convert, BadFlagsAndFoldersGetOneMessage) {
   EXPECT_TRUE(contains(p.err, "--group-size: expected 32, 64 or 128, found 48")) << p.err;
   p = run(kBin + " convert --no-progress" + in + " --out " + scratch("bad3").string() + " --quantize experts,router", "bad3");
   EXPECT_TRUE(contains(p.err, "'router' is not a quantizable role")) << p.err;
+  p = run(kBin + " convert --no-progress" + in + " --out " + scratch("bad6").string() + " --scale-dtype f16", "bad6");
+  EXPECT_TRUE(contains(p.err, "--scale-dtype: expected bf16 or f32, found 'f16'")) << p.err;
+  p = run(kBin + " convert --no-progress" + in + " --out " + scratch("bad7").string() + " --quant fp8 --scale-dtype f32",
+          "bad7");
+  EXPECT_NE(p.code, 0);
+  EXPECT_TRUE(contains(p.err, "only int4 and int8 have group scales")) << p.err;
   const fs::path full = scratch("bad4");
   fs::create_directories(full);
   std::ofstream(full / "notes.txt") << "mine";
