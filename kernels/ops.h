@@ -25,10 +25,12 @@ namespace glm5::kernels {
 // to 16 and the rows are rounded up to 4, the padding zero. kTile16 (BF16 only; where the fast cpu
 // backend's BF16 gemm runs on AMX tiles): the same scheme with groups of 16 rows and chunks of 32
 // columns, so that every A tile (16 W rows x 32 k values) is one contiguous KiB and a W block
-// streams as one sequence; ld is cols rounded up to 32, the rows rounded up to 16. kNibble128 (Q4
-// only, ld and group multiples of 128; where the fast cpu backend holds an int4 gemm matrix): rows
-// as stored, the nibbles of each 128-column block reordered (core/quant.h, repack_nibble128).
-enum class WeightLayout { kRowMajor, kQuad16, kTile16, kNibble128 };
+// streams as one sequence; ld is cols rounded up to 32, the rows rounded up to 16. kQuantQuad (Q8
+// and F8_E4M3 with ld a multiple of 64, Q4 with ld and group multiples of 128; how the fast cpu
+// backend holds quantized gemm matrices): the stored row bytes in groups of 4 rows, each group as
+// chunks of 4 rows x 64 bytes, int4 nibbles in nibble128 order (core/quant.h, repack_quant_quad);
+// rows rounded up to 4.
+enum class WeightLayout { kRowMajor, kQuad16, kTile16, kQuantQuad };
 
 // Element (r, c) of a matrix in groups of G rows stored as ld / C chunks of G rows x C columns.
 constexpr int64_t interleaved_offset(int64_t r, int64_t c, int64_t ld, int64_t G, int64_t C) {
@@ -39,7 +41,7 @@ constexpr int64_t quad16_offset(int64_t r, int64_t c, int64_t ld) { return inter
 constexpr int64_t tile16_offset(int64_t r, int64_t c, int64_t ld) { return interleaved_offset(r, c, ld, 16, 32); }
 // Rows per group of an interleaved layout (1: row-major), and the multiple its ld must be.
 constexpr int64_t layout_group_rows(WeightLayout l) {
-  return l == WeightLayout::kQuad16 ? 4 : l == WeightLayout::kTile16 ? 16 : 1;
+  return l == WeightLayout::kQuad16 || l == WeightLayout::kQuantQuad ? 4 : l == WeightLayout::kTile16 ? 16 : 1;
 }
 constexpr int64_t layout_ld_multiple(WeightLayout l) {
   return l == WeightLayout::kQuad16 ? 16 : l == WeightLayout::kTile16 ? 32 : 1;
@@ -76,13 +78,27 @@ struct Weight {
   }
 };
 
+// The stored code of element (r, c) of a quantized weight, row-major or kQuantQuad: the FP8 byte,
+// Q8's q + 128, Q4's q + 8.
+inline int quant_code(const Weight& w, int64_t r, int64_t c) {
+  const auto* d = static_cast<const uint8_t*>(w.data);
+  const size_t rb = quant::row_bytes(w.dtype, w.ld);
+  if (w.layout == WeightLayout::kQuantQuad) {
+    if (w.dtype != DType::Q4) return d[quant::quad_byte(r, c, rb)];
+    return (d[quant::quad_byte(r, int64_t(quant::nibble128_byte(c)), rb)] >> quant::nibble128_shift(c)) & 0xf;
+  }
+  if (w.dtype != DType::Q4) return d[size_t(r) * rb + size_t(c)];
+  return (d[size_t(r) * rb + size_t(c / 2)] >> (4 * (c & 1))) & 0xf;
+}
+
 // Element (r, c) of a weight in host memory as float32: widened exactly, or dequantized by the
 // rule of core/quant.h. The definition every kernel's weight values are checked against.
 inline float weight_at(const Weight& w, int64_t r, int64_t c) {
-  if (w.layout == WeightLayout::kNibble128) {  // Q4 only (validated)
-    const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * quant::row_bytes(w.dtype, w.ld);
-    return quant::round_to(w.scale_dtype, float(quant::q4_nibble128_at(row, c)) *
-                                              quant::scale_at(w.scale_dtype, w.scale, (r / w.scale_block_rows) * w.scale_ld + c / w.group));
+  if (quant::is_quantized(w.dtype)) {
+    const float s = quant::scale_at(w.scale_dtype, w.scale, (r / w.scale_block_rows) * w.scale_ld + c / w.group);
+    const int code = quant_code(w, r, c);
+    if (w.dtype == DType::F8_E4M3) return fp8_e4m3_to_f32(uint8_t(code)) * s;
+    return quant::round_to(w.scale_dtype, float(code - (w.dtype == DType::Q4 ? 8 : 128)) * s);
   }
   if (w.layout != WeightLayout::kRowMajor) {  // plain dtypes only (validated)
     const size_t at = size_t(w.layout == WeightLayout::kQuad16 ? quad16_offset(r, c, w.ld) : tile16_offset(r, c, w.ld));
@@ -106,12 +122,6 @@ inline float weight_at(const Weight& w, int64_t r, int64_t c) {
     }
     case DType::BF16: return bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]);
     case DType::F16: return f16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]);
-    case DType::F8_E4M3:
-      return fp8_e4m3_to_f32(row[c]) *
-             quant::scale_at(w.scale_dtype, w.scale, (r / w.scale_block_rows) * w.scale_ld + c / w.group);
-    case DType::Q4: case DType::Q8:
-      return quant::round_to(w.scale_dtype, float(quant::int_at(w.dtype, row, c)) *
-                                                quant::scale_at(w.scale_dtype, w.scale, (r / w.scale_block_rows) * w.scale_ld + c / w.group));
     default: GLM5_FAIL("weight_at: unsupported weight dtype ", dtype_name(w.dtype));
   }
 }

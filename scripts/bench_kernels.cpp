@@ -245,7 +245,8 @@ void expert_stream_rows(Backend& cpu, int rounds) {
   }
 }
 
-// Quantized decode (int8 / int4, BF16 scales, group 128, as `glm5 convert --quant` writes them):
+// Quantized decode (int8 / int4, group 128, BF16 scales as `glm5 convert --quant` writes them, and
+// int8 with F32 scales, `--scale-dtype f32`):
 // y = x W^T at m = 1 over 512 MiB of weight bytes (matrices [32768, 2048]), each pass set against a
 // read probe on either side as above; and the same kernel over one [256, 2048] matrix that stays in
 // the L2, which shows what the dequantization costs when memory is not the limit. Scales are
@@ -256,31 +257,37 @@ void quant_stream_rows(Backend& cpu, int rounds) {
   struct Mat {
     std::vector<uint8_t> q;
     std::vector<uint16_t> s;
+    std::vector<float> s32;
     Weight w;
   };
-  const auto make = [&](DType dt, int64_t rows, unsigned seed) {
+  const auto make = [&](DType dt, DType sd, int64_t rows, unsigned seed) {
     Mat m;
     std::mt19937 g(seed);
     m.q.resize(quant::row_bytes(dt, k) * size_t(rows));
     for (auto& b : m.q) b = uint8_t(g());
     m.s.resize(size_t(rows * (k / group)));
     for (auto& v : m.s) v = f32_to_bf16(float(g() % 1000 + 1) * 1e-5f);
-    // int4 in the nibble128 order CpuBackend holds it in (upload_gemm_matrix)
-    const void* held = dt == DType::Q4 ? arena.copy_nibble128(m.q.data(), rows, k) : arena.copy(m.q.data(), m.q.size());
+    // in quads of rows, as CpuBackend holds it (upload_gemm_matrix)
+    const void* held = arena.copy_quant_quad(m.q.data(), dt, rows, quant::row_bytes(dt, k));
     m.w = Weight{held ? held : m.q.data(), dt, rows, k, k};
-    if (held && dt == DType::Q4) m.w.layout = WeightLayout::kNibble128;
+    if (held) m.w.layout = WeightLayout::kQuantQuad;
     if (held) std::vector<uint8_t>().swap(m.q);
     m.w.scale = m.s.data(), m.w.scale_dtype = DType::BF16, m.w.scale_ld = k / group, m.w.group = group;
+    if (sd == DType::F32) {
+      for (uint16_t v : m.s) m.s32.push_back(bf16_to_f32(v) * 1.001f);  // not BF16 numbers
+      m.w.scale = m.s32.data(), m.w.scale_dtype = DType::F32;
+    }
     return m;
   };
   const ReadProbe probe(size_t(1) << 30);
   const std::vector<float> x = random_floats(size_t(k), 3);
   std::vector<float> y(static_cast<size_t>(n));
-  for (DType dt : {DType::Q8, DType::Q4}) {
-    const char* name = dt == DType::Q8 ? "int8" : "int4";
+  for (const auto& [dt, sd] : {std::pair{DType::Q8, DType::BF16}, std::pair{DType::Q8, DType::F32},
+                                std::pair{DType::Q4, DType::BF16}}) {
+    const char* name = dt == DType::Q4 ? "int4" : sd == DType::F32 ? "int8 (F32 scales)" : "int8";
     std::deque<Mat> mats;
     const size_t total = size_t(512) << 20;
-    while (mats.size() * quant::row_bytes(dt, k) * size_t(n) < total) mats.push_back(make(dt, n, unsigned(mats.size())));
+    while (mats.size() * quant::row_bytes(dt, k) * size_t(n) < total) mats.push_back(make(dt, sd, n, unsigned(mats.size())));
     const double bytes = double(mats.size() * quant::row_bytes(dt, k) * size_t(n));
     const auto pass = [&] {
       const auto t0 = std::chrono::steady_clock::now();
@@ -298,7 +305,7 @@ void quant_stream_rows(Backend& cpu, int rounds) {
                 "each pass | %.2f (quartiles %.2f %.2f) |\n",
                 name, mats.size(), long(n), long(k), long(group), gbs[gbs.size() / 2], ratio[ratio.size() / 2],
                 ratio[ratio.size() / 4], ratio[ratio.size() * 3 / 4]);
-    const Mat small = make(dt, 256, 99);
+    const Mat small = make(dt, sd, 256, 99);
     const double sbytes = double(quant::row_bytes(dt, k) * 256);
     const double t = median_seconds([&] {
       for (int i = 0; i < 100; ++i) cpu.gemm({x.data(), k, small.w, false, y.data(), 256, 1, 256, k});

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # glm5 beside llama.cpp on one CPU, same weights, same run: builds llama.cpp CPU-only from a source
 # tree you give (nothing of it enters this project), converts the same Hugging Face checkpoint to GGUF
-# (BF16, Q8_0, Q4_K_M) and to glm5's int8 / int4 (group 128), then runs both interleaved, ROUNDS rounds:
+# (BF16, Q8_0, Q4_K_M) and to glm5's int8 / int4 (group 128; int8 also with F32 scales, convert
+# --scale-dtype f32, set against Q8_0 as well), then runs both interleaved, ROUNDS rounds:
 #   llama-bench pp512 + tg128 per GGUF  |  bench_cpu --prompt 512 --decode 128 per glm5 checkpoint
 # with 2 and 1 threads, then (BF16 only, DEPTH_ROUNDS rounds) decode after 512, 4k and 16k tokens of context
 # (llama-bench -p 0 -n 32 -d N  |  bench_cpu --prompt N --decode 32). Prints one markdown table of
@@ -87,10 +88,12 @@ for t in BF16 Q8_0 Q4_K_M; do  # each written under a temporary name, so an inte
   mv "$G/model.$t.gguf.tmp" "$G/model.$t.gguf"
 done
 rm -f "$G/model.f32.gguf"  # 4 x the BF16 size; the three types are what is measured
-for q in int8 int4; do  # glm5 convert writes its index last and resumes an interrupted conversion
+for q in int8 int4 int8-f32s; do  # glm5 convert writes its index last and resumes an interrupted conversion
+  scales=bf16
+  [ "$q" = int8-f32s ] && scales=f32
   [ -f "$WORK/glm5-$q/model.safetensors.index.json" ] ||
-    "$GLM5_BUILD/glm5" convert --model "$MODEL" --out "$WORK/glm5-$q" --quant "$q" --group-size 128 --quantize all \
-      > "$WORK/convert-$q.log" 2>&1 || fail "$WORK/convert-$q.log"
+    "$GLM5_BUILD/glm5" convert --model "$MODEL" --out "$WORK/glm5-$q" --quant "${q%-f32s}" --group-size 128 \
+      --quantize all --scale-dtype $scales > "$WORK/convert-$q.log" 2>&1 || fail "$WORK/convert-$q.log"
 done
 
 # Private copies, so that a rebuild during the run cannot swap the binaries.
@@ -137,7 +140,7 @@ print(g(r"prefill \d+ tokens: ([0-9.]+) tok/s"), g(r"decode  batch 1 \([a-z]+ to
       g(r"read bandwidth ([0-9.]+) GB/s"), g(r"fp32 FMA peak ([0-9.]+) GFLOP/s"),
       g(r"probed around each: median ([0-9.]+)%"))'
 }
-declare -A GLM5_DIR=([bf16]=$MODEL [int8]=$WORK/glm5-int8 [int4]=$WORK/glm5-int4)
+declare -A GLM5_DIR=([bf16]=$MODEL [int8]=$WORK/glm5-int8 [int8-f32s]=$WORK/glm5-int8-f32s [int4]=$WORK/glm5-int4)
 for round in $(seq 1 "$ROUNDS"); do
   for th in $THREADS_LIST; do
     for t in BF16 Q8_0 Q4_K_M; do
@@ -146,7 +149,7 @@ for round in $(seq 1 "$ROUNDS"); do
         if [ "$ng" = 0 ]; then echo "pp512 $th llama.cpp $t $ts" >> "$R"; else echo "tg128 $th llama.cpp $t $ts" >> "$R"; fi
       done <<< "$out"
     done
-    for w in bf16 int8 int4; do
+    for w in bf16 int8 int8-f32s int4; do
       out=$(glm5 "${GLM5_DIR[$w]}" "$th" 512 128)
       read -r pp tg bw fma win <<< "$out"
       echo "pp512 $th glm5 $w $pp $bw $fma" >> "$R"
@@ -182,7 +185,7 @@ for line in open(sys.argv[1]):
     if len(f) > 7:
         win[(f[1], f[3])].append(float(f[7]))
 med = {k: statistics.median(v) for k, v in s.items()}
-peer = {"bf16": "BF16", "int8": "Q8_0", "int4": "Q4_K_M"}
+peer = {"bf16": "BF16", "int8": "Q8_0", "int8-f32s": "Q8_0", "int4": "Q4_K_M"}
 print("| test | threads | glm5 weights | glm5 tok/s | llama.cpp | llama.cpp tok/s | glm5 / llama.cpp | samples glm5 / llama.cpp |")
 print("|---|---|---|---|---|---|---|---|")
 for (metric, th, eng, w), m in med.items():

@@ -79,10 +79,10 @@ inline int int_at(DType t, const uint8_t* row, int64_t c) {
   return int((c & 1) ? (b >> 4) : (b & 0xf)) - 8;
 }
 
-// Int4 in nibble128 order (WeightLayout::kNibble128 of ops.h: how the fast CPU backend holds an
-// int4 gemm matrix, so that its decode kernel takes 16 nibbles per shift and table lookup): each
-// 128-column block of a row is 64 bytes in which little-endian 32-bit word l (0..15) holds element
-// 16 t + l in bits 4 t .. 4 t + 3 (t = 0..7). Same stored values (q + 8), same bytes per row.
+// Int4 in nibble128 order (how WeightLayout::kQuantQuad of ops.h holds int4 rows, so that the fast
+// CPU backend's decode kernel takes 16 nibbles per shift and table lookup): each 128-column block of
+// a row is 64 bytes in which little-endian 32-bit word l (0..15) holds element 16 t + l in bits
+// 4 t .. 4 t + 3 (t = 0..7). Same stored values (q + 8), same bytes per row.
 constexpr int64_t kNibbleBlock = 128;
 // Byte and bit shift of element c of a nibble128 row.
 inline size_t nibble128_byte(int64_t c) {
@@ -90,20 +90,39 @@ inline size_t nibble128_byte(int64_t c) {
   return size_t(c / kNibbleBlock * (kNibbleBlock / 2) + 4 * (e % 16) + (e / 16) / 2);
 }
 inline int nibble128_shift(int64_t c) { return 4 * ((c % kNibbleBlock / 16) & 1); }
-inline int q4_nibble128_at(const uint8_t* row, int64_t c) {
-  return int((row[nibble128_byte(c)] >> nibble128_shift(c)) & 0xf) - 8;
+// One 128-column block (64 bytes) from pack-quantized order into nibble128: word by word, each
+// gathering its 8 nibbles (columns l, 16 + l, ..., 112 + l of the block).
+inline void repack_nibble128_block(const uint8_t* src, uint8_t* dst) {
+  for (int l = 0; l < 16; ++l) {
+    uint32_t word = 0;
+    for (int t = 0; t < 8; ++t) {
+      const int e = 16 * t + l;  // element e of the block: byte e / 2, high nibble when e is odd
+      word |= uint32_t((src[e / 2] >> (4 * (e & 1))) & 0xf) << (4 * t);
+    }
+    std::memcpy(dst + 4 * l, &word, 4);  // little-endian, as the kernels load it
+  }
 }
-// One stored Q4 row of ld elements (ld a multiple of 128) from pack-quantized order into nibble128:
-// word by word, each gathering its 8 nibbles (columns l, 16 + l, ..., 112 + l of the block).
-inline void repack_nibble128(const uint8_t* src, uint8_t* dst, int64_t ld) {
-  for (int64_t b = 0; b < ld / kNibbleBlock; ++b, src += kNibbleBlock / 2, dst += kNibbleBlock / 2)
-    for (int l = 0; l < 16; ++l) {
-      uint32_t word = 0;
-      for (int t = 0; t < 8; ++t) {
-        const int e = 16 * t + l;  // element e of the block: byte e / 2, high nibble when e is odd
-        word |= uint32_t((src[e / 2] >> (4 * (e & 1))) & 0xf) << (4 * t);
-      }
-      std::memcpy(dst + 4 * l, &word, 4);  // little-endian, as the kernels load it
+
+// Quantized rows in quads (WeightLayout::kQuantQuad of ops.h): rows in groups of 4, each group
+// stored as rb / 64 chunks of 4 rows x 64 bytes (rb: bytes per row, a multiple of 64), so that a
+// decode tile of 4 rows reads one sequential stream (from 4 separate rows the hardware prefetchers
+// keep up at only ~0.4 of the read bandwidth); int4 rows besides in nibble128 order.
+constexpr int64_t kQuadChunk = 64;
+// Offset of byte b of row r.
+inline size_t quad_byte(int64_t r, int64_t b, size_t rb) {
+  return size_t(r / 4) * 4 * rb + size_t(b / kQuadChunk) * 4 * kQuadChunk + size_t(r % 4) * kQuadChunk +
+         size_t(b % kQuadChunk);
+}
+// rows x rb bytes of dtype t (Q4 / Q8 / F8_E4M3, row-major) into quads in dst ((rows + 3) / 4 * 4 * rb
+// bytes; the padding rows zero).
+inline void repack_quant_quad(DType t, const uint8_t* src, uint8_t* dst, int64_t rows, size_t rb) {
+  const int64_t padded = (rows + 3) / 4 * 4;
+  for (int64_t r = 0; r < padded; ++r)
+    for (size_t b = 0; b < rb; b += kQuadChunk) {
+      uint8_t* out = dst + quad_byte(r, int64_t(b), rb);
+      if (r >= rows) std::memset(out, 0, kQuadChunk);
+      else if (t == DType::Q4) repack_nibble128_block(src + size_t(r) * rb + b, out);
+      else std::memcpy(out, src + size_t(r) * rb + b, kQuadChunk);
     }
 }
 

@@ -73,6 +73,12 @@ void moe_combine_rows(const MoeCombineParams& p, int64_t b, int64_t e, std::vect
   }
 }
 
+bool quant_quad_fits(const Weight& w) {
+  if (!quant::is_quantized(w.dtype) || w.layout != WeightLayout::kRowMajor || w.ld != w.cols) return false;
+  if (w.dtype == DType::Q4) return w.ld % quant::kNibbleBlock == 0 && w.group % quant::kNibbleBlock == 0;
+  return w.ld % quant::kQuadChunk == 0;
+}
+
 class CpuBackend final : public HostBackend {
  public:
   using Backend::gemm_batch;  // the vector / array overload
@@ -85,14 +91,14 @@ class CpuBackend final : public HostBackend {
   // Plain-dtype matrices copied interleaved: WeightLayout::kQuad16 (the fp32 gemm path's decode
   // tiles then read one stream), or kTile16 for BF16 where the gemm runs on AMX tiles (each A tile
   // one contiguous KiB).
-  // Int4 matrices whose rows and groups are whole 128-column blocks: kNibble128.
+  // Quantized ones in quads of rows (kQuantQuad) where their rows are whole 64-byte chunks (int4:
+  // whole groups of 128 columns), so that decode reads each tile of 4 rows as one stream.
   Weight upload_gemm_matrix(const Weight& mapped, size_t bytes) override {
-    if (mapped.dtype == DType::Q4 && mapped.layout == WeightLayout::kRowMajor && mapped.ld % quant::kNibbleBlock == 0 &&
-        mapped.group % quant::kNibbleBlock == 0 && mapped.ld == mapped.cols) {
+    if (quant_quad_fits(mapped)) {
       Weight w = mapped;
-      w.data = arena_.copy_nibble128(mapped.data, mapped.rows, mapped.ld);
+      w.data = arena_.copy_quant_quad(mapped.data, mapped.dtype, mapped.rows, quant::row_bytes(mapped.dtype, mapped.ld));
       if (!w.data) return HostBackend::upload_gemm_matrix(mapped, bytes);  // the arena is off or full
-      w.layout = WeightLayout::kNibble128;
+      w.layout = WeightLayout::kQuantQuad;
       return w;
     }
     const bool plain = mapped.dtype == DType::BF16 || mapped.dtype == DType::F16 || mapped.dtype == DType::F32;

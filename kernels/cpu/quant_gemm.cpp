@@ -45,32 +45,23 @@ const Fp8Table& fp8_table() {
   return t;
 }
 
+// (Element codes through quant_code, which knows both layouts: the portable path is for checking
+// and for CPUs without AVX-512, not for speed.)
 void dequant_row_portable(const Weight& w, int64_t r, float* out) {
-  const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * quant::row_bytes(w.dtype, w.ld);
   const int64_t srow = (r / w.scale_block_rows) * w.scale_ld;
-  if (w.dtype == DType::F8_E4M3) {
-    const float* t = fp8_table().v;
-    for (int64_t c0 = 0; c0 < w.cols; c0 += w.group) {
-      const float s = quant::scale_at(w.scale_dtype, w.scale, srow + c0 / w.group);
-      const int64_t c1 = std::min(w.cols, c0 + w.group);
-      for (int64_t c = c0; c < c1; ++c) out[c] = t[row[c]] * s;
-    }
-    return;
-  }
   for (int64_t c0 = 0; c0 < w.cols; c0 += w.group) {
     const float s = quant::scale_at(w.scale_dtype, w.scale, srow + c0 / w.group);
     const int64_t c1 = std::min(w.cols, c0 + w.group);
-    if (w.dtype == DType::Q4) {  // the group's 16 values, by stored nibble q + 8
+    if (w.dtype == DType::F8_E4M3) {
+      const float* t = fp8_table().v;
+      for (int64_t c = c0; c < c1; ++c) out[c] = t[quant_code(w, r, c)] * s;
+    } else if (w.dtype == DType::Q4) {  // the group's 16 values, by stored nibble q + 8
       float table[16];
       for (int u = 0; u < 16; ++u) table[u] = quant::round_to(w.scale_dtype, float(u - 8) * s);
-      if (w.layout == WeightLayout::kNibble128)
-        for (int64_t c = c0; c < c1; ++c) out[c] = table[quant::q4_nibble128_at(row, c) + 8];
-      else
-        for (int64_t c = c0; c < c1; ++c) out[c] = table[(row[c / 2] >> (4 * (c & 1))) & 0xf];
-      continue;
+      for (int64_t c = c0; c < c1; ++c) out[c] = table[quant_code(w, r, c)];
+    } else {
+      for (int64_t c = c0; c < c1; ++c) out[c] = quant::round_to(w.scale_dtype, float(quant_code(w, r, c) - 128) * s);
     }
-    for (int64_t c = c0; c < c1; ++c)
-      out[c] = quant::round_to(w.scale_dtype, float(quant::int_at(w.dtype, row, c)) * s);
   }
 }
 
@@ -191,20 +182,39 @@ struct Chunk {
       bias = _mm512_set1_ps(-128.0f * s);
     }
   }
+  // The 16 values whose codes start at p (Q4 row-major: 8 bytes; Q8, FP8: 16).
   template <bool kFast>
-  GLM5_AVX512 __m512 at(const uint8_t* row, int64_t c) const {
+  GLM5_AVX512 __m512 at(const uint8_t* p) const {
     if constexpr (DT == DType::Q4) {
-      return _mm512_permutexvar_ps(q4x16_nibbles(row + c / 2), t);
+      return _mm512_permutexvar_ps(q4x16_nibbles(p), t);
     } else if constexpr (DT == DType::Q8) {
-      if constexpr (!kFast) return round_to_avx512(SD, _mm512_mul_ps(q8x16(row + c), t));
-      const __m512i u = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c)));
+      if constexpr (!kFast) return round_to_avx512(SD, _mm512_mul_ps(q8x16(p), t));
+      const __m512i u = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
       const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), t, bias);
       return SD == DType::BF16 ? bf16_round_split(v) : round_to_avx512(SD, v);
     } else {
-      return fs.apply(fp8x16_biased(row + c));
+      return fs.apply(fp8x16_biased(p));
     }
   }
 };
+
+// Byte b of a stored row: row-major (base = the row), or in a quad of rows (kQuantQuad: base = the
+// quad's first byte + 64 x the row's place in it; chunks of 4 rows x 64 bytes).
+template <bool kQuad>
+struct RowBytes {
+  const uint8_t* base;
+  const uint8_t* operator()(int64_t b) const {
+    if constexpr (kQuad) return base + (b / quant::kQuadChunk) * 4 * quant::kQuadChunk + b % quant::kQuadChunk;
+    return base + b;
+  }
+};
+template <bool kQuad>
+RowBytes<kQuad> row_bytes_of(const Weight& w, int64_t r) {
+  const size_t rb = quant::row_bytes(w.dtype, w.ld);
+  const auto* d = static_cast<const uint8_t*>(w.data);
+  if constexpr (kQuad) return {d + size_t(r / 4) * 4 * rb + size_t(r % 4) * quant::kQuadChunk};
+  return {d + size_t(r) * rb};
+}
 
 // Int4 in nibble128 order: chunk t (0..7) of the 128-column block whose 64 bytes are d is the
 // table at the nibbles in bits 4t.. of each dword (vpermps reads bits 0-3 only).
@@ -213,11 +223,11 @@ GLM5_AVX512 inline __m512 q4_nibble128_chunk(__m512i d, int t, __m512 table) {
 }
 
 // Row r of w dequantized into out[0, w.cols). Groups are whole multiples of 16 columns here
-// (checked by the caller); a ragged last chunk of a row (cols % 16) takes weight_at. kNib: Q4 in
-// nibble128 order (groups and cols whole 128-column blocks).
-template <DType DT, DType SD, bool kNib = false>
+// (checked by the caller); a ragged last chunk of a row (cols % 16) takes weight_at. kQuad:
+// kQuantQuad (Q4 then in nibble128 order, groups and cols whole 128-column blocks).
+template <DType DT, DType SD, bool kQuad = false>
 GLM5_AVX512 void dequant_row_t(const Weight& w, int64_t r, float* out) {
-  const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * quant::row_bytes(w.dtype, w.ld);
+  const RowBytes<kQuad> row = row_bytes_of<kQuad>(w, r);
   const int64_t srow = (r / w.scale_block_rows) * w.scale_ld;
   const int64_t full = w.cols / 16 * 16;
   for (int64_t c0 = 0, gi = 0; c0 < full; c0 += w.group, ++gi) {
@@ -225,15 +235,17 @@ GLM5_AVX512 void dequant_row_t(const Weight& w, int64_t r, float* out) {
     const float s = quant::scale_at(SD, w.scale, srow + gi);
     ch.group(s, ch.fast_scale(s));
     const int64_t c1 = std::min(full, c0 + w.group);
-    if constexpr (kNib) {
+    constexpr int64_t kHalve = DT == DType::Q4 ? 2 : 1;  // code bytes per column: 1 / kHalve
+    if constexpr (DT == DType::Q4 && kQuad) {
       for (int64_t c = c0; c < c1; c += quant::kNibbleBlock) {
-        const __m512i d = _mm512_loadu_si512(row + c / 2);
+        const __m512i d = _mm512_loadu_si512(row(c / 2));
         for (int t = 0; t < 8; ++t) _mm512_storeu_ps(out + c + 16 * t, q4_nibble128_chunk(d, t, ch.t));
       }
-    } else if (ch.fast_scale(s))
-      for (int64_t c = c0; c < c1; c += 16) _mm512_storeu_ps(out + c, ch.template at<true>(row, c));
-    else
-      for (int64_t c = c0; c < c1; c += 16) _mm512_storeu_ps(out + c, ch.template at<false>(row, c));
+    } else if (ch.fast_scale(s)) {
+      for (int64_t c = c0; c < c1; c += 16) _mm512_storeu_ps(out + c, ch.template at<true>(row(c / kHalve)));
+    } else {
+      for (int64_t c = c0; c < c1; c += 16) _mm512_storeu_ps(out + c, ch.template at<false>(row(c / kHalve)));
+    }
   }
   for (int64_t c = full; c < w.cols; ++c) out[c] = weight_at(w, r, c);
 }
@@ -255,11 +267,9 @@ auto for_format(const Weight& w, F f) {
 using DequantRowFn = void (*)(const Weight&, int64_t, float*);
 
 DequantRowFn dequant_row_avx512(const Weight& w) {
-  const bool nib = w.layout == WeightLayout::kNibble128;
-  return for_format(w, [nib]<DType DT, DType SD>() -> DequantRowFn {
-    if constexpr (DT == DType::Q4)
-      if (nib) return dequant_row_t<DT, SD, true>;
-    return dequant_row_t<DT, SD>;
+  const bool quad = w.layout == WeightLayout::kQuantQuad;
+  return for_format(w, [quad]<DType DT, DType SD>() -> DequantRowFn {
+    return quad ? dequant_row_t<DT, SD, true> : dequant_row_t<DT, SD, false>;
   });
 }
 #endif
@@ -271,42 +281,53 @@ DequantRowFn dequant_row_avx512(const Weight& w) {
 // recipe is dot_tile's exactly (lane l sums x[16q + l] * w[16q + l] by FMA in q order, then the
 // simd::reduce tree), over the same float weights, so the bytes equal the panel path's.
 
-// Columns [k0, k1) of one group of the tile's NR rows (their Chunk states ch) into acc. The next
-// tile's rows are prefetched as this one goes (each W row is short, a few KiB: too short for the
-// hardware prefetcher to ramp up on four streams at once).
-template <int MR, int NR, bool kFast, DType DT, DType SD>
-GLM5_AVX512 __attribute__((always_inline)) inline void fused_group(const Chunk<DT, SD>* ch, const uint8_t* const* rows,
+// The next tile's bytes of code bytes [b0, b1) of each row, prefetched while this tile runs (its
+// rows are short, a few KiB: too short for the hardware prefetcher to ramp up). Row-major: the
+// next NR rows, rb bytes apart; quads: one stretch, 4 rows x 64 bytes per chunk.
+template <int NR, bool kQuad>
+GLM5_AVX512 __attribute__((always_inline)) inline void prefetch_next(const uint8_t* next, size_t rb, int64_t b0,
+                                                                    int64_t b1) {
+  constexpr int64_t C = quant::kQuadChunk;
+  if constexpr (kQuad) {
+    for (int64_t b = b0 / C * 4 * C; b < (b1 + C - 1) / C * 4 * C; b += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(next + b), _MM_HINT_T0);
+  } else {
+    for (int64_t b = (b0 + 63) / 64 * 64; b < b1; b += 64)
+      for (int c = 0; c < NR; ++c) _mm_prefetch(reinterpret_cast<const char*>(next + c * rb + b), _MM_HINT_T0);
+  }
+}
+
+// Columns [k0, k1) of one group of the tile's NR rows (their Chunk states ch) into acc.
+template <int MR, int NR, bool kFast, bool kQuad, DType DT, DType SD>
+GLM5_AVX512 __attribute__((always_inline)) inline void fused_group(const Chunk<DT, SD>* ch, const RowBytes<kQuad>* rows,
                                                                   const uint8_t* next, size_t rb, const float* x,
                                                                   int64_t ldx, int64_t k0, int64_t k1,
                                                                   __m512 (&acc)[MR][4]) {
-  // one prefetch per 64 bytes of each next row, at the offsets within the group's bytes [b0, b1)
-  const int64_t b0 = DT == DType::Q4 ? k0 / 2 : k0, b1 = DT == DType::Q4 ? k1 / 2 : k1;
-  for (int64_t b = (b0 + 63) / 64 * 64; b < b1; b += 64)
-    for (int c = 0; c < NR; ++c) _mm_prefetch(reinterpret_cast<const char*>(next + c * rb + b), _MM_HINT_T0);
+  constexpr int64_t kHalve = DT == DType::Q4 ? 2 : 1;  // code bytes per column: 1 / kHalve
+  prefetch_next<NR, kQuad>(next, rb, k0 / kHalve, k1 / kHalve);
   for (int64_t k = k0; k < k1; k += 16) {
     __m512 xv[MR];
     for (int r = 0; r < MR; ++r) xv[r] = _mm512_loadu_ps(x + r * ldx + k);
     for (int c = 0; c < NR; ++c) {
-      const __m512 wv = ch[c].template at<kFast>(rows[c], k);
+      const __m512 wv = ch[c].template at<kFast>(rows[c](k / kHalve));
       for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
     }
   }
 }
 
-// fused_group for Q4 in nibble128 order: per 128-column block one 64-byte load per row, then per
-// 16 columns one shift, one table lookup and the FMA (the row-major order takes a broadcast and a
-// byte shuffle for the nibbles of each 16 columns: ~30 % more time per weight on Zen 4). The
-// columns, lanes and FMA order are those of fused_group.
+// fused_group for Q4 in quads (nibble128 order): per 128-column block one 64-byte load per row,
+// then per 16 columns one shift, one table lookup and the FMA (the row-major order takes a
+// broadcast and a byte shuffle for the nibbles of each 16 columns: ~30 % more time per weight on
+// Zen 4). The columns, lanes and FMA order are those of fused_group.
 template <int MR, int NR, DType SD>
 GLM5_AVX512 __attribute__((always_inline)) inline void fused_group_nib(const Chunk<DType::Q4, SD>* ch,
-                                                                      const uint8_t* const* rows, const uint8_t* next,
+                                                                      const RowBytes<true>* rows, const uint8_t* next,
                                                                       size_t rb, const float* x, int64_t ldx,
                                                                       int64_t k0, int64_t k1, __m512 (&acc)[MR][4]) {
-  for (int64_t b = (k0 / 2 + 63) / 64 * 64; b < k1 / 2; b += 64)
-    for (int c = 0; c < NR; ++c) _mm_prefetch(reinterpret_cast<const char*>(next + c * rb + b), _MM_HINT_T0);
+  prefetch_next<NR, true>(next, rb, k0 / 2, k1 / 2);
   for (int64_t k = k0; k < k1; k += quant::kNibbleBlock) {
     __m512i d[NR];
-    for (int c = 0; c < NR; ++c) d[c] = _mm512_loadu_si512(rows[c] + k / 2);
+    for (int c = 0; c < NR; ++c) d[c] = _mm512_loadu_si512(rows[c](k / 2));
     for (int t = 0; t < 8; ++t) {
       __m512 xv[MR];
       for (int r = 0; r < MR; ++r) xv[r] = _mm512_loadu_ps(x + r * ldx + k + 16 * t);
@@ -351,18 +372,18 @@ GLM5_AVX512 bool block_scales(const void* scale, const int64_t* srow, int64_t gb
 }
 
 // y[r, j] (+)= x[r, :] . W[j, :] for r < MR, j in [j0, j0 + NR), NR <= 4; k % 16 == 0, group % 16 == 0
-// (kNib: Q4 in nibble128 order).
-template <int MR, int NR, DType DT, DType SD, bool kNib>
+// (kQuad: kQuantQuad, j0 % 4 == 0).
+template <int MR, int NR, DType DT, DType SD, bool kQuad>
 GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_t j0, float* y, int64_t ldy,
                             bool accumulate) {
   const size_t rb = quant::row_bytes(DT, w.ld);
-  const uint8_t* rows[NR];
+  RowBytes<kQuad> rows[NR];
   int64_t srow[NR];
   for (int c = 0; c < NR; ++c) {
-    rows[c] = static_cast<const uint8_t*>(w.data) + size_t(j0 + c) * rb;
+    rows[c] = row_bytes_of<kQuad>(w, j0 + c);
     srow[c] = ((j0 + c) / w.scale_block_rows) * w.scale_ld;
   }
-  const uint8_t* next = rows[0] + 4 * rb;  // the following tile's first row
+  const uint8_t* next = static_cast<const uint8_t*>(w.data) + size_t(j0 + 4) * rb;  // the following tile
   __m512 acc[MR][4];
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -375,9 +396,9 @@ GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_
       Chunk<DT, SD> ch[NR];
       for (int c = 0; c < NR; ++c) ch[c].group(sc[c][gi], fast);
       const int64_t g0 = (gb + gi) * w.group, g1 = std::min(w.cols, g0 + w.group);  // FP8's last block may be partial
-      if constexpr (kNib) fused_group_nib<MR, NR>(ch, rows, next, rb, x, ldx, g0, g1, acc);
-      else if (fast) fused_group<MR, NR, true>(ch, rows, next, rb, x, ldx, g0, g1, acc);
-      else fused_group<MR, NR, false>(ch, rows, next, rb, x, ldx, g0, g1, acc);
+      if constexpr (DT == DType::Q4 && kQuad) fused_group_nib<MR, NR>(ch, rows, next, rb, x, ldx, g0, g1, acc);
+      else if (fast) fused_group<MR, NR, true, kQuad>(ch, rows, next, rb, x, ldx, g0, g1, acc);
+      else fused_group<MR, NR, false, kQuad>(ch, rows, next, rb, x, ldx, g0, g1, acc);
     }
   }
   for (int r = 0; r < MR; ++r)
@@ -388,25 +409,25 @@ GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_
     }
 }
 
-template <int MR, DType DT, DType SD, bool kNib>
+template <int MR, DType DT, DType SD, bool kQuad>
 GLM5_AVX512 void fused_tile_nr(const GemmParams& p, int64_t j, int nr) {
   switch (nr) {
-    case 4: fused_tile<MR, 4, DT, SD, kNib>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate); break;
-    case 3: fused_tile<MR, 3, DT, SD, kNib>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate); break;
-    case 2: fused_tile<MR, 2, DT, SD, kNib>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate); break;
-    default: fused_tile<MR, 1, DT, SD, kNib>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate); break;
+    case 4: fused_tile<MR, 4, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate); break;
+    case 3: fused_tile<MR, 3, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate); break;
+    case 2: fused_tile<MR, 2, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate); break;
+    default: fused_tile<MR, 1, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate); break;
   }
 }
 
-template <DType DT, DType SD, bool kNib = false>
+template <DType DT, DType SD, bool kQuad = false>
 GLM5_AVX512 void fused_rows(const GemmParams& p, int64_t j0, int64_t j1) {
   for (int64_t j = j0; j < j1; j += 4) {
     const int nr = int(std::min<int64_t>(4, j1 - j));
     switch (p.m) {
-      case 1: fused_tile_nr<1, DT, SD, kNib>(p, j, nr); break;
-      case 2: fused_tile_nr<2, DT, SD, kNib>(p, j, nr); break;
-      case 3: fused_tile_nr<3, DT, SD, kNib>(p, j, nr); break;
-      default: fused_tile_nr<4, DT, SD, kNib>(p, j, nr); break;
+      case 1: fused_tile_nr<1, DT, SD, kQuad>(p, j, nr); break;
+      case 2: fused_tile_nr<2, DT, SD, kQuad>(p, j, nr); break;
+      case 3: fused_tile_nr<3, DT, SD, kQuad>(p, j, nr); break;
+      default: fused_tile_nr<4, DT, SD, kQuad>(p, j, nr); break;
     }
   }
 }
@@ -414,11 +435,9 @@ GLM5_AVX512 void fused_rows(const GemmParams& p, int64_t j0, int64_t j1) {
 using FusedFn = void (*)(const GemmParams&, int64_t, int64_t);
 
 FusedFn fused_fn(const Weight& w) {
-  const bool nib = w.layout == WeightLayout::kNibble128;
-  return for_format(w, [nib]<DType DT, DType SD>() -> FusedFn {
-    if constexpr (DT == DType::Q4)
-      if (nib) return fused_rows<DT, SD, true>;
-    return fused_rows<DT, SD>;
+  const bool quad = w.layout == WeightLayout::kQuantQuad;
+  return for_format(w, [quad]<DType DT, DType SD>() -> FusedFn {
+    return quad ? fused_rows<DT, SD, true> : fused_rows<DT, SD, false>;
   });
 }
 #endif

@@ -87,11 +87,13 @@ void validate(const GemmParams& p) {
     CHECK(!p.trans_w && p.w.dtype == DType::BF16 && p.w.ld % 32 == 0, "gemm: an interleaved (kTile16) ",
           dtype_name(p.w.dtype), " weight with ld ", p.w.ld, " and trans_w = ", p.trans_w,
           ": the layout holds only BF16 rows used as y = x W^T, ld a multiple of 32");
-  if (p.w.layout == WeightLayout::kNibble128)
-    CHECK(!p.trans_w && p.w.dtype == DType::Q4 && p.w.ld % quant::kNibbleBlock == 0 &&
-              p.w.group % quant::kNibbleBlock == 0,
-          "gemm: a nibble128 ", dtype_name(p.w.dtype), " weight with ld ", p.w.ld, ", group ", p.w.group,
-          " and trans_w = ", p.trans_w, ": the layout holds only int4 rows used as y = x W^T, ld and group multiples of 128");
+  if (p.w.layout == WeightLayout::kQuantQuad)
+    CHECK(!p.trans_w && quant::is_quantized(p.w.dtype) &&
+              (p.w.dtype == DType::Q4 ? p.w.ld % quant::kNibbleBlock == 0 && p.w.group % quant::kNibbleBlock == 0
+                                      : p.w.ld % quant::kQuadChunk == 0),
+          "gemm: a quad-interleaved (kQuantQuad) ", dtype_name(p.w.dtype), " weight with ld ", p.w.ld, ", group ",
+          p.w.group, " and trans_w = ", p.trans_w,
+          ": the layout holds only quantized rows used as y = x W^T, ld a multiple of 64 (int4: ld and group of 128)");
   CHECK(p.ldx >= p.k, "gemm: ldx ", p.ldx, " < k ", p.k);
   CHECK(p.ldy >= p.n, "gemm: ldy ", p.ldy, " < n ", p.n);
   if (p.m > 0 && p.n > 0) {

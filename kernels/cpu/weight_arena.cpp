@@ -147,15 +147,16 @@ const void* WeightArena::copy_interleaved(const void* src, size_t elem_bytes, in
   return dst;
 }
 
-const void* WeightArena::copy_nibble128(const void* src, int64_t rows, int64_t ld) {
-  CHECK(ld % quant::kNibbleBlock == 0, "copy_nibble128: ld ", ld, " is not a multiple of ", quant::kNibbleBlock);
-  const size_t row = size_t(ld / 2);
-  char* dst = take(size_t(rows) * row);
+const void* WeightArena::copy_quant_quad(const void* src, DType t, int64_t rows, size_t rb) {
+  CHECK(rb % quant::kQuadChunk == 0, "copy_quant_quad: rows of ", rb, " bytes, not a multiple of ", quant::kQuadChunk);
+  const int64_t quads = (rows + 3) / 4;
+  char* dst = take(size_t(quads) * 4 * rb);
   if (!dst) return nullptr;
   const auto* s = static_cast<const uint8_t*>(src);
-#pragma omp parallel for schedule(dynamic, 256) if (rows > 256)
-  for (int64_t r = 0; r < rows; ++r)
-    quant::repack_nibble128(s + size_t(r) * row, reinterpret_cast<uint8_t*>(dst) + size_t(r) * row, ld);
+  auto* d = reinterpret_cast<uint8_t*>(dst);
+#pragma omp parallel for schedule(dynamic, 64) if (quads > 64)  // pieces of 256 rows
+  for (int64_t q = 0; q < quads; ++q)
+    quant::repack_quant_quad(t, s + size_t(4 * q) * rb, d + size_t(4 * q) * rb, std::min<int64_t>(4, rows - 4 * q), rb);
   return dst;
 }
 

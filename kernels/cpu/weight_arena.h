@@ -7,9 +7,8 @@
 // note on stderr. Ranks on one host each copy the weights they hold (the mapping shared the page
 // cache between them). BF16 / F16 / F32 matrices the model uses only as y = x W^T are copied
 // interleaved in groups of 4 rows (copy_quad16, WeightLayout::kQuad16 in ops.h; BF16 in the AMX
-// tiles' groups of 16 rows, kTile16, where its gemm runs on them), int4 ones with the nibbles of
-// each 128 columns reordered (copy_nibble128, kNibble128), the rest (other quantized, sliced or
-// transposed) as they are.
+// tiles' groups of 16 rows, kTile16, where its gemm runs on them), quantized ones in groups of 4
+// rows too (copy_quant_quad, kQuantQuad), the rest (sliced or transposed) as they are.
 #pragma once
 
 #include <cstddef>
@@ -37,9 +36,9 @@ class WeightArena {
   const void* copy_quad16(const void* src, size_t elem_bytes, int64_t rows, int64_t cols, int64_t ld) {
     return copy_interleaved(src, elem_bytes, rows, cols, ld, WeightLayout::kQuad16);
   }
-  // A copy of the int4 rows at src (rows x ld elements, ld a multiple of 128) in nibble128 order
-  // (WeightLayout::kNibble128, core/quant.h), or nullptr as for copy().
-  const void* copy_nibble128(const void* src, int64_t rows, int64_t ld);
+  // A copy of the quantized rows at src (rows x rb bytes of dtype t, rb a multiple of 64) in quads
+  // (WeightLayout::kQuantQuad, core/quant.h repack_quant_quad), or nullptr as for copy().
+  const void* copy_quant_quad(const void* src, DType t, int64_t rows, size_t rb);
   static int64_t interleaved_ld(WeightLayout layout, int64_t cols) {
     const int64_t c = layout_ld_multiple(layout);
     return (cols + c - 1) / c * c;

@@ -178,7 +178,8 @@ TEST(Quad16, AmxPathLeavesInterleavedWeightsOnTheFp32Recipe) {
 }
 
 // The fast cpu backend holds plain-dtype gemm matrices interleaved (BF16 in AMX tiles, kTile16,
-// where its gemm runs on them), quantized ones as stored; the reference backend keeps them as they are.
+// where its gemm runs on them), quantized ones in quads of rows (kQuantQuad); the reference backend
+// keeps them as they are.
 TEST(Quad16, BackendUploadsPlainGemmMatricesInterleaved) {
   auto cpu = make_cpu_backend();
   auto ref = make_reference_backend();
@@ -191,13 +192,13 @@ TEST(Quad16, BackendUploadsPlainGemmMatricesInterleaved) {
     if (dt == DType::Q8) w = Weight{bytes.data(), dt, rows, cols, cols, scales.data(), DType::BF16, cols / 32, 32, 1};
     const Weight up = cpu->upload_gemm_matrix(w, bytes.size());
     const bool tiles = dt == DType::BF16 && cpu::fast::gemm_path() != "fp32";
-    const WeightLayout want = dt == DType::Q8 ? WeightLayout::kRowMajor : tiles ? WeightLayout::kTile16
-                                                                               : WeightLayout::kQuad16;
+    const WeightLayout want = dt == DType::Q8 ? WeightLayout::kQuantQuad : tiles ? WeightLayout::kTile16
+                                                                                : WeightLayout::kQuad16;
     if (up.data == w.data) {  // not copied: GLM5_CPU_WEIGHTS=mmap, or memory short
       EXPECT_EQ(up.layout, WeightLayout::kRowMajor) << dtype_name(dt);
     } else {
       EXPECT_EQ(up.layout, want) << dtype_name(dt);
-      EXPECT_EQ(up.ld, cpu::WeightArena::interleaved_ld(want, cols)) << dtype_name(dt);
+      EXPECT_EQ(up.ld, dt == DType::Q8 ? cols : cpu::WeightArena::interleaved_ld(want, cols)) << dtype_name(dt);
     }
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)

@@ -2,8 +2,8 @@
 // rounding, int4/int8 unpacking), and the fast CPU gemm over F8_E4M3 / Q4 / Q8 weights on every
 // dequantization path this CPU has: bitwise equal to the same gemm over the weights dequantized to
 // float32 (weight_at), close to the reference, batch-invariant (a row's bytes do not depend on m)
-// and independent of the thread count; int4 also in the nibble128 order the fast backend holds it
-// in (the same values, the same bytes out).
+// and independent of the thread count; also in the quads of rows the fast backend holds them in
+// (kQuantQuad, int4 in nibble128 order: the same values, the same bytes out).
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -137,15 +137,17 @@ std::vector<float> run_gemm(Backend& b, const Weight& w, const std::vector<float
   return y;
 }
 
-// w (Q4, row-major, ld and group multiples of 128) in nibble128 order, its bytes in `store`.
-Weight nibble128(const Weight& w, std::vector<uint8_t>& store) {
+// Whether w (row-major) can take kQuantQuad, and w in it (bytes in `store`).
+bool quad_fits(const Weight& w) {
+  return w.ld == w.cols && (w.dtype == DType::Q4 ? w.ld % 128 == 0 && w.group % 128 == 0 : w.ld % 64 == 0);
+}
+Weight quad(const Weight& w, std::vector<uint8_t>& store) {
   const size_t rb = quant::row_bytes(w.dtype, w.ld);
-  store.assign(rb * size_t(w.rows), 0);
-  for (int64_t r = 0; r < w.rows; ++r)
-    quant::repack_nibble128(static_cast<const uint8_t*>(w.data) + size_t(r) * rb, store.data() + size_t(r) * rb, w.ld);
+  store.assign(rb * size_t((w.rows + 3) / 4 * 4), 0xaa);
+  quant::repack_quant_quad(w.dtype, static_cast<const uint8_t*>(w.data), store.data(), w.rows, rb);
   Weight n = w;
   n.data = store.data();
-  n.layout = WeightLayout::kNibble128;
+  n.layout = WeightLayout::kQuantQuad;
   return n;
 }
 
@@ -166,6 +168,7 @@ std::vector<QCase> cases() {
   c.push_back({DType::Q8, DType::F32, 5, 26, 13});     // ld 28 > cols 26
   c.push_back({DType::Q4, DType::BF16, 512, 256, 32});  // many column blocks, the fused path's row items
   c.push_back({DType::Q4, DType::BF16, 37, 768, 256});  // groups of two 128-column blocks
+  c.push_back({DType::Q8, DType::F32, 38, 320, 32});     // quads: 5 chunks of 64 bytes, 2 padding rows
   for (DType s : {DType::BF16, DType::F32, DType::F16}) {  // 80 / 34 groups: blocks of 32 groups and tails
     c.push_back({DType::Q4, s, 35, 1280, 16});             // (35 rows: a last tile of 3)
     c.push_back({DType::Q8, s, 35, 1088, 32});
@@ -210,14 +213,14 @@ TEST(QuantGemm, BitwiseDequantizedF32OnEveryPath) {
         const std::vector<float> x0(x.begin(), x.begin() + c.k);
         const auto y0 = run_gemm(*cpu, q.w, x0, 1);
         ASSERT_EQ(0, std::memcmp(y0.data(), yq.data(), y0.size() * 4)) << "m = " << m;
-        if (c.dt == DType::Q4 && c.k % 128 == 0 && c.group % 128 == 0) {  // nibble128: the same bytes
+        if (quad_fits(q.w)) {  // in quads: the same bytes
           std::vector<uint8_t> store;
-          const Weight wn = nibble128(q.w, store);
+          const Weight wn = quad(q.w, store);
           const auto yn = run_gemm(*cpu, wn, x, m), y0n = run_gemm(*cpu, wn, x0, 1);
-          ASSERT_EQ(0, std::memcmp(yn.data(), yq.data(), yq.size() * 4)) << "nibble128, m = " << m;
-          ASSERT_EQ(0, std::memcmp(y0n.data(), yq.data(), y0n.size() * 4)) << "nibble128 row 0, m = " << m;
+          ASSERT_EQ(0, std::memcmp(yn.data(), yq.data(), yq.size() * 4)) << "quads, m = " << m;
+          ASSERT_EQ(0, std::memcmp(y0n.data(), yq.data(), y0n.size() * 4)) << "quads row 0, m = " << m;
           const auto yrn = run_gemm(*ref, wn, x, m);
-          ASSERT_EQ(0, std::memcmp(yrn.data(), yr.data(), yr.size() * 4)) << "reference nibble128, m = " << m;
+          ASSERT_EQ(0, std::memcmp(yrn.data(), yr.data(), yr.size() * 4)) << "reference quads, m = " << m;
         }
       }
     }
@@ -243,15 +246,15 @@ TEST(QuantGemm, PathsAndThreadsAgreeBitwise) {
     ASSERT_EQ(0, std::memcmp(rows[0].data(), dequantized(q.w).data(), rows[0].size() * 4));
     for (size_t i = 1; i < rows.size(); ++i)
       ASSERT_EQ(0, std::memcmp(rows[0].data(), rows[i].data(), rows[0].size() * 4)) << paths[i];
-    if (c.dt == DType::Q4 && c.k % 128 == 0 && c.group % 128 == 0) {
+    if (quad_fits(q.w)) {
       std::vector<uint8_t> store;
-      const Weight wn = nibble128(q.w, store);
-      ASSERT_EQ(0, std::memcmp(rows[0].data(), dequantized(wn).data(), rows[0].size() * 4)) << "weight_at, nibble128";
+      const Weight wn = quad(q.w, store);
+      ASSERT_EQ(0, std::memcmp(rows[0].data(), dequantized(wn).data(), rows[0].size() * 4)) << "weight_at, quads";
       for (const std::string& path : paths) {
         cpu::fast::set_quant_path(path);
         std::vector<float> out(size_t(c.n * c.k));
         cpu::fast::dequantize_rows(wn, 0, c.n, out.data(), c.k);
-        ASSERT_EQ(0, std::memcmp(rows[0].data(), out.data(), out.size() * 4)) << path << ", nibble128";
+        ASSERT_EQ(0, std::memcmp(rows[0].data(), out.data(), out.size() * 4)) << path << ", quads";
       }
       cpu::fast::set_quant_path("auto");
     }
@@ -316,11 +319,10 @@ TEST(QuantGemm, Bf16ScalesEveryMantissaAndExponent) {
     const Weight rm{data.data(), dt, n, k, k, scales.data(), DType::BF16, 1, group, 1};
     const std::vector<float> want = dequantized(rm);
     std::vector<uint8_t> store;
-    std::vector<Weight> forms{rm};
-    if (dt == DType::Q4) forms.push_back(nibble128(rm, store));
+    const std::vector<Weight> forms{rm, quad(rm, store)};
     for (const std::string& path : cpu::fast::quant_paths()) {
       for (const Weight& w : forms) {
-        SCOPED_TRACE(w.layout == WeightLayout::kNibble128 ? "nibble128" : "row-major");
+        SCOPED_TRACE(w.layout == WeightLayout::kQuantQuad ? "quads" : "row-major");
         cpu::fast::set_quant_path(path);
         std::vector<float> got(want.size());
         cpu::fast::dequantize_rows(w, 0, n, got.data(), k);
@@ -338,44 +340,50 @@ TEST(QuantGemm, Bf16ScalesEveryMantissaAndExponent) {
   }
 }
 
-// The nibble128 order: element c's nibble where quant::nibble128_byte / _shift say, every stored
-// value kept; CpuBackend holds int4 gemm matrices that way when rows and groups are whole 128-column
-// blocks (else as stored), the reference backend as stored; layouts it cannot hold are refused.
-TEST(QuantGemm, Nibble128LayoutAndUpload) {
-  QWeight q = random_weight(DType::Q4, DType::BF16, 6, 256, 128, 21);
-  std::vector<uint8_t> store;
-  const Weight wn = nibble128(q.w, store);
-  for (int64_t r = 0; r < 6; ++r)
-    for (int64_t c = 0; c < 256; ++c) {
-      const uint8_t* row = store.data() + size_t(r) * 128;
-      ASSERT_EQ(quant::q4_nibble128_at(row, c), quant::int_at(DType::Q4, q.data.data() + size_t(r) * 128, c)) << r << ", " << c;
-      ASSERT_EQ(weight_at(wn, r, c), weight_at(q.w, r, c));
-    }
-  // word l of a block holds columns l, 16 + l, ..., 112 + l in its nibbles 0..7
-  EXPECT_EQ(quant::nibble128_byte(0), 0u);
-  EXPECT_EQ(quant::nibble128_byte(16), 0u);
+// kQuantQuad: byte b of row r where quant::quad_byte says, int4 nibbles where nibble128_byte /
+// _shift say, every stored value kept; CpuBackend holds quantized gemm matrices that way when
+// their rows are whole 64-byte chunks (int4: groups of 128 columns), else as stored; the reference
+// backend as stored; layouts it cannot hold are refused.
+TEST(QuantGemm, QuadLayoutAndUpload) {
+  EXPECT_EQ(quant::quad_byte(0, 63, 128), 63u);
+  EXPECT_EQ(quant::quad_byte(0, 64, 128), 256u);  // row 0's second chunk after the 4 rows' first
+  EXPECT_EQ(quant::quad_byte(3, 0, 128), 192u);
+  EXPECT_EQ(quant::quad_byte(5, 70, 128), 512u + 256u + 64u + 6u);
+  EXPECT_EQ(quant::nibble128_byte(16), 0u);  // word l of a block: columns l, 16 + l, ..., 112 + l
   EXPECT_EQ(quant::nibble128_shift(16), 4);
   EXPECT_EQ(quant::nibble128_byte(33), 5u);
   EXPECT_EQ(quant::nibble128_byte(127 + 128), 64u + 63u);
   auto cpu = make_cpu_backend();
   auto ref = make_reference_backend();
-  const Weight up = cpu->upload_gemm_matrix(q.w, q.data.size());
-  if (up.data != q.w.data) {  // (GLM5_CPU_WEIGHTS=mmap or short memory: kept as stored)
-    EXPECT_EQ(up.layout, WeightLayout::kNibble128);
-    EXPECT_EQ(0, std::memcmp(up.data, store.data(), store.size()));
+  for (DType dt : {DType::Q4, DType::Q8, DType::F8_E4M3}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)));
+    QWeight q = random_weight(dt, dt == DType::F8_E4M3 ? DType::F32 : DType::BF16, 7, 256, 128, 21);
+    std::vector<uint8_t> store;
+    const Weight wq = quad(q.w, store);
+    for (int64_t r = 0; r < 7; ++r)
+      for (int64_t c = 0; c < 256; ++c) {
+        ASSERT_EQ(quant_code(wq, r, c), quant_code(q.w, r, c)) << r << ", " << c;
+        ASSERT_EQ(weight_at(wq, r, c), weight_at(q.w, r, c)) << r << ", " << c;
+      }
+    const Weight up = cpu->upload_gemm_matrix(q.w, q.data.size());
+    if (up.data != q.w.data) {  // (GLM5_CPU_WEIGHTS=mmap or short memory: kept as stored)
+      EXPECT_EQ(up.layout, WeightLayout::kQuantQuad);
+      EXPECT_EQ(0, std::memcmp(up.data, store.data(), store.size()));  // (the padding row zero in both)
+    }
+    EXPECT_EQ(ref->upload_gemm_matrix(q.w, q.data.size()).layout, WeightLayout::kRowMajor);
+    EXPECT_NE(0, std::memcmp(store.data(), q.data.data(), q.data.size()));  // the order did change
   }
-  EXPECT_EQ(ref->upload_gemm_matrix(q.w, q.data.size()).layout, WeightLayout::kRowMajor);
   QWeight g32 = random_weight(DType::Q4, DType::BF16, 6, 256, 32, 22);
   EXPECT_EQ(cpu->upload_gemm_matrix(g32.w, g32.data.size()).layout, WeightLayout::kRowMajor);
-  Weight bad = g32.w;  // groups of 32 columns cannot take the layout
-  bad.layout = WeightLayout::kNibble128;
+  Weight bad = g32.w;  // int4 groups of 32 columns cannot take the layout
+  bad.layout = WeightLayout::kQuantQuad;
   std::vector<float> x(256), y(6);
   for (Backend* b : {cpu.get(), ref.get()}) {
     try {
       b->gemm({x.data(), 256, bad, false, y.data(), 6, 1, 6, 256});
       ADD_FAILURE() << b->name() << ": no error";
     } catch (const glm5::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("nibble128"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("quad-interleaved"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("group 32"), std::string::npos) << e.what();
     }
   }
