@@ -60,7 +60,8 @@ struct Weight {
   int64_t scale_ld = 0, group = 0, scale_block_rows = 1;
   WeightLayout layout = WeightLayout::kRowMajor;
   // Rows [first, first + n) of this matrix (a view, no copy). A quantized matrix can be sliced
-  // only at multiples of its scale blocks, a kQuad16 / kTile16 one only at multiples of 4 / 16 rows.
+  // only at multiples of its scale blocks, a kQuad16 / kQuantQuad / kTile16 one only at multiples of
+  // 4 / 4 / 16 rows.
   Weight slice_rows(int64_t first, int64_t n) const {
     CHECK(first % layout_group_rows(layout) == 0, "slice_rows: row ", first, " is inside a group of ",
           layout_group_rows(layout), " interleaved rows");
@@ -78,6 +79,14 @@ struct Weight {
   }
 };
 
+// Whether a quantized weight of these sizes can take (or has a valid) kQuantQuad layout: whole
+// 64-byte chunks per row (int4: whole 128-column groups, the nibble128 blocks), cols == ld.
+inline bool quant_quad_fits(DType t, int64_t cols, int64_t ld, int64_t group) {
+  if (!quant::is_quantized(t) || cols != ld) return false;
+  if (t == DType::Q4) return ld % quant::kNibbleBlock == 0 && group % quant::kNibbleBlock == 0;
+  return ld % quant::kQuadChunk == 0;
+}
+
 // The stored code of element (r, c) of a quantized weight, row-major or kQuantQuad: the FP8 byte,
 // Q8's q + 128, Q4's q + 8.
 inline int quant_code(const Weight& w, int64_t r, int64_t c) {
@@ -94,6 +103,8 @@ inline int quant_code(const Weight& w, int64_t r, int64_t c) {
 // Element (r, c) of a weight in host memory as float32: widened exactly, or dequantized by the
 // rule of core/quant.h. The definition every kernel's weight values are checked against.
 inline float weight_at(const Weight& w, int64_t r, int64_t c) {
+  CHECK(w.layout == WeightLayout::kRowMajor || quant::is_quantized(w.dtype) == (w.layout == WeightLayout::kQuantQuad),
+        "weight_at: a ", dtype_name(w.dtype), " weight cannot have layout ", int(w.layout));
   if (quant::is_quantized(w.dtype)) {
     const float s = quant::scale_at(w.scale_dtype, w.scale, (r / w.scale_block_rows) * w.scale_ld + c / w.group);
     const int code = quant_code(w, r, c);
@@ -110,7 +121,7 @@ inline float weight_at(const Weight& w, int64_t r, int64_t c) {
       }
       case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
       case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
-      default: GLM5_FAIL("weight_at: a ", dtype_name(w.dtype), " weight cannot have the interleaved layout");
+      default: GLM5_FAIL("weight_at: unsupported weight dtype ", dtype_name(w.dtype));
     }
   }
   const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * quant::row_bytes(w.dtype, w.ld);
@@ -371,7 +382,8 @@ class Backend {
   virtual const void* upload_mapped(const void* mapped, size_t bytes) { return upload(mapped, bytes); }
   // A streamed matrix the model uses only as y = x W^T over whole rows (never transposed or
   // sliced): `mapped` views it in the file mapping (`bytes` long). The result may use another
-  // layout (the fast cpu backend: WeightLayout::kQuad16 or kTile16); the default is upload_mapped().
+  // layout (the fast cpu backend: WeightLayout::kQuad16, kTile16 or kQuantQuad); the default is
+  // upload_mapped().
   virtual Weight upload_gemm_matrix(const Weight& mapped, size_t bytes) {
     Weight w = mapped;
     w.data = upload_mapped(mapped.data, bytes);

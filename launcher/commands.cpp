@@ -235,7 +235,7 @@ std::string human_bytes(double b) {
 }
 
 struct InspectArgs {
-  std::string model, cluster, quant, quantize, scale_dtype = "bf16";
+  std::string model, cluster, quant, quantize, scale_dtype;
   int64_t group_size = 128;
 };
 
@@ -470,7 +470,7 @@ int main_entry(int argc, char** argv) {
   ins->add_option("--group-size", ia.group_size, "int4 / int8: columns per scale (32, 64, 128)")
       ->capture_default_str()
       ->needs(ins_quant);
-  ins->add_option("--scale-dtype", ia.scale_dtype, "int4 / int8 scales: bf16 | f32")->capture_default_str()->needs(ins_quant);
+  ins->add_option("--scale-dtype", ia.scale_dtype, "int4 / int8 scales: bf16 (default) | f32")->needs(ins_quant);
   ins->add_option("--quantize", ia.quantize,
                   "roles --quant applies to, comma list of experts, shared, dense, attention, indexer, lm_head, all "
                   "(default experts,shared)")
@@ -483,9 +483,9 @@ int main_entry(int argc, char** argv) {
   conv->add_option("--quant", ca.quant, "int4 | int8 | fp8 | bf16 | f32")->capture_default_str();
   conv->add_option("--group-size", ca.group_size, "int4 / int8: columns per scale (32, 64, 128)")->capture_default_str();
   conv->add_option("--scale-dtype", ca.scale_dtype,
-                   "int4 / int8 scales: bf16 (llm-compressor's bytes) | f32 (weights q * scale need no rounding: "
-                   "int8 decodes ~1.5x faster on CPUs, 2 more bytes per group)")
-      ->capture_default_str();
+                   "int4 / int8 scales: bf16 (the default; llm-compressor's bytes) | f32 (2 more bytes per group; "
+                   "weights q * scale need no rounding, so int8 decodes faster on CPUs: BENCHMARKS.md). Without "
+                   "it, int tensors already in the target format and group keep their scales");
   conv->add_option("--quantize", ca.quantize,
                    "roles to quantize, comma list of experts, shared, dense, attention, indexer, lm_head, all "
                    "(default experts,shared)");

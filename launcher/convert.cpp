@@ -96,7 +96,7 @@ void decide(Item& it, const runtime::QuantPlan& plan, bool in_schema) {
   bool convert = in_schema ? plan.converts(it.spec) : !plan.quantized_target();
   const bool int_target = plan.target == DType::Q4 || plan.target == DType::Q8;
   if (convert && st.dtype == plan.target &&
-      (!int_target || (st.group == plan.group_size && st.scale->dtype == plan.scale_dtype)))
+      (!int_target || (st.group == plan.group_size && (!plan.scale_dtype_given || st.scale->dtype == plan.scale_dtype))))
     convert = false;  // already stored that way
   if (convert && it.spec.shape.size() == 2) {
     it.out = plan.target;

@@ -8,7 +8,7 @@
 namespace glm5::launcher {
 
 struct ConvertArgs {
-  std::string model, out, quant = "int4", quantize, cluster, scale_dtype = "bf16";
+  std::string model, out, quant = "int4", quantize, cluster, scale_dtype;  // scale_dtype "": BF16, or as stored
   int64_t group_size = 128;
   int64_t shard_size_mb = 4096;  // largest output file (one bigger tensor gets a file of its own)
   bool progress = true;

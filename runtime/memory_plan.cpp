@@ -65,8 +65,8 @@ std::string with_commas(size_t v) {
 std::string form_name(const StoredForm& f) {
   switch (f.dtype) {
     case DType::F8_E4M3: return "FP8";
-    case DType::Q4: return "int4 g" + std::to_string(f.group);
-    case DType::Q8: return "int8 g" + std::to_string(f.group);
+    case DType::Q4: return "int4 g" + std::to_string(f.group) + (f.scale_bytes == 4 ? " f32 scales" : "");
+    case DType::Q8: return "int8 g" + std::to_string(f.group) + (f.scale_bytes == 4 ? " f32 scales" : "");
     default: return std::string(dtype_name(f.dtype));
   }
 }
@@ -89,10 +89,10 @@ size_t resident_bytes(const TensorSpec& spec, const StoredForm& form) {
   const int64_t n = numel_of(spec);
   if (spec.shape.size() != 2 || spec.role == Role::IndexerWeights) return size_t(n) * 4;
   // Held dequantized: in BF16 when every value is a bf16 number (int4/int8 with BF16 scales, the
-  // form convert and llm-compressor write), else F32 (FP8: fp8 x f32 scale; counted as F32 even
-  // when power-of-two scales would make them bf16-exact).
+  // form llm-compressor and convert write by default), else F32 (FP8: fp8 x f32 scale, int with
+  // F32 scales; counted as F32 even when power-of-two scales would make them bf16-exact).
   if (quant::is_quantized(form.dtype) && dequantized_when_quantized(spec))
-    return size_t(n) * (form.dtype == DType::F8_E4M3 ? 4 : 2);
+    return size_t(n) * (form.dtype == DType::F8_E4M3 || form.scale_bytes == 4 ? 4 : 2);
   return as_stored_bytes(spec, form);
 }
 
@@ -156,10 +156,11 @@ WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, co
       StoredForm to{plan->target, 0};
       if (to.dtype == DType::Q4 || to.dtype == DType::Q8) {
         to.group = plan->group_size;
-        to.scale_bytes = int64_t(dtype_size(plan->scale_dtype));
+        const bool kept = !plan->scale_dtype_given && form.dtype == to.dtype && form.group == to.group;
+        to.scale_bytes = kept ? form.scale_bytes : int64_t(dtype_size(plan->scale_dtype));  // (convert's rule)
       }
       if (to.dtype == DType::F8_E4M3) to.group = quant::kFp8Block;
-      if (to.dtype != form.dtype || to.group != form.group) ++w.converted;
+      if (to.dtype != form.dtype || to.group != form.group || to.scale_bytes != form.scale_bytes) ++w.converted;
       form = to;
     }
     if (s.shape.size() == 2 && quant::is_quantized(form.dtype) && dequantized_when_quantized(s)) ++w.dequantized_f32;

@@ -36,10 +36,12 @@ QuantPlan parse_quant_plan(const std::string& quant, int64_t group_size, const s
   CHECK(group_size == 32 || group_size == 64 || group_size == 128,
         "--group-size: expected 32, 64 or 128, found ", group_size);
   p.group_size = group_size;
-  CHECK(scale_dtype == "bf16" || scale_dtype == "f32", "--scale-dtype: expected bf16 or f32, found '", scale_dtype, "'");
-  CHECK(scale_dtype == "bf16" || p.target == DType::Q4 || p.target == DType::Q8,
-        "--scale-dtype f32: only int4 and int8 have group scales to choose (found --quant ", quant, ")");
+  CHECK(scale_dtype.empty() || scale_dtype == "bf16" || scale_dtype == "f32",
+        "--scale-dtype: expected bf16 or f32, found '", scale_dtype, "'");
+  CHECK(scale_dtype.empty() || p.target == DType::Q4 || p.target == DType::Q8, "--scale-dtype ", scale_dtype,
+        ": only int4 and int8 have group scales to choose (found --quant ", quant, ")");
   p.scale_dtype = scale_dtype == "f32" ? DType::F32 : DType::BF16;
+  p.scale_dtype_given = !scale_dtype.empty();
   if (roles.empty()) return p;
   p.roles.clear();
   std::stringstream ss(roles);

@@ -17,7 +17,10 @@ struct QuantPlan {
   // every matrix dequantized / cast to it).
   DType target = DType::BF16;
   int64_t group_size = 128;  // Q4 / Q8: columns per scale
-  DType scale_dtype = DType::BF16;  // Q4 / Q8: BF16 (what llm-compressor writes) or F32
+  // Q4 / Q8 scales written: BF16 (what llm-compressor writes) or F32. Unless given (--scale-dtype),
+  // an int tensor already stored in the target format and group keeps its scales, whatever dtype.
+  DType scale_dtype = DType::BF16;
+  bool scale_dtype_given = false;
   std::vector<Role> roles{Role::Expert, Role::SharedExpert};  // quantized roles (Q4/Q8/F8 only)
 
   bool quantized_target() const { return target == DType::Q4 || target == DType::Q8 || target == DType::F8_E4M3; }
@@ -28,10 +31,10 @@ struct QuantPlan {
 };
 
 // From the command line: quant "int4" | "int8" | "fp8" | "bf16" | "f32"; roles a comma list of
-// role names ("experts,shared", "attention", ... or "all"); scale_dtype "bf16" | "f32" (int4 / int8
-// only); errors name the flag and the choices.
+// role names ("experts,shared", "attention", ... or "all"); scale_dtype "" (not given) | "bf16" |
+// "f32" (int4 / int8 only); errors name the flag and the choices.
 QuantPlan parse_quant_plan(const std::string& quant, int64_t group_size, const std::string& roles,
-                           const std::string& scale_dtype = "bf16");
+                           const std::string& scale_dtype = "");
 // "int4 g128 (experts, shared)" for messages and reports.
 std::string describe(const QuantPlan& plan);
 

@@ -116,7 +116,7 @@ inline size_t quad_byte(int64_t r, int64_t b, size_t rb) {
 // rows x rb bytes of dtype t (Q4 / Q8 / F8_E4M3, row-major) into quads in dst ((rows + 3) / 4 * 4 * rb
 // bytes; the padding rows zero).
 inline void repack_quant_quad(DType t, const uint8_t* src, uint8_t* dst, int64_t rows, size_t rb) {
-  const int64_t padded = (rows + 3) / 4 * 4;
+  const int64_t padded = (rows + 3) / 4 * 4;  // (rb % 64 == 0: the caller's check)
   for (int64_t r = 0; r < padded; ++r)
     for (size_t b = 0; b < rb; b += kQuadChunk) {
       uint8_t* out = dst + quad_byte(r, int64_t(b), rb);

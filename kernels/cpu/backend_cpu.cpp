@@ -73,12 +73,6 @@ void moe_combine_rows(const MoeCombineParams& p, int64_t b, int64_t e, std::vect
   }
 }
 
-bool quant_quad_fits(const Weight& w) {
-  if (!quant::is_quantized(w.dtype) || w.layout != WeightLayout::kRowMajor || w.ld != w.cols) return false;
-  if (w.dtype == DType::Q4) return w.ld % quant::kNibbleBlock == 0 && w.group % quant::kNibbleBlock == 0;
-  return w.ld % quant::kQuadChunk == 0;
-}
-
 class CpuBackend final : public HostBackend {
  public:
   using Backend::gemm_batch;  // the vector / array overload
@@ -92,9 +86,11 @@ class CpuBackend final : public HostBackend {
   // tiles then read one stream), or kTile16 for BF16 where the gemm runs on AMX tiles (each A tile
   // one contiguous KiB).
   // Quantized ones in quads of rows (kQuantQuad) where their rows are whole 64-byte chunks (int4:
-  // whole groups of 128 columns), so that decode reads each tile of 4 rows as one stream.
+  // whole groups of 128 columns) and the AVX-512 kernels run (the portable ones read it more slowly
+  // than rows as stored), so that decode reads each tile of 4 rows as one stream.
   Weight upload_gemm_matrix(const Weight& mapped, size_t bytes) override {
-    if (quant_quad_fits(mapped)) {
+    if (mapped.layout == WeightLayout::kRowMajor && fast::quant_path() == "avx512" &&
+        quant_quad_fits(mapped.dtype, mapped.cols, mapped.ld, mapped.group)) {
       Weight w = mapped;
       w.data = arena_.copy_quant_quad(mapped.data, mapped.dtype, mapped.rows, quant::row_bytes(mapped.dtype, mapped.ld));
       if (!w.data) return HostBackend::upload_gemm_matrix(mapped, bytes);  // the arena is off or full

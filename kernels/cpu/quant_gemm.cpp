@@ -4,7 +4,8 @@
 // tile of cpu/dot_tile.h over it, so an output element is the same dot_tile recipe over the same
 // float32 weights whatever m, the block or the thread count: quantized results are bitwise those
 // of the checkpoint dequantized to F32, and batch-invariant. Dequantization is the only new
-// inner loop; it has an AVX-512 version and a portable one, chosen at run time from cpuid.
+// inner loop; it has an AVX-512 version and a portable one, chosen at run time from cpuid. Both
+// read row-major weights and the quads of rows CpuBackend holds them in (kQuantQuad, ops.h).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -32,7 +33,7 @@ namespace {
 // Float32 panel bytes per work item (the W block, dequantized): kept in L2 while x streams past.
 constexpr int64_t kPanelBytes = 192 * 1024;
 
-// ---- portable dequantization: one row segment [c0, c1) of row r into out[0, c1 - c0) ----------
+// ---- portable dequantization: row r into out[0, cols) ----------------------------------------
 
 struct Fp8Table {
   float v[256];
@@ -169,7 +170,8 @@ struct Chunk {
   Fp8Scale fs{1.0f};
   // Whether a group with scale s may take at<true>.
   static bool fast_scale(float s) { return DT == DType::F8_E4M3 || (split_safe(s) && (DT == DType::Q4 || s > 0)); }
-  // fast: fast_scale(s) (the fused tiles know it for a whole block of groups).
+  // fast: whether the fast sequences may run (fast_scale(s); the fused tiles pass the AND over a
+  // whole block of groups, which may be false for a scale that alone would pass).
   GLM5_AVX512 void group(float s, bool fast) {
     if constexpr (DT == DType::Q4) {
       const __m512 v = _mm512_mul_ps(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7),
@@ -289,7 +291,7 @@ GLM5_AVX512 __attribute__((always_inline)) inline void prefetch_next(const uint8
                                                                     int64_t b1) {
   constexpr int64_t C = quant::kQuadChunk;
   if constexpr (kQuad) {
-    for (int64_t b = b0 / C * 4 * C; b < (b1 + C - 1) / C * 4 * C; b += 64)
+    for (int64_t b = (b0 + C - 1) / C * 4 * C; b < (b1 + C - 1) / C * 4 * C; b += 64)  // (chunks from b0's next)
       _mm_prefetch(reinterpret_cast<const char*>(next + b), _MM_HINT_T0);
   } else {
     for (int64_t b = (b0 + 63) / 64 * 64; b < b1; b += 64)
@@ -372,7 +374,7 @@ GLM5_AVX512 bool block_scales(const void* scale, const int64_t* srow, int64_t gb
 }
 
 // y[r, j] (+)= x[r, :] . W[j, :] for r < MR, j in [j0, j0 + NR), NR <= 4; k % 16 == 0, group % 16 == 0
-// (kQuad: kQuantQuad, j0 % 4 == 0).
+// (kQuad: kQuantQuad, j0 % 4 == 0; int4 then has k and group multiples of 128).
 template <int MR, int NR, DType DT, DType SD, bool kQuad>
 GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_t j0, float* y, int64_t ldy,
                             bool accumulate) {

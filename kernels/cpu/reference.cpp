@@ -88,12 +88,11 @@ void validate(const GemmParams& p) {
           dtype_name(p.w.dtype), " weight with ld ", p.w.ld, " and trans_w = ", p.trans_w,
           ": the layout holds only BF16 rows used as y = x W^T, ld a multiple of 32");
   if (p.w.layout == WeightLayout::kQuantQuad)
-    CHECK(!p.trans_w && quant::is_quantized(p.w.dtype) &&
-              (p.w.dtype == DType::Q4 ? p.w.ld % quant::kNibbleBlock == 0 && p.w.group % quant::kNibbleBlock == 0
-                                      : p.w.ld % quant::kQuadChunk == 0),
-          "gemm: a quad-interleaved (kQuantQuad) ", dtype_name(p.w.dtype), " weight with ld ", p.w.ld, ", group ",
-          p.w.group, " and trans_w = ", p.trans_w,
-          ": the layout holds only quantized rows used as y = x W^T, ld a multiple of 64 (int4: ld and group of 128)");
+    CHECK(!p.trans_w && quant_quad_fits(p.w.dtype, p.w.cols, p.w.ld, p.w.group),
+          "gemm: a quad-interleaved (kQuantQuad) ", dtype_name(p.w.dtype), " weight [", p.w.rows, ", ", p.w.cols,
+          "] with ld ", p.w.ld, ", group ", p.w.group, " and trans_w = ", p.trans_w,
+          ": the layout holds only quantized rows used as y = x W^T, cols = ld a multiple of 64 (int4: ld and "
+          "group multiples of 128)");
   CHECK(p.ldx >= p.k, "gemm: ldx ", p.ldx, " < k ", p.k);
   CHECK(p.ldy >= p.n, "gemm: ldy ", p.ldy, " < n ", p.n);
   if (p.m > 0 && p.n > 0) {

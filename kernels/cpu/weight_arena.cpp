@@ -129,7 +129,7 @@ const void* WeightArena::copy(const void* src, size_t bytes) {
 const void* WeightArena::copy_interleaved(const void* src, size_t elem_bytes, int64_t rows, int64_t cols, int64_t ld,
                                           WeightLayout layout) {
   const int64_t G = layout_group_rows(layout), C = layout_ld_multiple(layout);
-  CHECK(G > 1, "copy_interleaved: not an interleaved layout");
+  CHECK(layout == WeightLayout::kQuad16 || layout == WeightLayout::kTile16, "copy_interleaved: not a plain interleaved layout");
   const int64_t groups = (rows + G - 1) / G, ldc = interleaved_ld(layout, cols);
   const size_t chunk = size_t(C) * elem_bytes;  // one row's C elements
   char* dst = take(size_t(groups * G * ldc) * elem_bytes);

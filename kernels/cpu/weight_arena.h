@@ -7,8 +7,9 @@
 // note on stderr. Ranks on one host each copy the weights they hold (the mapping shared the page
 // cache between them). BF16 / F16 / F32 matrices the model uses only as y = x W^T are copied
 // interleaved in groups of 4 rows (copy_quad16, WeightLayout::kQuad16 in ops.h; BF16 in the AMX
-// tiles' groups of 16 rows, kTile16, where its gemm runs on them), quantized ones in groups of 4
-// rows too (copy_quant_quad, kQuantQuad), the rest (sliced or transposed) as they are.
+// tiles' groups of 16 rows, kTile16, where its gemm runs on them), quantized ones whose rows are
+// whole 64-byte chunks (int4: 128-column groups) in groups of 4 rows too (copy_quant_quad,
+// kQuantQuad), the rest (sliced or transposed) as they are.
 #pragma once
 
 #include <cstddef>

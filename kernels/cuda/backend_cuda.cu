@@ -482,6 +482,8 @@ class CudaBackend final : public Backend {
           p.w.cols, "] but m = ", p.m, ", n = ", p.n, ", k = ", p.k, ", trans_w = ", p.trans_w,
           " need [", want_rows, ", ", want_cols, "]");
     CHECK(p.w.ld >= p.w.cols, "cuda gemm: weight ld ", p.w.ld, " < cols ", p.w.cols);
+    CHECK(p.w.layout == WeightLayout::kRowMajor, "cuda gemm: weights are row-major on this backend (layout ",
+          int(p.w.layout), " is the cpu backend's)");
     CHECK(p.ldx >= p.k && p.ldy >= p.n, "cuda gemm: ldx ", p.ldx, " (k ", p.k, ") or ldy ", p.ldy,
           " (n ", p.n, ") too small");
     if (p.m == 0 || p.n == 0) return;

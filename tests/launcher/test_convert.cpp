@@ -219,6 +219,31 @@ TEST(Convert, BadFlagsAndFoldersGetOneMessage) {
   p = run(kBin + " convert --no-progress" + in + " --out " + done + " --quant int8", "bad5");
   EXPECT_NE(p.code, 0);
   EXPECT_TRUE(contains(p.err, "holds a conversion with other settings")) << p.err;
+  p = run(kBin + " convert --no-progress" + in + " --out " + done + " --quant int4 --group-size 32 --scale-dtype f32",
+          "bad8");
+  EXPECT_NE(p.code, 0);
+  EXPECT_TRUE(contains(p.err, "holds a conversion with other settings")) << p.err;
+}
+
+// An int checkpoint converted again to its own format and group keeps its scales byte for byte
+// unless --scale-dtype asks for others.
+TEST(Convert, ScaleDtypeKeptUnlessGiven) {
+  const std::string f32s = convert(kData + "/tiny-a", "int8-f32-scales", "--quant int8 --group-size 32 --scale-dtype f32");
+  const std::string kept = convert(f32s, "int8-f32-scales-again", "--quant int8 --group-size 32");
+  const std::string bf16 = convert(f32s, "int8-bf16-scales", "--quant int8 --group-size 32 --scale-dtype bf16");
+  Checkpoint a(f32s), b(kept), c(bf16);
+  int scales = 0;
+  for (const std::string& n : a.names()) {
+    if (!contains(n, ".weight_packed") && !contains(n, ".weight_scale")) continue;
+    ASSERT_TRUE(b.find(n) && c.find(n)) << n;
+    ASSERT_EQ(a.find(n)->nbytes, b.find(n)->nbytes) << n;
+    EXPECT_EQ(0, std::memcmp(a.find(n)->data, b.find(n)->data, a.find(n)->nbytes)) << n;
+    if (contains(n, ".weight_scale")) {
+      EXPECT_EQ(c.find(n)->dtype, glm5::DType::BF16) << n;
+      ++scales;
+    }
+  }
+  EXPECT_GT(scales, 10);
 }
 
 }  // namespace

@@ -197,10 +197,14 @@ TEST(Inspect, Glm5Int4OnOneNode) {
   EXPECT_TRUE(contains(r[0].cols[8], ":fits")) << all.out;
   mem = line_starting(all.out, "memory");
   EXPECT_TRUE(contains(mem, "of 80.0 GB device memory: fits")) << mem;
-  // Smaller groups cost more scales.
+  // Smaller groups cost more scales, and so do F32 scales.
   const Proc g32 = inspect(kGlm5, kH100x8, "--quant int4 --quantize all --group-size 32");
   ASSERT_EQ(g32.code, 0) << g32.err;
   EXPECT_GT(rows(g32.out).at(0).gb(4), r[0].gb(4));
+  const Proc f32s = inspect(kGlm5, kH100x8, "--quant int4 --quantize all --scale-dtype f32");
+  ASSERT_EQ(f32s.code, 0) << f32s.err;
+  EXPECT_TRUE(contains(f32s.out, "int4 g128 f32 scales")) << f32s.out;
+  EXPECT_GT(rows(f32s.out).at(0).gb(4), r[0].gb(4));
 }
 
 TEST(Inspect, CpuConfigPrintsWeightsAndKvPerTokenOnly) {
@@ -402,6 +406,8 @@ TEST(MemoryPlan, ResidentRules) {
   const glm5::runtime::TensorSpec up{"model.layers.3.mlp.experts.7.up_proj.weight", {2048, 6144}, 3, 7, Role::Expert};
   EXPECT_EQ(resident_bytes(up, {DType::Q4, 128}), 2048u * 6144 / 2 + 2048u * 48 * 2);
   EXPECT_EQ(resident_bytes(up, {DType::Q8, 32}), 2048u * 6144 + 2048u * 192 * 2);
+  EXPECT_EQ(resident_bytes(up, {DType::Q8, 32, 4}), 2048u * 6144 + 2048u * 192 * 4);  // F32 scales
+  EXPECT_EQ(resident_bytes(kvb, {DType::Q8, 128, 4}), 28672u * 512 * 4);  // dequantized, F32 values
   const glm5::runtime::TensorSpec wp{"model.layers.3.self_attn.indexer.weights_proj.weight", {32, 6144}, 3, -1,
                                      Role::IndexerWeights};
   EXPECT_EQ(resident_bytes(wp, {DType::BF16, 0}), 32u * 6144 * 4);
