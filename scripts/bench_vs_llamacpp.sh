@@ -3,7 +3,8 @@
 # tree you give (nothing of it enters this project), converts the same Hugging Face checkpoint to GGUF
 # (BF16, Q8_0, Q4_K_M) and to glm5's int8 / int4 (group 128; int8 also with F32 scales, convert
 # --scale-dtype f32, set against Q8_0 as well), then runs both interleaved, ROUNDS rounds:
-#   llama-bench pp512 + tg128 per GGUF  |  bench_cpu --prompt 512 --decode 128 per glm5 checkpoint
+#   llama-bench pp512 + tg128 per GGUF  |  bench_cpu --prompt 512 (pp512) and --prompt 1 --decode 128
+#   (tg128: decode from an empty context, as llama-bench's tg128 does) per glm5 checkpoint
 # with 2 and 1 threads, then (BF16 only, DEPTH_ROUNDS rounds) decode after 512, 4k and 16k tokens of context
 # (llama-bench -p 0 -n 32 -d N  |  bench_cpu --prompt N --decode 32). Prints one markdown table of
 # medians with glm5 / llama.cpp ratios and the read bandwidth / FMA peak bench_cpu measured.
@@ -150,9 +151,11 @@ for round in $(seq 1 "$ROUNDS"); do
       done <<< "$out"
     done
     for w in bf16 int8 int8-f32s int4; do
-      out=$(glm5 "${GLM5_DIR[$w]}" "$th" 512 128)
-      read -r pp tg bw fma win <<< "$out"
+      out=$(glm5 "${GLM5_DIR[$w]}" "$th" 512 8)
+      read -r pp _ bw fma _ <<< "$out"
       echo "pp512 $th glm5 $w $pp $bw $fma" >> "$R"
+      out=$(glm5 "${GLM5_DIR[$w]}" "$th" 1 128)
+      read -r _ tg bw fma win <<< "$out"
       echo "tg128 $th glm5 $w $tg $bw $fma $win" >> "$R"
     done
     log "round $round, $th threads done"
