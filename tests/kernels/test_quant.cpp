@@ -167,6 +167,7 @@ std::vector<QCase> cases() {
   c.push_back({DType::Q4, DType::BF16, 512, 256, 32});  // many column blocks, the fused path's row items
   c.push_back({DType::Q4, DType::BF16, 37, 768, 256});  // groups of two 128-column blocks
   c.push_back({DType::Q8, DType::F32, 38, 320, 32});     // quads: 5 chunks of 64 bytes, 2 padding rows
+  c.push_back({DType::Q8, DType::BF16, 9, 192, 16});     // groups of 16: not the decode tile's 32-column pairs
   for (DType s : {DType::BF16, DType::F32, DType::F16}) {  // 80 / 34 groups: blocks of 32 groups and tails
     c.push_back({DType::Q4, s, 35, 1280, 16});             // (35 rows: a last tile of 3)
     c.push_back({DType::Q8, s, 35, 1088, 32});
