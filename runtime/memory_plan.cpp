@@ -12,6 +12,7 @@
 #include "core/check.h"
 #include "core/quant.h"
 #include "runtime/kv_cache.h"
+#include "runtime/safetensors.h"
 
 namespace glm5::runtime {
 
@@ -39,10 +40,27 @@ DType config_dtype(const ModelConfig& cfg) {
   return DType::BF16;  // "bfloat16" and anything else a release writes
 }
 
-StoredForm int_form(const ModelConfig& cfg, const TensorSpec& s) {
+StoredForm int_form(const ModelConfig& cfg, const TensorSpec& s, int64_t scale_bytes) {
   const int64_t cols = s.shape.size() == 2 ? s.shape[1] : 1;
   return {cfg.quantization.num_bits == 8 ? DType::Q8 : DType::Q4,
-          cfg.quantization.group_size > 0 ? cfg.quantization.group_size : cols};  // 0: per channel
+          cfg.quantization.group_size > 0 ? cfg.quantization.group_size : cols,  // 0: per channel
+          scale_bytes};
+}
+
+// Bytes per scale of a checkpoint's pack-quantized tensors: the dtype of its first X.weight_scale,
+// from the header of the shard the index names for it (one header read; the config does not say,
+// and convert --scale-dtype f32 writes F32). 2 (BF16, what llm-compressor writes) when there is
+// none or the shard is not there (an index alone).
+int64_t stored_scale_bytes(const std::filesystem::path& dir, const nlohmann::json& weight_map) {
+  for (auto it = weight_map.begin(); it != weight_map.end(); ++it) {
+    if (!ends_with(it.key(), ".weight_scale") || !it.value().is_string()) continue;
+    const std::filesystem::path shard = dir / it.value().get<std::string>();
+    if (!std::filesystem::exists(shard)) return 2;
+    const SafetensorsFile f(shard.string());
+    const TensorInfo* t = f.find(it.key());
+    return t ? int64_t(dtype_size(t->dtype)) : 2;
+  }
+  return 2;
 }
 
 bool fp8_role(Role r) {
@@ -104,6 +122,7 @@ WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, co
 
   const std::filesystem::path index_path = std::filesystem::path(model_dir) / "model.safetensors.index.json";
   std::unordered_set<std::string> names;
+  int64_t int_scale_bytes = 2;
   if (std::filesystem::exists(index_path)) {
     std::ifstream f(index_path);
     CHECK(f, index_path.string(), ": cannot be read");
@@ -117,6 +136,7 @@ WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, co
           ": field 'weight_map': expected an object of tensor name -> shard file");
     names.reserve(j["weight_map"].size());
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) names.insert(it.key());
+    int_scale_bytes = stored_scale_bytes(index_path.parent_path(), j["weight_map"]);
     w.from_index = true;
     w.source = index_path.string() + " (" + with_commas(names.size()) + " names; plain tensors as config dtype " +
                (cfg.dtype.empty() ? "bfloat16" : cfg.dtype) + ")";
@@ -143,14 +163,14 @@ WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, co
         CHECK(qc.method == "compressed-tensors" && qc.num_bits > 0, index_path.string(), ": tensor ",
               packed_name(s.name, "packed"), " is pack-quantized, but ", cfg.source,
               " has no compressed-tensors quantization_config saying its num_bits and group_size");
-        form = int_form(cfg, s);
+        form = int_form(cfg, s, int_scale_bytes);
       } else if (!names.count(s.name)) {
         if (w.missing++ == 0) w.first_missing = s.name;
       }
     } else if (s.shape.size() == 2) {
       if (qc.method == "fp8" && fp8_role(s.role)) form = {DType::F8_E4M3, quant::kFp8Block};
       else if (qc.method == "compressed-tensors" && (s.role == Role::Expert || s.role == Role::SharedExpert))
-        form = int_form(cfg, s);
+        form = int_form(cfg, s, 2);
     }
     if (plan && plan->converts(s)) {
       StoredForm to{plan->target, 0};

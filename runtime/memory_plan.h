@@ -22,8 +22,8 @@ namespace glm5::runtime {
 struct StoredForm {
   DType dtype = DType::BF16;  // BF16, F16, F32, F8_E4M3 (128 x 128 F32 scales), Q4, Q8
   int64_t group = 0;          // columns per scale: FP8 128, Q4 / Q8 the group size
-  // Q4 / Q8: bytes per scale. A checkpoint's own are taken as BF16 (what llm-compressor writes;
-  // the index does not say, and F32 ones add 2 bytes per group); a conversion's follow its plan.
+  // Q4 / Q8: bytes per scale: a checkpoint's from its shards' headers (BF16 without them, what
+  // llm-compressor writes); a conversion's follow its plan.
   int64_t scale_bytes = 2;
 };
 // "BF16", "FP8", "int4 g128", ... for tables and messages.

@@ -337,7 +337,7 @@ GLM5_AVX512 __attribute__((always_inline)) inline void fused_group(const Chunk<D
                                                                   __m512 (&acc)[MR][4]) {
   constexpr int64_t kHalve = DT == DType::Q4 ? 2 : 1;  // code bytes per column: 1 / kHalve
   prefetch_next<NR, kQuad>(next, rb, k0 / kHalve, k1 / kHalve);
-  if constexpr (kFast && Chunk<DT, SD>::kPairs) {
+  if constexpr (kFast && Chunk<DT, SD>::kPairs && MR <= 2) {  // (more rows of x would not fit the registers)
     if ((k1 - k0) % 32 == 0) {  // (k0 a multiple of 32 too: 32 code bytes never straddle a quad chunk)
       for (int64_t k = k0; k < k1; k += 32) {
         __m512 x0[MR], x1[MR];

@@ -388,6 +388,21 @@ TEST(MemoryPlan, MatchesWhatTheLoaderUploadsFp8) {
   EXPECT_GT(planned.dequantized_f32, 0u);
 }
 
+// An int8 conversion with F32 scales: the plan reads the scales' dtype from a shard header and
+// counts them (and kv_b_proj's dequantized copies, F32 then) as the loader uploads them.
+TEST(MemoryPlan, MatchesWhatTheLoaderUploadsF32Scales) {
+  const fs::path out = scratch("tiny-a-int8-f32s");
+  const Proc conv = run(kBin + " convert --no-progress --model " + kTinyA + " --out " + out.string() +
+                        " --quant int8 --group-size 32 --quantize all --scale-dtype f32");
+  ASSERT_EQ(conv.code, 0) << conv.err;
+  expect_plan_matches_loader(out.string());
+  const glm5::runtime::WeightPlan wp = glm5::runtime::plan_weights(glm5::runtime::load_config(out.string()), out.string());
+  size_t f32s = 0;
+  for (const auto& f : wp.stored) f32s += f.dtype == glm5::DType::Q8 && f.scale_bytes == 4;
+  EXPECT_GT(f32s, 10u);
+  EXPECT_GT(wp.dequantized_f32, 0u);
+}
+
 TEST(MemoryPlan, ResidentRules) {
   using glm5::DType;
   using glm5::runtime::Role;
