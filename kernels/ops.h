@@ -26,8 +26,9 @@ namespace glm5::kernels {
 // backend's BF16 gemm runs on AMX tiles): the same scheme with groups of 16 rows and chunks of 32
 // columns, so that every A tile (16 W rows x 32 k values) is one contiguous KiB and a W block
 // streams as one sequence; ld is cols rounded up to 32, the rows rounded up to 16. kQuantQuad (Q8
-// and F8_E4M3 with ld a multiple of 64, Q4 with ld and group multiples of 128; how the fast cpu
-// backend holds quantized gemm matrices): the stored row bytes in groups of 4 rows, each group as
+// and F8_E4M3 with cols = ld a multiple of 64, Q4 with cols = ld and group multiples of 128,
+// quant_quad_fits; how the fast cpu backend holds quantized gemm matrices where its AVX-512
+// kernels run): the stored row bytes in groups of 4 rows, each group as
 // chunks of 4 rows x 64 bytes, int4 nibbles in nibble128 order (core/quant.h, repack_quant_quad);
 // rows rounded up to 4.
 enum class WeightLayout { kRowMajor, kQuad16, kTile16, kQuantQuad };
