@@ -97,8 +97,8 @@ inline int quant_code(const Weight& w, int64_t r, int64_t c) {
     if (w.dtype != DType::Q4) return d[quant::quad_byte(r, c, rb)];
     return (d[quant::quad_byte(r, int64_t(quant::nibble128_byte(c)), rb)] >> quant::nibble128_shift(c)) & 0xf;
   }
-  if (w.dtype != DType::Q4) return d[size_t(r) * rb + size_t(c)];
-  return (d[size_t(r) * rb + size_t(c / 2)] >> (4 * (c & 1))) & 0xf;
+  if (w.dtype == DType::F8_E4M3) return d[size_t(r) * rb + size_t(c)];
+  return quant::int_at(w.dtype, d + size_t(r) * rb, c) + (w.dtype == DType::Q4 ? 8 : 128);
 }
 
 // Element (r, c) of a weight in host memory as float32: widened exactly, or dequantized by the

@@ -94,9 +94,7 @@ void decide(Item& it, const runtime::QuantPlan& plan, bool in_schema) {
   const StoredTensor& st = it.in;
   // Outside the schema (MTP extras such as eh_proj) only the plain targets apply (every matrix).
   bool convert = in_schema ? plan.converts(it.spec) : !plan.quantized_target();
-  const bool int_target = plan.target == DType::Q4 || plan.target == DType::Q8;
-  if (convert && st.dtype == plan.target &&
-      (!int_target || (st.group == plan.group_size && (!plan.scale_dtype_given || st.scale->dtype == plan.scale_dtype))))
+  if (convert && plan.stored_as_target(st.dtype, st.group, st.scale ? st.scale->dtype : DType::Unknown))
     convert = false;  // already stored that way
   if (convert && it.spec.shape.size() == 2) {
     it.out = plan.target;

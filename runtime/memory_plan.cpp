@@ -40,27 +40,27 @@ DType config_dtype(const ModelConfig& cfg) {
   return DType::BF16;  // "bfloat16" and anything else a release writes
 }
 
-StoredForm int_form(const ModelConfig& cfg, const TensorSpec& s, int64_t scale_bytes) {
+StoredForm int_form(const ModelConfig& cfg, const TensorSpec& s, DType scale_dtype) {
   const int64_t cols = s.shape.size() == 2 ? s.shape[1] : 1;
   return {cfg.quantization.num_bits == 8 ? DType::Q8 : DType::Q4,
           cfg.quantization.group_size > 0 ? cfg.quantization.group_size : cols,  // 0: per channel
-          scale_bytes};
+          scale_dtype};
 }
 
-// Bytes per scale of a checkpoint's pack-quantized tensors: the dtype of its first X.weight_scale,
-// from the header of the shard the index names for it (one header read; the config does not say,
-// and convert --scale-dtype f32 writes F32). 2 (BF16, what llm-compressor writes) when there is
-// none or the shard is not there (an index alone).
-int64_t stored_scale_bytes(const std::filesystem::path& dir, const nlohmann::json& weight_map) {
+// The scale dtype of a checkpoint's pack-quantized tensors: that of its first X.weight_scale, from
+// the header of the shard the index names for it (one header read; the config does not say, and
+// convert --scale-dtype f32 writes F32). BF16 (what llm-compressor writes) when there is none or
+// the shard is not there (an index alone).
+DType stored_scale_dtype(const std::filesystem::path& dir, const nlohmann::json& weight_map) {
   for (auto it = weight_map.begin(); it != weight_map.end(); ++it) {
     if (!ends_with(it.key(), ".weight_scale") || !it.value().is_string()) continue;
     const std::filesystem::path shard = dir / it.value().get<std::string>();
-    if (!std::filesystem::exists(shard)) return 2;
+    if (!std::filesystem::exists(shard)) return DType::BF16;
     const SafetensorsFile f(shard.string());
     const TensorInfo* t = f.find(it.key());
-    return t ? int64_t(dtype_size(t->dtype)) : 2;
+    return t ? t->dtype : DType::BF16;
   }
-  return 2;
+  return DType::BF16;
 }
 
 bool fp8_role(Role r) {
@@ -83,8 +83,9 @@ std::string with_commas(size_t v) {
 std::string form_name(const StoredForm& f) {
   switch (f.dtype) {
     case DType::F8_E4M3: return "FP8";
-    case DType::Q4: return "int4 g" + std::to_string(f.group) + (f.scale_bytes == 4 ? " f32 scales" : "");
-    case DType::Q8: return "int8 g" + std::to_string(f.group) + (f.scale_bytes == 4 ? " f32 scales" : "");
+    case DType::Q4: case DType::Q8:
+      return std::string(f.dtype == DType::Q4 ? "int4 g" : "int8 g") + std::to_string(f.group) +
+             (f.scale_dtype == DType::F32 ? " f32 scales" : "");
     default: return std::string(dtype_name(f.dtype));
   }
 }
@@ -95,7 +96,7 @@ namespace {
 size_t as_stored_bytes(const TensorSpec& spec, const StoredForm& form) {
   switch (form.dtype) {
     case DType::Q4:
-    case DType::Q8: return stored_bytes(spec, form.dtype, form.group, form.scale_bytes) - 16;  // weight_shape stays on the host
+    case DType::Q8: return stored_bytes(spec, form.dtype, form.group, int64_t(dtype_size(form.scale_dtype))) - 16;  // weight_shape stays on the host
     case DType::F8_E4M3: return stored_bytes(spec, form.dtype, quant::kFp8Block);
     default: return size_t(numel_of(spec)) * dtype_size(form.dtype);
   }
@@ -110,7 +111,7 @@ size_t resident_bytes(const TensorSpec& spec, const StoredForm& form) {
   // form llm-compressor and convert write by default), else F32 (FP8: fp8 x f32 scale, int with
   // F32 scales; counted as F32 even when power-of-two scales would make them bf16-exact).
   if (quant::is_quantized(form.dtype) && dequantized_when_quantized(spec))
-    return size_t(n) * (form.dtype == DType::F8_E4M3 || form.scale_bytes == 4 ? 4 : 2);
+    return size_t(n) * (form.dtype == DType::F8_E4M3 || form.scale_dtype == DType::F32 ? 4 : 2);
   return as_stored_bytes(spec, form);
 }
 
@@ -122,7 +123,7 @@ WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, co
 
   const std::filesystem::path index_path = std::filesystem::path(model_dir) / "model.safetensors.index.json";
   std::unordered_set<std::string> names;
-  int64_t int_scale_bytes = 2;
+  DType int_scale_dtype = DType::BF16;
   if (std::filesystem::exists(index_path)) {
     std::ifstream f(index_path);
     CHECK(f, index_path.string(), ": cannot be read");
@@ -136,7 +137,7 @@ WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, co
           ": field 'weight_map': expected an object of tensor name -> shard file");
     names.reserve(j["weight_map"].size());
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) names.insert(it.key());
-    int_scale_bytes = stored_scale_bytes(index_path.parent_path(), j["weight_map"]);
+    int_scale_dtype = stored_scale_dtype(index_path.parent_path(), j["weight_map"]);
     w.from_index = true;
     w.source = index_path.string() + " (" + with_commas(names.size()) + " names; plain tensors as config dtype " +
                (cfg.dtype.empty() ? "bfloat16" : cfg.dtype) + ")";
@@ -163,24 +164,23 @@ WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, co
         CHECK(qc.method == "compressed-tensors" && qc.num_bits > 0, index_path.string(), ": tensor ",
               packed_name(s.name, "packed"), " is pack-quantized, but ", cfg.source,
               " has no compressed-tensors quantization_config saying its num_bits and group_size");
-        form = int_form(cfg, s, int_scale_bytes);
+        form = int_form(cfg, s, int_scale_dtype);
       } else if (!names.count(s.name)) {
         if (w.missing++ == 0) w.first_missing = s.name;
       }
     } else if (s.shape.size() == 2) {
       if (qc.method == "fp8" && fp8_role(s.role)) form = {DType::F8_E4M3, quant::kFp8Block};
       else if (qc.method == "compressed-tensors" && (s.role == Role::Expert || s.role == Role::SharedExpert))
-        form = int_form(cfg, s, 2);
+        form = int_form(cfg, s, DType::BF16);
     }
-    if (plan && plan->converts(s)) {
+    if (plan && plan->converts(s) && !plan->stored_as_target(form.dtype, form.group, form.scale_dtype)) {
       StoredForm to{plan->target, 0};
       if (to.dtype == DType::Q4 || to.dtype == DType::Q8) {
         to.group = plan->group_size;
-        const bool kept = !plan->scale_dtype_given && form.dtype == to.dtype && form.group == to.group;
-        to.scale_bytes = kept ? form.scale_bytes : int64_t(dtype_size(plan->scale_dtype));  // (convert's rule)
+        to.scale_dtype = plan->scale_dtype;
       }
       if (to.dtype == DType::F8_E4M3) to.group = quant::kFp8Block;
-      if (to.dtype != form.dtype || to.group != form.group || to.scale_bytes != form.scale_bytes) ++w.converted;
+      ++w.converted;
       form = to;
     }
     if (s.shape.size() == 2 && quant::is_quantized(form.dtype) && dequantized_when_quantized(s)) ++w.dequantized_f32;

@@ -22,9 +22,9 @@ namespace glm5::runtime {
 struct StoredForm {
   DType dtype = DType::BF16;  // BF16, F16, F32, F8_E4M3 (128 x 128 F32 scales), Q4, Q8
   int64_t group = 0;          // columns per scale: FP8 128, Q4 / Q8 the group size
-  // Q4 / Q8: bytes per scale: a checkpoint's from its shards' headers (BF16 without them, what
-  // llm-compressor writes); a conversion's follow its plan.
-  int64_t scale_bytes = 2;
+  // Q4 / Q8: the scales' dtype: a checkpoint's from its shards' headers (BF16 without them, what
+  // llm-compressor writes); a conversion's from its plan.
+  DType scale_dtype = DType::BF16;
 };
 // "BF16", "FP8", "int4 g128", ... for tables and messages.
 std::string form_name(const StoredForm& f);

@@ -24,6 +24,12 @@ bool QuantPlan::converts(const TensorSpec& spec) const {
   return spec.shape[1] % group_size == 0;
 }
 
+bool QuantPlan::stored_as_target(DType dtype, int64_t group, DType scale) const {
+  if (dtype != target) return false;
+  if (target != DType::Q4 && target != DType::Q8) return true;
+  return group == group_size && (!scale_dtype_given || scale == scale_dtype);
+}
+
 QuantPlan parse_quant_plan(const std::string& quant, int64_t group_size, const std::string& roles,
                            const std::string& scale_dtype) {
   QuantPlan p;

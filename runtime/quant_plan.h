@@ -28,6 +28,10 @@ struct QuantPlan {
   // quantizable role (and, for Q4/Q8, a column count the group size divides); for BF16/F32 every
   // matrix. Everything else keeps its stored form.
   bool converts(const TensorSpec& spec) const;
+  // Whether a tensor `converts` selects, stored as `dtype` (Q4/Q8: with `group` columns per scale of
+  // `scale`), is already in the target form and is copied as it is: the same dtype, for Q4/Q8 the
+  // same group and, when --scale-dtype was given, the same scale dtype. (convert and the memory plan)
+  bool stored_as_target(DType dtype, int64_t group, DType scale) const;
 };
 
 // From the command line: quant "int4" | "int8" | "fp8" | "bf16" | "f32"; roles a comma list of

@@ -95,10 +95,7 @@ inline int nibble128_shift(int64_t c) { return 4 * ((c % kNibbleBlock / 16) & 1)
 inline void repack_nibble128_block(const uint8_t* src, uint8_t* dst) {
   for (int l = 0; l < 16; ++l) {
     uint32_t word = 0;
-    for (int t = 0; t < 8; ++t) {
-      const int e = 16 * t + l;  // element e of the block: byte e / 2, high nibble when e is odd
-      word |= uint32_t((src[e / 2] >> (4 * (e & 1))) & 0xf) << (4 * t);
-    }
+    for (int t = 0; t < 8; ++t) word |= uint32_t(int_at(DType::Q4, src, 16 * t + l) + 8) << (4 * t);
     std::memcpy(dst + 4 * l, &word, 4);  // little-endian, as the kernels load it
   }
 }

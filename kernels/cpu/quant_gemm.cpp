@@ -168,6 +168,7 @@ struct Chunk {
   __m512 t;     // Q4: the group's 16 values by stored nibble; Q8: the scale
   __m512 bias;  // Q8: -128 * scale
   Fp8Scale fs{1.0f};
+  static constexpr int64_t kHalve = DT == DType::Q4 ? 2 : 1;  // code bytes per column: 1 / kHalve
   // Whether a group with scale s may take at<true>.
   static bool fast_scale(float s) { return DT == DType::F8_E4M3 || (split_safe(s) && (DT == DType::Q4 || s > 0)); }
   // fast: whether the fast sequences may run (fast_scale(s); the fused tiles pass the AND over a
@@ -236,7 +237,7 @@ template <bool kQuad>
 struct RowBytes {
   const uint8_t* base;
   const uint8_t* operator()(int64_t b) const {
-    if constexpr (kQuad) return base + (b / quant::kQuadChunk) * 4 * quant::kQuadChunk + b % quant::kQuadChunk;
+    if constexpr (kQuad) return base + quant::quad_byte(0, b, 0);  // (row 0's offsets: rb unused)
     return base + b;
   }
 };
@@ -244,7 +245,7 @@ template <bool kQuad>
 RowBytes<kQuad> row_bytes_of(const Weight& w, int64_t r) {
   const size_t rb = quant::row_bytes(w.dtype, w.ld);
   const auto* d = static_cast<const uint8_t*>(w.data);
-  if constexpr (kQuad) return {d + size_t(r / 4) * 4 * rb + size_t(r % 4) * quant::kQuadChunk};
+  if constexpr (kQuad) return {d + quant::quad_byte(r, 0, rb)};
   return {d + size_t(r) * rb};
 }
 
@@ -267,7 +268,7 @@ GLM5_AVX512 void dequant_row_t(const Weight& w, int64_t r, float* out) {
     const float s = quant::scale_at(SD, w.scale, srow + gi);
     ch.group(s, ch.fast_scale(s));
     const int64_t c1 = std::min(full, c0 + w.group);
-    constexpr int64_t kHalve = DT == DType::Q4 ? 2 : 1;  // code bytes per column: 1 / kHalve
+    constexpr int64_t kHalve = Chunk<DT, SD>::kHalve;
     if constexpr (DT == DType::Q4 && kQuad) {
       for (int64_t c = c0; c < c1; c += quant::kNibbleBlock) {
         const __m512i d = _mm512_loadu_si512(row(c / 2));
@@ -335,7 +336,7 @@ GLM5_AVX512 __attribute__((always_inline)) inline void fused_group(const Chunk<D
                                                                   const uint8_t* next, size_t rb, const float* x,
                                                                   int64_t ldx, int64_t k0, int64_t k1,
                                                                   __m512 (&acc)[MR][4]) {
-  constexpr int64_t kHalve = DT == DType::Q4 ? 2 : 1;  // code bytes per column: 1 / kHalve
+  constexpr int64_t kHalve = Chunk<DT, SD>::kHalve;
   prefetch_next<NR, kQuad>(next, rb, k0 / kHalve, k1 / kHalve);
   if constexpr (kFast && Chunk<DT, SD>::kPairs && MR <= 2) {  // (more rows of x would not fit the registers)
     if ((k1 - k0) % 32 == 0) {  // (k0 a multiple of 32 too: 32 code bytes never straddle a quad chunk)

@@ -398,7 +398,7 @@ TEST(MemoryPlan, MatchesWhatTheLoaderUploadsF32Scales) {
   expect_plan_matches_loader(out.string());
   const glm5::runtime::WeightPlan wp = glm5::runtime::plan_weights(glm5::runtime::load_config(out.string()), out.string());
   size_t f32s = 0;
-  for (const auto& f : wp.stored) f32s += f.dtype == glm5::DType::Q8 && f.scale_bytes == 4;
+  for (const auto& f : wp.stored) f32s += f.dtype == glm5::DType::Q8 && f.scale_dtype == glm5::DType::F32;
   EXPECT_GT(f32s, 10u);
   EXPECT_GT(wp.dequantized_f32, 0u);
 }
@@ -421,8 +421,8 @@ TEST(MemoryPlan, ResidentRules) {
   const glm5::runtime::TensorSpec up{"model.layers.3.mlp.experts.7.up_proj.weight", {2048, 6144}, 3, 7, Role::Expert};
   EXPECT_EQ(resident_bytes(up, {DType::Q4, 128}), 2048u * 6144 / 2 + 2048u * 48 * 2);
   EXPECT_EQ(resident_bytes(up, {DType::Q8, 32}), 2048u * 6144 + 2048u * 192 * 2);
-  EXPECT_EQ(resident_bytes(up, {DType::Q8, 32, 4}), 2048u * 6144 + 2048u * 192 * 4);  // F32 scales
-  EXPECT_EQ(resident_bytes(kvb, {DType::Q8, 128, 4}), 28672u * 512 * 4);  // dequantized, F32 values
+  EXPECT_EQ(resident_bytes(up, {DType::Q8, 32, DType::F32}), 2048u * 6144 + 2048u * 192 * 4);  // F32 scales
+  EXPECT_EQ(resident_bytes(kvb, {DType::Q8, 128, DType::F32}), 28672u * 512 * 4);  // dequantized, F32 values
   const glm5::runtime::TensorSpec wp{"model.layers.3.self_attn.indexer.weights_proj.weight", {32, 6144}, 3, -1,
                                      Role::IndexerWeights};
   EXPECT_EQ(resident_bytes(wp, {DType::BF16, 0}), 32u * 6144 * 4);
