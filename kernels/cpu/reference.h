@@ -4,6 +4,8 @@
 // ranges; nothing here is threaded.
 #pragma once
 
+#include <sys/mman.h>
+
 #include <unordered_map>
 
 #include <cstdlib>
@@ -85,7 +87,7 @@ class HostBackend : public Backend {
       cache_.erase(it);
       cached_bytes_ -= rounded;
     } else {
-      p = std::aligned_alloc(64, rounded);
+      p = raw_alloc(rounded);
       CHECK(p, name(), ": alloc of ", bytes, " bytes failed");
     }
     sizes_[p] = rounded;
@@ -111,6 +113,18 @@ class HostBackend : public Backend {
     } else {
       std::free(p);
     }
+  }
+  // Blocks of kHugeBytes and more (KV pools, long-prompt activations) start on a 2 MiB boundary
+  // and ask for transparent huge pages: a decode step after 16k tokens scans 4 MB of indexer keys
+  // per layer, and on 4 KiB pages every page costs a TLB walk (its page-table line evicted by the
+  // weights streamed in between) and restarts the hardware prefetcher.
+  static constexpr size_t kHugeBytes = size_t(2) << 20;
+  static void* raw_alloc(size_t rounded) {
+    if (rounded < kHugeBytes) return std::aligned_alloc(64, rounded);
+    const size_t size = (rounded + kHugeBytes - 1) / kHugeBytes * kHugeBytes;
+    void* p = std::aligned_alloc(kHugeBytes, size);
+    if (p) ::madvise(p, size, MADV_HUGEPAGE);
+    return p;
   }
   void to_device(void* dst, const void* src, size_t bytes) override {
     if (bytes) std::memcpy(dst, src, bytes);

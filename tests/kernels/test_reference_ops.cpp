@@ -376,7 +376,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, Oracle, ::testing::Values("reference", "cpu")
 }  // namespace
 }  // namespace glm5::kernels::test
 
-// The host backends' allocator: 64-byte aligned blocks, sizes rounded to 4 classes per power of
+// The host backends' allocator: 64-byte aligned blocks (2 MiB from 2 MiB on), sizes rounded to 4 classes per power of
 // two (at most a quarter wasted), and a freed block handed out again for any size of its class,
 // which is what keeps step-to-step row-count changes from faulting in fresh pages.
 TEST(HostAllocator, SizeClassesAndReuse) {
@@ -407,5 +407,15 @@ TEST(HostAllocator, SizeClassesAndReuse) {
     be->free(b);
     be->free(c);
     EXPECT_EQ(be->alloc(0), nullptr);
+    // From 2 MiB (KV pools): on a 2 MiB boundary (where transparent huge pages can back it),
+    // writable to its last byte, and reused like any other class.
+    const size_t big = (size_t(5) << 20) + 3;
+    auto* h = static_cast<uint8_t*>(be->alloc(big));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(h) % HostBackend::kHugeBytes, 0u) << which;
+    h[0] = 1, h[big - 1] = 2;
+    EXPECT_EQ(h[0] + h[big - 1], 3);
+    be->free(h);
+    EXPECT_EQ(be->alloc(big + 1000), static_cast<void*>(h)) << which;  // the same class (6 MiB)
+    be->free(h);
   }
 }
