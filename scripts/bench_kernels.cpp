@@ -4,7 +4,7 @@
 // time of --reps runs after one warm-up, all OpenMP threads (set OMP_NUM_THREADS to change).
 // Built and run by scripts/bench_kernels.sh; without OpenBLAS (-DGLM5_NO_BLAS) the sgemm
 // column is left out.
-//   bench_kernels [--reps N] [--quick] [--only experts|attention|quant|prefill]
+//   bench_kernels [--reps N] [--quick] [--only decode|experts|attention|quant|prefill]
 #include <omp.h>
 
 #include <algorithm>
@@ -21,6 +21,7 @@
 #include "bench/read_probe.h"
 #include "core/quant.h"
 #include "cpu/amx_gemm.h"
+#include "cpu/dot_tile.h"
 #include "cpu/fast_ops.h"
 #include "cpu/weight_arena.h"
 #include "ops.h"
@@ -117,9 +118,14 @@ void decode_stream_rows(Backend& cpu, int rounds) {
     const char* path;  // the gemm path that reads it
     WeightLayout layout;
     std::vector<Weight> ws;
+    bool prefetch = true;  // single_row_prefetch (cpu/dot_tile.h) during its passes
   };
-  std::vector<Layout> layouts = {{"row-major", "fp32", WeightLayout::kRowMajor, {}},
-                                 {"interleaved rows", "fp32", WeightLayout::kQuad16, {}}};
+  // The fp32 layouts with this machine's choice of single-row prefetch, then interleaved rows with
+  // the other choice.
+  const bool pf = cpu::single_row_prefetch();
+  std::vector<Layout> layouts = {{"row-major", "fp32", WeightLayout::kRowMajor, {}, pf},
+                                 {"interleaved rows", "fp32", WeightLayout::kQuad16, {}, pf},
+                                 {"interleaved rows", "fp32", WeightLayout::kQuad16, {}, !pf}};
   if (cpu::amx::available()) layouts.push_back({"AMX tiles (amx path)", "amx", WeightLayout::kTile16, {}});
   for (Layout& l : layouts)
     for (int64_t i = 0; i < mats; ++i) {
@@ -142,9 +148,12 @@ void decode_stream_rows(Backend& cpu, int rounds) {
   std::vector<float> y(static_cast<size_t>(n));
   const auto pass = [&](const Layout& l) {
     cpu::fast::set_gemm_path(l.path);
+    cpu::set_single_row_prefetch(l.prefetch);
     const auto t0 = std::chrono::steady_clock::now();
     for (const Weight& w : l.ws) cpu.gemm({x.data(), k, w, false, y.data(), n, 1, n, k});
-    return double(bytes) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    cpu::set_single_row_prefetch(pf);
+    return double(bytes) / dt / 1e9;
   };
   const size_t nl = layouts.size();
   std::vector<std::vector<double>> ratio(nl), gbs(nl);
@@ -156,9 +165,10 @@ void decode_stream_rows(Backend& cpu, int rounds) {
     }
   for (size_t l = 0; l < nl; ++l) {
     std::sort(ratio[l].begin(), ratio[l].end()), std::sort(gbs[l].begin(), gbs[l].end());
-    std::printf("| gemm bf16 from memory, %s | m=1, 8 x n=%ld k=%ld (1 GiB) | | %.1f GB/s of weights | read probed "
+    std::printf("| gemm bf16 from memory, %s%s | m=1, 8 x n=%ld k=%ld (1 GiB) | | %.1f GB/s of weights | read probed "
                 "around each pass | %.2f (quartiles %.2f %.2f) |\n",
-                layouts[l].name, long(n), long(k), gbs[l][gbs[l].size() / 2], ratio[l][ratio[l].size() / 2],
+                layouts[l].name, layouts[l].layout == WeightLayout::kTile16 ? "" : layouts[l].prefetch ? ", sw prefetch" : ", hw prefetch only",
+                long(n), long(k), gbs[l][gbs[l].size() / 2], ratio[l][ratio[l].size() / 2],
                 ratio[l][ratio[l].size() / 4], ratio[l][ratio[l].size() * 3 / 4]);
   }
 }
@@ -289,22 +299,30 @@ void quant_stream_rows(Backend& cpu, int rounds) {
     const size_t total = size_t(512) << 20;
     while (mats.size() * quant::row_bytes(dt, k) * size_t(n) < total) mats.push_back(make(dt, sd, n, unsigned(mats.size())));
     const double bytes = double(mats.size() * quant::row_bytes(dt, k) * size_t(n));
-    const auto pass = [&] {
+    const bool pf = cpu::single_row_prefetch();
+    const auto pass = [&](bool prefetch) {
+      cpu::set_single_row_prefetch(prefetch);
       const auto t0 = std::chrono::steady_clock::now();
       for (const Mat& m : mats) cpu.gemm({x.data(), k, m.w, false, y.data(), n, 1, n, k});
-      return bytes / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      cpu::set_single_row_prefetch(pf);
+      return bytes / dt / 1e9;
     };
-    pass();  // warm-up
-    std::vector<double> ratio, gbs;
-    for (int r = 0; r < rounds; ++r) {
-      const double before = probe.gbs(), v = pass(), after = probe.gbs();
-      gbs.push_back(v), ratio.push_back(v / (0.5 * (before + after)));
+    pass(pf);  // warm-up
+    std::vector<double> ratio[2], gbs[2];  // [this machine's prefetch choice, the other]
+    for (int r = 0; r < rounds; ++r)
+      for (int o = 0; o < 2; ++o) {
+        const double before = probe.gbs(), v = pass(o ? !pf : pf), after = probe.gbs();
+        gbs[o].push_back(v), ratio[o].push_back(v / (0.5 * (before + after)));
+      }
+    for (int o = 0; o < 2; ++o) {
+      std::sort(ratio[o].begin(), ratio[o].end()), std::sort(gbs[o].begin(), gbs[o].end());
+      const size_t h = ratio[o].size();
+      std::printf("| gemm %s from memory, %s | m=1, %zu x n=%ld k=%ld, group %ld | | %.1f GB/s of weights | read probed "
+                  "around each pass | %.2f (quartiles %.2f %.2f) |\n",
+                  name, (o ? !pf : pf) ? "sw prefetch" : "hw prefetch only", mats.size(), long(n), long(k), long(group),
+                  gbs[o][h / 2], ratio[o][h / 2], ratio[o][h / 4], ratio[o][h * 3 / 4]);
     }
-    std::sort(ratio.begin(), ratio.end()), std::sort(gbs.begin(), gbs.end());
-    std::printf("| gemm %s from memory | m=1, %zu x n=%ld k=%ld, group %ld | | %.1f GB/s of weights | read probed around "
-                "each pass | %.2f (quartiles %.2f %.2f) |\n",
-                name, mats.size(), long(n), long(k), long(group), gbs[gbs.size() / 2], ratio[ratio.size() / 2],
-                ratio[ratio.size() / 4], ratio[ratio.size() * 3 / 4]);
     const Mat small = make(dt, sd, 256, 99);
     const double sbytes = double(quant::row_bytes(dt, k) * 256);
     const double t = median_seconds([&] {
@@ -537,10 +555,10 @@ int main(int argc, char** argv) {
     const std::string a = argv[i], next = i + 1 < argc ? argv[i + 1] : "";
     if (a == "--reps" && i + 1 < argc) g_reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--quick") quick = true;
-    else if (a == "--only" && (next == "experts" || next == "attention" || next == "quant" || next == "prefill"))
+    else if (a == "--only" && (next == "decode" || next == "experts" || next == "attention" || next == "quant" || next == "prefill"))
       only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: bench_kernels [--reps N] [--quick] [--only experts|attention|quant|prefill]\n");
+      std::fprintf(stderr, "usage: bench_kernels [--reps N] [--quick] [--only decode|experts|attention|quant|prefill]\n");
       return 2;
     }
   }
@@ -551,6 +569,11 @@ int main(int argc, char** argv) {
               g_reps, why.empty() ? ", amx" : (" (no amx: " + why + ")").c_str(), cpu::fast::gemm_path().c_str());
   const double bw = read_bandwidth();
   std::printf("| op | shape | time | rate | yardstick | ratio |\n|---|---|---|---|---|---|\n");
+  if (only == "decode") {
+    decode_stream_rows(*cpu, quick ? 5 : 15);
+    expert_stream_rows(*cpu, quick ? 5 : 15);
+    return 0;
+  }
   if (only == "experts") {
     expert_stream_rows(*cpu, quick ? 5 : 15);
     return 0;

@@ -5,7 +5,7 @@
 # does; OpenBLAS is linked when its cblas.h is found (Debian: libopenblas-dev), else the sgemm
 # column is empty.
 #
-#   scripts/bench_kernels.sh [OUT_DIR] [-- bench args: --reps N --quick --only experts|attention|quant|prefill]   (OUT_DIR default: build)
+#   scripts/bench_kernels.sh [OUT_DIR] [-- bench args: --reps N --quick --only decode|experts|attention|quant|prefill]   (OUT_DIR default: build)
 #   env: OMP_NUM_THREADS (default: all cores), CXX (default: g++)
 set -euo pipefail
 

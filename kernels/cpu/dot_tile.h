@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -26,6 +27,20 @@ constexpr size_t kPrefetchMinBytes = 8192, kPrefetchQuadBytes = 16384;
 // load finds it in L1 instead of waiting on an L2 hit (decode ~3% closer to the read bandwidth,
 // BENCHMARKS.md).
 constexpr size_t kPrefetchNearBytes = 2048;
+
+// Whether tiles of one row of a (decode at batch 1) prefetch b as above (tiles of more rows always
+// do). Decided once from cpuid: not on AMD, where the hardware prefetcher alone streams BF16
+// weights at batch 1 from memory at 1.00-1.06 of the read probe and these prefetches cut that to
+// 0.72-0.77 (Zen 4, 2 threads; with 8 rows they are needed: 0.41 without, 0.73 with); yes
+// elsewhere (Intel Xeon, where they were measured to help). The quantized kernels' next-tile
+// prefetch (cpu/quant_gemm.cpp) follows it too (int8 from memory on Zen 4: 0.74-0.76 of the probe
+// without, 0.72-0.74 with; F32 scales 0.91-0.94 against 0.85). GLM5_CPU_PREFETCH=0 / 1 overrides;
+// set_single_row_prefetch switches it for benchmarks. Results are the same bits either way.
+namespace detail {
+extern std::atomic<bool> g_single_row_prefetch;  // cpu/gemm.cpp
+}
+inline bool single_row_prefetch() { return detail::g_single_row_prefetch.load(std::memory_order_relaxed); }
+inline void set_single_row_prefetch(bool on) { detail::g_single_row_prefetch.store(on); }
 
 // Where row c's chunk of 16 elements from column kk (a multiple of 16) starts, relative to the
 // first row of a tile: row-major b (Quad = false), row stride ldb; or interleaved (Quad = true,
@@ -73,6 +88,7 @@ void dot_tile(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, 
   int64_t kk = 0;
   const size_t ahead = Quad ? kPrefetchQuadBytes : std::max<size_t>(sizeof(*b) * size_t(NR * ldb), kPrefetchMinBytes);
   const uintptr_t base = reinterpret_cast<uintptr_t>(b);
+  const bool prefetch = MR > 1 || single_row_prefetch();
   for (; kk + simd::kLanes <= k; kk += simd::kLanes) {
     // Ask for the b rows `ahead` bytes on (each 64-byte line once, into L2): with few rows of a
     // (decode) the tile is short and b comes from memory, which otherwise waits for the FMAs
@@ -80,7 +96,9 @@ void dot_tile(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, 
     // beat two tiles into L1 by ~5% of the read bandwidth at m = 1); then again nearer, into L1.
     // A prefetch past the end of b is harmless: it never faults (the address is formed as an
     // integer).
-    if constexpr (Quad) {  // this step reads NR x 16 elements in one run
+    if (!prefetch) {
+      // (the hardware prefetcher alone)
+    } else if constexpr (Quad) {  // this step reads NR x 16 elements in one run
       const uintptr_t at = base + sizeof(*b) * size_t(4 * kk);
 #pragma GCC unroll 8
       for (size_t o = 0; o < sizeof(*b) * 16 * NR; o += 64) {

@@ -15,8 +15,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cpu/amx_gemm.h"
@@ -24,7 +26,22 @@
 #include "cpu/panel_block.h"
 #include "cpu/fast_ops.h"
 
-namespace glm5::kernels::cpu::fast {
+namespace glm5::kernels::cpu {
+
+namespace {
+// See single_row_prefetch (cpu/dot_tile.h): GLM5_CPU_PREFETCH=0 / 1, else off on AMD.
+bool default_single_row_prefetch() {
+  const std::string e = std::getenv("GLM5_CPU_PREFETCH") ? std::getenv("GLM5_CPU_PREFETCH") : "";
+  if (e == "0" || e == "1") return e == "1";
+  if (!e.empty()) std::fprintf(stderr, "glm5: GLM5_CPU_PREFETCH=%s ignored (expected 0 or 1)\n", e.c_str());
+  __builtin_cpu_init();
+  return !__builtin_cpu_is("amd");
+}
+}  // namespace
+
+std::atomic<bool> detail::g_single_row_prefetch{default_single_row_prefetch()};
+
+namespace fast {
 
 namespace {
 
@@ -475,4 +492,5 @@ std::string gemm_path() { return kGemmPathNames[gemm_path_now()]; }
 
 void set_gemm_path(const std::string& path) { g_gemm_path.store(path_index(path, "set_gemm_path")); }
 
-}  // namespace glm5::kernels::cpu::fast
+}  // namespace fast
+}  // namespace glm5::kernels::cpu

@@ -316,11 +316,13 @@ DequantRowFn dequant_row_avx512(const Weight& w) {
 
 // The next tile's bytes of code bytes [b0, b1) of each row, prefetched while this tile runs (its
 // rows are short, a few KiB: too short for the hardware prefetcher to ramp up). Row-major: the
-// next NR rows, rb bytes apart; quads: one stretch, 4 rows x 64 bytes per chunk.
-template <int NR, bool kQuad>
+// next NR rows, rb bytes apart; quads: one stretch, 4 rows x 64 bytes per chunk. Single-row tiles
+// only where single_row_prefetch() (cpu/dot_tile.h).
+template <int MR, int NR, bool kQuad>
 GLM5_AVX512 __attribute__((always_inline)) inline void prefetch_next(const uint8_t* next, size_t rb, int64_t b0,
                                                                     int64_t b1) {
   constexpr int64_t C = quant::kQuadChunk;
+  if (MR == 1 && !single_row_prefetch()) return;
   if constexpr (kQuad) {
     for (int64_t b = (b0 + C - 1) / C * 4 * C; b < (b1 + C - 1) / C * 4 * C; b += 64)  // (chunks from b0's next)
       _mm_prefetch(reinterpret_cast<const char*>(next + b), _MM_HINT_T0);
@@ -337,7 +339,7 @@ GLM5_AVX512 __attribute__((always_inline)) inline void fused_group(const Chunk<D
                                                                   int64_t ldx, int64_t k0, int64_t k1,
                                                                   __m512 (&acc)[MR][4]) {
   constexpr int64_t kHalve = Chunk<DT, SD>::kHalve;
-  prefetch_next<NR, kQuad>(next, rb, k0 / kHalve, k1 / kHalve);
+  prefetch_next<MR, NR, kQuad>(next, rb, k0 / kHalve, k1 / kHalve);
   if constexpr (kFast && Chunk<DT, SD>::kPairs && MR <= 2) {  // (more rows of x would not fit the registers)
     if ((k1 - k0) % 32 == 0) {  // (k0 a multiple of 32 too: 32 code bytes never straddle a quad chunk)
       for (int64_t k = k0; k < k1; k += 32) {
@@ -371,7 +373,7 @@ GLM5_AVX512 __attribute__((always_inline)) inline void fused_group_nib(const Chu
                                                                       const RowBytes<true>* rows, const uint8_t* next,
                                                                       size_t rb, const float* x, int64_t ldx,
                                                                       int64_t k0, int64_t k1, __m512 (&acc)[MR][4]) {
-  prefetch_next<NR, true>(next, rb, k0 / 2, k1 / 2);
+  prefetch_next<MR, NR, true>(next, rb, k0 / 2, k1 / 2);
   for (int64_t k = k0; k < k1; k += quant::kNibbleBlock) {
     __m512i d[NR];
     for (int c = 0; c < NR; ++c) d[c] = _mm512_loadu_si512(rows[c](k / 2));

@@ -3,6 +3,7 @@
 // and the parameter errors both CPU backends raise.
 #include <omp.h>
 
+#include "cpu/dot_tile.h"
 #include "cpu/weight_arena.h"
 #include "op_cases.h"
 
@@ -83,6 +84,33 @@ TEST(CpuBackend, GemmBitsIndependentOfThreadCount) {
     EXPECT_EQ(0, std::memcmp(one.floats[0].data(), many.floats[0].data(), one.floats[0].size() * 4))
         << "m = " << m;
   }
+}
+
+// Single-row tiles (decode at batch 1) with and without their software prefetch
+// (cpu/dot_tile.h single_row_prefetch), on row-major and interleaved (kQuad16) BF16 weights: the
+// same bytes.
+TEST(CpuBackend, SingleRowPrefetchDoesNotChangeBits) {
+  auto cpu = make_cpu_backend();
+  const int64_t n = 300, k = 2048;
+  const std::vector<uint8_t> bytes = weight_bytes(random_floats(size_t(n * k), 3), DType::BF16);
+  const std::vector<float> x = random_floats(size_t(k), 4);
+  cpu::WeightArena arena;
+  const Weight rows{bytes.data(), DType::BF16, n, k, k};
+  Weight quads{arena.copy_interleaved(bytes.data(), 2, n, k, k, WeightLayout::kQuad16), DType::BF16, n, k,
+               cpu::WeightArena::interleaved_ld(WeightLayout::kQuad16, k)};
+  quads.layout = WeightLayout::kQuad16;
+  ASSERT_NE(quads.data, nullptr);
+  const bool saved = cpu::single_row_prefetch();
+  for (const Weight& w : {rows, quads}) {
+    std::vector<float> y[2];
+    for (int on = 0; on < 2; ++on) {
+      cpu::set_single_row_prefetch(on == 1);
+      y[on].assign(size_t(n), -1.0f);
+      cpu->gemm({x.data(), k, w, false, y[on].data(), n, 1, n, k});
+    }
+    EXPECT_EQ(0, std::memcmp(y[0].data(), y[1].data(), size_t(n) * 4)) << (w.layout == WeightLayout::kQuad16 ? "quads" : "rows");
+  }
+  cpu::set_single_row_prefetch(saved);
 }
 
 // gemm_batch runs independent gemms together (one parallel region, items of all gemms spread over

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "cpu/dot_tile.h"
 #include "cpu/fast_ops.h"
 #include "ops.h"
 
@@ -273,6 +274,17 @@ TEST(QuantGemm, PathsAndThreadsAgreeBitwise) {
       ASSERT_EQ(0, std::memcmp(y1.data(), y2q.data(), y1.size() * 4)) << "quads, 2 threads, m = " << m;
     }
     omp_set_num_threads(saved);
+    // Single-row tiles without and with their next-tile prefetch (cpu/dot_tile.h): the same bytes.
+    const bool pf = cpu::single_row_prefetch();
+    std::vector<float> y[2], yq[2];
+    for (int on = 0; on < 2; ++on) {
+      cpu::set_single_row_prefetch(on == 1);
+      y[on] = run_gemm(*cpu, q.w, x, 1), yq[on] = run_gemm(*cpu, wq, x, 1);
+    }
+    cpu::set_single_row_prefetch(pf);
+    ASSERT_EQ(0, std::memcmp(y[0].data(), y[1].data(), y[0].size() * 4)) << "prefetch on / off";
+    ASSERT_EQ(0, std::memcmp(y[0].data(), yq[1].data(), y[0].size() * 4)) << "prefetch on / off, quads";
+    ASSERT_EQ(0, std::memcmp(yq[0].data(), yq[1].data(), y[0].size() * 4)) << "quads, prefetch on / off";
   }
 }
 
@@ -376,7 +388,9 @@ TEST(QuantGemm, QuadLayoutAndUpload) {
       EXPECT_EQ(up.layout, WeightLayout::kQuantQuad);
       EXPECT_EQ(0, std::memcmp(up.data, store.data(), store.size()));  // (the padding row zero in both)
     }
-    if (cpu::fast::quant_path() != "avx512") EXPECT_EQ(up.layout, WeightLayout::kRowMajor);
+    if (cpu::fast::quant_path() != "avx512") {
+      EXPECT_EQ(up.layout, WeightLayout::kRowMajor);
+    }
     EXPECT_EQ(ref->upload_gemm_matrix(q.w, q.data.size()).layout, WeightLayout::kRowMajor);
     EXPECT_NE(0, std::memcmp(store.data(), q.data.data(), q.data.size()));  // the order did change
   }
