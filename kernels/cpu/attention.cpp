@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <functional>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -614,11 +615,39 @@ void indexer_scores(const IndexerScoresParams& p) {
 
 namespace {
 
-// The selection's strict order over indices of v: the larger value first, then the lower index.
-struct BestFirst {
-  const float* v;
-  bool operator()(int32_t a, int32_t b) const { return v[a] > v[b] || (v[a] == v[b] && a < b); }
-};
+// The selection's strict order as one integer per entry, compared without going back to v: a
+// finite value's bits made monotone (-0 as +0, which compares equal to it), then the complement
+// of its index, so that a larger key is the larger value, then the lower index. Keys are distinct.
+inline uint64_t best_key(const float* v, int32_t i) {
+  const float x = v[i] == 0.0f ? 0.0f : v[i];
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (uint64_t(u) << 32) | uint64_t(~uint32_t(i));
+}
+
+// Keeps the best k of idx[base:] (ascending indices of finite entries of v), ascending: the k-th
+// largest key by nth_element over the keys, then one pass that keeps the entries at or above it
+// (exactly k, keys being distinct), in their order. Selecting through comparisons of
+// v[a] and v[b] (an indirect load and a mispredicted branch each), then sorting the k indices,
+// cost a 16k-token decode row ~35 us per layer.
+void keep_best(const float* v, std::vector<int32_t>& idx, size_t base, int64_t k) {
+  const size_t n = idx.size() - base;
+  if (n <= size_t(k)) return;
+  if (k == 0) {
+    idx.resize(base);
+    return;
+  }
+  thread_local std::vector<uint64_t> keys;
+  keys.resize(n);
+  for (size_t i = 0; i < n; ++i) keys[i] = best_key(v, idx[base + i]);
+  std::nth_element(keys.begin(), keys.begin() + std::ptrdiff_t(k - 1), keys.end(), std::greater<uint64_t>());
+  const uint64_t kth = keys[size_t(k - 1)];
+  size_t o = base;
+  for (size_t i = base; i < idx.size(); ++i)
+    if (best_key(v, idx[i]) >= kth) idx[o++] = idx[i];
+  idx.resize(o);
+}
 
 // best_k for a long row, k <= (c1 - c0) / 8: a threshold from every 16th value (the k/8-th best of
 // them, so that ~2k entries reach it), then only the entries at or above it (all of the best k are,
@@ -627,7 +656,6 @@ struct BestFirst {
 // values took ~80-140 us, mostly mispredicted branches.
 bool best_k_sampled(const float* v, int64_t c0, int64_t c1, int64_t k, std::vector<int32_t>& out) {
   thread_local std::vector<float> sample;
-  thread_local std::vector<int32_t> cand;
   sample.clear();
   for (int64_t c = c0; c < c1; c += 16)
     if (std::isfinite(v[c])) sample.push_back(v[c]);
@@ -635,56 +663,53 @@ bool best_k_sampled(const float* v, int64_t c0, int64_t c1, int64_t k, std::vect
   if (sample.size() < 4 * r) return false;
   std::nth_element(sample.begin(), sample.begin() + std::ptrdiff_t(r - 1), sample.end(), std::greater<float>());
   const float thr = sample[r - 1];
-  cand.clear();
+  const size_t base = out.size();
   for (int64_t c = c0; c < c1; ++c)
-    if (v[c] >= thr && std::isfinite(v[c])) cand.push_back(int32_t(c));
-  if (cand.size() < size_t(k)) return false;
-  if (cand.size() > size_t(k)) std::nth_element(cand.begin(), cand.begin() + std::ptrdiff_t(k), cand.end(), BestFirst{v});
-  out.insert(out.end(), cand.begin(), cand.begin() + std::ptrdiff_t(k));
+    if (v[c] >= thr && std::isfinite(v[c])) out.push_back(int32_t(c));
+  if (out.size() - base < size_t(k)) {
+    out.resize(base);
+    return false;
+  }
+  keep_best(v, out, base, k);
   return true;
 }
 
 // The indices of the min(k, #finite) best finite entries of v[c0, c1) (larger value first, then
-// lower index: a strict order, so the best k are one set), appended to out in no fixed order.
+// lower index: a strict order, so the best k are one set), appended to out in ascending order.
 void best_k(const float* v, int64_t c0, int64_t c1, int64_t k, std::vector<int32_t>& out) {
   if (k > 0 && c1 - c0 >= 8 * k && best_k_sampled(v, c0, c1, k, out)) return;
   const size_t base = out.size();
   for (int64_t c = c0; c < c1; ++c)
     if (std::isfinite(v[c])) out.push_back(int32_t(c));
-  const size_t keep = std::min<size_t>(out.size() - base, size_t(k));
-  if (keep < out.size() - base) {
-    std::nth_element(out.begin() + std::ptrdiff_t(base), out.begin() + std::ptrdiff_t(base + keep), out.end(), BestFirst{v});
-    out.resize(base + keep);
-  }
+  keep_best(v, out, base, k);
 }
 
-// Columns per chunk of one row's parallel selection (decode: one row over the whole context), and
-// the row length from which it pays (a 16k row takes ~17 us on one thread, less than the region
-// costs on two).
-constexpr int64_t kTopkChunk = 4096, kTopkChunkedCols = int64_t(1) << 16;
+// The row length from which one row's selection (decode: one row over the whole context) runs on
+// all threads, each over one contiguous run of the columns: the run of scores its own indexer
+// scan just wrote, still in its cache (a 16k row in the model: 42 us alone on one thread, the
+// half in the other core's cache; in a warm cache ~15 us).
+constexpr int64_t kTopkChunkedCols = 8192;
 
 }  // namespace
 
 // Same selection as the reference (largest finite values, ties to the lower index, ascending,
-// padded with -1), with nth_element instead of a full sort. Parallel over rows; a long row (decode
+// padded with -1), with nth_element over integer keys (best_key) instead of a full sort. Parallel over rows; a long row (decode
 // after a long context) over chunks of its columns: each chunk's best k, then the best k of
 // their union, which holds the row's best k (the order is strict), so the result is the same.
 void topk(const TopkParams& p) {
   const bool chunked = p.rows < omp_get_max_threads() && p.cols >= kTopkChunkedCols;
   for (int64_t r = 0; chunked && r < p.rows; ++r) {
     const float* v = p.scores + r * p.ld;
-    const int64_t chunks = (p.cols + kTopkChunk - 1) / kTopkChunk;
+    const int64_t chunks = omp_get_max_threads();
     std::vector<std::vector<int32_t>> part(static_cast<size_t>(chunks));
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(static, 1)
     for (int64_t c = 0; c < chunks; ++c)
-      best_k(v, c * kTopkChunk, std::min(p.cols, (c + 1) * kTopkChunk), p.k, part[size_t(c)]);
-    std::vector<int32_t> all;
+      best_k(v, c * p.cols / chunks, (c + 1) * p.cols / chunks, p.k, part[size_t(c)]);
+    std::vector<int32_t> all;  // the chunks' best, ascending (the chunks are in column order)
     for (const auto& q : part) all.insert(all.end(), q.begin(), q.end());
-    const size_t keep = std::min<size_t>(all.size(), size_t(p.k));
-    if (keep < all.size()) std::nth_element(all.begin(), all.begin() + std::ptrdiff_t(keep), all.end(), BestFirst{v});
-    std::sort(all.begin(), all.begin() + std::ptrdiff_t(keep));
+    keep_best(v, all, 0, p.k);
     int32_t* out = p.indices + r * p.k;
-    for (int64_t j = 0; j < p.k; ++j) out[j] = size_t(j) < keep ? all[size_t(j)] : -1;
+    for (int64_t j = 0; j < p.k; ++j) out[j] = size_t(j) < all.size() ? all[size_t(j)] : -1;
   }
   if (chunked) return;
 #pragma omp parallel if (p.rows * p.cols >= (1 << 15))
@@ -695,7 +720,6 @@ void topk(const TopkParams& p) {
       const float* v = p.scores + r * p.ld;
       idx.clear();
       best_k(v, 0, p.cols, p.k, idx);
-      std::sort(idx.begin(), idx.end());
       int32_t* out = p.indices + r * p.k;
       for (int64_t j = 0; j < p.k; ++j) out[j] = size_t(j) < idx.size() ? idx[size_t(j)] : -1;
     }

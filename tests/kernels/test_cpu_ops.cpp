@@ -3,6 +3,8 @@
 // and the parameter errors both CPU backends raise.
 #include <omp.h>
 
+#include <tuple>
+
 #include "cpu/dot_tile.h"
 #include "cpu/weight_arena.h"
 #include "op_cases.h"
@@ -235,6 +237,25 @@ TEST(CpuBackend, LongDecodeRowsOnTwoThreads) {
                           cases::mla_decode_case(1, 5000, 16, 64, 16, 256, 80),
                           cases::mla_decode_case(3, 5000, 9, 64, 16, 300, 81, 0.3f, cases::Paging::PerRow)})
     EXPECT_TRUE(compare(*cpu, *ref, c)) << c.name;
+  omp_set_num_threads(saved);
+}
+
+// -0 and +0 are one value to the selection: where the k-th best falls among zeros of both signs,
+// the lower indices win whatever their sign, as in the reference (a long decode row, chunked
+// on 2 threads with the sampled threshold, and short rows).
+TEST(CpuBackend, TopkSignedZerosAreTies) {
+  auto cpu = make_cpu_backend();
+  auto ref = make_reference_backend();
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(2);
+  for (const auto& [rows, cols, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 20000, 2048}, {3, 300, 40}}) {
+    std::vector<float> v(size_t(rows * cols));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = (i * 7919) % 13 == 0 ? 1.0f + float(i % 97) : (i % 3 ? -0.0f : 0.0f);
+    std::vector<int32_t> got(size_t(rows * k)), want(got.size());
+    cpu->topk({v.data(), rows, cols, cols, k, got.data()});
+    ref->topk({v.data(), rows, cols, cols, k, want.data()});
+    EXPECT_EQ(got, want) << rows << " x " << cols;
+  }
   omp_set_num_threads(saved);
 }
 
