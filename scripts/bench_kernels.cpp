@@ -120,12 +120,11 @@ void decode_stream_rows(Backend& cpu, int rounds) {
     std::vector<Weight> ws;
     bool prefetch = true;  // single_row_prefetch (cpu/dot_tile.h) during its passes
   };
-  // The fp32 layouts with this machine's choice of single-row prefetch, then interleaved rows with
-  // the other choice.
+  // The fp32 layouts with this machine's choice of single-row prefetch (and interleaved rows with
+  // the other choice, added below on the same weights).
   const bool pf = cpu::single_row_prefetch();
   std::vector<Layout> layouts = {{"row-major", "fp32", WeightLayout::kRowMajor, {}, pf},
-                                 {"interleaved rows", "fp32", WeightLayout::kQuad16, {}, pf},
-                                 {"interleaved rows", "fp32", WeightLayout::kQuad16, {}, !pf}};
+                                 {"interleaved rows", "fp32", WeightLayout::kQuad16, {}, pf}};
   if (cpu::amx::available()) layouts.push_back({"AMX tiles (amx path)", "amx", WeightLayout::kTile16, {}});
   for (Layout& l : layouts)
     for (int64_t i = 0; i < mats; ++i) {
@@ -143,6 +142,9 @@ void decode_stream_rows(Backend& cpu, int rounds) {
       }
       l.ws.push_back(w);
     }
+  Layout other = layouts[1];
+  other.prefetch = !pf;
+  layouts.insert(layouts.begin() + 2, std::move(other));
   const ReadProbe probe(size_t(1) << 30);  // more than any L3 it could hide in
   const std::vector<float> x = random_floats(size_t(k), 3);
   std::vector<float> y(static_cast<size_t>(n));

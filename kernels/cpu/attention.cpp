@@ -567,9 +567,10 @@ void score_block(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t nt
 // 0.42-0.50 -> 0.25-0.32 ms), else transposed once into L1, is scored against every query row
 // that can see it (scores[s, t] for t > q_pos[s] are -inf). With one table per row (decode rows
 // of different sequences), a work item is (row, key block), dealt to the threads in runs of 4
-// blocks of a row, and only the row's own keys are used. Either way a score is the same sequence
+// consecutive items, and only the row's own keys are used. Either way a score is the same sequence
 // of FMAs.
 void indexer_scores(const IndexerScoresParams& p) {
+  if (p.s == 0) return;
   const int64_t D = p.head_dim;
   const int64_t blocks = (p.t + kIndexerKeys - 1) / kIndexerKeys;
   // A single row's own table is the shared one: it takes the decode path below, whose contiguous
@@ -595,12 +596,14 @@ void indexer_scores(const IndexerScoresParams& p) {
       // keys of 8 x 64 from memory, 2 threads: 0.47 / 0.51 -> 0.45 / 0.46 ms in one run). Tiles
       // are contiguous 16 KiB runs, which the hardware prefetcher follows (a software prefetch of
       // the next tile gave nothing).
+      // Keys past q_pos[0] are never read (a row's own table need not cover them).
+      const int64_t tv = std::clamp<int64_t>(int64_t(p.q_pos[0]) + 1, 0, p.t);
 #pragma omp for schedule(static)
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t t0 = b * kIndexerKeys, nt = std::min(kIndexerKeys, p.t - t0);
-        if (!p.pages.tiled && t0 + nt < p.t)
-          prefetch_key_block(p, t0 + nt, std::min(kIndexerKeys, p.t - t0 - nt));
-        score_block(p, 0, t0, nt, key_block(p, 0, t0, nt, kt));
+        const int64_t seen = std::clamp<int64_t>(tv - t0, 0, nt);
+        if (!p.pages.tiled && t0 + nt < tv) prefetch_key_block(p, t0 + nt, std::min(kIndexerKeys, tv - t0 - nt));
+        score_block(p, 0, t0, nt, seen > 0 ? key_block(p, 0, t0, seen, kt) : kt);
       }
     } else {
 #pragma omp for schedule(dynamic, 1)
@@ -693,19 +696,28 @@ constexpr int64_t kTopkChunkedCols = 8192;
 }  // namespace
 
 // Same selection as the reference (largest finite values, ties to the lower index, ascending,
-// padded with -1), with nth_element over integer keys (best_key) instead of a full sort. Parallel over rows; a long row (decode
-// after a long context) over chunks of its columns: each chunk's best k, then the best k of
-// their union, which holds the row's best k (the order is strict), so the result is the same.
+// padded with -1), with nth_element over integer keys (best_key) instead of a full sort. Parallel
+// over rows; a long row (decode after a long context) over one run of its columns per thread:
+// each run's best k, then the best k of their union, which holds the row's best k (the order is
+// strict), so the result is the same.
 void topk(const TopkParams& p) {
+  if (p.k == 0) return;
   const bool chunked = p.rows < omp_get_max_threads() && p.cols >= kTopkChunkedCols;
   for (int64_t r = 0; chunked && r < p.rows; ++r) {
     const float* v = p.scores + r * p.ld;
     const int64_t chunks = omp_get_max_threads();
-    std::vector<std::vector<int32_t>> part(static_cast<size_t>(chunks));
+    // Kept by the calling thread (no allocation per decode step); `part` names its instance in
+    // the parallel region too (a thread_local named there would be each thread's own).
+    thread_local std::vector<std::vector<int32_t>> parts;
+    thread_local std::vector<int32_t> all;
+    std::vector<std::vector<int32_t>>& part = parts;
+    part.resize(size_t(chunks));
 #pragma omp parallel for schedule(static, 1)
-    for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t c = 0; c < chunks; ++c) {
+      part[size_t(c)].clear();
       best_k(v, c * p.cols / chunks, (c + 1) * p.cols / chunks, p.k, part[size_t(c)]);
-    std::vector<int32_t> all;  // the chunks' best, ascending (the chunks are in column order)
+    }
+    all.clear();  // the chunks' best, ascending (the chunks are in column order)
     for (const auto& q : part) all.insert(all.end(), q.begin(), q.end());
     keep_best(v, all, 0, p.k);
     int32_t* out = p.indices + r * p.k;
@@ -714,7 +726,7 @@ void topk(const TopkParams& p) {
   if (chunked) return;
 #pragma omp parallel if (p.rows * p.cols >= (1 << 15))
   {
-    std::vector<int32_t> idx;
+    thread_local std::vector<int32_t> idx;
 #pragma omp for schedule(dynamic, 4)
     for (int64_t r = 0; r < p.rows; ++r) {
       const float* v = p.scores + r * p.ld;

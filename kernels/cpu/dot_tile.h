@@ -28,8 +28,8 @@ constexpr size_t kPrefetchMinBytes = 8192, kPrefetchQuadBytes = 16384;
 // BENCHMARKS.md).
 constexpr size_t kPrefetchNearBytes = 2048;
 
-// Whether tiles of one row of a (decode at batch 1) prefetch b as above (tiles of more rows always
-// do). Decided once from cpuid: not on AMD, where the hardware prefetcher alone streams BF16
+// Whether tiles of one row of a (decode at batch 1, or the last row of an odd batch) prefetch b as
+// above (tiles of more rows always do). Decided once from cpuid: not on AMD, where the hardware prefetcher alone streams BF16
 // weights at batch 1 from memory at 1.00-1.06 of the read probe and these prefetches cut that to
 // 0.72-0.77 (Zen 4, 2 threads; with 8 rows they are needed: 0.41 without, 0.73 with); yes
 // elsewhere (Intel Xeon, where they were measured to help). The quantized kernels' next-tile
@@ -37,10 +37,14 @@ constexpr size_t kPrefetchNearBytes = 2048;
 // without, 0.72-0.74 with; F32 scales 0.91-0.94 against 0.85). GLM5_CPU_PREFETCH=0 / 1 overrides;
 // set_single_row_prefetch switches it for benchmarks. Results are the same bits either way.
 namespace detail {
-extern std::atomic<bool> g_single_row_prefetch;  // cpu/gemm.cpp
+extern std::atomic<int> g_single_row_prefetch;  // -1 until decided (cpu/gemm.cpp)
+bool decide_single_row_prefetch();
+}  // namespace detail
+inline bool single_row_prefetch() {
+  const int v = detail::g_single_row_prefetch.load(std::memory_order_relaxed);
+  return v < 0 ? detail::decide_single_row_prefetch() : v == 1;
 }
-inline bool single_row_prefetch() { return detail::g_single_row_prefetch.load(std::memory_order_relaxed); }
-inline void set_single_row_prefetch(bool on) { detail::g_single_row_prefetch.store(on); }
+inline void set_single_row_prefetch(bool on) { detail::g_single_row_prefetch.store(on ? 1 : 0); }
 
 // Where row c's chunk of 16 elements from column kk (a multiple of 16) starts, relative to the
 // first row of a tile: row-major b (Quad = false), row stride ldb; or interleaved (Quad = true,

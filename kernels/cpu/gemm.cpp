@@ -28,18 +28,26 @@
 
 namespace glm5::kernels::cpu {
 
-namespace {
-// See single_row_prefetch (cpu/dot_tile.h): GLM5_CPU_PREFETCH=0 / 1, else off on AMD.
-bool default_single_row_prefetch() {
+// See single_row_prefetch (cpu/dot_tile.h): GLM5_CPU_PREFETCH=0 / 1, else off on AMD. Decided at
+// the first use (not at static initialisation, so that no order between files matters).
+bool detail::decide_single_row_prefetch() {
   const std::string e = std::getenv("GLM5_CPU_PREFETCH") ? std::getenv("GLM5_CPU_PREFETCH") : "";
-  if (e == "0" || e == "1") return e == "1";
-  if (!e.empty()) std::fprintf(stderr, "glm5: GLM5_CPU_PREFETCH=%s ignored (expected 0 or 1)\n", e.c_str());
-  __builtin_cpu_init();
-  return !__builtin_cpu_is("amd");
+  bool on = true;
+  if (e == "0" || e == "1") {
+    on = e == "1";
+  } else {
+    if (!e.empty()) std::fprintf(stderr, "glm5: GLM5_CPU_PREFETCH=%s ignored (expected 0 or 1)\n", e.c_str());
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    on = !__builtin_cpu_is("amd");
+#endif
+  }
+  int expected = -1;
+  g_single_row_prefetch.compare_exchange_strong(expected, on ? 1 : 0);
+  return g_single_row_prefetch.load(std::memory_order_relaxed) == 1;
 }
-}  // namespace
 
-std::atomic<bool> detail::g_single_row_prefetch{default_single_row_prefetch()};
+std::atomic<int> detail::g_single_row_prefetch{-1};
 
 namespace fast {
 

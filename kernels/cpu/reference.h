@@ -67,8 +67,9 @@ void paged_write(const PagedWriteParams& p);
 }  // namespace ref
 
 // Host memory: malloc/free/memcpy; weights are used in place (upload returns the host pointer).
-// Freed blocks are kept (up to kMaxCachedBytes) and handed out again for the same size class
-// (sizes rounded up to 4 classes per power of two, so at most a quarter is wasted): the model
+// Freed blocks are kept (up to kMaxCachedBytes) and handed out again for the same block size
+// (sizes rounded up to 4 classes per power of two, so at most a quarter is wasted; from 2 MiB on,
+// then to whole 2 MiB huge pages, see raw_alloc): the model
 // allocates similar scratch sizes every layer and step (row counts change from step to step),
 // and returning them to the OS each time costs page faults and page clearing that showed up as
 // a tenth of the CPU time.
@@ -80,7 +81,7 @@ class HostBackend : public Backend {
   }
   void* alloc(size_t bytes) override {
     if (!bytes) return nullptr;
-    const size_t rounded = size_class(bytes);
+    const size_t rounded = block_size(bytes);
     void* p = nullptr;
     if (auto it = cache_.find(rounded); it != cache_.end()) {
       p = it->second;
@@ -118,10 +119,15 @@ class HostBackend : public Backend {
   // and ask for transparent huge pages: a decode step after 16k tokens scans 4 MB of indexer keys
   // per layer, and on 4 KiB pages every page costs a TLB walk (its page-table line evicted by the
   // weights streamed in between) and restarts the hardware prefetcher.
+  // A block's size: its size class, and from kHugeBytes on a whole number of huge pages (what the
+  // kernel commits once touched; the cache counts and reuses blocks by this size).
   static constexpr size_t kHugeBytes = size_t(2) << 20;
-  static void* raw_alloc(size_t rounded) {
-    if (rounded < kHugeBytes) return std::aligned_alloc(64, rounded);
-    const size_t size = (rounded + kHugeBytes - 1) / kHugeBytes * kHugeBytes;
+  static size_t block_size(size_t bytes) {
+    const size_t c = size_class(bytes);
+    return c < kHugeBytes ? c : (c + kHugeBytes - 1) / kHugeBytes * kHugeBytes;
+  }
+  static void* raw_alloc(size_t size) {
+    if (size < kHugeBytes) return std::aligned_alloc(64, size);
     void* p = std::aligned_alloc(kHugeBytes, size);
     if (p) ::madvise(p, size, MADV_HUGEPAGE);
     return p;

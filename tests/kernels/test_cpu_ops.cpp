@@ -220,7 +220,7 @@ TEST(CpuBackend, MappedWeightsAreCopiedExactly) {
 }
 
 // Decode after a long context on 2 threads: one row's top-k over column chunks in parallel (each
-// chunk's best, then the best of their union; from 2^16 columns) selects exactly the reference's
+// chunk's best, then the best of their union; from 8192 columns) selects exactly the reference's
 // indices, also when k exceeds a chunk, and so does the sampled-threshold selection of long rows
 // (alone or several in parallel; ties, infinities and NaN included); the indexer's long paged scan
 // (f32 and bf16 keys) matches the reference.
@@ -241,16 +241,18 @@ TEST(CpuBackend, LongDecodeRowsOnTwoThreads) {
 }
 
 // -0 and +0 are one value to the selection: where the k-th best falls among zeros of both signs,
-// the lower indices win whatever their sign, as in the reference (a long decode row, chunked
-// on 2 threads with the sampled threshold, and short rows).
+// the lower indices win whatever their sign, as in the reference: long decode rows chunked on 2
+// threads (k = 256 with ~200 positives: each chunk through the sampled threshold, which lands on
+// zero; k = 2048: the plain selection per chunk), and short rows.
 TEST(CpuBackend, TopkSignedZerosAreTies) {
   auto cpu = make_cpu_backend();
   auto ref = make_reference_backend();
   const int saved = omp_get_max_threads();
   omp_set_num_threads(2);
-  for (const auto& [rows, cols, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 20000, 2048}, {3, 300, 40}}) {
+  for (const auto& [rows, cols, k, every] : {std::tuple<int64_t, int64_t, int64_t, size_t>{1, 20000, 256, 101},
+                                             {1, 20000, 2048, 13}, {3, 300, 40, 13}}) {
     std::vector<float> v(size_t(rows * cols));
-    for (size_t i = 0; i < v.size(); ++i) v[i] = (i * 7919) % 13 == 0 ? 1.0f + float(i % 97) : (i % 3 ? -0.0f : 0.0f);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = (i * 7919) % every == 0 ? 1.0f + float(i % 97) : (i % 3 ? -0.0f : 0.0f);
     std::vector<int32_t> got(size_t(rows * k)), want(got.size());
     cpu->topk({v.data(), rows, cols, cols, k, got.data()});
     ref->topk({v.data(), rows, cols, cols, k, want.data()});

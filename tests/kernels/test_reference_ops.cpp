@@ -376,7 +376,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, Oracle, ::testing::Values("reference", "cpu")
 }  // namespace
 }  // namespace glm5::kernels::test
 
-// The host backends' allocator: 64-byte aligned blocks (2 MiB from 2 MiB on), sizes rounded to 4 classes per power of
+// The host backends' allocator: 64-byte aligned blocks (from 2 MiB on: 2 MiB aligned, whole 2 MiB
+// pages), sizes rounded to 4 classes per power of
 // two (at most a quarter wasted), and a freed block handed out again for any size of its class,
 // which is what keeps step-to-step row-count changes from faulting in fresh pages.
 TEST(HostAllocator, SizeClassesAndReuse) {
@@ -417,5 +418,7 @@ TEST(HostAllocator, SizeClassesAndReuse) {
     be->free(h);
     EXPECT_EQ(be->alloc(big + 1000), static_cast<void*>(h)) << which;  // the same class (6 MiB)
     be->free(h);
+    EXPECT_EQ(HostBackend::block_size((size_t(2) << 20) + 1), size_t(4) << 20);  // class 2.5 MiB: 2 pages
+    EXPECT_EQ(HostBackend::block_size(3 << 20), size_t(4) << 20);
   }
 }
