@@ -5,6 +5,11 @@
 // FMA peak of all threads (independent FMA chains in registers: what the cores can do at all).
 // Also peak RSS after loading vs weight bytes.
 //   bench_cpu --model DIR [--prompt 512] [--decode 32] [--decode-tokens random|greedy] [--chunk 512]
+//             [--beside N]
+// --beside N: a second sequence of N tokens shares the KV pool, and a third decode phase alternates
+// steps between the two (decode pairs), so that decode after `prompt` tokens of context is set
+// against decode after N in one process, step by step (the machine's speed drifts by more than the
+// difference between two runs).
 // The prompt is prefilled in chunks of --chunk tokens (llama-bench's default ubatch is 512 too), so
 // a long context is built as a server would build it, without one [prompt x prompt] score matrix.
 // Decode feeds pseudo-random tokens by default, as llama-bench's tg test does: every step routes
@@ -48,7 +53,7 @@ int main(int argc, char** argv) {
   std::string model_dir;
   int prompt = 512, decode = 32;
   std::string decode_tokens = "random";
-  int chunk = 512;
+  int chunk = 512, beside = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) model_dir = argv[++i];
@@ -56,11 +61,12 @@ int main(int argc, char** argv) {
     else if (a == "--decode" && i + 1 < argc) decode = std::stoi(argv[++i]);
     else if (a == "--decode-tokens" && i + 1 < argc) decode_tokens = argv[++i];
     else if (a == "--chunk" && i + 1 < argc) chunk = std::stoi(argv[++i]);
+    else if (a == "--beside" && i + 1 < argc) beside = std::stoi(argv[++i]);
   }
-  if (model_dir.empty() || prompt < 1 || decode < 1 || chunk < 1 ||
+  if (model_dir.empty() || prompt < 1 || decode < 1 || chunk < 1 || beside < 0 ||
       (decode_tokens != "random" && decode_tokens != "greedy")) {
     std::fprintf(stderr, "usage: bench_cpu --model DIR [--prompt 512] [--decode 32] [--decode-tokens random|greedy]"
-                         " [--chunk 512]  (prompt, decode, chunk >= 1)\n");
+                         " [--chunk 512] [--beside N]  (prompt, decode, chunk >= 1; N >= 0)\n");
     return 2;
   }
   const int threads = omp_get_max_threads();
@@ -145,10 +151,13 @@ int main(int argc, char** argv) {
   // 4. Prefill `prompt` tokens (chunks of `chunk`), then `decode` steps at batch 1.
   std::vector<int32_t> ids(static_cast<size_t>(prompt));
   for (int i = 0; i < prompt; ++i) ids[size_t(i)] = int32_t((i * 7919 + 13) % cfg.vocab_size);
-  const int64_t n_blocks = runtime::blocks_for(prompt + 2 * decode + 1);  // (two decode phases)
-  runtime::KvPool pool(*be, cfg, model.n_local_layers(), n_blocks);
-  std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+  // (three decode phases; the --beside sequence's blocks after the prompt's)
+  const int64_t n_blocks = runtime::blocks_for(prompt + 3 * decode + 1);
+  const int64_t n_beside = beside > 0 ? runtime::blocks_for(beside + decode + 1) : 0;
+  runtime::KvPool pool(*be, cfg, model.n_local_layers(), n_blocks + n_beside);
+  std::vector<int32_t> table(static_cast<size_t>(n_blocks)), table_b(static_cast<size_t>(n_beside));
   for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
+  for (size_t i = 0; i < table_b.size(); ++i) table_b[i] = int32_t(n_blocks + int64_t(i));
   model.set_kv_pool(&pool);
   std::vector<float> h(size_t(prompt) * size_t(cfg.hidden_size)), logits(size_t(cfg.vocab_size));
   auto t = Clock::now();
@@ -211,6 +220,34 @@ int main(int argc, char** argv) {
   }
   std::sort(window_ratio.begin(), window_ratio.end());
 
+  // --beside: prefill the second sequence (untimed), then `decode` pairs of steps, one on each.
+  std::vector<double> t_long, t_short;
+  if (beside > 0) {
+    std::vector<int32_t> ids_b(static_cast<size_t>(beside));
+    for (int i = 0; i < beside; ++i) ids_b[size_t(i)] = int32_t((i * 104729 + 7) % cfg.vocab_size);
+    std::vector<float> hb(size_t(std::min(chunk, beside)) * size_t(cfg.hidden_size));
+    for (int c0 = 0; c0 < beside; c0 += chunk) {
+      const int n = std::min(chunk, beside - c0);
+      model.embed(ids_b.data() + c0, n, hb.data());
+      model.forward({{table_b.data(), c0, n, beside}}, hb.data());
+    }
+    int32_t tok_b = ids_b.back();
+    for (int i = 0; i < decode; ++i) {
+      t = Clock::now();
+      step(2 * decode + i);
+      t_long.push_back(secs(t));
+      std::swap(tok, tok_b);  // the short sequence's own token stream
+      t = Clock::now();
+      model.embed(&tok, 1, h1.data());
+      model.forward({{table_b.data(), beside + i, 1, beside}}, h1.data());
+      model.logits(h1.data(), 1, logits.data());
+      t_short.push_back(secs(t));
+      lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+      tok = int32_t((lcg >> 33) % uint64_t(cfg.vocab_size));
+      std::swap(tok, tok_b);
+    }
+  }
+
   std::printf("machine: %d threads, read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s; BF16 gemm path %s\n",
               threads, read_gbs, fma_gflops, glm5::kernels::cpu::fast::gemm_path().c_str());
   std::printf("model: %s, %.3f GB of weights, loaded in %.2f s; RSS after load %.3f GB (%.2fx weights)\n",
@@ -230,5 +267,17 @@ int main(int argc, char** argv) {
   std::printf("\n");
   std::printf("RSS after prefill + decode: %.3f GB = %.2fx the weights (each weight held once)\n",
               rss_run / 1e9, rss_run / weight_bytes);
+  if (beside > 0) {  // medians of the paired steps, and the median of their per-pair ratios
+    std::vector<double> ratio;
+    for (size_t i = 0; i < t_long.size(); ++i) ratio.push_back(t_short[i] / t_long[i]);
+    const auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    std::printf("decode after %d tokens of context / after %d, interleaved step by step (%d pairs): %.3f "
+                "(median step %.2f / %.2f ms; median of the pairs' ratios %.3f)\n",
+                prompt, beside, decode, median(t_short) / median(t_long), median(t_long) * 1e3,
+                median(t_short) * 1e3, median(ratio));
+  }
   return 0;
 }
