@@ -6,8 +6,10 @@
 #   llama-bench pp512 + tg128 per GGUF  |  bench_cpu --prompt 512 (pp512) and --prompt 1 --decode 128
 #   (tg128: decode from an empty context, as llama-bench's tg128 does) per glm5 checkpoint
 # with 2 and 1 threads, then (BF16 only, DEPTH_ROUNDS rounds) decode after 512, 4k and 16k tokens of context
-# (llama-bench -p 0 -n 32 -d N  |  bench_cpu --prompt N --decode 32). Prints one markdown table of
-# medians with glm5 / llama.cpp ratios and the read bandwidth / FMA peak bench_cpu measured.
+# (llama-bench -p 0 -n 32 -d N  |  bench_cpu --prompt N --decode 32, beyond the first depth with
+# --beside FIRST: glm5's ratio to the first depth also step by step in one process). Prints one
+# markdown table of medians with glm5 / llama.cpp ratios and the read bandwidth / FMA peak
+# bench_cpu measured.
 # Both decode pseudo-random tokens (llama-bench's tg does; bench_cpu's default --decode-tokens random),
 # so that each step routes to experts the step before did not leave in the L3.
 #
@@ -115,6 +117,7 @@ load_start
 # One line per sample: "<metric> <threads> <engine> <weights> <value> [bandwidth GB/s] [fma GFLOP/s]".
 R=$WORK/results.txt
 : > "$R"
+: > "$R.inter"  # "<depth> <first depth> <interleaved ratio>" (bench_cpu --beside)
 if [ -z "${LLAMA_QUANT_ARGS+set}" ]; then
   LLAMA_QUANT_ARGS=""
   if grep -q -w amx_tile /proc/cpuinfo 2> /dev/null; then LLAMA_QUANT_ARGS="--repack 0"; fi
@@ -129,9 +132,10 @@ llama() {  # llama() GGUF_TYPE THREADS ARGS... -> "n_prompt n_gen avg_ts" per te
     { cat "$D/llama.err" >&2; echo "llama-bench failed on $t" >&2; return 1; }
   printf '%s\n' "$out" | python3 -c 'import csv, sys; [print(r["n_prompt"], r["n_gen"], r["avg_ts"]) for r in csv.DictReader(sys.stdin)]'
 }
-glm5() {  # glm5() DIR THREADS PROMPT DECODE -> "prefill decode bandwidth fma window%"
+glm5() {  # glm5() DIR THREADS PROMPT DECODE [BESIDE] -> "prefill decode bandwidth fma window% interleaved"
   local out
-  out=$(OMP_NUM_THREADS=$2 "$D/bench_cpu" --model "$1" --prompt "$3" --decode "$4") || { echo "bench_cpu failed on $1" >&2; return 1; }
+  out=$(OMP_NUM_THREADS=$2 "$D/bench_cpu" --model "$1" --prompt "$3" --decode "$4" ${5:+--beside "$5"}) ||
+    { echo "bench_cpu failed on $1" >&2; return 1; }
   printf '%s\n' "$out" | sed -n 's/.*BF16 gemm path \([a-z0-9-]*\).*/\1/p' > "$WORK/gemm_path"
   printf '%s\n' "$out" | python3 -c '
 import re, sys
@@ -139,7 +143,8 @@ s = sys.stdin.read()
 g = lambda p: re.search(p, s).group(1)
 print(g(r"prefill \d+ tokens: ([0-9.]+) tok/s"), g(r"decode  batch 1 \([a-z]+ tokens\): ([0-9.]+) tok/s"),
       g(r"read bandwidth ([0-9.]+) GB/s"), g(r"fp32 FMA peak ([0-9.]+) GFLOP/s"),
-      g(r"probed around each: median ([0-9.]+)%"))'
+      g(r"probed around each: median ([0-9.]+)%"),
+      (re.search(r"interleaved step by step \(\d+ pairs\): ([0-9.]+)", s) or [None, "-"])[1])'
 }
 declare -A GLM5_DIR=([bf16]=$MODEL [int8]=$WORK/glm5-int8 [int8-f32s]=$WORK/glm5-int8-f32s [int4]=$WORK/glm5-int4)
 for round in $(seq 1 "$ROUNDS"); do
@@ -152,23 +157,27 @@ for round in $(seq 1 "$ROUNDS"); do
     done
     for w in bf16 int8 int8-f32s int4; do
       out=$(glm5 "${GLM5_DIR[$w]}" "$th" 512 8)
-      read -r pp _ bw fma _ <<< "$out"
+      read -r pp _ bw fma _ _ <<< "$out"
       echo "pp512 $th glm5 $w $pp $bw $fma" >> "$R"
       out=$(glm5 "${GLM5_DIR[$w]}" "$th" 1 128)
-      read -r _ tg bw fma win <<< "$out"
+      read -r _ tg bw fma win _ <<< "$out"
       echo "tg128 $th glm5 $w $tg $bw $fma $win" >> "$R"
     done
     log "round $round, $th threads done"
   done
 done
 read -r th _ <<< "$THREADS_LIST"
+read -r first_depth _ <<< "$DEPTHS"
 for round in $(seq 1 "$DEPTH_ROUNDS"); do
   for d in $DEPTHS; do
     out=$(llama BF16 "$th" -p 0 -n 32 -d "$d")
     while read -r np ng ts; do echo "tg32@$d $th llama.cpp BF16 $ts" >> "$R"; done <<< "$out"
-    out=$(glm5 "$MODEL" "$th" "$d" 32)
-    read -r pp tg bw fma win <<< "$out"
+    # glm5 at a deeper context also decodes beside the first depth's context, step by step in one
+    # process (bench_cpu --beside): a ratio the machine's drift between runs does not reach
+    if [ "$d" = "$first_depth" ]; then out=$(glm5 "$MODEL" "$th" "$d" 32); else out=$(glm5 "$MODEL" "$th" "$d" 32 "$first_depth"); fi
+    read -r pp tg bw fma win inter <<< "$out"
     echo "tg32@$d $th glm5 bf16 $tg $bw $fma" >> "$R"
+    [ "$inter" = - ] || echo "$d $first_depth $inter" >> "$R.inter"
     log "depth $d round $round done"
   done
 done
@@ -176,7 +185,7 @@ load_report
 echo
 
 python3 - "$R" <<'PY'
-import statistics, sys
+import os, statistics, sys
 from collections import defaultdict
 s = defaultdict(list)
 bw, fma, win = defaultdict(list), defaultdict(list), defaultdict(list)
@@ -215,5 +224,13 @@ if depth:
             b = [v for k, v in med.items() if k[0] == first and k[2] == eng]
             if a and b:
                 print(f"{eng}: decode after {d[5:]} tokens of context / after {first[5:]}: {a[0] / b[0]:.2f}")
+inter = defaultdict(list)
+if os.path.exists(sys.argv[1] + ".inter"):
+    for line in open(sys.argv[1] + ".inter"):
+        d, first, r = line.split()
+        inter[(int(d), int(first))].append(float(r))
+for (d, first), v in sorted(inter.items()):
+    print(f"glm5: decode after {d} tokens of context / after {first}, interleaved step by step in one process "
+          f"(bench_cpu --beside): {statistics.median(v):.3f} (runs: {' '.join(f'{x:.3f}' for x in v)})")
 PY
 echo "glm5 BF16 gemm path: $(cat "$WORK/gemm_path" 2>/dev/null) (fp32 16-lane FMA, or amx tiles; GLM5_CPU_GEMM to choose)"
