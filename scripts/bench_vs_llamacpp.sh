@@ -19,7 +19,7 @@
 #   env: WORK (default /tmp/glm5-vs-llamacpp: llama.cpp build, GGUFs, glm5 conversions; reused when
 #        present), GLM5_BUILD (default build), PYTHON (a python3 with scripts/requirements-gguf.txt;
 #        default: a venv made in $WORK), THREADS_LIST="2 1", ROUNDS=3, DEPTHS="512 4096 16384"
-#        (the first is the reference for the depth ratios) DEPTH_ROUNDS=1, LLAMA_CMAKE_ARGS (extra cmake options for llama.cpp)
+#        (ascending: the first is the reference for the depth ratios) DEPTH_ROUNDS=1, LLAMA_CMAKE_ARGS (extra cmake options for llama.cpp)
 #
 # llama.cpp is built with -DGGML_NATIVE=ON (its best kernels for this CPU). On CPUs with AMX, its Q8_0 /
 # Q4_K_M runs abort with GGML_ASSERT(*cur_backend_id != -1) while its repacked (AMX) buffer types are

@@ -9,7 +9,8 @@
 // --beside N: a second sequence of N tokens shares the KV pool, and a third decode phase alternates
 // steps between the two (decode pairs), so that decode after `prompt` tokens of context is set
 // against decode after N in one process, step by step (the machine's speed drifts by more than the
-// difference between two runs).
+// difference between two runs). (The long sequence's steps there start after its 2 x decode earlier
+// steps, the short one's right after its prompt.)
 // The prompt is prefilled in chunks of --chunk tokens (llama-bench's default ubatch is 512 too), so
 // a long context is built as a server would build it, without one [prompt x prompt] score matrix.
 // Decode feeds pseudo-random tokens by default, as llama-bench's tg test does: every step routes
@@ -189,16 +190,18 @@ int main(int argc, char** argv) {
   int32_t tok = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<float> h1(size_t(cfg.hidden_size));
   uint64_t lcg = 0x9E3779B97F4A7C15ull;  // fixed seed: every run feeds the same tokens
-  const auto step = [&](int i) {
-    model.embed(&tok, 1, h1.data());
-    model.forward({{table.data(), prompt + i, 1, prompt}}, h1.data());
+  // One decode step of a sequence (its block table, position, prompt length, token and generator).
+  const auto decode_step = [&](const int32_t* tbl, int pos, int plen, int32_t& tk, uint64_t& rng) {
+    model.embed(&tk, 1, h1.data());
+    model.forward({{tbl, pos, 1, plen}}, h1.data());
     model.logits(h1.data(), 1, logits.data());
-    tok = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());  // (always computed)
+    tk = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());  // (always computed)
     if (decode_tokens == "random") {
-      lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
-      tok = int32_t((lcg >> 33) % uint64_t(cfg.vocab_size));
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      tk = int32_t((rng >> 33) % uint64_t(cfg.vocab_size));
     }
   };
+  const auto step = [&](int i) { decode_step(table.data(), prompt + i, prompt, tok, lcg); };
   t = Clock::now();
   for (int i = 0; i < decode; ++i) step(i);
   const double decode_s = secs(t) / decode;
@@ -232,19 +235,14 @@ int main(int argc, char** argv) {
       model.forward({{table_b.data(), c0, n, beside}}, hb.data());
     }
     int32_t tok_b = ids_b.back();
+    uint64_t lcg_b = 0x2545F4914F6CDD1Dull;  // its own token stream, the same kind of tokens
     for (int i = 0; i < decode; ++i) {
       t = Clock::now();
       step(2 * decode + i);
       t_long.push_back(secs(t));
-      std::swap(tok, tok_b);  // the short sequence's own token stream
       t = Clock::now();
-      model.embed(&tok, 1, h1.data());
-      model.forward({{table_b.data(), beside + i, 1, beside}}, h1.data());
-      model.logits(h1.data(), 1, logits.data());
+      decode_step(table_b.data(), beside + i, beside, tok_b, lcg_b);
       t_short.push_back(secs(t));
-      lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
-      tok = int32_t((lcg >> 33) % uint64_t(cfg.vocab_size));
-      std::swap(tok, tok_b);
     }
   }
 
