@@ -536,11 +536,16 @@ void prefetch_key_block(const IndexerScoresParams& p, int64_t t0, int64_t nt) {
   }
 }
 
+// How many of keys [t0, t0 + nt) query row s sees (those at positions <= q_pos[s]).
+int64_t keys_seen(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t nt) {
+  return std::clamp<int64_t>(int64_t(p.q_pos[s]) + 1 - t0, 0, nt);
+}
+
 // Scores of query row s against the transposed key block kt at [t0, t0 + nt).
 void score_block(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t nt, const float* kt) {
   const int64_t H = p.n_heads, D = p.head_dim;
   float* out = p.scores + s * p.ld_scores + t0;
-  const int64_t nv = std::clamp<int64_t>(int64_t(p.q_pos[s]) + 1 - t0, 0, nt);
+  const int64_t nv = keys_seen(p, s, t0, nt);
   if (nv > 0) {
     simd::vf sc[4] = {simd::zero(), simd::zero(), simd::zero(), simd::zero()};
     const float* q = p.q + s * H * D;
@@ -587,7 +592,7 @@ void indexer_scores(const IndexerScoresParams& p) {
       for (int64_t s = 0; s < p.s; ++s)
         for (int64_t b = 0; b < blocks; ++b) {
           const int64_t t0 = b * kIndexerKeys, nt = std::min(kIndexerKeys, p.t - t0);
-          const int64_t seen = std::clamp<int64_t>(int64_t(p.q_pos[s]) + 1 - t0, 0, nt);
+          const int64_t seen = keys_seen(p, s, t0, nt);
           score_block(p, s, t0, nt, seen > 0 ? key_block(p, s, t0, seen, kt) : kt);
         }
     } else if (p.s == 1) {
@@ -597,12 +602,12 @@ void indexer_scores(const IndexerScoresParams& p) {
       // are contiguous 16 KiB runs, which the hardware prefetcher follows (a software prefetch of
       // the next tile gave nothing).
       // Keys past q_pos[0] are never read (a row's own table need not cover them).
-      const int64_t tv = std::clamp<int64_t>(int64_t(p.q_pos[0]) + 1, 0, p.t);
 #pragma omp for schedule(static)
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t t0 = b * kIndexerKeys, nt = std::min(kIndexerKeys, p.t - t0);
-        const int64_t seen = std::clamp<int64_t>(tv - t0, 0, nt);
-        if (!p.pages.tiled && t0 + nt < tv) prefetch_key_block(p, t0 + nt, std::min(kIndexerKeys, tv - t0 - nt));
+        const int64_t seen = keys_seen(p, 0, t0, nt);
+        const int64_t next = keys_seen(p, 0, t0 + nt, std::min(kIndexerKeys, p.t - t0 - nt));
+        if (!p.pages.tiled && next > 0) prefetch_key_block(p, t0 + nt, next);
         score_block(p, 0, t0, nt, seen > 0 ? key_block(p, 0, t0, seen, kt) : kt);
       }
     } else {
