@@ -45,6 +45,9 @@ inline bool single_row_prefetch() {
   return v < 0 ? detail::decide_single_row_prefetch() : v == 1;
 }
 inline void set_single_row_prefetch(bool on) { detail::g_single_row_prefetch.store(on ? 1 : 0); }
+// Whether a tile of MR rows of a prefetches its weights in software (the rule above).
+template <int MR>
+inline bool tile_prefetches() { return MR > 1 || single_row_prefetch(); }
 
 // Where row c's chunk of 16 elements from column kk (a multiple of 16) starts, relative to the
 // first row of a tile: row-major b (Quad = false), row stride ldb; or interleaved (Quad = true,
@@ -92,7 +95,7 @@ void dot_tile(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, 
   int64_t kk = 0;
   const size_t ahead = Quad ? kPrefetchQuadBytes : std::max<size_t>(sizeof(*b) * size_t(NR * ldb), kPrefetchMinBytes);
   const uintptr_t base = reinterpret_cast<uintptr_t>(b);
-  const bool prefetch = MR > 1 || single_row_prefetch();
+  const bool prefetch = tile_prefetches<MR>();
   for (; kk + simd::kLanes <= k; kk += simd::kLanes) {
     // Ask for the b rows `ahead` bytes on (each 64-byte line once, into L2): with few rows of a
     // (decode) the tile is short and b comes from memory, which otherwise waits for the FMAs

@@ -266,7 +266,8 @@ GLM5_AVX512 void dequant_row_t(const Weight& w, int64_t r, float* out) {
   for (int64_t c0 = 0, gi = 0; c0 < full; c0 += w.group, ++gi) {
     Chunk<DT, SD> ch;
     const float s = quant::scale_at(SD, w.scale, srow + gi);
-    ch.group(s, ch.fast_scale(s));
+    const bool fast = ch.fast_scale(s);
+    ch.group(s, fast);
     const int64_t c1 = std::min(full, c0 + w.group);
     constexpr int64_t kHalve = Chunk<DT, SD>::kHalve;
     if constexpr (DT == DType::Q4 && kQuad) {
@@ -274,7 +275,7 @@ GLM5_AVX512 void dequant_row_t(const Weight& w, int64_t r, float* out) {
         const __m512i d = _mm512_loadu_si512(row(c / 2));
         for (int t = 0; t < 8; ++t) _mm512_storeu_ps(out + c + 16 * t, q4_nibble128_chunk(d, t, ch.t));
       }
-    } else if (ch.fast_scale(s)) {
+    } else if (fast) {
       for (int64_t c = c0; c < c1; c += 16) _mm512_storeu_ps(out + c, ch.template at<true>(row(c / kHalve)));
     } else {
       for (int64_t c = c0; c < c1; c += 16) _mm512_storeu_ps(out + c, ch.template at<false>(row(c / kHalve)));
@@ -316,13 +317,13 @@ DequantRowFn dequant_row_avx512(const Weight& w) {
 
 // The next tile's bytes of code bytes [b0, b1) of each row, prefetched while this tile runs (its
 // rows are short, a few KiB: too short for the hardware prefetcher to ramp up). Row-major: the
-// next NR rows, rb bytes apart; quads: one stretch, 4 rows x 64 bytes per chunk. Single-row tiles
-// only where single_row_prefetch() (cpu/dot_tile.h).
+// next NR rows, rb bytes apart; quads: one stretch, 4 rows x 64 bytes per chunk. Only where
+// tile_prefetches (cpu/dot_tile.h).
 template <int MR, int NR, bool kQuad>
 GLM5_AVX512 __attribute__((always_inline)) inline void prefetch_next(const uint8_t* next, size_t rb, int64_t b0,
                                                                     int64_t b1) {
   constexpr int64_t C = quant::kQuadChunk;
-  if (MR == 1 && !single_row_prefetch()) return;
+  if (!tile_prefetches<MR>()) return;
   if constexpr (kQuad) {
     for (int64_t b = (b0 + C - 1) / C * 4 * C; b < (b1 + C - 1) / C * 4 * C; b += 64)  // (chunks from b0's next)
       _mm_prefetch(reinterpret_cast<const char*>(next + b), _MM_HINT_T0);
