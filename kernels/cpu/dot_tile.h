@@ -36,6 +36,9 @@ constexpr size_t kPrefetchNearBytes = 2048;
 // prefetch (cpu/quant_gemm.cpp) follows it too (int8 from memory on Zen 4: 0.74-0.76 of the probe
 // without, 0.72-0.74 with; F32 scales 0.91-0.94 against 0.85). GLM5_CPU_PREFETCH=0 / 1 overrides;
 // set_single_row_prefetch switches it for benchmarks. Results are the same bits either way.
+// Rows as stored (not interleaved) prefetch on every CPU: their rows are short streams, each a few
+// lines long (the per-head absorption gemms: 64 rows of 512 bytes), which the hardware prefetcher
+// does not pick up in time (W_UV from memory on Zen 4: 28-31 -> 15-17 us per layer of speed-a).
 namespace detail {
 extern std::atomic<int> g_single_row_prefetch;  // -1 until decided (cpu/gemm.cpp)
 bool decide_single_row_prefetch();
@@ -95,7 +98,7 @@ void dot_tile(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, 
   int64_t kk = 0;
   const size_t ahead = Quad ? kPrefetchQuadBytes : std::max<size_t>(sizeof(*b) * size_t(NR * ldb), kPrefetchMinBytes);
   const uintptr_t base = reinterpret_cast<uintptr_t>(b);
-  const bool prefetch = tile_prefetches<MR>();
+  const bool prefetch = !Quad || tile_prefetches<MR>();
   for (; kk + simd::kLanes <= k; kk += simd::kLanes) {
     // Ask for the b rows `ahead` bytes on (each 64-byte line once, into L2): with few rows of a
     // (decode) the tile is short and b comes from memory, which otherwise waits for the FMAs

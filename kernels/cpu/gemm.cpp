@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/amx_gemm.h"
@@ -121,6 +122,78 @@ void tile_tn(const float* x, int64_t ldx, const typename L::T* w, int64_t ldw, i
     }
 }
 
+#if defined(__AVX512F__)
+// tile_tn for BF16 W on AVX-512, 32 columns per step: one 64-byte load gives the even columns
+// (each bf16 shifted into the high half of its 32-bit lane) and the odd ones (masked in place),
+// two instructions for 32 widened values instead of four, and every y element is still the
+// same sequential FMA chain over k (only which lane holds which column differs). The two halves
+// are interleaved back into column order at the store. NP pairs of vectors (32 columns each);
+// `cols` = valid columns of the last pair (1..32).
+template <int MR, int NP>
+void tile_tn_bf16(const float* x, int64_t ldx, const uint16_t* w, int64_t ldw, int64_t k, float* y, int64_t ldy,
+                  int cols, bool accumulate) {
+  __m512 even[MR][NP], odd[MR][NP];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NP; ++v) even[r][v] = odd[r][v] = _mm512_setzero_ps();
+  const __mmask32 tail = cols >= 32 ? ~__mmask32(0) : (__mmask32(1) << cols) - 1;
+  const __m512i high = _mm512_set1_epi32(int32_t(0xFFFF0000u));
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const uint16_t* row = w + kk * ldw;
+    __m512 we[NP], wo[NP];
+#pragma GCC unroll 8
+    for (int v = 0; v < NP; ++v) {
+      const __m512i raw = v == NP - 1 ? _mm512_maskz_loadu_epi16(tail, row + 32 * v) : _mm512_loadu_si512(row + 32 * v);
+      we[v] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+      wo[v] = _mm512_castsi512_ps(_mm512_and_si512(raw, high));
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 xb = _mm512_set1_ps(x[r * ldx + kk]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NP; ++v) {
+        even[r][v] = _mm512_fmadd_ps(xb, we[v], even[r][v]);
+        odd[r][v] = _mm512_fmadd_ps(xb, wo[v], odd[r][v]);
+      }
+    }
+  }
+  const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi_idx = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NP; ++v) {
+      const int n = v == NP - 1 ? cols : 32;
+      float* o = y + r * ldy + 32 * v;
+      __m512 res[2] = {_mm512_permutex2var_ps(even[r][v], lo_idx, odd[r][v]),
+                       _mm512_permutex2var_ps(even[r][v], hi_idx, odd[r][v])};
+      for (int hlf = 0; hlf < 2; ++hlf) {
+        const int c = std::clamp(n - 16 * hlf, 0, 16);
+        if (c == 0) continue;
+        const __mmask16 m = __mmask16((1u << c) - 1u);
+        if (accumulate) res[hlf] = _mm512_add_ps(_mm512_maskz_loadu_ps(m, o + 16 * hlf), res[hlf]);
+        _mm512_mask_storeu_ps(o + 16 * hlf, m, res[hlf]);
+      }
+    }
+}
+
+using TileTnBf16Fn = void (*)(const float*, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t, int, bool);
+
+// MR rows x NP pairs: 4 rows up to 2 pairs (64 columns, as tile_tn), 1 row up to 8 (256 columns).
+TileTnBf16Fn tile_tn_bf16_fn(int mr, int np) {
+  static const TileTnBf16Fn rows4[4][2] = {
+      {tile_tn_bf16<1, 1>, tile_tn_bf16<1, 2>},
+      {tile_tn_bf16<2, 1>, tile_tn_bf16<2, 2>},
+      {tile_tn_bf16<3, 1>, tile_tn_bf16<3, 2>},
+      {tile_tn_bf16<4, 1>, tile_tn_bf16<4, 2>},
+  };
+  static const TileTnBf16Fn row1[8] = {tile_tn_bf16<1, 1>, tile_tn_bf16<1, 2>, tile_tn_bf16<1, 3>, tile_tn_bf16<1, 4>,
+                                       tile_tn_bf16<1, 5>, tile_tn_bf16<1, 6>, tile_tn_bf16<1, 7>, tile_tn_bf16<1, 8>};
+  return np > 2 ? row1[np - 1] : rows4[mr - 1][np - 1];
+}
+#endif
+
 template <class L>
 using TileTnFn = void (*)(const float*, int64_t, const typename L::T*, int64_t, int64_t, float*,
                           int64_t, int, bool);
@@ -136,21 +209,44 @@ TileTnFn<L> tile_tn_fn(int mr, int nv) {
   return table[mr - 1][nv - 1];
 }
 
-// y = x W, W [k, n]: work items are (4 rows, 64 columns); each y element is a plain sequential
-// sum over k, so tiles never change its value.
-constexpr int64_t kTnRows = 4, kTnCols = 64;
+// One x row (decode): tiles of up to 256 columns, so that an item reads whole rows of a W of
+// up to 256 columns (the per-head absorption gemms: one contiguous run of W per item).
+template <class L>
+TileTnFn<L> tile_tn_row_fn(int nv) {
+  static const TileTnFn<L> table[16] = {
+      tile_tn<1, 1, L>,  tile_tn<1, 2, L>,  tile_tn<1, 3, L>,  tile_tn<1, 4, L>,
+      tile_tn<1, 5, L>,  tile_tn<1, 6, L>,  tile_tn<1, 7, L>,  tile_tn<1, 8, L>,
+      tile_tn<1, 9, L>,  tile_tn<1, 10, L>, tile_tn<1, 11, L>, tile_tn<1, 12, L>,
+      tile_tn<1, 13, L>, tile_tn<1, 14, L>, tile_tn<1, 15, L>, tile_tn<1, 16, L>,
+  };
+  return table[nv - 1];
+}
+
+// y = x W, W [k, n]: work items are (4 rows, 64 columns), or (1 row, 256 columns) for one x row;
+// each y element is a plain sequential sum over k, so tiles never change its value.
+constexpr int64_t kTnRows = 4, kTnCols = 64, kTnRowCols = 256;
+
+int64_t tn_cols(const GemmParams& p) { return p.m == 1 ? kTnRowCols : kTnCols; }
 
 template <class L>
 void tn_item(const GemmParams& p, int64_t item) {
   using T = typename L::T;
   const T* w = static_cast<const T*>(p.w.data);
-  const int64_t cb = (p.n + kTnCols - 1) / kTnCols;
-  const int64_t i0 = item / cb * kTnRows, j0 = item % cb * kTnCols;
+  const int64_t cols = tn_cols(p), cb = (p.n + cols - 1) / cols;
+  const int64_t i0 = item / cb * kTnRows, j0 = item % cb * cols;
   const int mr = int(std::min<int64_t>(kTnRows, p.m - i0));
-  const int64_t nc = std::min<int64_t>(kTnCols, p.n - j0);
+  const int64_t nc = std::min<int64_t>(cols, p.n - j0);
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<L, LoadBF16>) {
+    const int np = int((nc + 31) / 32);
+    tile_tn_bf16_fn(mr, np)(p.x + i0 * p.ldx, p.ldx, w + j0, p.w.ld, p.k, p.y + i0 * p.ldy + j0, p.ldy,
+                            int(nc - 32 * (np - 1)), p.accumulate);
+    return;
+  }
+#endif
   const int nv = int((nc + 15) / 16), last = int(nc - 16 * (nv - 1));
-  tile_tn_fn<L>(mr, nv)(p.x + i0 * p.ldx, p.ldx, w + j0, p.w.ld, p.k, p.y + i0 * p.ldy + j0, p.ldy, last,
-                        p.accumulate);
+  const TileTnFn<L> f = p.m == 1 ? tile_tn_row_fn<L>(nv) : tile_tn_fn<L>(mr, nv);
+  f(p.x + i0 * p.ldx, p.ldx, w + j0, p.w.ld, p.k, p.y + i0 * p.ldy + j0, p.ldy, last, p.accumulate);
 }
 
 // From kPanelMinRows rows, y = x W^T (plain dtypes) runs in cache-blocked panels
@@ -245,8 +341,8 @@ struct Job {
     const double wbytes = quant::is_quantized(g.w.dtype) ? 1.0 : double(dtype_size(g.w.dtype));
     if (g.trans_w) {
       kind = kTn;
-      items = (g.m + kTnRows - 1) / kTnRows * ((g.n + kTnCols - 1) / kTnCols);
-      item_cost = double(kTnCols * g.k) * (wbytes + double(std::min(g.m, kTnRows)));
+      items = (g.m + kTnRows - 1) / kTnRows * ((g.n + tn_cols(g) - 1) / tn_cols(g));
+      item_cost = double(tn_cols(g) * g.k) * (wbytes + double(std::min(g.m, kTnRows)));
     } else if (quant::is_quantized(g.w.dtype)) {
       kind = kQuant;
       quant = quant_split(g);

@@ -566,6 +566,8 @@ inline std::vector<RowCase> row_cases() {
   v.push_back(gemm_probe(DType::F16, false, 45, 333));
   v.push_back(gemm_probe(DType::F32, false, 45, 333));
   v.push_back(gemm_probe(DType::BF16, true, 130, 192));
+  v.push_back(gemm_probe(DType::BF16, true, 300, 64));  // one row: a 256-column item, then 44
+  v.push_back(gemm_probe(DType::F32, true, 45, 33));
 
   // Attention: keys fixed, query rows vary; the probe row has fixed q, q_pos and topk.
   const int64_t T = 75;
