@@ -623,22 +623,51 @@ void indexer_scores(const IndexerScoresParams& p) {
 
 namespace {
 
-// The selection's strict order as one integer per entry, compared without going back to v: a
-// finite value's bits made monotone (-0 as +0, which compares equal to it), then the complement
-// of its index, so that a larger key is the larger value, then the lower index. Keys are distinct.
-inline uint64_t best_key(const float* v, int32_t i) {
-  const float x = v[i] == 0.0f ? 0.0f : v[i];
+// A finite value's bits as an unsigned integer in the order of the values (-0 as +0, which
+// compares equal to it): a larger value has a larger key.
+inline uint32_t value_key(float x) {
+  x = x == 0.0f ? 0.0f : x;
   uint32_t u;
   std::memcpy(&u, &x, 4);
-  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return (uint64_t(u) << 32) | uint64_t(~uint32_t(i));
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The value whose value_key is u.
+inline float key_value(uint32_t u) {
+  u = (u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// How many of u[0, n) are >= c.
+inline size_t count_at_least(const uint32_t* u, size_t n, uint32_t c) {
+  size_t i = 0, cnt = 0;
+#if defined(__AVX512F__)
+  const __m512i vc = _mm512_set1_epi32(int32_t(c));
+  for (; i + 16 <= n; i += 16)
+    cnt += size_t(__builtin_popcount(_mm512_cmpge_epu32_mask(_mm512_loadu_si512(u + i), vc)));
+#endif
+  for (; i < n; ++i) cnt += u[i] >= c;
+  return cnt;
+}
+
+// The k-th largest of u[0, n) (1 <= k <= n), bit by bit from the top: the largest c with at least
+// k entries >= c is that entry. 32 counting passes without a data-dependent branch: selecting
+// with nth_element (a mispredicted branch per comparison) cost a 16k-token decode row ~2x more on
+// new scores than on the same scores again, so a warm benchmark hid half of its cost.
+inline uint32_t kth_largest(const uint32_t* u, size_t n, size_t k) {
+  uint32_t t = 0;
+  for (int b = 31; b >= 0; --b) {
+    const uint32_t c = t | (uint32_t(1) << b);
+    if (count_at_least(u, n, c) >= k) t = c;
+  }
+  return t;
 }
 
 // Keeps the best k of idx[base:] (ascending indices of finite entries of v), ascending: the k-th
-// largest key by nth_element over the keys, then one pass that keeps the entries at or above it
-// (exactly k, keys being distinct), in their order. Selecting through comparisons of
-// v[a] and v[b] (an indirect load and a mispredicted branch each), then sorting the k indices,
-// cost a 16k-token decode row ~35 us per layer.
+// largest value key T, then one pass that keeps the entries above T and, of those equal to T, the
+// first (lowest-index) ones until there are k: larger value first, then lower index, a strict order.
 void keep_best(const float* v, std::vector<int32_t>& idx, size_t base, int64_t k) {
   const size_t n = idx.size() - base;
   if (n <= size_t(k)) return;
@@ -646,35 +675,41 @@ void keep_best(const float* v, std::vector<int32_t>& idx, size_t base, int64_t k
     idx.resize(base);
     return;
   }
-  thread_local std::vector<uint64_t> keys;
+  thread_local std::vector<uint32_t> keys;
   keys.resize(n);
-  for (size_t i = 0; i < n; ++i) keys[i] = best_key(v, idx[base + i]);
-  std::nth_element(keys.begin(), keys.begin() + std::ptrdiff_t(k - 1), keys.end(), std::greater<uint64_t>());
-  const uint64_t kth = keys[size_t(k - 1)];
+  for (size_t i = 0; i < n; ++i) keys[i] = value_key(v[idx[base + i]]);
+  const uint32_t kth = kth_largest(keys.data(), n, size_t(k));
+  size_t ties = size_t(k) - count_at_least(keys.data(), n, kth + 1);  // >= 1 of the entries equal to kth
   size_t o = base;
-  for (size_t i = base; i < idx.size(); ++i)
-    if (best_key(v, idx[i]) >= kth) idx[o++] = idx[i];
+  for (size_t i = 0; i < n; ++i) {
+    const bool keep = keys[i] > kth || (keys[i] == kth && ties > 0);
+    ties -= keys[i] == kth && ties > 0;
+    idx[o] = idx[base + i];
+    o += keep;
+  }
   idx.resize(o);
 }
 
 // Appends the indices c in [c0, c1) with thr <= v[c] < +inf (thr finite: so no NaN), ascending.
-// AVX-512: 16 compares per step and, for the few steps with a hit, the hits' indices compressed
-// into one store (the scalar loop's branch per entry was most of a 16k decode row's selection).
+// AVX-512: 16 compares per step and the hits' indices compressed into one store at the end of the
+// output, advanced by their count (no branch on whether a step has a hit: with a threshold that
+// 1 in 16 values reach, a third of the steps have none, at random).
 void append_at_least(const float* v, int64_t c0, int64_t c1, float thr, std::vector<int32_t>& out) {
   int64_t c = c0;
 #if defined(__AVX512F__)
+  thread_local std::vector<int32_t> hits;
+  if (hits.size() < size_t(c1 - c0) + 16) hits.resize(size_t(c1 - c0) + 16);
+  int32_t* h = hits.data();
   const __m512 t = _mm512_set1_ps(thr), inf = _mm512_set1_ps(-kNegInf);
   __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(int32_t(c0)),
                                  _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   for (; c + 16 <= c1; c += 16, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(16))) {
     const __m512 x = _mm512_loadu_ps(v + c);
     const __mmask16 m = _mm512_cmp_ps_mask(x, t, _CMP_GE_OQ) & _mm512_cmp_ps_mask(x, inf, _CMP_LT_OQ);
-    if (!m) continue;
-    const size_t n = out.size();
-    out.resize(n + 16);
-    _mm512_storeu_si512(out.data() + n, _mm512_maskz_compress_epi32(m, idx));
-    out.resize(n + size_t(__builtin_popcount(m)));
+    _mm512_storeu_si512(h, _mm512_maskz_compress_epi32(m, idx));
+    h += __builtin_popcount(m);
   }
+  out.insert(out.end(), hits.data(), h);
 #endif
   for (; c < c1; ++c)
     if (v[c] >= thr && v[c] < -kNegInf) out.push_back(int32_t(c));
@@ -686,14 +721,13 @@ void append_at_least(const float* v, int64_t c0, int64_t c1, float thr, std::vec
 // k reach it (then the plain path). Selecting among all 16k indices of a decode row through their
 // values took ~80-140 us, mostly mispredicted branches.
 bool best_k_sampled(const float* v, int64_t c0, int64_t c1, int64_t k, std::vector<int32_t>& out) {
-  thread_local std::vector<float> sample;
+  thread_local std::vector<uint32_t> sample;
   sample.clear();
   for (int64_t c = c0; c < c1; c += 16)
-    if (std::isfinite(v[c])) sample.push_back(v[c]);
+    if (std::isfinite(v[c])) sample.push_back(value_key(v[c]));
   const size_t r = size_t(std::max<int64_t>(k / 8, 1));
   if (sample.size() < 4 * r) return false;
-  std::nth_element(sample.begin(), sample.begin() + std::ptrdiff_t(r - 1), sample.end(), std::greater<float>());
-  const float thr = sample[r - 1];
+  const float thr = key_value(kth_largest(sample.data(), sample.size(), r));
   const size_t base = out.size();
   append_at_least(v, c0, c1, thr, out);
   if (out.size() - base < size_t(k)) {
@@ -716,13 +750,13 @@ void best_k(const float* v, int64_t c0, int64_t c1, int64_t k, std::vector<int32
 
 // The row length from which one row's selection (decode: one row over the whole context) runs on
 // all threads, each over one contiguous run of the columns (for a decode row, about the run of
-// scores its own indexer scan wrote). A warm 16k row takes ~11 us on two threads.
+// scores its own indexer scan wrote).
 constexpr int64_t kTopkChunkedCols = 8192;
 
 }  // namespace
 
 // Same selection as the reference (largest finite values, ties to the lower index, ascending,
-// padded with -1), with nth_element over integer keys (best_key) instead of a full sort. Parallel
+// padded with -1), the k-th best value found by counting (kth_largest) instead of a sort. Parallel
 // over rows; a long row (decode after a long context) over one run of its columns per thread:
 // each run's best k, then the best k of their union, which holds the row's best k (the order is
 // strict), so the result is the same.
