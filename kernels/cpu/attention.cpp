@@ -344,8 +344,11 @@ struct AllowedKeys {
       const int32_t* sel = topk + r * topk_len;
       for (int64_t j = 0; j < topk_len; ++j)
         if (sel[j] >= 0 && sel[j] <= q_pos[r]) l.push_back(sel[j]);
-      std::sort(l.begin(), l.end());
-      l.erase(std::unique(l.begin(), l.end()), l.end());
+      // (topk's rows are already strictly ascending: then no sort)
+      if (std::adjacent_find(l.begin(), l.end(), std::greater_equal<int32_t>()) != l.end()) {
+        std::sort(l.begin(), l.end());
+        l.erase(std::unique(l.begin(), l.end()), l.end());
+      }
       ptr[r] = l.data();
       len[r] = int64_t(l.size());
     }
