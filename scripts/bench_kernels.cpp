@@ -487,10 +487,23 @@ void attention_rows(Backend& cpu, bool quick) {
     double t = median_seconds([&] { cpu.indexer_scores(p); });
     std::printf("| indexer_scores decode | s=1 t=%ld heads=%ld dim=%ld paged%s | %.3f ms | %.1f GB/s of keys | | |\n",
                 long(T), long(H), long(D), p.pages.tiled ? ", tiles" : "", t * 1e3, double(T * D * 4) / t / 1e9);
-    TopkParams tp;
-    tp.scores = scores.data(), tp.rows = 1, tp.cols = T, tp.ld = T, tp.k = K, tp.indices = idx.data();
-    t = median_seconds([&] { cpu.topk(tp); });
-    std::printf("| topk decode | rows=1 cols=%ld k=%ld | %.3f ms | | | |\n", long(T), long(K), t * 1e3);
+    // top-k of 16 different score rows in turn (the same row again would let the branch predictors
+    // learn its comparisons: a warm repeat took half the time of a row it had not seen).
+    const int64_t R = 16;
+    std::vector<float> rows(size_t(R * T));
+    for (int64_t r = 0; r < R; ++r) {
+      q = random_floats(size_t(H * D), 200 + uint64_t(r));
+      p.q = q.data(), p.scores = rows.data() + r * T;
+      cpu.indexer_scores(p);
+    }
+    t = median_seconds([&] {
+      for (int64_t r = 0; r < R; ++r) {
+        TopkParams tp;
+        tp.scores = rows.data() + r * T, tp.rows = 1, tp.cols = T, tp.ld = T, tp.k = K, tp.indices = idx.data();
+        cpu.topk(tp);
+      }
+    }) / double(R);
+    std::printf("| topk decode, a new row each call | rows=1 cols=%ld k=%ld | %.3f ms | | | |\n", long(T), long(K), t * 1e3);
   }
   {  // decode after 16k tokens with the caches in memory, as in the model: speed-a's layers (latent
      // 256 + 32, 16 heads, top-256; indexer 8 x 64), 24 layers' caches (550 MB, past any L3) visited
@@ -528,6 +541,34 @@ void attention_rows(Backend& cpu, bool quick) {
     });
     std::printf("| mla_decode top-256, cache from memory | s=1 t=%ld heads=%ld %ld+%ld, %ld layers | %.3f ms | | | |\n", long(T),
                 long(H), long(R), long(P), long(L), t * 1e3);
+  }
+  {  // decode's weight absorption (speed-a: 16 heads, W_UK and W_UV [64, 256] BF16 per head, rows of
+     // kv_b_proj as stored): q_lat = q_nope W_UK (trans_w), o = W_UV o_lat, one batch of 16 gemms
+     // each, as the model runs them; 48 layers' kv_b_proj (48 MiB) so that W comes from memory
+    const int64_t NH = 16, dn = 64, dv = 64, R = 256, DQ = 96, LAT = 288, L = 48;
+    std::vector<std::vector<uint16_t>> kvb(size_t(L));
+    for (int64_t l = 0; l < L; ++l) {
+      const std::vector<float> v = random_floats(size_t(NH * (dn + dv) * R), 300 + uint64_t(l));
+      for (float x : v) kvb[size_t(l)].push_back(f32_to_bf16(x));
+    }
+    const std::vector<float> q = random_floats(size_t(NH * DQ), 19), o_lat = random_floats(size_t(NH * R), 20);
+    std::vector<float> q_lat(size_t(NH * LAT)), o(size_t(NH * dv));
+    for (bool uk : {true, false}) {
+      const double t = median_seconds([&] {
+        for (int64_t l = 0; l < L; ++l) {
+          const Weight w{kvb[size_t(l)].data(), DType::BF16, NH * (dn + dv), R, R};
+          std::vector<GemmParams> ps;
+          for (int64_t h = 0; h < NH; ++h)
+            ps.push_back(uk ? GemmParams{q.data() + h * DQ, NH * DQ, w.slice_rows(h * (dn + dv), dn), true,
+                                         q_lat.data() + h * LAT, NH * LAT, 1, R, dn}
+                            : GemmParams{o_lat.data() + h * R, NH * R, w.slice_rows(h * (dn + dv) + dn, dv), false,
+                                         o.data() + h * dv, NH * dv, 1, dv, R});
+          cpu.gemm_batch(ps);
+        }
+      }) / double(L);
+      std::printf("| %s absorption, W from memory | 16 heads of [64, 256] BF16, %ld layers | %.1f us per layer | %.1f GB/s of W | | |\n",
+                  uk ? "W_UK (q_absorb, trans_w)" : "W_UV (v_absorb)", long(L), t * 1e6, double(NH * 64 * R * 2) / t / 1e9);
+    }
   }
   {  // prefill's sparse rows (speed-a, a 512-token prompt): rows 256..511, each its own 256 of its
      // earlier positions, attention in the absorbed form

@@ -682,6 +682,7 @@ void keep_best(const float* v, std::vector<int32_t>& idx, size_t base, int64_t k
   keys.resize(n);
   for (size_t i = 0; i < n; ++i) keys[i] = value_key(v[idx[base + i]]);
   const uint32_t kth = kth_largest(keys.data(), n, size_t(k));
+  // (kth + 1 does not wrap: a finite value's key is at most 0xFF7FFFFF)
   size_t ties = size_t(k) - count_at_least(keys.data(), n, kth + 1);  // >= 1 of the entries equal to kth
   size_t o = base;
   for (size_t i = 0; i < n; ++i) {
@@ -694,9 +695,9 @@ void keep_best(const float* v, std::vector<int32_t>& idx, size_t base, int64_t k
 }
 
 // Appends the indices c in [c0, c1) with thr <= v[c] < +inf (thr finite: so no NaN), ascending.
-// AVX-512: 16 compares per step and the hits' indices compressed into one store at the end of the
-// output, advanced by their count (no branch on whether a step has a hit: with a threshold that
-// 1 in 16 values reach, a third of the steps have none, at random).
+// AVX-512: 16 compares per step and the hits' indices compressed into one store into a buffer,
+// advanced by their count, then appended to out (no branch on whether a step has a hit: with a
+// threshold that 1 in 16 values reach, a third of the steps have none, at random).
 void append_at_least(const float* v, int64_t c0, int64_t c1, float thr, std::vector<int32_t>& out) {
   int64_t c = c0;
 #if defined(__AVX512F__)

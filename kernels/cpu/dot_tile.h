@@ -29,16 +29,17 @@ constexpr size_t kPrefetchMinBytes = 8192, kPrefetchQuadBytes = 16384;
 constexpr size_t kPrefetchNearBytes = 2048;
 
 // Whether tiles of one row of a (decode at batch 1, or the last row of an odd batch) prefetch b as
-// above (tiles of more rows always do). Decided once from cpuid: not on AMD, where the hardware prefetcher alone streams BF16
+// above (tiles of more rows always do; so do tiles of short rows as stored, below). Decided once from cpuid: not on AMD, where the hardware prefetcher alone streams BF16
 // weights at batch 1 from memory at 1.00-1.06 of the read probe and these prefetches cut that to
 // 0.72-0.77 (Zen 4, 2 threads; with 8 rows they are needed: 0.41 without, 0.73 with); yes
 // elsewhere (Intel Xeon, where they were measured to help). The quantized kernels' next-tile
 // prefetch (cpu/quant_gemm.cpp) follows it too (int8 from memory on Zen 4: 0.74-0.76 of the probe
 // without, 0.72-0.74 with; F32 scales 0.91-0.94 against 0.85). GLM5_CPU_PREFETCH=0 / 1 overrides;
 // set_single_row_prefetch switches it for benchmarks. Results are the same bits either way.
-// Rows as stored (not interleaved) prefetch on every CPU: their rows are short streams, each a few
-// lines long (the per-head absorption gemms: 64 rows of 512 bytes), which the hardware prefetcher
-// does not pick up in time (W_UV from memory on Zen 4: 28-31 -> 15-17 us per layer of speed-a).
+// Short rows as stored (not interleaved, at most kShortRowBytes: the per-head absorption gemms' 64
+// rows of 512 bytes) prefetch on every CPU: a tile's rows are then a few lines each, which the
+// hardware prefetcher does not pick up in time (W_UV from memory on Zen 4: 28-31 -> 15-19 us per
+// layer of speed-a).
 namespace detail {
 extern std::atomic<int> g_single_row_prefetch;  // -1 until decided (cpu/gemm.cpp)
 bool decide_single_row_prefetch();
@@ -51,6 +52,7 @@ inline void set_single_row_prefetch(bool on) { detail::g_single_row_prefetch.sto
 // Whether a tile of MR rows of a prefetches its weights in software (the rule above).
 template <int MR>
 inline bool tile_prefetches() { return MR > 1 || single_row_prefetch(); }
+constexpr size_t kShortRowBytes = 1024;
 
 // Where row c's chunk of 16 elements from column kk (a multiple of 16) starts, relative to the
 // first row of a tile: row-major b (Quad = false), row stride ldb; or interleaved (Quad = true,
@@ -98,7 +100,7 @@ void dot_tile(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, 
   int64_t kk = 0;
   const size_t ahead = Quad ? kPrefetchQuadBytes : std::max<size_t>(sizeof(*b) * size_t(NR * ldb), kPrefetchMinBytes);
   const uintptr_t base = reinterpret_cast<uintptr_t>(b);
-  const bool prefetch = !Quad || tile_prefetches<MR>();
+  const bool prefetch = (!Quad && sizeof(*b) * size_t(ldb) <= kShortRowBytes) || tile_prefetches<MR>();
   for (; kk + simd::kLanes <= k; kk += simd::kLanes) {
     // Ask for the b rows `ahead` bytes on (each 64-byte line once, into L2): with few rows of a
     // (decode) the tile is short and b comes from memory, which otherwise waits for the FMAs

@@ -29,7 +29,8 @@
 
 namespace glm5::kernels::cpu {
 
-// See single_row_prefetch (cpu/dot_tile.h): GLM5_CPU_PREFETCH=0 / 1, else off on AMD. Decided at
+// See single_row_prefetch (cpu/dot_tile.h): GLM5_CPU_PREFETCH=0 / 1, else off on AMD (interleaved and
+// long rows). Decided at
 // the first use (not at static initialisation, so that no order between files matters).
 bool detail::decide_single_row_prefetch() {
   const std::string e = std::getenv("GLM5_CPU_PREFETCH") ? std::getenv("GLM5_CPU_PREFETCH") : "";
@@ -122,7 +123,7 @@ void tile_tn(const float* x, int64_t ldx, const typename L::T* w, int64_t ldw, i
     }
 }
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 // tile_tn for BF16 W on AVX-512, 32 columns per step: one 64-byte load gives the even columns
 // (each bf16 shifted into the high half of its 32-bit lane) and the odd ones (masked in place),
 // two instructions for 32 widened values instead of four, and every y element is still the
@@ -209,24 +210,19 @@ TileTnFn<L> tile_tn_fn(int mr, int nv) {
   return table[mr - 1][nv - 1];
 }
 
-// One x row (decode): tiles of up to 256 columns, so that an item reads whole rows of a W of
-// up to 256 columns (the per-head absorption gemms: one contiguous run of W per item).
-template <class L>
-TileTnFn<L> tile_tn_row_fn(int nv) {
-  static const TileTnFn<L> table[16] = {
-      tile_tn<1, 1, L>,  tile_tn<1, 2, L>,  tile_tn<1, 3, L>,  tile_tn<1, 4, L>,
-      tile_tn<1, 5, L>,  tile_tn<1, 6, L>,  tile_tn<1, 7, L>,  tile_tn<1, 8, L>,
-      tile_tn<1, 9, L>,  tile_tn<1, 10, L>, tile_tn<1, 11, L>, tile_tn<1, 12, L>,
-      tile_tn<1, 13, L>, tile_tn<1, 14, L>, tile_tn<1, 15, L>, tile_tn<1, 16, L>,
-  };
-  return table[nv - 1];
-}
 
-// y = x W, W [k, n]: work items are (4 rows, 64 columns), or (1 row, 256 columns) for one x row;
-// each y element is a plain sequential sum over k, so tiles never change its value.
+// y = x W, W [k, n]: work items are (4 rows, 64 columns), or (1 row, 256 columns) for one BF16 x row
+// on AVX-512 (an item then reads whole rows of a W of up to 256 columns: the per-head absorption
+// gemms, one contiguous run per item); each y element is a plain sequential sum over k, so tiles
+// never change its value.
 constexpr int64_t kTnRows = 4, kTnCols = 64, kTnRowCols = 256;
 
-int64_t tn_cols(const GemmParams& p) { return p.m == 1 ? kTnRowCols : kTnCols; }
+int64_t tn_cols(const GemmParams& p) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if (p.m == 1 && p.w.dtype == DType::BF16) return kTnRowCols;
+#endif
+  return kTnCols;
+}
 
 template <class L>
 void tn_item(const GemmParams& p, int64_t item) {
@@ -236,17 +232,18 @@ void tn_item(const GemmParams& p, int64_t item) {
   const int64_t i0 = item / cb * kTnRows, j0 = item % cb * cols;
   const int mr = int(std::min<int64_t>(kTnRows, p.m - i0));
   const int64_t nc = std::min<int64_t>(cols, p.n - j0);
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
   if constexpr (std::is_same_v<L, LoadBF16>) {
     const int np = int((nc + 31) / 32);
     tile_tn_bf16_fn(mr, np)(p.x + i0 * p.ldx, p.ldx, w + j0, p.w.ld, p.k, p.y + i0 * p.ldy + j0, p.ldy,
                             int(nc - 32 * (np - 1)), p.accumulate);
-    return;
-  }
+  } else
 #endif
-  const int nv = int((nc + 15) / 16), last = int(nc - 16 * (nv - 1));
-  const TileTnFn<L> f = p.m == 1 ? tile_tn_row_fn<L>(nv) : tile_tn_fn<L>(mr, nv);
-  f(p.x + i0 * p.ldx, p.ldx, w + j0, p.w.ld, p.k, p.y + i0 * p.ldy + j0, p.ldy, last, p.accumulate);
+  {
+    const int nv = int((nc + 15) / 16), last = int(nc - 16 * (nv - 1));
+    tile_tn_fn<L>(mr, nv)(p.x + i0 * p.ldx, p.ldx, w + j0, p.w.ld, p.k, p.y + i0 * p.ldy + j0, p.ldy, last,
+                          p.accumulate);
+  }
 }
 
 // From kPanelMinRows rows, y = x W^T (plain dtypes) runs in cache-blocked panels
@@ -342,7 +339,7 @@ struct Job {
     if (g.trans_w) {
       kind = kTn;
       items = (g.m + kTnRows - 1) / kTnRows * ((g.n + tn_cols(g) - 1) / tn_cols(g));
-      item_cost = double(tn_cols(g) * g.k) * (wbytes + double(std::min(g.m, kTnRows)));
+      item_cost = double(std::min(tn_cols(g), g.n) * g.k) * (wbytes + double(std::min(g.m, kTnRows)));
     } else if (quant::is_quantized(g.w.dtype)) {
       kind = kQuant;
       quant = quant_split(g);

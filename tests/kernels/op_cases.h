@@ -534,6 +534,12 @@ inline std::vector<OpCase> op_cases() {
     v.push_back(indexer_case(9, 70, 8, 128, 905, g, true));
     v.push_back(mla_decode_case(4, 70, 9, 512, 64, 50, 906, 0.3f, g, true));
   }
+  // trans_w BF16 column tails: one row's 256-column items (then 25 or 16 columns), 4-row items of 64
+  // (then 24; 48 = 32 + 16), with accumulate and padded strides
+  v.push_back(gemm_case(1, 281, 40, DType::BF16, true, true, 3, 907));
+  v.push_back(gemm_case(1, 272, 33, DType::BF16, true, false, 0, 908));
+  v.push_back(gemm_case(3, 88, 50, DType::BF16, true, true, 1, 909));
+  v.push_back(gemm_case(2, 48, 20, DType::BF16, true, false, 0, 910));
   return v;
 }
 

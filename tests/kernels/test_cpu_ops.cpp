@@ -3,6 +3,7 @@
 // and the parameter errors both CPU backends raise.
 #include <omp.h>
 
+#include <cmath>
 #include <tuple>
 
 #include "cpu/dot_tile.h"
@@ -113,6 +114,35 @@ TEST(CpuBackend, SingleRowPrefetchDoesNotChangeBits) {
     EXPECT_EQ(0, std::memcmp(y[0].data(), y[1].data(), size_t(n) * 4)) << (w.layout == WeightLayout::kQuad16 ? "quads" : "rows");
   }
   cpu::set_single_row_prefetch(saved);
+}
+
+// y = x W with W [k, n] (trans_w) is, for every element, the sequential chain acc = fma(x[kk],
+// W[kk, j], acc) over kk from zero (then y + acc with accumulate), whatever the tile: one row's
+// 256-column items, 4-row items of 64 columns, the BF16 tiles that widen 32 columns per load. Checked
+// bit for bit against that chain written out, on column tails of every kind.
+TEST(CpuBackend, TransposedGemmIsTheSequentialChain) {
+  auto cpu = make_cpu_backend();
+  for (DType dt : {DType::BF16, DType::F32})
+    for (int64_t m : {1, 3, 5})
+      for (int64_t n : {1, 16, 17, 31, 32, 48, 90, 256, 281})
+        for (bool acc : {false, true}) {
+          const int64_t k = 37, ldw = n + 2, ldx = k + 1, ldy = n + 3;
+          const std::vector<float> wf = random_floats(size_t(k * ldw), 11 + uint64_t(n));
+          const std::vector<uint8_t> wb = weight_bytes(wf, dt);
+          const std::vector<float> x = random_floats(size_t(m * ldx), 12 + uint64_t(m));
+          std::vector<float> y = random_floats(size_t(m * ldy), 13), want = y;
+          const Weight w{wb.data(), dt, k, n, ldw};
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              float chain = 0.0f;
+              for (int64_t kk = 0; kk < k; ++kk) chain = std::fma(x[size_t(i * ldx + kk)], weight_at(w, kk, j), chain);
+              float& o = want[size_t(i * ldy + j)];
+              o = acc ? o + chain : chain;
+            }
+          cpu->gemm({x.data(), ldx, w, true, y.data(), ldy, m, n, k, acc});
+          EXPECT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * 4))
+              << dtype_name(dt) << " m=" << m << " n=" << n << " accumulate=" << acc;
+        }
 }
 
 // gemm_batch runs independent gemms together (one parallel region, items of all gemms spread over
