@@ -546,7 +546,7 @@ void attention_rows(Backend& cpu, bool quick) {
      // kv_b_proj as stored): q_lat = q_nope W_UK (trans_w), o = W_UV o_lat, one batch of 16 gemms
      // each, as the model runs them; 48 layers' kv_b_proj (48 MiB) so that W comes from memory
     const int64_t NH = 16, dn = 64, dv = 64, R = 256, DQ = 96, LAT = 288, L = 48;
-    std::vector<std::vector<uint16_t>> kvb(size_t(L));
+    std::vector<std::vector<uint16_t>> kvb(static_cast<size_t>(L));
     for (int64_t l = 0; l < L; ++l) {
       const std::vector<float> v = random_floats(size_t(NH * (dn + dv) * R), 300 + uint64_t(l));
       for (float x : v) kvb[size_t(l)].push_back(f32_to_bf16(x));
