@@ -226,6 +226,34 @@ inline void prefetch_keys(const KeyValues& kv, const int32_t* keys, int64_t i0, 
   }
 }
 
+// Softmax weights of one row's n scores, in place: w = exp(s - max) / sum over the keys in
+// ascending order, 16 lanes at a time (vector exp, fixed lane sums).
+void softmax_row(float* w, int64_t n) {
+  if (n == 0) return;
+  // Max: full chunks in lanes, the tail in scalar (max is exact in any order).
+  simd::vf vmax = simd::splat(kNegInf);
+  int64_t i = 0;
+  for (; i + simd::kLanes <= n; i += simd::kLanes) vmax = simd::max(vmax, simd::load(w + i));
+  float mx = simd::reduce_max(vmax);
+  for (int64_t j = i; j < n; ++j) mx = std::max(mx, w[j]);
+  const simd::vf vmx = simd::splat(mx);
+  simd::vf vsum = simd::zero();
+  for (i = 0; i + simd::kLanes <= n; i += simd::kLanes) {
+    simd::vf e = simd::exp(simd::sub(simd::load(w + i), vmx));
+    simd::store(w + i, e);
+    vsum = simd::add(vsum, e);
+  }
+  if (i < n) {
+    const int tail = int(n - i);
+    simd::store_n(w + i, simd::exp(simd::sub(simd::load_n(w + i, tail), vmx)), tail);
+    vsum = simd::add(vsum, simd::load_n(w + i, tail));
+  }
+  const simd::vf vtot = simd::splat(simd::reduce(vsum));
+  for (i = 0; i + simd::kLanes <= n; i += simd::kLanes)
+    simd::store(w + i, simd::div(simd::load(w + i), vtot));
+  if (i < n) simd::store_n(w + i, simd::div(simd::load_n(w + i, int(n - i)), vtot), int(n - i));
+}
+
 // Attention for the rows of one task, in three passes over the rows' allowed keys: scores,
 // softmax weights, weighted values. Keys are visited in blocks (KeyBlock: at most kKeyBlock of a
 // row's keys) so a block is read from memory once for all rows; each row's arithmetic is
@@ -261,35 +289,10 @@ void attend(const KeyValues& kv, const QueryRow* rows, int64_t n_rows, std::vect
       }
     }
   }
-  // Softmax weights, in place: w = exp(s - max) / sum over the row's keys in ascending order,
-  // 16 lanes at a time (vector exp, fixed lane sums). A row without keys gets zeros.
+  // Softmax weights, in place. A row without keys gets zeros.
   for (int64_t r = 0; r < n_rows; ++r) {
-    float* w = scratch.data() + r * max_keys;
-    const int64_t n = rows[r].n_keys;
     std::fill(rows[r].out, rows[r].out + kv.dv, 0.0f);
-    if (n == 0) continue;
-    // Max: full chunks in lanes, the tail in scalar (max is exact in any order).
-    simd::vf vmax = simd::splat(kNegInf);
-    int64_t i = 0;
-    for (; i + simd::kLanes <= n; i += simd::kLanes) vmax = simd::max(vmax, simd::load(w + i));
-    float mx = simd::reduce_max(vmax);
-    for (int64_t j = i; j < n; ++j) mx = std::max(mx, w[j]);
-    const simd::vf vmx = simd::splat(mx);
-    simd::vf vsum = simd::zero();
-    for (i = 0; i + simd::kLanes <= n; i += simd::kLanes) {
-      simd::vf e = simd::exp(simd::sub(simd::load(w + i), vmx));
-      simd::store(w + i, e);
-      vsum = simd::add(vsum, e);
-    }
-    if (i < n) {
-      const int tail = int(n - i);
-      simd::store_n(w + i, simd::exp(simd::sub(simd::load_n(w + i, tail), vmx)), tail);
-      vsum = simd::add(vsum, simd::load_n(w + i, tail));
-    }
-    const simd::vf vtot = simd::splat(simd::reduce(vsum));
-    for (i = 0; i + simd::kLanes <= n; i += simd::kLanes)
-      simd::store(w + i, simd::div(simd::load(w + i), vtot));
-    if (i < n) simd::store_n(w + i, simd::div(simd::load_n(w + i, int(n - i)), vtot), int(n - i));
+    softmax_row(scratch.data() + r * max_keys, rows[r].n_keys);
   }
   // Weighted values, column chunk outside the rows so a chunk of the block's values stays in L1.
   KeyBlock vblk(n_rows);
@@ -355,6 +358,67 @@ struct AllowedKeys {
   }
 };
 
+// One decode row (all heads share its keys) on all threads, in three phases with the same
+// arithmetic as attend: scores of every head, each thread over its own run of the keys (so each
+// key row comes from memory into one core, not into every core: the gather of scattered latents
+// waits on memory, not on the FMAs); softmax, each thread over its heads; weighted values, each
+// thread over its own columns of every head (one sequential FMA chain over all keys per output
+// element, as attend's value tiles; the other half of the keys it reads from the other core).
+void attend_one_row(const KeyValues& kv, const float* q, int64_t n_heads, const int32_t* keys, int64_t n_keys,
+                    float* out, int64_t ld_out, std::vector<float>& scores) {
+  scores.resize(size_t(n_heads * std::max<int64_t>(n_keys, 1)));
+  float* sc = scores.data();
+#pragma omp parallel
+  {
+    const int th = omp_get_thread_num(), nth = omp_get_num_threads();
+    // Scores: keys [k0, k1) (whole tiles of 4), blocks of kKeyBlock keys, every head of each block.
+    const int64_t tiles = (n_keys + 3) / 4;
+    const int64_t k0 = std::min(n_keys, tiles * th / nth * 4), k1 = std::min(n_keys, tiles * (th + 1) / nth * 4);
+    for (int64_t b0 = k0; b0 < k1; b0 += kKeyBlock) {
+      const int64_t b1 = std::min(k1, b0 + kKeyBlock);
+      for (int64_t h = 0; h < n_heads; h += 4) {
+        const int mr = int(std::min<int64_t>(4, n_heads - h));
+        const float* a1[4];
+        const float* a2[4] = {};
+        for (int j = 0; j < mr; ++j) a1[j] = q + (h + j) * kv.d1;  // (q [n_heads, d1]: one part)
+        for (int64_t i = b0; i < b1; i += 4) {
+          const int nr = int(std::min<int64_t>(4, b1 - i));
+          if (h == 0) prefetch_keys(kv, keys, std::min(i + kPrefetchKeys, k1), std::min(i + kPrefetchKeys + nr, k1));
+          const float* b1p[4];
+          const float* b2p[4] = {};
+          for (int c = 0; c < nr; ++c) b1p[c] = kv.k1 + kv.at(keys[i + c]) * kv.k1_stride;
+          float* o = sc + h * n_keys + i;
+          if (mr == 4) dot2_tile_n<4>(nr, a1, a2, b1p, b2p, kv.d1, 0, kv.scale, o, n_keys);
+          else
+            for (int j = 0; j < mr; ++j) dot2_tile_n<1>(nr, a1 + j, a2, b1p, b2p, kv.d1, 0, kv.scale, o + j * n_keys, n_keys);
+        }
+      }
+    }
+#pragma omp barrier
+    for (int64_t h = n_heads * th / nth; h < n_heads * (th + 1) / nth; ++h) softmax_row(sc + h * n_keys, n_keys);
+#pragma omp barrier
+    // Values: chunks of kValueCols columns dealt to the threads in runs.
+    const int64_t chunks = (kv.dv + kValueCols - 1) / kValueCols;
+    for (int64_t c = chunks * th / nth; c < chunks * (th + 1) / nth; ++c) {
+      const int64_t d0 = c * kValueCols, cols = std::min(kValueCols, kv.dv - d0);
+      const int nv = int((cols + 15) / 16), last = int(cols - 16 * (nv - 1));
+      for (int64_t h = 0; h < n_heads; h += 4) {
+        const int mr = int(std::min<int64_t>(4, n_heads - h));
+        const float* w[4];
+        float* o[4];
+        for (int j = 0; j < mr; ++j) {
+          w[j] = sc + (h + j) * n_keys;
+          o[j] = out + (h + j) * ld_out;
+          std::fill(o[j] + d0, o[j] + d0 + cols, 0.0f);
+        }
+        if (mr == 4) value_tile_n<4>(nv, kv, keys, n_keys, w, o, d0, last);
+        else
+          for (int j = 0; j < mr; ++j) value_tile_n<1>(nv, kv, keys, n_keys, w + j, o + j, d0, last);
+      }
+    }
+  }
+}
+
 // Query rows per prefill task (one head) and heads per decode task (one query row).
 constexpr int64_t kPrefillRows = 8;
 constexpr int64_t kDecodeHeads = 8;
@@ -393,6 +457,13 @@ void mla_decode(const MlaDecodeParams& p) {
   if (p.s == 0) return;
   AllowedKeys allowed(p.s, p.t, p.q_pos, p.topk, p.topk_len, "mla_decode");
   const int64_t dk = p.kv_lora_rank + p.qk_rope_head_dim;
+  if (p.s == 1 && p.pages.dtype != DType::BF16 && omp_get_max_threads() > 1 &&
+      p.t * p.n_heads * (dk + p.kv_lora_rank) >= kParallelMacs) {
+    const KeyValues kv{p.cache, dk, dk, p.cache, 0, 0, p.cache, dk, p.kv_lora_rank, p.scale, p.pages, 0};
+    thread_local std::vector<float> scores;
+    attend_one_row(kv, p.q_lat, p.n_heads, allowed.ptr[0], allowed.len[0], p.out_lat, p.kv_lora_rank, scores);
+    return;
+  }
   const int64_t head_blocks = (p.n_heads + kDecodeHeads - 1) / kDecodeHeads;
   const bool bf16 = p.pages.dtype == DType::BF16;
 #pragma omp parallel if (p.s * p.t * p.n_heads * (dk + p.kv_lora_rank) >= kParallelMacs)

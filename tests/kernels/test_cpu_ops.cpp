@@ -270,6 +270,53 @@ TEST(CpuBackend, LongDecodeRowsOnTwoThreads) {
   omp_set_num_threads(saved);
 }
 
+// A decode row alone on two threads (its scores split by keys, its values by columns over the
+// threads) gives the bytes the same row gets as one row of a batch (heads split over the threads),
+// and on one thread: dense and top-k rows (with -1 padding and duplicates), head counts that are
+// not a multiple of 4, value widths with a column tail, paged caches.
+TEST(CpuBackend, DecodeRowAloneEqualsRowInBatch) {
+  auto cpu = make_cpu_backend();
+  const int saved = omp_get_max_threads();
+  struct Shape { int64_t t, heads, rank, rope, topk_len; bool paged; };
+  for (const Shape& sh : {Shape{600, 16, 256, 32, 256, false}, Shape{600, 9, 80, 16, 0, false},
+                          Shape{3000, 7, 64, 16, 301, true}, Shape{900, 16, 128, 32, 2048, true}}) {
+    const int64_t S = 3, dk = sh.rank + sh.rope, bs = 64;
+    const auto q = random_floats(size_t(S * sh.heads * dk), 50, -0.5f, 0.5f);
+    const auto cache = random_floats(size_t(sh.t * dk), 51);
+    std::vector<int32_t> q_pos = {int32_t(sh.t - 1), int32_t(sh.t / 2), int32_t(sh.t - 7)};
+    auto topk = random_ints(size_t(S * std::max<int64_t>(sh.topk_len, 1)), 52, -1, int32_t(sh.t) - 1);
+    std::vector<int32_t> table(size_t((sh.t + bs - 1) / bs));
+    for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t((i * 7) % table.size());  // a permutation
+    std::vector<float> pool(table.size() * size_t(bs * dk));
+    for (int64_t r = 0; r < sh.t; ++r)
+      std::copy(cache.begin() + r * dk, cache.begin() + (r + 1) * dk,
+                pool.begin() + (int64_t(table[size_t(r / bs)]) * bs + r % bs) * dk);
+    const auto run = [&](int64_t row0, int64_t s, int threads) {
+      std::vector<float> out(size_t(s * sh.heads * sh.rank), -1.0f);
+      MlaDecodeParams p;
+      p.q_lat = q.data() + row0 * sh.heads * dk, p.cache = sh.paged ? pool.data() : cache.data();
+      p.q_pos = q_pos.data() + row0;
+      if (sh.topk_len) p.topk = topk.data() + row0 * sh.topk_len, p.topk_len = sh.topk_len;
+      p.out_lat = out.data(), p.s = s, p.t = sh.t, p.n_heads = sh.heads, p.kv_lora_rank = sh.rank;
+      p.qk_rope_head_dim = sh.rope, p.scale = 0.2f;
+      if (sh.paged) p.pages = KeyPages{table.data(), 0, bs, DType::F32};
+      omp_set_num_threads(threads);
+      cpu->mla_decode(p);
+      omp_set_num_threads(saved);
+      return out;
+    };
+    const auto batch = run(0, S, 2);
+    for (int64_t r = 0; r < S; ++r)
+      for (int threads : {2, 1}) {
+        const auto alone = run(r, 1, threads);
+        EXPECT_EQ(0, std::memcmp(alone.data(), batch.data() + r * sh.heads * sh.rank, alone.size() * 4))
+            << "t=" << sh.t << " heads=" << sh.heads << " rank=" << sh.rank << " topk=" << sh.topk_len << " row " << r
+            << ", " << threads << " threads";
+        EXPECT_NE(alone[0], -1.0f);
+      }
+  }
+}
+
 // -0 and +0 are one value to the selection: where the k-th best falls among zeros of both signs,
 // the lower indices win whatever their sign, as in the reference: long decode rows chunked on 2
 // threads (k = 256 with ~200 positives: each chunk through the sampled threshold, which lands on
