@@ -1,6 +1,7 @@
 // Fast CPU attention-side ops: MLA prefill (MHA mode), MLA decode (absorbed MQA mode), DSA indexer
-// scores, and top-k. OpenMP over (head, query rows) or (query row, heads) blocks, and over key
-// blocks for the indexer. Every row is computed by one per-row recipe (16-lane dot products, a
+// scores, and top-k. OpenMP over (head, query rows) or (query row, heads) blocks (a single decode
+// row: its keys for the scores, its heads for the softmax, its columns for the values), and over
+// key blocks for the indexer. Every row is computed by one per-row recipe (16-lane dot products, a
 // vectorised softmax over the row's allowed keys in ascending order, sequential FMA of values)
 // whatever other rows share the call, so results are batch-invariant.
 // Not here: online (flash) softmax, which would tie a row's rounding to its key blocking.
@@ -363,7 +364,7 @@ struct AllowedKeys {
 // key row comes from memory into one core, not into every core: the gather of scattered latents
 // waits on memory, not on the FMAs); softmax, each thread over its heads; weighted values, each
 // thread over its own columns of every head (one sequential FMA chain over all keys per output
-// element, as attend's value tiles; the other half of the keys it reads from the other core).
+// element, as attend's value tiles; the keys that other threads scored it reads from their cores).
 void attend_one_row(const KeyValues& kv, const float* q, int64_t n_heads, const int32_t* keys, int64_t n_keys,
                     float* out, int64_t ld_out, std::vector<float>& scores) {
   scores.resize(size_t(n_heads * std::max<int64_t>(n_keys, 1)));
@@ -460,7 +461,7 @@ void mla_decode(const MlaDecodeParams& p) {
   if (p.s == 1 && p.pages.dtype != DType::BF16 && omp_get_max_threads() > 1 &&
       p.t * p.n_heads * (dk + p.kv_lora_rank) >= kParallelMacs) {
     const KeyValues kv{p.cache, dk, dk, p.cache, 0, 0, p.cache, dk, p.kv_lora_rank, p.scale, p.pages, 0};
-    thread_local std::vector<float> scores;
+    thread_local std::vector<float> scores;  // n_heads x n_keys (the model: n_keys <= index_topk), kept
     attend_one_row(kv, p.q_lat, p.n_heads, allowed.ptr[0], allowed.len[0], p.out_lat, p.kv_lora_rank, scores);
     return;
   }

@@ -270,20 +270,23 @@ TEST(CpuBackend, LongDecodeRowsOnTwoThreads) {
   omp_set_num_threads(saved);
 }
 
-// A decode row alone on two threads (its scores split by keys, its values by columns over the
-// threads) gives the bytes the same row gets as one row of a batch (heads split over the threads),
-// and on one thread: dense and top-k rows (with -1 padding and duplicates), head counts that are
-// not a multiple of 4, value widths with a column tail, paged caches.
+// A decode row alone on two or three threads (its scores split by keys, its values by columns over
+// the threads) gives the bytes the same row gets as one row of a batch (heads split over the
+// threads), and on one thread: dense and top-k rows (with -1 padding and duplicates), rows that see
+// no key or fewer keys than threads, head counts that are not a multiple of 4, latent widths that
+// are not a multiple of 16 (a chunk tail in the scores and in the values), paged caches.
 TEST(CpuBackend, DecodeRowAloneEqualsRowInBatch) {
   auto cpu = make_cpu_backend();
   const int saved = omp_get_max_threads();
   struct Shape { int64_t t, heads, rank, rope, topk_len; bool paged; };
   for (const Shape& sh : {Shape{600, 16, 256, 32, 256, false}, Shape{600, 9, 80, 16, 0, false},
-                          Shape{3000, 7, 64, 16, 301, true}, Shape{900, 16, 128, 32, 2048, true}}) {
-    const int64_t S = 3, dk = sh.rank + sh.rope, bs = 64;
+                          Shape{700, 5, 72, 9, 0, false}, Shape{3000, 7, 64, 16, 301, true},
+                          Shape{900, 16, 128, 32, 2048, true}}) {
+    const int64_t S = 6, dk = sh.rank + sh.rope, bs = 64;
     const auto q = random_floats(size_t(S * sh.heads * dk), 50, -0.5f, 0.5f);
     const auto cache = random_floats(size_t(sh.t * dk), 51);
-    std::vector<int32_t> q_pos = {int32_t(sh.t - 1), int32_t(sh.t / 2), int32_t(sh.t - 7)};
+    // (rows that see no key, one key, three keys: threads with empty runs of keys)
+    std::vector<int32_t> q_pos = {int32_t(sh.t - 1), int32_t(sh.t / 2), int32_t(sh.t - 7), -1, 0, 2};
     auto topk = random_ints(size_t(S * std::max<int64_t>(sh.topk_len, 1)), 52, -1, int32_t(sh.t) - 1);
     std::vector<int32_t> table(size_t((sh.t + bs - 1) / bs));
     for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t((i * 7) % table.size());  // a permutation
@@ -307,12 +310,15 @@ TEST(CpuBackend, DecodeRowAloneEqualsRowInBatch) {
     };
     const auto batch = run(0, S, 2);
     for (int64_t r = 0; r < S; ++r)
-      for (int threads : {2, 1}) {
+      for (int threads : {2, 3, 1}) {
         const auto alone = run(r, 1, threads);
         EXPECT_EQ(0, std::memcmp(alone.data(), batch.data() + r * sh.heads * sh.rank, alone.size() * 4))
             << "t=" << sh.t << " heads=" << sh.heads << " rank=" << sh.rank << " topk=" << sh.topk_len << " row " << r
             << ", " << threads << " threads";
         EXPECT_NE(alone[0], -1.0f);
+        if (q_pos[size_t(r)] < 0) {
+          EXPECT_EQ(alone[0], 0.0f);  // no key: zeros
+        }
       }
   }
 }
@@ -343,9 +349,12 @@ TEST(CpuBackend, TopkSignedZerosAreTies) {
 // sparse decode row over a long context, alone, gives the bytes it gives among 16 heads; and each
 // prefill row with its own selection, alone, the bytes it gives among 8 (one task, whose blocks
 // end where any of its rows has its 32nd next key); both agree with the reference to rounding.
+// On one thread: a single decode row on several takes attend_one_row (DecodeRowAloneEqualsRowInBatch).
 TEST(CpuBackend, AttentionKeyBlocksDoNotChangeBits) {
   auto cpu = make_cpu_backend();
   auto ref = make_reference_backend();
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(1);
   const int64_t T = 5000, H = 16, R = 64, P = 16, D = R + P, K = 256;
   auto cache = random_floats(size_t(T * D), 90);
   auto q = random_floats(size_t(H * D), 91, -0.5f, 0.5f);
@@ -389,6 +398,7 @@ TEST(CpuBackend, AttentionKeyBlocksDoNotChangeBits) {
     cpu->mla_prefill(f);
     EXPECT_EQ(0, std::memcmp(row.data(), rows.data() + i * dv, size_t(dv) * 4)) << "prefill row " << i;
   }
+  omp_set_num_threads(saved_threads);
 }
 
 // Both CPU backends reject bad parameters with a message naming the op and the value.
