@@ -29,7 +29,8 @@ constexpr size_t kPrefetchMinBytes = 8192, kPrefetchQuadBytes = 16384;
 constexpr size_t kPrefetchNearBytes = 2048;
 
 // Whether tiles of one row of a (decode at batch 1, or the last row of an odd batch) prefetch b as
-// above (tiles of more rows always do; so do tiles of short rows as stored, below). Decided once from cpuid: not on AMD, where the hardware prefetcher alone streams BF16
+// above (tiles of more rows always do; so do tiles of short rows as stored, below). Decided once
+// from cpuid: not on AMD, where the hardware prefetcher alone streams BF16
 // weights at batch 1 from memory at 1.00-1.06 of the read probe and these prefetches cut that to
 // 0.72-0.77 (Zen 4, 2 threads; with 8 rows they are needed: 0.41 without, 0.73 with); yes
 // elsewhere (Intel Xeon, where they were measured to help). The quantized kernels' next-tile

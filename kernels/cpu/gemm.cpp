@@ -29,9 +29,9 @@
 
 namespace glm5::kernels::cpu {
 
-// See single_row_prefetch (cpu/dot_tile.h): GLM5_CPU_PREFETCH=0 / 1, else off on AMD (interleaved and
-// long rows). Decided at
-// the first use (not at static initialisation, so that no order between files matters).
+// See single_row_prefetch (cpu/dot_tile.h): GLM5_CPU_PREFETCH=0 / 1, else off on AMD (interleaved
+// and long rows). Decided at the first use (not at static initialisation, so that no order between
+// files matters).
 bool detail::decide_single_row_prefetch() {
   const std::string e = std::getenv("GLM5_CPU_PREFETCH") ? std::getenv("GLM5_CPU_PREFETCH") : "";
   bool on = true;
@@ -209,7 +209,6 @@ TileTnFn<L> tile_tn_fn(int mr, int nv) {
   };
   return table[mr - 1][nv - 1];
 }
-
 
 // y = x W, W [k, n]: work items are (4 rows, 64 columns), or (1 row, 256 columns) for one BF16 x row
 // on AVX-512 (an item then reads whole rows of a W of up to 256 columns: the per-head absorption
