@@ -458,16 +458,20 @@ void mla_decode(const MlaDecodeParams& p) {
   if (p.s == 0) return;
   AllowedKeys allowed(p.s, p.t, p.q_pos, p.topk, p.topk_len, "mla_decode");
   const int64_t dk = p.kv_lora_rank + p.qk_rope_head_dim;
-  if (p.s == 1 && p.pages.dtype != DType::BF16 && omp_get_max_threads() > 1 &&
-      p.t * p.n_heads * (dk + p.kv_lora_rank) >= kParallelMacs) {
-    const KeyValues kv{p.cache, dk, dk, p.cache, 0, 0, p.cache, dk, p.kv_lora_rank, p.scale, p.pages, 0};
+  const bool bf16 = p.pages.dtype == DType::BF16;
+  const bool parallel = p.s * p.t * p.n_heads * (dk + p.kv_lora_rank) >= kParallelMacs;
+  // Row s's keys and values in the latent cache ([c_kv | k_pe] per key; values are c_kv).
+  const auto latents = [&](int64_t s) {
+    return KeyValues{p.cache, dk, dk, p.cache, 0, 0, p.cache, dk, p.kv_lora_rank, p.scale, p.pages, s};
+  };
+  if (p.s == 1 && !bf16 && parallel && omp_get_max_threads() > 1) {
     thread_local std::vector<float> scores;  // n_heads x n_keys (the model: n_keys <= index_topk), kept
-    attend_one_row(kv, p.q_lat, p.n_heads, allowed.ptr[0], allowed.len[0], p.out_lat, p.kv_lora_rank, scores);
+    attend_one_row(latents(0), p.q_lat, p.n_heads, allowed.ptr[0], allowed.len[0], p.out_lat, p.kv_lora_rank,
+                   scores);
     return;
   }
   const int64_t head_blocks = (p.n_heads + kDecodeHeads - 1) / kDecodeHeads;
-  const bool bf16 = p.pages.dtype == DType::BF16;
-#pragma omp parallel if (p.s * p.t * p.n_heads * (dk + p.kv_lora_rank) >= kParallelMacs)
+#pragma omp parallel if (parallel)
   {
     std::vector<float> scratch, widened;
     std::vector<int32_t> local;
@@ -475,7 +479,7 @@ void mla_decode(const MlaDecodeParams& p) {
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t s = 0; s < p.s; ++s)
       for (int64_t b = 0; b < head_blocks; ++b) {
-        KeyValues kv{p.cache, dk, dk, p.cache, 0, 0, p.cache, dk, p.kv_lora_rank, p.scale, p.pages, s};
+        KeyValues kv = latents(s);
         const int32_t* keys = allowed.ptr[s];
         const int64_t n_keys = allowed.len[s];
         if (bf16) {

@@ -41,6 +41,7 @@ constexpr size_t kPrefetchNearBytes = 2048;
 // rows of 512 bytes) prefetch on every CPU: a tile's rows are then a few lines each, which the
 // hardware prefetcher does not pick up in time (W_UV from memory on Zen 4: 28-31 -> 15-19 us per
 // layer of speed-a).
+constexpr size_t kShortRowBytes = 1024;
 namespace detail {
 extern std::atomic<int> g_single_row_prefetch;  // -1 until decided (cpu/gemm.cpp)
 bool decide_single_row_prefetch();
@@ -53,7 +54,6 @@ inline void set_single_row_prefetch(bool on) { detail::g_single_row_prefetch.sto
 // Whether a tile of MR rows of a prefetches its weights in software (the rule above).
 template <int MR>
 inline bool tile_prefetches() { return MR > 1 || single_row_prefetch(); }
-constexpr size_t kShortRowBytes = 1024;
 
 // Where row c's chunk of 16 elements from column kk (a multiple of 16) starts, relative to the
 // first row of a tile: row-major b (Quad = false), row stride ldb; or interleaved (Quad = true,

@@ -337,8 +337,9 @@ struct Job {
     const double wbytes = quant::is_quantized(g.w.dtype) ? 1.0 : double(dtype_size(g.w.dtype));
     if (g.trans_w) {
       kind = kTn;
-      items = (g.m + kTnRows - 1) / kTnRows * ((g.n + tn_cols(g) - 1) / tn_cols(g));
-      item_cost = double(std::min(tn_cols(g), g.n) * g.k) * (wbytes + double(std::min(g.m, kTnRows)));
+      const int64_t cols = tn_cols(g);
+      items = (g.m + kTnRows - 1) / kTnRows * ((g.n + cols - 1) / cols);
+      item_cost = double(std::min(cols, g.n) * g.k) * (wbytes + double(std::min(g.m, kTnRows)));
     } else if (quant::is_quantized(g.w.dtype)) {
       kind = kQuant;
       quant = quant_split(g);

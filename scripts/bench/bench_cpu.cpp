@@ -161,13 +161,19 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < table_b.size(); ++i) table_b[i] = int32_t(n_blocks + int64_t(i));
   model.set_kv_pool(&pool);
   std::vector<float> h(size_t(prompt) * size_t(cfg.hidden_size)), logits(size_t(cfg.vocab_size));
+  // Prefills a sequence in chunks of `chunk` tokens, each chunk's hidden rows at hbuf + c0 rows
+  // (all_rows) or at hbuf (a buffer of one chunk, when no row is needed afterwards).
+  const auto prefill = [&](const std::vector<int32_t>& tokens, const int32_t* tbl, float* hbuf, bool all_rows) {
+    const int len = int(tokens.size());
+    for (int c0 = 0; c0 < len; c0 += chunk) {
+      const int n = std::min(chunk, len - c0);
+      float* hc = hbuf + (all_rows ? size_t(c0) * size_t(cfg.hidden_size) : 0);
+      model.embed(tokens.data() + c0, n, hc);
+      model.forward({{tbl, c0, n, len}}, hc);
+    }
+  };
   auto t = Clock::now();
-  for (int c0 = 0; c0 < prompt; c0 += chunk) {
-    const int n = std::min(chunk, prompt - c0);
-    float* hc = h.data() + size_t(c0) * size_t(cfg.hidden_size);
-    model.embed(ids.data() + c0, n, hc);
-    model.forward({{table.data(), c0, n, prompt}}, hc);
-  }
+  prefill(ids, table.data(), h.data(), true);
   model.logits(h.data() + size_t(prompt - 1) * size_t(cfg.hidden_size), 1, logits.data());
   const double prefill_s = secs(t);
   // FLOPs of the prefill: 2 x weights touched per token (no lm_head, one row of logits aside),
@@ -229,11 +235,7 @@ int main(int argc, char** argv) {
     std::vector<int32_t> ids_b(static_cast<size_t>(beside));
     for (int i = 0; i < beside; ++i) ids_b[size_t(i)] = int32_t((i * 104729 + 7) % cfg.vocab_size);
     std::vector<float> hb(size_t(std::min(chunk, beside)) * size_t(cfg.hidden_size));
-    for (int c0 = 0; c0 < beside; c0 += chunk) {
-      const int n = std::min(chunk, beside - c0);
-      model.embed(ids_b.data() + c0, n, hb.data());
-      model.forward({{table_b.data(), c0, n, beside}}, hb.data());
-    }
+    prefill(ids_b, table_b.data(), hb.data(), false);
     int32_t tok_b = ids_b.back();
     uint64_t lcg_b = 0x2545F4914F6CDD1Dull;  // its own token stream, the same kind of tokens
     for (int i = 0; i < decode; ++i) {
