@@ -56,18 +56,19 @@ void panel_tile(const float* x, int64_t ldx, const float* wp, int64_t full, int 
       for (int r = 0; r < MR; ++r) a[r][c] = simd::fma(av[r], bv, a[r][c]);
     }
   }
+  if (!last) {
 #pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r)
+    for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < NR; ++c) {
-      if (!last) {
-        simd::store(acc + (r * NR + c) * simd::kLanes, a[r][c]);
-        continue;
-      }
-      const float v = simd::reduce(a[r][c]);
-      float* o = y + r * ldy + c;
-      *o = accumulate ? *o + v : v;
-    }
+      for (int c = 0; c < NR; ++c) simd::store(acc + (r * NR + c) * simd::kLanes, a[r][c]);
+    return;
+  }
+  simd::vf v[4][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) v[r][c] = r < MR && c < NR ? a[r][c] : simd::zero();
+  simd::reduce_store_4x4(v, MR, NR, y, ldy, accumulate);
 }
 
 using PanelTileFn = void (*)(const float*, int64_t, const float*, int64_t, int, float*, bool, bool, float*,
@@ -83,6 +84,29 @@ inline PanelTileFn panel_tile_fn(int mr, int nr) {
       panel_row<1>(std::make_integer_sequence<int, kTileCols>{}), panel_row<2>(std::make_integer_sequence<int, kTileCols>{}),
       panel_row<3>(std::make_integer_sequence<int, kTileCols>{}), panel_row<4>(std::make_integer_sequence<int, kTileCols>{})};
   return table[size_t(mr - 1)][size_t(nr - 1)];
+}
+
+// Part `part` of `parts` of the W bytes of sub-panel rows [s0, s0 + sn), columns [kp, kp + kc),
+// prefetched into L1. A sub-panel is 8 separate runs of 2 KiB (quads) or 32 of 512 bytes (rows),
+// too short for the hardware prefetcher: without this the widening waited for each from memory
+// while no FMA ran (speed-a's expert gemms at m = 64, W from memory, 2 threads: gate + up 162 ->
+// 175 GFLOP/s, down 153 -> 161; into L2 instead of L1 gained half as much). Prefetches never
+// fault, so the padding rows of a last quad are harmless. (always_inline: GCC finds a function
+// that only prefetches free of side effects and drops calls to it.)
+template <class L, bool Quad>
+__attribute__((always_inline)) inline void prefetch_subpanel(const typename L::T* w, int64_t ldw, int64_t s0,
+                                                             int64_t sn, int64_t kp, int64_t kc, int64_t part,
+                                                             int64_t parts) {
+  constexpr int64_t es = sizeof(typename L::T);
+  const int64_t runs = Quad ? (sn + 3) / 4 : sn, run_bytes = es * kc * (Quad ? 4 : 1);
+  const int64_t lines = (run_bytes + 63) / 64 + 1;  // (+1: a run need not start on a line)
+  const int64_t total = runs * lines, b = total * part / parts, e = total * (part + 1) / parts;
+  for (int64_t i = b; i < e; ++i) {
+    const int64_t run = i / lines, line = i % lines;
+    const int64_t r = s0 + (Quad ? 4 * run : run);  // (a quad's 4 rows are one run from its first)
+    const uintptr_t at = reinterpret_cast<uintptr_t>(w) + uintptr_t(es * (r * ldw + (Quad ? 4 * kp : kp)) + 64 * line);
+    __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 3);
+  }
 }
 
 }  // namespace detail
@@ -117,8 +141,16 @@ void panel_block(const float* x, int64_t ldx, const typename L::T* w, int64_t ld
         for (int64_t q = 0; q < full; ++q) simd::store(dst + 16 * q, L::full(src + chunk_at<Quad>(0, 16 * q, ldw)));
         if (tail) simd::store(dst + 16 * full, L::part(src + chunk_at<Quad>(0, 16 * full, ldw), tail));
       }
+      // The next sub-panel's W (this panel's next rows, else the next panel's first) is fetched
+      // while this one's tiles run, a share per row of tiles.
+      int64_t next_kp = kp, next_s0 = s0 + kSubCols;
+      if (next_s0 >= n) next_kp = kp + kPanelK, next_s0 = 0;
+      const bool more = next_kp < k;
+      const int64_t next_sn = std::min(kSubCols, n - next_s0), next_kc = std::min(kPanelK, k - next_kp);
       for (int64_t i = 0; i < m; i += kTileRows) {
         const int mr = int(std::min<int64_t>(kTileRows, m - i));
+        if (more)
+          detail::prefetch_subpanel<L, Quad>(w, ldw, next_s0, next_sn, next_kp, next_kc, i / kTileRows, ti);
         for (int64_t j = s0; j < s0 + sn; j += kTileCols) {
           const int nr = int(std::min<int64_t>(kTileCols, s0 + sn - j));
           float* acc = acc_buf.data()[((i / kTileRows) * tj + j / kTileCols) * kTileRows * kTileCols].v;

@@ -206,10 +206,41 @@ TEST(CpuBackend, GemmBatchBitsEqualSingleGemms) {
   }
 }
 
+// The prefill tiles' 16 sums at once are simd::reduce of each vector, bit for bit: values of
+// mixed sign and magnitude (each tree gives other bits), every tile shape, with and without
+// accumulate; entries outside the tile are neither read into y nor written.
+TEST(CpuBackend, ReduceFourByFourIsReduceOfEach) {
+  std::mt19937 g(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int mr = 1; mr <= 4; ++mr)
+    for (int nr = 1; nr <= 4; ++nr)
+      for (bool acc : {false, true}) {
+        simd::vf v[4][4];
+        float lanes[4][4][simd::kLanes];
+        for (int r = 0; r < 4; ++r)
+          for (int c = 0; c < 4; ++c) {
+            for (float& x : lanes[r][c]) x = u(g) * std::ldexp(1.0f, int(g() % 40) - 20);
+            v[r][c] = simd::load(lanes[r][c]);
+          }
+        constexpr int64_t ldy = 7;
+        std::vector<float> y(4 * ldy), want;
+        for (float& x : y) x = u(g);
+        want = y;
+        for (int r = 0; r < mr; ++r)
+          for (int c = 0; c < nr; ++c) {
+            const float s = simd::reduce(v[r][c]);
+            want[size_t(r * ldy + c)] = acc ? want[size_t(r * ldy + c)] + s : s;
+          }
+        simd::reduce_store_4x4(v, mr, nr, y.data(), ldy, acc);
+        EXPECT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * 4)) << mr << "x" << nr << " accumulate=" << acc;
+      }
+}
+
 // A row's bits do not depend on the gemm path its row count picks (whole-row tiles below
-// kPanelMinRows rows, cache-blocked panels from there): row 5 of a 40- or 130-row call equals the
-// same row alone, for k with a tail chunk, below one chunk, exactly one panel, several panels and
-// zero, with and without accumulate, every weight dtype.
+// kPanelMinRows rows, cache-blocked panels from there): rows 5 and m - 1 of a 40- or 130-row call
+// (the last in a tile of 4 rows, or of 2) equal the same row alone, over all 150 columns (a last
+// tile of 2 columns), for k with a tail chunk, below one chunk, exactly one panel, several panels
+// and zero, with and without accumulate, every weight dtype.
 TEST(CpuBackend, GemmPanelsBitsEqualRowTiles) {
   auto cpu = make_cpu_backend();
   const int64_t n = 150;
@@ -219,13 +250,17 @@ TEST(CpuBackend, GemmPanelsBitsEqualRowTiles) {
         for (int64_t m : {40, 130}) {
           const std::vector<uint8_t> w = weight_bytes(random_floats(size_t(n * std::max<int64_t>(k, 1)), 3), dt);
           const std::vector<float> x = random_floats(size_t(m * std::max<int64_t>(k, 1)), 4);
-          std::vector<float> y0 = random_floats(size_t(m * n), 5), all = y0, one(y0.begin() + 5 * n, y0.begin() + 6 * n);
-          one[0] = -0.0f, all[size_t(5 * n)] = -0.0f;
+          std::vector<float> y0 = random_floats(size_t(m * n), 5), all = y0;
+          all[size_t(5 * n)] = -0.0f;
           const Weight wt{w.data(), dt, n, k, k};
           cpu->gemm({x.data(), k, wt, false, all.data(), n, m, n, k, acc});
-          cpu->gemm({x.data() + 5 * k, k, wt, false, one.data(), n, 1, n, k, acc});
-          EXPECT_EQ(0, std::memcmp(all.data() + 5 * n, one.data(), size_t(n) * 4))
-              << dtype_name(dt) << " k=" << k << " m=" << m << " accumulate=" << acc;
+          for (int64_t r : {int64_t(5), m - 1}) {
+            std::vector<float> one(y0.begin() + r * n, y0.begin() + (r + 1) * n);
+            if (r == 5) one[0] = -0.0f;
+            cpu->gemm({x.data() + r * k, k, wt, false, one.data(), n, 1, n, k, acc});
+            EXPECT_EQ(0, std::memcmp(all.data() + r * n, one.data(), size_t(n) * 4))
+                << dtype_name(dt) << " k=" << k << " m=" << m << " row " << r << " accumulate=" << acc;
+          }
         }
 }
 
