@@ -142,17 +142,19 @@ void panel_block(const float* x, int64_t ldx, const typename L::T* w, int64_t ld
         if (tail) simd::store(dst + 16 * full, L::part(src + chunk_at<Quad>(0, 16 * full, ldw), tail));
       }
       // The next sub-panel's W (this panel's next rows, else the next panel's first) is fetched
-      // while this one's tiles run, a share per row of tiles.
+      // while this one's tiles run, a share per tile (a few lines: bursts of prefetches stall).
       int64_t next_kp = kp, next_s0 = s0 + kSubCols;
       if (next_s0 >= n) next_kp = kp + kPanelK, next_s0 = 0;
       const bool more = next_kp < k;
       const int64_t next_sn = std::min(kSubCols, n - next_s0), next_kc = std::min(kPanelK, k - next_kp);
+      const int64_t sub_tiles = (sn + kTileCols - 1) / kTileCols;
       for (int64_t i = 0; i < m; i += kTileRows) {
         const int mr = int(std::min<int64_t>(kTileRows, m - i));
-        if (more)
-          detail::prefetch_subpanel<L, Quad>(w, ldw, next_s0, next_sn, next_kp, next_kc, i / kTileRows, ti);
         for (int64_t j = s0; j < s0 + sn; j += kTileCols) {
           const int nr = int(std::min<int64_t>(kTileCols, s0 + sn - j));
+          if (more)
+            detail::prefetch_subpanel<L, Quad>(w, ldw, next_s0, next_sn, next_kp, next_kc,
+                                               i / kTileRows * sub_tiles + (j - s0) / kTileCols, ti * sub_tiles);
           float* acc = acc_buf.data()[((i / kTileRows) * tj + j / kTileCols) * kTileRows * kTileCols].v;
           detail::panel_tile_fn(mr, nr)(x + i * ldx + kp, ldx, wp + (j - s0) * kPanelK, full, tail, acc, first, last,
                                         y + i * ldy + j, ldy, accumulate);
