@@ -17,7 +17,9 @@
 
 namespace glm5::kernels::cpu {
 
-constexpr int64_t kPanelRows = 64, kPanelCols = 128, kPanelK = 256, kSubCols = 32;
+// (A sub-panel is 16 KiB: with a tile's 4 KiB of x rows it fits a 32 KiB L1. At 32 W rows it
+// filled the L1 alone: one panel_block at k = 2048 from L2, 1 thread, Zen 4: 97 -> 99 GFLOP/s.)
+constexpr int64_t kPanelRows = 64, kPanelCols = 128, kPanelK = 256, kSubCols = 16;
 // Rows from which the gemms use panel_block (below it, dot_tile over whole rows: decode).
 constexpr int64_t kPanelMinRows = 32;
 
@@ -87,7 +89,7 @@ inline PanelTileFn panel_tile_fn(int mr, int nr) {
 }
 
 // Part `part` of `parts` of the W bytes of sub-panel rows [s0, s0 + sn), columns [kp, kp + kc),
-// prefetched into L1. A sub-panel is 8 separate runs of 2 KiB (quads) or 32 of 512 bytes (rows),
+// prefetched into L1. A sub-panel is 4 separate runs of 2 KiB (quads) or 16 of 512 bytes (rows),
 // too short for the hardware prefetcher: without this the widening waited for each from memory
 // while no FMA ran (speed-a's expert gemms at m = 64, W from memory, 2 threads: gate + up 162 ->
 // 175 GFLOP/s, down 153 -> 161; into L2 instead of L1 gained half as much). Prefetches never
