@@ -118,8 +118,9 @@ TEST(CpuBackend, SingleRowPrefetchDoesNotChangeBits) {
 
 // y = x W with W [k, n] (trans_w) is, for every element, the sequential chain acc = fma(x[kk],
 // W[kk, j], acc) over kk from zero (then y + acc with accumulate), whatever the tile: one row's
-// 256-column items, 4-row items of 64 columns, the BF16 tiles that widen 32 columns per load. Checked
-// bit for bit against that chain written out, on column tails of every kind.
+// 256-column items, 4-row items of 64 columns (BF16: of 256, in tiles of 64), the BF16 tiles that
+// widen 32 columns per load. Checked bit for bit against that chain written out, on column tails
+// of every kind.
 TEST(CpuBackend, TransposedGemmIsTheSequentialChain) {
   auto cpu = make_cpu_backend();
   for (DType dt : {DType::BF16, DType::F32})
