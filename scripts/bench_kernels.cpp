@@ -541,6 +541,20 @@ void attention_rows(Backend& cpu, bool quick) {
     });
     std::printf("| mla_decode top-256, cache from memory | s=1 t=%ld heads=%ld %ld+%ld, %ld layers | %.3f ms | | | |\n", long(T),
                 long(H), long(R), long(P), long(L), t * 1e3);
+    std::vector<std::vector<uint16_t>> lat16(static_cast<size_t>(L));  // the same caches in bf16
+    for (int64_t l = 0; l < L; ++l) {
+      for (float x : lat[size_t(l)]) lat16[size_t(l)].push_back(f32_to_bf16(x));
+      std::vector<float>().swap(lat[size_t(l)]);
+    }
+    t = per_layer([&](int64_t l) {
+      MlaDecodeParams p;
+      p.q_lat = q.data(), p.cache = reinterpret_cast<const float*>(lat16[size_t(l)].data()), p.q_pos = q_pos.data();
+      p.topk = sel.data(), p.topk_len = K, p.out_lat = out.data(), p.s = 1, p.t = T, p.n_heads = H;
+      p.kv_lora_rank = R, p.qk_rope_head_dim = P, p.scale = 0.0625f, p.pages = KeyPages{table.data(), 0, B, DType::BF16};
+      cpu.mla_decode(p);
+    });
+    std::printf("| mla_decode top-256, bf16 cache from memory | s=1 t=%ld heads=%ld %ld+%ld, %ld layers | %.3f ms | | | |\n",
+                long(T), long(H), long(R), long(P), long(L), t * 1e3);
   }
   {  // decode's weight absorption (speed-a: 16 heads, W_UK and W_UV [64, 256] BF16 per head, rows of
      // kv_b_proj as stored): q_lat = q_nope W_UK (trans_w), o = W_UV o_lat, one batch of 16 gemms

@@ -75,7 +75,7 @@ echo "CPU: $cpu, $(nproc) cpus; $flags"
 echo "glm5 $(git rev-parse --short HEAD 2> /dev/null || echo '?')$(git diff --quiet 2> /dev/null || echo ' (dirty tree)'), bench_cpu from $GLM5_BUILD"
 echo "model: ${MODEL_DIR:-?}; GGUFs:$(for t in $GGUF_TYPES; do [ -z "${GGUF[$t]:-}" ] || printf ' %s' "${GGUF[$t]}"; done)"
 echo "llama.cpp: $LLAMA_BENCH; llama-bench -t $THREADS -p 0 -n $DECODE -d $LLAMA_DEPTH -r 1 $LLAMA_ARGS"
-echo "glm5: OMP_NUM_THREADS=$THREADS bench_cpu --model DIR --prompt $PROMPT --decode $DECODE"
+echo "glm5: OMP_NUM_THREADS=$THREADS bench_cpu --model DIR --prompt $PROMPT --decode $DECODE --prefill-reps 0"
 # shellcheck source=scripts/bench_load.sh
 . scripts/bench_load.sh
 load_start
@@ -96,7 +96,7 @@ for round in $(seq 1 "$ROUNDS"); do
   for pair in $GLM5_MODELS; do
     label=${pair%%=*}
     dir=${pair#*=}
-    out=$(OMP_NUM_THREADS=$THREADS "$D/bench_cpu" --model "$dir" --prompt "$PROMPT" --decode "$DECODE")
+    out=$(OMP_NUM_THREADS=$THREADS "$D/bench_cpu" --model "$dir" --prompt "$PROMPT" --decode "$DECODE" --prefill-reps 0)
     ts=$(printf '%s\n' "$out" | sed -n 's/^decode  batch 1 ([a-z]* tokens): \([0-9.]*\) tok\/s.*/\1/p')
     bw=$(printf '%s\n' "$out" | sed -n 's/.*read bandwidth \([0-9.]*\) GB\/s.*/\1/p')
     [ -n "$ts" ] || { printf '%s\n' "$out" >&2; echo "bench_cpu gave no decode figure for $dir" >&2; exit 1; }

@@ -4,7 +4,8 @@
 # (BF16, Q8_0, Q4_K_M) and to glm5's int8 / int4 (group 128; int8 also with F32 scales, convert
 # --scale-dtype f32, set against Q8_0 as well), then runs both interleaved, ROUNDS rounds:
 #   llama-bench pp512 + tg128 per GGUF  |  bench_cpu --prompt 512 (pp512) and --prompt 1 --decode 128
-#   (tg128: decode from an empty context, as llama-bench's tg128 does) per glm5 checkpoint
+#   (tg128: decode from an empty context, as llama-bench's tg128 does) per glm5 checkpoint; each pp512
+#   one untimed pass, then one timed (llama-bench -r 1 after its warm-up run; bench_cpu --prefill-reps 1)
 # with 2 and 1 threads, then (BF16 only, DEPTH_ROUNDS rounds) decode after 512, 4k and 16k tokens of context
 # (llama-bench -p 0 -n 32 -d N  |  bench_cpu --prompt N --decode 32, beyond the first depth with
 # --beside FIRST: glm5's ratio to the first depth also step by step in one process). Prints one
@@ -132,9 +133,10 @@ llama() {  # llama() GGUF_TYPE THREADS ARGS... -> "n_prompt n_gen avg_ts" per te
     { cat "$D/llama.err" >&2; echo "llama-bench failed on $t" >&2; return 1; }
   printf '%s\n' "$out" | python3 -c 'import csv, sys; [print(r["n_prompt"], r["n_gen"], r["avg_ts"]) for r in csv.DictReader(sys.stdin)]'
 }
-glm5() {  # glm5() DIR THREADS PROMPT DECODE [BESIDE] -> "prefill decode bandwidth fma window% interleaved"
+glm5() {  # glm5() DIR THREADS PROMPT DECODE [BESIDE [PREFILL_REPS]] -> "prefill decode bandwidth fma window% interleaved"
   local out
-  out=$(OMP_NUM_THREADS=$2 "$D/bench_cpu" --model "$1" --prompt "$3" --decode "$4" ${5:+--beside "$5"}) ||
+  out=$(OMP_NUM_THREADS=$2 "$D/bench_cpu" --model "$1" --prompt "$3" --decode "$4" ${5:+--beside "$5"} \
+    --prefill-reps "${6:-0}") ||
     { echo "bench_cpu failed on $1" >&2; return 1; }
   printf '%s\n' "$out" | sed -n 's/.*BF16 gemm path \([a-z0-9-]*\).*/\1/p' > "$WORK/gemm_path"
   printf '%s\n' "$out" | python3 -c '
@@ -156,7 +158,7 @@ for round in $(seq 1 "$ROUNDS"); do
       done <<< "$out"
     done
     for w in bf16 int8 int8-f32s int4; do
-      out=$(glm5 "${GLM5_DIR[$w]}" "$th" 512 8)
+      out=$(glm5 "${GLM5_DIR[$w]}" "$th" 512 8 "" 1)  # (pp512: one untimed pass first, as llama-bench)
       read -r pp _ bw fma _ _ <<< "$out"
       echo "pp512 $th glm5 $w $pp $bw $fma" >> "$R"
       out=$(glm5 "${GLM5_DIR[$w]}" "$th" 1 128)

@@ -217,9 +217,10 @@ struct KeyBlock {
 // The cache lines of keys[i0, i1) (both parts), for the score pass of one decode row: a sparse
 // selection reads keys scattered over the whole cache, each a few hundred bytes, and the
 // prefetchers do not see them coming (speed-a, top-256 of 16k, caches from memory: 0.046-0.076 ->
-// 0.044-0.066 ms). Not in attend(), whose rows are prefill's (their keys in cache: 8.1-8.6 ->
-// 8.6-9.7 ms for 256 rows with it) or a batch's. (always_inline here and below: GCC finds a
-// function that only prefetches free of side effects and drops every call to it.)
+// 0.042-0.066 ms). Not in attend() (prefill's rows, and decode's in a batch or on one thread):
+// prefill's keys are in cache, and there it cost 8.1-8.6 -> 8.6-9.7 ms for 256 rows; decode
+// batches were not measured with it. (always_inline here and below: GCC finds a function that
+// only prefetches free of side effects and drops every call to it.)
 __attribute__((always_inline)) inline void prefetch_keys(const KeyValues& kv, const int32_t* keys, int64_t i0, int64_t i1) {
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t at = kv.at(keys[i]);
@@ -425,6 +426,14 @@ void attend_one_row(const KeyValues& kv, const float* q, int64_t n_heads, const 
 constexpr int64_t kPrefillRows = 8;
 constexpr int64_t kDecodeHeads = 8;
 
+// Key t of decode row s from a bf16 latent cache, widened (exactly) into dst[0, dk).
+void widen_key(const MlaDecodeParams& p, int64_t s, int32_t t, int64_t dk, float* dst) {
+  const uint16_t* src = static_cast<const uint16_t*>(static_cast<const void*>(p.cache)) + p.pages.row(s, t) * dk;
+  int64_t d = 0;
+  for (; d + simd::kLanes <= dk; d += simd::kLanes) simd::store(dst + d, simd::widen_bf16(src + d));
+  for (; d < dk; ++d) dst[d] = bf16_to_f32(src[d]);
+}
+
 }  // namespace
 
 void mla_prefill(const MlaPrefillParams& p) {
@@ -465,10 +474,26 @@ void mla_decode(const MlaDecodeParams& p) {
   const auto latents = [&](int64_t s) {
     return KeyValues{p.cache, dk, dk, p.cache, 0, 0, p.cache, dk, p.kv_lora_rank, p.scale, p.pages, s};
   };
-  if (p.s == 1 && !bf16 && parallel && omp_get_max_threads() > 1) {
-    thread_local std::vector<float> scores;  // n_heads x n_keys (the model: n_keys <= index_topk), kept
-    attend_one_row(latents(0), p.q_lat, p.n_heads, allowed.ptr[0], allowed.len[0], p.out_lat, p.kv_lora_rank,
-                   scores);
+  if (p.s == 1 && parallel && omp_get_max_threads() > 1) {
+    thread_local std::vector<float> scores, widened;  // n_heads x n_keys; n_keys x dk (bf16 caches)
+    thread_local std::vector<int32_t> local;           // (kept: the model's n_keys <= index_topk)
+    KeyValues kv = latents(0);
+    const int32_t* keys = allowed.ptr[0];
+    const int64_t n_keys = allowed.len[0];
+    if (bf16) {  // the row's keys widened once, each thread its share, then the f32 recipe as below
+      widened.resize(size_t(n_keys * dk));
+      local.resize(size_t(n_keys));
+      float* wide = widened.data();  // (inside the region, `widened` would name each thread's own)
+      int32_t* renumbered = local.data();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n_keys; ++i) {
+        widen_key(p, 0, keys[i], dk, wide + i * dk);
+        renumbered[i] = int32_t(i);
+      }
+      kv = KeyValues{wide, dk, dk, wide, 0, 0, wide, dk, p.kv_lora_rank, p.scale};
+      keys = renumbered;
+    }
+    attend_one_row(kv, p.q_lat, p.n_heads, keys, n_keys, p.out_lat, p.kv_lora_rank, scores);
     return;
   }
   const int64_t head_blocks = (p.n_heads + kDecodeHeads - 1) / kDecodeHeads;
@@ -488,10 +513,8 @@ void mla_decode(const MlaDecodeParams& p) {
           // f32 recipe (the keys renumbered 0..n_keys-1: blocks and tiles are the same).
           widened.resize(size_t(n_keys * dk));
           local.resize(size_t(n_keys));
-          const uint16_t* c = static_cast<const uint16_t*>(static_cast<const void*>(p.cache));
           for (int64_t i = 0; i < n_keys; ++i) {
-            const uint16_t* src = c + p.pages.row(s, keys[i]) * dk;
-            for (int64_t d = 0; d < dk; ++d) widened[size_t(i * dk + d)] = bf16_to_f32(src[d]);
+            widen_key(p, s, keys[i], dk, widened.data() + i * dk);
             local[size_t(i)] = int32_t(i);
           }
           kv = KeyValues{widened.data(), dk, dk, widened.data(), 0, 0, widened.data(), dk, p.kv_lora_rank, p.scale};

@@ -20,6 +20,7 @@ namespace glm5::kernels::cpu {
 // (A sub-panel is 16 KiB: with a tile's 4 KiB of x rows it fits a 32 KiB L1. At 32 W rows it
 // filled the L1 alone: one panel_block at k = 2048 from L2, 1 thread, Zen 4: 97 -> 99 GFLOP/s.)
 constexpr int64_t kPanelRows = 64, kPanelCols = 128, kPanelK = 256, kSubCols = 16;
+static_assert(kSubCols % kTileCols == 0 && kSubCols % 4 == 0, "sub-panels are whole tiles and whole quads");
 // Rows from which the gemms use panel_block (below it, dot_tile over whole rows: decode).
 constexpr int64_t kPanelMinRows = 32;
 
@@ -89,12 +90,13 @@ inline PanelTileFn panel_tile_fn(int mr, int nr) {
 }
 
 // Part `part` of `parts` of the W bytes of sub-panel rows [s0, s0 + sn), columns [kp, kp + kc),
-// prefetched into L1. A sub-panel is 4 separate runs of 2 KiB (quads) or 16 of 512 bytes (rows),
-// too short for the hardware prefetcher: without this the widening waited for each from memory
-// while no FMA ran (speed-a's expert gemms at m = 64, W from memory, 2 threads: gate + up 162 ->
-// 175 GFLOP/s, down 153 -> 161; into L2 instead of L1 gained half as much). Prefetches never
-// fault, so the padding rows of a last quad are harmless. (always_inline: GCC finds a function
-// that only prefetches free of side effects and drops calls to it.)
+// prefetched into L1 (BF16 / F16: 8 KiB) or L2 (F32: 16 KiB would crowd the L1 out). A BF16
+// sub-panel is 4 separate runs of 2 KiB (quads) or 16 of 512 bytes (rows), too short for the
+// hardware prefetcher: without this the widening waited for each from memory while no FMA ran
+// (speed-a's expert gemms at m = 64, W from memory, 2 threads: gate + up 162 -> 175 GFLOP/s, down
+// 153 -> 161; into L2 instead of L1 gained half as much). Prefetches never fault, so the padding
+// rows of a last quad are harmless. (always_inline: GCC finds a function that only prefetches
+// free of side effects and drops calls to it.)
 template <class L, bool Quad>
 __attribute__((always_inline)) inline void prefetch_subpanel(const typename L::T* w, int64_t ldw, int64_t s0,
                                                              int64_t sn, int64_t kp, int64_t kc, int64_t part,
@@ -107,7 +109,7 @@ __attribute__((always_inline)) inline void prefetch_subpanel(const typename L::T
     const int64_t run = i / lines, line = i % lines;
     const int64_t r = s0 + (Quad ? 4 * run : run);  // (a quad's 4 rows are one run from its first)
     const uintptr_t at = reinterpret_cast<uintptr_t>(w) + uintptr_t(es * (r * ldw + (Quad ? 4 * kp : kp)) + 64 * line);
-    __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 3);
+    __builtin_prefetch(reinterpret_cast<const void*>(at), 0, es == 4 ? 2 : 3);
   }
 }
 

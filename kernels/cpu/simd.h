@@ -60,7 +60,8 @@ inline vf sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 inline vf div(vf a, vf b) { return _mm512_div_ps(a, b); }
 inline vf max(vf a, vf b) { return _mm512_max_ps(a, b); }
 // reduce() of a 4 x 4 tile of vectors at once, the same tree for each: y[r * ldy + c] (+)= reduce(v[r][c])
-// for r < mr, c < nr (v's other entries are not read). Four levels of one add per pair of vectors,
+// for r < mr, c < nr (v's other entries take part in the shuffles but never reach y: initialise
+// them). Four levels of one add per pair of vectors,
 // with shuffles that line up the halves each level adds: 45 operations for 16 sums instead of 8
 // each, which matter where k is short (an expert's down projection: 16 FMAs per sum at k = 256).
 // After level 1, vector j holds the 8 sums of the pair (v_s, v_t) it took; the pairs are chosen so

@@ -5,7 +5,11 @@
 // FMA peak of all threads (independent FMA chains in registers: what the cores can do at all).
 // Also peak RSS after loading vs weight bytes.
 //   bench_cpu --model DIR [--prompt 512] [--decode 32] [--decode-tokens random|greedy] [--chunk 512]
-//             [--beside N]
+//             [--beside N] [--prefill-reps 1]
+// --prefill-reps N: the prefill is run once untimed, then N times timed (the median is reported), as
+// llama-bench's pp warms up before its timed runs (-r of them): the first forward pass at a new
+// size faults in its work buffers. 0: one timed pass from cold, for runs after decode figures only
+// (a 16k prompt takes ~40 s per pass). Figures before 2026-12-05 (ffb669a) are cold single passes.
 // --beside N: a second sequence of N tokens shares the KV pool, and a third decode phase alternates
 // steps between the two (decode pairs), so that decode after `prompt` tokens of context is set
 // against decode after N in one process, step by step (the machine's speed drifts by more than the
@@ -54,7 +58,7 @@ int main(int argc, char** argv) {
   std::string model_dir;
   int prompt = 512, decode = 32;
   std::string decode_tokens = "random";
-  int chunk = 512, beside = 0;
+  int chunk = 512, beside = 0, prefill_reps = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) model_dir = argv[++i];
@@ -63,11 +67,12 @@ int main(int argc, char** argv) {
     else if (a == "--decode-tokens" && i + 1 < argc) decode_tokens = argv[++i];
     else if (a == "--chunk" && i + 1 < argc) chunk = std::stoi(argv[++i]);
     else if (a == "--beside" && i + 1 < argc) beside = std::stoi(argv[++i]);
+    else if (a == "--prefill-reps" && i + 1 < argc) prefill_reps = std::stoi(argv[++i]);
   }
-  if (model_dir.empty() || prompt < 1 || decode < 1 || chunk < 1 || beside < 0 ||
+  if (model_dir.empty() || prompt < 1 || decode < 1 || chunk < 1 || beside < 0 || prefill_reps < 0 ||
       (decode_tokens != "random" && decode_tokens != "greedy")) {
     std::fprintf(stderr, "usage: bench_cpu --model DIR [--prompt 512] [--decode 32] [--decode-tokens random|greedy]"
-                         " [--chunk 512] [--beside N]  (prompt, decode, chunk >= 1; N >= 0)\n");
+                         " [--chunk 512] [--beside N] [--prefill-reps 1]  (prompt, decode, chunk >= 1; N, reps >= 0)\n");
     return 2;
   }
   const int threads = omp_get_max_threads();
@@ -172,11 +177,9 @@ int main(int argc, char** argv) {
       model.forward({{tbl, c0, n, len}}, hc);
     }
   };
-  // One untimed prefill first, then the median of kPrefillReps timed ones (llama-bench's pp also
-  // warms up and averages 5): the first forward pass at a new size faults in its work buffers.
-  constexpr int kPrefillReps = 3;
+  // (--prefill-reps: an untimed pass first unless 0)
   std::vector<double> prefill_times;
-  for (int rep = 0; rep <= kPrefillReps; ++rep) {
+  for (int rep = prefill_reps > 0 ? 0 : 1; rep <= std::max(prefill_reps, 1); ++rep) {
     auto t = Clock::now();
     prefill(ids, table.data(), h.data(), true);
     model.logits(h.data() + size_t(prompt - 1) * size_t(cfg.hidden_size), 1, logits.data());
@@ -272,7 +275,8 @@ int main(int argc, char** argv) {
   if (amx_gflops > 0)
     std::printf(", %.0f%% of the AMX tile peak (%.0f GFLOP/s of fp32 activations as 3 bf16 terms)",
                 100.0 * prefill_gflops / amx_gflops, amx_gflops);
-  std::printf("\n");
+  if (prefill_reps > 0) std::printf(" (warm: median of %d after one untimed pass)\n", prefill_reps);
+  else std::printf(" (one pass from cold)\n");
   std::printf("RSS after prefill + decode: %.3f GB = %.2fx the weights (each weight held once)\n",
               rss_run / 1e9, rss_run / weight_bytes);
   if (beside > 0) {  // medians of the paired steps, and the median of their per-pair ratios

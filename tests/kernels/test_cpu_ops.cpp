@@ -124,7 +124,7 @@ TEST(CpuBackend, SingleRowPrefetchDoesNotChangeBits) {
 TEST(CpuBackend, TransposedGemmIsTheSequentialChain) {
   auto cpu = make_cpu_backend();
   for (DType dt : {DType::BF16, DType::F32})
-    for (int64_t m : {1, 3, 5})
+    for (int64_t m : {1, 2, 3, 5})
       for (int64_t n : {1, 16, 17, 31, 32, 48, 90, 256, 281})
         for (bool acc : {false, true}) {
           const int64_t k = 37, ldw = n + 2, ldx = k + 1, ldy = n + 3;
@@ -310,14 +310,16 @@ TEST(CpuBackend, LongDecodeRowsOnTwoThreads) {
 // the threads) gives the bytes the same row gets as one row of a batch (heads split over the
 // threads), and on one thread: dense and top-k rows (with -1 padding and duplicates), rows that see
 // no key or fewer keys than threads, head counts that are not a multiple of 4, latent widths that
-// are not a multiple of 16 (a chunk tail in the scores and in the values), paged caches.
+// are not a multiple of 16 (a chunk tail in the scores and in the values), paged caches in float32
+// and in bf16 (the row's keys widened once over the threads).
 TEST(CpuBackend, DecodeRowAloneEqualsRowInBatch) {
   auto cpu = make_cpu_backend();
   const int saved = omp_get_max_threads();
-  struct Shape { int64_t t, heads, rank, rope, topk_len; bool paged; };
+  struct Shape { int64_t t, heads, rank, rope, topk_len; bool paged, bf16 = false; };
   for (const Shape& sh : {Shape{600, 16, 256, 32, 256, false}, Shape{600, 9, 80, 16, 0, false},
                           Shape{700, 5, 72, 9, 0, false}, Shape{3000, 7, 64, 16, 301, true},
-                          Shape{900, 16, 128, 32, 2048, true}}) {
+                          Shape{900, 16, 128, 32, 2048, true}, Shape{3000, 16, 256, 32, 256, true, true},
+                          Shape{700, 5, 72, 9, 0, true, true}}) {
     const int64_t S = 6, dk = sh.rank + sh.rope, bs = 64;
     const auto q = random_floats(size_t(S * sh.heads * dk), 50, -0.5f, 0.5f);
     const auto cache = random_floats(size_t(sh.t * dk), 51);
@@ -327,9 +329,13 @@ TEST(CpuBackend, DecodeRowAloneEqualsRowInBatch) {
     std::vector<int32_t> table(size_t((sh.t + bs - 1) / bs));
     for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t((i * 7) % table.size());  // a permutation
     std::vector<float> pool(table.size() * size_t(bs * dk));
+    std::vector<uint16_t> pool_bf16(pool.size());
     for (int64_t r = 0; r < sh.t; ++r)
-      std::copy(cache.begin() + r * dk, cache.begin() + (r + 1) * dk,
-                pool.begin() + (int64_t(table[size_t(r / bs)]) * bs + r % bs) * dk);
+      for (int64_t d = 0; d < dk; ++d) {
+        const size_t at = size_t((int64_t(table[size_t(r / bs)]) * bs + r % bs) * dk + d);
+        pool[at] = cache[size_t(r * dk + d)];
+        pool_bf16[at] = f32_to_bf16(cache[size_t(r * dk + d)]);
+      }
     const auto run = [&](int64_t row0, int64_t s, int threads) {
       std::vector<float> out(size_t(s * sh.heads * sh.rank), -1.0f);
       MlaDecodeParams p;
@@ -338,7 +344,8 @@ TEST(CpuBackend, DecodeRowAloneEqualsRowInBatch) {
       if (sh.topk_len) p.topk = topk.data() + row0 * sh.topk_len, p.topk_len = sh.topk_len;
       p.out_lat = out.data(), p.s = s, p.t = sh.t, p.n_heads = sh.heads, p.kv_lora_rank = sh.rank;
       p.qk_rope_head_dim = sh.rope, p.scale = 0.2f;
-      if (sh.paged) p.pages = KeyPages{table.data(), 0, bs, DType::F32};
+      if (sh.paged) p.pages = KeyPages{table.data(), 0, bs, sh.bf16 ? DType::BF16 : DType::F32};
+      if (sh.bf16) p.cache = reinterpret_cast<const float*>(pool_bf16.data());
       omp_set_num_threads(threads);
       cpu->mla_decode(p);
       omp_set_num_threads(saved);
@@ -349,8 +356,8 @@ TEST(CpuBackend, DecodeRowAloneEqualsRowInBatch) {
       for (int threads : {2, 3, 1}) {
         const auto alone = run(r, 1, threads);
         EXPECT_EQ(0, std::memcmp(alone.data(), batch.data() + r * sh.heads * sh.rank, alone.size() * 4))
-            << "t=" << sh.t << " heads=" << sh.heads << " rank=" << sh.rank << " topk=" << sh.topk_len << " row " << r
-            << ", " << threads << " threads";
+            << "t=" << sh.t << " heads=" << sh.heads << " rank=" << sh.rank << " topk=" << sh.topk_len
+            << (sh.bf16 ? " bf16" : "") << " row " << r << ", " << threads << " threads";
         EXPECT_NE(alone[0], -1.0f);
         if (q_pos[size_t(r)] < 0) {
           EXPECT_EQ(alone[0], 0.0f);  // no key: zeros
