@@ -216,7 +216,7 @@ struct KeyBlock {
 
 // The cache lines of keys[i0, i1) (both parts), for the score pass of one decode row: a sparse
 // selection reads keys scattered over the whole cache, each a few hundred bytes, and the
-// prefetchers do not see them coming (speed-a, top-256 of 16k, caches from memory: 0.046-0.076 ->
+// prefetchers do not see them coming (speed-a, top-256 of 16k, caches from memory: 0.045-0.083 ->
 // 0.042-0.066 ms). Not in attend() (prefill's rows, and decode's in a batch or on one thread):
 // prefill's keys are in cache, and there it cost 8.1-8.6 -> 8.6-9.7 ms for 256 rows; decode
 // batches were not measured with it. (always_inline here and below: GCC finds a function that

@@ -59,13 +59,13 @@ inline float reduce(vf v) {
 inline vf sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 inline vf div(vf a, vf b) { return _mm512_div_ps(a, b); }
 inline vf max(vf a, vf b) { return _mm512_max_ps(a, b); }
-// reduce() of a 4 x 4 tile of vectors at once, the same tree for each: y[r * ldy + c] (+)= reduce(v[r][c])
-// for r < mr, c < nr (v's other entries take part in the shuffles but never reach y: initialise
-// them). Four levels of one add per pair of vectors,
-// with shuffles that line up the halves each level adds: 45 operations for 16 sums instead of 8
-// each, which matter where k is short (an expert's down projection: 16 FMAs per sum at k = 256).
-// After level 1, vector j holds the 8 sums of the pair (v_s, v_t) it took; the pairs are chosen so
-// that after level 4 lane 4 r + c holds v[r][c]'s sum.
+// reduce() of a 4 x 4 tile of vectors at once, the same tree for each: y[r * ldy + c] (+)=
+// reduce(v[r][c]) for r < mr, c < nr (v's other entries take part in the shuffles but never reach
+// y: initialise them). Four levels of one add per pair of vectors, with shuffles that line up the
+// halves each level adds: 45 operations for 16 sums instead of 8 each, which matter where k is
+// short (an expert's down projection: 16 FMAs per sum at k = 256). After level 1, vector j holds
+// the 8 sums of the pair (v_s, v_t) it took; the pairs are chosen so that after level 4 lane
+// 4 r + c holds v[r][c]'s sum.
 inline void reduce_store_4x4(const vf (&v)[4][4], int mr, int nr, float* y, int64_t ldy, bool accumulate) {
   // level 1: [a.lo8 + a.hi8 | b.lo8 + b.hi8]; src(s) = v[s % 4][s / 4] pairs s = 2j, 2j + 1
   const auto l1 = [](vf a, vf b) {

@@ -9,7 +9,8 @@
 // --prefill-reps N: the prefill is run once untimed, then N times timed (the median is reported), as
 // llama-bench's pp warms up before its timed runs (-r of them): the first forward pass at a new
 // size faults in its work buffers. 0: one timed pass from cold, for runs after decode figures only
-// (a 16k prompt takes ~40 s per pass). Figures before 2026-12-05 (ffb669a) are cold single passes.
+// (a 16k prompt takes ~40 s per pass). (BENCHMARKS.md's pp figures before its seventh Zen 4
+// sitting are cold single passes.)
 // --beside N: a second sequence of N tokens shares the KV pool, and a third decode phase alternates
 // steps between the two (decode pairs), so that decode after `prompt` tokens of context is set
 // against decode after N in one process, step by step (the machine's speed drifts by more than the
@@ -275,7 +276,8 @@ int main(int argc, char** argv) {
   if (amx_gflops > 0)
     std::printf(", %.0f%% of the AMX tile peak (%.0f GFLOP/s of fp32 activations as 3 bf16 terms)",
                 100.0 * prefill_gflops / amx_gflops, amx_gflops);
-  if (prefill_reps > 0) std::printf(" (warm: median of %d after one untimed pass)\n", prefill_reps);
+  if (prefill_reps == 1) std::printf(" (warm: after one untimed pass)\n");
+  else if (prefill_reps > 1) std::printf(" (warm: median of %d after one untimed pass)\n", prefill_reps);
   else std::printf(" (one pass from cold)\n");
   std::printf("RSS after prefill + decode: %.3f GB = %.2fx the weights (each weight held once)\n",
               rss_run / 1e9, rss_run / weight_bytes);
