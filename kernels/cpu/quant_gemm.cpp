@@ -167,6 +167,7 @@ template <DType DT, DType SD>
 struct Chunk {
   __m512 t;     // Q4: the group's 16 values by stored nibble; Q8: the scale
   __m512 bias;  // Q8: -128 * scale
+  __m512 bias_magic;  // Q8: -(2^23 + 128) * scale (at32)
   Fp8Scale fs{1.0f};
   static constexpr int64_t kHalve = DT == DType::Q4 ? 2 : 1;  // code bytes per column: 1 / kHalve
   // Whether a group with scale s may take at<true>.
@@ -183,6 +184,7 @@ struct Chunk {
     } else {
       t = _mm512_set1_ps(s);
       bias = _mm512_set1_ps(-128.0f * s);
+      bias_magic = _mm512_set1_ps(-8388736.0f * s);
     }
   }
 #if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
@@ -193,20 +195,30 @@ struct Chunk {
   // vpermb puts the code of column l / 2 (l even) or 16 + l / 2 (l odd) in dword l of b, and
   // those of 8 + l / 2 and 24 + l / 2 in a, so that dword l of the packed pairs (words 0-15 from
   // b, 16-31 from a) holds columns l and 16 + l: lo is it shifted up, hi its high half.
+  // The codes are loaded into bytes 0-31 of a register whose byte 32 is 0 and byte 33 is 0x4b, so
+  // that vpermb makes each dword (code u, 0, 0, 0x4b): the float 2^23 + u, with no conversion.
+  // Then (2^23 + u) s - (2^23 + 128) s is one FMA and exact: the product is exact inside it, the
+  // constant has 17 x 8 significant bits (< 2^24), and the result (u - 128) s is at most 8 x 8.
+  // (Zen 4, 2 threads, in L2: 25.6 -> 27.2 GB/s of int8 weights; a two-source vpermt2b instead
+  // of the masked load was 5 % slower than the conversion it saves.)
   static constexpr bool kPairs = DT == DType::Q8 && SD == DType::BF16;
   GLM5_AVX512 void at32(const uint8_t* p, __m512& lo, __m512& hi) const {
-    alignas(64) static constexpr int8_t kB[64] = {0, 0, 0, 0, 16, 0, 0, 0, 1, 0, 0, 0, 17, 0, 0, 0, 2, 0, 0, 0, 18, 0,
-                                                  0, 0, 3, 0, 0, 0, 19, 0, 0, 0, 4, 0, 0, 0, 20, 0, 0, 0, 5, 0, 0, 0,
-                                                  21, 0, 0, 0, 6, 0, 0, 0, 22, 0, 0, 0, 7, 0, 0, 0, 23, 0, 0, 0};
-    alignas(64) static constexpr int8_t kA[64] = {8, 0, 0, 0, 24, 0, 0, 0, 9, 0, 0, 0, 25, 0, 0, 0, 10, 0, 0, 0, 26, 0,
-                                                  0, 0, 11, 0, 0, 0, 27, 0, 0, 0, 12, 0, 0, 0, 28, 0, 0, 0, 13, 0, 0, 0,
-                                                  29, 0, 0, 0, 14, 0, 0, 0, 30, 0, 0, 0, 15, 0, 0, 0, 31, 0, 0, 0};
-    constexpr __mmask64 kLow = 0x1111111111111111ull;  // byte 0 of each dword
-    const __m512i raw = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    const __m512 b = _mm512_fmadd_ps(
-        _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(kLow, _mm512_load_si512(kB), raw)), t, bias);
-    const __m512 a = _mm512_fmadd_ps(
-        _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(kLow, _mm512_load_si512(kA), raw)), t, bias);
+#define GLM5_DW(c) c, 32, 32, 33
+    alignas(64) static constexpr int8_t kB[64] = {GLM5_DW(0), GLM5_DW(16), GLM5_DW(1), GLM5_DW(17), GLM5_DW(2),
+                                                  GLM5_DW(18), GLM5_DW(3), GLM5_DW(19), GLM5_DW(4), GLM5_DW(20),
+                                                  GLM5_DW(5), GLM5_DW(21), GLM5_DW(6), GLM5_DW(22), GLM5_DW(7),
+                                                  GLM5_DW(23)};
+    alignas(64) static constexpr int8_t kA[64] = {GLM5_DW(8), GLM5_DW(24), GLM5_DW(9), GLM5_DW(25), GLM5_DW(10),
+                                                  GLM5_DW(26), GLM5_DW(11), GLM5_DW(27), GLM5_DW(12), GLM5_DW(28),
+                                                  GLM5_DW(13), GLM5_DW(29), GLM5_DW(14), GLM5_DW(30), GLM5_DW(15),
+                                                  GLM5_DW(31)};
+#undef GLM5_DW
+    const __m512i consts = _mm512_set_epi64(0, 0, 0, 0x4b00, 0, 0, 0, 0);  // byte 32 = 0, byte 33 = 0x4b
+    const __m512i raw = _mm512_mask_loadu_epi8(consts, 0xFFFFFFFFull, p);
+    const __m512 b = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_permutexvar_epi8(_mm512_load_si512(kB), raw)), t,
+                                     bias_magic);
+    const __m512 a = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_permutexvar_epi8(_mm512_load_si512(kA), raw)), t,
+                                     bias_magic);
     const __m512i z = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(a, b));  // words 0-15 from b, 16-31 from a
     lo = _mm512_castsi512_ps(_mm512_slli_epi32(z, 16));
     hi = _mm512_castsi512_ps(_mm512_and_si512(z, _mm512_set1_epi32(int(0xffff0000u))));
