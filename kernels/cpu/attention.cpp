@@ -426,12 +426,17 @@ void attend_one_row(const KeyValues& kv, const float* q, int64_t n_heads, const 
 constexpr int64_t kPrefillRows = 8;
 constexpr int64_t kDecodeHeads = 8;
 
-// Key t of decode row s from a bf16 latent cache, widened (exactly) into dst[0, dk).
-void widen_key(const MlaDecodeParams& p, int64_t s, int32_t t, int64_t dk, float* dst) {
-  const uint16_t* src = static_cast<const uint16_t*>(static_cast<const void*>(p.cache)) + p.pages.row(s, t) * dk;
+// Key keys[i] of decode row s from a bf16 latent cache, widened (exactly) into row i of `wide`
+// ([n_keys, dk]) and renumbered i in `local`: the f32 recipe then runs on the widened rows.
+void widen_key(const MlaDecodeParams& p, int64_t s, const int32_t* keys, int64_t i, int64_t dk, float* wide,
+               int32_t* local) {
+  const uint16_t* src =
+      static_cast<const uint16_t*>(static_cast<const void*>(p.cache)) + p.pages.row(s, keys[i]) * dk;
+  float* dst = wide + i * dk;
   int64_t d = 0;
   for (; d + simd::kLanes <= dk; d += simd::kLanes) simd::store(dst + d, simd::widen_bf16(src + d));
   for (; d < dk; ++d) dst[d] = bf16_to_f32(src[d]);
+  local[i] = int32_t(i);
 }
 
 }  // namespace
@@ -474,6 +479,10 @@ void mla_decode(const MlaDecodeParams& p) {
   const auto latents = [&](int64_t s) {
     return KeyValues{p.cache, dk, dk, p.cache, 0, 0, p.cache, dk, p.kv_lora_rank, p.scale, p.pages, s};
   };
+  // The same for keys widened from a bf16 cache into rows 0..n_keys-1 of `wide` (widen_key).
+  const auto widened_latents = [&](const float* wide) {
+    return KeyValues{wide, dk, dk, wide, 0, 0, wide, dk, p.kv_lora_rank, p.scale};
+  };
   if (p.s == 1 && parallel && omp_get_max_threads() > 1) {
     thread_local std::vector<float> scores, widened;  // n_heads x n_keys; n_keys x dk (bf16 caches)
     thread_local std::vector<int32_t> local;           // (kept: the model's n_keys <= index_topk)
@@ -486,11 +495,8 @@ void mla_decode(const MlaDecodeParams& p) {
       float* wide = widened.data();  // (inside the region, `widened` would name each thread's own)
       int32_t* renumbered = local.data();
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n_keys; ++i) {
-        widen_key(p, 0, keys[i], dk, wide + i * dk);
-        renumbered[i] = int32_t(i);
-      }
-      kv = KeyValues{wide, dk, dk, wide, 0, 0, wide, dk, p.kv_lora_rank, p.scale};
+      for (int64_t i = 0; i < n_keys; ++i) widen_key(p, 0, keys, i, dk, wide, renumbered);
+      kv = widened_latents(wide);
       keys = renumbered;
     }
     attend_one_row(kv, p.q_lat, p.n_heads, keys, n_keys, p.out_lat, p.kv_lora_rank, scores);
@@ -513,11 +519,8 @@ void mla_decode(const MlaDecodeParams& p) {
           // f32 recipe (the keys renumbered 0..n_keys-1: blocks and tiles are the same).
           widened.resize(size_t(n_keys * dk));
           local.resize(size_t(n_keys));
-          for (int64_t i = 0; i < n_keys; ++i) {
-            widen_key(p, s, keys[i], dk, widened.data() + i * dk);
-            local[size_t(i)] = int32_t(i);
-          }
-          kv = KeyValues{widened.data(), dk, dk, widened.data(), 0, 0, widened.data(), dk, p.kv_lora_rank, p.scale};
+          for (int64_t i = 0; i < n_keys; ++i) widen_key(p, s, keys, i, dk, widened.data(), local.data());
+          kv = widened_latents(widened.data());
           keys = local.data();
         }
         int64_t h0 = b * kDecodeHeads, n = std::min(kDecodeHeads, p.n_heads - h0);

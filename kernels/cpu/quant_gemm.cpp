@@ -184,7 +184,7 @@ struct Chunk {
     } else {
       t = _mm512_set1_ps(s);
       bias = _mm512_set1_ps(-128.0f * s);
-      bias_magic = _mm512_set1_ps(-8388736.0f * s);
+      if constexpr (SD == DType::BF16) bias_magic = _mm512_set1_ps(-8388736.0f * s);
     }
   }
 #if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
