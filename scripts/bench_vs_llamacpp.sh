@@ -10,7 +10,8 @@
 # (llama-bench -p 0 -n 32 -d N  |  bench_cpu --prompt N --decode 32, beyond the first depth with
 # --beside FIRST: glm5's ratio to the first depth also step by step in one process). Prints one
 # markdown table of medians with glm5 / llama.cpp ratios and the read bandwidth / FMA peak
-# bench_cpu measured.
+# bench_cpu measured, and what those limits allow in this run: each tg128's read-bandwidth bound
+# against llama.cpp's tg128, and the share of the FMA peak that 2x llama.cpp's BF16 pp512 would take.
 # Both decode pseudo-random tokens (llama-bench's tg does; bench_cpu's default --decode-tokens random),
 # so that each step routes to experts the step before did not leave in the L3.
 #
@@ -119,6 +120,9 @@ load_start
 R=$WORK/results.txt
 : > "$R"
 : > "$R.inter"  # "<depth> <first depth> <interleaved ratio>" (bench_cpu --beside)
+# "<metric> <threads> <weights> <value>": glm5's own limits, from the runs above: pp512's GFLOP per
+# token (GFLOP/s over tok/s), tg128's read-bandwidth bound in tok/s (weights per token / bandwidth)
+: > "$R.limits"
 if [ -z "${LLAMA_QUANT_ARGS+set}" ]; then
   LLAMA_QUANT_ARGS=""
   if grep -q -w amx_tile /proc/cpuinfo 2> /dev/null; then LLAMA_QUANT_ARGS="--repack 0"; fi
@@ -133,7 +137,8 @@ llama() {  # llama() GGUF_TYPE THREADS ARGS... -> "n_prompt n_gen avg_ts" per te
     { cat "$D/llama.err" >&2; echo "llama-bench failed on $t" >&2; return 1; }
   printf '%s\n' "$out" | python3 -c 'import csv, sys; [print(r["n_prompt"], r["n_gen"], r["avg_ts"]) for r in csv.DictReader(sys.stdin)]'
 }
-glm5() {  # glm5() DIR THREADS PROMPT DECODE [BESIDE [PREFILL_REPS]] -> "prefill decode bandwidth fma window% interleaved"
+glm5() {  # glm5() DIR THREADS PROMPT DECODE [BESIDE [PREFILL_REPS]]
+  #           -> "prefill decode bandwidth fma window% interleaved bound prefill-GFLOP/s"
   local out
   out=$(OMP_NUM_THREADS=$2 "$D/bench_cpu" --model "$1" --prompt "$3" --decode "$4" ${5:+--beside "$5"} \
     --prefill-reps "${6:-0}") ||
@@ -146,7 +151,8 @@ g = lambda p: re.search(p, s).group(1)
 print(g(r"prefill \d+ tokens: ([0-9.]+) tok/s"), g(r"decode  batch 1 \([a-z]+ tokens\): ([0-9.]+) tok/s"),
       g(r"read bandwidth ([0-9.]+) GB/s"), g(r"fp32 FMA peak ([0-9.]+) GFLOP/s"),
       g(r"probed around each: median ([0-9.]+)%"),
-      (re.search(r"interleaved step by step \(\d+ pairs\): ([0-9.]+)", s) or [None, "-"])[1])'
+      (re.search(r"interleaved step by step \(\d+ pairs\): ([0-9.]+)", s) or [None, "-"])[1],
+      g(r"bandwidth bound ([0-9.]+) tok/s"), g(r"prefill \d+ tokens: [0-9.]+ tok/s, ([0-9.]+) GFLOP/s"))'
 }
 declare -A GLM5_DIR=([bf16]=$MODEL [int8]=$WORK/glm5-int8 [int8-f32s]=$WORK/glm5-int8-f32s [int4]=$WORK/glm5-int4)
 for round in $(seq 1 "$ROUNDS"); do
@@ -159,11 +165,14 @@ for round in $(seq 1 "$ROUNDS"); do
     done
     for w in bf16 int8 int8-f32s int4; do
       out=$(glm5 "${GLM5_DIR[$w]}" "$th" 512 8 "" 1)  # (pp512: one untimed pass first, as llama-bench)
-      read -r pp _ bw fma _ _ <<< "$out"
+      read -r pp _ bw fma _ _ _ flops <<< "$out"
       echo "pp512 $th glm5 $w $pp $bw $fma" >> "$R"
+      python3 -c "import sys; print('pp512', sys.argv[1], sys.argv[2], float(sys.argv[3]) / float(sys.argv[4]))" \
+        "$th" "$w" "$flops" "$pp" >> "$R.limits"
       out=$(glm5 "${GLM5_DIR[$w]}" "$th" 1 128)
-      read -r _ tg bw fma win _ <<< "$out"
+      read -r _ tg bw fma win _ bound _ <<< "$out"
       echo "tg128 $th glm5 $w $tg $bw $fma $win" >> "$R"
+      echo "tg128 $th $w $bound" >> "$R.limits"
     done
     log "round $round, $th threads done"
   done
@@ -214,6 +223,26 @@ for (metric, th, eng, w), m in med.items():
 for th in sorted(bw):
     print(f"\n{th} threads: read bandwidth {statistics.median(bw[th]):.1f} GB/s, fp32 FMA peak "
           f"{statistics.median(fma[th]):.0f} GFLOP/s (bench_cpu, medians)")
+# The limits: how far any engine could get here, from glm5's own runs. tg128: the read-bandwidth
+# bound (every weight read once per token) over llama.cpp's tg128. pp512: the FMA rate (share of the
+# measured fp32 peak) that 2x llama.cpp's pp512 takes at glm5's FLOP per token.
+lim = defaultdict(list)
+if os.path.exists(sys.argv[1] + ".limits"):
+    for line in open(sys.argv[1] + ".limits"):
+        f = line.split()
+        lim[(f[0], f[1], f[2])].append(float(f[3]))
+for (metric, th, w), v in sorted(lim.items()):
+    lm = med.get((metric, th, "llama.cpp", peer[w]))
+    if not lm or metric not in ("pp512", "tg128") or (metric == "pp512" and w != "bf16"):
+        continue
+    x = statistics.median(v)
+    if metric == "tg128":
+        print(f"glm5 {w} tg128, {th} threads: the read-bandwidth bound in glm5's runs, {x:.1f} tok/s, is "
+              f"{x / lm:.2f}x llama.cpp {peer[w]}'s tg128")
+    elif fma.get(th):
+        need = 2 * lm * x
+        print(f"glm5 {w} pp512, {th} threads: 2x llama.cpp {peer[w]} takes {need:.0f} GFLOP/s at {x:.3f} GFLOP per "
+              f"token = {100 * need / statistics.median(fma[th]):.0f}% of the fp32 FMA peak")
 for (th, w), v in sorted(win.items()):
     print(f"glm5 {w} decode, {th} threads: {statistics.median(v):.0f}% of the read bandwidth probed around each "
           f"window of 8 tokens (median of the runs' medians: {' '.join(f'{x:.0f}' for x in v)})")
