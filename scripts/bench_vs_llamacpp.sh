@@ -29,7 +29,6 @@
 # says so). LLAMA_QUANT_ARGS overrides those extra llama-bench arguments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
 
 SRC=${1:?usage: scripts/bench_vs_llamacpp.sh LLAMA_CPP_SRC [MODEL_DIR]}
 SRC=$(cd "$SRC" && pwd)
@@ -159,7 +158,7 @@ for round in $(seq 1 "$ROUNDS"); do
   for th in $THREADS_LIST; do
     for t in BF16 Q8_0 Q4_K_M; do
       out=$(llama "$t" "$th" -p 512 -n 128)  # (a failure stops the script: set -e)
-      while read -r np ng ts; do
+      while read -r _ ng ts; do
         if [ "$ng" = 0 ]; then echo "pp512 $th llama.cpp $t $ts" >> "$R"; else echo "tg128 $th llama.cpp $t $ts" >> "$R"; fi
       done <<< "$out"
     done
@@ -182,11 +181,11 @@ read -r first_depth _ <<< "$DEPTHS"
 for round in $(seq 1 "$DEPTH_ROUNDS"); do
   for d in $DEPTHS; do
     out=$(llama BF16 "$th" -p 0 -n 32 -d "$d")
-    while read -r np ng ts; do echo "tg32@$d $th llama.cpp BF16 $ts" >> "$R"; done <<< "$out"
+    while read -r _ _ ts; do echo "tg32@$d $th llama.cpp BF16 $ts" >> "$R"; done <<< "$out"
     # glm5 at a deeper context also decodes beside the first depth's context, step by step in one
     # process (bench_cpu --beside): a ratio the machine's drift between runs does not reach
     if [ "$d" = "$first_depth" ]; then out=$(glm5 "$MODEL" "$th" "$d" 32); else out=$(glm5 "$MODEL" "$th" "$d" 32 "$first_depth"); fi
-    read -r pp tg bw fma win inter <<< "$out"
+    read -r _ tg bw fma _ inter _ <<< "$out"
     echo "tg32@$d $th glm5 bf16 $tg $bw $fma" >> "$R"
     [ "$inter" = - ] || echo "$d $first_depth $inter" >> "$R.inter"
     log "depth $d round $round done"
