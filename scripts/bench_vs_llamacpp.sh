@@ -222,9 +222,10 @@ for (metric, th, eng, w), m in med.items():
 for th in sorted(bw):
     print(f"\n{th} threads: read bandwidth {statistics.median(bw[th]):.1f} GB/s, fp32 FMA peak "
           f"{statistics.median(fma[th]):.0f} GFLOP/s (bench_cpu, medians)")
-# The limits: how far any engine could get here, from glm5's own runs. tg128: the read-bandwidth
-# bound (every weight read once per token) over llama.cpp's tg128. pp512: the FMA rate (share of the
-# measured fp32 peak) that 2x llama.cpp's pp512 takes at glm5's FLOP per token.
+# What this run's limits allow, from glm5's own runs. tg128: the read-bandwidth bound (every weight
+# read once per token) over llama.cpp's tg128, the most any engine that reads each weight once could
+# reach. pp512: the FMA rate (share of the measured fp32 peak) that 2x llama.cpp's pp512 takes at
+# glm5's FLOP per token.
 lim = defaultdict(list)
 if os.path.exists(sys.argv[1] + ".limits"):
     for line in open(sys.argv[1] + ".limits"):
