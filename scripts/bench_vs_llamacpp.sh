@@ -223,15 +223,15 @@ for th in sorted(bw):
     print(f"\n{th} threads: read bandwidth {statistics.median(bw[th]):.1f} GB/s, fp32 FMA peak "
           f"{statistics.median(fma[th]):.0f} GFLOP/s (bench_cpu, medians)")
 # What this run's limits allow, from glm5's own runs. tg128: the read-bandwidth bound (every weight
-# read once per token) over llama.cpp's tg128, the most any engine that reads each weight once could
-# reach. pp512: the FMA rate (share of the measured fp32 peak) that 2x llama.cpp's pp512 takes at
+# read once per token, glm5's bytes: llama.cpp's Q8_0 / Q4_K_M read other counts) over llama.cpp's
+# tg128. pp512: the FMA rate (share of the measured fp32 peak) that 2x llama.cpp's pp512 takes at
 # glm5's FLOP per token.
 lim = defaultdict(list)
 if os.path.exists(sys.argv[1] + ".limits"):
     for line in open(sys.argv[1] + ".limits"):
         f = line.split()
         lim[(f[0], f[1], f[2])].append(float(f[3]))
-for (metric, th, w), v in sorted(lim.items()):
+for (metric, th, w), v in sorted(lim.items(), key=lambda kv: (kv[0][0], int(kv[0][1]), kv[0][2])):
     lm = med.get((metric, th, "llama.cpp", peer[w]))
     if not lm or metric not in ("pp512", "tg128") or (metric == "pp512" and w != "bf16"):
         continue
