@@ -21,6 +21,7 @@
 #include "launcher/batch_job.h"
 #include "launcher/convert.h"
 #include "launcher/gpu_binding.h"
+#include "launcher/perplexity.h"
 #include "launcher/serve.h"
 #include "launcher/simulate.h"
 #include "cpu/device_like.h"
@@ -455,6 +456,19 @@ int main_entry(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1.0, 1e9));
 
+  PerplexityArgs pa;
+  auto* ppl = app.add_subcommand("perplexity", "perplexity of a text file (llama-perplexity windows), KL divergence against a base run");
+  ppl->add_option("--model", pa.model)->required();
+  ppl->add_option("--cluster", pa.cluster, "cluster config YAML (run under mpirun)");
+  ppl->add_option("--file", pa.file, "the text (tokenized whole, no special tokens)")->required();
+  ppl->add_option("--ctx", pa.ctx, "tokens per window")->capture_default_str();
+  ppl->add_option("--stride", pa.stride, "tokens between window starts (default --ctx); each window scores its last min(stride, ctx/2)");
+  ppl->add_option("--chunks", pa.chunks, "score only the first N windows (0: all)")->capture_default_str();
+  auto* save_opt = ppl->add_option("--save-logits", pa.save_logits, "write the scored rows' log-softmax (F32 safetensors) for --kl-base");
+  ppl->add_option("--kl-base", pa.kl_base, "a --save-logits file of a base run: KL divergence and top-1 agreement against it")
+      ->excludes(save_opt);
+  ppl->add_flag("--json", pa.json, "print one JSON object instead of the table");
+
   std::string report_file;
   auto* rep = app.add_subcommand("report", "print a --report file as tables (time, profile phases, MoE health)");
   rep->add_option("file", report_file, "the JSON written by batch --report")->required();
@@ -577,6 +591,7 @@ int main_entry(int argc, char** argv) {
 
   const std::string cluster = gen->parsed()   ? ga.cluster
                               : bat->parsed() ? ba.cluster
+                              : ppl->parsed() ? pa.cluster
                               : srv->parsed() ? sva.cluster
                                               : std::string();
   std::unique_ptr<parallel::MpiRuntime> mpi;
@@ -594,6 +609,7 @@ int main_entry(int argc, char** argv) {
     int rc = 0;
     if (gen->parsed()) rc = run_generate(ga, std::move(world));
     else if (bat->parsed()) rc = run_batch(ba, std::move(world));
+    else if (ppl->parsed()) rc = run_perplexity(pa, std::move(world));
     else if (srv->parsed()) rc = run_serve(sva, std::move(world));
     else if (ins->parsed()) rc = run_inspect(ia);
     else if (conv->parsed()) {
