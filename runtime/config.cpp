@@ -1,7 +1,10 @@
 // HF config.json -> ModelConfig: reads glm_moe_dsa and deepseek_v32 keys (both `dtype` spellings,
-// both RoPE spellings), validates types and cross-field consistency, and derives the softmax scale
-// and the (YaRN-corrected) RoPE frequencies. Keys that only matter for training or for other
-// engines (initializer_range, ep_size, num_key_value_heads, head_dim, ...) are ignored.
+// both RoPE spellings, GLM-5.x's per-layer indexer and MLP types), validates types, ranges and
+// cross-field consistency, and derives the softmax scale and the (YaRN-corrected) RoPE
+// frequencies. Every key is either read, or known not to change the result (training-only or
+// other engines' keys: initializer_range, ep_size, num_key_value_heads, head_dim, ...; listed in
+// ModelConfig::ignored_fields), or refused by name: a key we do not know may change the math.
+// runtime/spec/glm5.md §1.6 lists every published field and what happens to it.
 #include "runtime/config.h"
 
 #include <algorithm>
@@ -109,6 +112,11 @@ void read_rope(const json& root, const std::string& source, ModelConfig& c) {
     c.rope_theta = p.number("rope_theta", p.value("rope_theta"), true);
     scaling = params;
     prefix = "rope_parameters.";
+    // The older spellings beside it would be ignored by transformers v5: refuse a disagreement.
+    if (const json* t = top.value("rope_theta"); t && top.number("rope_theta", t, true) != c.rope_theta)
+      top.bad("rope_theta", "rope_parameters.rope_theta = " + show(p.value("rope_theta")) + " or no field", t);
+    if (const json* rs = top.value("rope_scaling"))
+      top.bad("rope_scaling", "null or no field when rope_parameters is given (transformers v5 reads only that)", rs);
   } else {
     const json* theta = top.value("rope_theta");
     if (!theta) top.bad("rope_theta", "a positive number (or a `rope_parameters` object)", nullptr);
@@ -122,7 +130,15 @@ void read_rope(const json& root, const std::string& source, ModelConfig& c) {
   Fields s{*scaling, source, prefix};
   const char* type_key = s.value("rope_type") ? "rope_type" : "type";
   std::string type = s.optional_string(type_key, "default");
-  if (type == "default") return;
+  if (type == "default") {
+    // YaRN's keys on an unscaled RoPE would be silently unused: say so instead.
+    for (const char* k : {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+                          "mscale_all_dim"})
+      if (s.value(k))
+        GLM5_FAIL(source, ": field '", prefix, k, "' is set (", show(s.value(k)), ") but ", prefix, type_key,
+                  " is \"default\" (no scaling): remove it, or set ", prefix, "rope_type to \"yarn\"");
+    return;
+  }
   if (type != "yarn") s.bad(type_key, "\"default\" or \"yarn\"", s.value(type_key));
 
   RopeScaling& r = c.rope_scaling;
@@ -195,6 +211,135 @@ void require(bool ok, const std::string& source, const char* field, const std::s
   if (!ok) GLM5_FAIL(source, ": field '", field, "': expected ", expected, ", found ", found);
 }
 
+constexpr int64_t kMaxLayers = 4096;
+
+// Keys glm5 reads (parse_config and the helpers above and below).
+const char* const kReadKeys[] = {
+    "model_type", "dtype", "torch_dtype", "vocab_size", "hidden_size", "num_hidden_layers",
+    "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+    "qk_head_dim", "v_head_dim", "index_n_heads", "index_head_dim", "index_topk", "intermediate_size",
+    "max_position_embeddings", "n_routed_experts", "num_experts", "moe_intermediate_size",
+    "num_experts_per_tok", "n_shared_experts", "n_group", "topk_group", "first_k_dense_replace",
+    "moe_layer_freq", "num_nextn_predict_layers", "routed_scaling_factor", "rms_norm_eps",
+    "norm_topk_prob", "tie_word_embeddings", "rope_interleave", "indexer_rope_interleave",
+    "rope_parameters", "rope_theta", "rope_scaling", "quantization_config", "scoring_func",
+    "topk_method", "hidden_act", "attention_bias", "mlp_bias", "eos_token_id", "bos_token_id",
+    "pad_token_id", "indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset",
+    "index_share_for_mtp_iteration", "mlp_layer_types", "layer_types", "moe_router_dtype"};
+
+// Keys known not to change what inference computes: training-only settings, other engines'
+// bookkeeping, vestigial MLA fields, and the generic fields transformers writes into any config.
+const char* const kIgnoredKeys[] = {
+    "architectures", "transformers_version", "initializer_range", "use_cache", "ep_size",
+    "pretraining_tp", "attention_dropout", "num_key_value_heads", "head_dim", "aux_loss_alpha",
+    "seq_aux", "router_aux_loss_coef", "output_router_logits", "_name_or_path", "auto_map",
+    "use_bfloat16", "output_attentions", "output_hidden_states", "return_dict", "torchscript",
+    "is_encoder_decoder", "is_decoder", "add_cross_attention", "tie_encoder_decoder", "id2label",
+    "label2id", "problem_type", "chunk_size_feed_forward", "tf_legacy_loss", "pruned_heads",
+    "finetuning_task", "task_specific_params", "tokenizer_class", "prefix", "sep_token_id",
+    "decoder_start_token_id", "cross_attention_hidden_size", "_attn_implementation_autoset"};
+
+// Every key of the file is read or known to be ignorable; returns the ignorable ones present.
+std::vector<std::string> check_keys(const json& root, const std::string& source) {
+  std::vector<std::string> ignored;
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string& k = it.key();
+    auto is = [&](const auto& list) {
+      return std::find_if(std::begin(list), std::end(list), [&](const char* x) { return k == x; }) != std::end(list);
+    };
+    if (is(kReadKeys)) continue;
+    if (is(kIgnoredKeys)) {
+      ignored.push_back(k);
+      continue;
+    }
+    GLM5_FAIL(source, ": field '", k, "' is not a ", "glm_moe_dsa / deepseek_v32 field glm5 knows (", show(&*it),
+              "); it may change what the model computes, so glm5 refuses to guess (runtime/spec/glm5.md §1.6 lists "
+              "the fields it reads and ignores)");
+  }
+  return ignored;
+}
+
+// Per-layer indexer types (transformers' GlmMoeDsaConfig.__post_init__): `indexer_types`, else the
+// string or list `index_topk_pattern` ("F" full, "S" shared), else layer i is full iff
+// max(i - index_skip_topk_offset + 1, 0) % index_topk_freq == 0 (freq 1: every layer full).
+void read_indexer_types(const json& root, const std::string& source, ModelConfig& c) {
+  Fields f{root, source, ""};
+  const int64_t L = c.num_hidden_layers;
+  std::vector<std::string> types;
+  const char* key = nullptr;
+  if (const json* t = f.value("indexer_types")) {
+    key = "indexer_types";
+    if (!t->is_array()) f.bad(key, "a list of \"full\" / \"shared\" per layer", t);
+    for (const json& e : *t) types.push_back(e.is_string() ? e.get<std::string>() : e.dump());
+  } else if (const json* p = f.value("index_topk_pattern")) {
+    key = "index_topk_pattern";
+    if (p->is_string()) {
+      for (char ch : p->get<std::string>())
+        types.push_back(ch == 'F' ? "full" : ch == 'S' ? "shared" : std::string(1, ch));
+    } else if (p->is_array()) {
+      for (const json& e : *p) types.push_back(e.is_string() ? e.get<std::string>() : e.dump());
+    } else {
+      f.bad(key, "a string of F / S per layer or a list of \"full\" / \"shared\"", p);
+    }
+  }
+  if (key) {
+    if (int64_t(types.size()) != L)
+      GLM5_FAIL(source, ": field '", key, "': expected one entry per layer (num_hidden_layers = ", L, "), found ",
+                types.size());
+    for (int64_t i = 0; i < L; ++i) {
+      if (types[i] != "full" && types[i] != "shared")
+        GLM5_FAIL(source, ": field '", key, "' entry ", i, ": expected \"full\" or \"shared\" (F or S), found ",
+                  types[i]);
+      c.indexer_full.push_back(types[i] == "full");
+    }
+  } else {
+    const int64_t freq = f.optional_int("index_topk_freq", 1, 1);
+    const int64_t offset = f.optional_int("index_skip_topk_offset", 2, 0);
+    for (int64_t i = 0; i < L; ++i) c.indexer_full.push_back(std::max<int64_t>(i - offset + 1, 0) % freq == 0);
+  }
+  if (!c.indexer_full[0])
+    GLM5_FAIL(source, ": field '", key ? key : "index_skip_topk_offset",
+              "': layer 0 must be \"full\" (a shared layer reuses the top-k of a full layer before it)");
+  c.index_share_for_mtp_iteration = f.optional_bool("index_share_for_mtp_iteration", false);
+  for (int64_t i = 0; i < L; ++i)
+    if (!c.indexer_full[i])
+      GLM5_FAIL(source, ": layer ", i, " is a \"shared\" indexer layer (GLM-5.2 IndexShare, field '",
+                key ? key : "index_topk_freq", "'): this version of glm5 runs only checkpoints whose every layer has its "
+                "own indexer");
+}
+
+// GLM-5.x's `mlp_layer_types` ("dense" / "sparse" per layer) must say what first_k_dense_replace and
+// moe_layer_freq say; `layer_types` is transformers' derived list (every layer
+// "deepseek_sparse_attention"); `moe_router_dtype` float32 is what glm5 does anyway.
+void read_layer_kinds(const json& root, const std::string& source, const ModelConfig& c) {
+  Fields f{root, source, ""};
+  const int64_t L = c.num_hidden_layers;
+  if (const json* m = f.value("mlp_layer_types")) {
+    if (!m->is_array() || int64_t(m->size()) != L)
+      f.bad("mlp_layer_types", "a list of \"dense\" / \"sparse\" with one entry per layer (" + std::to_string(L) + ")", m);
+    for (int64_t i = 0; i < L; ++i) {
+      const std::string want = c.is_moe_layer(i) ? "sparse" : "dense";
+      if ((*m)[size_t(i)] != want)
+        GLM5_FAIL(source, ": field 'mlp_layer_types' entry ", i, ": expected \"", want,
+                  "\" (first_k_dense_replace = ", c.first_k_dense_replace, ", moe_layer_freq = ", c.moe_layer_freq,
+                  "), found ", show(&(*m)[size_t(i)]));
+    }
+  }
+  if (const json* t = f.value("layer_types")) {
+    if (!t->is_array()) f.bad("layer_types", "a list", t);
+    for (const json& e : *t)
+      if (e != "deepseek_sparse_attention")
+        f.bad("layer_types", "\"deepseek_sparse_attention\" for every layer (MLA with the DSA indexer)", &e);
+  }
+  const std::string router = f.optional_string("moe_router_dtype", "float32");
+  if (router != "float32" && router != "fp32")
+    f.bad("moe_router_dtype", "\"float32\" (glm5 computes the router in float32)", f.value("moe_router_dtype"));
+  if (f.optional_bool("mlp_bias", false)) f.bad("mlp_bias", "false (the MLPs have no bias)", f.value("mlp_bias"));
+  if (const json* n = f.value("num_experts"))
+    if (f.integer("num_experts", 0, n) != c.n_routed_experts)
+      f.bad("num_experts", "n_routed_experts = " + std::to_string(c.n_routed_experts) + " (it is an alias)", n);
+}
+
 // yarn_get_mscale of the DeepSeek / HF code: 1 for no scaling.
 double yarn_mscale(double factor, double mscale) {
   return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
@@ -259,6 +404,7 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   ModelConfig c;
   c.source = source;
   Fields f{root, source, ""};
+  c.ignored_fields = check_keys(root, source);
 
   const json* mt = f.value("model_type");
   if (!mt || !mt->is_string() ||
@@ -272,6 +418,9 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   c.vocab_size = f.required_int("vocab_size");
   c.hidden_size = f.required_int("hidden_size");
   c.num_hidden_layers = f.required_int("num_hidden_layers");
+  // A bound before anything is sized by it (the checkpoint check compares it with the tensors).
+  if (c.num_hidden_layers > kMaxLayers)
+    f.bad("num_hidden_layers", "at most " + std::to_string(kMaxLayers) + " (GLM-5 has 78)", f.value("num_hidden_layers"));
   c.num_attention_heads = f.required_int("num_attention_heads");
   c.q_lora_rank = f.required_int("q_lora_rank");
   c.kv_lora_rank = f.required_int("kv_lora_rank");
@@ -308,6 +457,8 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
       f.optional_bool("indexer_rope_interleave", c.model_type == "glm_moe_dsa");
   read_rope(root, source, c);
   read_quantization(root, source, c);
+  read_indexer_types(root, source, c);
+  read_layer_kinds(root, source, c);
 
   c.scoring_func = f.optional_string("scoring_func", "sigmoid");
   c.topk_method = f.optional_string("topk_method", "noaux_tc");

@@ -47,6 +47,15 @@ struct ModelConfig {
   std::string scoring_func = "sigmoid", topk_method = "noaux_tc";
   std::vector<int32_t> eos_token_id;
   int32_t bos_token_id = -1, pad_token_id = -1;
+  // Per decoder layer (num_hidden_layers entries): 1 where the layer runs its own DSA indexer
+  // ("full"), 0 where it reuses the top-k of the nearest full layer before it ("shared", GLM-5.2's
+  // IndexShare). From `indexer_types`, `index_topk_pattern` or `index_topk_freq` /
+  // `index_skip_topk_offset`, as transformers derives it; all full when none is given.
+  std::vector<char> indexer_full;
+  bool index_share_for_mtp_iteration = false;  // the MTP layer reuses the main model's top-k
+  // Fields present in config.json that are known not to change what the model computes
+  // (initializer_range, use_cache, ...), in file order: reported once, by name, by the launcher.
+  std::vector<std::string> ignored_fields;
 
   // Derived quantities.
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }

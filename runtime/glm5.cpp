@@ -1,4 +1,4 @@
-// The GLM-5 / DeepSeek-V3.2 forward pass, top to bottom (spec/glm5.md §3):
+// The GLM-5 / DeepSeek-V3.2 forward pass, top to bottom (runtime/spec/glm5.md §3):
 //   embed -> [ RMSNorm -> MLA + DSA indexer -> residual -> RMSNorm -> dense MLP | MoE -> residual ]
 //   x layers -> final RMSNorm -> lm_head.
 // Activations are float32 [rows, features]; a batch stacks the rows of several sequences. Every

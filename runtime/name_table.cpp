@@ -3,7 +3,9 @@
 // header-only check of a checkpoint against them.
 #include "runtime/name_table.h"
 
+#include <algorithm>
 #include <cstring>
+#include <set>
 #include <unordered_set>
 
 #include "core/check.h"
@@ -223,18 +225,38 @@ std::vector<TensorSpec> tensor_table(const ModelConfig& c) {
   return t;
 }
 
-bool is_mtp_tensor(const ModelConfig& cfg, const std::string& name) {
+namespace {
+
+// The layer index of a "model.layers.<i>." tensor name, or -1.
+int64_t layer_of(const std::string& name) {
   static const std::string prefix = "model.layers.";
-  if (name.compare(0, prefix.size(), prefix) != 0) return false;
+  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
   size_t i = prefix.size(), j = i;
   int64_t layer = 0;
-  while (j < name.size() && name[j] >= '0' && name[j] <= '9' && j - i < 12)
-    layer = layer * 10 + (name[j++] - '0');
-  if (j == i || j >= name.size() || name[j] != '.') return false;
-  return layer >= cfg.num_hidden_layers;
+  while (j < name.size() && name[j] >= '0' && name[j] <= '9' && j - i < 12) layer = layer * 10 + (name[j++] - '0');
+  return (j == i || j >= name.size() || name[j] != '.') ? -1 : layer;
 }
 
+// num_hidden_layers and num_nextn_predict_layers against the layers the checkpoint holds, before
+// anything is sized by them: decoder layers 0..N-1 all present, and MTP layers N.. either absent
+// (transformers does not save them) or exactly num_nextn_predict_layers of them.
+void check_layer_count(const Checkpoint& ckpt, const ModelConfig& cfg) {
+  std::set<int64_t> layers;
+  for (const std::string& name : ckpt.names())
+    if (int64_t l = layer_of(name); l >= 0) layers.insert(l);
+  const int64_t N = cfg.num_hidden_layers, nextn = cfg.num_nextn_predict_layers, K = int64_t(layers.size());
+  CHECK(K == N || K == N + nextn, ckpt.dir(), " holds ", K, " layers (model.layers.<i>, i up to ",
+        K ? *layers.rbegin() : -1, "), but ", cfg.source, " says num_hidden_layers = ", N,
+        " and num_nextn_predict_layers = ", nextn, ": expected ", N, " decoder layers, then none or ", nextn,
+        " MTP layer(s)");
+}
+
+}  // namespace
+
+bool is_mtp_tensor(const ModelConfig& cfg, const std::string& name) { return layer_of(name) >= cfg.num_hidden_layers; }
+
 void check_checkpoint(Checkpoint& ckpt, const ModelConfig& cfg) {
+  check_layer_count(ckpt, cfg);
   const std::vector<TensorSpec> table = tensor_table(cfg);
   std::unordered_set<std::string> known;
   known.reserve(table.size() * 2);

@@ -1,6 +1,7 @@
 // ModelConfig: the two golden configs parse to the values their READMEs state (softmax scale,
 // YaRN inverse frequencies, RoPE conventions), both spellings of dtype and RoPE are accepted, and
 // each bad input gets a message naming the file, the field, the expected and the found value.
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -310,6 +311,53 @@ TEST(ConfigTest, ConsistencyErrors) {
   expect_edit_error([](json& j) { j["attention_bias"] = true; }, {"'attention_bias'", "false", "true"});
   // head_dim is present in GLM-5's config and means nothing for MLA: any value is accepted.
   EXPECT_EQ(parse_edited([](json& j) { j["head_dim"] = 64; }).qk_head_dim(), 48);
+}
+
+
+// Every key is read, known to be ignorable (listed by name), or refused by name.
+TEST(ConfigTest, UnknownFieldsRefusedIgnorableOnesListed) {
+  ModelConfig c = parse_edited([](json& j) { j["aux_loss_alpha"] = 0.001; });
+  EXPECT_NE(std::find(c.ignored_fields.begin(), c.ignored_fields.end(), "initializer_range"), c.ignored_fields.end());
+  EXPECT_NE(std::find(c.ignored_fields.begin(), c.ignored_fields.end(), "aux_loss_alpha"), c.ignored_fields.end());
+  expect_edit_error([](json& j) { j["logit_softcapping"] = 30.0; }, {"'logit_softcapping'", "refuses to guess"});
+  expect_edit_error([](json& j) { j["mlp_bias"] = true; }, {"'mlp_bias'", "false"});
+  expect_edit_error([](json& j) { j["moe_router_dtype"] = "bfloat16"; }, {"'moe_router_dtype'", "float32"});
+  expect_edit_error([](json& j) { j["num_experts"] = 8; }, {"'num_experts'", "alias"});
+  EXPECT_EQ(parse_edited([](json& j) { j["num_experts"] = 16; }).n_routed_experts, 16);
+}
+
+// The rope fields that transformers v5 would leave unused are refused, not ignored.
+TEST(ConfigTest, RopeFieldsThatWouldBeUnused) {
+  expect_edit_error([](json& j) { j["rope_parameters"]["factor"] = -4; },
+                    {"'rope_parameters.factor'", "\"default\"", "-4"});
+  expect_edit_error([](json& j) { j["rope_theta"] = 0; }, {"'rope_theta'", "positive"});
+  expect_edit_error([](json& j) { j["rope_theta"] = 10000.0; }, {"'rope_theta'", "rope_parameters.rope_theta"});
+  expect_edit_error([](json& j) { j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4}}; }, {"'rope_scaling'"});
+  EXPECT_DOUBLE_EQ(parse_edited([](json& j) { j["rope_theta"] = 1000000.0; }).rope_theta, 1e6);
+  expect_edit_error([](json& j) { j["num_hidden_layers"] = 1000000000; }, {"'num_hidden_layers'", "at most"});
+}
+
+// GLM-5.x indexer types, as transformers derives them; shared layers are refused (not yet run).
+TEST(ConfigTest, IndexerTypes) {
+  EXPECT_EQ(parse_edited([](json&) {}).indexer_full, std::vector<char>(4, 1));
+  EXPECT_EQ(parse_edited([](json& j) { j["indexer_types"] = {"full", "full", "full", "full"}; }).indexer_full,
+            std::vector<char>(4, 1));
+  EXPECT_EQ(parse_edited([](json& j) { j["index_topk_pattern"] = "FFFF"; }).indexer_full, std::vector<char>(4, 1));
+  expect_edit_error([](json& j) { j["indexer_types"] = {"full", "shared", "full", "full"}; },
+                    {"layer 1", "\"shared\"", "IndexShare"});
+  // GLM-5.2's schedule: freq 4, offset 3 gives full layers 0, 1, 2, 6, ... (layer 3 shared).
+  expect_edit_error([](json& j) { j["index_topk_freq"] = 4, j["index_skip_topk_offset"] = 3; }, {"layer 3", "shared"});
+  expect_edit_error([](json& j) { j["indexer_types"] = {"full", "full"}; }, {"'indexer_types'", "one entry per layer", "2"});
+  expect_edit_error([](json& j) { j["index_topk_pattern"] = "FFXF"; }, {"'index_topk_pattern' entry 2", "X"});
+  expect_edit_error([](json& j) { j["indexer_types"] = {"shared", "full", "full", "full"}; }, {"layer 0", "full"});
+  EXPECT_TRUE(parse_edited([](json& j) { j["index_share_for_mtp_iteration"] = true; }).index_share_for_mtp_iteration);
+}
+
+TEST(ConfigTest, MlpAndLayerTypesAgreeWithFirstKDense) {
+  EXPECT_NO_THROW(parse_edited([](json& j) { j["mlp_layer_types"] = {"dense", "sparse", "sparse", "sparse"}; }));
+  expect_edit_error([](json& j) { j["mlp_layer_types"] = {"dense", "dense", "sparse", "sparse"}; },
+                    {"'mlp_layer_types' entry 1", "\"sparse\"", "first_k_dense_replace = 1"});
+  expect_edit_error([](json& j) { j["layer_types"] = {"full_attention"}; }, {"'layer_types'", "deepseek_sparse_attention"});
 }
 
 }  // namespace

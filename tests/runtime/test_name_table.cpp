@@ -237,6 +237,23 @@ TEST(NameTableTest, MtpNamesAllowedAndF16Accepted) {
   EXPECT_NO_THROW(s.check());
 }
 
+// num_hidden_layers and num_nextn_predict_layers are held to the layers the checkpoint has, before
+// anything is sized by them (a corrupt count fails at once instead of allocating for it).
+TEST(NameTableTest, LayerCountsAgainstTheCheckpoint) {
+  Synthetic s([](auto&) {});
+  s.cfg.num_hidden_layers = 3;  // the checkpoint has layers 0 and 1
+  expect_error([&] { s.check(); }, {"holds 2 layers", "num_hidden_layers = 3"});
+  Synthetic m([](std::vector<TensorToWrite>& ts) {
+    ts.push_back({"model.layers.2.eh_proj.weight", DType::BF16, {256, 512}, nullptr});
+  });
+  m.cfg.num_nextn_predict_layers = 50;  // one MTP layer present
+  expect_error([&] { m.check(); }, {"holds 3 layers", "num_nextn_predict_layers = 50"});
+  m.cfg.num_nextn_predict_layers = 1;
+  EXPECT_NO_THROW(m.check());
+  m.cfg.num_nextn_predict_layers = 0;  // an MTP layer the config does not declare
+  expect_error([&] { m.check(); }, {"holds 3 layers", "num_nextn_predict_layers = 0"});
+}
+
 TEST(NameTableTest, MissingTensor) {
   const std::string gone = "model.layers.1.mlp.experts.3.up_proj.weight";
   Synthetic s([&](std::vector<TensorToWrite>& ts) {
