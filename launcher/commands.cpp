@@ -106,7 +106,15 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
                                                             : kernels::make_cpu_backend();
   if (job->cluster.backend != "cuda") warn_on_mixed_gemm_paths(*job->world);
   job->checkpoint = std::make_unique<runtime::Checkpoint>(model_dir);
-  if (rank == 0) runtime::check_checkpoint(*job->checkpoint, job->config);
+  if (rank == 0) {
+    runtime::check_checkpoint(*job->checkpoint, job->config);
+    if (progress && !job->config.ignored_fields.empty()) {  // said once, by name (runtime/spec/glm5.md §1.6)
+      std::string names;
+      for (const std::string& f : job->config.ignored_fields) names += (names.empty() ? "" : ", ") + f;
+      std::fprintf(stderr, "glm5: %s: fields that do not change the result, ignored: %s\n", job->config.source.c_str(),
+                   names.c_str());
+    }
+  }
   parallel::set_watchdog_seconds(0);  // armed by start_watchdog once every rank is ready
   job->stage_comm = job->world->split(stage, column);
   make_payload_comms(*job, device);
