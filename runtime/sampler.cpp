@@ -583,6 +583,18 @@ double sampling_uniform(uint64_t seed, int64_t step) {
   return double(r >> 11) * (1.0 / 9007199254740992.0);
 }
 
+Sampled token_logprob(const float* logits, int64_t vocab, int32_t token, int32_t n) {
+  CHECK(vocab >= 1 && token >= 0 && token < vocab, "token_logprob: token ", token, " outside the vocabulary of ",
+        vocab);
+  CHECK(n >= 0, "token_logprob: expected n >= 0 best tokens, found ", n);
+  Scratch& s = scratch();
+  const int64_t padded = (vocab + kL - 1) / kL * kL;
+  s.reserve(vocab, padded);
+  const Range range = load_logits(logits, vocab, 0.0f, s.x.data(), padded);  // a plain copy
+  const double z = weigh<Hist::none>(s, padded, range, 0.0).all;
+  return finish(token, s.x.data(), vocab, range.max, z, n, s);
+}
+
 int32_t argmax(const float* x, int64_t n) {
   if (n <= 0) return 0;
   const int64_t full = n / kL * kL;

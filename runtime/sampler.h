@@ -62,6 +62,13 @@ Sampled sample(const float* logits, int64_t vocab, const SamplingParams& p,
                const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated,
                int64_t step);
 
+// log_softmax(logits)[token] over the whole vocabulary and, for n > 0, the n best tokens with
+// theirs, best first (ties to the lower id): the arithmetic of sample()'s logprobs (step 5: the
+// max subtracted, exp and the normaliser in double) on the logits as given (no penalty, no
+// temperature). Prompt logprobs (echo) are computed with it, so prompt and generated tokens'
+// logprobs agree. Result: token, logprob, top.
+Sampled token_logprob(const float* logits, int64_t vocab, int32_t token, int32_t n);
+
 // Index of the largest value, lowest index on ties (NaN entries are skipped).
 int32_t argmax(const float* x, int64_t n);
 

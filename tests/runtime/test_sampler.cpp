@@ -464,6 +464,44 @@ TEST(Sampler, LogprobsNormalise) {
   }
 }
 
+// token_logprob (prompt logprobs): a log-softmax in double to float rounding, the top n by (logit
+// desc, id asc), and bitwise what a greedy sample() reports for the same token, so that prompt and
+// generated tokens' logprobs are one computation.
+TEST(Sampler, TokenLogprobIsTheLogSoftmaxAndGreedySamplesAgree) {
+  for (int64_t vocab : {1, 7, 1000, 154880}) {
+    std::mt19937_64 rng{uint64_t(vocab)};
+    const std::vector<float> x = random_logits(rng, vocab);
+    const Sampled ref = reference_sample(x.data(), vocab, [] {
+      SamplingParams p;
+      p.temperature = 0;
+      p.logprobs = 5;
+      return p;
+    }(), {}, {}, 0);
+    double mx = x[0], z = 0;
+    for (float v : x) mx = std::max(mx, double(v));
+    for (float v : x) z += std::exp(double(v) - mx);
+    for (int32_t token : {int32_t(0), int32_t(vocab / 2), int32_t(vocab - 1), ref.token}) {
+      const Sampled got = token_logprob(x.data(), vocab, token, 5);
+      EXPECT_EQ(got.token, token);
+      const double want = double(x[size_t(token)]) - mx - std::log(z);
+      EXPECT_NEAR(got.logprob, want, 1e-6 * std::max(1.0, std::fabs(want))) << vocab << " " << token;
+      EXPECT_LE(got.logprob, 0.0f);
+      ASSERT_EQ(got.top.size(), ref.top.size());
+      for (size_t i = 0; i < ref.top.size(); ++i) EXPECT_EQ(got.top[i].first, ref.top[i].first) << i;
+    }
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    greedy.logprobs = 5;
+    const Sampled s = sample(x.data(), vocab, greedy, {}, {}, 0);
+    const Sampled t = token_logprob(x.data(), vocab, s.token, 5);
+    EXPECT_EQ(s.logprob, t.logprob) << vocab;  // bitwise
+    EXPECT_EQ(s.top, t.top) << vocab;
+  }
+  const std::vector<float> x = gaussian_logits(3, 10);
+  glm5::testing::expect_error([&] { token_logprob(x.data(), 10, 10, 0); }, {"token 10", "10"});
+  glm5::testing::expect_error([&] { token_logprob(x.data(), 10, -1, 0); }, {"token -1"});
+}
+
 TEST(Sampler, LeavesTheCallersLogitsAlone) {
   const std::vector<float> x = gaussian_logits(12, 1000);
   std::vector<float> y = x;
