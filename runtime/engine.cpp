@@ -102,6 +102,7 @@ void put_request(Writer& w, const Request& r) {
   w.put<int64_t>(int64_t(s.stop.size()));
   for (auto& x : s.stop) w.put_str(x);
   w.put(r.want_prompt_logits); w.put(r.want_logits); w.put(r.extra_final_step);
+  w.put(r.prompt_logprobs);
   w.put_str(r.error);
   w.put(r.stream);
   w.put_vec(r.generated);
@@ -120,10 +121,28 @@ Request get_request(Reader& rd) {
   for (int64_t i = 0; i < ns; ++i) s.stop.push_back(rd.get_str());
   r.want_prompt_logits = rd.get<bool>(); r.want_logits = rd.get<bool>();
   r.extra_final_step = rd.get<bool>();
+  r.prompt_logprobs = rd.get<int32_t>();
   r.error = rd.get_str();
   r.stream = rd.get<bool>();
   r.generated = rd.get_vec<int32_t>();
   return r;
+}
+
+// A list of logprob entries (prompt logprobs): count, then token, logprob and top list each.
+void put_sampled(Writer& w, const std::vector<Sampled>& v) {
+  w.put<int64_t>(int64_t(v.size()));
+  for (const Sampled& x : v) {
+    w.put(x.token); w.put(x.logprob); w.put_vec(x.top);
+  }
+}
+std::vector<Sampled> get_sampled(Reader& rd) {
+  std::vector<Sampled> v(static_cast<size_t>(rd.get<int64_t>()));
+  for (Sampled& x : v) {
+    x.token = rd.get<int32_t>();
+    x.logprob = rd.get<float>();
+    x.top = rd.get_vec<std::pair<int32_t, float>>();
+  }
+  return v;
 }
 
 void put_result(Writer& w, const Result& r) {
@@ -132,6 +151,7 @@ void put_result(Writer& w, const Result& r) {
   for (auto& t : r.top_logprobs) w.put_vec(t);
   w.put_str(r.finish_reason); w.put_str(r.error);
   w.put_vec(r.prompt_logits); w.put_vec(r.decode_logits);
+  put_sampled(w, r.prompt_logprobs);
 }
 Result get_result(Reader& rd) {
   Result r;
@@ -140,6 +160,7 @@ Result get_result(Reader& rd) {
   for (int64_t i = 0; i < n; ++i) r.top_logprobs.push_back(rd.get_vec<std::pair<int32_t, float>>());
   r.finish_reason = rd.get_str(); r.error = rd.get_str();
   r.prompt_logits = rd.get_vec<float>(); r.decode_logits = rd.get_vec<float>();
+  r.prompt_logprobs = get_sampled(rd);
   return r;
 }
 
@@ -169,6 +190,7 @@ void put_backs(Writer& w, const std::vector<Back>& backs) {
   for (auto& b : backs) {
     w.put(b.req); w.put(b.has_token); w.put(b.sampled.token); w.put(b.sampled.logprob);
     w.put_vec(b.sampled.top); w.put_vec(b.logits); w.put_str(b.error);
+    put_sampled(w, b.prompt_logprobs);
   }
 }
 std::vector<Back> get_backs(Reader& rd) {
@@ -181,6 +203,7 @@ std::vector<Back> get_backs(Reader& rd) {
     b.sampled.top = rd.get_vec<std::pair<int32_t, float>>();
     b.logits = rd.get_vec<float>();
     b.error = rd.get_str();
+    b.prompt_logprobs = get_sampled(rd);
   }
   return backs;
 }
@@ -298,6 +321,16 @@ class SeqTable {
 
 }  // namespace
 
+// Prompt logprobs of a logits_all chunk of rows [start, start + cnt): row p scores prompt token
+// p + 1 (the last prompt row has none: its logits give the first generated token).
+static std::vector<Sampled> prompt_logprobs(const float* rows, int64_t cnt, int64_t V, int64_t start,
+                                            const Request& r) {
+  std::vector<Sampled> out;
+  for (int64_t j = 0; j < cnt && start + j + 1 < int64_t(r.prompt.size()); ++j)
+    out.push_back(token_logprob(rows + j * V, V, r.prompt[size_t(start + j + 1)], r.prompt_logprobs));
+  return out;
+}
+
 // The last stage's work on a step: logits of the rows that need them, then sampling. A sequence
 // whose logits are not finite gets an error (it ends; the others go on) and a line on stderr.
 static std::vector<Back> finish_step(Model& model, const Step& step, const float* h, SeqTable& table, int rank) {
@@ -351,7 +384,9 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
       b.sampled = sample(last, V, e.req.sampling, e.req.prompt, e.generated, int64_t(e.generated.size()));
       e.generated.push_back(b.sampled.token);
     }
-    if (s.logits_all) b.logits.assign(mine, mine + cnt * V);
+    if (s.logits_all && e.req.prompt_logprobs >= 0)
+      b.prompt_logprobs = prompt_logprobs(mine, cnt, V, s.start, e.req);
+    if (s.logits_all && e.req.want_prompt_logits) b.logits.assign(mine, mine + cnt * V);
     else if (s.logits_sampled) b.logits.assign(last, last + V);
     out.push_back(std::move(b));
   }

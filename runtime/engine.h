@@ -37,6 +37,9 @@ struct Request {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
   bool want_prompt_logits = false;  // logits of every prompt row (--dump-logits)
+  // >= 0: the logprob of each prompt token after the first under the row before it, with the n
+  // best (echo). The last stage computes them (token_logprob), so no logits travel.
+  int32_t prompt_logprobs = -1;
   bool want_logits = false;         // logits of every generated step
   bool extra_final_step = false;    // feed the last token once more (its logits close the dump)
   std::string error;                // set: the request is answered with this error, not run
@@ -54,6 +57,9 @@ struct Result {
   std::string finish_reason;         // "length" | "stop" | "error"
   std::string error;
   std::vector<float> prompt_logits;  // [prompt_len, vocab] when asked
+  // [prompt_len - 1] when prompt_logprobs >= 0: entry t - 1 is prompt token t (token, its
+  // log_softmax under prompt row t - 1, the n best).
+  std::vector<Sampled> prompt_logprobs;
   std::vector<float> decode_logits;  // [steps, vocab] when asked
 };
 

@@ -118,7 +118,10 @@ void Scheduler::preempt(Live& L) {
   release_blocks(L);
   drop_pending(L);
   load_ += L.pos;  // to be recomputed
-  if (L.result.tokens.empty()) L.result.prompt_logits.clear();  // recomputed identically
+  if (L.result.tokens.empty()) {  // recomputed identically
+    L.result.prompt_logits.clear();
+    L.result.prompt_logprobs.clear();
+  }
   L.pos = 0;
   L.announced = false;
   L.waiting = true;
@@ -162,8 +165,8 @@ void Scheduler::drop_pending(Live& L) {
 // wrong block) and skips those positions. False: the next block is being filled by another
 // running sequence, so L waits a step rather than compute it twice.
 bool Scheduler::share_prefix(Live& L) {
-  // A prompt-logit dump needs every prompt row computed.
-  if (!opt_.prefix_sharing || L.req.want_prompt_logits) return true;
+  // Prompt logits and prompt logprobs need every prompt row computed.
+  if (!opt_.prefix_sharing || L.req.want_prompt_logits || L.req.prompt_logprobs >= 0) return true;
   while (L.pos % kBlockTokens == 0 && size_t(L.pos / kBlockTokens) < L.hashes.size() &&
          int64_t(L.blocks.size()) == L.pos / kBlockTokens) {
     const size_t j = size_t(L.pos / kBlockTokens);
@@ -274,7 +277,7 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
         s.start = L.pos;
         s.n = std::min({opt_.prefill_chunk, L.target() - L.pos, room});
         s.sample = L.pos + s.n == L.target() && L.result.tokens.empty();
-        s.logits_all = r.want_prompt_logits && L.result.tokens.empty();
+        s.logits_all = (r.want_prompt_logits || r.prompt_logprobs >= 0) && L.result.tokens.empty();
       }
       if (!grow(L, L.pos + s.n, group, step)) continue;
       // Blocks the stages do not know yet: grown now, or shared now or while it waited.
@@ -332,6 +335,8 @@ void Scheduler::apply(const std::vector<Back>& backs) {
       auto& dst = decode_step ? L.result.decode_logits : L.result.prompt_logits;
       if (decode_step ? r.want_logits : r.want_prompt_logits) dst.insert(dst.end(), b.logits.begin(), b.logits.end());
     }
+    const auto& lp = b.prompt_logprobs;
+    L.result.prompt_logprobs.insert(L.result.prompt_logprobs.end(), lp.begin(), lp.end());
     if (!b.has_token) continue;
     if (L.finishing) {  // the extra step's token is not part of the answer
       finish(L);

@@ -65,7 +65,7 @@ struct StepSeq {
   int64_t new_blocks = 0;       // KV blocks appended to its table for this step (Step::blocks)
   bool decode = false;          // one generated token (else a prompt chunk)
   bool sample = false;          // the last row is sampled
-  bool logits_all = false;      // return every row's logits (prompt-logit dumps)
+  bool logits_all = false;      // every row's logits (prompt-logit dumps) or logprobs (echo)
   bool logits_sampled = false;  // return the sampled row's logits (decode-logit dumps)
 };
 
@@ -85,6 +85,8 @@ struct Back {
   bool has_token = false;
   Sampled sampled;
   std::vector<float> logits;  // rows x vocab, when the step asked for them
+  std::vector<Sampled> prompt_logprobs;  // a logits_all chunk of a prompt_logprobs request: one per
+                                         // row with a prompt token after it
   std::string error;          // non-empty: the request failed at this step (e.g. NaN logits)
 };
 

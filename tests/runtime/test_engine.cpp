@@ -187,6 +187,57 @@ TEST(Engine, PrefixSharingChangesNoBit) {
   }
 }
 
+// prompt_logprobs (echo): one entry per prompt token after the first, each bitwise
+// token_logprob of the prompt row before it (the logits of a want_prompt_logits run), over
+// several prefill chunks, beside a sharing request with the same prompt, and under preemption;
+// no logits travel and the generated tokens are those of a plain run.
+TEST(Engine, PromptLogprobsAreTheLogSoftmaxOfThePromptRows) {
+  OneProcessModel m(std::string(GLM5_TEST_DATA) + "/tiny-a");
+  const int64_t V = m.cfg.vocab_size;
+  std::vector<int32_t> prompt;
+  for (int t = 0; t < 150; ++t) prompt.push_back(int32_t((t * 31 + 7) % V));
+  auto dump = m.run({golden_request(prompt, 4)});
+  ASSERT_EQ(int64_t(dump[0].prompt_logits.size()), int64_t(prompt.size()) * V);
+  runtime::Request echo = greedy(prompt, 4, 0);
+  echo.prompt_logprobs = 3;
+  const runtime::Request plain = greedy(prompt, 4, 1);  // shares the prefix blocks when it can
+  auto check = [&](const runtime::Result& r, const std::string& where) {
+    SCOPED_TRACE(where);
+    ASSERT_TRUE(r.error.empty()) << r.error;
+    EXPECT_TRUE(r.prompt_logits.empty());
+    EXPECT_EQ(r.tokens, dump[0].tokens);
+    ASSERT_EQ(r.prompt_logprobs.size(), prompt.size() - 1);
+    for (size_t t = 1; t < prompt.size(); ++t) {
+      const runtime::Sampled want = runtime::token_logprob(&dump[0].prompt_logits[(t - 1) * size_t(V)], V, prompt[t], 3);
+      const runtime::Sampled& got = r.prompt_logprobs[t - 1];
+      ASSERT_EQ(got.token, prompt[t]) << t;
+      ASSERT_EQ(got.logprob, want.logprob) << t;
+      ASSERT_EQ(got.top, want.top) << t;
+    }
+  };
+  runtime::EngineOptions chunks;
+  chunks.prefill_chunk = 48;
+  auto a = m.run({plain, echo}, chunks);
+  check(a[0], "chunks of 48 beside a plain request");
+  EXPECT_TRUE(a[1].prompt_logprobs.empty());
+  // Two longer requests admitted first: the echo request, the youngest, is the one preempted
+  // when the pool runs dry, and its prompt rows are computed again.
+  std::vector<runtime::Request> crowd;
+  for (int i = 1; i <= 2; ++i) {
+    std::vector<int32_t> other;
+    for (int t = 0; t < 100; ++t) other.push_back(int32_t((t * 17 + 5 * i) % V));
+    crowd.push_back(greedy(other, 60, i));
+  }
+  crowd.push_back(echo);
+  runtime::EngineOptions tight;
+  tight.prefill_chunk = 16;
+  tight.max_batch = 3;
+  tight.kv_budget_bytes = 5.5 * double(runtime::KvPool::bytes_per_block(m.cfg, int(m.cfg.num_hidden_layers)));
+  auto b = m.run(crowd, tight);
+  check(b[0], "a pool of 5 blocks");
+  EXPECT_GT(m.last_stats.preemptions, 0);
+}
+
 // kv_dtype bf16: logits stay close to the f32 cache's (keys rounded to bf16 are the only
 // difference), and a sequence's bits still do not depend on what it is batched or chunked with.
 TEST(Engine, Bf16KvCacheIsCloseToF32AndStillBatchInvariant) {
