@@ -394,18 +394,18 @@ class BatchSource final : public runtime::RequestSource {
   int64_t skipped() const { return reader_.skipped() + errors_; }
 
  private:
-  // A runnable line: its n choices become requests (choice j samples with seed + j * step).
+  // A runnable line: its choices (n per prompt, choice_requests) become requests.
   void hold(BatchLine b) {
-    for (int64_t j = 0; j < b.n; ++j) {
-      runtime::Request r = b.request;
+    std::vector<runtime::Request> choices = choice_requests(b);
+    for (size_t j = 0; j < choices.size(); ++j) {
+      runtime::Request& r = choices[j];
       r.index = next_index_++;
-      r.sampling.seed += uint64_t(j) * kChoiceSeedStep;
-      choice_of_[r.index] = {b.line, j};
+      choice_of_[r.index] = {b.line, int64_t(j)};
       expand_.push_back(std::move(r));
     }
     Held h;
-    h.results.resize(size_t(b.n));
-    h.missing = b.n;
+    h.results.resize(choices.size());
+    h.missing = int64_t(choices.size());
     const int64_t line = b.line;
     h.line = std::move(b);
     held_.emplace(line, std::move(h));

@@ -1,11 +1,15 @@
 // OpenAI request bodies and responses, shared by `glm5 batch` (JSONL lines) and `glm5 serve` (HTTP
 // bodies): the fields we implement and their checks (one message naming the field, the expected and
-// the found value), tokenization of prompts and chat messages, and the completion JSON. Leaves out
-// the transport: where the bytes come from and go.
+// the found value), tokenization of prompts and chat messages, the completion JSON (echo: the
+// prompt and its logprobs first), and the JSON of vLLM's tokenizer endpoints. Leaves out the
+// transport: where the bytes come from and go.
 #include "launcher/openai_format.h"
 
 #include <algorithm>
 #include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <set>
@@ -125,10 +129,9 @@ void check_supported_fields(const json& body, BodyForm form) {
       "model", "prompt", "prompt_ids", "messages", "max_tokens", "max_completion_tokens", "temperature",
       "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
       "stop", "logprobs", "top_logprobs", "ignore_eos", "chat_template_kwargs", "user", "metadata", "n",
-      "best_of"};
+      "best_of", "echo"};
   static const std::map<std::string, json> only_default = {
-      {"stream", false}, {"echo", false}, {"suffix", nullptr},
-      {"logit_bias", json::object()}, {"stream_options", nullptr}};
+      {"stream", false}, {"suffix", nullptr}, {"logit_bias", json::object()}, {"stream_options", nullptr}};
   for (auto& [key, v] : body.items()) {
     if (implemented.count(key) || (form == BodyForm::plain_line && key == "custom_id")) continue;
     if (form == BodyForm::server && (key == "stream" || key == "stream_options")) continue;  // a server streams
@@ -157,54 +160,93 @@ void read_stream_fields(const json& body, BatchLine& b) {
   }
 }
 
-}  // namespace
+// A body's boolean field, or `fallback` when absent or null.
+bool read_bool(const json& body, const char* key, bool fallback) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  CHECK(body[key].is_boolean(), "field '", key, "': expected true or false, found ", describe(body[key]));
+  return body[key].get<bool>();
+}
 
-void parse_request_body(const json& body, BatchLine& b, BodyForm form, uint64_t default_seed, const std::string& where,
-                        const runtime::ModelConfig& mc, const runtime::Tokenizer* tok) {
-  const bool server = form == BodyForm::server;
-  check_supported_fields(body, form);
-  if (body.contains("model") && body["model"].is_string()) b.model_name = body["model"];
-  if (server) read_stream_fields(body, b);
+// messages -> the chat prompt's text, in the model's chat format (chat_template_kwargs.enable_thinking).
+std::string chat_text(const json& body, bool add_generation_prompt, const runtime::ModelConfig& mc) {
+  CHECK(body.contains("messages") && body["messages"].is_array(),
+        "field 'messages': expected a list of {role, content}");
+  std::vector<runtime::ChatMessage> msgs;
+  for (const json& m : body["messages"]) {
+    CHECK(m.is_object() && m.contains("role") && m["role"].is_string() && m.contains("content") &&
+              m["content"].is_string(),
+          "field 'messages': each message needs string 'role' and 'content', found ", describe(m));
+    runtime::ChatMessage cm;
+    cm.role = m["role"];
+    cm.content = m["content"];
+    msgs.push_back(cm);
+  }
+  bool thinking = true;
+  if (body.contains("chat_template_kwargs") && body["chat_template_kwargs"].contains("enable_thinking")) {
+    const json& t = body["chat_template_kwargs"]["enable_thinking"];
+    CHECK(t.is_boolean(), "field 'chat_template_kwargs.enable_thinking': expected true or false, found ",
+          describe(t));
+    thinking = t.get<bool>();
+  }
+  return runtime::format_chat(mc.model_type, msgs, add_generation_prompt, thinking);
+}
 
-  runtime::Request& r = b.request;
-  if (b.url == "/v1/chat/completions") {
-    CHECK(body.contains("messages") && body["messages"].is_array(),
-          "field 'messages': expected a list of {role, content}");
-    CHECK(tok, "chat requests need a tokenizer, but the model directory has no tokenizer.json");
-    std::vector<runtime::ChatMessage> msgs;
-    for (const json& m : body["messages"]) {
-      CHECK(m.is_object() && m.contains("role") && m["role"].is_string() && m.contains("content") &&
-                m["content"].is_string(),
-            "field 'messages': each message needs string 'role' and 'content', found ", describe(m));
-      runtime::ChatMessage cm;
-      cm.role = m["role"];
-      cm.content = m["content"];
-      msgs.push_back(cm);
-    }
-    bool thinking = true;
-    if (body.contains("chat_template_kwargs") && body["chat_template_kwargs"].contains("enable_thinking")) {
-      const json& t = body["chat_template_kwargs"]["enable_thinking"];
-      CHECK(t.is_boolean(), "field 'chat_template_kwargs.enable_thinking': expected true or false, found ",
-            describe(t));
-      thinking = t.get<bool>();
-    }
-    r.prompt = tok->encode(runtime::format_chat(mc.model_type, msgs, true, thinking), true);
-  } else if (body.contains("prompt_ids")) {
-    r.prompt = ids_from_json(body["prompt_ids"], "prompt_ids", mc.vocab_size);
+// One prompt: text (tokenized as prompts are: special tokens written in it become their ids) or a
+// list of token ids.
+std::vector<int32_t> one_prompt(const json& p, const char* field, const runtime::ModelConfig& mc,
+                                const runtime::Tokenizer* tok) {
+  if (p.is_array()) return ids_from_json(p, field, mc.vocab_size);
+  CHECK(p.is_string(), "field '", field, "': expected a string, a list of token ids or a list of those, found ",
+        describe(p));
+  CHECK(tok, "text prompts need a tokenizer, but the model directory has no tokenizer.json; "
+             "give '", field, "' as a list of token ids");
+  return tok->encode(p.get<std::string>(), true);
+}
+
+// The prompts of a completions body: prompt_ids, or prompt in OpenAI's four forms (a string, a
+// list of token ids, a list of strings, a list of token-id lists).
+std::vector<std::vector<int32_t>> read_prompts(const json& body, const runtime::ModelConfig& mc,
+                                               const runtime::Tokenizer* tok) {
+  std::vector<std::vector<int32_t>> out;
+  if (body.contains("prompt_ids")) {
+    out.push_back(ids_from_json(body["prompt_ids"], "prompt_ids", mc.vocab_size));
   } else {
     CHECK(body.contains("prompt"), "missing field 'prompt' (or 'prompt_ids' / 'messages')");
     const json& p = body["prompt"];
-    if (p.is_array()) {
-      r.prompt = ids_from_json(p, "prompt", mc.vocab_size);
-    } else {
-      CHECK(p.is_string(), "field 'prompt': expected a string or a list of token ids, found ", describe(p));
-      CHECK(tok, "text prompts need a tokenizer, but the model directory has no tokenizer.json; "
-                 "give 'prompt' as a list of token ids");
-      r.prompt = tok->encode(p.get<std::string>(), true);
+    const bool list = p.is_array() && !p.empty() && (p[0].is_array() || p[0].is_string());
+    if (!list) out.push_back(one_prompt(p, "prompt", mc, tok));
+    for (size_t i = 0; list && i < p.size(); ++i) {
+      CHECK(p[i].is_array() || p[i].is_string(), "field 'prompt': a list of prompts holds strings or lists of "
+            "token ids, found ", describe(p[i]), " at index ", i);
+      out.push_back(one_prompt(p[i], "prompt", mc, tok));
     }
   }
-  CHECK(!r.prompt.empty(), "field 'prompt': the prompt is empty");
-  runtime::SamplingParams& s = r.sampling;
+  for (size_t i = 0; i < out.size(); ++i)
+    CHECK(!out[i].empty(), "field 'prompt': the prompt is empty",
+          out.size() > 1 ? " (prompt " + std::to_string(i) + ")" : std::string());
+  return out;
+}
+
+// logprobs: an integer 0..20 (completions), or true with top_logprobs (chat).
+void read_logprobs(const json& body, runtime::SamplingParams& s) {
+  if (!body.contains("logprobs") || body["logprobs"].is_null()) return;
+  const json& lp = body["logprobs"];
+  std::string err;
+  if (lp.is_boolean()) {
+    s.logprobs = lp.get<bool>() ? 0 : -1;
+    if (lp.get<bool>()) CHECK(read_number(body, "top_logprobs", s.logprobs, err), err);
+    return;
+  }
+  // An integer as in /v1/completions; the range as OpenAI's (0..20), before any narrowing.
+  CHECK(lp.is_number_integer(), "field 'logprobs': expected an integer or boolean, found ", describe(lp));
+  CHECK(lp.is_number_unsigned() && lp.get<uint64_t>() <= 20, "field 'logprobs': expected an integer in [0, 20], found ",
+        describe(lp));
+  s.logprobs = lp.get<int32_t>();
+}
+
+// The sampling fields (numbers, n / best_of, logprobs, ignore_eos, stop) into b.
+void read_sampling(const json& body, BatchLine& b, uint64_t default_seed, const runtime::Tokenizer* tok) {
+  runtime::SamplingParams& s = b.request.sampling;
   s.temperature = 1.0f;
   std::string err;
   bool ok = read_number(body, "max_tokens", s.max_tokens, err) &&
@@ -223,24 +265,8 @@ void parse_request_body(const json& body, BatchLine& b, BodyForm form, uint64_t 
   CHECK(b.n >= 1 && b.n <= kMaxChoices, "field 'n': expected an integer in [1, ", kMaxChoices, "], found ", b.n);
   CHECK(best_of < 0 || best_of == b.n, "field 'best_of': only best_of = n (", b.n,
         ") is supported, found ", best_of);
-  if (body.contains("logprobs") && !body["logprobs"].is_null()) {
-    const json& lp = body["logprobs"];
-    if (lp.is_boolean()) {
-      s.logprobs = lp.get<bool>() ? 0 : -1;
-      if (lp.get<bool>()) CHECK(read_number(body, "top_logprobs", s.logprobs, err), err);
-    } else {
-      // An integer as in /v1/completions; the range as OpenAI's (0..20), before any narrowing.
-      CHECK(lp.is_number_integer(), "field 'logprobs': expected an integer or boolean, found ", describe(lp));
-      CHECK(lp.is_number_unsigned() && lp.get<uint64_t>() <= 20,
-            "field 'logprobs': expected an integer in [0, 20], found ", describe(lp));
-      s.logprobs = lp.get<int32_t>();
-    }
-  }
-  if (body.contains("ignore_eos")) {
-    CHECK(body["ignore_eos"].is_boolean(), "field 'ignore_eos': expected true or false, found ",
-          describe(body["ignore_eos"]));
-    s.ignore_eos = body["ignore_eos"].get<bool>();
-  }
+  read_logprobs(body, s);
+  s.ignore_eos = read_bool(body, "ignore_eos", s.ignore_eos);
   if (body.contains("stop") && !body["stop"].is_null()) {
     const json& st = body["stop"];
     if (st.is_string()) s.stop.push_back(st);
@@ -253,20 +279,81 @@ void parse_request_body(const json& body, BatchLine& b, BodyForm form, uint64_t 
     }
     CHECK(s.stop.empty() || tok, "field 'stop' needs a tokenizer (the model has none)");
   }
+}
+
+// echo (completions only): the prompt comes back before the completion and, with logprobs, the
+// logprobs of its tokens (computed by the engine: Request::prompt_logprobs). max_tokens 0 then
+// asks for the prompt alone: the engine still samples 1 token (its last prompt row is sampled
+// anyway), which the answer leaves out.
+void read_echo(const json& body, BatchLine& b) {
+  b.echo = read_bool(body, "echo", false);
+  if (!b.echo) return;
+  CHECK(b.url == "/v1/completions", "field 'echo': not supported by ", b.url,
+        " (only /v1/completions echoes the prompt)");
+  CHECK(!b.stream, "field 'echo': not supported with stream true");
+  runtime::SamplingParams& s = b.request.sampling;
+  if (s.max_tokens == 0) {  // given as 0 (the default is 16, or the rest of the context)
+    b.prompt_only = true;
+    s.max_tokens = 1;
+  }
+  b.request.prompt_logprobs = s.logprobs;  // -1: none
+}
+
+}  // namespace
+
+std::vector<runtime::Request> choice_requests(const BatchLine& b) {
+  std::vector<runtime::Request> out;
+  for (const std::vector<int32_t>& prompt : b.prompts)
+    for (int64_t j = 0; j < b.n; ++j) {
+      runtime::Request r = b.request;
+      r.prompt = prompt;
+      r.sampling.seed += uint64_t(j) * kChoiceSeedStep;
+      out.push_back(std::move(r));
+    }
+  return out;
+}
+
+size_t prompt_tokens(const BatchLine& b) {
+  size_t n = 0;
+  for (const auto& p : b.prompts) n += p.size();
+  return n;
+}
+
+void parse_request_body(const json& body, BatchLine& b, BodyForm form, uint64_t default_seed, const std::string& where,
+                        const runtime::ModelConfig& mc, const runtime::Tokenizer* tok) {
+  const bool server = form == BodyForm::server;
+  check_supported_fields(body, form);
+  if (body.contains("model") && body["model"].is_string()) b.model_name = body["model"];
+  if (server) read_stream_fields(body, b);
+
+  runtime::Request& r = b.request;
+  if (b.url == "/v1/chat/completions") {
+    CHECK(tok, "chat requests need a tokenizer, but the model directory has no tokenizer.json");
+    b.prompts = {tok->encode(chat_text(body, true, mc), true)};
+  } else {
+    b.prompts = read_prompts(body, mc, tok);
+  }
+  r.prompt = b.prompts[0];
+  read_sampling(body, b, default_seed, tok);
+  read_echo(body, b);
+  runtime::SamplingParams& s = r.sampling;
+  CHECK(s.max_tokens != 0, "field 'max_tokens': 0 is allowed only with echo true (the prompt alone), found 0");
+  size_t longest = 0;
+  for (const auto& p : b.prompts) longest = std::max(longest, p.size());
   // A server request without a length may run to the end of the context (OpenAI, vLLM); a batch
   // line keeps the sampler's default, so batch records stay as they were.
   const bool has_length = (body.contains("max_tokens") && !body["max_tokens"].is_null()) ||
                           (body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null());
   if (server && !has_length) {
-    const int64_t rest = std::max<int64_t>(1, mc.max_position_embeddings - int64_t(r.prompt.size()));
+    const int64_t rest = std::max<int64_t>(1, mc.max_position_embeddings - int64_t(longest));
     s.max_tokens = int32_t(std::min<int64_t>(rest, std::numeric_limits<int32_t>::max()));
     b.default_length = true;
   }
   s.validate();
-  const int64_t need = int64_t(r.prompt.size()) + s.max_tokens;
+  const int64_t need = int64_t(longest) + s.max_tokens;
   if (need > mc.max_position_embeddings) {
     b.error_code = "context_length_exceeded";
-    b.error = where + "prompt of " + std::to_string(r.prompt.size()) +
+    b.error = where + "prompt of " + std::to_string(longest) +
               " tokens + max_tokens " + std::to_string(s.max_tokens) + " exceeds the model's context of " +
               std::to_string(mc.max_position_embeddings) + " tokens";
   }
@@ -317,13 +404,82 @@ BatchLine parse_batch_line(const std::string& text, int64_t line_no, const runti
   return b;
 }
 
+namespace {
+
+// A token's text as the client reads it: our JSON writes bytes that are not valid UTF-8 (a token
+// holding part of a character) as U+FFFD, so two such tokens read the same.
+std::string client_text(const std::string& text) {
+  return json::parse(json(text).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+}
+int64_t code_points(const std::string& s) {
+  return std::count_if(s.begin(), s.end(), [](char c) { return (uint8_t(c) & 0xC0) != 0x80; });
+}
+
+// A choice's logprobs object: with echo the prompt's tokens (the first has no logprob: null), then
+// the generated ones. text_offset only for completions (chat keeps its object as it was). Tokens
+// are named by their text as the client reads it, so a top_logprobs map never holds two keys that
+// read the same (vLLM's maps, keyed by text, have the same limit); a prompt token's own entry is
+// written last and wins such a tie.
+class LogprobsJson {
+ public:
+  LogprobsJson(const runtime::Tokenizer* tok, bool offsets) : tok_(tok), offsets_(offsets) {}
+  std::string name(int32_t id) const { return tok_ ? client_text(tok_->decode({id})) : std::to_string(id); }
+  json top(const std::vector<std::pair<int32_t, float>>& best) const {
+    json t = json::object();
+    for (auto& [id, l] : best) t[name(id)] = l;
+    return t;
+  }
+  void add(int32_t id, json logprob, json top) {
+    const std::string text = name(id);
+    lp_["tokens"].push_back(text);
+    lp_["token_logprobs"].push_back(std::move(logprob));
+    lp_["top_logprobs"].push_back(std::move(top));
+    if (offsets_) lp_["text_offset"].push_back(offset_);
+    offset_ += code_points(text);
+  }
+  // Prompt token t >= 1 scored by entry t - 1 of the engine's prompt logprobs: the n best and the
+  // token itself (vLLM's prompt_logprobs). Null where an entry is missing.
+  void add_prompt(const std::vector<int32_t>& prompt, const std::vector<runtime::Sampled>& scored) {
+    add(prompt[0], nullptr, nullptr);
+    for (size_t t = 1; t < prompt.size(); ++t) {
+      if (t > scored.size()) {
+        add(prompt[t], nullptr, nullptr);
+        continue;
+      }
+      const runtime::Sampled& e = scored[t - 1];
+      json best = top(e.top);
+      best[name(e.token)] = e.logprob;
+      add(prompt[t], e.logprob, std::move(best));
+    }
+  }
+  json take() {
+    for (const char* k : {"tokens", "token_logprobs", "top_logprobs"})
+      if (!lp_.contains(k)) lp_[k] = json::array();
+    if (offsets_ && !lp_.contains("text_offset")) lp_["text_offset"] = json::array();
+    return std::move(lp_);
+  }
+
+ private:
+  const runtime::Tokenizer* tok_;
+  bool offsets_;
+  json lp_ = json::object();
+  int64_t offset_ = 0;
+};
+
+}  // namespace
+
+size_t completion_tokens(const BatchLine& in, const runtime::Result& res) {
+  return in.prompt_only ? 0 : res.tokens.size();
+}
+
 // One choice of a record. With a stop string the engine ends the request at the token that
 // completes it: token_ids, logprobs and usage keep every generated token up to and including that
 // one (as vLLM does); text is their decoding cut before the earliest stop string (not returned).
 json choice_json(const BatchLine& in, const runtime::Result& res, const runtime::Tokenizer* tok, int64_t index) {
-  const std::vector<int32_t>& tokens = res.tokens;
+  const bool chat = in.url == "/v1/chat/completions";
+  const std::vector<int32_t> tokens(res.tokens.begin(), res.tokens.begin() + int64_t(completion_tokens(in, res)));
   std::string text = tok ? tok->decode(tokens, true) : "";
-  std::string finish = res.finish_reason;
+  std::string finish = in.prompt_only ? "length" : res.finish_reason;
   size_t cut = std::string::npos;
   for (const std::string& s : in.request.sampling.stop)
     if (!s.empty()) cut = std::min(cut, text.find(s));
@@ -331,21 +487,20 @@ json choice_json(const BatchLine& in, const runtime::Result& res, const runtime:
     text.resize(cut);
     finish = "stop";
   }
+  const size_t p = in.prompts.empty() ? 0 : size_t(index / in.n);
+  const std::vector<int32_t>& prompt = p < in.prompts.size() ? in.prompts[p] : in.request.prompt;
   json choice = {{"index", index}, {"finish_reason", finish}, {"token_ids", tokens}};
-  if (in.url == "/v1/chat/completions") choice["message"] = {{"role", "assistant"}, {"content", text}};
-  else choice["text"] = text;
+  if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else choice["text"] = in.echo && tok ? tok->decode(prompt, false) + text : text;
+  if (in.echo) choice["prompt_token_ids"] = prompt;
   choice["logprobs"] = nullptr;
-  if (in.request.sampling.logprobs >= 0) {
-    json lp = {{"token_logprobs", res.logprobs}, {"tokens", json::array()}, {"top_logprobs", json::array()}};
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      lp["tokens"].push_back(tok ? tok->decode({tokens[i]}) : std::to_string(tokens[i]));
-      json top = json::object();
-      if (i < res.top_logprobs.size())
-        for (auto& [id, l] : res.top_logprobs[i]) top[tok ? tok->decode({id}) : std::to_string(id)] = l;
-      lp["top_logprobs"].push_back(top);
-    }
-    choice["logprobs"] = lp;
-  }
+  if (in.request.sampling.logprobs < 0) return choice;
+  LogprobsJson lp(tok, !chat);
+  if (in.echo) lp.add_prompt(prompt, res.prompt_logprobs);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    lp.add(tokens[i], i < res.logprobs.size() ? json(res.logprobs[i]) : json(nullptr),
+           i < res.top_logprobs.size() ? lp.top(res.top_logprobs[i]) : json::object());
+  choice["logprobs"] = lp.take();
   return choice;
 }
 
@@ -356,14 +511,14 @@ json completion_json(const BatchLine& in, const std::vector<runtime::Result>& re
   size_t completion = 0;
   for (size_t j = 0; j < results.size(); ++j) {
     choices.push_back(choice_json(in, results[j], tok, int64_t(j)));
-    completion += results[j].tokens.size();
+    completion += completion_tokens(in, results[j]);
   }
   return {{"id", id},
           {"object", chat ? "chat.completion" : "text_completion"},
           {"created", int64_t(std::time(nullptr))},
           {"model", model},
           {"choices", choices},
-          {"usage", usage_json(in.request.prompt.size(), completion)}};
+          {"usage", usage_json(in.prompts.empty() ? in.request.prompt.size() : prompt_tokens(in), completion)}};
 }
 
 json usage_json(size_t prompt_tokens, size_t completion_tokens) {
@@ -391,6 +546,77 @@ std::string batch_record(const BatchLine& in, const std::vector<runtime::Result>
   rec["response"] = {{"status_code", 200}, {"request_id", rec["id"]}, {"body", body}};
   rec["error"] = nullptr;
   return rec.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+namespace {
+
+// Refuses a body field outside `known` (the project's rule: never silently ignored).
+void check_known_fields(const json& body, const std::set<std::string>& known) {
+  for (auto& [key, v] : body.items())
+    CHECK(known.count(key), "field '", key, "' is not supported by this runtime");
+}
+
+// A special-token field of tokenizer_config.json as text: a string, or an AddedToken object's content.
+json token_text(const json& v) {
+  if (v.is_object() && v.contains("content")) return v["content"];
+  return v;
+}
+
+}  // namespace
+
+json tokenize_json(const json& body, const runtime::ModelConfig& mc, const runtime::Tokenizer& tok) {
+  CHECK(body.is_object(), "the request body must be a JSON object, found ", body.type_name());
+  const bool chat = body.contains("messages");
+  if (chat) {
+    check_known_fields(body, {"model", "messages", "add_generation_prompt", "continue_final_message",
+                              "add_special_tokens", "return_token_strs", "chat_template_kwargs"});
+    CHECK(!read_bool(body, "continue_final_message", false),
+          "field 'continue_final_message': only false is supported");
+  } else {
+    check_known_fields(body, {"model", "prompt", "add_special_tokens", "return_token_strs"});
+    CHECK(body.contains("prompt"), "missing field 'prompt' (or 'messages')");
+    CHECK(body["prompt"].is_string(), "field 'prompt': expected a string, found ", describe(body["prompt"]));
+  }
+  read_bool(body, "add_special_tokens", !chat);  // checked; adds nothing (no post-processor)
+  const std::string text = chat ? chat_text(body, read_bool(body, "add_generation_prompt", true), mc)
+                                : body["prompt"].get<std::string>();
+  const std::vector<int32_t> ids = tok.encode(text, true);
+  json strs = nullptr;
+  if (read_bool(body, "return_token_strs", false)) {
+    strs = json::array();
+    for (int32_t id : ids) strs.push_back(tok.id_to_token(id));
+  }
+  return {{"count", ids.size()}, {"max_model_len", mc.max_position_embeddings}, {"tokens", ids}, {"token_strs", strs}};
+}
+
+json detokenize_json(const json& body, const runtime::ModelConfig& mc, const runtime::Tokenizer& tok) {
+  CHECK(body.is_object(), "the request body must be a JSON object, found ", body.type_name());
+  check_known_fields(body, {"model", "tokens"});
+  CHECK(body.contains("tokens"), "missing field 'tokens'");
+  return {{"prompt", tok.decode(ids_from_json(body["tokens"], "tokens", mc.vocab_size), false)}};
+}
+
+json tokenizer_info_json(const runtime::ModelConfig& mc, const runtime::Tokenizer& tok) {
+  const std::filesystem::path dir = std::filesystem::path(tok.path()).parent_path();
+  json info = json::object();
+  std::ifstream f(dir / "tokenizer_config.json");
+  if (f) {
+    try {
+      info = json::parse(f);
+    } catch (const json::exception&) {
+      info = json::object();  // unreadable: what config.json and tokenizer.json give
+    }
+    if (!info.is_object()) info = json::object();
+  }
+  for (const char* k : {"vocab_file", "merges_file", "tokenizer_file"}) info.erase(k);
+  for (const char* k : {"bos_token", "eos_token", "pad_token", "unk_token"})
+    if (info.contains(k)) info[k] = token_text(info[k]);
+  if (!info.contains("eos_token") && !mc.eos_token_id.empty()) info["eos_token"] = tok.id_to_token(mc.eos_token_id[0]);
+  if (!info.contains("tokenizer_class")) info["tokenizer_class"] = "PreTrainedTokenizerFast";
+  if (!info.contains("model_max_length")) info["model_max_length"] = mc.max_position_embeddings;
+  std::ifstream t(dir / "chat_template.jinja");
+  if (!info.contains("chat_template") && t) info["chat_template"] = std::string(std::istreambuf_iterator<char>(t), {});
+  return info;
 }
 
 }  // namespace glm5::launcher

@@ -3,6 +3,7 @@
 // stop string or an unfinished UTF-8 character) and results (the whole answer, or the stream's end).
 #include "launcher/serve_api.h"
 
+#include <algorithm>
 #include <ctime>
 #include <optional>
 #include <vector>
@@ -73,8 +74,8 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
       : ex_(std::move(ex)), line_(std::move(line)), tok_(tok), metrics_(metrics), queue_(queue),
         model_(std::move(model)), id_(std::move(id)), created_(int64_t(std::time(nullptr))),
         received_(ServeClock::now()), chat_(line_.url == "/v1/chat/completions"),
-        choices_(size_t(line_.n)), first_at_(size_t(line_.n)), last_at_(size_t(line_.n)),
-        remaining_(int(line_.n)) {}
+        choices_(size_t(line_.choices())), first_at_(choices_.size()), last_at_(choices_.size()),
+        remaining_(int(choices_.size())) {}
 
   // After the queue accepted it (strand).
   void start(std::vector<int64_t> indexes) {
@@ -85,7 +86,7 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
     if (!line_.stream) return;
     ex_->begin_stream();
     if (chat_)
-      for (int64_t j = 0; j < line_.n; ++j)
+      for (int64_t j = 0; j < line_.choices(); ++j)
         ex_->stream_data(sse(chunk({choice_delta(j, json{{"role", "assistant"}, {"content", ""}}, {}, nullptr)})));
   }
 
@@ -187,9 +188,9 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
     if (remaining_ > 0) return;
     if (!failed_ && line_.include_usage) {
       size_t completion = 0;
-      for (auto& ch : choices_) completion += ch.result->tokens.size();
+      for (auto& ch : choices_) completion += completion_tokens(line_, *ch.result);
       json last = chunk(json::array());
-      last["usage"] = usage_json(line_.request.prompt.size(), completion);
+      last["usage"] = usage_json(prompt_tokens(line_), completion);
       ex_->stream_data(sse(last));
     }
     ex_->stream_data("data: [DONE]\n\n");
@@ -273,9 +274,11 @@ void ServeApi::handle(HttpRequest&& req, std::shared_ptr<Exchange> ex) {
     const char* path;
     http::verb method;
   };
-  static const Route routes[] = {{"/health", http::verb::get}, {"/metrics", http::verb::get},
-                                 {"/v1/models", http::verb::get}, {"/v1/completions", http::verb::post},
-                                 {"/v1/chat/completions", http::verb::post}};
+  static const Route routes[] = {{"/health", http::verb::get},          {"/metrics", http::verb::get},
+                                 {"/v1/models", http::verb::get},       {"/v1/completions", http::verb::post},
+                                 {"/v1/chat/completions", http::verb::post},
+                                 {"/tokenize", http::verb::post},       {"/detokenize", http::verb::post},
+                                 {"/tokenizer_info", http::verb::get}};
   const Route* route = nullptr;
   for (const Route& r : routes)
     if (path == r.path) route = &r;
@@ -295,6 +298,7 @@ void ServeApi::handle(HttpRequest&& req, std::shared_ptr<Exchange> ex) {
   if (path == "/metrics") return send(200, metrics_.text() + queue_.engine_metrics(), "text/plain; version=0.0.4");
   if (path == "/v1/models") return models(ex);
   if (path == "/health") return;
+  if (path == "/tokenize" || path == "/detokenize" || path == "/tokenizer_info") return tokenizer(req, ex, path);
   completion(req, ex, path);
 }
 
@@ -305,12 +309,39 @@ void ServeApi::models(const std::shared_ptr<Exchange>& ex) {
   ex->reply(200, dump({{"object", "list"}, {"data", json::array({m})}}));
 }
 
+// /tokenize, /detokenize, /tokenizer_info (vLLM's): the tokenizer alone, no engine work.
+void ServeApi::tokenizer(const HttpRequest& req, const std::shared_ptr<Exchange>& ex, const std::string& path) {
+  auto reply = [&](int status, const std::string& body) {
+    metrics_.count_request(path, status);
+    ex->reply(status, body);
+  };
+  if (!tok_) return reply(400, error_json(path + " needs a tokenizer, but the model directory has no tokenizer.json",
+                                          "invalid_request_error", "", ""));
+  try {
+    if (path == "/tokenizer_info") return reply(200, dump(tokenizer_info_json(mc_, *tok_)));
+    const json body = parse_client_json(req.body());
+    if (body.is_object() && body.contains("model") && body["model"] != opt_.model_id)
+      return reply(404, error_json("model " + describe(body["model"]) + " does not exist; this server serves '" +
+                                       opt_.model_id + "'", "invalid_request_error", "model", "model_not_found"));
+    reply(200, dump(path == "/tokenize" ? tokenize_json(body, mc_, *tok_) : detokenize_json(body, mc_, *tok_)));
+  } catch (const json::parse_error& e) {
+    reply(400, error_json(std::string("malformed JSON body: ") + e.what(), "invalid_request_error", "", "invalid_json"));
+  } catch (const JsonTooDeep& e) {
+    reply(400, error_json(std::string("request body: ") + e.what(), "invalid_request_error", "", "invalid_json"));
+  } catch (const std::exception& e) {
+    const std::string m = client_message(e.what());
+    reply(400, error_json(m, "invalid_request_error", field_of(m), ""));
+  }
+}
+
 // A request without max_tokens runs to the end of the context, but no further than one
 // sequence's KV cache holds (prompt + max_tokens + 1 tokens), which the engine would refuse.
 void ServeApi::cap_default_length(BatchLine& b) const {
   const int64_t kv = queue_.sequence_tokens();
   if (!b.default_length || kv <= 0) return;
-  const int64_t most = kv - int64_t(b.request.prompt.size()) - 1;
+  size_t longest = 0;
+  for (const auto& p : b.prompts) longest = std::max(longest, p.size());
+  const int64_t most = kv - int64_t(longest) - 1;
   if (most >= 1 && most < b.request.sampling.max_tokens) b.request.sampling.max_tokens = int32_t(most);
 }
 
@@ -344,29 +375,28 @@ void ServeApi::completion(const HttpRequest& req, const std::shared_ptr<Exchange
                                          opt_.model_id + "'", "invalid_request_error", "model", "model_not_found"));
   }
   // More choices than the queue holds could never be accepted: not a retryable 429.
-  if (size_t(b.n) > queue_.max_queue())
+  if (size_t(b.choices()) > queue_.max_queue())
     return fail(400, "field 'n': expected at most " + std::to_string(queue_.max_queue()) +
-                         " (--max-queue) choices, found " + std::to_string(b.n), "n");
+                         " (--max-queue) choices over all prompts, found " + std::to_string(b.choices()), "n");
   cap_default_length(b);
   if (b.stream && b.request.sampling.logprobs >= 0)
     return fail(400, "field 'logprobs': not supported with stream true", "logprobs");
-  std::vector<runtime::Request> choices;
-  for (int64_t j = 0; j < b.n; ++j) {
-    runtime::Request r = b.request;
-    r.sampling.seed += uint64_t(j) * kChoiceSeedStep;
+  std::vector<runtime::Request> choices = choice_requests(b);
+  int64_t prompt_rows = 0;
+  for (runtime::Request& r : choices) {
     r.stream = true;  // tokens as they come: streams, and the latency metrics of every request
-    choices.push_back(std::move(r));
+    prompt_rows += int64_t(r.prompt.size());
   }
-  metrics_.prompt_tokens += int64_t(b.request.prompt.size()) * b.n;
+  metrics_.prompt_tokens += prompt_rows;
   const std::string id = (url == "/v1/chat/completions" ? "chatcmpl-" : "cmpl-") + std::to_string(seq);
   auto call = std::make_shared<Call>(ex, b, tok_, metrics_, queue_, opt_.model_id, id);
   std::vector<int64_t> indexes;
   switch (queue_.submit(std::move(choices), call, indexes)) {
     case ServeQueue::Admit::full:
-      metrics_.prompt_tokens -= int64_t(b.request.prompt.size()) * b.n;
+      metrics_.prompt_tokens -= prompt_rows;
       return fail(429, "the request queue is full; retry later");
     case ServeQueue::Admit::draining:
-      metrics_.prompt_tokens -= int64_t(b.request.prompt.size()) * b.n;
+      metrics_.prompt_tokens -= prompt_rows;
       return fail(503, "the server is shutting down");
     case ServeQueue::Admit::ok: break;
   }

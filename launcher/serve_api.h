@@ -1,7 +1,8 @@
 // The OpenAI-compatible endpoints of `glm5 serve`: POST /v1/completions and /v1/chat/completions
-// (whole answers or server-sent events), GET /v1/models, /health and /metrics, Bearer auth, and
-// OpenAI-style error objects. Request bodies are parsed as batch lines are (openai_format.h); the
-// requests go to the engine through the ServeQueue. Runs on the HTTP threads.
+// (whole answers or server-sent events), GET /v1/models, /health and /metrics, vLLM's POST
+// /tokenize and /detokenize and GET /tokenizer_info, Bearer auth, and OpenAI-style error objects.
+// Request bodies are parsed as batch lines are (openai_format.h); the requests go to the engine
+// through the ServeQueue. Runs on the HTTP threads.
 #pragma once
 
 #include <atomic>
@@ -38,6 +39,7 @@ class ServeApi {
  private:
   void completion(const HttpRequest& req, const std::shared_ptr<Exchange>& ex, const std::string& url);
   void models(const std::shared_ptr<Exchange>& ex);
+  void tokenizer(const HttpRequest& req, const std::shared_ptr<Exchange>& ex, const std::string& path);
   void cap_default_length(BatchLine& b) const;
   bool authorized(const HttpRequest& req) const;
 

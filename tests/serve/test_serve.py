@@ -2,17 +2,21 @@
 """`glm5 serve` driven by real clients (the official openai package, raw sockets for the transport
 limits). Suites (argv[1]): api (1x1: endpoints, streaming, every error status, limits, timeouts,
 disconnects, 503 while draining and over capacity, out of descriptors, greedy answers identical
-to `glm5 batch`), layout2x2 (the same answers under mpirun 2 x 2, a mid-stream disconnect, idle
+to `glm5 batch`, prompt logprobs (echo) against `glm5 generate --dump-logits` and `glm5 batch`,
+/tokenize and /detokenize), layout2x2 (the same answers under mpirun 2 x 2, a mid-stream disconnect, idle
 CPU, SIGTERM to rank 0 or to `glm5 launch --run` drains and ends every rank with 0), load (64 clients x 1,000 requests with 0 errors,
 then SIGTERM under load drains). Environment: GLM5_BIN, GLM5_SRC, GLM5_MPIRUN.
 """
+import array
 import http.client
 import json
+import math
 import os
 import re
 import resource
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -202,6 +206,48 @@ def wait_idle(s, cancelled_at_least, timeout=20):
         time.sleep(0.05)
 
 
+def dumped_prefill_rows(prompt):
+    """`glm5 generate --dump-logits`' prefill_logits for the prompt: one array of floats per row."""
+    out = os.path.join(SCRATCH, "dump_%d.safetensors" % time.monotonic_ns())
+    subprocess.run([BIN, "generate", "--model", MODEL, "--prompt-ids", ",".join(map(str, prompt)),
+                    "--max-new-tokens", "1", "--temperature", "0", "--dump-logits", out], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(out, "rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        data = f.read()
+    t = header["prefill_logits"]
+    assert t["dtype"] == "F32" and t["shape"][0] == len(prompt), t
+    begin, end = t["data_offsets"]
+    vals = array.array("f")
+    vals.frombytes(data[begin:end])
+    assert sys.byteorder == "little"
+    cols = t["shape"][1]
+    return [vals[r * cols:(r + 1) * cols] for r in range(len(prompt))]
+
+
+def log_softmax_at(row, token):
+    """log_softmax(row)[token] in double precision."""
+    mx = max(row)
+    return row[token] - mx - math.log(math.fsum(math.exp(v - mx) for v in row))
+
+
+def batch_choices(lines):
+    """`glm5 batch` (1 process) over plain lines: custom_id -> the record's choices (or its error)."""
+    inp = os.path.join(SCRATCH, "echo_in_%d.jsonl" % time.monotonic_ns())
+    out = inp.replace("_in_", "_out_")
+    with open(inp, "w") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+    subprocess.run([BIN, "batch", "--model", MODEL, "--input", inp, "--output", out], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    got = {}
+    with open(out) as f:
+        for line in f:
+            rec = json.loads(line)
+            got[rec["custom_id"]] = rec["response"]["body"]["choices"] if rec["response"] else rec["error"]
+    return got
+
+
 # A JSON body nested 200,000 levels deep (400 KB): within the body limit, far past the depth limit.
 DEEP = '{"prompt": ' + "[" * 200000 + "]" * 200000 + "}"
 
@@ -325,6 +371,119 @@ class Api(unittest.TestCase):
                                                extra_body={"ignore_eos": True})
         self.assertEqual(r.usage.completion_tokens, 96)
         self.assertEqual(r.choices[0].finish_reason, "length")
+
+    def test_echo_prompt_logprobs_equal_the_dumped_logits(self):
+        # A prefix and its greedy continuation: the continuation's tokens are their rows' argmax.
+        prefix = [(11 * i + 3) % 500 for i in range(30)]
+        g = self.s.client().completions.create(model=MODEL_NAME, prompt=prefix, max_tokens=8, temperature=0,
+                                               extra_body={"ignore_eos": True})
+        prompt = prefix + g.choices[0].token_ids
+        # As lm-eval's local-completions sends it: a list of token-id lists.
+        r = self.s.client().completions.create(model=MODEL_NAME, prompt=[prompt], echo=True, logprobs=1, max_tokens=0)
+        c = r.choices[0]
+        lp = c.logprobs
+        self.assertEqual(len(lp.token_logprobs), len(prompt))
+        self.assertEqual(len(lp.tokens), len(prompt))
+        self.assertIsNone(lp.token_logprobs[0])
+        self.assertIsNone(lp.top_logprobs[0])
+        self.assertEqual(lp.text_offset[0], 0)
+        self.assertEqual(c.prompt_token_ids, prompt)
+        self.assertEqual(c.token_ids, [])
+        self.assertEqual(c.finish_reason, "length")
+        self.assertEqual((r.usage.prompt_tokens, r.usage.completion_tokens), (len(prompt), 0))
+        status, data = self.s.request("POST", "/detokenize", json.dumps({"tokens": prompt}))
+        self.assertEqual(c.text, json.loads(data)["prompt"])
+        rows = dumped_prefill_rows(prompt)
+        greedy = 0
+        for t in range(1, len(prompt)):
+            self.assertLessEqual(lp.token_logprobs[t], 0.0)
+            self.assertAlmostEqual(lp.token_logprobs[t], log_softmax_at(rows[t - 1], prompt[t]), delta=1e-5)
+            top = lp.top_logprobs[t]
+            self.assertEqual(top[lp.tokens[t]], lp.token_logprobs[t])  # the token itself is listed
+            self.assertLessEqual(len(top), 2)
+            if max(range(len(rows[t - 1])), key=lambda v: rows[t - 1][v]) == prompt[t]:
+                greedy += 1
+                self.assertEqual(max(top.values()), lp.token_logprobs[t])  # lm-eval's is_greedy test
+        self.assertGreaterEqual(greedy, 6)
+
+    def test_echo_with_completions_and_prompt_lists(self):
+        p1, p2 = [(5 * i + 1) % 500 for i in range(12)], [(7 * i + 2) % 500 for i in range(70)]
+        client = self.s.client()
+        # lm-eval's loglikelihood request: prompts as token lists, max_tokens 1, logprobs 1.
+        r = client.completions.create(model=MODEL_NAME, prompt=[p1, p2], echo=True, logprobs=1, max_tokens=1,
+                                      temperature=0, seed=1234)
+        self.assertEqual([c.index for c in r.choices], [0, 1])
+        self.assertEqual(r.usage.prompt_tokens, len(p1) + len(p2))
+        self.assertEqual(r.usage.completion_tokens, 2)
+        for c, p in zip(r.choices, (p1, p2)):
+            self.assertEqual(c.prompt_token_ids, p)
+            self.assertEqual(len(c.token_ids), 1)
+            self.assertEqual(len(c.logprobs.token_logprobs), len(p) + 1)
+            self.assertEqual(c.logprobs.text_offset[len(p)], sum(len(t) for t in c.logprobs.tokens[:len(p)]))
+        alone = client.completions.create(model=MODEL_NAME, prompt=p2, echo=True, logprobs=1, max_tokens=0)
+        self.assertEqual(alone.choices[0].logprobs.token_logprobs, r.choices[1].logprobs.token_logprobs[:-1])
+        # Text echo: the prompt's text, then the completion's.
+        t = client.completions.create(model=MODEL_NAME, prompt="Hello", echo=True, max_tokens=3, temperature=0)
+        plain = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=3, temperature=0)
+        self.assertEqual(t.choices[0].text, "Hello" + plain.choices[0].text)
+        self.assertIsNone(t.choices[0].logprobs)
+
+    def test_echo_refusals(self):
+        self.expect_error(400, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "echo": True},
+                          param="echo")
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.s.client().chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}],
+                                                    extra_body={"echo": True})
+        self.assertIn("echo", str(e.exception))
+        self.expect_error(400, "/v1/completions", {"prompt": "Hi", "max_tokens": 0}, param="max_tokens")
+        self.expect_error(400, "/v1/completions", {"prompt": "Hi", "echo": True, "stream": True}, param="echo")
+        self.expect_error(400, "/v1/completions", {"prompt": "Hi", "echo": "yes"}, param="echo")
+        self.expect_error(400, "/v1/completions", {"prompt": [[1, 2], []], "echo": True}, param="prompt")
+
+    def test_echo_equals_batch_bitwise(self):
+        prompt = [(3 * i + 4) % 500 for i in range(50)]
+        body = {"prompt": prompt, "echo": True, "logprobs": 2, "max_tokens": 2, "temperature": 0}
+        status, data = self.s.request("POST", "/v1/completions", json.dumps(dict(body, model=MODEL_NAME)))
+        self.assertEqual(status, 200, data)
+        served = json.loads(data)["choices"][0]
+        batch = batch_choices([dict(body, custom_id="e"), {"custom_id": "c", "echo": True,
+                                                          "messages": [{"role": "user", "content": "Hi"}]}])
+        self.assertEqual(batch["e"][0]["logprobs"], served["logprobs"])
+        self.assertEqual(batch["e"][0]["text"], served["text"])
+        self.assertIn("field 'echo'", batch["c"]["message"])
+
+    def test_tokenize_and_detokenize(self):
+        def post(path, body):
+            status, data = self.s.request("POST", path, json.dumps(body))
+            return status, json.loads(data)
+        status, t = post("/tokenize", {"model": MODEL_NAME, "prompt": "Hello world", "add_special_tokens": False})
+        self.assertEqual(status, 200, t)
+        self.assertEqual(t["count"], len(t["tokens"]))
+        self.assertEqual(t["max_model_len"], 4096)
+        self.assertEqual(post("/detokenize", {"tokens": t["tokens"]}), (200, {"prompt": "Hello world"}))
+        # The ids answer as the text does.
+        a = self.s.client().completions.create(model=MODEL_NAME, prompt="Hello world", max_tokens=4, temperature=0)
+        b = self.s.client().completions.create(model=MODEL_NAME, prompt=t["tokens"], max_tokens=4, temperature=0)
+        self.assertEqual(a.choices[0].token_ids, b.choices[0].token_ids)
+        # messages: the chat prompt's tokens, as many as a chat completion counts.
+        msgs = [{"role": "user", "content": "What is 2+2?"}]
+        status, m = post("/tokenize", {"messages": msgs, "add_generation_prompt": True})
+        self.assertEqual(status, 200, m)
+        chat = self.s.client().chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=1)
+        self.assertEqual(m["count"], chat.usage.prompt_tokens)
+        status, info = self.s.request("GET", "/tokenizer_info")
+        self.assertEqual(status, 200)
+        self.assertIn("eos_token", json.loads(info))
+        # Bad input: 400 naming the field; the wrong model 404; the wrong method 405.
+        self.expect_error(400, "/tokenize", {"add_special_tokens": False}, param="prompt")
+        self.expect_error(400, "/tokenize", {"prompt": ["a"]}, param="prompt")
+        self.expect_error(400, "/tokenize", {"prompt": "a", "add_special_tokens": 1}, param="add_special_tokens")
+        self.expect_error(400, "/detokenize", {"tokens": [1, 512]}, param="tokens")
+        self.expect_error(400, "/detokenize", {"tokens": "1 2"}, param="tokens")
+        self.expect_error(400, "/detokenize", {}, param="tokens")
+        self.expect_error(400, "/detokenize", "{nope", code="invalid_json")
+        self.expect_error(404, "/tokenize", {"model": "nope", "prompt": "a"}, param="model")
+        self.expect_error(405, "/tokenize", None, method="GET")
 
     def test_400_malformed_http(self):
         with socket.create_connection((self.s.host, self.s.port), timeout=10) as c:
