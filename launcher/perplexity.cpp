@@ -16,6 +16,7 @@
 
 #include "core/check.h"
 #include "launcher/commands.h"
+#include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
 
 namespace glm5::launcher {
@@ -30,10 +31,7 @@ std::vector<Window> plan_windows(int64_t n, int64_t ctx, int64_t stride) {
 }
 
 double log_softmax_at(const float* row, int64_t vocab, int32_t token) {
-  const double mx = *std::max_element(row, row + vocab);
-  double z = 0;
-  for (int64_t v = 0; v < vocab; ++v) z += std::exp(double(row[v]) - mx);
-  return double(row[token]) - mx - std::log(z);
+  return double(runtime::token_logprob(row, vocab, token, 0).logprob);
 }
 
 double NllStats::perplexity() const { return std::exp(mean()); }
@@ -163,23 +161,32 @@ struct Scorer {
   std::vector<int64_t> row_of;  // first scored row of each window in the logprob files
   std::vector<WindowScore> scores;
 
-  void score(size_t w, const std::vector<float>& logits) {
+  // Without a logprob file the last stage sends each prompt token's logprob (Request::prompt_logprobs,
+  // the sampler's token_logprob); with one, the full logits rows (the same function scores them).
+  void score(size_t w, const runtime::Result& r) {
     const Window& win = windows[w];
-    CHECK(int64_t(logits.size()) == win.len * vocab, "internal: window ", w, " returned ", logits.size(), " logits");
     WindowScore& s = scores[w];
+    if (!save && !base) {
+      CHECK(int64_t(r.prompt_logprobs.size()) == win.len - 1, "internal: window ", w, " returned ",
+            r.prompt_logprobs.size(), " prompt logprobs");
+      for (int64_t p = win.first; p < win.len; ++p) s.nll.push_back(-double(r.prompt_logprobs[size_t(p - 1)].logprob));
+      s.done = true;
+      return;
+    }
+    const std::vector<float>& logits = r.prompt_logits;
+    CHECK(int64_t(logits.size()) == win.len * vocab, "internal: window ", w, " returned ", logits.size(), " logits");
     std::vector<float> lp(static_cast<size_t>(vocab)), blp(base ? static_cast<size_t>(vocab) : 0);
     for (int64_t p = win.first; p < win.len; ++p) {
       const float* row = logits.data() + (p - 1) * vocab;
       const int32_t target = tokens[size_t(win.start + p)];
       s.nll.push_back(-log_softmax_at(row, vocab, target));
-      if (!save && !base) continue;
       log_softmax_row(row, vocab, lp.data());
-      const int64_t r = row_of[w] + (p - win.first);
-      if (save) save->write_row(r, target, lp.data());
+      const int64_t i = row_of[w] + (p - win.first);
+      if (save) save->write_row(i, target, lp.data());
       if (base) {
         int32_t bt = 0;
-        base->read_row(r, &bt, blp.data());
-        CHECK(bt == target, "--kl-base: scored token ", r, " is ", bt, " in the base run and ", target,
+        base->read_row(i, &bt, blp.data());
+        CHECK(bt == target, "--kl-base: scored token ", i, " is ", bt, " in the base run and ", target,
               " here: the text or the window plan differs");
         s.kld.push_back(kl_divergence(blp.data(), lp.data(), vocab));
         s.same_top.push_back(std::max_element(blp.begin(), blp.end()) - blp.begin() ==
@@ -267,7 +274,10 @@ int run_perplexity(const PerplexityArgs& args, std::unique_ptr<parallel::Comm> w
       r.sampling.max_tokens = 1;
       r.sampling.temperature = 0;
       r.sampling.ignore_eos = true;
-      r.want_prompt_logits = true;
+      if (a.save_logits.empty() && a.kl_base.empty())
+        r.prompt_logprobs = 0;
+      else
+        r.want_prompt_logits = true;
       reqs.push_back(std::move(r));
     }
   }
@@ -292,7 +302,7 @@ int run_perplexity(const PerplexityArgs& args, std::unique_ptr<parallel::Comm> w
   job->start_watchdog();
   job->engine->run(reqs, [&](runtime::Result&& r) {
     CHECK(r.error.empty(), "window ", r.index, ": ", r.error);
-    sc.score(size_t(r.index), r.prompt_logits);
+    sc.score(size_t(r.index), r);
   });
   if (!root) return 0;
   for (size_t w = 0; w < sc.scores.size(); ++w) CHECK(sc.scores[w].done, "internal: no result for window ", w);

@@ -7,7 +7,10 @@
 // tokens of context in the window; a shorter last window scores only tokens no earlier window
 // scored). With the default stride = ctx that is llama-perplexity's rule (non-overlapping windows,
 // second halves scored); stride = ctx / 2 scores every token after the first half window once.
-// Token p of a window is scored by log_softmax(logits of row p - 1)[token p], in double.
+// Token p of a window is scored by log_softmax(logits of row p - 1)[token p]: runtime::token_logprob,
+// the function that gives sampled tokens' and echoed prompt tokens' logprobs, so that perplexity and
+// an OpenAI client's loglikelihoods (lm-eval) are the same numbers. Without --save-logits / --kl-base
+// the last pipeline stage computes them and no logits travel.
 //
 // --save-logits F writes a safetensors file: `token_ids` I32 [N] and `logprobs` F32 [N, vocab]
 // (the full log-softmax of every scored row, in scoring order) and the window plan as metadata;
@@ -41,7 +44,7 @@ struct Window {
 // The windows of a text of n tokens (see above). Empty when n < 2.
 std::vector<Window> plan_windows(int64_t n, int64_t ctx, int64_t stride);
 
-// log_softmax(row)[token] in double: row[token] - max - log(sum exp(row - max)).
+// log_softmax(row)[token] (runtime::token_logprob: the max subtracted, the normaliser in double).
 double log_softmax_at(const float* row, int64_t vocab, int32_t token);
 
 // Running sums of per-token negative log-likelihoods: perplexity exp(mean) and its standard error
