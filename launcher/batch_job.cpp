@@ -31,6 +31,7 @@
 #include "launcher/cluster_config.h"
 #include "launcher/commands.h"
 #include "launcher/moe_monitor.h"
+#include "launcher/serve_signals.h"
 #include "runtime/chat.h"
 #include "runtime/profile.h"
 #include "runtime/tokenizer.h"
@@ -189,6 +190,7 @@ class OutputFile {
     }
     ++written_;
   }
+  int64_t written() const { return written_; }
   // Flushes to the device and closes, checked (a full disk can show only here on some filesystems).
   void close() {
     if (fd_ < 0) return;
@@ -352,14 +354,18 @@ class LineReader {
 
 // The engine's request source over the input: lines from the LineReader as the columns have room
 // (only the lines in flight are held), each line's n choices as requests, error records written
-// at once, and one record per line when its last choice finishes.
+// at once, and one record per line when its last choice finishes. A stop request (a signal, see
+// run_batch) ends it at a record boundary: from the next tick on no line is taken, the lines in
+// flight are cancelled and get no record (a rerun answers them), and a line whose choices all
+// finished normally still gets its record.
 class BatchSource final : public runtime::RequestSource {
  public:
   BatchSource(const BatchArgs& a, const runtime::ModelConfig& mc, const runtime::Tokenizer* tok, OutputFile& out,
-              int64_t seq_no, KeySet done, size_t window)
-      : reader_(a.input, mc, tok, std::move(done), window), tok_(tok), out_(out), seq_no_(seq_no) {}
+              int64_t seq_no, KeySet done, size_t window, const std::atomic<int>* stop)
+      : reader_(a.input, mc, tok, std::move(done), window), tok_(tok), out_(out), seq_no_(seq_no), stop_(stop) {}
 
   std::optional<runtime::Request> next() override {
+    if (stopping_) return std::nullopt;
     while (expand_.empty()) {
       std::optional<BatchLine> b = reader_.pop();
       if (!b) return std::nullopt;
@@ -374,8 +380,21 @@ class BatchSource final : public runtime::RequestSource {
     expand_.pop_front();
     return r;
   }
-  bool exhausted() override { return expand_.empty() && reader_.finished(); }
+  bool exhausted() override { return stopping_ || (expand_.empty() && reader_.finished()); }
   int64_t size_hint() const override { return total_lines_ < 0 ? -1 : total_lines_ - skipped(); }
+  // First in each tick: the stop request is taken here, once, for the whole tick.
+  void on_status(const runtime::EngineStatus&) override {
+    if (!stopping_ && stop_ && stop_->load() != 0) stopping_ = true;
+  }
+  // Once stopping: every request in flight (indexes the engine never got are ignored by it).
+  std::vector<int64_t> take_cancelled() override {
+    if (!stopping_ || cancel_sent_) return {};
+    cancel_sent_ = true;
+    expand_.clear();
+    std::vector<int64_t> all;
+    for (auto& [index, where] : choice_of_) all.push_back(index);
+    return all;
+  }
 
   // Takes the result of one choice; the record is written when the line's last choice is in.
   void write(runtime::Result&& r) {
@@ -384,14 +403,18 @@ class BatchSource final : public runtime::RequestSource {
     auto [line, j] = c->second;
     choice_of_.erase(c);
     Held& h = held_.at(line);
+    if (stopping_ && r.finish_reason == "cancelled") h.cut = true;  // only a stop cancels in a batch
     h.results[size_t(j)] = std::move(r);
     if (--h.missing > 0) return;
-    out_.write_record(batch_record(h.line, h.results, tok_, seq_no_++));
+    if (h.cut) ++cut_;
+    else out_.write_record(batch_record(h.line, h.results, tok_, seq_no_++));
     held_.erase(line);
   }
   void set_total_lines(int64_t n) { total_lines_ = n; }
   int64_t to_run() const { return to_run_; }
   int64_t skipped() const { return reader_.skipped() + errors_; }
+  // Stopped before the end: lines are left to answer (a stop in the run's last tick leaves none).
+  bool stopped_early() { return stopping_ && (cut_ > 0 || !held_.empty() || !expand_.empty() || !reader_.finished()); }
 
  private:
   // A runnable line: its choices (n per prompt, choice_requests) become requests.
@@ -417,10 +440,14 @@ class BatchSource final : public runtime::RequestSource {
   OutputFile& out_;
   int64_t seq_no_ = 0, next_index_ = 0, to_run_ = 0, errors_ = 0;
   int64_t total_lines_ = -1;
+  int64_t cut_ = 0;               // lines whose choices the stop cancelled
+  const std::atomic<int>* stop_;  // the signal that asks to stop (0: none yet)
+  bool stopping_ = false, cancel_sent_ = false;
   struct Held {  // a line in flight: its choices' results as they come
     BatchLine line;
     std::vector<runtime::Result> results;
     int64_t missing = 0;
+    bool cut = false;  // a choice was cancelled by the stop: no record
   };
   std::map<int64_t, Held> held_;                               // by line number
   std::map<int64_t, std::pair<int64_t, int64_t>> choice_of_;  // request index -> (line, choice)
@@ -557,6 +584,8 @@ void write_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
 }  // namespace
 
 int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
+  // Rank 0 decides when the job stops (as serve): a signal to every rank must not end the others.
+  if (world->rank() != 0) StopSignals::ignore();
   auto job = make_job(a.model, a.cluster, std::move(world), true);
   std::unique_ptr<runtime::Tokenizer> tok;
   if (std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json"))
@@ -586,14 +615,32 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
   OutputFile out(a.output);
   // The reader runs ahead by up to 4 x max_batch lines per column (what the columns may take).
   const size_t window = size_t(4 * job->cluster.max_batch * job->cluster.expert_parallel);
-  BatchSource src(a, job->config, tok.get(), out, int64_t(answered), std::move(done), window);
-  src.set_total_lines(count_lines(a.input));
+  // A stop request (SIGTERM, SIGINT, SIGUSR1, Open MPI's kill sequence) ends the run at a record
+  // boundary: what it says is set before the flag, once.
+  std::atomic<int> stop{0};
+  std::string stop_what;
+  StopSignals signals([&](const StopEvent& e) {
+    if (stop.load() != 0) return;
+    stop_what = e.what();
+    stop.store(e.sig);
+  });
+  BatchSource src(a, job->config, tok.get(), out, int64_t(answered), std::move(done), window, &stop);
+  const int64_t lines = count_lines(a.input);
+  src.set_total_lines(lines);
   std::fprintf(stderr, "[glm5] batch: %lld lines in %s (%zu already answered) on %d rank(s)\n",
                (long long)src.size_hint(), a.input.c_str(), answered, job->world->size());
   job->start_watchdog();
   if (prof) prof->restart();
   job->engine->run(&src, [&](runtime::Result&& r) { src.write(std::move(r)); });
   out.close();
+  if (src.stopped_early()) {
+    std::fprintf(stderr, "glm5: stopped by %s after %lld of %lld records (%lld in this run); the output holds "
+                 "whole records only: rerun the same command to finish\n", stop_what.c_str(),
+                 (long long)(int64_t(answered) + out.written()), (long long)lines, (long long)out.written());
+    std::fflush(stderr);
+    write_report(*job, a, prof.get());
+    return kExitStopped;
+  }
   std::fprintf(stderr, "[glm5] batch: ran %lld requests; %lld lines were already answered or got an error record\n",
                (long long)src.to_run(), (long long)src.skipped());
   write_report(*job, a, prof.get());
@@ -632,12 +679,14 @@ int run_tokenize(const std::string& path, bool decode, bool literal_special) {
 
 namespace {
 
-// `glm5 launch --run -- serve ...`. Open MPI's mpirun (4.1) answers SIGTERM / SIGINT by killing
-// the ranks (SIGTERM, SIGKILL a second later) and refuses to forward SIGTERM, so signalling it cuts
-// every stream; it does forward SIGUSR1 to every rank at once, and serve drains on SIGUSR1. So the
-// launcher runs mpirun as its child, in a process group of its own (a terminal's Ctrl-C reaches the
-// launcher only), turns each SIGTERM / SIGINT / SIGHUP into SIGUSR1 to mpirun (a second one cancels
-// what is left, as for serve itself) and exits with mpirun's status.
+// `glm5 launch --run -- serve ...` and `-- batch ...`. Open MPI's mpirun (4.1) never forwards
+// SIGTERM / SIGINT: it answers them by ending the job itself (SIGCONT to every rank, SIGTERM
+// odls_base_sigkill_timeout seconds later, default 1, SIGKILL as long again; then it exits 1
+// whatever the ranks did). It does forward SIGUSR1 to every rank at once: serve drains on it, batch
+// stops at a record boundary. So the launcher runs mpirun as its child, in a process group of its
+// own (a terminal's Ctrl-C reaches the launcher only), turns SIGTERM / SIGINT / SIGHUP into SIGUSR1
+// to mpirun (a second one cancels what serve has left; a third is passed on as SIGTERM, Open MPI's
+// kill, in case the job cannot stop by itself) and exits with mpirun's status.
 int run_draining(std::vector<char*>& av) {
   sigset_t set;
   sigemptyset(&set);
@@ -653,12 +702,18 @@ int run_draining(std::vector<char*>& av) {
     _exit(127);
   }
   setpgid(pid, pid);  // also here: whichever of the two runs first
+  int signals = 0;
   for (;;) {
     int sig = 0;
     sigwait(&set, &sig);
     if (sig != SIGCHLD) {
-      std::fprintf(stderr, "[glm5] launch: signal %d: asking serve to drain (SIGUSR1 to mpirun)\n", sig);
-      kill(pid, SIGUSR1);
+      if (++signals < 3) {
+        std::fprintf(stderr, "[glm5] launch: signal %d: asking the job to stop (SIGUSR1 to mpirun)\n", sig);
+        kill(pid, SIGUSR1);
+      } else {
+        std::fprintf(stderr, "[glm5] launch: signal %d, the third: SIGTERM to mpirun (Open MPI ends every rank)\n", sig);
+        kill(pid, SIGTERM);
+      }
       continue;
     }
     int status = 0;
@@ -688,15 +743,16 @@ int run_launch(const std::string& cluster, const std::vector<std::string>& args,
     return 0;
   }
   std::vector<std::string> cmd = launch_command(cc, self, args, geteuid() == 0);
-  const bool serve = !args.empty() && args[0] == "serve";
-  // mpirun runs in the background process group: it must not read the terminal (serve reads no stdin).
-  if (serve && run) cmd.insert(cmd.begin() + 1, {"--stdin", "none"});
+  // serve and batch stop cleanly on a signal to the launcher (run_draining).
+  const bool stoppable = !args.empty() && (args[0] == "serve" || args[0] == "batch");
+  // mpirun runs in the background process group: it must not read the terminal (neither reads stdin).
+  if (stoppable && run) cmd.insert(cmd.begin() + 1, {"--stdin", "none"});
   std::cout << shell_join(cmd) << std::endl;
   if (!run) return 0;
   std::vector<char*> av;
   for (auto& c : cmd) av.push_back(c.data());
   av.push_back(nullptr);
-  if (serve) return run_draining(av);
+  if (stoppable) return run_draining(av);
   execvp(av[0], av.data());
   GLM5_FAIL("could not execute ", cmd[0], ": ", std::strerror(errno));
 }

@@ -28,6 +28,10 @@ struct BatchArgs {
 // Keys (custom_id or "line:<n>") already answered in an existing output file.
 std::vector<std::string> finished_keys(const std::string& output_path);
 
+// run_batch's exit code when a signal stopped it before the end (EX_TEMPFAIL of sysexits.h: try
+// again later): the output holds whole records only, and the same command answers the rest.
+constexpr int kExitStopped = 75;
+
 int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world);
 // Tokenizes as prompts are tokenized: special tokens written in the text become their ids (as HF
 // `tokenizers` encodes them); literal_special keeps them as plain text.

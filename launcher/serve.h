@@ -1,8 +1,9 @@
 // `glm5 serve`: the OpenAI-compatible HTTP server over the distributed engine. World rank 0 serves
 // HTTP on its own threads (launcher/http_server.h, serve_api.h) and runs the engine on its main
 // thread, the only one that calls MPI; every other rank runs the engine alone. SIGTERM / SIGINT /
-// SIGUSR1 (the one mpirun forwards): new requests get 503, finish what was accepted (at most the
-// drain timeout, then cancel it), exit 0.
+// SIGUSR1 (the one mpirun forwards) to rank 0, or Open MPI's kill sequence after a SIGTERM / SIGINT
+// to mpirun (launcher/serve_signals.h): new requests get 503, finish what was accepted (at most the
+// drain timeout, and cancelled in time before a SIGKILL mpirun announced), exit 0.
 #pragma once
 
 #include <memory>
