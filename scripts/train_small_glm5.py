@@ -454,6 +454,7 @@ def export(model, out, eos_ids, pad_id, shards=2):
     for i, part in enumerate(parts):
         fn = f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
         save_file({n: tensors[n] for n in part}, os.path.join(out, fn), metadata={"format": "pt"})
+        os.chmod(os.path.join(out, fn), 0o644)
         weight_map.update({n: fn for n in part})
     with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)

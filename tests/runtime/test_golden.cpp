@@ -85,11 +85,36 @@ void check_golden_internals(const std::string& dir) {
   EXPECT_GT(compared, 0);
 }
 
+// A compact golden (scripts/check_trained_vs_hf.py golden): HF's logits at selected rows of a
+// real-text prompt longer than index_topk, and greedy decode through the cache.
+void check_compact_golden(const std::string& dir) {
+  Golden g(dir + "/golden.safetensors");
+  OneProcessModel m(dir);
+  auto prompt = g.get<int32_t>("prompt_ids");
+  auto rows = g.get<int32_t>("logit_rows");
+  auto tokens = g.get<int32_t>("decode_tokens");
+  const int64_t V = m.cfg.vocab_size, N = int64_t(tokens.size());
+  ASSERT_GT(int64_t(prompt.size()), 2 * m.cfg.index_topk);  // the indexer really drops keys
+  auto res = m.run({golden_request(prompt, int(N))});
+  ASSERT_EQ(res.size(), 1u);
+  const runtime::Result& r = res[0];
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  ASSERT_EQ(int64_t(r.prompt_logits.size()), int64_t(prompt.size()) * V);
+  std::vector<float> picked;
+  for (int32_t row : rows)
+    picked.insert(picked.end(), r.prompt_logits.begin() + row * V, r.prompt_logits.begin() + (row + 1) * V);
+  EXPECT_LT(max_abs_diff(picked, g.get<float>("logits")), 1e-4f);
+  EXPECT_EQ(r.tokens, tokens);
+  EXPECT_LT(max_abs_diff(r.decode_logits, g.get<float>("decode_logits")), 1e-4f);
+}
+
 }  // namespace
 
 TEST(Golden, TinyA) { check_golden(std::string(GLM5_TEST_DATA) + "/tiny-a", false); }
 TEST(Golden, TinyAReferenceBackend) { check_golden(std::string(GLM5_TEST_DATA) + "/tiny-a", true); }
 TEST(Golden, TinyAInternals) { check_golden_internals(std::string(GLM5_TEST_DATA) + "/tiny-a"); }
+// The trained small model: HF transformers on 1,100 tokens of held-out text (index_topk 64).
+TEST(Golden, Glm5Kjv) { check_compact_golden(std::string(GLM5_TEST_DATA) + "/glm5-kjv"); }
 TEST(Golden, TinyV32) { check_golden(std::string(GLM5_TEST_DATA) + "/tiny-v32", false); }
 TEST(Golden, TinyV32Internals) { check_golden_internals(std::string(GLM5_TEST_DATA) + "/tiny-v32"); }
 // tiny-b: another shape (2 dense layers, 2 shared experts, 5 heads, theta 1e4, prompt of 100 >
