@@ -25,7 +25,7 @@ using json = nlohmann::json;
 
 std::vector<Window> plan_windows(int64_t n, int64_t ctx, int64_t stride) {
   std::vector<Window> w;
-  const int64_t score = std::min(stride, ctx / 2);
+  const int64_t score = std::min(stride, ctx - ctx / 2 - 1);  // llama-perplexity: ctx - first - 1
   for (int64_t start = 0; start + ctx <= n; start += stride) w.push_back({start, ctx, ctx - score});
   return w;
 }
@@ -73,7 +73,8 @@ class LogprobFile {
     h["logprobs"] = {{"dtype", "F32"}, {"shape", {n, vocab}}, {"data_offsets", {4 * n, 4 * n + 4 * n * vocab}}};
     std::string text = h.dump();
     text.append((8 - text.size() % 8) % 8, ' ');
-    LogprobFile f(path, O_RDWR | O_CREAT | O_TRUNC, n, vocab, 8 + int64_t(text.size()));
+    LogprobFile f(path + ".tmp", O_RDWR | O_CREAT | O_TRUNC, n, vocab, 8 + int64_t(text.size()));
+    f.final_ = path;
     const uint64_t len = text.size();
     f.write_at(0, &len, 8);
     f.write_at(8, text.data(), text.size());
@@ -97,7 +98,7 @@ class LogprobFile {
     f.meta_ = h.value("__metadata__", json::object());
     return f;
   }
-  LogprobFile(LogprobFile&& o) noexcept : path_(o.path_), fd_(o.fd_), n_(o.n_), vocab_(o.vocab_), base_(o.base_), meta_(o.meta_) {
+  LogprobFile(LogprobFile&& o) noexcept : path_(o.path_), final_(o.final_), fd_(o.fd_), n_(o.n_), vocab_(o.vocab_), base_(o.base_), meta_(o.meta_) {
     o.fd_ = -1;
   }
   ~LogprobFile() {
@@ -114,9 +115,11 @@ class LogprobFile {
     read_at(base_ + 4 * i, token, 4);
     read_at(base_ + 4 * n_ + 4 * i * vocab_, logprobs, size_t(4 * vocab_));
   }
+  // Written whole: flushed, closed and renamed from F.tmp to F.
   void close_checked() {
     CHECK(::fsync(fd_) == 0 && ::close(fd_) == 0, path_, ": write failed: ", std::strerror(errno));
     fd_ = -1;
+    CHECK(::rename(path_.c_str(), final_.c_str()) == 0, final_, ": cannot rename from ", path_, ": ", std::strerror(errno));
   }
 
  private:
@@ -130,7 +133,7 @@ class LogprobFile {
   void read_at(int64_t off, void* p, size_t bytes) const {
     CHECK(::pread(fd_, p, bytes, off) == ssize_t(bytes), path_, ": truncated or unreadable at byte ", off);
   }
-  std::string path_;
+  std::string path_, final_;  // final_: the name a created file gets once complete
   int fd_ = -1;
   int64_t n_ = 0, vocab_ = 0, base_ = 0;
   json meta_;
@@ -252,7 +255,7 @@ void print_table(const json& r) {
 int run_perplexity(const PerplexityArgs& args, std::unique_ptr<parallel::Comm> world) {
   PerplexityArgs a = args;
   if (a.stride == 0) a.stride = a.ctx;
-  CHECK(a.ctx >= 2, "--ctx: expected at least 2 tokens, found ", a.ctx);
+  CHECK(a.ctx >= 4, "--ctx: expected at least 4 tokens, found ", a.ctx);
   CHECK(a.chunks >= 0, "--chunks: expected >= 0, found ", a.chunks);
   CHECK(a.stride >= 1 && a.stride <= a.ctx, "--stride: expected 1..--ctx (", a.ctx, "), found ", a.stride);
   auto job = make_job(a.model, a.cluster, std::move(world), /*progress=*/true);
@@ -297,6 +300,9 @@ int run_perplexity(const PerplexityArgs& args, std::unique_ptr<parallel::Comm> w
     base = std::make_unique<LogprobFile>(LogprobFile::open(a.kl_base));
     CHECK(base->rows() == n_rows && base->vocab() == V, "--kl-base ", a.kl_base, ": ", base->rows(), " rows of ",
           base->vocab(), " logprobs, expected ", n_rows, " of ", V, " (same text, --ctx and --stride as the base run)");
+    for (const auto& [key, mine] : {std::pair{"ctx", a.ctx}, std::pair{"stride", a.stride}})
+      CHECK(base->meta().value(key, std::to_string(mine)) == std::to_string(mine), "--kl-base ", a.kl_base,
+            ": the base run used --", key, " ", base->meta().value(key, std::string()), ", this run ", mine);
     sc.base = base.get();
   }
   job->start_watchdog();

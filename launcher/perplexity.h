@@ -2,18 +2,19 @@
 // llama-perplexity measures it, and KL divergence against a base run (--save-logits / --kl-base).
 //
 // Windows: the text's tokens are cut into windows of `ctx` tokens starting every `stride` tokens
-// (the last window ends at the last token); each window is one prompt, prefilled from position 0,
-// and scores its last `score = min(stride, ctx / 2)` tokens (those that have at least ctx - score
-// tokens of context in the window; a shorter last window scores only tokens no earlier window
-// scored). With the default stride = ctx that is llama-perplexity's rule (non-overlapping windows,
-// second halves scored); stride = ctx / 2 scores every token after the first half window once.
+// (tokens after the last whole window are not scored, as llama-perplexity drops them); each window
+// is one prompt, prefilled from position 0, and scores its last `score = min(stride, ctx - ctx/2 - 1)`
+// tokens. With the default stride = ctx that is llama-perplexity's rule exactly (non-overlapping
+// windows; positions ctx/2 + 1 .. ctx - 1 scored, ctx - ctx/2 - 1 tokens per window); a stride below
+// ctx/2 scores every token after the first window once (consecutive scored ranges tile the text).
 // Token p of a window is scored by log_softmax(logits of row p - 1)[token p]: runtime::token_logprob,
 // the function that gives sampled tokens' and echoed prompt tokens' logprobs, so that perplexity and
 // an OpenAI client's loglikelihoods (lm-eval) are the same numbers. Without --save-logits / --kl-base
 // the last pipeline stage computes them and no logits travel.
 //
 // --save-logits F writes a safetensors file: `token_ids` I32 [N] and `logprobs` F32 [N, vocab]
-// (the full log-softmax of every scored row, in scoring order) and the window plan as metadata;
+// (the full log-softmax of every scored row, in scoring order) and the window plan as metadata,
+// through F.tmp renamed when complete (a failed run leaves no F that --kl-base would take);
 // --kl-base F reads one back and prints, per scored token, KL(base || this) summaries: mean with
 // its standard error, median, 99th percentile and maximum, and top-1 agreement (the argmax of both
 // rows equal). The texts' tokens and the window plan must match the base run's.

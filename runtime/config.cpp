@@ -99,6 +99,25 @@ struct Fields {
   }
 };
 
+// Whether a legacy `rope_scaling` object says what `rope_parameters` says: the same type (`type` or
+// `rope_type`, "default" when absent) and the same value for every other key either has, rope_theta aside.
+bool same_rope(const json& legacy, const json& params) {
+  if (!legacy.is_object()) return false;
+  auto type = [](const json& o) {
+    const json& t = o.contains("rope_type") ? o["rope_type"] : o.contains("type") ? o["type"] : json("default");
+    return t;
+  };
+  if (type(legacy) != type(params)) return false;
+  for (const json* o : {&legacy, &params})
+    for (auto it = o->begin(); it != o->end(); ++it) {
+      const std::string& k = it.key();
+      if (k == "type" || k == "rope_type" || k == "rope_theta") continue;
+      const json& other = (o == &legacy) ? params : legacy;
+      if (!other.contains(k) || other[k] != it.value()) return false;
+    }
+  return true;
+}
+
 // RoPE: transformers-v5 `rope_parameters` {rope_theta, rope_type, yarn keys...}, or the older
 // top-level `rope_theta` plus `rope_scaling` {type | rope_type, factor, ...}.
 void read_rope(const json& root, const std::string& source, ModelConfig& c) {
@@ -115,8 +134,9 @@ void read_rope(const json& root, const std::string& source, ModelConfig& c) {
     // The older spellings beside it would be ignored by transformers v5: refuse a disagreement.
     if (const json* t = top.value("rope_theta"); t && top.number("rope_theta", t, true) != c.rope_theta)
       top.bad("rope_theta", "rope_parameters.rope_theta = " + show(p.value("rope_theta")) + " or no field", t);
-    if (const json* rs = top.value("rope_scaling"))
-      top.bad("rope_scaling", "null or no field when rope_parameters is given (transformers v5 reads only that)", rs);
+    // Exporters write the legacy rope_scaling beside it for older loaders: it must say the same.
+    if (const json* rs = top.value("rope_scaling"); rs && !same_rope(*rs, *params))
+      top.bad("rope_scaling", "null, or the same type and scaling fields as rope_parameters (" + show(params) + ")", rs);
   } else {
     const json* theta = top.value("rope_theta");
     if (!theta) top.bad("rope_theta", "a positive number (or a `rope_parameters` object)", nullptr);
@@ -237,7 +257,14 @@ const char* const kIgnoredKeys[] = {
     "is_encoder_decoder", "is_decoder", "add_cross_attention", "tie_encoder_decoder", "id2label",
     "label2id", "problem_type", "chunk_size_feed_forward", "tf_legacy_loss", "pruned_heads",
     "finetuning_task", "task_specific_params", "tokenizer_class", "prefix", "sep_token_id",
-    "decoder_start_token_id", "cross_attention_hidden_size", "_attn_implementation_autoset"};
+    "decoder_start_token_id", "cross_attention_hidden_size", "_attn_implementation_autoset",
+    // generation defaults older transformers wrote into every config (requests carry their own sampling)
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
+    "begin_suppress_tokens"};
 
 // Every key of the file is read or known to be ignorable; returns the ignorable ones present.
 std::vector<std::string> check_keys(const json& root, const std::string& source) {
@@ -404,13 +431,13 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   ModelConfig c;
   c.source = source;
   Fields f{root, source, ""};
-  c.ignored_fields = check_keys(root, source);
 
   const json* mt = f.value("model_type");
   if (!mt || !mt->is_string() ||
       (mt->get<std::string>() != "glm_moe_dsa" && mt->get<std::string>() != "deepseek_v32"))
     f.bad("model_type", "\"glm_moe_dsa\" or \"deepseek_v32\"", mt);
   c.model_type = mt->get<std::string>();
+  c.ignored_fields = check_keys(root, source);  // after model_type: another model gets that message
 
   // `dtype` (transformers v5) wins over the older `torch_dtype`.
   c.dtype = f.value("dtype") ? f.optional_string("dtype", "") : f.optional_string("torch_dtype", "bfloat16");

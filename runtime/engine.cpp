@@ -331,6 +331,30 @@ static std::vector<Sampled> prompt_logprobs(const float* rows, int64_t cnt, int6
   return out;
 }
 
+// Prompt logprobs of a chunk of an echo request (its rows [first, first + cnt) of h, positions from
+// `start`), the logits made kLogprobRows rows at a time: a chunk may be thousands of rows, and a
+// [rows x vocab] buffer of them (5 GB at GLM-5's vocabulary for 8192 rows) is not in the memory plan,
+// which holds the logits of max_batch rows.
+constexpr int64_t kLogprobRows = 64;
+static std::vector<Sampled> sliced_prompt_logprobs(Model& model, const float* h, int64_t first, int64_t cnt,
+                                                   int64_t start, const Request& r) {
+  kernels::Backend& be = model.backend();
+  const int64_t H = model.config().hidden_size, V = model.config().vocab_size;
+  std::vector<Sampled> out;
+  std::vector<float> logits;
+  for (int64_t j = 0; j < cnt; j += kLogprobRows) {
+    const int64_t n = std::min(kLogprobRows, cnt - j);
+    float* hs = static_cast<float*>(be.alloc(size_t(n * H) * sizeof(float)));
+    be.copy_2d({h + (first + j) * H, H, hs, H, n, H});
+    logits.resize(size_t(n * V));
+    model.logits(hs, n, logits.data());
+    be.free(hs);
+    std::vector<Sampled> part = prompt_logprobs(logits.data(), n, V, start + j, r);
+    out.insert(out.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
+  }
+  return out;
+}
+
 // The last stage's work on a step: logits of the rows that need them, then sampling. A sequence
 // whose logits are not finite gets an error (it ends; the others go on) and a line on stderr.
 static std::vector<Back> finish_step(Model& model, const Step& step, const float* h, SeqTable& table, int rank) {
@@ -338,9 +362,13 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
   const int64_t H = model.config().hidden_size, V = model.config().vocab_size;
   // Rows that need logits, gathered contiguously.
   std::vector<std::pair<int64_t, int64_t>> rows;  // (first row in h, count) per seq
+  std::vector<int64_t> row_of;                      // each seq's first row in h
   int64_t row = 0, total = 0;
   for (auto& s : step.seqs) {
-    if (s.logits_all) rows.push_back({row, s.n});
+    row_of.push_back(row);
+    // Every row's logits for a dump (--dump-logits); an echo request's prompt rows are scored in
+    // slices below, so only its sampled row joins the step's logits.
+    if (s.logits_all && table.at(s.req).req.want_prompt_logits) rows.push_back({row, s.n});
     else if (s.sample) rows.push_back({row + s.n - 1, 1});
     else rows.push_back({row, 0});
     total += rows.back().second;
@@ -385,7 +413,8 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
       e.generated.push_back(b.sampled.token);
     }
     if (s.logits_all && e.req.prompt_logprobs >= 0)
-      b.prompt_logprobs = prompt_logprobs(mine, cnt, V, s.start, e.req);
+      b.prompt_logprobs = e.req.want_prompt_logits ? prompt_logprobs(mine, cnt, V, s.start, e.req)
+                                                   : sliced_prompt_logprobs(model, h, row_of[i], s.n, s.start, e.req);
     if (s.logits_all && e.req.want_prompt_logits) b.logits.assign(mine, mine + cnt * V);
     else if (s.logits_sampled) b.logits.assign(last, last + V);
     out.push_back(std::move(b));

@@ -239,13 +239,15 @@ int64_t layer_of(const std::string& name) {
 
 // num_hidden_layers and num_nextn_predict_layers against the layers the checkpoint holds, before
 // anything is sized by them: decoder layers 0..N-1 all present, and MTP layers N.. either absent
-// (transformers does not save them) or exactly num_nextn_predict_layers of them.
+// (transformers does not save them) or exactly num_nextn_predict_layers of them (any number when the
+// config declares none: they are not run).
 void check_layer_count(const Checkpoint& ckpt, const ModelConfig& cfg) {
   std::set<int64_t> layers;
   for (const std::string& name : ckpt.names())
     if (int64_t l = layer_of(name); l >= 0) layers.insert(l);
   const int64_t N = cfg.num_hidden_layers, nextn = cfg.num_nextn_predict_layers, K = int64_t(layers.size());
-  CHECK(K == N || K == N + nextn, ckpt.dir(), " holds ", K, " layers (model.layers.<i>, i up to ",
+  // nextn 0 beside a stored MTP layer: the layer is not used (as before this check), so it may stay.
+  CHECK(K == N || K == N + nextn || (nextn == 0 && K > N), ckpt.dir(), " holds ", K, " layers (model.layers.<i>, i up to ",
         K ? *layers.rbegin() : -1, "), but ", cfg.source, " says num_hidden_layers = ", N,
         " and num_nextn_predict_layers = ", nextn, ": expected ", N, " decoder layers, then none or ", nextn,
         " MTP layer(s)");

@@ -119,8 +119,9 @@ def write_golden(args):
 
 
 def hf_perplexity(model, ids, ctx, stride, chunks):
-    """The windows of launcher/perplexity.h: start every stride, length ctx, score the last min(stride, ctx/2)."""
-    score = min(stride, ctx // 2)
+    """The windows of launcher/perplexity.h: start every stride, length ctx, score the last
+    min(stride, ctx - ctx/2 - 1) (llama-perplexity's count for stride = ctx)."""
+    score = min(stride, ctx - ctx // 2 - 1)
     nll = []
     starts = list(range(0, len(ids) - ctx + 1, stride))
     if chunks:

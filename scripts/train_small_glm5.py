@@ -14,7 +14,8 @@
 #      still fitted by KL on the selected keys, inputs detached (the LM loss never reaches it);
 #   expert balance by the auxiliary-loss-free bias update (e_score_correction_bias += gamma * sign(mean
 #   load - load) after each step); MTP loss (weight mtp_weight) over mtp_depth chained draft steps, the
-#   hidden state carried between steps through shared_head.norm, as the runtime drafts.
+#   hidden state carried between steps through shared_head.norm (vllm PR #46075: the norm applies to the
+#   carried state; acceptance at the second position collapses without it).
 #
 # Corpus: `bible -f` (Debian package bible-kjv), verse references stripped, one verse per line, chapters
 # separated by a blank line. Held out: every chapter whose (book, chapter) hash falls in 1/20 -- never

@@ -24,13 +24,15 @@ namespace {
 const ScratchDir scratch("glm5_perplexity");
 
 TEST(PerplexityPlan, LlamaPerplexityWindowsByDefault) {
-  // stride = ctx: non-overlapping windows, each scoring its second half; the tail is not scored.
+  // stride = ctx: non-overlapping windows, each scoring positions ctx/2 + 1 .. ctx - 1 (llama-perplexity's
+  // `first = n_ctx/2`, `count += n_ctx - first - 1`); the tail after the last whole window is not scored.
   auto w = plan_windows(1100, 512, 512);
   ASSERT_EQ(w.size(), 2u);
   EXPECT_EQ(w[0].start, 0);
   EXPECT_EQ(w[1].start, 512);
   EXPECT_EQ(w[1].len, 512);
-  EXPECT_EQ(w[0].first, 256);
+  EXPECT_EQ(w[0].first, 257);
+  EXPECT_EQ(w[0].len - w[0].first, 255);
 }
 
 TEST(PerplexityPlan, SlidingWindowsScoreEachTokenOnce) {
@@ -118,7 +120,7 @@ TEST(PerplexityCli, BadArgumentsNamed) {
   struct Case {
     std::string args, message;
   } cases[] = {
-      {text + " --ctx 1", "--ctx"},
+      {text + " --ctx 3", "--ctx"},
       {text + " --ctx 64 --stride 65", "--stride"},
       {text + " --ctx 100000", "max_position_embeddings"},
       {"/nonexistent.txt", "/nonexistent.txt"},

@@ -333,6 +333,10 @@ TEST(ConfigTest, RopeFieldsThatWouldBeUnused) {
   expect_edit_error([](json& j) { j["rope_theta"] = 0; }, {"'rope_theta'", "positive"});
   expect_edit_error([](json& j) { j["rope_theta"] = 10000.0; }, {"'rope_theta'", "rope_parameters.rope_theta"});
   expect_edit_error([](json& j) { j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4}}; }, {"'rope_scaling'"});
+  // The legacy copy an exporter writes beside rope_parameters is accepted when it says the same.
+  EXPECT_NO_THROW(parse_edited([](json& j) { j["rope_scaling"] = {{"rope_type", "default"}}; }));
+  EXPECT_NO_THROW(parse_edited([](json& j) { j["max_length"] = 20, j["do_sample"] = false; }));
+  expect_edit_error([](json& j) { j["model_type"] = "qwen3", j["sliding_window"] = 4096; }, {"'model_type'"});
   EXPECT_DOUBLE_EQ(parse_edited([](json& j) { j["rope_theta"] = 1000000.0; }).rope_theta, 1e6);
   expect_edit_error([](json& j) { j["num_hidden_layers"] = 1000000000; }, {"'num_hidden_layers'", "at most"});
 }
