@@ -186,6 +186,17 @@ def strip_template_prefix(toks):
     return toks
 
 
+
+def skip_template_args(toks, j):
+    """toks[j] is the '>' closing a template argument list: the index of the token before its '<'."""
+    d = 0
+    while j >= 0:
+        d += (toks[j][0] == ">") - (toks[j][0] == "<")
+        j -= 1
+        if d == 0:
+            break
+    return j
+
 def function_name(toks):
     """The name of the function whose body follows this declaration, or None when it is not one
     (a variable, a lambda, an initializer). Also says whether the declaration is in the middle of
@@ -242,12 +253,7 @@ def function_name(toks):
     # The (qualified) name before the parameter list.
     j = p_open - 1
     if j >= 0 and toks[j][0] == ">":  # an explicit specialization f<int>(...)
-        d = 0
-        while j >= 0:
-            d += (toks[j][0] == ">") - (toks[j][0] == "<")
-            j -= 1
-            if d == 0:
-                break
+        j = skip_template_args(toks, j)
     parts = []
     expect_ident = True
     while j >= 0:
@@ -263,12 +269,7 @@ def function_name(toks):
             parts.insert(0, "::")
             j -= 1
             if j >= 0 and toks[j][0] == ">":  # Foo<T>::bar: the template arguments are dropped
-                d = 0
-                while j >= 0:
-                    d += (toks[j][0] == ">") - (toks[j][0] == "<")
-                    j -= 1
-                    if d == 0:
-                        break
+                j = skip_template_args(toks, j)
             expect_ident = True
         else:
             break

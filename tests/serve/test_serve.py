@@ -131,23 +131,13 @@ REQUESTS = [
 
 def batch_answers():
     """The same requests through `glm5 batch` (1 process): [(text, token_ids, finish_reason)]."""
-    inp, out = os.path.join(SCRATCH, "in.jsonl"), os.path.join(SCRATCH, "out.jsonl")
-    with open(inp, "w") as f:
-        for i, (url, body) in enumerate(REQUESTS):
-            b = dict(body, temperature=0, model=MODEL_NAME)
-            f.write(json.dumps({"custom_id": str(i), "method": "POST", "url": url, "body": b}) + "\n")
-    if os.path.exists(out):
-        os.remove(out)
-    subprocess.run([BIN, "batch", "--model", MODEL, "--input", inp, "--output", out], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    got = {}
-    with open(out) as f:
-        for line in f:
-            rec = json.loads(line)
-            c = rec["response"]["body"]["choices"][0]
-            text = c["message"]["content"] if "message" in c else c["text"]
-            got[int(rec["custom_id"])] = (text, c["token_ids"], c["finish_reason"])
-    return [got[i] for i in range(len(REQUESTS))]
+    got = batch_choices([{"custom_id": str(i), "method": "POST", "url": url,
+                          "body": dict(body, temperature=0, model=MODEL_NAME)} for i, (url, body) in enumerate(REQUESTS)])
+    out = []
+    for i in range(len(REQUESTS)):
+        c = got[str(i)][0]
+        out.append((c["message"]["content"] if "message" in c else c["text"], c["token_ids"], c["finish_reason"]))
+    return out
 
 
 def server_answers(client, stream):
