@@ -25,7 +25,8 @@ namespace {
 const char* const kAllowedKeys[] = {
     "stages",        "expert_parallel", "micro_batches",   "backend", "comm",
     "kv_budget_gb",  "max_batch",       "prefill_chunk",   "hosts",   "mpirun_args",
-    "env",           "device_memory_gb", "max_step_tokens", "watchdog_s", "prefix_caching", "kv_dtype"};
+    "env",           "device_memory_gb", "max_step_tokens", "watchdog_s", "prefix_caching", "kv_dtype",
+    "speculative_tokens", "speculative_max_rows"};
 
 std::string where(const std::string& source) {
   return "cluster config " + (source.empty() ? std::string("(built-in default)") : source);
@@ -63,11 +64,14 @@ struct Reader {
     bad(n, key, expected, show(n));
   }
 
-  int64_t integer(const YAML::Node& n, const std::string& key, int64_t min_value) const {
-    std::string expected = "an integer >= " + std::to_string(min_value);
+  int64_t integer(const YAML::Node& n, const std::string& key, int64_t min_value,
+                  int64_t max_value = std::numeric_limits<int>::max()) const {
+    std::string expected = max_value < std::numeric_limits<int>::max()
+                               ? "an integer in [" + std::to_string(min_value) + ", " + std::to_string(max_value) + "]"
+                               : "an integer >= " + std::to_string(min_value);
     long long x = 0;
     if (!n.IsScalar() || !YAML::convert<long long>::decode(n, x)) bad(n, key, expected);
-    if (x < min_value || x > std::numeric_limits<int>::max()) bad(n, key, expected);
+    if (x < min_value || x > max_value) bad(n, key, expected);
     return x;
   }
   double number(const YAML::Node& n, const std::string& key, double min_value) const {
@@ -245,6 +249,10 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
         cc.prefix_caching = rd.boolean(v, key);
       else if (key == "kv_dtype")
         cc.kv_dtype = rd.one_of(v, key, {"f32", "bf16"});
+      else if (key == "speculative_tokens")
+        cc.speculative_tokens = int(rd.integer(v, key, 0, kMaxSpeculativeTokens));
+      else if (key == "speculative_max_rows")
+        cc.speculative_max_rows = int(rd.integer(v, key, 1));
       else if (key == "hosts")
         rd.hosts(v, cc);
       else if (key == "mpirun_args")
@@ -389,6 +397,7 @@ runtime::ModelShard rank_shard(const ClusterConfig& cc, const std::vector<parall
   shard.head = s == g.stages - 1;
   shard.expert_parallel = g.expert_parallel;
   shard.column = g.column_of(rank);
+  shard.mtp = shard.head && cc.speculative_tokens > 0;
   return shard;
 }
 

@@ -89,10 +89,13 @@ void warn_on_mixed_gemm_paths(parallel::Comm& world) {
 }  // namespace
 
 std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& cluster_file,
-                              std::unique_ptr<parallel::Comm> world, bool progress) {
+                              std::unique_ptr<parallel::Comm> world, bool progress, int speculative_tokens) {
   auto job = std::make_unique<Job>();
   job->world = std::move(world);
   job->cluster = cluster_file.empty() ? default_cluster_config() : load_cluster_config(cluster_file);
+  CHECK(speculative_tokens >= -1 && speculative_tokens <= kMaxSpeculativeTokens, "--speculative-tokens: expected an integer in [0, ",
+        kMaxSpeculativeTokens, "], found ", speculative_tokens);
+  if (speculative_tokens >= 0) job->cluster.speculative_tokens = speculative_tokens;
   job->config = runtime::load_config(model_dir);
   job->stages = plan_stages(job->cluster, job->config, job->world->size());
   const parallel::Grid grid = job->cluster.grid();
@@ -131,6 +134,11 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   opt.prefix_sharing = job->cluster.prefix_caching;
   opt.kv_dtype = job->cluster.kv_dtype == "bf16" ? DType::BF16 : DType::F32;
   for (const auto& range : job->stages) opt.kv_layers = std::max(opt.kv_layers, range.size());
+  // The last stage also caches the MTP layer's rows.
+  if (shard.mtp || job->cluster.speculative_tokens > 0)
+    opt.kv_layers = std::max(opt.kv_layers, job->stages.back().size() + 1);
+  opt.speculative_tokens = job->cluster.speculative_tokens;
+  opt.speculative_max_rows = job->cluster.speculative_max_rows;
   opt.progress = progress;
   job->engine = std::make_unique<runtime::Engine>(*job->model, *job->world, *job->stage_comm, grid, opt,
                                                   job->hidden.get());
@@ -175,10 +183,11 @@ struct GenerateArgs {
   int top_k = 0;
   uint64_t seed = 0;
   bool ignore_eos = false;
+  int speculative_tokens = -1;
 };
 
 int run_generate(const GenerateArgs& a, std::unique_ptr<parallel::Comm> world) {
-  auto job = make_job(a.model, a.cluster, std::move(world), false);
+  auto job = make_job(a.model, a.cluster, std::move(world), false, a.speculative_tokens);
   const bool root = job->rank() == 0;
   std::vector<runtime::Request> reqs;
   std::unique_ptr<runtime::Tokenizer> tok;
@@ -445,6 +454,7 @@ int main_entry(int argc, char** argv) {
   gen->add_option("--top-k", ga.top_k)->capture_default_str();
   gen->add_option("--seed", ga.seed)->capture_default_str();
   gen->add_flag("--ignore-eos", ga.ignore_eos, "do not stop at the config's eos ids");
+  gen->add_option("--speculative-tokens", ga.speculative_tokens, "MTP draft tokens per decode step, 0..8 (0: off; replaces the cluster config's speculative_tokens)");
   gen->add_option("--dump-logits", ga.dump_logits,
                   "write prefill_logits, decode_tokens, decode_logits to this safetensors file");
 
@@ -455,6 +465,7 @@ int main_entry(int argc, char** argv) {
   bat->add_option("--input", ba.input)->required();
   bat->add_option("--output", ba.output)->required();
   bat->add_option("--report", ba.report, "write per-rank timing/traffic report JSON (with MoE routing health)");
+  bat->add_option("--speculative-tokens", ba.speculative_tokens, "MTP draft tokens per decode step, 0..8 (0: off; replaces the cluster config's speculative_tokens)");
   bat->add_option("--metrics", ba.metrics, "write the run's counters as a Prometheus text file");
   bat->add_flag("--profile", ba.profile, "time the forward pass's phases per layer on every rank (into --report)");
   bat->add_option("--trace", ba.trace,
@@ -572,6 +583,7 @@ int main_entry(int argc, char** argv) {
   srv->add_option("--max-connections", sva.limits.max_connections, "open connections beyond which new ones get 503")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  srv->add_option("--speculative-tokens", sva.speculative_tokens, "MTP draft tokens per decode step, 0..8 (0: off; replaces the cluster config's speculative_tokens)");
   srv->add_option("--http-threads", sva.http_threads, "threads serving HTTP on rank 0")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));

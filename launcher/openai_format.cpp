@@ -129,7 +129,7 @@ void check_supported_fields(const json& body, BodyForm form) {
       "model", "prompt", "prompt_ids", "messages", "max_tokens", "max_completion_tokens", "temperature",
       "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
       "stop", "logprobs", "top_logprobs", "ignore_eos", "chat_template_kwargs", "user", "metadata", "n",
-      "best_of", "echo"};
+      "best_of", "echo", "speculative"};
   static const std::map<std::string, json> only_default = {
       {"stream", false}, {"suffix", nullptr}, {"logit_bias", json::object()}, {"stream_options", nullptr}};
   for (auto& [key, v] : body.items()) {
@@ -267,6 +267,7 @@ void read_sampling(const json& body, BatchLine& b, uint64_t default_seed, const 
         ") is supported, found ", best_of);
   read_logprobs(body, s);
   s.ignore_eos = read_bool(body, "ignore_eos", s.ignore_eos);
+  b.request.speculative = read_bool(body, "speculative", true);  // false: no MTP drafts for it
   if (body.contains("stop") && !body["stop"].is_null()) {
     const json& st = body["stop"];
     if (st.is_string()) s.stop.push_back(st);

@@ -105,6 +105,7 @@ void put_request(Writer& w, const Request& r) {
   w.put(r.prompt_logprobs);
   w.put_str(r.error);
   w.put(r.stream);
+  w.put(r.speculative);
   w.put_vec(r.generated);
 }
 Request get_request(Reader& rd) {
@@ -124,6 +125,7 @@ Request get_request(Reader& rd) {
   r.prompt_logprobs = rd.get<int32_t>();
   r.error = rd.get_str();
   r.stream = rd.get<bool>();
+  r.speculative = rd.get<bool>();
   r.generated = rd.get_vec<int32_t>();
   return r;
 }
@@ -188,8 +190,9 @@ Step get_step(Reader& rd) {
 void put_backs(Writer& w, const std::vector<Back>& backs) {
   w.put<int64_t>(int64_t(backs.size()));
   for (auto& b : backs) {
-    w.put(b.req); w.put(b.has_token); w.put(b.sampled.token); w.put(b.sampled.logprob);
-    w.put_vec(b.sampled.top); w.put_vec(b.logits); w.put_str(b.error);
+    w.put(b.req);
+    put_sampled(w, b.tokens);
+    w.put_vec(b.drafts); w.put_vec(b.logits); w.put_str(b.error);
     put_sampled(w, b.prompt_logprobs);
   }
 }
@@ -197,10 +200,8 @@ std::vector<Back> get_backs(Reader& rd) {
   std::vector<Back> backs(static_cast<size_t>(rd.get<int64_t>()));
   for (Back& b : backs) {
     b.req = rd.get<int64_t>();
-    b.has_token = rd.get<bool>();
-    b.sampled.token = rd.get<int32_t>();
-    b.sampled.logprob = rd.get<float>();
-    b.sampled.top = rd.get_vec<std::pair<int32_t, float>>();
+    b.tokens = get_sampled(rd);
+    b.drafts = rd.get_vec<int32_t>();
     b.logits = rd.get_vec<float>();
     b.error = rd.get_str();
     b.prompt_logprobs = get_sampled(rd);
@@ -307,6 +308,12 @@ class SeqTable {
     Request req;
     std::vector<int32_t> blocks;
     std::vector<int32_t> generated;
+    std::vector<int32_t> drafts;  // last stage: the drafts it proposed for the next step
+    // The token at position p: the prompt's, then the generated ones (last stage).
+    int32_t token_at(int64_t p) const {
+      const int64_t P = int64_t(req.prompt.size());
+      return p < P ? req.prompt[size_t(p)] : generated[size_t(p - P)];
+    }
   };
   Entry& at(int64_t req) {
     auto it = seqs_.find(req);
@@ -355,9 +362,92 @@ static std::vector<Sampled> sliced_prompt_logprobs(Model& model, const float* h,
   return out;
 }
 
+// MTP drafting on the last stage, after sampling (speculative decoding; spec §3.9). The MTP layer
+// runs over every row of the step whose next token is now known: a prefill chunk's rows (the next
+// prompt token; after the last one, the token just sampled) and a decode step's accepted rows
+// (the tokens just sampled), writing its own KV rows at their positions. For a speculating
+// sequence that sampled, the MTP output of its last row gives draft 1, and k - 1 chained steps
+// give the rest: step j runs at the next position on draft j - 1 and the state the step before
+// carried (after shared_head.norm). Drafts are greedy (the argmax of lm_head). The layer runs k
+// times per step on every rank of the stage, rows or not, so its MoE exchanges pair up.
+static void draft(Model& model, const Step& step, const float* h, SeqTable& table, std::vector<Back>& backs, int k) {
+  kernels::Backend& be = model.backend();
+  const int64_t H = model.config().hidden_size, V = model.config().vocab_size;
+  std::unordered_map<int64_t, Back*> back_of;
+  for (Back& b : backs) back_of[b.req] = &b;
+  std::vector<SeqStep> batch;
+  std::vector<int32_t> next_ids;
+  std::vector<std::pair<int64_t, int64_t>> rows;  // (first row in h, count) per batch entry
+  struct Drafting {
+    SeqTable::Entry* e;
+    Back* b;
+    int64_t row;  // its last row in the MTP batch
+    int64_t pos;  // the position its next chained step runs at
+  };
+  std::vector<Drafting> drafting;
+  int64_t row = 0, m = 0;
+  for (const StepSeq& s : step.seqs) {
+    const int64_t first = row;
+    row += s.n;
+    auto it = back_of.find(s.req);
+    Back* b = it == back_of.end() ? nullptr : it->second;
+    if (!s.mtp || (b && !b->error.empty())) continue;
+    SeqTable::Entry& e = table.at(s.req);
+    const int64_t cnt = s.decode ? int64_t(b->tokens.size()) : s.n;  // rows whose next token is known
+    batch.push_back({e.blocks.data(), s.start, cnt, int64_t(e.req.prompt.size())});
+    for (int64_t p = s.start; p < s.start + cnt; ++p) next_ids.push_back(e.token_at(p + 1));
+    rows.push_back({first, cnt});
+    m += cnt;
+    e.drafts.clear();
+    if (s.sample && e.req.speculative) drafting.push_back({&e, b, m - 1, s.start + cnt});
+  }
+  // hidden = model.norm(h) of those rows; state = what the MTP layer carries (shared_head.norm).
+  auto alloc = [&](int64_t r) { return static_cast<float*>(be.alloc(size_t(std::max<int64_t>(r, 1) * H) * sizeof(float))); };
+  float *hs = alloc(m), *state = alloc(m);
+  int64_t at = 0;
+  for (auto& [first, cnt] : rows) {
+    be.copy_2d({h + first * H, H, hs + at * H, H, cnt, H});
+    at += cnt;
+  }
+  model.final_norm(hs, m, hs);
+  model.mtp_forward(batch, next_ids.data(), hs, state);
+  // Draft j of the sequences still drafting (`active`, their states in that order in `state`).
+  std::vector<Drafting*> active;
+  for (Drafting& q : drafting) {
+    be.copy_2d({state + q.row * H, H, state + int64_t(active.size()) * H, H, 1, H});  // rows ascend: in place
+    active.push_back(&q);
+  }
+  std::vector<float> logits;
+  for (int j = 1; j <= k; ++j) {
+    const int64_t n = int64_t(active.size());
+    logits.resize(size_t(n * V));
+    if (n > 0) model.head_logits(state, n, logits.data());
+    std::vector<SeqStep> chain;
+    std::vector<int32_t> ids;
+    std::vector<Drafting*> still;
+    for (int64_t d = 0; d < n; ++d) {
+      Drafting& q = *active[size_t(d)];
+      q.e->drafts.push_back(argmax(logits.data() + d * V, V));
+      // A chained step writes MTP KV rows past the sequence: only within its blocks.
+      if (j == k || q.pos >= int64_t(q.e->blocks.size()) * kBlockTokens) continue;
+      if (int64_t(still.size()) != d) be.copy_2d({state + d * H, H, state + int64_t(still.size()) * H, H, 1, H});
+      chain.push_back({q.e->blocks.data(), q.pos++, 1, int64_t(q.e->req.prompt.size())});
+      ids.push_back(q.e->drafts.back());
+      still.push_back(&q);
+    }
+    if (j == k) break;
+    model.mtp_forward(chain, ids.data(), state, state);
+    active.swap(still);
+  }
+  for (const Drafting& q : drafting) q.b->drafts = q.e->drafts;
+  be.free(state);
+  be.free(hs);
+}
+
 // The last stage's work on a step: logits of the rows that need them, then sampling. A sequence
 // whose logits are not finite gets an error (it ends; the others go on) and a line on stderr.
-static std::vector<Back> finish_step(Model& model, const Step& step, const float* h, SeqTable& table, int rank) {
+static std::vector<Back> finish_step(Model& model, const Step& step, const float* h, SeqTable& table, int rank,
+                                     int speculative_tokens) {
   kernels::Backend& be = model.backend();
   const int64_t H = model.config().hidden_size, V = model.config().vocab_size;
   // Rows that need logits, gathered contiguously.
@@ -369,7 +459,7 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
     // Every row's logits for a dump (--dump-logits); an echo request's prompt rows are scored in
     // slices below, so only its sampled row joins the step's logits.
     if (s.logits_all && table.at(s.req).req.want_prompt_logits) rows.push_back({row, s.n});
-    else if (s.sample) rows.push_back({row + s.n - 1, 1});
+    else if (s.sample) rows.push_back({row + s.n - 1 - s.drafts, 1 + s.drafts});  // a verify step: every row
     else rows.push_back({row, 0});
     total += rows.back().second;
     row += s.n;
@@ -385,7 +475,7 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
     model.logits(hs, total, logits.data());
     be.free(hs);
   }
-  Profiler::Scope span(model.profiler(), "sample", -1);  // (and the logits checks and copies)
+  std::optional<Profiler::Scope> span(std::in_place, model.profiler(), "sample", -1);  // (and the logits checks, copies)
   std::vector<Back> out;
   int64_t at = 0;
   for (size_t i = 0; i < step.seqs.size(); ++i) {
@@ -408,9 +498,21 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
     }
     const float* last = mine + (cnt - 1) * V;
     if (s.sample) {
-      b.has_token = true;
-      b.sampled = sample(last, V, e.req.sampling, e.req.prompt, e.generated, int64_t(e.generated.size()));
-      e.generated.push_back(b.sampled.token);
+      // Row j's token is sampled exactly as plain decoding samples it (same logits bits, same
+      // history, same (seed, step) draw); the step ends at the first row whose token is not the
+      // next draft. With a greedy draft this is the standard speculative-sampling rule: the
+      // draft is accepted with the target's probability of it, and a rejection yields a token
+      // drawn from the target without it.
+      CHECK(int64_t(e.drafts.size()) >= s.drafts, "internal: request ", s.req, " verifies ", s.drafts,
+            " drafts, the last stage proposed ", e.drafts.size());
+      const float* first = last - int64_t(s.drafts) * V;
+      for (int64_t j = 0; j <= s.drafts; ++j) {
+        Sampled t = sample(first + j * V, V, e.req.sampling, e.req.prompt, e.generated, int64_t(e.generated.size()));
+        e.generated.push_back(t.token);
+        const bool rejected = j < s.drafts && t.token != e.drafts[size_t(j)];
+        b.tokens.push_back(std::move(t));
+        if (rejected) break;
+      }
     }
     if (s.logits_all && e.req.prompt_logprobs >= 0)
       b.prompt_logprobs = e.req.want_prompt_logits ? prompt_logprobs(mine, cnt, V, s.start, e.req)
@@ -419,6 +521,8 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
     else if (s.logits_sampled) b.logits.assign(last, last + V);
     out.push_back(std::move(b));
   }
+  span.reset();
+  if (speculative_tokens > 0) draft(model, step, h, table, out, speculative_tokens);
   return out;
 }
 
@@ -489,7 +593,9 @@ void Engine::run(RequestSource* source, const std::function<void(Result&&)>& on_
   const int kv_layers = opt_.kv_layers > 0 ? opt_.kv_layers : model_.n_local_layers();
   kv_blocks_ = KvPool::blocks_for_budget(model_.config(), kv_layers, opt_.kv_budget_bytes, opt_.max_batch, opt_.kv_dtype);
   world_.all_reduce(&kv_blocks_, 1, parallel::ReduceDType::I64, parallel::ReduceOp::Min);  // one size everywhere
-  KvPool pool(model_.backend(), model_.config(), model_.n_local_layers(), kv_blocks_, opt_.kv_dtype);
+  CHECK(opt_.speculative_tokens == 0 || model_.has_mtp() || !model_.shard().head,
+        "internal: speculative decoding without the MTP layer on the last stage");
+  KvPool pool(model_.backend(), model_.config(), model_.kv_layers(), kv_blocks_, opt_.kv_dtype);
   model_.set_kv_pool(&pool);
   struct Unset {
     Model& m;
@@ -527,6 +633,19 @@ struct Engine::Stage0 {
     return n;
   }
 };
+
+// The scheduler's counters into the run's stats.
+static void copy_counters(const Scheduler& sched, EngineStats& st) {
+  st.tokens_generated = sched.tokens_generated();
+  st.prompt_tokens = sched.prompt_rows();
+  st.preemptions = sched.preemptions();
+  st.kv_blocks_peak = sched.blocks_peak();
+  st.prefix_hit_tokens = sched.prefix_hit_tokens();
+  st.spec_steps = sched.spec_stats().steps;
+  st.spec_drafted = sched.spec_stats().drafted;
+  st.spec_accepted = sched.spec_stats().accepted;
+  st.spec_accepted_at = sched.spec_stats().accepted_at;
+}
 
 // Between ticks on the stage-0 ranks: results go to world rank 0, which hands out new requests
 // (to the least-loaded columns with room) and decides when the run is over. False: over.
@@ -666,11 +785,7 @@ bool Engine::exchange(Stage0& s) {
   for (int64_t index : cancelled) s.sched.cancel(index);  // a column holds it or ignores it
   for (auto& r : assigned[size_t(col)]) s.sched.add(std::move(r));
   // Live counters (a server's /metrics reads them between steps; a batch job at the end).
-  stats_.tokens_generated = s.sched.tokens_generated();
-  stats_.prompt_tokens = s.sched.prompt_rows();
-  stats_.preemptions = s.sched.preemptions();
-  stats_.kv_blocks_peak = s.sched.blocks_peak();
-  stats_.prefix_hit_tokens = s.sched.prefix_hit_tokens();
+  copy_counters(s.sched, stats_);
   stats_.comm_s += since(t);
   return !stop;
 }
@@ -703,6 +818,8 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
   so.max_step_tokens = opt_.max_step_tokens;
   so.kv_blocks = kv_blocks_;
   so.prefix_sharing = opt_.prefix_sharing;
+  so.speculative_tokens = opt_.speculative_tokens;
+  so.speculative_max_rows = opt_.speculative_max_rows;
   Stage0 s(cfg, so, opt_.tokenizer, G);
   s.source = source;
   s.on_result = &on_result;
@@ -741,7 +858,7 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
     stats_.compute_s += since(tc);
     if (P == 1) {
       tc = Clock::now();
-      std::vector<Back> backs = finish_step(model_, step, h, table, world_.rank());
+      std::vector<Back> backs = finish_step(model_, step, h, table, world_.rank(), opt_.speculative_tokens);
       stats_.compute_s += since(tc);
       be.free(h);
       s.sched.apply(backs);
@@ -769,11 +886,7 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
     s.out.send_bytes(world_, next, kStep, std::move(sw.b));
   }
   s.out.drain();
-  stats_.tokens_generated = s.sched.tokens_generated();
-  stats_.prompt_tokens = s.sched.prompt_rows();
-  stats_.preemptions = s.sched.preemptions();
-  stats_.kv_blocks_peak = s.sched.blocks_peak();
-  stats_.prefix_hit_tokens = s.sched.prefix_hit_tokens();
+  copy_counters(s.sched, stats_);
 }
 
 void Engine::run_later_stage() {
@@ -822,10 +935,10 @@ void Engine::run_later_stage() {
       continue;
     }
     tc = Clock::now();
-    std::vector<Back> backs = finish_step(model_, step, h, table, world_.rank());
+    std::vector<Back> backs = finish_step(model_, step, h, table, world_.rank(), opt_.speculative_tokens);
     be.free(h);
     stats_.compute_s += since(tc);
-    for (auto& b : backs) if (b.has_token) ++stats_.tokens_generated;
+    for (auto& b : backs) stats_.tokens_generated += int64_t(b.tokens.size());
     Writer bw;
     put_backs(bw, backs);
     auto ts = Clock::now();

@@ -44,6 +44,9 @@ struct Request {
   bool extra_final_step = false;    // feed the last token once more (its logits close the dump)
   std::string error;                // set: the request is answered with this error, not run
   bool stream = false;              // its tokens go to RequestSource::on_tokens as they are sampled
+  // Speculative decoding with the MTP layer when the engine has it on (speculative_tokens > 0);
+  // false: this request decodes one token per step. Its tokens are the same either way.
+  bool speculative = true;
   // Tokens it has already generated (a preempted request resumes: they are recomputed into the
   // cache and count for the penalties and the sampling step). Set by the scheduler only.
   std::vector<int32_t> generated;
@@ -113,6 +116,10 @@ struct EngineOptions {
   const Tokenizer* tokenizer = nullptr;  // for stop strings (stage-0 ranks)
   bool prefix_sharing = true;    // share full prompt blocks between sequences (runtime/scheduler.h)
   DType kv_dtype = DType::F32;   // KV cache elements: F32 (default: the goldens) or BF16 (half the bytes)
+  // Speculative decoding: MTP draft tokens per decode step (0: off; the last stage's Model must
+  // hold the MTP layer), and the decode rows of a step beyond which drafts are cut.
+  int speculative_tokens = 0;
+  int64_t speculative_max_rows = 64;
 };
 
 // Per-rank counters for the run report.
@@ -127,6 +134,9 @@ struct EngineStats {
   int64_t kv_blocks = 0, kv_blocks_peak = 0;  // pool size and most blocks in use (stage 0)
   int64_t preemptions = 0;    // sequences preempted (blocks freed, recomputed later)
   int64_t prefix_hit_tokens = 0;  // prompt positions taken from shared blocks instead of computed
+  // Speculative decoding (stage 0): verify steps, drafts fed, drafts accepted, per draft position.
+  int64_t spec_steps = 0, spec_drafted = 0, spec_accepted = 0;
+  std::vector<int64_t> spec_accepted_at;
   std::vector<int64_t> expert_tokens;  // per local expert, summed over this rank's MoE layers
   long peak_rss_kb = 0;
 };

@@ -70,6 +70,12 @@ struct Model::Layer {
   Expert shared;                        // shared experts (intermediate moe_inter * n_shared)
 };
 
+struct Model::Mtp {
+  const float *enorm = nullptr, *hnorm = nullptr, *shared_head_norm = nullptr;
+  Weight eh_proj;  // [hidden, 2 * hidden]: [embedding | hidden state] -> hidden
+  std::unique_ptr<Layer> layer;
+};
+
 // The MoE exchange: on host memory over the stage's communicator, or, for a device backend, the
 // plan over it and the payload over `payload` (a device communicator; by default one that stages
 // through the host, made here).
@@ -194,20 +200,91 @@ Weight Model::matrix_plain(const std::string& name, int64_t rows, int64_t cols, 
   return owned_matrix(std::move(v), rows, cols, bf16 ? DType::BF16 : DType::F32);
 }
 
+// One decoder layer's weights (spec §2.1): MLA, the DSA indexer, and a dense MLP or this rank's
+// share of the routed experts with the shared expert.
+std::unique_ptr<Model::Layer> Model::load_layer(int l) {
+  const int64_t H = cfg_.hidden_size, NH = cfg_.num_attention_heads;
+  const int64_t dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim, dv = cfg_.v_head_dim;
+  const int64_t R = cfg_.kv_lora_rank, QR = cfg_.q_lora_rank;
+  const int64_t IH = cfg_.index_n_heads, ID = cfg_.index_head_dim;
+  const ModelConfig& cfg = cfg_;
+  const float index_weight_scale = float(1.0 / std::sqrt(double(IH)) / std::sqrt(double(ID)));
+  auto L = std::make_unique<Layer>();
+  L->index = l;
+  auto n = [&](const char* rest) { return layer_name(l, rest); };
+  L->input_layernorm = vector(n("input_layernorm.weight"), H);
+  L->post_attention_layernorm = vector(n("post_attention_layernorm.weight"), H);
+  L->q_a_proj = matrix(n("self_attn.q_a_proj.weight"), QR, H);
+  L->q_a_layernorm = vector(n("self_attn.q_a_layernorm.weight"), QR);
+  L->q_b_proj = matrix(n("self_attn.q_b_proj.weight"), NH * (dn + dr), QR);
+  L->kv_a_proj_with_mqa = matrix(n("self_attn.kv_a_proj_with_mqa.weight"), R + dr, H);
+  L->kv_a_layernorm = vector(n("self_attn.kv_a_layernorm.weight"), R);
+  L->kv_b_proj = matrix_plain(n("self_attn.kv_b_proj.weight"), NH * (dn + dv), R, Use::kStreamed);  // sliced per head
+  L->o_proj = matrix(n("self_attn.o_proj.weight"), H, NH * dv);
+  L->wq_b = matrix(n("self_attn.indexer.wq_b.weight"), IH * ID, QR);
+  L->wk = matrix(n("self_attn.indexer.wk.weight"), ID, H);
+  L->k_norm_weight = vector(n("self_attn.indexer.k_norm.weight"), ID);
+  L->k_norm_bias = vector(n("self_attn.indexer.k_norm.bias"), ID);
+  L->weights_proj = matrix_f32_scaled(n("self_attn.indexer.weights_proj.weight"), IH, H,
+                                      index_weight_scale);
+  L->moe = cfg.is_moe_layer(l);
+  if (!L->moe) {
+    const int64_t I = cfg.intermediate_size;
+    L->dense = {matrix(n("mlp.gate_proj.weight"), I, H), matrix(n("mlp.up_proj.weight"), I, H),
+                matrix(n("mlp.down_proj.weight"), H, I)};
+  } else {
+    const int64_t I = cfg.moe_intermediate_size, E = cfg.n_routed_experts;
+    L->gate = matrix(n("mlp.gate.weight"), E, H);
+    L->e_score_correction_bias = vector(n("mlp.gate.e_score_correction_bias"), E);
+    CHECK(E % shard_.expert_parallel == 0, "n_routed_experts (", E,
+          ") is not divisible by the expert-parallel degree (", shard_.expert_parallel, ")");
+    const int64_t per = E / shard_.expert_parallel;
+    for (int64_t e = shard_.column * per; e < (shard_.column + 1) * per; ++e) {
+      std::string p = "mlp.experts." + std::to_string(e) + ".";
+      L->experts.push_back({matrix(n((p + "gate_proj.weight").c_str()), I, H),
+                            matrix(n((p + "up_proj.weight").c_str()), I, H),
+                            matrix(n((p + "down_proj.weight").c_str()), H, I)});
+    }
+    if (cfg.n_shared_experts > 0) {
+      const int64_t IS = I * cfg.n_shared_experts;
+      L->shared = {matrix(n("mlp.shared_experts.gate_proj.weight"), IS, H),
+                   matrix(n("mlp.shared_experts.up_proj.weight"), IS, H),
+                   matrix(n("mlp.shared_experts.down_proj.weight"), H, IS)};
+    }
+  }
+  return L;
+}
+
+// The MTP layer (spec §3.9), stored after the decoder layers: enorm, hnorm, eh_proj [H, 2H], a
+// decoder layer of its own and shared_head.norm; it uses the main embedding and lm_head.
+void Model::load_mtp() {
+  const int64_t H = cfg_.hidden_size;
+  const int l = int(cfg_.num_hidden_layers);
+  CHECK(cfg_.num_nextn_predict_layers >= 1 && ckpt_.has(layer_name(l, "eh_proj.weight")),
+        "speculative decoding drafts with the MTP layer, but ", ckpt_.dir(), " has none (num_nextn_predict_layers = ",
+        cfg_.num_nextn_predict_layers, ", tensor '", layer_name(l, "eh_proj.weight"),
+        "' not found): set speculative_tokens to 0");
+  mtp_ = std::make_unique<Mtp>();
+  mtp_->enorm = vector(layer_name(l, "enorm.weight"), H);
+  mtp_->hnorm = vector(layer_name(l, "hnorm.weight"), H);
+  mtp_->eh_proj = matrix(layer_name(l, "eh_proj.weight"), H, 2 * H);
+  mtp_->shared_head_norm = vector(layer_name(l, "shared_head.norm.weight"), H);
+  mtp_->layer = load_layer(l);
+  if (mtp_->layer->moe) router_load_.push_back({l, 0, std::vector<int64_t>(size_t(cfg_.n_routed_experts), 0)});
+}
+
 Model::Model(const ModelConfig& cfg, Checkpoint& ckpt, Backend& backend, const ModelShard& shard,
              parallel::Comm& stage_comm, parallel::Comm* payload_comm)
     : cfg_(cfg), ckpt_(ckpt), backend_(backend), shard_(shard), stage_comm_(stage_comm) {
-  const int64_t H = cfg.hidden_size, NH = cfg.num_attention_heads;
-  const int64_t dn = cfg.qk_nope_head_dim, dr = cfg.qk_rope_head_dim, dv = cfg.v_head_dim;
-  const int64_t R = cfg.kv_lora_rank, QR = cfg.q_lora_rank;
-  const int64_t IH = cfg.index_n_heads, ID = cfg.index_head_dim;
+  const int64_t H = cfg.hidden_size;
   if (shard_.last_layer < 0) shard_.last_layer = int(cfg.num_hidden_layers);
   CHECK(0 <= shard_.first_layer && shard_.first_layer < shard_.last_layer &&
             shard_.last_layer <= cfg.num_hidden_layers,
         "layer range [", shard_.first_layer, ", ", shard_.last_layer, ") is not inside the model's ",
         cfg.num_hidden_layers, " layers");
 
-  if (shard_.embedding)  // looked up a few rows per step: stays mapped
+  CHECK(!shard_.mtp || shard_.head, "internal: the MTP layer goes where lm_head is");
+  if (shard_.embedding || shard_.mtp)  // looked up a few rows per step: stays mapped
     embed_tokens_ = matrix_plain("model.embed_tokens.weight", cfg.vocab_size, H, Use::kLookup);
   if (shard_.head) {
     final_norm_ = vector("model.norm.weight", H);
@@ -218,56 +295,11 @@ Model::Model(const ModelConfig& cfg, Checkpoint& ckpt, Backend& backend, const M
   inv_freq_ = static_cast<const float*>(
       backend_.upload(inv_freq_host_.data(), inv_freq_host_.size() * sizeof(float)));
 
-  const float index_weight_scale = float(1.0 / std::sqrt(double(IH)) / std::sqrt(double(ID)));
-  for (int l = shard_.first_layer; l < shard_.last_layer; ++l) {
-    auto L = std::make_unique<Layer>();
-    L->index = l;
-    auto n = [&](const char* rest) { return layer_name(l, rest); };
-    L->input_layernorm = vector(n("input_layernorm.weight"), H);
-    L->post_attention_layernorm = vector(n("post_attention_layernorm.weight"), H);
-    L->q_a_proj = matrix(n("self_attn.q_a_proj.weight"), QR, H);
-    L->q_a_layernorm = vector(n("self_attn.q_a_layernorm.weight"), QR);
-    L->q_b_proj = matrix(n("self_attn.q_b_proj.weight"), NH * (dn + dr), QR);
-    L->kv_a_proj_with_mqa = matrix(n("self_attn.kv_a_proj_with_mqa.weight"), R + dr, H);
-    L->kv_a_layernorm = vector(n("self_attn.kv_a_layernorm.weight"), R);
-    L->kv_b_proj = matrix_plain(n("self_attn.kv_b_proj.weight"), NH * (dn + dv), R, Use::kStreamed);  // sliced per head
-    L->o_proj = matrix(n("self_attn.o_proj.weight"), H, NH * dv);
-    L->wq_b = matrix(n("self_attn.indexer.wq_b.weight"), IH * ID, QR);
-    L->wk = matrix(n("self_attn.indexer.wk.weight"), ID, H);
-    L->k_norm_weight = vector(n("self_attn.indexer.k_norm.weight"), ID);
-    L->k_norm_bias = vector(n("self_attn.indexer.k_norm.bias"), ID);
-    L->weights_proj = matrix_f32_scaled(n("self_attn.indexer.weights_proj.weight"), IH, H,
-                                        index_weight_scale);
-    L->moe = cfg.is_moe_layer(l);
-    if (!L->moe) {
-      const int64_t I = cfg.intermediate_size;
-      L->dense = {matrix(n("mlp.gate_proj.weight"), I, H), matrix(n("mlp.up_proj.weight"), I, H),
-                  matrix(n("mlp.down_proj.weight"), H, I)};
-    } else {
-      const int64_t I = cfg.moe_intermediate_size, E = cfg.n_routed_experts;
-      L->gate = matrix(n("mlp.gate.weight"), E, H);
-      L->e_score_correction_bias = vector(n("mlp.gate.e_score_correction_bias"), E);
-      CHECK(E % shard_.expert_parallel == 0, "n_routed_experts (", E,
-            ") is not divisible by the expert-parallel degree (", shard_.expert_parallel, ")");
-      const int64_t per = E / shard_.expert_parallel;
-      for (int64_t e = shard_.column * per; e < (shard_.column + 1) * per; ++e) {
-        std::string p = "mlp.experts." + std::to_string(e) + ".";
-        L->experts.push_back({matrix(n((p + "gate_proj.weight").c_str()), I, H),
-                              matrix(n((p + "up_proj.weight").c_str()), I, H),
-                              matrix(n((p + "down_proj.weight").c_str()), H, I)});
-      }
-      if (cfg.n_shared_experts > 0) {
-        const int64_t IS = I * cfg.n_shared_experts;
-        L->shared = {matrix(n("mlp.shared_experts.gate_proj.weight"), IS, H),
-                     matrix(n("mlp.shared_experts.up_proj.weight"), IS, H),
-                     matrix(n("mlp.shared_experts.down_proj.weight"), H, IS)};
-      }
-    }
-    layers_.push_back(std::move(L));
-  }
+  for (int l = shard_.first_layer; l < shard_.last_layer; ++l) layers_.push_back(load_layer(l));
   expert_tokens_.assign(size_t(cfg.n_routed_experts / shard_.expert_parallel), 0);
   for (const auto& L : layers_)
     if (L->moe) router_load_.push_back({L->index, 0, std::vector<int64_t>(size_t(cfg.n_routed_experts), 0)});
+  if (shard_.mtp) load_mtp();
   exchange_ = backend_.host_memory() ? std::make_unique<Exchange>(stage_comm_)
                                      : std::make_unique<Exchange>(stage_comm_, backend_, payload_comm);
 }
@@ -281,7 +313,7 @@ size_t Model::moe_payload_bytes_sent() const { return exchange_->ex.payload_byte
 // Forward
 
 void Model::embed(const int32_t* ids, int64_t m, float* h) {
-  CHECK(shard_.embedding, "this rank does not hold model.embed_tokens");
+  CHECK(embed_tokens_.data, "this rank does not hold model.embed_tokens");
   for (int64_t i = 0; i < m; ++i)
     CHECK(ids[i] >= 0 && ids[i] < cfg_.vocab_size, "token id ", ids[i], " at position ", i,
           " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
@@ -360,33 +392,62 @@ struct Model::Layout {
   }
 };
 
-void Model::forward(const std::vector<SeqStep>& batch, float* h) {
-  const int64_t H = cfg_.hidden_size;
-  int64_t m = 0;
-  std::vector<int32_t> pos_host;
-  CHECK(kv_pool_ || batch.empty() || layers_.empty(), "internal: Model::forward without a KV pool");
+// The positions of a step's rows, in the backend's memory; m = the step's rows.
+static std::vector<int32_t> row_positions(const std::vector<SeqStep>& batch) {
+  std::vector<int32_t> pos;
   for (const SeqStep& s : batch) {
     CHECK(s.blocks || s.n_tokens == 0, "internal: a sequence without a block table");
-    for (int64_t i = 0; i < s.n_tokens; ++i) pos_host.push_back(int32_t(s.start_pos + i));
-    m += s.n_tokens;
+    for (int64_t i = 0; i < s.n_tokens; ++i) pos.push_back(int32_t(s.start_pos + i));
   }
+  return pos;
+}
+
+void Model::forward(const std::vector<SeqStep>& batch, float* h) {
+  CHECK(kv_pool_ || batch.empty() || layers_.empty(), "internal: Model::forward without a KV pool");
+  const std::vector<int32_t> pos_host = row_positions(batch);
+  const int64_t m = int64_t(pos_host.size());
   Buf<int32_t> pos(backend_, m);
   backend_.to_device(pos, pos_host.data(), size_t(m) * sizeof(int32_t));
-  Buf<float> a(backend_, m * H), y(backend_, m * H);
   const Layout layout(*this, batch);  // how each row attends: the same in every layer
+  for (size_t li = 0; li < layers_.size(); ++li) decoder_layer(*layers_[li], int(li), layout, pos, m, h);
+}
 
-  for (size_t li = 0; li < layers_.size(); ++li) {
-    Layer& L = *layers_[li];
-    // a = RMSNorm(h); h += Attention(a)
-    backend_.rms_norm({h, H, L.input_layernorm, a, H, m, H, float(cfg_.rms_norm_eps)});
-    attention(L, int(li), layout, pos, a, m, h);
-    // a = RMSNorm(h); h += MLP(a)
-    backend_.rms_norm({h, H, L.post_attention_layernorm, a, H, m, H, float(cfg_.rms_norm_eps)});
-    if (L.moe) moe(L, a, m, y);
-    else dense_mlp(L, a, m, y);
-    backend_.add({y, h, m * H});
-    if (debug_) debug_("layer_output", L.index, h, DType::F32, m, H);
-  }
+// h [m, hidden] += Attention(RMSNorm(h)); h += MLP(RMSNorm(h)). li: the layer's index in the KV pool.
+void Model::decoder_layer(Layer& L, int li, const Layout& layout, const int32_t* pos, int64_t m, float* h) {
+  const int64_t H = cfg_.hidden_size;
+  Buf<float> a(backend_, m * H), y(backend_, m * H);
+  backend_.rms_norm({h, H, L.input_layernorm, a, H, m, H, float(cfg_.rms_norm_eps)});
+  attention(L, li, layout, pos, a, m, h);
+  backend_.rms_norm({h, H, L.post_attention_layernorm, a, H, m, H, float(cfg_.rms_norm_eps)});
+  if (L.moe) moe(L, a, m, y);
+  else dense_mlp(L, a, m, y);
+  backend_.add({y, h, m * H});
+  if (debug_) debug_("layer_output", L.index, h, DType::F32, m, H);
+}
+
+// One MTP draft step over a batch (spec §3.9), rows at the batch's positions: row i takes the
+// embedding of next_ids[i] (host) and hidden[i] (the main model's normed final hidden state, or
+// the previous draft step's carried state), and leaves carried[i] = shared_head.norm(z) (the state
+// the next draft step takes; lm_head of it gives the draft logits: head_logits). Its KV rows go to
+// the pool's last layer. Every rank of the stage calls it the same number of times (MoE).
+void Model::mtp_forward(const std::vector<SeqStep>& batch, const int32_t* next_ids, const float* hidden,
+                        float* carried) {
+  CHECK(mtp_, "internal: Model::mtp_forward on a rank without the MTP layer");
+  const int64_t H = cfg_.hidden_size;
+  const std::vector<int32_t> pos_host = row_positions(batch);
+  const int64_t m = int64_t(pos_host.size());
+  Profiler::Scope span(prof_, "mtp", int(cfg_.num_hidden_layers));
+  Buf<int32_t> pos(backend_, m);
+  backend_.to_device(pos, pos_host.data(), size_t(m) * sizeof(int32_t));
+  const Layout layout(*this, batch);
+  Buf<float> e(backend_, m * H), cat(backend_, m * 2 * H), z(backend_, m * H);
+  if (m > 0) embed(next_ids, m, e);
+  // cat = [enorm(e) | hnorm(hidden)]  [m, 2H]: the embedding first; z = eh_proj cat
+  backend_.rms_norm({e, H, mtp_->enorm, cat, 2 * H, m, H, float(cfg_.rms_norm_eps)});
+  backend_.rms_norm({hidden, H, mtp_->hnorm, cat + H, 2 * H, m, H, float(cfg_.rms_norm_eps)});
+  backend_.gemm({cat, 2 * H, mtp_->eh_proj, false, z, H, m, H, 2 * H});
+  decoder_layer(*mtp_->layer, int(layers_.size()), layout, pos, m, z);
+  backend_.rms_norm({z, H, mtp_->shared_head_norm, carried, H, m, H, float(cfg_.rms_norm_eps)});
 }
 
 // Positions [0, n) of a paged pool into dst [n, width] (contiguous float32).
@@ -682,15 +743,26 @@ void Model::routed_experts(Layer& L, const float* table, const int32_t* rrow, co
   }
 }
 
-void Model::logits(const float* h, int64_t m, float* logits_host) {
+void Model::final_norm(const float* h, int64_t m, float* out) {
+  CHECK(shard_.head, "this rank does not hold model.norm");
+  const int64_t H = cfg_.hidden_size;
+  backend_.rms_norm({h, H, final_norm_, out, H, m, H, float(cfg_.rms_norm_eps)});
+  if (debug_) debug_("final_hidden", -1, out, DType::F32, m, H);
+}
+
+void Model::head_logits(const float* normed, int64_t m, float* logits_host) {
   CHECK(shard_.head, "this rank does not hold lm_head");
   const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
-  Buf<float> n(backend_, m * H), out(backend_, m * V);
+  Buf<float> out(backend_, m * V);
   Profiler::Scope span(prof_, "lm_head", -1);
-  backend_.rms_norm({h, H, final_norm_, n, H, m, H, float(cfg_.rms_norm_eps)});
-  if (debug_) debug_("final_hidden", -1, n, DType::F32, m, H);
-  backend_.gemm({n, H, lm_head_, false, out, V, m, V, H});
+  backend_.gemm({normed, H, lm_head_, false, out, V, m, V, H});
   backend_.to_host(logits_host, out, size_t(m * V) * sizeof(float));
+}
+
+void Model::logits(const float* h, int64_t m, float* logits_host) {
+  Buf<float> n(backend_, m * cfg_.hidden_size);
+  final_norm(h, m, n);
+  head_logits(n, m, logits_host);
 }
 
 }  // namespace glm5::runtime

@@ -26,6 +26,7 @@ struct ModelShard {
   bool embedding = true;                 // model.embed_tokens (stage 0)
   bool head = true;                      // model.norm + lm_head (last stage)
   int expert_parallel = 1, column = 0;   // routed experts [column*n/E, (column+1)*n/E)
+  bool mtp = false;                      // the MTP layer (speculative decoding; with head)
 };
 
 // One sequence's part of a forward step: tokens at positions [start_pos, start_pos + n_tokens).
@@ -65,6 +66,14 @@ class Model {
   void forward(const std::vector<SeqStep>& batch, float* h);
   // logits[m, vocab] = lm_head(norm(h rows)); host output.
   void logits(const float* h, int64_t m, float* logits_host);
+  // The two halves of logits(): out [m, hidden] = model.norm(h), and lm_head of normed rows.
+  void final_norm(const float* h, int64_t m, float* out);
+  void head_logits(const float* normed, int64_t m, float* logits_host);
+  // The MTP layer (shard.mtp): see glm5.cpp. Its KV cache is the pool's layer n_local_layers().
+  bool has_mtp() const { return mtp_ != nullptr; }
+  void mtp_forward(const std::vector<SeqStep>& batch, const int32_t* next_ids, const float* hidden, float* carried);
+  // Layers this rank keeps KV rows for (its decoder layers and the MTP layer).
+  int kv_layers() const { return n_local_layers() + (mtp_ ? 1 : 0); }
 
   void set_debug_hook(DebugHook hook) { debug_ = std::move(hook); }
   // Times the forward pass's phases per layer (runtime/profile.h); nullptr: off (the default).
@@ -91,6 +100,7 @@ class Model {
  private:
   struct Layer;
   struct Expert;
+  struct Mtp;
   // How a matrix is used, which decides how the backend may hold it. kGemm: read whole every step
   // as y = x W^T only (the backend may copy it out of the mapping, in a layout of its own:
   // Backend::upload_gemm_matrix); kStreamed: read every step but also sliced or transposed (kept
@@ -103,6 +113,9 @@ class Model {
   kernels::Weight matrix_plain(const std::string& name, int64_t rows, int64_t cols, Use use);
   kernels::Weight owned_matrix(std::vector<float> values, int64_t rows, int64_t cols, DType dtype);
   struct Layout;
+  std::unique_ptr<Layer> load_layer(int l);
+  void load_mtp();
+  void decoder_layer(Layer& L, int li, const Layout& layout, const int32_t* pos, int64_t m, float* h);
   void attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
                  const float* a, int64_t m, float* h);
   // Rows [row, row + n) of a step at positions [pos, pos + n) of one sequence.
@@ -126,6 +139,7 @@ class Model {
   ModelShard shard_;
   parallel::Comm& stage_comm_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::unique_ptr<Mtp> mtp_;
   kernels::Weight embed_tokens_, lm_head_;
   const float* final_norm_ = nullptr;
   std::vector<float> inv_freq_host_;

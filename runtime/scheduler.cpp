@@ -28,6 +28,8 @@ struct Scheduler::Live {
   size_t published = 0;          // of those, the blocks it filled and made shareable
   Result result;
   std::unique_ptr<StopMatcher> stop;
+  std::vector<int32_t> drafts;   // the MTP layer's drafts for its next decode step
+  int64_t verifying = 0;         // drafts fed by its step in flight (decode)
 
   int64_t prompt_len() const { return int64_t(req.prompt.size()); }
   // Positions to fill before the next token is fed: the prompt and, after a preemption, every
@@ -60,8 +62,10 @@ std::string Scheduler::refuse_reason(const Request& r) const {
     return "prompt of " + std::to_string(r.prompt.size()) + " tokens + max_tokens " +
            std::to_string(r.sampling.max_tokens) + " exceeds the context length " +
            std::to_string(cfg_.max_position_embeddings) + " (max_position_embeddings)";
-  // prompt + max_tokens + 1: the extra final step of a logit dump
-  const int64_t need = blocks_for(int64_t(r.prompt.size()) + r.sampling.max_tokens + 1);
+  // prompt + max_tokens + 1: the extra final step of a logit dump; + speculative_tokens: the
+  // positions the MTP layer drafts at past the last token
+  const int64_t need =
+      blocks_for(int64_t(r.prompt.size()) + r.sampling.max_tokens + 1 + opt_.speculative_tokens);
   if (need > opt_.kv_blocks)
     return "request needs " + std::to_string(need) + " KV blocks of " + std::to_string(kBlockTokens) +
            " tokens (prompt + max_tokens), more than the " + std::to_string(opt_.kv_blocks) +
@@ -71,6 +75,9 @@ std::string Scheduler::refuse_reason(const Request& r) const {
 
 void Scheduler::add(Request r) {
   load_ += cost(r);
+  // Logit dumps and their extra final step decode one row per step.
+  r.speculative = r.speculative && opt_.speculative_tokens > 0 && !r.want_logits && !r.want_prompt_logits &&
+                  !r.extra_final_step;
   auto L = std::make_unique<Live>();
   L->result.index = r.index;
   if (!r.sampling.stop.empty()) L->stop = std::make_unique<StopMatcher>(r.sampling.stop, tok_);
@@ -116,6 +123,7 @@ void Scheduler::admit(int group) {
 // (prompt + generated tokens) when admitted again. Its partial result is kept.
 void Scheduler::preempt(Live& L) {
   release_blocks(L);
+  L.drafts.clear();
   drop_pending(L);
   load_ += L.pos;  // to be recomputed
   if (L.result.tokens.empty()) {  // recomputed identically
@@ -249,17 +257,22 @@ bool Scheduler::grow(Live& L, int64_t tokens, int group, const Step& step) {
 }
 
 // Decode rows first (see Model::forward), then prefill chunks while the step has room (the last
-// one cut to fit; results do not depend on the chunking).
+// one cut to fit; results do not depend on the chunking). A speculating sequence's decode row
+// brings its drafts (as many as the step's decode budget leaves: speculative_max_rows), and its
+// sampled steps get KV blocks for the positions the MTP layer drafts at beyond them.
 Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
   end_cancelled(group);
   admit(group);
   Step step;
   tokens.clear();
   int64_t room = opt_.max_step_tokens;
+  const int64_t lookahead = opt_.speculative_tokens;
   for (int pass = 0; pass < 2; ++pass) {
     std::vector<Live*> members;  // a snapshot: grow() may preempt members
     for (auto& [id, Lp] : live_)
       if (Lp->group == group && Lp->decoding() == (pass == 0)) members.push_back(Lp.get());
+    // Draft rows the decode rows may add: the budget beyond one row per member.
+    int64_t spare = pass == 0 ? std::min(room, opt_.speculative_max_rows) - int64_t(members.size()) : 0;
     for (Live* Lp : members) {
       Live& L = *Lp;
       if (L.waiting) continue;  // preempted for an earlier member
@@ -267,8 +280,13 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
       StepSeq s;
       s.req = r.index;
       s.start = L.pos;
+      s.mtp = r.speculative || (pass == 1 && opt_.speculative_tokens > 0);  // shared prompt blocks hold MTP rows
       if (pass == 0) {
-        s.n = 1;
+        const int64_t left = r.sampling.max_tokens - int64_t(L.result.tokens.size()) - 1;
+        s.drafts = int32_t(std::clamp<int64_t>(std::min<int64_t>(int64_t(L.drafts.size()), left), 0,
+                                               std::max<int64_t>(spare, 0)));
+        spare -= s.drafts;
+        s.n = 1 + s.drafts;
         s.decode = s.sample = true;
         s.logits_sampled = r.want_logits;
       }
@@ -279,13 +297,18 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
         s.sample = L.pos + s.n == L.target() && L.result.tokens.empty();
         s.logits_all = (r.want_prompt_logits || r.prompt_logprobs >= 0) && L.result.tokens.empty();
       }
-      if (!grow(L, L.pos + s.n, group, step)) continue;
+      const int64_t ahead = r.speculative && s.sample ? lookahead : 0;
+      if (!grow(L, L.pos + s.n + ahead, group, step)) continue;
       // Blocks the stages do not know yet: grown now, or shared now or while it waited.
       s.new_blocks = int64_t(L.blocks.size() - L.sent);
       step.blocks.insert(step.blocks.end(), L.blocks.begin() + int64_t(L.sent), L.blocks.end());
       L.sent = L.blocks.size();
-      for (int64_t p = L.pos; p < L.pos + s.n; ++p) tokens.push_back(pass == 0 ? L.result.tokens.back() : L.token_at(p));
-      if (pass == 1) {
+      if (pass == 0) {
+        tokens.push_back(L.result.tokens.back());
+        tokens.insert(tokens.end(), L.drafts.begin(), L.drafts.begin() + s.drafts);
+        L.verifying = s.drafts;
+      } else {
+        for (int64_t p = L.pos; p < L.pos + s.n; ++p) tokens.push_back(L.token_at(p));
         prompt_rows_ += s.n;
         load_ -= s.n;
       }
@@ -337,28 +360,48 @@ void Scheduler::apply(const std::vector<Back>& backs) {
     }
     const auto& lp = b.prompt_logprobs;
     L.result.prompt_logprobs.insert(L.result.prompt_logprobs.end(), lp.begin(), lp.end());
-    if (!b.has_token) continue;
+    if (b.tokens.empty()) continue;
     if (L.finishing) {  // the extra step's token is not part of the answer
       finish(L);
       continue;
     }
-    L.result.tokens.push_back(b.sampled.token);
-    if (r.stream) partial_[b.req].push_back(b.sampled.token);
-    ++tokens_generated_;
-    --load_;
-    if (r.sampling.logprobs >= 0) {
-      L.result.logprobs.push_back(b.sampled.logprob);
-      L.result.top_logprobs.push_back(b.sampled.top);
+    if (L.verifying > 0) {  // a verify step: its rejected rows' positions are free again
+      const int64_t accepted = int64_t(b.tokens.size()) - 1;
+      CHECK(accepted <= L.verifying, "internal: request ", b.req, " got ", b.tokens.size(), " tokens for ",
+            L.verifying, " drafts");
+      L.pos -= L.verifying - accepted;
+      ++spec_.steps;
+      spec_.drafted += L.verifying;
+      spec_.accepted += accepted;
+      spec_.accepted_at.resize(std::max(spec_.accepted_at.size(), size_t(opt_.speculative_tokens)), 0);
+      for (int64_t j = 0; j < accepted; ++j) ++spec_.accepted_at[size_t(j)];
     }
-    const auto& eos = cfg_.eos_token_id;
-    bool stop = !r.sampling.ignore_eos && std::find(eos.begin(), eos.end(), b.sampled.token) != eos.end();
-    if (L.stop && L.stop->feed(b.sampled.token)) stop = true;
-    if (stop || int64_t(L.result.tokens.size()) >= r.sampling.max_tokens) {
-      L.result.finish_reason = stop ? "stop" : "length";
-      if (r.extra_final_step) L.finishing = true;
-      else finish(L);
-    }
+    L.verifying = 0;
+    L.drafts = b.drafts;
+    for (const Sampled& t : b.tokens)
+      if (take_token(L, t)) break;
   }
+}
+
+// Appends one sampled token to L's answer; true when L ends with it (its later tokens are dropped).
+bool Scheduler::take_token(Live& L, const Sampled& t) {
+  const Request& r = L.req;
+  L.result.tokens.push_back(t.token);
+  if (r.stream) partial_[r.index].push_back(t.token);
+  ++tokens_generated_;
+  --load_;
+  if (r.sampling.logprobs >= 0) {
+    L.result.logprobs.push_back(t.logprob);
+    L.result.top_logprobs.push_back(t.top);
+  }
+  const auto& eos = cfg_.eos_token_id;
+  bool stop = !r.sampling.ignore_eos && std::find(eos.begin(), eos.end(), t.token) != eos.end();
+  if (L.stop && L.stop->feed(t.token)) stop = true;
+  if (!stop && int64_t(L.result.tokens.size()) < r.sampling.max_tokens) return false;
+  L.result.finish_reason = stop ? "stop" : "length";
+  if (r.extra_final_step) L.finishing = true;
+  else finish(L);
+  return true;
 }
 
 void Scheduler::cancel(int64_t index) {

@@ -57,6 +57,9 @@ struct SchedulerOptions {
   int64_t max_step_tokens = 8192;  // rows per step (the last prefill chunk is cut to fit)
   int64_t kv_blocks = 1 << 20;     // blocks in the column's KV pools
   bool prefix_sharing = true;      // share full prompt blocks between sequences
+  int speculative_tokens = 0;      // MTP draft tokens verified per decode step (0: off)
+  int64_t speculative_max_rows = 64;  // decode rows (fed tokens + drafts) of a step beyond which
+                                      // drafts are cut: a full batch decodes plainly
 };
 
 // One sequence's entry in a step: rows [start, start + n) of request `req`.
@@ -67,6 +70,8 @@ struct StepSeq {
   bool sample = false;          // the last row is sampled
   bool logits_all = false;      // every row's logits (prompt-logit dumps) or logprobs (echo)
   bool logits_sampled = false;  // return the sampled row's logits (decode-logit dumps)
+  int32_t drafts = 0;           // decode: rows 1..drafts are draft tokens this step verifies
+  bool mtp = false;             // the last stage runs the MTP layer over its rows (speculation)
 };
 
 // One micro-batch step, as it travels down the column.
@@ -82,8 +87,10 @@ struct Step {
 // What the last stage returns for one sequence of a step.
 struct Back {
   int64_t req = 0;
-  bool has_token = false;
-  Sampled sampled;
+  // The tokens sampled: one, or on a verify step one per row up to and including the first row
+  // whose sample differs from the next draft (the accepted drafts, then the target's own token).
+  std::vector<Sampled> tokens;
+  std::vector<int32_t> drafts;  // the MTP layer's drafts for the next step (speculating requests)
   std::vector<float> logits;  // rows x vocab, when the step asked for them
   std::vector<Sampled> prompt_logprobs;  // a logits_all chunk of a prompt_logprobs request: one per
                                          // row with a prompt token after it
@@ -122,6 +129,13 @@ class Scheduler {
   int64_t blocks_in_use() const { return blocks_.num_blocks() - blocks_.free_blocks(); }
   int64_t blocks_peak() const { return blocks_peak_; }
   int64_t prefix_hit_tokens() const { return prefix_hits_; }
+  // Speculative decoding: verify steps, draft tokens fed and accepted, and acceptances per draft
+  // position (accepted_at[j]: steps whose draft j + 1 was accepted).
+  struct SpecStats {
+    int64_t steps = 0, drafted = 0, accepted = 0;
+    std::vector<int64_t> accepted_at;
+  };
+  const SpecStats& spec_stats() const { return spec_; }
 
  private:
   struct Live;
@@ -134,6 +148,7 @@ class Scheduler {
   void evict(int32_t block);
   void preempt(Live& L);
   void finish(Live& L);
+  bool take_token(Live& L, const Sampled& t);
   void end_cancelled(int group);
   static int64_t cost(const Request& r);
 
@@ -159,6 +174,7 @@ class Scheduler {
   std::unordered_map<int32_t, uint64_t> block_hash_;  // ready blocks -> their hash
   int64_t prefix_hits_ = 0;
   int64_t admissions_ = 0;  // admission counter: the youngest running sequence is preempted first
+  SpecStats spec_;
   int64_t load_ = 0, tokens_generated_ = 0, prompt_rows_ = 0, preemptions_ = 0, blocks_peak_ = 0;
 };
 

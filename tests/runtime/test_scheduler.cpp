@@ -40,8 +40,7 @@ std::vector<Back> answer(const Step& s, int32_t tok) {
     if (!q.sample) continue;
     Back b;
     b.req = q.req;
-    b.has_token = true;
-    b.sampled.token = tok;
+    b.tokens.push_back({tok, 0.0f, {}});
     out.push_back(b);
   }
   return out;
@@ -176,7 +175,7 @@ TEST(Scheduler, AnErrorFromTheLastStageEndsOnlyThatRequest) {
   std::vector<int32_t> tokens;
   Step st = s.next_step(0, tokens);
   std::vector<Back> backs = answer(st, 4);
-  backs[0].has_token = false;
+  backs[0].tokens.clear();
   backs[0].error = "non-finite logits (NaN or inf) at positions 0..2";
   s.apply(backs);
   std::vector<Result> done = s.take_finished();
