@@ -533,6 +533,10 @@ void write_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
                {"max_step_rows", st.max_step_rows}, {"kv_blocks", st.kv_blocks},
                {"kv_blocks_peak", st.kv_blocks_peak}, {"preemptions", st.preemptions},
                {"prefix_hit_tokens", st.prefix_hit_tokens},
+               {"spec_verify_steps", st.spec_steps}, {"spec_draft_tokens", st.spec_drafted},
+               {"spec_accepted_tokens", st.spec_accepted}, {"spec_accepted_at", st.spec_accepted_at},
+               {"spec_mean_acceptance_length",
+                st.spec_steps > 0 ? 1.0 + double(st.spec_accepted) / double(st.spec_steps) : 0.0},
                {"expert_tokens", st.expert_tokens}, {"peak_rss_kb", st.peak_rss_kb},
                {"weight_bytes", job.model->weight_bytes()}, {"router", router},
                {"rows_not_k", job.model->rows_not_k()},
@@ -574,6 +578,17 @@ void write_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
     std::fprintf(stderr, "[glm5] rank %d (stage %d, column %d): peak RSS %.1f MiB, weights %.1f MiB\n",
                  r["rank"].get<int>(), r["stage"].get<int>(), r["column"].get<int>(),
                  r["peak_rss_kb"].get<double>() / 1024.0, r["weight_bytes"].get<double>() / 1048576.0);
+    if (r.value("spec_verify_steps", int64_t(0)) > 0) {
+      std::string at;
+      for (const json& x : r["spec_accepted_at"])
+        at += (at.empty() ? "" : ", ") + std::to_string(x.get<int64_t>());
+      std::fprintf(stderr,
+                   "[glm5] rank %d: speculative decoding: %lld verify steps, %lld drafts, %lld accepted (per position: "
+                   "%s), mean acceptance length %.2f\n",
+                   r["rank"].get<int>(), (long long)r["spec_verify_steps"].get<int64_t>(),
+                   (long long)r["spec_draft_tokens"].get<int64_t>(), (long long)r["spec_accepted_tokens"].get<int64_t>(),
+                   at.c_str(), r["spec_mean_acceptance_length"].get<double>());
+    }
     if (r.value("trace_dropped", int64_t(0)) > 0)
       std::fprintf(stderr, "[glm5] warning: rank %d: the trace kept its first phase calls only (%lld later ones dropped)\n",
                    r["rank"].get<int>(), (long long)r["trace_dropped"].get<int64_t>());

@@ -26,7 +26,7 @@ const char* const kAllowedKeys[] = {
     "stages",        "expert_parallel", "micro_batches",   "backend", "comm",
     "kv_budget_gb",  "max_batch",       "prefill_chunk",   "hosts",   "mpirun_args",
     "env",           "device_memory_gb", "max_step_tokens", "watchdog_s", "prefix_caching", "kv_dtype",
-    "speculative_tokens", "speculative_max_rows"};
+    "speculative_tokens", "speculative_max_batch"};
 
 std::string where(const std::string& source) {
   return "cluster config " + (source.empty() ? std::string("(built-in default)") : source);
@@ -251,8 +251,8 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
         cc.kv_dtype = rd.one_of(v, key, {"f32", "bf16"});
       else if (key == "speculative_tokens")
         cc.speculative_tokens = int(rd.integer(v, key, 0, kMaxSpeculativeTokens));
-      else if (key == "speculative_max_rows")
-        cc.speculative_max_rows = int(rd.integer(v, key, 1));
+      else if (key == "speculative_max_batch")
+        cc.speculative_max_batch = int(rd.integer(v, key, 1));
       else if (key == "hosts")
         rd.hosts(v, cc);
       else if (key == "mpirun_args")

@@ -16,7 +16,7 @@
 //   kv_dtype: f32                  # KV cache elements: f32 | bf16 (half the memory per token)
 //   prefix_caching: true           # share full prompt blocks (64 tokens) between sequences
 //   speculative_tokens: 0          # MTP draft tokens verified per decode step (0: off; up to 8)
-//   speculative_max_rows: 64       # a step's decode rows (tokens + drafts) beyond which drafts are cut
+//   speculative_max_batch: 4       # decoding sequences of a step beyond which it decodes plainly
 //   watchdog_s: 300                # a rank waiting this long with no progress reports and aborts (0: off)
 //   hosts: [{host: node1, slots: 8}, {host: node2, slots: 8}]   # for `glm5 launch`
 //   mpirun_args: ["--mca", "pml", "ucx"]                        # extra mpirun flags
@@ -57,7 +57,7 @@ struct ClusterConfig {
   bool prefix_caching = true;
   std::string kv_dtype = "f32";
   int speculative_tokens = 0;        // MTP draft tokens per decode step (0: off; at most 8)
-  int speculative_max_rows = 64;     // decode rows of a step (fed tokens + drafts) beyond which drafts are cut
+  int speculative_max_batch = 4;     // decoding sequences of a step beyond which it decodes plainly
   std::vector<HostSlots> hosts;
   std::vector<std::string> mpirun_args;
   std::map<std::string, std::string> env;

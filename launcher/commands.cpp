@@ -138,7 +138,7 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   if (shard.mtp || job->cluster.speculative_tokens > 0)
     opt.kv_layers = std::max(opt.kv_layers, job->stages.back().size() + 1);
   opt.speculative_tokens = job->cluster.speculative_tokens;
-  opt.speculative_max_rows = job->cluster.speculative_max_rows;
+  opt.speculative_max_batch = job->cluster.speculative_max_batch;
   opt.progress = progress;
   job->engine = std::make_unique<runtime::Engine>(*job->model, *job->world, *job->stage_comm, grid, opt,
                                                   job->hidden.get());

@@ -122,6 +122,9 @@ std::string prometheus_text(const json& report) {
       {"preemptions", "glm5_preemptions_total", "counter", "Sequences preempted."},
       {"prefix_hit_tokens", "glm5_prefix_hit_tokens_total", "counter", "Prompt positions served from shared blocks."},
       {"kv_blocks_peak", "glm5_kv_blocks_peak", "gauge", "Most KV blocks in use at once."},
+      {"spec_verify_steps", "glm5_spec_verify_steps_total", "counter", "Decode steps that verified MTP drafts."},
+      {"spec_draft_tokens", "glm5_spec_draft_tokens_total", "counter", "MTP draft tokens verified."},
+      {"spec_accepted_tokens", "glm5_spec_accepted_tokens_total", "counter", "MTP draft tokens accepted."},
       {"peak_rss_kb", "glm5_peak_rss_bytes", "gauge", "Peak resident set size."},
       {"rows_not_k", "glm5_moe_rows_not_k_total", "counter", "Routed rows whose picks were not k distinct experts."},
   };
@@ -133,6 +136,12 @@ std::string prometheus_text(const json& report) {
           << (c.key == std::string("peak_rss_kb") ? json(r.at(c.key).get<int64_t>() * 1024) : r.at(c.key)).dump()
           << '\n';
   }
+  family("glm5_spec_accepted_at_total", "counter", "Verify steps whose draft at this position was accepted.");
+  for (const json& r : report.at("ranks"))
+    if (r.contains("spec_accepted_at"))
+      for (size_t j = 0; j < r.at("spec_accepted_at").size(); ++j)
+        o << "glm5_spec_accepted_at_total{rank=\"" << r.at("rank").get<int>() << "\",position=\"" << j + 1 << "\"} "
+          << r.at("spec_accepted_at")[j].dump() << '\n';
   if (report.contains("moe")) {
     const json& moe = report.at("moe");
     family("glm5_moe_expert_tokens_total", "counter", "Rows routed to an expert, per MoE layer.");

@@ -71,6 +71,13 @@ void print_report(const std::string& path, const json& rep) {
                 r.value("peak_rss_kb", 0.0) / 1024);
   }
   for (const json& r : rep.at("ranks"))
+    if (r.value("spec_verify_steps", int64_t(0)) > 0)
+      std::printf("\nrank %d speculative decoding: %lld verify steps, %lld drafts, %lld accepted, per position %s, "
+                  "mean acceptance length %.2f\n",
+                  r.value("rank", 0), (long long)r.value("spec_verify_steps", int64_t(0)),
+                  (long long)r.value("spec_draft_tokens", int64_t(0)), (long long)r.value("spec_accepted_tokens", int64_t(0)),
+                  r.value("spec_accepted_at", json::array()).dump().c_str(), r.value("spec_mean_acceptance_length", 0.0));
+  for (const json& r : rep.at("ranks"))
     if (r.contains("profile")) {
       std::printf("\nrank %d profile (wall %.3f s):\n", r.value("rank", 0), r.value("wall_s", 0.0));
       print_profile(r);

@@ -154,7 +154,9 @@ void ServeQueue::on_status(const runtime::EngineStatus& status) {
                                 {"idle_s", st.idle_s}, {"bytes_sent", st.bytes_sent},
                                 {"tokens_generated", st.tokens_generated}, {"prompt_tokens", st.prompt_tokens},
                                 {"preemptions", st.preemptions}, {"prefix_hit_tokens", st.prefix_hit_tokens},
-                                {"kv_blocks_peak", st.kv_blocks_peak}, {"peak_rss_kb", runtime::peak_rss_kb()}};
+                                {"kv_blocks_peak", st.kv_blocks_peak}, {"peak_rss_kb", runtime::peak_rss_kb()},
+                                {"spec_verify_steps", st.spec_steps}, {"spec_draft_tokens", st.spec_drafted},
+                                {"spec_accepted_tokens", st.spec_accepted}, {"spec_accepted_at", st.spec_accepted_at}};
   std::string text = prometheus_text({{"ranks", nlohmann::json::array({rank0})}});
   std::lock_guard<std::mutex> lk(mu_);
   engine_text_ = std::move(text);

@@ -497,22 +497,11 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
       continue;
     }
     const float* last = mine + (cnt - 1) * V;
-    if (s.sample) {
-      // Row j's token is sampled exactly as plain decoding samples it (same logits bits, same
-      // history, same (seed, step) draw); the step ends at the first row whose token is not the
-      // next draft. With a greedy draft this is the standard speculative-sampling rule: the
-      // draft is accepted with the target's probability of it, and a rejection yields a token
-      // drawn from the target without it.
+    if (s.sample) {  // one token, or a verify step's (the rows' logits are plain decoding's bits)
       CHECK(int64_t(e.drafts.size()) >= s.drafts, "internal: request ", s.req, " verifies ", s.drafts,
             " drafts, the last stage proposed ", e.drafts.size());
-      const float* first = last - int64_t(s.drafts) * V;
-      for (int64_t j = 0; j <= s.drafts; ++j) {
-        Sampled t = sample(first + j * V, V, e.req.sampling, e.req.prompt, e.generated, int64_t(e.generated.size()));
-        e.generated.push_back(t.token);
-        const bool rejected = j < s.drafts && t.token != e.drafts[size_t(j)];
-        b.tokens.push_back(std::move(t));
-        if (rejected) break;
-      }
+      b.tokens = verify_drafts(last - int64_t(s.drafts) * V, V, e.drafts.data(), s.drafts, e.req.sampling,
+                               e.req.prompt, e.generated);
     }
     if (s.logits_all && e.req.prompt_logprobs >= 0)
       b.prompt_logprobs = e.req.want_prompt_logits ? prompt_logprobs(mine, cnt, V, s.start, e.req)
@@ -819,7 +808,7 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
   so.kv_blocks = kv_blocks_;
   so.prefix_sharing = opt_.prefix_sharing;
   so.speculative_tokens = opt_.speculative_tokens;
-  so.speculative_max_rows = opt_.speculative_max_rows;
+  so.speculative_max_batch = opt_.speculative_max_batch;
   Stage0 s(cfg, so, opt_.tokenizer, G);
   s.source = source;
   s.on_result = &on_result;

@@ -117,9 +117,9 @@ struct EngineOptions {
   bool prefix_sharing = true;    // share full prompt blocks between sequences (runtime/scheduler.h)
   DType kv_dtype = DType::F32;   // KV cache elements: F32 (default: the goldens) or BF16 (half the bytes)
   // Speculative decoding: MTP draft tokens per decode step (0: off; the last stage's Model must
-  // hold the MTP layer), and the decode rows of a step beyond which drafts are cut.
+  // hold the MTP layer), and the decoding sequences of a step beyond which it decodes plainly.
   int speculative_tokens = 0;
-  int64_t speculative_max_rows = 64;
+  int64_t speculative_max_batch = 4;
 };
 
 // Per-rank counters for the run report.

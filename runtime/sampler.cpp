@@ -603,6 +603,18 @@ int32_t argmax(const float* x, int64_t n) {
   return first_equal(x, n, mx);
 }
 
+std::vector<Sampled> verify_drafts(const float* logits, int64_t vocab, const int32_t* drafts, int64_t n_drafts,
+                                   const SamplingParams& p, const std::vector<int32_t>& prompt,
+                                   std::vector<int32_t>& generated) {
+  std::vector<Sampled> out;
+  for (int64_t j = 0; j <= n_drafts; ++j) {
+    out.push_back(sample(logits + j * vocab, vocab, p, prompt, generated, int64_t(generated.size())));
+    generated.push_back(out.back().token);
+    if (j < n_drafts && out.back().token != drafts[j]) break;
+  }
+  return out;
+}
+
 Sampled sample(const float* logits, int64_t vocab, const SamplingParams& p,
                const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated,
                int64_t step) {

@@ -62,6 +62,19 @@ Sampled sample(const float* logits, int64_t vocab, const SamplingParams& p,
                const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated,
                int64_t step);
 
+// Speculative decoding's verification of drafts[0..n_drafts) over logits [n_drafts + 1, vocab]
+// (row j: the target's logits after the fed token and drafts 0..j-1). Row j's token is sampled
+// exactly as sample() samples it in plain decoding (history `generated` plus the tokens accepted
+// before it, step = its index), and verification stops after the first row whose token is not
+// the next draft. With greedy drafts (q puts all its mass on the draft) this is the standard
+// speculative-sampling rule: the draft is accepted with probability p(draft), and on rejection the
+// token comes from p without the draft, renormalised, so every token has its target probability.
+// Being plain decoding's own draw, it also gives plain decoding's tokens bit for bit for any seed.
+// Appends the tokens to `generated` and returns them (1 to n_drafts + 1).
+std::vector<Sampled> verify_drafts(const float* logits, int64_t vocab, const int32_t* drafts, int64_t n_drafts,
+                                   const SamplingParams& p, const std::vector<int32_t>& prompt,
+                                   std::vector<int32_t>& generated);
+
 // log_softmax(logits)[token] over the whole vocabulary and, for n > 0, the n best tokens with
 // theirs, best first (ties to the lower id): the arithmetic of sample()'s logprobs (step 5: the
 // max subtracted, exp and the normaliser in double) on the logits as given (no penalty, no

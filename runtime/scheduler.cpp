@@ -258,8 +258,10 @@ bool Scheduler::grow(Live& L, int64_t tokens, int group, const Step& step) {
 
 // Decode rows first (see Model::forward), then prefill chunks while the step has room (the last
 // one cut to fit; results do not depend on the chunking). A speculating sequence's decode row
-// brings its drafts (as many as the step's decode budget leaves: speculative_max_rows), and its
-// sampled steps get KV blocks for the positions the MTP layer drafts at beyond them.
+// brings its drafts (as many as the step has room for) while the step has at most
+// speculative_max_batch decoding sequences (beyond, verifying costs more than it saves: the step
+// decodes plainly and the MTP layer skips its decode rows), and its sampled steps get KV blocks
+// for the positions the MTP layer drafts at beyond them.
 Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
   end_cancelled(group);
   admit(group);
@@ -272,7 +274,8 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
     for (auto& [id, Lp] : live_)
       if (Lp->group == group && Lp->decoding() == (pass == 0)) members.push_back(Lp.get());
     // Draft rows the decode rows may add: the budget beyond one row per member.
-    int64_t spare = pass == 0 ? std::min(room, opt_.speculative_max_rows) - int64_t(members.size()) : 0;
+    const bool speculate = pass == 0 && int64_t(members.size()) <= opt_.speculative_max_batch;
+    int64_t spare = speculate ? room - int64_t(members.size()) : 0;
     for (Live* Lp : members) {
       Live& L = *Lp;
       if (L.waiting) continue;  // preempted for an earlier member
@@ -280,7 +283,8 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
       StepSeq s;
       s.req = r.index;
       s.start = L.pos;
-      s.mtp = r.speculative || (pass == 1 && opt_.speculative_tokens > 0);  // shared prompt blocks hold MTP rows
+      // Every prompt row gets its MTP row (shared prompt blocks hold them); decode rows while speculating.
+      s.mtp = pass == 0 ? r.speculative && speculate : opt_.speculative_tokens > 0;
       if (pass == 0) {
         const int64_t left = r.sampling.max_tokens - int64_t(L.result.tokens.size()) - 1;
         s.drafts = int32_t(std::clamp<int64_t>(std::min<int64_t>(int64_t(L.drafts.size()), left), 0,
@@ -297,7 +301,7 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
         s.sample = L.pos + s.n == L.target() && L.result.tokens.empty();
         s.logits_all = (r.want_prompt_logits || r.prompt_logprobs >= 0) && L.result.tokens.empty();
       }
-      const int64_t ahead = r.speculative && s.sample ? lookahead : 0;
+      const int64_t ahead = r.speculative && s.sample && (pass == 1 || speculate) ? lookahead : 0;
       if (!grow(L, L.pos + s.n + ahead, group, step)) continue;
       // Blocks the stages do not know yet: grown now, or shared now or while it waited.
       s.new_blocks = int64_t(L.blocks.size() - L.sent);

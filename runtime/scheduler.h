@@ -58,8 +58,8 @@ struct SchedulerOptions {
   int64_t kv_blocks = 1 << 20;     // blocks in the column's KV pools
   bool prefix_sharing = true;      // share full prompt blocks between sequences
   int speculative_tokens = 0;      // MTP draft tokens verified per decode step (0: off)
-  int64_t speculative_max_rows = 64;  // decode rows (fed tokens + drafts) of a step beyond which
-                                      // drafts are cut: a full batch decodes plainly
+  int64_t speculative_max_batch = 4;  // decoding sequences of a step beyond which it decodes
+                                     // plainly: no drafts, no MTP over its decode rows
 };
 
 // One sequence's entry in a step: rows [start, start + n) of request `req`.

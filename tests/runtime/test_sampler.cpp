@@ -541,3 +541,130 @@ TEST(Sampler, ValidateRejectsEachBadField) {
 
 }  // namespace
 }  // namespace glm5::runtime
+
+// ---------------------------------------------------------------------------------------------
+// Speculative decoding's verification (verify_drafts): the target distribution is kept.
+
+namespace glm5::runtime {
+
+namespace {
+
+// Pearson's chi-square statistic of counts against probabilities p (n draws).
+double chi_square(const std::vector<int64_t>& counts, const std::vector<double>& p, int64_t n) {
+  double x = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double e = p[i] * double(n);
+    x += (double(counts[i]) - e) * (double(counts[i]) - e) / e;
+  }
+  return x;
+}
+
+// The 0.999 quantile of chi-square with 5 degrees of freedom (6 tokens): a correct rule exceeds it
+// once in a thousand runs; the seeds are fixed, so the test is deterministic.
+constexpr double kChi2Df5 = 20.52;
+
+struct TwoRows {
+  std::vector<double> p0 = {0.30, 0.25, 0.20, 0.15, 0.07, 0.03}, p1 = {0.05, 0.10, 0.40, 0.05, 0.30, 0.10};
+  std::vector<float> logits;  // [2, 6]: log p
+  TwoRows() {
+    for (double x : p0) logits.push_back(float(std::log(x)));
+    for (double x : p1) logits.push_back(float(std::log(x)));
+  }
+};
+
+}  // namespace
+
+TEST(SpeculativeSampling, VerifiedTokensFollowTheTargetDistribution) {
+  const TwoRows t;
+  const int32_t drafts[1] = {1};  // a draft the target gives 0.25
+  constexpr int64_t kN = 40000;
+  std::vector<int64_t> first(6, 0), second(6, 0);
+  int64_t accepted = 0;
+  SamplingParams p;
+  p.temperature = 1.0f;
+  for (int64_t seed = 0; seed < kN; ++seed) {
+    p.seed = uint64_t(seed);
+    std::vector<int32_t> generated;
+    const std::vector<Sampled> out = verify_drafts(t.logits.data(), 6, drafts, 1, p, {}, generated);
+    ASSERT_GE(out.size(), 1u);
+    ASSERT_LE(out.size(), 2u);
+    ASSERT_EQ(generated.size(), out.size());
+    ++first[size_t(out[0].token)];
+    if (out.size() == 2) {  // the draft was accepted: the next token comes from row 1
+      ASSERT_EQ(out[0].token, drafts[0]);
+      ++accepted;
+      ++second[size_t(out[1].token)];
+    } else {
+      ASSERT_NE(out[0].token, drafts[0]);
+    }
+  }
+  EXPECT_LT(chi_square(first, t.p0, kN), kChi2Df5);
+  EXPECT_LT(chi_square(second, t.p1, accepted), kChi2Df5);
+  // The acceptance rate is the target's probability of the draft (binomial, 4.4 sigma).
+  EXPECT_NEAR(double(accepted) / kN, t.p0[1], 4.4 * std::sqrt(0.25 * 0.75 / kN));
+}
+
+// The same statistic rejects a broken rule: accepting the draft with probability p(draft) and
+// otherwise drawing from p itself (not p without the draft) over-weights the draft.
+TEST(SpeculativeSampling, TheChiSquareBoundCatchesABrokenAcceptanceRule) {
+  const TwoRows t;
+  constexpr int64_t kN = 40000;
+  const int32_t draft = 1;
+  std::vector<int64_t> correct(6, 0), broken(6, 0);
+  SamplingParams p;
+  p.temperature = 1.0f;
+  for (int64_t seed = 0; seed < kN; ++seed) {
+    p.seed = uint64_t(seed);
+    // The textbook form of the correct rule, with its own coin: accept with p(d), else draw from
+    // p without d.
+    const double coin = sampling_uniform(uint64_t(seed) ^ 0x5bd1e995u, 0);
+    if (coin < t.p0[draft]) {
+      ++correct[draft];
+      ++broken[draft];
+      continue;
+    }
+    std::vector<float> without(t.logits.begin(), t.logits.begin() + 6);
+    without[draft] = -1e30f;
+    ++correct[size_t(sample(without.data(), 6, p, {}, {}, 0).token)];
+    ++broken[size_t(sample(t.logits.data(), 6, p, {}, {}, 0).token)];
+  }
+  EXPECT_LT(chi_square(correct, t.p0, kN), kChi2Df5);
+  EXPECT_GT(chi_square(broken, t.p0, kN), 10 * kChi2Df5);
+}
+
+// Greedy verification is plain greedy decoding: the argmax of each row, up to the first row whose
+// argmax is not the next draft; with penalties the rows see the drafts accepted before them.
+TEST(SpeculativeSampling, GreedyVerificationIsPlainDecoding) {
+  const int64_t V = 8;
+  std::vector<float> logits(4 * V);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = float((i * 37) % 11) * 0.25f;
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.repetition_penalty = 1.3f;
+  p.logprobs = 2;
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  // Plain decoding row by row, feeding its own tokens: the drafts that are all accepted.
+  std::vector<int32_t> plain_hist = {5};
+  std::vector<Sampled> plain;
+  for (int64_t j = 0; j < 4; ++j) {
+    plain.push_back(sample(logits.data() + j * V, V, p, prompt, plain_hist, int64_t(plain_hist.size())));
+    plain_hist.push_back(plain.back().token);
+  }
+  const int32_t all_right[3] = {plain[0].token, plain[1].token, plain[2].token};
+  std::vector<int32_t> hist = {5};
+  std::vector<Sampled> got = verify_drafts(logits.data(), V, all_right, 3, p, prompt, hist);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(hist, plain_hist);
+  for (size_t j = 0; j < 4; ++j) {
+    EXPECT_EQ(got[j].token, plain[j].token);
+    EXPECT_EQ(got[j].logprob, plain[j].logprob);
+    EXPECT_EQ(got[j].top, plain[j].top);
+  }
+  const int32_t second_wrong[3] = {plain[0].token, int32_t((plain[1].token + 1) % V), plain[2].token};
+  hist = {5};
+  got = verify_drafts(logits.data(), V, second_wrong, 3, p, prompt, hist);
+  ASSERT_EQ(got.size(), 2u);  // the first draft, then the target's own token where the second was wrong
+  EXPECT_EQ(got[1].token, plain[1].token);
+}
+
+}  // namespace glm5::runtime
