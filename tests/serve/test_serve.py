@@ -746,6 +746,24 @@ class Layout2x2(unittest.TestCase):
         self.assertIn("drained", s.stderr())
 
 
+    def test_speculative_answers_equal_plain_batch(self):
+        # MTP speculative decoding (3 drafts per step; the MTP layer on the last stage, its MoE over
+        # the stage's exchange) on 2 x 2 ranks: the answers, whole and streamed, are the plain batch
+        # job's token for token, and /metrics counts the verify steps.
+        expected = batch_answers()
+        s = Server("--speculative-tokens", "3", np=4, cluster=CLUSTER22)
+        try:
+            client = s.client()
+            self.assertEqual(server_answers(client, stream=False), expected)
+            self.assertEqual(server_answers(client, stream=True), expected)
+            m = s.metrics()
+            self.assertGreater(m['glm5_spec_verify_steps_total{rank="0"}'], 0)
+            self.assertGreaterEqual(m['glm5_spec_draft_tokens_total{rank="0"}'],
+                                    m['glm5_spec_verify_steps_total{rank="0"}'])
+        finally:
+            self.assertEqual(s.stop(), 0, s.stderr())
+
+
 def run_load(s, requests, stop_after=0):
     cmd = [sys.executable, os.path.join(SRC, "scripts", "serve_load.py"), "--base-url", s.url(), "--model",
            MODEL_NAME, "--clients", "64", "--requests", str(requests), "--max-tokens", "8"]
