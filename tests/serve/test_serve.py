@@ -756,6 +756,9 @@ class Layout2x2(unittest.TestCase):
             client = s.client()
             self.assertEqual(server_answers(client, stream=False), expected)
             self.assertEqual(server_answers(client, stream=True), expected)
+            deadline = time.time() + 10  # the engine's counters are published every 0.5 s
+            while s.metrics()['glm5_spec_verify_steps_total{rank="0"}'] == 0 and time.time() < deadline:
+                time.sleep(0.1)
             m = s.metrics()
             self.assertGreater(m['glm5_spec_verify_steps_total{rank="0"}'], 0)
             self.assertGreaterEqual(m['glm5_spec_draft_tokens_total{rank="0"}'],
