@@ -550,6 +550,9 @@ int main_entry(int argc, char** argv) {
   sim->add_option("--exchange-bytes", sa.exchange_bytes,
                   "what-if: bytes per value the MoE exchange moves (glm5 sends 4, f32; 2 = bf16, 1 = fp8)")
       ->check(CLI::Range(0.5, 8.0));
+  sim->add_option("--acceptance", sa.acceptance,
+                  "speculative decoding (cluster speculative_tokens k): fractions of verify steps whose drafts 1..j "
+                  "were all accepted, j = 1..k, e.g. 0.86,0.66,0.52");
   sim->add_flag("--overlap", sa.overlap, "what-if: MoE exchange hidden behind compute (two micro-batches alternating)");
   auto* sim_cal = sim->add_flag("--calibrate", sa.calibrate, "measure this machine and write a hardware file (--out)");
   sim->add_option("--out", sa.out, "with --calibrate: the hardware YAML to write (with --model: its expert shape)")->needs(sim_cal);

@@ -28,6 +28,7 @@ struct Rates {
 struct SimSeq {
   int64_t start = 0, n = 0, prompt_len = 0;
   bool sample = false;
+  int64_t drafts = 0, accepted = 0;  // speculative decoding: drafts verified, of which accepted
   bool operator==(const SimSeq&) const = default;
 };
 

@@ -40,6 +40,27 @@ Workload parse_workload(const std::string& text) {
   return w;
 }
 
+std::vector<double> parse_acceptance(const std::string& text, int k) {
+  std::vector<double> a;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    size_t used = 0;
+    double x = -1;
+    try {
+      x = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    CHECK(used == item.size() && !item.empty() && x >= 0 && x <= 1 && (a.empty() || x <= a.back()),
+          "--acceptance: expected fractions in [0, 1], each at most the one before (drafts 1..j all accepted), found '",
+          item, "' in '", text, "'");
+    a.push_back(x);
+  }
+  CHECK(int(a.size()) >= k, "--acceptance '", text, "': ", a.size(), " values for speculative_tokens ", k,
+        " (one per draft position)");
+  return a;
+}
+
 std::vector<int> host_of_ranks(const ClusterConfig& cc, const Hardware& hw) {
   const int W = cc.world_size();
   std::vector<int> host(size_t(W), 0);
@@ -100,9 +121,11 @@ class Replay {
     return host_[size_t(a)] == host_[size_t(b)] ? s_.hw->intra_node_latency_s : s_.hw->inter_node_latency_s;
   }
   void hand_out(double now);
+  int64_t accepted_drafts(int64_t drafts);
   std::vector<SimSeq> build(Column& c, int g, std::vector<Seq*>& members);
   void apply(Column& c, const std::vector<Seq*>& members, const std::vector<SimSeq>& step, double now);
   double stage_time(int stage, const std::vector<std::vector<SimSeq>>& steps, StagePrediction& out);
+  double mtp_time(const std::vector<std::vector<SimSeq>>& steps, StagePrediction& out);
 
   const SimSetup& s_;
   std::vector<double> util_;
@@ -113,7 +136,24 @@ class Replay {
   int64_t handed_ = 0, finished_ = 0, generated_ = 0, shareable_ = 0;
   double ttft_sum_ = 0, exchange_bytes_ = 0, exchange_plan_bytes_ = 0, hop_bytes_ = 0;
   int64_t exchanges_ = 0, hops_ = 0;
+  uint64_t draw_ = 0;  // the acceptance draws' state (deterministic)
 };
+
+// Drafts accepted of `drafts`: draft j is accepted after j - 1 with probability a_j / a_{j-1} of
+// the acceptance model, drawn from a fixed sequence (splitmix64), so a replay is reproducible.
+int64_t Replay::accepted_drafts(int64_t drafts) {
+  int64_t j = 0;
+  for (double before = 1; j < drafts; ++j) {
+    uint64_t z = (draw_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    const double u = double((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+    const double a = s_.acceptance[size_t(j)];
+    if (before <= 0 || u >= a / before) break;
+    before = a;
+  }
+  return j;
+}
 
 // A busy rank's rates: its threads (cores / ranks on its host, as the launcher sets OpenMP), the
 // cores and bandwidth it shares with the other ranks of its host that are busy at the same time.
@@ -186,7 +226,9 @@ std::vector<SimSeq> Replay::build(Column& c, int g, std::vector<Seq*>& members) 
   }
   std::vector<SimSeq> step;
   members.clear();
-  int64_t room = cc.max_step_tokens;
+  int64_t room = cc.max_step_tokens, decoding = 0;
+  for (const Seq& q : c.live) decoding += q.group == g && q.gen > 0;
+  const bool speculate = cc.speculative_tokens > 0 && decoding <= cc.speculative_max_batch;
   for (int pass = 0; pass < 2; ++pass)
     for (Seq& q : c.live) {
       if (q.group != g || (q.gen > 0) != (pass == 0)) continue;
@@ -194,8 +236,11 @@ std::vector<SimSeq> Replay::build(Column& c, int g, std::vector<Seq*>& members) 
       e.prompt_len = w.in;
       e.start = q.pos;
       if (pass == 0) {
-        e.n = 1;
+        e.drafts = speculate ? std::min<int64_t>(cc.speculative_tokens, w.out - q.gen - 1) : 0;
+        e.accepted = accepted_drafts(e.drafts);
+        e.n = 1 + e.drafts;
         e.sample = true;
+        q.pos -= e.drafts - e.accepted;  // the rejected rows' positions are free again
       } else {
         if (room <= 0) continue;
         if (shareable_ > 0 && !q.computes_prefix && q.pos < shareable_) {
@@ -221,8 +266,10 @@ void Replay::apply(Column& c, const std::vector<Seq*>& members, const std::vecto
   for (size_t i = 0; i < step.size(); ++i) {
     if (!step[i].sample) continue;
     Seq& q = *members[i];
-    if (q.gen++ == 0) ttft_sum_ += now - q.handed_at;
-    ++generated_;
+    if (q.gen == 0) ttft_sum_ += now - q.handed_at;
+    const int64_t tokens = std::min(1 + step[i].accepted, s_.work.out - q.gen);
+    q.gen += tokens;
+    generated_ += tokens;
   }
   for (auto it = c.live.begin(); it != c.live.end();) {
     if (it->gen < s_.work.out) {
@@ -308,6 +355,58 @@ double Replay::stage_time(int stage, const std::vector<std::vector<SimSeq>>& ste
   }
   if (stage == P_ - 1)
     T += slowest([&](int c, const Rates& r, PhaseTimes& t) { cost.head(sampled[size_t(c)], r, t); });
+  if (stage == P_ - 1 && s_.cluster->speculative_tokens > 0) T += mtp_time(steps, out);
+  return T;
+}
+
+// The MTP layer on the last stage (runtime/engine.cpp draft()): one pass over the step's rows whose
+// next token is known (prompt rows; a decode entry's accepted rows), then k - 1 chained passes of
+// one row per drafting sequence, and lm_head once per draft. Its cost is the last decoder
+// layer's (GLM-5's MTP layer has its shapes) for those rows.
+double Replay::mtp_time(const std::vector<std::vector<SimSeq>>& steps, StagePrediction& out) {
+  const runtime::ModelConfig& cfg = *s_.cfg;
+  const int l = int(cfg.num_hidden_layers) - 1, k = s_.cluster->speculative_tokens;
+  const int last = P_ - 1;
+  double T = 0;
+  for (int pass = 0; pass < k; ++pass) {
+    std::vector<std::vector<SimSeq>> rows(static_cast<size_t>(E_));
+    std::vector<int64_t> m(size_t(E_), 0), drafting(size_t(E_), 0);
+    int64_t total = 0;
+    for (int c = 0; c < E_; ++c)
+      for (const SimSeq& e : steps[size_t(c)]) {
+        const bool decode = e.start >= e.prompt_len;
+        if ((decode && e.drafts == 0) || (pass > 0 && !e.sample)) continue;  // a plainly decoding step: no MTP
+        const int64_t known = decode ? 1 + e.accepted : e.n;  // rows whose next token is known
+        SimSeq r = e;
+        r.n = pass == 0 ? known : 1;
+        r.start = pass == 0 ? e.start : e.start + known + pass - 1;
+        rows[size_t(c)].push_back(r);
+        m[size_t(c)] += r.n;
+        drafting[size_t(c)] += e.sample;
+        total += r.n;
+      }
+    PhaseTimes phases;
+    for (int c = 0; c < E_; ++c) {
+      const Rates& r = rates_[size_t(last * E_ + c)];
+      PhaseTimes t;
+      s_.cost->attention(l, rows[size_t(c)], r, t);
+      if (cfg.is_moe_layer(l)) {
+        s_.cost->router(l, m[size_t(c)], r, t);
+        s_.cost->experts(l, c, total, r, t);
+      } else {
+        s_.cost->dense_mlp(l, m[size_t(c)], r, t);
+      }
+      s_.cost->head(drafting[size_t(c)], r, t);
+      double sum = 0, best = 0;
+      for (auto& [key, v] : t) sum += v;
+      for (auto& [key, v] : phases) best += v;
+      if (sum > best) phases = t;
+    }
+    for (auto& [key, v] : phases) {
+      out.phases["mtp_" + key] += v;
+      T += v;
+    }
+  }
   return T;
 }
 
@@ -344,12 +443,16 @@ Prediction Replay::run() {
     ++pred.ticks;
     std::vector<std::vector<SimSeq>> steps(static_cast<size_t>(E_));
     std::vector<std::vector<Seq*>> members(static_cast<size_t>(E_));
-    int64_t m_max = 0, rows = 0;
+    int64_t m_max = 0, rows = 0, decode_tokens_tick = 0;
     bool decode_only = true;
     for (int c = 0; c < E_; ++c) {
       steps[size_t(c)] = build(cols_[size_t(c)], g, members[size_t(c)]);
       int64_t m = 0;
-      for (const SimSeq& e : steps[size_t(c)]) m += e.n, decode_only &= e.n == 1 && e.start >= e.prompt_len;
+      for (const SimSeq& e : steps[size_t(c)]) {
+        m += e.n;
+        decode_only &= e.start >= e.prompt_len;
+        decode_tokens_tick += e.start >= e.prompt_len ? 1 + e.accepted : 0;
+      }
       m_max = std::max(m_max, m);
       rows += m;
     }
@@ -375,7 +478,7 @@ Prediction Replay::run() {
       if (s == 0) now = start + T;  // stage 0 builds the next tick once it has sent this one
     }
     // Steady-state decode: the spacing of stage 0's decode-only ticks and the tokens they carry.
-    if (decode_only && rows > 0) decode_s += now - last_tick, decode_tokens += rows;
+    if (decode_only && rows > 0) decode_s += now - last_tick, decode_tokens += decode_tokens_tick;
     last_tick = now;
     if (P_ == 1) {
       for (int c = 0; c < E_; ++c) apply(cols_[size_t(c)], members[size_t(c)], steps[size_t(c)], now);

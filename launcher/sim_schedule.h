@@ -27,6 +27,8 @@ struct Workload {
 };
 // "prompts=N,in=T,out=T[,prefix=T]"; errors name the field.
 Workload parse_workload(const std::string& text);
+// "0.86,0.66,0.52": at least k values, each in [0, 1] and none above the one before (--acceptance).
+std::vector<double> parse_acceptance(const std::string& text, int k);
 
 struct StagePrediction {
   int first_layer = 0, last_layer = 0;
@@ -56,6 +58,9 @@ struct SimSetup {
   Workload work;
   double exchange_value_bytes = 4;  // bytes per hidden value the MoE exchange moves (glm5: f32)
   bool overlap = false;             // MoE exchange hidden behind compute (what-if; glm5 does not)
+  // Speculative decoding (cluster speculative_tokens > 0): the acceptance model, the fraction of
+  // verify steps whose drafts 1..j were all accepted, j = 1..k (a report's spec_accepted_at / spec_verify_steps).
+  std::vector<double> acceptance;
 };
 
 Prediction simulate_run(const SimSetup& s);

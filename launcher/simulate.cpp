@@ -185,7 +185,11 @@ int run_simulate(const SimulateArgs& a) {
   const StepCost cost(cfg, wp, cc.expert_parallel,
                       a.routing.empty() ? std::vector<std::vector<double>>{} : read_routing(a.routing, cfg),
                       cc.kv_dtype == "bf16" ? 2 : 4);
-  SimSetup setup{&cfg, &cc, stages, &hw, &cost, work, a.exchange_bytes, a.overlap};
+  SimSetup setup{&cfg, &cc, stages, &hw, &cost, work, a.exchange_bytes, a.overlap, {}};
+  CHECK(cc.speculative_tokens == 0 || !a.acceptance.empty(), "simulate: ", cc.source, " sets speculative_tokens ",
+        cc.speculative_tokens, ": give --acceptance (the fraction of verify steps whose drafts 1..j were all accepted, "
+        "j = 1..k, e.g. a batch report's spec_accepted_at / spec_verify_steps)");
+  if (cc.speculative_tokens > 0) setup.acceptance = parse_acceptance(a.acceptance, cc.speculative_tokens);
   const Prediction p = simulate_run(setup);
   const std::vector<RankMemory> mem = plan_memory(cfg, cc, hw, stages, wp, work);
 

@@ -16,6 +16,7 @@ struct SimulateArgs {
   std::string json;      // also write the prediction as JSON here
   double exchange_bytes = 4;  // what-if: bytes per value the MoE exchange moves (glm5 sends f32)
   bool overlap = false;       // what-if: MoE exchange overlapped with compute
+  std::string acceptance;     // speculative decoding's acceptance model (cluster speculative_tokens > 0)
   bool calibrate = false;  // measure this machine and write a hardware file to `out`
   std::string out;
 };

@@ -44,10 +44,12 @@ struct Sim {
   runtime::WeightPlan plan = runtime::plan_weights(cfg, kMoe);
   ClusterConfig cc = default_cluster_config();
   Hardware hw = flat_hardware();
+  std::vector<double> acceptance;  // with cc.speculative_tokens
   Prediction run(const std::string& workload, std::vector<std::vector<double>> share = {}) {
     cc.backend = hw.gpu() ? "cuda" : "cpu";
     const StepCost cost(cfg, plan, cc.expert_parallel, std::move(share));
     SimSetup s{&cfg, &cc, plan_stages(cc, cfg, cc.world_size()), &hw, &cost, parse_workload(workload)};
+    s.acceptance = acceptance;
     return simulate_run(s);
   }
 };
@@ -193,6 +195,36 @@ TEST(Simulate, ReplayCountsTicks) {
   EXPECT_GT(p.exchange_bytes_per_layer, 0);
   EXPECT_GT(p.exchange_plan_bytes_per_layer, 0);
   EXPECT_LT(p.exchange_plan_bytes_per_layer, p.exchange_bytes_per_layer / 4);  // rows dominate
+}
+
+// Speculative decoding: a decode step yields 1 + the drafts the acceptance model accepts, and the
+// MTP layer's work is charged to the last stage.
+TEST(Simulate, SpeculativeDecodingFollowsTheAcceptanceModel) {
+  Sim s;
+  s.hw = flat_hardware(1e11);  // decode reads weights: memory-bound, as on a GPU
+  const Prediction plain = s.run("prompts=1,in=20,out=13");
+  EXPECT_EQ(plain.ticks, 13);
+  s.cc.speculative_tokens = 3;
+  s.cc.speculative_max_batch = 64;
+  s.acceptance = {1, 1, 1};  // every draft accepted: the first token, then 4 per step
+  const Prediction all = s.run("prompts=1,in=20,out=13");
+  EXPECT_EQ(all.generated, 13);
+  EXPECT_EQ(all.ticks, 1 + 3);
+  EXPECT_GT(all.decode_per_s, 1.3 * plain.decode_per_s);  // 4 tokens a step, for 4 rows (more experts) and 3 MTP passes
+  EXPECT_GT(all.stages.back().phases.count("mtp_experts"), 0u);
+  s.acceptance = {0, 0, 0};  // none: one token per step, and the drafting costs time
+  const Prediction none = s.run("prompts=1,in=20,out=13");
+  EXPECT_EQ(none.generated, 13);
+  EXPECT_EQ(none.ticks, 13);
+  EXPECT_LT(none.decode_per_s, plain.decode_per_s);
+  s.cc.speculative_max_batch = 0;  // the policy: no step speculates, only the prompt's MTP rows remain
+  const Prediction off = s.run("prompts=1,in=20,out=13");
+  EXPECT_EQ(off.ticks, 13);
+  EXPECT_NEAR(off.decode_per_s, plain.decode_per_s, 1e-9 * plain.decode_per_s);
+  EXPECT_EQ(parse_acceptance("0.9,0.7", 2), (std::vector<double>{0.9, 0.7}));
+  expect_error([] { parse_acceptance("0.9", 2); }, {"--acceptance '0.9'", "1 values for speculative_tokens 2"});
+  expect_error([] { parse_acceptance("0.5,0.7", 2); }, {"'0.7'", "each at most the one before"});
+  expect_error([] { parse_acceptance("1.5", 1); }, {"'1.5'", "[0, 1]"});
 }
 
 TEST(Simulate, PredictionFollowsTheRates) {
