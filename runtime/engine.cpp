@@ -399,7 +399,7 @@ static void draft(Model& model, const Step& step, const float* h, SeqTable& tabl
     rows.push_back({first, cnt});
     m += cnt;
     e.drafts.clear();
-    if (s.sample && e.req.speculative) drafting.push_back({&e, b, m - 1, s.start + cnt});
+    if (s.sample && s.draft) drafting.push_back({&e, b, m - 1, s.start + cnt});
   }
   // hidden = model.norm(h) of those rows; state = what the MTP layer carries (shared_head.norm).
   auto alloc = [&](int64_t r) { return static_cast<float*>(be.alloc(size_t(std::max<int64_t>(r, 1) * H) * sizeof(float))); };

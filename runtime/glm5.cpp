@@ -436,6 +436,7 @@ void Model::mtp_forward(const std::vector<SeqStep>& batch, const int32_t* next_i
   const int64_t H = cfg_.hidden_size;
   const std::vector<int32_t> pos_host = row_positions(batch);
   const int64_t m = int64_t(pos_host.size());
+  if (m == 0 && stage_comm_.size() == 1) return;  // no exchange to pair up
   Profiler::Scope span(prof_, "mtp", int(cfg_.num_hidden_layers));
   Buf<int32_t> pos(backend_, m);
   backend_.to_device(pos, pos_host.data(), size_t(m) * sizeof(int32_t));

@@ -269,13 +269,15 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
   tokens.clear();
   int64_t room = opt_.max_step_tokens;
   const int64_t lookahead = opt_.speculative_tokens;
+  int64_t decoding = 0;
+  for (auto& [id, Lp] : live_) decoding += Lp->group == group && Lp->decoding();
+  const bool speculate = opt_.speculative_tokens > 0 && decoding <= opt_.speculative_max_batch;
   for (int pass = 0; pass < 2; ++pass) {
     std::vector<Live*> members;  // a snapshot: grow() may preempt members
     for (auto& [id, Lp] : live_)
       if (Lp->group == group && Lp->decoding() == (pass == 0)) members.push_back(Lp.get());
     // Draft rows the decode rows may add: the budget beyond one row per member.
-    const bool speculate = pass == 0 && int64_t(members.size()) <= opt_.speculative_max_batch;
-    int64_t spare = speculate ? room - int64_t(members.size()) : 0;
+    int64_t spare = speculate && pass == 0 ? room - int64_t(members.size()) : 0;
     for (Live* Lp : members) {
       Live& L = *Lp;
       if (L.waiting) continue;  // preempted for an earlier member
@@ -283,8 +285,10 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
       StepSeq s;
       s.req = r.index;
       s.start = L.pos;
-      // Every prompt row gets its MTP row (shared prompt blocks hold them); decode rows while speculating.
+      // Every prompt row gets its MTP row (shared prompt blocks hold them); decode rows while
+      // speculating. Drafts follow a sampled row while the group speculates.
       s.mtp = pass == 0 ? r.speculative && speculate : opt_.speculative_tokens > 0;
+      s.draft = r.speculative && speculate;
       if (pass == 0) {
         const int64_t left = r.sampling.max_tokens - int64_t(L.result.tokens.size()) - 1;
         s.drafts = int32_t(std::clamp<int64_t>(std::min<int64_t>(int64_t(L.drafts.size()), left), 0,
@@ -301,7 +305,7 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
         s.sample = L.pos + s.n == L.target() && L.result.tokens.empty();
         s.logits_all = (r.want_prompt_logits || r.prompt_logprobs >= 0) && L.result.tokens.empty();
       }
-      const int64_t ahead = r.speculative && s.sample && (pass == 1 || speculate) ? lookahead : 0;
+      const int64_t ahead = s.draft && s.sample ? lookahead : 0;
       if (!grow(L, L.pos + s.n + ahead, group, step)) continue;
       // Blocks the stages do not know yet: grown now, or shared now or while it waited.
       s.new_blocks = int64_t(L.blocks.size() - L.sent);

@@ -72,6 +72,7 @@ struct StepSeq {
   bool logits_sampled = false;  // return the sampled row's logits (decode-logit dumps)
   int32_t drafts = 0;           // decode: rows 1..drafts are draft tokens this step verifies
   bool mtp = false;             // the last stage runs the MTP layer over its rows (speculation)
+  bool draft = false;           // ... and drafts after its sampled row
 };
 
 // One micro-batch step, as it travels down the column.

@@ -4,13 +4,15 @@
 # k = 0 (plain) .. 4 draft tokens, speculation allowed at every batch size (speculative_max_batch
 # 64); then batch 64 with the default policy. Prints tokens/s (the engine's wall, from --report),
 # the ratio to plain decoding at the same batch, mean acceptance length and acceptance per draft
-# position, and checks that every run's records are plain decoding's.
+# position, and checks that every run's records are plain decoding's. Each figure is the best of REPS
+# runs (the machine's noise between runs is +-20 %), plain and speculative runs interleaved.
 # Usage: scripts/bench_speculative.sh [BUILD] [MODEL] [THREADS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 MODEL=${2:-tests/data/glm5-kjv}
 THREADS=${3:-2}
+REPS=${REPS:-3}
 D=$(mktemp -d)
 trap 'rm -rf "$D"' EXIT
 export OMP_NUM_THREADS=$THREADS
@@ -39,17 +41,29 @@ for spec in "1 8" "8 64" "64 256"; do
   set -- $spec
   make_requests "$2"
   plain=""
+  declare -A best=()
+  for rep in $(seq "$REPS"); do
+    for k in 0 1 2 3 4; do
+      read -r tps mal steps at < <(run "$1" "$2" "$k")
+      best[$k]=$(awk -v a="${best[$k]:-0 0 0 -}" -v t="$tps" -v m="$mal" -v s="$steps" -v x="$at" \
+        'BEGIN { split(a, f, " "); if (t > f[1]) print t, m, s, x; else print a }')
+    done
+  done
   for k in 0 1 2 3 4; do
-    read -r tps mal steps at < <(run "$1" "$2" "$k")
+    read -r tps mal steps at <<< "${best[$k]}"
     [ -z "$plain" ] && plain=$tps
     awk -v b="$1" -v k="$k" -v t="$tps" -v p="$plain" -v m="$mal" -v s="$steps" -v a="$at" \
       'BEGIN { printf "| %d | %d | %.0f | %.2fx | %s | %s | %s |\n", b, k, t, t / p, (k ? sprintf("%.2f", m) : "-"), (k ? s : "-"), (k ? a : "-") }'
   done
 done
 echo
-echo "Batch 64 with the default policy (speculative_max_batch: its default):"
+echo "Batch 64 with the default policy (speculative_max_batch: its default), best of $((2 * REPS)):"
 make_requests 256
-for k in 0 2; do
-  read -r tps mal steps at < <(run 64 256 "$k" "# speculative_max_batch: default")
-  echo "  k $k: $tps tokens/s, $steps verify steps"
+declare -A pol=([0]=0 [2]=0)
+for rep in $(seq $((2 * REPS))); do
+  for k in 0 2; do
+    read -r tps mal steps at < <(run 64 256 "$k" "# speculative_max_batch: default")
+    pol[$k]=$(awk -v a="${pol[$k]}" -v t="$tps" 'BEGIN { print (t > a ? t : a) }')
+  done
 done
+awk -v p="${pol[0]}" -v s="${pol[2]}" 'BEGIN { printf "  plain %.0f tokens/s, k 2 %.0f tokens/s: %.3fx\n", p, s, s / p }'
