@@ -310,7 +310,7 @@ double layer_parameters(const runtime::ModelConfig& mc, int layer) {
   // DSA indexer: wq_b [index_heads*index_dim, q_lora], wk [index_dim, H], k_norm weight + bias,
   // weights_proj [index_heads, H].
   const double ih = double(mc.index_n_heads), id = double(mc.index_head_dim);
-  double indexer = ih * id * double(mc.q_lora_rank) + id * H + 2 * id + ih * H;
+  double indexer = mc.has_indexer(layer) ? ih * id * double(mc.q_lora_rank) + id * H + 2 * id + ih * H : 0;
   // MLP: dense SwiGLU (gate, up, down) or MoE (router + bias, routed experts, shared experts).
   double mlp = 0;
   if (mc.is_moe_layer(layer)) {
@@ -355,6 +355,10 @@ std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc,
       CHECK(r.first == next && r.last > r.first, cfg, ": key 'stages[", s,
             "]': expected a non-empty range starting at layer ", next,
             s == 0 ? "" : " (the previous range's last)", ", found [", r.first, ", ", r.last, "]");
+      // A shared-indexer layer uses the top-k its donor computed on the same rank (IndexShare).
+      CHECK(r.first >= L || mc.has_indexer(r.first), cfg, ": key 'stages[", s, "]': layer ", r.first,
+            " is a \"shared\" indexer layer of model config ", mc.source, " (it reuses layer ",
+            mc.indexer_donor(r.first), "'s top-k): a stage must begin at a \"full\" layer");
       next = r.last;
     }
     CHECK(next == L, cfg, ": key 'stages': expected layer ranges covering layers [0, ", L,
@@ -363,9 +367,24 @@ std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc,
     return cc.layer_ranges;
   }
 
-  std::vector<double> cost(L);
-  for (int l = 0; l < L; ++l) cost[l] = layer_parameters(mc, l);
-  return parallel::balance_layers(cost, P);
+  // Balanced by parameters over groups of a full-indexer layer and the shared layers after it
+  // (IndexShare: a group stays on one stage, so its top-k never crosses a pipeline hop; without
+  // shared layers each layer is its own group).
+  std::vector<int> group_first;
+  std::vector<double> cost;
+  for (int l = 0; l < L; ++l) {
+    if (l == 0 || mc.has_indexer(l)) {
+      group_first.push_back(l);
+      cost.push_back(0);
+    }
+    cost.back() += layer_parameters(mc, l);
+  }
+  CHECK(P <= int(cost.size()), cfg, ": key 'stages': expected at most ", cost.size(), " (the \"full\" indexer layers of ",
+        "model config ", mc.source, ": every stage begins at one), found ", P);
+  std::vector<parallel::LayerRange> stages = parallel::balance_layers(cost, P);
+  group_first.push_back(L);
+  for (parallel::LayerRange& r : stages) r = {group_first[size_t(r.first)], group_first[size_t(r.last)]};
+  return stages;
 }
 
 // Whether mpirun_args choose a binding themselves (--bind-to, the hwloc binding policy, CPU sets,

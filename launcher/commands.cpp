@@ -133,10 +133,14 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   opt.kv_budget_bytes = job->cluster.kv_budget_gb * 1e9;
   opt.prefix_sharing = job->cluster.prefix_caching;
   opt.kv_dtype = job->cluster.kv_dtype == "bf16" ? DType::BF16 : DType::F32;
-  for (const auto& range : job->stages) opt.kv_layers = std::max(opt.kv_layers, range.size());
-  // The last stage also caches the MTP layer's rows.
-  if (shard.mtp || job->cluster.speculative_tokens > 0)
-    opt.kv_layers = std::max(opt.kv_layers, job->stages.back().size() + 1);
+  // The budget is shared out by the stage whose position costs most (the last stage also caches the
+  // MTP layer's rows when speculating).
+  for (size_t s = 0; s < job->stages.size(); ++s) {
+    const bool mtp = s + 1 == job->stages.size() && job->cluster.speculative_tokens > 0;
+    opt.kv_bytes_per_token = std::max(opt.kv_bytes_per_token,
+                                      runtime::KvPool::bytes_per_token(job->config, job->stages[s].first,
+                                                                       job->stages[s].last + (mtp ? 1 : 0), opt.kv_dtype));
+  }
   opt.speculative_tokens = job->cluster.speculative_tokens;
   opt.speculative_max_batch = job->cluster.speculative_max_batch;
   opt.progress = progress;
@@ -268,7 +272,7 @@ int run_inspect(const InspectArgs& a) {
   auto stages = plan_stages(cc, mc, cc.world_size());
   const int64_t H = mc.hidden_size, V = mc.vocab_size;
   std::printf("model      %s (%s)\n", mc.model_type.c_str(), mc.source.c_str());
-  std::printf("shape      hidden %lld, layers %lld (+%lld MTP, not loaded), heads %lld, vocab %lld\n",
+  std::printf("shape      hidden %lld, layers %lld (+%lld MTP, loaded when speculating), heads %lld, vocab %lld\n",
               (long long)H, (long long)mc.num_hidden_layers, (long long)mc.num_nextn_predict_layers,
               (long long)mc.num_attention_heads, (long long)V);
   std::printf("mla        q_lora %lld, kv_lora %lld, qk nope/rope/v %lld/%lld/%lld, scale %.6g, rope %s\n",
@@ -319,13 +323,15 @@ int run_inspect(const InspectArgs& a) {
               dec(double(all_bytes)).c_str(), wp.dequantized_f32);
 
   const DType kv_dtype = cc.kv_dtype == "bf16" ? DType::BF16 : DType::F32;
-  const double kv_layer = double(runtime::KvPool::bytes_per_token(mc, 1, kv_dtype));
-  const double kv_token = kv_layer * double(mc.num_hidden_layers);
-  std::printf("kv cache   %s per token (%s: %.0f B per layer = latent %lld + indexer key %lld values, x %lld layers), "
-              "paged in blocks of %lld tokens\n",
-              human_bytes(kv_token).c_str(), cc.kv_dtype.c_str(), kv_layer,
-              (long long)(mc.kv_lora_rank + mc.qk_rope_head_dim), (long long)mc.index_head_dim,
-              (long long)mc.num_hidden_layers, (long long)runtime::kBlockTokens);
+  const int L = int(mc.num_hidden_layers);
+  const double kv_token = double(runtime::KvPool::bytes_per_token(mc, 0, L, kv_dtype));
+  int full = 0;
+  for (int l = 0; l < L; ++l) full += mc.has_indexer(l);
+  std::printf("kv cache   %s per token (%s: latent %lld values x %d layers + indexer key %lld values x %d layers with "
+              "an indexer%s), paged in blocks of %lld tokens\n",
+              human_bytes(kv_token).c_str(), cc.kv_dtype.c_str(), (long long)(mc.kv_lora_rank + mc.qk_rope_head_dim), L,
+              (long long)mc.index_head_dim, full, full < L ? ": the others share one (IndexShare)" : "",
+              (long long)runtime::kBlockTokens);
   std::printf("cluster    %s: %d stage(s) x %d expert-parallel = %d rank(s), backend %s, comm %s\n",
               cc.source.empty() ? "(single process)" : cc.source.c_str(), cc.stages,
               cc.expert_parallel, cc.world_size(), cc.backend.c_str(), cc.comm.c_str());
@@ -344,11 +350,10 @@ int run_inspect(const InspectArgs& a) {
 
   // The KV pool: blocks sized by the budget over the largest stage's layers, the same count on
   // every stage of a column (runtime/engine.cpp); each rank allocates them for its own layers.
-  int kv_layers_max = 1;
-  for (const auto& r : stages) kv_layers_max = std::max(kv_layers_max, r.size());
+  size_t kv_stage_max = 1;
+  for (const auto& r : stages) kv_stage_max = std::max(kv_stage_max, runtime::KvPool::bytes_per_token(mc, r.first, r.last, kv_dtype));
   const double budget = cc.kv_budget_gb * 1e9;
-  const int64_t budget_blocks =
-      budget > 0 ? int64_t(budget / double(runtime::KvPool::bytes_per_block(mc, kv_layers_max, kv_dtype))) : 0;
+  const int64_t budget_blocks = budget > 0 ? int64_t(budget / (double(kv_stage_max) * double(runtime::kBlockTokens))) : 0;
 
   if (device)
     std::printf("%-5s %-6s %-6s %-9s %-12s %-12s %-12s %-13s %s\n", "rank", "stage", "column", "layers", "weights",
@@ -364,8 +369,7 @@ int run_inspect(const InspectArgs& a) {
     const int s = g.stage_of(r);
     const runtime::ModelShard shard = rank_shard(cc, stages, r);
     const double w = double(runtime::shard_weight_bytes(wp, mc, shard));
-    const int nl = stages[size_t(s)].size();
-    const double per_token = double(runtime::KvPool::bytes_per_token(mc, nl, kv_dtype));
+    const double per_token = double(runtime::KvPool::bytes_per_token(mc, stages[size_t(s)].first, stages[size_t(s)].last, kv_dtype));
     const double pool = double(budget_blocks) * per_token * double(runtime::kBlockTokens);
     char layers[32];
     std::snprintf(layers, sizeof layers, "%d-%d", stages[size_t(s)].first, stages[size_t(s)].last - 1);

@@ -55,17 +55,20 @@ void StepCost::attention(int l, const std::vector<SimSeq>& seqs, const Rates& r,
   if (m == 0) return;
   const double kv_b = bytes(l, "self_attn.kv_b_proj.weight");
 
+  // A "shared" layer (IndexShare) has no indexer: its donor's top-k, no scores, no index keys.
+  const bool indexer = cfg_.has_indexer(l);
+  const double iid = indexer ? ID : 0, iih = indexer ? IH : 0;
   Work proj;  // q_a, kv_a, indexer wk and weights_proj of a; then q_b and wq_b of c_q; norms, ropes
-  proj.flops = 2 * m * H * (QR + LAT + ID + IH) + 2 * m * QR * (NH * DQ + IH * ID);
+  proj.flops = 2 * m * H * (QR + LAT + iid + iih) + 2 * m * QR * (NH * DQ + iih * iid);
   for (const char* w : {"q_a_proj", "kv_a_proj_with_mqa", "indexer.wk", "indexer.weights_proj", "q_b_proj", "indexer.wq_b"})
     proj.bytes += bytes(l, std::string("self_attn.") + w + ".weight");
-  proj.bytes += m * (H + 2 * QR + NH * DQ + IH * ID + LAT) * 4;
-  proj.calls = 10;
+  proj.bytes += m * (H + 2 * QR + NH * DQ + iih * iid + LAT) * 4;
+  proj.calls = indexer ? 10 : 6;
   proj.rows = m;
   t["projections"] += proj.seconds(r);
   Work write;
-  write.bytes = m * (LAT + ID) * (4 + kv_bytes_);
-  write.calls = 2;
+  write.bytes = m * (LAT + iid) * (4 + kv_bytes_);
+  write.calls = indexer ? 2 : 1;
   t["kv_write"] += write.seconds(r);
 
   // Rows below min(prompt_len, index_topk) attend naively, the rest in the absorbed form.
@@ -120,7 +123,7 @@ void StepCost::attention(int l, const std::vector<SimSeq>& seqs, const Rates& r,
     qabs.calls = 1 + NH;
     qabs.rows = n_abs;
     t["q_absorb"] += qabs.seconds(r);
-    if (sparse) {
+    if (sparse && indexer) {
       scores.attention_unit = true;
       t["indexer_scores"] += scores.seconds(r);
       t["topk"] += topk.seconds(r);

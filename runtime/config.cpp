@@ -328,11 +328,6 @@ void read_indexer_types(const json& root, const std::string& source, ModelConfig
     GLM5_FAIL(source, ": field '", key ? key : "index_skip_topk_offset",
               "': layer 0 must be \"full\" (a shared layer reuses the top-k of a full layer before it)");
   c.index_share_for_mtp_iteration = f.optional_bool("index_share_for_mtp_iteration", false);
-  for (int64_t i = 0; i < L; ++i)
-    if (!c.indexer_full[i])
-      GLM5_FAIL(source, ": layer ", i, " is a \"shared\" indexer layer (GLM-5.2 IndexShare, field '",
-                key ? key : "index_topk_freq", "'): this version of glm5 runs only checkpoints whose every layer has its "
-                "own indexer");
 }
 
 // GLM-5.x's `mlp_layer_types` ("dense" / "sparse" per layer) must say what first_k_dense_replace and
@@ -373,6 +368,16 @@ double yarn_mscale(double factor, double mscale) {
 }
 
 }  // namespace
+
+bool ModelConfig::has_indexer(int64_t layer) const {
+  if (layer >= num_hidden_layers) return !index_share_for_mtp_iteration;  // the MTP layer
+  return layer < int64_t(indexer_full.size()) ? indexer_full[size_t(layer)] != 0 : true;
+}
+
+int64_t ModelConfig::indexer_donor(int64_t layer) const {
+  while (layer > 0 && !has_indexer(layer)) --layer;
+  return layer;
+}
 
 bool ModelConfig::is_moe_layer(int64_t layer) const {
   return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;

@@ -60,6 +60,10 @@ struct ModelConfig {
   // Derived quantities.
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool is_moe_layer(int64_t layer) const;  // layer >= first_k_dense_replace && layer % freq == 0
+  // Whether `layer` runs its own DSA indexer (indexer_full; the MTP layer, index >= num_hidden_layers,
+  // unless index_share_for_mtp_iteration), and the full layer whose top-k it uses (itself if full).
+  bool has_indexer(int64_t layer) const;
+  int64_t indexer_donor(int64_t layer) const;
   float softmax_scale() const;             // qk_head_dim^-0.5, times mscale^2 under YaRN
   std::vector<float> inv_freq() const;     // [qk_rope_head_dim / 2], YaRN-corrected if configured
   float rope_cos_sin_scale() const;        // 1 unless YaRN mscale != mscale_all_dim

@@ -579,12 +579,14 @@ void Engine::run(RequestSource* source, const std::function<void(Result&&)>& on_
   auto t0 = Clock::now();
   // The paged KV cache: the same number of blocks on every rank (sized for the largest stage),
   // so that the block ids the stage-0 schedulers hand out are valid all down the column.
-  const int kv_layers = opt_.kv_layers > 0 ? opt_.kv_layers : model_.n_local_layers();
-  kv_blocks_ = KvPool::blocks_for_budget(model_.config(), kv_layers, opt_.kv_budget_bytes, opt_.max_batch, opt_.kv_dtype);
+  const int first = model_.shard().first_layer, last = first + model_.kv_layers();
+  const size_t per_token = opt_.kv_bytes_per_token > 0 ? opt_.kv_bytes_per_token
+                                                       : KvPool::bytes_per_token(model_.config(), first, last, opt_.kv_dtype);
+  kv_blocks_ = KvPool::blocks_for_budget(model_.config(), per_token, opt_.kv_budget_bytes, opt_.max_batch);
   world_.all_reduce(&kv_blocks_, 1, parallel::ReduceDType::I64, parallel::ReduceOp::Min);  // one size everywhere
   CHECK(opt_.speculative_tokens == 0 || model_.has_mtp() || !model_.shard().head,
         "internal: speculative decoding without the MTP layer on the last stage");
-  KvPool pool(model_.backend(), model_.config(), model_.kv_layers(), kv_blocks_, opt_.kv_dtype);
+  KvPool pool(model_.backend(), model_.config(), first, last, kv_blocks_, opt_.kv_dtype);
   model_.set_kv_pool(&pool);
   struct Unset {
     Model& m;

@@ -111,7 +111,7 @@ struct EngineOptions {
                                    // prefill chunks, the last chunk cut to fit): bounds the
                                    // activation memory; >= max_batch
   double kv_budget_bytes = 0;    // per rank: sizes the paged KV pool; 0 = max_batch full contexts
-  int kv_layers = 0;             // layers of the largest stage (budget accounting); 0 = this rank's
+  size_t kv_bytes_per_token = 0;  // of the stage whose position costs most (budget accounting); 0 = this rank's
   bool progress = false;         // progress line on stderr of rank 0
   const Tokenizer* tokenizer = nullptr;  // for stop strings (stage-0 ranks)
   bool prefix_sharing = true;    // share full prompt blocks between sequences (runtime/scheduler.h)

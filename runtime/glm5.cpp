@@ -58,7 +58,8 @@ struct Model::Layer {
   // MLA
   Weight q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj;
   const float *q_a_layernorm = nullptr, *kv_a_layernorm = nullptr;
-  // DSA indexer
+  // DSA indexer (none on a "shared" layer: it attends to the top-k its donor layer computed)
+  bool indexer = true;
   Weight wq_b, wk, weights_proj;  // weights_proj pre-scaled by index_n_heads^-0.5 * index_head_dim^-0.5
   const float *k_norm_weight = nullptr, *k_norm_bias = nullptr;
   // MLP
@@ -221,12 +222,14 @@ std::unique_ptr<Model::Layer> Model::load_layer(int l) {
   L->kv_a_layernorm = vector(n("self_attn.kv_a_layernorm.weight"), R);
   L->kv_b_proj = matrix_plain(n("self_attn.kv_b_proj.weight"), NH * (dn + dv), R, Use::kStreamed);  // sliced per head
   L->o_proj = matrix(n("self_attn.o_proj.weight"), H, NH * dv);
-  L->wq_b = matrix(n("self_attn.indexer.wq_b.weight"), IH * ID, QR);
-  L->wk = matrix(n("self_attn.indexer.wk.weight"), ID, H);
-  L->k_norm_weight = vector(n("self_attn.indexer.k_norm.weight"), ID);
-  L->k_norm_bias = vector(n("self_attn.indexer.k_norm.bias"), ID);
-  L->weights_proj = matrix_f32_scaled(n("self_attn.indexer.weights_proj.weight"), IH, H,
-                                      index_weight_scale);
+  L->indexer = cfg.has_indexer(l);
+  if (L->indexer) {
+    L->wq_b = matrix(n("self_attn.indexer.wq_b.weight"), IH * ID, QR);
+    L->wk = matrix(n("self_attn.indexer.wk.weight"), ID, H);
+    L->k_norm_weight = vector(n("self_attn.indexer.k_norm.weight"), ID);
+    L->k_norm_bias = vector(n("self_attn.indexer.k_norm.bias"), ID);
+    L->weights_proj = matrix_f32_scaled(n("self_attn.indexer.weights_proj.weight"), IH, H, index_weight_scale);
+  }
   L->moe = cfg.is_moe_layer(l);
   if (!L->moe) {
     const int64_t I = cfg.intermediate_size;
@@ -264,6 +267,8 @@ void Model::load_mtp() {
         "speculative decoding drafts with the MTP layer, but ", ckpt_.dir(), " has none (num_nextn_predict_layers = ",
         cfg_.num_nextn_predict_layers, ", tensor '", layer_name(l, "eh_proj.weight"),
         "' not found): set speculative_tokens to 0");
+  CHECK(cfg_.has_indexer(l), "speculative decoding: ", cfg_.source, " sets index_share_for_mtp_iteration (the MTP "
+        "layer reuses the main model's top-k), which glm5 does not run yet: set speculative_tokens to 0");
   mtp_ = std::make_unique<Mtp>();
   mtp_->enorm = vector(layer_name(l, "enorm.weight"), H);
   mtp_->hnorm = vector(layer_name(l, "hnorm.weight"), H);
@@ -339,11 +344,15 @@ struct Model::Layout {
   bool direct = false;                    // the absorbed rows are the step's rows, in order
   bool sparse = false;                    // some row's causal span exceeds index_topk
   Buf<int32_t> pos, tables;               // [n], [n, max_blocks]
+  // The absorbed rows' top-k [n, index_topk] (when sparse): written by a layer with an indexer,
+  // read by the "shared" layers after it (IndexShare).
+  mutable Buf<int32_t> sel;
+  mutable int sel_layer = -1;             // the layer that computed it (-1: none yet)
   Buf<int32_t> row_tables;                // every row of the step: its sequence's table [m, row_ld]
   int64_t row_ld = 1;
 
   Layout(Model& model, const std::vector<SeqStep>& batch)
-      : pos(model.backend_, 1), tables(model.backend_, 1), row_tables(model.backend_, 1) {
+      : pos(model.backend_, 1), tables(model.backend_, 1), sel(model.backend_, 1), row_tables(model.backend_, 1) {
     const int64_t TOPK = model.cfg_.index_topk;
     // The cache writes of all rows: one table per row.
     int64_t m = 0;
@@ -378,6 +387,7 @@ struct Model::Layout {
       max_blocks = std::max(max_blocks, blocks_for(sp.pos + sp.n));
     }
     sparse = t > TOPK;
+    if (sparse) sel = Buf<int32_t>(model.backend_, n * TOPK);
     std::vector<int32_t> pos_host, table_host(size_t(n * max_blocks), 0);
     for (const Span& sp : absorbed)
       for (int64_t i = 0; i < sp.n; ++i) {
@@ -498,8 +508,10 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
     int64_t at = 0;
     for (const Span& sp : lay.absorbed) {
       be.copy_2d({q + sp.row * NH * DQ, NH * DQ, gq + at * NH * DQ, NH * DQ, sp.n, NH * DQ});
-      be.copy_2d({qi + sp.row * IH * ID, IH * ID, gqi + at * IH * ID, IH * ID, sp.n, IH * ID});
-      be.copy_2d({iw + sp.row * IH, IH, giw + at * IH, IH, sp.n, IH});
+      if (L.indexer) {
+        be.copy_2d({qi + sp.row * IH * ID, IH * ID, gqi + at * IH * ID, IH * ID, sp.n, IH * ID});
+        be.copy_2d({iw + sp.row * IH, IH, giw + at * IH, IH, sp.n, IH});
+      }
       at += sp.n;
     }
     rq = gq, rqi = gqi, riw = giw, rattn = gattn;
@@ -514,8 +526,12 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
     be.copy_2d({rq + hd * DQ + dn, NH * DQ, q_lat + hd * LAT + R, NH * LAT, n, dr});
   }
   be.gemm_batch(per_head);
-  Buf<int32_t> sel(be, lay.sparse ? n * TOPK : 1);
-  if (lay.sparse) {
+  const Buf<int32_t>& sel = lay.sel;
+  if (lay.sparse && !L.indexer) {  // a "shared" layer: its donor's selection (spec §1.6, IndexShare)
+    CHECK(lay.sel_layer >= 0 && lay.sel_layer == cfg_.indexer_donor(L.index), "internal: layer ", L.index,
+          " shares the top-k of layer ", cfg_.indexer_donor(L.index), ", which did not run before it on this rank");
+  } else if (lay.sparse) {
+    lay.sel_layer = L.index;
     for (const Layout::Group& g : lay.groups) {
       const int32_t* table = lay.tables + g.first * lay.max_blocks;
       const kernels::KeyPages pages{table, g.one_table ? 0 : lay.max_blocks, kBlockTokens, kv_pool_->dtype(),
@@ -527,12 +543,12 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
       span.emplace(prof_, "topk", L.index);
       be.topk({scores, g.rows, g.t, g.t, TOPK, sel + g.first * TOPK});
     }
-    if (debug_) {
-      int64_t at = 0;
-      for (const Span& sp : lay.absorbed) {
-        if (sp.pos + sp.n > TOPK) debug_("indexer_topk", L.index, sel + at * TOPK, DType::I32, sp.n, TOPK);
-        at += sp.n;
-      }
+  }
+  if (debug_ && lay.sparse) {
+    int64_t at = 0;
+    for (const Span& sp : lay.absorbed) {
+      if (sp.pos + sp.n > TOPK) debug_("indexer_topk", L.index, sel + at * TOPK, DType::I32, sp.n, TOPK);
+      at += sp.n;
     }
   }
   span.emplace(prof_, "attention", L.index);
@@ -573,25 +589,33 @@ void Model::attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
   // The projections of a, in one batch of gemms (they share the input):
   //   c_q = W_qa a [m, q_lora_rank]; kv = W_kva a [m, c_kv | k_pe];
   //   indexer ki = W_ik a [m, rope | nope]; iw = weights_proj(a) [m, IH] (pre-scaled).
+  // (A "shared" layer has no indexer: no qi, ki, iw.)
+  const int64_t mi = L.indexer ? m : 0;
   Buf<float> c_q(be, m * QR), q(be, m * NH * DQ), kv(be, m * LAT);
-  Buf<float> qi(be, m * IH * ID), ki(be, m * ID), iw(be, m * IH);
+  Buf<float> qi(be, mi * IH * ID), ki(be, mi * ID), iw(be, mi * IH);
   std::optional<Profiler::Scope> span(std::in_place, prof_, "projections", L.index);
-  be.gemm_batch(std::array<GemmParams, 4>{{{a, H, L.q_a_proj, false, c_q, QR, m, QR, H},
-                                           {a, H, L.kv_a_proj_with_mqa, false, kv, LAT, m, LAT, H},
-                                           {a, H, L.wk, false, ki, ID, m, ID, H},
-                                           {a, H, L.weights_proj, false, iw, IH, m, IH, H}}});
+  std::vector<GemmParams> first{{a, H, L.q_a_proj, false, c_q, QR, m, QR, H},
+                                {a, H, L.kv_a_proj_with_mqa, false, kv, LAT, m, LAT, H}};
+  if (L.indexer) {
+    first.push_back({a, H, L.wk, false, ki, ID, m, ID, H});
+    first.push_back({a, H, L.weights_proj, false, iw, IH, m, IH, H});
+  }
+  be.gemm_batch(first);
   // c_q = RMSNorm(c_q); then from it q = W_qb c_q [m, NH, nope | rope] and the indexer's
   // qi = W_iq c_q [m, IH, rope | nope] (the indexer's rope slice comes FIRST).
   be.rms_norm({c_q, QR, L.q_a_layernorm, c_q, QR, m, QR, eps_lora});
-  be.gemm_batch(std::array<GemmParams, 2>{{{c_q, QR, L.q_b_proj, false, q, NH * DQ, m, NH * DQ, QR},
-                                           {c_q, QR, L.wq_b, false, qi, IH * ID, m, IH * ID, QR}}});
+  std::vector<GemmParams> second{{c_q, QR, L.q_b_proj, false, q, NH * DQ, m, NH * DQ, QR}};
+  if (L.indexer) second.push_back({c_q, QR, L.wq_b, false, qi, IH * ID, m, IH * ID, QR});
+  be.gemm_batch(second);
   be.rope({q, m, NH, NH * DQ, DQ, dn, dr, pos, inv_freq_, rope_scale, cfg_.rope_interleave});
   // c_kv = RMSNorm(c_kv); k_pe = RoPE(k_pe) (one head); ki = RoPE(LayerNorm(ki)); qi = RoPE(qi)
   be.rms_norm({kv, LAT, L.kv_a_layernorm, kv, LAT, m, R, eps_lora});
   be.rope({kv, m, 1, LAT, LAT, R, dr, pos, inv_freq_, rope_scale, cfg_.rope_interleave});
-  be.rope({qi, m, IH, IH * ID, ID, 0, dr, pos, inv_freq_, rope_scale, cfg_.indexer_rope_interleave});
-  be.layer_norm({ki, ID, L.k_norm_weight, L.k_norm_bias, ki, ID, m, ID, 1e-6f});
-  be.rope({ki, m, 1, ID, ID, 0, dr, pos, inv_freq_, rope_scale, cfg_.indexer_rope_interleave});
+  if (L.indexer) {
+    be.rope({qi, m, IH, IH * ID, ID, 0, dr, pos, inv_freq_, rope_scale, cfg_.indexer_rope_interleave});
+    be.layer_norm({ki, ID, L.k_norm_weight, L.k_norm_bias, ki, ID, m, ID, 1e-6f});
+    be.rope({ki, m, 1, ID, ID, 0, dr, pos, inv_freq_, rope_scale, cfg_.indexer_rope_interleave});
+  }
   if (m > 0) span.emplace(prof_, "kv_write", L.index);
 
   // This step's keys into each sequence's blocks (one call per cache for all rows), then
@@ -601,7 +625,7 @@ void Model::attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
     kernels::KeyPages index_rows = rows;
     index_rows.tiled = kv_pool_->index_tiles();
     be.paged_write({kv, LAT, pos, kv_pool_->latent(li), m, LAT, rows});
-    be.paged_write({ki, ID, pos, kv_pool_->index_k(li), m, ID, index_rows});
+    if (L.indexer) be.paged_write({ki, ID, pos, kv_pool_->index_k(li), m, ID, index_rows});
   }
   span.reset();
   Buf<float> attn(be, m * NH * dv);  // [m, NH, v_head_dim]

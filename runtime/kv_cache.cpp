@@ -29,31 +29,36 @@ std::vector<uint64_t> prefix_hashes(const std::vector<int32_t>& prompt) {
   return out;
 }
 
-KvPool::KvPool(kernels::Backend& backend, const ModelConfig& cfg, int n_layers, int64_t num_blocks, DType dtype)
+KvPool::KvPool(kernels::Backend& backend, const ModelConfig& cfg, int first_layer, int last_layer, int64_t num_blocks,
+               DType dtype)
     : backend_(backend), num_blocks_(num_blocks), dtype_(dtype), index_tiles_(backend.index_key_tiles()) {
   CHECK(num_blocks >= 1, "KV cache: need at least one block, got ", num_blocks);
   CHECK(dtype == DType::F32 || dtype == DType::BF16, "KV cache: kv_dtype must be f32 or bf16, found ",
         dtype_name(dtype));
   const size_t rows = size_t(num_blocks * kBlockTokens), es = dtype_size(dtype);
   const size_t lat = size_t(cfg.kv_lora_rank + cfg.qk_rope_head_dim), ik = size_t(cfg.index_head_dim);
-  for (int l = 0; l < n_layers; ++l) {
+  for (int l = first_layer; l < last_layer; ++l) {
     latent_.push_back(backend.alloc(rows * lat * es));
-    index_k_.push_back(backend.alloc(rows * ik * es));
+    index_k_.push_back(cfg.has_indexer(l) ? backend.alloc(rows * ik * es) : nullptr);
   }
 }
 
 KvPool::~KvPool() {
   for (void* p : latent_) backend_.free(p);
-  for (void* p : index_k_) backend_.free(p);
+  for (void* p : index_k_)
+    if (p) backend_.free(p);
 }
 
-size_t KvPool::bytes_per_token(const ModelConfig& cfg, int n_layers, DType dtype) {
-  return size_t(n_layers) * size_t(cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim) * dtype_size(dtype);
+size_t KvPool::bytes_per_token(const ModelConfig& cfg, int first, int last, DType dtype) {
+  size_t values = 0;
+  for (int l = first; l < last; ++l)
+    values += size_t(cfg.kv_lora_rank + cfg.qk_rope_head_dim) + (cfg.has_indexer(l) ? size_t(cfg.index_head_dim) : 0);
+  return values * dtype_size(dtype);
 }
 
-int64_t KvPool::blocks_for_budget(const ModelConfig& cfg, int n_layers, double budget_bytes, int max_batch,
-                                  DType dtype) {
-  const double per_block = double(bytes_per_block(cfg, std::max(1, n_layers), dtype));
+int64_t KvPool::blocks_for_budget(const ModelConfig& cfg, size_t stage_bytes_per_token, double budget_bytes,
+                                  int max_batch) {
+  const double per_block = double(std::max<size_t>(stage_bytes_per_token, 1)) * double(kBlockTokens);
   if (budget_bytes > 0) return int64_t(budget_bytes / per_block);
   // No budget: max_batch full contexts, but at most a quarter of this machine's memory (and 64
   // GiB): a real GLM-5 config (202752 positions) would otherwise ask for more than it has.

@@ -29,9 +29,10 @@ std::vector<uint64_t> prefix_hashes(const std::vector<int32_t>& prompt);
 
 class KvPool {
  public:
-  // Memory is taken from the backend up front; on the CPU backend pages are touched only as
-  // blocks are written, so an unused block costs address space, not RAM.
-  KvPool(kernels::Backend& backend, const ModelConfig& cfg, int n_layers, int64_t num_blocks,
+  // The rows of layers [first_layer, last_layer) (layer num_hidden_layers: the MTP layer); local
+  // layer i is layer first_layer + i. Memory is taken from the backend up front; on the CPU backend
+  // pages are touched only as blocks are written, so an unused block costs address space, not RAM.
+  KvPool(kernels::Backend& backend, const ModelConfig& cfg, int first_layer, int last_layer, int64_t num_blocks,
          DType dtype = DType::F32);
   ~KvPool();
   KvPool(const KvPool&) = delete;
@@ -44,17 +45,17 @@ class KvPool {
   // Row arrays [num_blocks * kBlockTokens, width] of `dtype` elements (F32 or BF16); indexer keys
   // in tiles of a block ([width][kBlockTokens] each) when index_tiles().
   void* latent(int local_layer) const { return latent_[size_t(local_layer)]; }
+  // nullptr for a layer without an indexer (a "shared" layer of GLM-5.2's IndexShare).
   void* index_k(int local_layer) const { return index_k_[size_t(local_layer)]; }
 
-  // Bytes one cached position costs over n_layers layers, and one block.
-  static size_t bytes_per_token(const ModelConfig& cfg, int n_layers, DType dtype = DType::F32);
-  static size_t bytes_per_block(const ModelConfig& cfg, int n_layers, DType dtype = DType::F32) {
-    return bytes_per_token(cfg, n_layers, dtype) * size_t(kBlockTokens);
-  }
-  // Blocks per rank for a KV budget (bytes; the layers of the largest stage). Without a budget:
-  // enough for max_batch sequences at the full context, at most a quarter of RAM and 64 GiB.
-  static int64_t blocks_for_budget(const ModelConfig& cfg, int n_layers, double budget_bytes, int max_batch,
-                                   DType dtype = DType::F32);
+  // Bytes one cached position costs over layers [first, last): a latent row per layer, an indexer
+  // key per layer with an indexer (ModelConfig::has_indexer).
+  static size_t bytes_per_token(const ModelConfig& cfg, int first, int last, DType dtype = DType::F32);
+  // Blocks per rank for a KV budget (bytes), the largest stage's position costing
+  // stage_bytes_per_token. Without a budget: enough for max_batch sequences at the full context, at
+  // most a quarter of RAM and 64 GiB.
+  static int64_t blocks_for_budget(const ModelConfig& cfg, size_t stage_bytes_per_token, double budget_bytes,
+                                   int max_batch);
 
  private:
   kernels::Backend& backend_;

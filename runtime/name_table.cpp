@@ -191,12 +191,15 @@ std::vector<TensorSpec> tensor_table(const ModelConfig& c) {
     add("self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, Role::Norm);
     add("self_attn.kv_b_proj.weight", {NH * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, Role::Attention);
     add("self_attn.o_proj.weight", {H, NH * c.v_head_dim}, Role::Attention);
-    // DSA indexer: wq_b per head [rope ‖ nope], k_norm is a LayerNorm with bias.
-    add("self_attn.indexer.wq_b.weight", {c.index_n_heads * c.index_head_dim, c.q_lora_rank}, Role::Indexer);
-    add("self_attn.indexer.wk.weight", {c.index_head_dim, H}, Role::Indexer);
-    add("self_attn.indexer.k_norm.weight", {c.index_head_dim}, Role::Norm);
-    add("self_attn.indexer.k_norm.bias", {c.index_head_dim}, Role::Norm);
-    add("self_attn.indexer.weights_proj.weight", {c.index_n_heads, H}, Role::IndexerWeights);
+    // DSA indexer: wq_b per head [rope ‖ nope], k_norm is a LayerNorm with bias. A "shared" layer
+    // (GLM-5.2 IndexShare) has none: it uses the top-k of the full layer before it.
+    if (c.has_indexer(l)) {
+      add("self_attn.indexer.wq_b.weight", {c.index_n_heads * c.index_head_dim, c.q_lora_rank}, Role::Indexer);
+      add("self_attn.indexer.wk.weight", {c.index_head_dim, H}, Role::Indexer);
+      add("self_attn.indexer.k_norm.weight", {c.index_head_dim}, Role::Norm);
+      add("self_attn.indexer.k_norm.bias", {c.index_head_dim}, Role::Norm);
+      add("self_attn.indexer.weights_proj.weight", {c.index_n_heads, H}, Role::IndexerWeights);
+    }
     if (!c.is_moe_layer(l)) {
       const int64_t I = c.intermediate_size;
       add("mlp.gate_proj.weight", {I, H}, Role::DenseMlp);

@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
   // (three decode phases; the --beside sequence's blocks after the prompt's)
   const int64_t n_blocks = runtime::blocks_for(prompt + 3 * decode + 1);
   const int64_t n_beside = beside > 0 ? runtime::blocks_for(beside + decode + 1) : 0;
-  runtime::KvPool pool(*be, cfg, model.n_local_layers(), n_blocks + n_beside);
+  runtime::KvPool pool(*be, cfg, 0, model.n_local_layers(), n_blocks + n_beside);
   std::vector<int32_t> table(static_cast<size_t>(n_blocks)), table_b(static_cast<size_t>(n_beside));
   for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
   for (size_t i = 0; i < table_b.size(); ++i) table_b[i] = int32_t(n_blocks + int64_t(i));

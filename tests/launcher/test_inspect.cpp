@@ -118,7 +118,7 @@ TEST(Inspect, Glm5Bf16DoesNotFitTwoNodes) {
   EXPECT_TRUE(contains(line_starting(p.out, "stored"), "59079 tensors: BF16 59004, F32 75")) << p.out;
   EXPECT_TRUE(contains(p.out, "dtype bfloat16, no index")) << p.out;
   // bf16 KV: 1408 B per layer and token, as the config now says.
-  EXPECT_TRUE(contains(line_starting(p.out, "kv cache"), "107.25 KiB per token (bf16: 1408 B per layer")) << p.out;
+  EXPECT_TRUE(contains(line_starting(p.out, "kv cache"), "107.25 KiB per token (bf16: latent 576 values x 78 layers + indexer key 128 values x 78 layers")) << p.out;
   const auto r = rows(p.out);
   ASSERT_EQ(r.size(), 16u) << p.out;
   for (const Row& row : r) {
@@ -215,7 +215,7 @@ TEST(Inspect, CpuConfigPrintsWeightsAndKvPerTokenOnly) {
   for (const Row& row : r) EXPECT_EQ(row.cols.size(), 6u) << p.out;
   EXPECT_EQ(line_starting(p.out, "memory"), "") << p.out;
   EXPECT_EQ(line_starting(p.out, "reserve"), "") << p.out;
-  EXPECT_TRUE(contains(line_starting(p.out, "kv cache"), "(f32: 2816 B per layer")) << p.out;
+  EXPECT_TRUE(contains(line_starting(p.out, "kv cache"), "(f32: latent 576 values x 78 layers + indexer key 128 values x 78 layers with an indexer)")) << p.out;
 }
 
 // A directory with config.json alone plans like the checkpoint itself (its index says BF16).

@@ -181,7 +181,7 @@ TEST(RealDims, IndexerSetsMatchFloat64Reference) {
     std::memcpy(sel.data() + layer * R * K, data, size_t(n * K) * sizeof(int32_t));
     ++seen[size_t(layer)];
   });
-  glm5::runtime::KvPool pool(m.model->backend(), m.cfg, int(L), glm5::runtime::blocks_for(P));
+  glm5::runtime::KvPool pool(m.model->backend(), m.cfg, 0, int(L), glm5::runtime::blocks_for(P));
   std::vector<int32_t> table(size_t(glm5::runtime::blocks_for(P)));
   for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
   m.model->set_kv_pool(&pool);

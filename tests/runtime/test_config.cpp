@@ -341,20 +341,28 @@ TEST(ConfigTest, RopeFieldsThatWouldBeUnused) {
   expect_edit_error([](json& j) { j["num_hidden_layers"] = 1000000000; }, {"'num_hidden_layers'", "at most"});
 }
 
-// GLM-5.x indexer types, as transformers derives them; shared layers are refused (not yet run).
+// GLM-5.x indexer types, as transformers derives them (GLM-5.2's IndexShare: "shared" layers).
 TEST(ConfigTest, IndexerTypes) {
   EXPECT_EQ(parse_edited([](json&) {}).indexer_full, std::vector<char>(4, 1));
   EXPECT_EQ(parse_edited([](json& j) { j["indexer_types"] = {"full", "full", "full", "full"}; }).indexer_full,
             std::vector<char>(4, 1));
   EXPECT_EQ(parse_edited([](json& j) { j["index_topk_pattern"] = "FFFF"; }).indexer_full, std::vector<char>(4, 1));
-  expect_edit_error([](json& j) { j["indexer_types"] = {"full", "shared", "full", "full"}; },
-                    {"layer 1", "\"shared\"", "IndexShare"});
+  const ModelConfig fsff = parse_edited([](json& j) { j["indexer_types"] = {"full", "shared", "full", "full"}; });
+  EXPECT_EQ(fsff.indexer_full, (std::vector<char>{1, 0, 1, 1}));
+  EXPECT_TRUE(fsff.has_indexer(0) && !fsff.has_indexer(1) && fsff.has_indexer(2));
+  EXPECT_EQ(fsff.indexer_donor(1), 0);
+  EXPECT_EQ(fsff.indexer_donor(3), 3);
+  EXPECT_TRUE(fsff.has_indexer(4));  // the MTP layer keeps its own unless index_share_for_mtp_iteration
   // GLM-5.2's schedule: freq 4, offset 3 gives full layers 0, 1, 2, 6, ... (layer 3 shared).
-  expect_edit_error([](json& j) { j["index_topk_freq"] = 4, j["index_skip_topk_offset"] = 3; }, {"layer 3", "shared"});
+  EXPECT_EQ(parse_edited([](json& j) { j["index_topk_freq"] = 4, j["index_skip_topk_offset"] = 3; }).indexer_full,
+            (std::vector<char>{1, 1, 1, 0}));
+  EXPECT_EQ(parse_edited([](json& j) { j["index_topk_pattern"] = "FSSF"; }).indexer_full, (std::vector<char>{1, 0, 0, 1}));
   expect_edit_error([](json& j) { j["indexer_types"] = {"full", "full"}; }, {"'indexer_types'", "one entry per layer", "2"});
   expect_edit_error([](json& j) { j["index_topk_pattern"] = "FFXF"; }, {"'index_topk_pattern' entry 2", "X"});
   expect_edit_error([](json& j) { j["indexer_types"] = {"shared", "full", "full", "full"}; }, {"layer 0", "full"});
-  EXPECT_TRUE(parse_edited([](json& j) { j["index_share_for_mtp_iteration"] = true; }).index_share_for_mtp_iteration);
+  const ModelConfig share = parse_edited([](json& j) { j["index_share_for_mtp_iteration"] = true; });
+  EXPECT_TRUE(share.index_share_for_mtp_iteration);
+  EXPECT_FALSE(share.has_indexer(4));
 }
 
 TEST(ConfigTest, MlpAndLayerTypesAgreeWithFirstKDense) {

@@ -52,7 +52,7 @@ struct DecodeRig {
   std::vector<int64_t> pos;
   DecodeRig(int seqs, int64_t base)
       : m(std::string(GLM5_TEST_DATA) + "/tiny-a", Kind::DeviceLike),
-        pool(*m.backend, m.cfg, int(m.cfg.num_hidden_layers), seqs * runtime::blocks_for(base + 3 * seqs + 8)) {
+        pool(*m.backend, m.cfg, 0, int(m.cfg.num_hidden_layers), seqs * runtime::blocks_for(base + 3 * seqs + 8)) {
     m.model->set_kv_pool(&pool);
     const int64_t per = runtime::blocks_for(base + 3 * seqs + 8);
     for (int i = 0; i < seqs; ++i) {

@@ -28,7 +28,7 @@ runtime::Request greedy(std::vector<int32_t> prompt, int max_tokens, int64_t ind
 
 TEST(Engine, KvBudgetRefusesWhatCanNeverFitAndQueuesTheRest) {
   OneProcessModel m(std::string(GLM5_TEST_DATA) + "/tiny-a");
-  const double per_block = double(runtime::KvPool::bytes_per_block(m.cfg, int(m.cfg.num_hidden_layers)));
+  const double per_block = double((runtime::KvPool::bytes_per_token(m.cfg, 0, int(m.cfg.num_hidden_layers)) * runtime::kBlockTokens));
   std::vector<runtime::Request> reqs = {greedy({1, 2, 3, 4, 5, 6, 7, 8}, 4, 0),
                                         greedy({9, 10, 11, 12, 13, 14, 15, 16}, 4, 1),
                                         greedy(std::vector<int32_t>(70, 3), 4, 2)};
@@ -124,7 +124,7 @@ TEST(Engine, PreemptionUnderATinyPoolChangesNoBit) {
     auto free_run = m.run(reqs);
     EXPECT_EQ(m.last_stats.preemptions, 0);
     runtime::EngineOptions opt;
-    opt.kv_budget_bytes = 3.5 * double(runtime::KvPool::bytes_per_block(m.cfg, int(m.cfg.num_hidden_layers)));
+    opt.kv_budget_bytes = 3.5 * double((runtime::KvPool::bytes_per_token(m.cfg, 0, int(m.cfg.num_hidden_layers)) * runtime::kBlockTokens));
     opt.prefill_chunk = 16;
     auto tight = m.run(reqs, opt);
     EXPECT_GT(m.last_stats.preemptions, 0);
@@ -169,7 +169,7 @@ TEST(Engine, PrefixSharingChangesNoBit) {
     EXPECT_EQ(0, std::memcmp(shared[i].decode_logits.data(), plain[i].decode_logits.data(),
                              plain[i].decode_logits.size() * sizeof(float))) << i;
   }
-  on.kv_budget_bytes = 6.5 * double(runtime::KvPool::bytes_per_block(m.cfg, int(m.cfg.num_hidden_layers)));
+  on.kv_budget_bytes = 6.5 * double((runtime::KvPool::bytes_per_token(m.cfg, 0, int(m.cfg.num_hidden_layers)) * runtime::kBlockTokens));
   auto tight = m.run(reqs, on);
   EXPECT_GT(m.last_stats.prefix_hit_tokens, 0);
   for (int i = 0; i < 6; ++i) EXPECT_EQ(tight[i].tokens, plain[i].tokens) << i;
@@ -232,7 +232,7 @@ TEST(Engine, PromptLogprobsAreTheLogSoftmaxOfThePromptRows) {
   runtime::EngineOptions tight;
   tight.prefill_chunk = 16;
   tight.max_batch = 3;
-  tight.kv_budget_bytes = 5.5 * double(runtime::KvPool::bytes_per_block(m.cfg, int(m.cfg.num_hidden_layers)));
+  tight.kv_budget_bytes = 5.5 * double((runtime::KvPool::bytes_per_token(m.cfg, 0, int(m.cfg.num_hidden_layers)) * runtime::kBlockTokens));
   auto b = m.run(crowd, tight);
   check(b[0], "a pool of 5 blocks");
   EXPECT_GT(m.last_stats.preemptions, 0);

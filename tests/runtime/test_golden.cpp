@@ -58,7 +58,7 @@ void check_golden_internals(const std::string& dir) {
       final_hidden.assign(p, p + rows * cols);
     }
   });
-  runtime::KvPool pool(m.model->backend(), m.cfg, int(L), runtime::blocks_for(P));
+  runtime::KvPool pool(m.model->backend(), m.cfg, 0, int(L), runtime::blocks_for(P));
   std::vector<int32_t> table(size_t(runtime::blocks_for(P)));
   for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
   m.model->set_kv_pool(&pool);
