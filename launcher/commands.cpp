@@ -350,8 +350,13 @@ int run_inspect(const InspectArgs& a) {
 
   // The KV pool: blocks sized by the budget over the largest stage's layers, the same count on
   // every stage of a column (runtime/engine.cpp); each rank allocates them for its own layers.
+  // (The last stage also caches the MTP layer when speculating.)
+  auto stage_kv = [&](size_t s) {
+    const bool mtp = s + 1 == stages.size() && cc.speculative_tokens > 0;
+    return runtime::KvPool::bytes_per_token(mc, stages[s].first, stages[s].last + (mtp ? 1 : 0), kv_dtype);
+  };
   size_t kv_stage_max = 1;
-  for (const auto& r : stages) kv_stage_max = std::max(kv_stage_max, runtime::KvPool::bytes_per_token(mc, r.first, r.last, kv_dtype));
+  for (size_t s = 0; s < stages.size(); ++s) kv_stage_max = std::max(kv_stage_max, stage_kv(s));
   const double budget = cc.kv_budget_gb * 1e9;
   const int64_t budget_blocks = budget > 0 ? int64_t(budget / (double(kv_stage_max) * double(runtime::kBlockTokens))) : 0;
 
@@ -369,7 +374,7 @@ int run_inspect(const InspectArgs& a) {
     const int s = g.stage_of(r);
     const runtime::ModelShard shard = rank_shard(cc, stages, r);
     const double w = double(runtime::shard_weight_bytes(wp, mc, shard));
-    const double per_token = double(runtime::KvPool::bytes_per_token(mc, stages[size_t(s)].first, stages[size_t(s)].last, kv_dtype));
+    const double per_token = double(stage_kv(size_t(s)));
     const double pool = double(budget_blocks) * per_token * double(runtime::kBlockTokens);
     char layers[32];
     std::snprintf(layers, sizeof layers, "%d-%d", stages[size_t(s)].first, stages[size_t(s)].last - 1);
@@ -556,7 +561,8 @@ int main_entry(int argc, char** argv) {
       ->check(CLI::Range(0.5, 8.0));
   sim->add_option("--acceptance", sa.acceptance,
                   "speculative decoding (cluster speculative_tokens k): fractions of verify steps whose drafts 1..j "
-                  "were all accepted, j = 1..k, e.g. 0.86,0.66,0.52");
+                  "were all accepted, j = 1..k, e.g. 0.86,0.66,0.52 (a report's spec_accepted_at / spec_verify_steps "
+                  "reads low where steps verified fewer than k drafts, near max_tokens)");
   sim->add_flag("--overlap", sa.overlap, "what-if: MoE exchange hidden behind compute (two micro-batches alternating)");
   auto* sim_cal = sim->add_flag("--calibrate", sa.calibrate, "measure this machine and write a hardware file (--out)");
   sim->add_option("--out", sa.out, "with --calibrate: the hardware YAML to write (with --model: its expert shape)")->needs(sim_cal);

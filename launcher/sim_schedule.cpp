@@ -253,7 +253,7 @@ std::vector<SimSeq> Replay::build(Column& c, int g, std::vector<Seq*>& members) 
       }
       q.pos += e.n;
       room -= e.n;
-      c.remaining -= e.n;
+      c.remaining -= pass == 0 ? 1 + e.accepted : e.n;  // the tokens it gives (the runtime's load)
       if (q.computes_prefix && q.pos >= shareable_) c.prefix_done = true;
       step.push_back(e);
       members.push_back(&q);
@@ -292,7 +292,7 @@ double Replay::stage_time(int stage, const std::vector<std::vector<SimSeq>>& ste
   std::vector<int64_t> rows(size_t(E_), 0), sampled(size_t(E_), 0);
   int64_t total = 0;
   for (int c = 0; c < E_; ++c) {
-    for (const SimSeq& e : steps[size_t(c)]) rows[size_t(c)] += e.n, sampled[size_t(c)] += e.sample;
+    for (const SimSeq& e : steps[size_t(c)]) rows[size_t(c)] += e.n, sampled[size_t(c)] += e.sample ? 1 + e.drafts : 0;
     total += rows[size_t(c)];
   }
   // The slowest column's phases of one segment. A column whose step and rates equal the previous

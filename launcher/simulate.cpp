@@ -107,8 +107,10 @@ std::vector<RankMemory> plan_memory(const runtime::ModelConfig& cfg, const Clust
     const int s = g.stage_of(r);
     RankMemory m;
     m.weights = double(runtime::shard_weight_bytes(wp, cfg, rank_shard(cc, stages, r)));
+    const bool mtp = s + 1 == int(stages.size()) && cc.speculative_tokens > 0;  // the MTP layer's rows too
     m.kv = double(live * blocks) * double(runtime::kBlockTokens) *
-           double(runtime::KvPool::bytes_per_token(cfg, stages[size_t(s)].first, stages[size_t(s)].last, kv_dtype));
+           double(runtime::KvPool::bytes_per_token(cfg, stages[size_t(s)].first, stages[size_t(s)].last + (mtp ? 1 : 0),
+                                                   kv_dtype));
     m.activations = act;
     m.room = cc.device_memory_gb > 0 ? cc.device_memory_gb * 1e9
              : hw.gpu()               ? hw.memory_gb * 1e9

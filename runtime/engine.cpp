@@ -401,6 +401,10 @@ static void draft(Model& model, const Step& step, const float* h, SeqTable& tabl
     e.drafts.clear();
     if (s.sample && s.draft) drafting.push_back({&e, b, m - 1, s.start + cnt});
   }
+  // Passes no rank of the stage has rows for are skipped by all (its ranks call the layer together).
+  int64_t any[2] = {m, int64_t(drafting.size())};
+  model.stage_max(any, 2);
+  if (any[0] == 0) return;
   // hidden = model.norm(h) of those rows; state = what the MTP layer carries (shared_head.norm).
   auto alloc = [&](int64_t r) { return static_cast<float*>(be.alloc(size_t(std::max<int64_t>(r, 1) * H) * sizeof(float))); };
   float *hs = alloc(m), *state = alloc(m);
@@ -414,7 +418,8 @@ static void draft(Model& model, const Step& step, const float* h, SeqTable& tabl
   // Draft j of the sequences still drafting (`active`, their states in that order in `state`).
   std::vector<Drafting*> active;
   for (Drafting& q : drafting) {
-    be.copy_2d({state + q.row * H, H, state + int64_t(active.size()) * H, H, 1, H});  // rows ascend: in place
+    const int64_t to = int64_t(active.size());  // rows ascend: compacted in place
+    if (q.row != to) be.copy_2d({state + q.row * H, H, state + to * H, H, 1, H});
     active.push_back(&q);
   }
   std::vector<float> logits;
@@ -435,7 +440,7 @@ static void draft(Model& model, const Step& step, const float* h, SeqTable& tabl
       ids.push_back(q.e->drafts.back());
       still.push_back(&q);
     }
-    if (j == k) break;
+    if (j == k || any[1] == 0) break;
     model.mtp_forward(chain, ids.data(), state, state);
     active.swap(still);
   }
@@ -487,7 +492,13 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
     Back b;
     b.req = s.req;
     auto& e = table.at(s.req);
-    if (!std::all_of(mine, mine + cnt * V, [](float x) { return std::isfinite(x); })) {
+    // A verify step's rows after the first are checked only as far as plain decoding would have
+    // computed them: up to the first non-finite one, which ends the verification there.
+    auto finite = [&](int64_t row) { return std::all_of(mine + row * V, mine + (row + 1) * V, [](float x) { return std::isfinite(x); }); };
+    int64_t drafts = s.drafts;
+    for (int64_t j = 1; j <= drafts; ++j)
+      if (!finite(cnt - 1 - s.drafts + j)) drafts = j - 1;
+    if (!std::all_of(mine, mine + (cnt - s.drafts) * V, [](float x) { return std::isfinite(x); })) {
       b.error = "non-finite logits (NaN or inf) at positions " + std::to_string(s.start) + ".." +
                 std::to_string(s.start + s.n - 1) + " (generated token " + std::to_string(e.generated.size()) +
                 ")";
@@ -500,8 +511,18 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
     if (s.sample) {  // one token, or a verify step's (the rows' logits are plain decoding's bits)
       CHECK(int64_t(e.drafts.size()) >= s.drafts, "internal: request ", s.req, " verifies ", s.drafts,
             " drafts, the last stage proposed ", e.drafts.size());
-      b.tokens = verify_drafts(last - int64_t(s.drafts) * V, V, e.drafts.data(), s.drafts, e.req.sampling,
+      b.tokens = verify_drafts(last - int64_t(s.drafts) * V, V, e.drafts.data(), drafts, e.req.sampling,
                                e.req.prompt, e.generated);
+      // What the scheduler keeps: up to the first EOS and max_tokens (stop strings it cuts itself).
+      const SamplingParams& sp = e.req.sampling;
+      const int64_t before = int64_t(e.generated.size()) - int64_t(b.tokens.size());
+      size_t keep = 0;
+      while (keep < b.tokens.size() && before + int64_t(keep) < sp.max_tokens) {
+        const int32_t t = b.tokens[keep++].token;
+        const auto& eos = model.config().eos_token_id;
+        if (!sp.ignore_eos && std::find(eos.begin(), eos.end(), t) != eos.end()) break;
+      }
+      b.tokens.resize(std::max<size_t>(keep, 1));
     }
     if (s.logits_all && e.req.prompt_logprobs >= 0)
       b.prompt_logprobs = e.req.want_prompt_logits ? prompt_logprobs(mine, cnt, V, s.start, e.req)

@@ -447,7 +447,8 @@ void Model::mtp_forward(const std::vector<SeqStep>& batch, const int32_t* next_i
   const std::vector<int32_t> pos_host = row_positions(batch);
   const int64_t m = int64_t(pos_host.size());
   if (m == 0 && stage_comm_.size() == 1) return;  // no exchange to pair up
-  Profiler::Scope span(prof_, "mtp", int(cfg_.num_hidden_layers));
+  // (The layer's own phases are timed under its index, num_hidden_layers; this is its input.)
+  std::optional<Profiler::Scope> span(std::in_place, prof_, "mtp_input", int(cfg_.num_hidden_layers));
   Buf<int32_t> pos(backend_, m);
   backend_.to_device(pos, pos_host.data(), size_t(m) * sizeof(int32_t));
   const Layout layout(*this, batch);
@@ -457,6 +458,7 @@ void Model::mtp_forward(const std::vector<SeqStep>& batch, const int32_t* next_i
   backend_.rms_norm({e, H, mtp_->enorm, cat, 2 * H, m, H, float(cfg_.rms_norm_eps)});
   backend_.rms_norm({hidden, H, mtp_->hnorm, cat + H, 2 * H, m, H, float(cfg_.rms_norm_eps)});
   backend_.gemm({cat, 2 * H, mtp_->eh_proj, false, z, H, m, H, 2 * H});
+  span.reset();
   decoder_layer(*mtp_->layer, int(layers_.size()), layout, pos, m, z);
   backend_.rms_norm({z, H, mtp_->shared_head_norm, carried, H, m, H, float(cfg_.rms_norm_eps)});
 }
@@ -766,6 +768,10 @@ void Model::routed_experts(Layer& L, const float* table, const int32_t* rrow, co
     be.swiglu({g, u, I, g, I, c1 - c0, I});
     be.gemm_batch(down);
   }
+}
+
+void Model::stage_max(int64_t* x, int n) {
+  if (stage_comm_.size() > 1) stage_comm_.all_reduce(x, n, parallel::ReduceDType::I64, parallel::ReduceOp::Max);
 }
 
 void Model::final_norm(const float* h, int64_t m, float* out) {

@@ -75,6 +75,7 @@ class BlockManager {
   int64_t num_blocks() const { return int64_t(refs_.size()); }
   // Blocks a sequence can get now: free ones plus cached ones.
   int64_t free_blocks() const { return int64_t(free_.size()) + cached_count_; }
+  int64_t unused_blocks() const { return int64_t(free_.size()); }  // of those, the ones holding nothing
   // A block (reference count 1), or -1 when none is left. A cached block is reused when no free
   // one is left: *evicted gets its id (its prefix is gone), else -1.
   int32_t allocate(int32_t* evicted);

@@ -203,17 +203,21 @@ size_t shard_weight_bytes(const WeightPlan& w, const ModelConfig& cfg, const Mod
   for (size_t i = 0; i < w.tensors.size(); ++i) {
     const TensorSpec& s = w.tensors[i];
     bool held;
+    const bool column = s.expert < 0 || (s.expert >= shard.column * per && s.expert < (shard.column + 1) * per);
     if (s.layer >= 0) {
-      held = s.layer >= shard.first_layer && s.layer < last;
-      if (held && s.expert >= 0) held = s.expert >= shard.column * per && s.expert < (shard.column + 1) * per;
+      held = s.layer >= shard.first_layer && s.layer < last && column;
+      // The MTP layer (speculation): a decoder layer of the last one's shapes, counted as it.
+      if (shard.mtp && s.layer == cfg.num_hidden_layers - 1 && column) total += w.resident[i];
     } else if (s.role == Role::Embedding) {
-      held = shard.embedding;
+      held = shard.embedding || shard.mtp;  // the MTP layer embeds the tokens it drafts on
     } else {  // model.norm, lm_head
       held = shard.head;
     }
     if (held) total += w.resident[i];
   }
   if (shard.head) total += w.tied_head_bytes;
+  // ... and its eh_proj [H, 2H] (BF16) and enorm, hnorm, shared_head.norm (F32).
+  if (shard.mtp) total += size_t(cfg.hidden_size) * size_t(cfg.hidden_size) * 4 + 3 * size_t(cfg.hidden_size) * 4;
   return total;
 }
 

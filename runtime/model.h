@@ -72,6 +72,8 @@ class Model {
   // The MTP layer (shard.mtp): see glm5.cpp. Its KV cache is the pool's layer n_local_layers().
   bool has_mtp() const { return mtp_ != nullptr; }
   void mtp_forward(const std::vector<SeqStep>& batch, const int32_t* next_ids, const float* hidden, float* carried);
+  // x[0..n) = their maximum over the ranks of this rank's stage (a collective; as is if alone).
+  void stage_max(int64_t* x, int n);
   // Layers this rank keeps KV rows for (its decoder layers and the MTP layer).
   int kv_layers() const { return n_local_layers() + (mtp_ ? 1 : 0); }
 

@@ -62,10 +62,8 @@ std::string Scheduler::refuse_reason(const Request& r) const {
     return "prompt of " + std::to_string(r.prompt.size()) + " tokens + max_tokens " +
            std::to_string(r.sampling.max_tokens) + " exceeds the context length " +
            std::to_string(cfg_.max_position_embeddings) + " (max_position_embeddings)";
-  // prompt + max_tokens + 1: the extra final step of a logit dump; + speculative_tokens: the
-  // positions the MTP layer drafts at past the last token
-  const int64_t need =
-      blocks_for(int64_t(r.prompt.size()) + r.sampling.max_tokens + 1 + opt_.speculative_tokens);
+  // prompt + max_tokens + 1: the extra final step of a logit dump
+  const int64_t need = blocks_for(int64_t(r.prompt.size()) + r.sampling.max_tokens + 1);
   if (need > opt_.kv_blocks)
     return "request needs " + std::to_string(need) + " KV blocks of " + std::to_string(kBlockTokens) +
            " tokens (prompt + max_tokens), more than the " + std::to_string(opt_.kv_blocks) +
@@ -288,7 +286,6 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
       // Every prompt row gets its MTP row (shared prompt blocks hold them); decode rows while
       // speculating. Drafts follow a sampled row while the group speculates.
       s.mtp = pass == 0 ? r.speculative && speculate : opt_.speculative_tokens > 0;
-      s.draft = r.speculative && speculate;
       if (pass == 0) {
         const int64_t left = r.sampling.max_tokens - int64_t(L.result.tokens.size()) - 1;
         s.drafts = int32_t(std::clamp<int64_t>(std::min<int64_t>(int64_t(L.drafts.size()), left), 0,
@@ -305,8 +302,17 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
         s.sample = L.pos + s.n == L.target() && L.result.tokens.empty();
         s.logits_all = (r.want_prompt_logits || r.prompt_logprobs >= 0) && L.result.tokens.empty();
       }
-      const int64_t ahead = s.draft && s.sample ? lookahead : 0;
-      if (!grow(L, L.pos + s.n + ahead, group, step)) continue;
+      // Drafting pays only if a token is left after the ones this step can give.
+      s.draft = r.speculative && speculate && s.sample &&
+                r.sampling.max_tokens - int64_t(L.result.tokens.size()) - 1 - s.drafts >= 1;
+      if (!grow(L, L.pos + s.n, group, step)) continue;
+      // The MTP chain drafts at up to k - 1 positions past the step's rows: blocks for them only if
+      // free ones are left (never by preempting or evicting; the chain stops at the last block).
+      while (s.draft && int64_t(L.blocks.size()) < blocks_for(L.pos + s.n + lookahead - 1) &&
+             blocks_.unused_blocks() > int64_t(live_.size())) {
+        int32_t evicted = -1;
+        L.blocks.push_back(blocks_.allocate(&evicted));
+      }
       // Blocks the stages do not know yet: grown now, or shared now or while it waited.
       s.new_blocks = int64_t(L.blocks.size() - L.sent);
       step.blocks.insert(step.blocks.end(), L.blocks.begin() + int64_t(L.sent), L.blocks.end());

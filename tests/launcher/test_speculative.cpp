@@ -127,11 +127,48 @@ TEST_P(Speculative, RecordsAreBitwiseThoseOfPlainDecodingOnEveryLayout) {
     }
     EXPECT_GT(steps, 0);
     EXPECT_GE(drafted, steps);
-    if (trained) EXPECT_GT(accepted, drafted / 4) << "the trained MTP layer's drafts are mostly rejected";
+    if (trained) {
+      EXPECT_GT(accepted, drafted / 4) << "the trained MTP layer's drafts are mostly rejected";
+    }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Speculative, ::testing::Values("tiny-moe", "glm5-kjv"));
+
+// Under pressure: a KV pool too small for the batch (sequences are preempted and recomputed), long
+// prompts sharing their first blocks (prefix sharing), and the default policy switching speculation
+// off while more than speculative_max_batch sequences decode and on again as they finish. The
+// records are still plain decoding's.
+TEST(SpeculativeUnderLoad, PreemptionPrefixSharingAndThePolicyKeepTheRecords) {
+  const std::string model = kData + "/glm5-kjv";
+  std::ifstream held(model + "/heldout.txt");
+  std::string text, line;
+  while (std::getline(held, line) && text.size() < 700) text += line + "\n";
+  const fs::path in = scratch("load_in.jsonl");
+  {
+    std::ofstream f(in);
+    for (int i = 0; i < 16; ++i)
+      f << json({{"custom_id", "r" + std::to_string(i)},
+                 {"prompt", text.substr(0, 600) + " " + std::to_string(i)},
+                 {"max_tokens", 70 + 10 * (i % 4)}, {"temperature", i % 2 ? 0.7 : 0.0}, {"seed", i}, {"logprobs", 1}})
+                  .dump()
+        << "\n";
+  }
+  const fs::path ref = scratch("load_ref.jsonl");
+  ASSERT_EQ(0, sh(kBin + " batch --model " + model + " --input " + in.string() + " --output " + ref.string()))
+      << last_log();
+  // ~2.2 KiB per position with the MTP layer: 8 blocks of 64 for 8 sequences of ~3 blocks each.
+  const fs::path cluster = scratch("load.yaml"), out = scratch("load_out.jsonl"), report = scratch("load_report.json");
+  std::ofstream(cluster) << "max_batch: 8\nkv_budget_gb: 0.0012\n";
+  ASSERT_EQ(0, sh(kBin + " batch --model " + model + " --input " + in.string() + " --output " + out.string() +
+                  " --report " + report.string() + " --cluster " + cluster.string() + " --speculative-tokens 3"))
+      << last_log();
+  EXPECT_EQ(read_records(out), read_records(ref));
+  const json rank = json::parse(std::ifstream(report))["ranks"][0];
+  EXPECT_GT(rank["preemptions"].get<int64_t>(), 0);
+  EXPECT_GT(rank["prefix_hit_tokens"].get<int64_t>(), 0);
+  EXPECT_GT(rank["spec_verify_steps"].get<int64_t>(), 0);
+}
 
 // A model without an MTP layer cannot speculate: one clear message, exit non-zero.
 TEST(SpeculativeErrors, AModelWithoutAnMtpLayerIsRefusedByName) {

@@ -315,3 +315,99 @@ TEST(Scheduler, TwoGroupsUnderATightPoolBothFinish) {
     EXPECT_EQ(s.blocks_in_use(), 0);
   }
 }
+
+// Speculative decoding's bookkeeping, with hand-made answers from the last stage: a decode step
+// feeds the last token and the drafts; the accepted ones and the target's own token come back,
+// the rejected rows' positions are free again (the next step starts right after the accepted
+// ones), a request that ends inside a verify step (max_tokens, EOS) keeps only its tokens, and the
+// counters add up.
+TEST(Scheduler, SpeculativeStepsRollBackRejectedDrafts) {
+  SchedulerOptions o;
+  o.speculative_tokens = 3;
+  Scheduler s(small_config(), o, nullptr);
+  s.add(req(0, 5, 20));
+  std::vector<int32_t> tokens;
+  Step st = s.next_step(0, tokens);  // the prompt: samples token 10 and drafts 11, 12, 13
+  ASSERT_EQ(st.seqs.size(), 1u);
+  EXPECT_TRUE(st.seqs[0].mtp && st.seqs[0].draft);
+  Back b;
+  b.req = 0;
+  b.tokens = {{10, 0.0f, {}}};
+  b.drafts = {11, 12, 13};
+  s.apply({b});
+  st = s.next_step(0, tokens);  // feeds 10 at position 5, then the three drafts
+  ASSERT_EQ(st.seqs.size(), 1u);
+  EXPECT_EQ(st.seqs[0].start, 5);
+  EXPECT_EQ(st.seqs[0].n, 4);
+  EXPECT_EQ(st.seqs[0].drafts, 3);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{10, 11, 12, 13}));
+  b.tokens = {{11, 0.0f, {}}, {12, 0.0f, {}}, {40, 0.0f, {}}};  // 11 and 12 accepted, 13 rejected: 40
+  b.drafts = {41};
+  s.apply({b});
+  st = s.next_step(0, tokens);  // 10, 11, 12 are cached at 5..7; 40 goes to position 8
+  EXPECT_EQ(st.seqs[0].start, 8);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{40, 41}));
+  b.tokens = {{42, 0.0f, {}}};  // draft 41 rejected
+  b.drafts = {};                // (a step that did not draft: the next one is plain)
+  s.apply({b});
+  st = s.next_step(0, tokens);
+  EXPECT_EQ(st.seqs[0].start, 9);
+  EXPECT_EQ(st.seqs[0].drafts, 0);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{42}));
+  b.tokens = {{43, 0.0f, {}}};
+  b.drafts = {44, 99, 45};  // an EOS among the drafts
+  s.apply({b});
+  st = s.next_step(0, tokens);
+  EXPECT_EQ(st.seqs[0].drafts, 3);
+  b.tokens = {{44, 0.0f, {}}, {99, 0.0f, {}}, {45, 0.0f, {}}};
+  s.apply({b});
+  std::vector<Result> done = s.take_finished();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].tokens, (std::vector<int32_t>{10, 11, 12, 40, 42, 43, 44, 99}));  // ends at the EOS
+  EXPECT_EQ(done[0].finish_reason, "stop");
+  EXPECT_EQ(s.tokens_generated(), 8);
+  EXPECT_EQ(s.spec_stats().steps, 3);
+  EXPECT_EQ(s.spec_stats().drafted, 3 + 1 + 3);
+  EXPECT_EQ(s.spec_stats().accepted, 2 + 0 + 2);
+  EXPECT_EQ(s.spec_stats().accepted_at, (std::vector<int64_t>{2, 2, 0}));
+  EXPECT_EQ(s.blocks_in_use(), 0);
+  EXPECT_EQ(s.load(), 0);
+}
+
+// Drafts never take a request past max_tokens, and a step with more decoding sequences than
+// speculative_max_batch decodes plainly (no drafts, no MTP rows).
+TEST(Scheduler, SpeculationStopsAtMaxTokensAndAtTheBatchLimit) {
+  SchedulerOptions o;
+  o.speculative_tokens = 4;
+  o.speculative_max_batch = 1;
+  Scheduler s(small_config(), o, nullptr);
+  s.add(req(0, 3, 3));
+  std::vector<int32_t> tokens;
+  Step st = s.next_step(0, tokens);
+  Back b;
+  b.req = 0;
+  b.tokens = {{10, 0.0f, {}}};
+  b.drafts = {11, 12, 13, 14};
+  s.apply({b});
+  st = s.next_step(0, tokens);
+  EXPECT_EQ(st.seqs[0].drafts, 1);  // 2 tokens left: one draft and the target's token
+  EXPECT_FALSE(st.seqs[0].draft);   // nothing left to draft for after it
+  s.add(req(1, 3, 8));
+  s.add(req(2, 3, 8));
+  b.tokens = {{11, 0.0f, {}}, {20, 0.0f, {}}};
+  s.apply({b});
+  EXPECT_EQ(s.take_finished().size(), 1u);
+  st = s.next_step(0, tokens);  // two prompts
+  std::vector<Back> backs;
+  for (const StepSeq& q : st.seqs) {
+    Back x;
+    x.req = q.req;
+    x.tokens = {{10, 0.0f, {}}};
+    x.drafts = {11, 12};
+    backs.push_back(x);
+  }
+  s.apply(backs);
+  st = s.next_step(0, tokens);  // two decoding sequences > speculative_max_batch 1: plain
+  ASSERT_EQ(st.seqs.size(), 2u);
+  for (const StepSeq& q : st.seqs) EXPECT_TRUE(q.drafts == 0 && !q.mtp && !q.draft && q.n == 1);
+}
