@@ -97,6 +97,9 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
         kMaxSpeculativeTokens, "], found ", speculative_tokens);
   if (speculative_tokens >= 0) job->cluster.speculative_tokens = speculative_tokens;
   job->config = runtime::load_config(model_dir);
+  CHECK(job->cluster.speculative_tokens <= 1 || !job->config.index_share_for_mtp_iteration, model_dir,
+        "/config.json sets index_share_for_mtp_iteration (GLM-5.2: the MTP layer's draft steps share top-k indices, "
+        "which glm5 does not run yet): speculative_tokens must be 0 or 1, found ", job->cluster.speculative_tokens);
   job->stages = plan_stages(job->cluster, job->config, job->world->size());
   const parallel::Grid grid = job->cluster.grid();
   const int rank = job->world->rank(), stage = grid.stage_of(rank), column = grid.column_of(rank);

@@ -310,10 +310,13 @@ void read_indexer_types(const json& root, const std::string& source, ModelConfig
     }
   }
   if (key) {
-    if (int64_t(types.size()) != L)
-      GLM5_FAIL(source, ": field '", key, "': expected one entry per layer (num_hidden_layers = ", L, "), found ",
+    // One entry per decoder layer, or also one per MTP layer after them (GLM-5.2 lists its MTP layer).
+    const int64_t with_mtp = L + c.num_nextn_predict_layers;
+    if (int64_t(types.size()) != L && int64_t(types.size()) != with_mtp)
+      GLM5_FAIL(source, ": field '", key, "': expected one entry per layer (num_hidden_layers = ", L,
+                with_mtp > L ? ", or " + std::to_string(with_mtp) + " with the MTP layers" : std::string(), "), found ",
                 types.size());
-    for (int64_t i = 0; i < L; ++i) {
+    for (int64_t i = 0; i < int64_t(types.size()); ++i) {
       if (types[i] != "full" && types[i] != "shared")
         GLM5_FAIL(source, ": field '", key, "' entry ", i, ": expected \"full\" or \"shared\" (F or S), found ",
                   types[i]);
@@ -370,8 +373,8 @@ double yarn_mscale(double factor, double mscale) {
 }  // namespace
 
 bool ModelConfig::has_indexer(int64_t layer) const {
-  if (layer >= num_hidden_layers) return !index_share_for_mtp_iteration;  // the MTP layer
-  return layer < int64_t(indexer_full.size()) ? indexer_full[size_t(layer)] != 0 : true;
+  if (layer < int64_t(indexer_full.size())) return indexer_full[size_t(layer)] != 0;
+  return layer < num_hidden_layers || !index_share_for_mtp_iteration;  // an MTP layer the list leaves out
 }
 
 int64_t ModelConfig::indexer_donor(int64_t layer) const {

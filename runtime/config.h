@@ -47,7 +47,8 @@ struct ModelConfig {
   std::string scoring_func = "sigmoid", topk_method = "noaux_tc";
   std::vector<int32_t> eos_token_id;
   int32_t bos_token_id = -1, pad_token_id = -1;
-  // Per decoder layer (num_hidden_layers entries): 1 where the layer runs its own DSA indexer
+  // Per decoder layer (num_hidden_layers entries, and the MTP layers' when indexer_types lists
+  // them): 1 where the layer runs its own DSA indexer
   // ("full"), 0 where it reuses the top-k of the nearest full layer before it ("shared", GLM-5.2's
   // IndexShare). From `indexer_types`, `index_topk_pattern` or `index_topk_freq` /
   // `index_skip_topk_offset`, as transformers derives it; all full when none is given.

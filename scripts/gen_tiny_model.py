@@ -121,6 +121,8 @@ def parse_args(argv):
                    help="base shape; every explicit shape option overrides it")
     p.add_argument("--tokenizer", help="a tokenizer.json file, or a directory whose tokenizer.json / "
                                        "tokenizer_config.json are copied into --out")
+    p.add_argument("--indexer-types", help="GLM-5.2 IndexShare: F (full) or S (shared) per decoder layer, e.g. "
+                                           "FFFSSSFS; shared layers get no indexer tensors (config indexer_types)")
     for key, default in SHAPE_DEFAULTS.items():
         flag = "--" + key.replace("_", "-")
         if key == "model_type":
@@ -143,6 +145,12 @@ def parse_args(argv):
         cfg["rope_theta"] = 1e6 if glm else 1e4
     if cfg["rms_norm_eps"] is None:
         cfg["rms_norm_eps"] = 1e-5 if glm else 1e-6
+    cfg["indexer_types"] = None
+    if args.indexer_types is not None:
+        t = args.indexer_types
+        if len(t) != cfg["num_hidden_layers"] or set(t) - set("FS") or t[0] != "F" or not glm:
+            p.error("--indexer-types: F or S per decoder layer, the first F (glm_moe_dsa only)")
+        cfg["indexer_types"] = ["full" if ch == "F" else "shared" for ch in t]
     check_shape(cfg, p)
     return args, cfg
 
@@ -208,11 +216,13 @@ def tensor_inventory(c):
         norm(f"{P}.self_attn.kv_a_layernorm.weight", c["kv_lora_rank"])
         lin(f"{P}.self_attn.kv_b_proj.weight", nh * (c["qk_nope_head_dim"] + c["v_head_dim"]), c["kv_lora_rank"])
         lin(f"{P}.self_attn.o_proj.weight", H, nh * c["v_head_dim"], residual=True)
-        lin(f"{P}.self_attn.indexer.wq_b.weight", c["index_n_heads"] * c["index_head_dim"], c["q_lora_rank"])
-        lin(f"{P}.self_attn.indexer.wk.weight", c["index_head_dim"], H)
-        norm(f"{P}.self_attn.indexer.k_norm.weight", c["index_head_dim"])
-        out.append((f"{P}.self_attn.indexer.k_norm.bias", [c["index_head_dim"]], "BF16", "normal", KNORM_BIAS_STD))
-        lin(f"{P}.self_attn.indexer.weights_proj.weight", c["index_n_heads"], H)
+        shared = c["indexer_types"] is not None and i < c["num_hidden_layers"] and c["indexer_types"][i] == "shared"
+        if not shared:  # a "shared" layer (IndexShare) uses the previous full layer's top-k
+            lin(f"{P}.self_attn.indexer.wq_b.weight", c["index_n_heads"] * c["index_head_dim"], c["q_lora_rank"])
+            lin(f"{P}.self_attn.indexer.wk.weight", c["index_head_dim"], H)
+            norm(f"{P}.self_attn.indexer.k_norm.weight", c["index_head_dim"])
+            out.append((f"{P}.self_attn.indexer.k_norm.bias", [c["index_head_dim"]], "BF16", "normal", KNORM_BIAS_STD))
+            lin(f"{P}.self_attn.indexer.weights_proj.weight", c["index_n_heads"], H)
         norm(f"{P}.post_attention_layernorm.weight", H)
         if i < c["first_k_dense_replace"]:
             mlp(f"{P}.mlp", c["intermediate_size"])
@@ -390,6 +400,8 @@ def glm_config(c):
         "v_head_dim": c["v_head_dim"],
         "vocab_size": V,
     }
+    if c.get("indexer_types"):
+        cfg["indexer_types"] = c["indexer_types"]
     gen = {"eos_token_id": eos, "pad_token_id": eos[0], "temperature": 1.0, "top_p": 0.95,
            "transformers_version": "5.0.2.dev0"}
     return cfg, gen

@@ -142,13 +142,15 @@ class Recorder:
 
         self._topk_fn, self._tensor_topk = topk_fn, tensor_topk
         self.moe_layers = []
+        self.donor = {}  # "shared" indexer layer (GLM-5.2 IndexShare) -> the full layer whose top-k it uses
         for i, layer in enumerate(self.layers):
             layer.register_forward_hook(self._layer_hook(i))
             idx = layer.self_attn.indexer
             if idx is None:
-                raise SystemExit(f"layer {i} has no indexer (a 'shared' indexer layer): not supported")
-            idx.register_forward_pre_hook(self._indexer_pre(i))
-            idx.register_forward_hook(self._indexer_post(i))
+                self.donor[i] = self.donor.get(i - 1, i - 1)
+            else:
+                idx.register_forward_pre_hook(self._indexer_pre(i))
+                idx.register_forward_hook(self._indexer_post(i))
             gate = getattr(layer.mlp, "gate", None)
             if gate is not None and hasattr(gate, "e_score_correction_bias"):
                 self.moe_layers.append(i)
@@ -158,6 +160,11 @@ class Recorder:
     def reset(self):
         self.layer_out, self.final_hidden = {}, None
         self.topk, self.scores, self.router = {}, {}, {}
+
+    def share(self):
+        """After a forward: a shared layer's selection (and its scores) are its donor's."""
+        for i, d in self.donor.items():
+            self.topk[i], self.scores[i] = self.topk[d], self.scores[d]
 
     def _layer_hook(self, i):
         def hook(mod, inp, out):
@@ -386,6 +393,7 @@ def compute(args):
     router_entries = []
     with torch.no_grad():
         out = model(input_ids=torch.tensor(prompt[None].astype(np.int64)), use_cache=True)
+        rec.share()
         prefill_logits = out.logits[0].float().numpy().copy()
         cache = out.past_key_values
         positions = list(range(P))
@@ -394,6 +402,8 @@ def compute(args):
         prefill_topk = np.stack([index_sets(rec.topk[i].numpy(), positions, K) for i in range(L)])
         scores_last = np.stack([rec.scores[i][0, -1].numpy() for i in range(L)])
         for i in range(L):
+            if i in rec.donor:  # its donor's margins are counted once
+                continue
             sc = rec.scores[i][0].numpy()
             for e in indexer_margins(sc, positions, K):
                 idx_entries["prefill"].append(dict(e, layer=i, phase="prefill"))
@@ -420,12 +430,15 @@ def compute(args):
             decode_tokens[step] = tok
             rec.reset()
             out = model(input_ids=torch.tensor([[tok]]), past_key_values=cache, use_cache=True)
+            rec.share()
             cache = out.past_key_values
             last = out.logits[0, -1].float().numpy().copy()
             decode_logits[step] = last
             pos = P + step
             for i in range(L):
                 decode_topk[step, i] = index_sets(rec.topk[i].numpy(), [pos], K)[0]
+                if i in rec.donor:
+                    continue
                 for e in indexer_margins(rec.scores[i][0].numpy(), [pos], K):
                     idx_entries["decode"].append(dict(e, layer=i, phase="decode"))
             for i in rec.moe_layers:

@@ -176,6 +176,18 @@ class Config:
         elif rtype != "default":
             raise SystemExit(f"rope type {rtype!r}: expected \"default\" or \"yarn\" (the RoPE kinds glm5 accepts)")
 
+        # GLM-5.2's IndexShare: "shared" layers have no indexer and use the top-k of the full
+        # layer before them (transformers' GlmMoeDsaConfig: indexer_types, else index_topk_pattern,
+        # else index_topk_freq / index_skip_topk_offset).
+        types = g("indexer_types")
+        if types is None and g("index_topk_pattern") is not None:
+            pat = g("index_topk_pattern")
+            types = [{"F": "full", "S": "shared"}[ch] for ch in pat] if isinstance(pat, str) else list(pat)
+        if types is None:
+            freq, off = max(g("index_topk_freq", 1), 1), g("index_skip_topk_offset", 2)
+            types = ["full" if max(i - off + 1, 0) % freq == 0 else "shared" for i in range(self.L)]
+        self.indexer_full = [t == "full" for t in types[: self.L]]
+
     def is_moe(self, l):
         return self.n_experts > 0 and l >= self.first_dense and l % self.moe_freq == 0
 
@@ -342,8 +354,14 @@ def attention(cfg, W, l, a, cos, sin, record):
     # expand EVERY key: kv_b rows per head [k_nope dn | v dv] (spec §3.3)
     kvb = (c_kv @ W[P_ + "kv_b_proj.weight"].T).reshape(P, NH, dn + dv)
     k_nope, v = kvb[..., :dn], kvb[..., dn:]
-    # which keys each row may see: DSA top-k where the causal span exceeds index_topk
-    sel = indexer(cfg, W, P_, a, c_q, cos, sin, record)
+    # which keys each row may see: DSA top-k where the causal span exceeds index_topk; a "shared"
+    # layer takes the previous full layer's (its sets are recorded again for it)
+    if cfg.indexer_full[l]:
+        sel = record["sel"] = indexer(cfg, W, P_, a, c_q, cos, sin, record)
+    else:
+        sel = record["sel"]
+        record["topk"].append(record["topk"][-1])
+        record["topk_margin"].append(record["topk_margin"][-1])
     mask = np.tril(np.ones((P, P), dtype=bool))  # causal: t <= s
     for s in range(cfg.ix_topk, P):
         mask[s, :] = False

@@ -145,7 +145,7 @@ TEST(Convert, Int4BytesAreCompressedTensorsBytes) {
 TEST(Convert, ForeignCheckpointsMatchTheirDequantizedRuns) {
   // Written by other tools: compressed-tensors (W4A16, group 32) and torch (GLM-5-FP8 layout).
   const Fp32GemmPath fp32;
-  for (const std::string name : {"tiny-a-w4a16-ct", "tiny-a-fp8"}) {
+  for (const std::string name : {"tiny-a-w4a16-ct", "tiny-a-fp8", "tiny-glm52-fp8"}) {
     SCOPED_TRACE(name);
     const std::string in = kData + "/" + name;
     const std::string f = convert(in, name + "-f32", "--quant f32");

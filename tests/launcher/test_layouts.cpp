@@ -139,7 +139,7 @@ TEST_P(LayoutTest, GenerateAndBatchMatchSingleProcess) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, LayoutTest, ::testing::Values("tiny-a", "tiny-moe"));
+INSTANTIATE_TEST_SUITE_P(Models, LayoutTest, ::testing::Values("tiny-a", "tiny-moe", "tiny-glm52"));
 
 // The device-like backend (device memory rules on the CPU) under mpirun: with comm nccl its
 // MoE payloads and hidden states go over the device communicator's stand-in, with comm mpi they

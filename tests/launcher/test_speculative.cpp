@@ -133,7 +133,7 @@ TEST_P(Speculative, RecordsAreBitwiseThoseOfPlainDecodingOnEveryLayout) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Speculative, ::testing::Values("tiny-moe", "glm5-kjv"));
+INSTANTIATE_TEST_SUITE_P(Models, Speculative, ::testing::Values("tiny-moe", "glm5-kjv", "tiny-glm52"));
 
 // Under pressure: a KV pool too small for the batch (sequences are preempted and recomputed), long
 // prompts sharing their first blocks (prefix sharing), and the default policy switching speculation

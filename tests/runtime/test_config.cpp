@@ -353,6 +353,9 @@ TEST(ConfigTest, IndexerTypes) {
   EXPECT_EQ(fsff.indexer_donor(1), 0);
   EXPECT_EQ(fsff.indexer_donor(3), 3);
   EXPECT_TRUE(fsff.has_indexer(4));  // the MTP layer keeps its own unless index_share_for_mtp_iteration
+  // GLM-5.2 lists its MTP layer too (num_hidden_layers + num_nextn_predict_layers entries).
+  EXPECT_FALSE(parse_edited([](json& j) { j["indexer_types"] = {"full", "full", "full", "full", "shared"}; })
+                   .has_indexer(4));
   // GLM-5.2's schedule: freq 4, offset 3 gives full layers 0, 1, 2, 6, ... (layer 3 shared).
   EXPECT_EQ(parse_edited([](json& j) { j["index_topk_freq"] = 4, j["index_skip_topk_offset"] = 3; }).indexer_full,
             (std::vector<char>{1, 1, 1, 0}));

@@ -119,5 +119,11 @@ TEST(Golden, TinyV32) { check_golden(std::string(GLM5_TEST_DATA) + "/tiny-v32", 
 TEST(Golden, TinyV32Internals) { check_golden_internals(std::string(GLM5_TEST_DATA) + "/tiny-v32"); }
 // tiny-b: another shape (2 dense layers, 2 shared experts, 5 heads, theta 1e4, prompt of 100 >
 // index_topk 24), golden from Hugging Face transformers' GlmMoeDsaForCausalLM (float32).
+// tiny-glm52: GLM-5.2's IndexShare (indexer_types FFFSSSFS: layers 3-5 use layer 2's top-k, layer 7
+// layer 6's; no indexer tensors or index keys for them), against transformers 5.13 and the float64
+// reference (scripts/ref_forward_f64.py), which agree; a prompt of 100 > index_topk 16.
+TEST(Golden, TinyGlm52) { check_golden(std::string(GLM5_TEST_DATA) + "/tiny-glm52", false); }
+TEST(Golden, TinyGlm52ReferenceBackend) { check_golden(std::string(GLM5_TEST_DATA) + "/tiny-glm52", true); }
+TEST(Golden, TinyGlm52Internals) { check_golden_internals(std::string(GLM5_TEST_DATA) + "/tiny-glm52"); }
 TEST(Golden, TinyB) { check_golden(std::string(GLM5_TEST_DATA) + "/tiny-b", false); }
 TEST(Golden, TinyBInternals) { check_golden_internals(std::string(GLM5_TEST_DATA) + "/tiny-b"); }
