@@ -355,10 +355,6 @@ std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc,
       CHECK(r.first == next && r.last > r.first, cfg, ": key 'stages[", s,
             "]': expected a non-empty range starting at layer ", next,
             s == 0 ? "" : " (the previous range's last)", ", found [", r.first, ", ", r.last, "]");
-      // A shared-indexer layer uses the top-k its donor computed on the same rank (IndexShare).
-      CHECK(r.first >= L || mc.has_indexer(r.first), cfg, ": key 'stages[", s, "]': layer ", r.first,
-            " is a \"shared\" indexer layer of model config ", mc.source, " (it reuses layer ",
-            mc.indexer_donor(r.first), "'s top-k): a stage must begin at a \"full\" layer");
       next = r.last;
     }
     CHECK(next == L, cfg, ": key 'stages': expected layer ranges covering layers [0, ", L,
@@ -368,8 +364,8 @@ std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc,
   }
 
   // Balanced by parameters over groups of a full-indexer layer and the shared layers after it
-  // (IndexShare: a group stays on one stage, so its top-k never crosses a pipeline hop; without
-  // shared layers each layer is its own group).
+  // (IndexShare: a group stays on one stage, so no top-k has to cross a pipeline hop, though it can
+  // when explicit ranges say so; without shared layers each layer is its own group).
   std::vector<int> group_first;
   std::vector<double> cost;
   for (int l = 0; l < L; ++l) {

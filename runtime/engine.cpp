@@ -86,6 +86,17 @@ std::vector<char> recv_bytes(parallel::Comm& c, int src, int tag) {
   return b;
 }
 
+// GLM-5.2's IndexShare across a hop: the step's top-k [Model::topk_values] int32, in the backend's
+// memory, when the receiving stage begins with a "shared" layer (nullptr, 0 values otherwise).
+struct TopkCarry {
+  int32_t* p = nullptr;
+  int64_t n = 0;
+  TopkCarry(Model& model, const std::vector<SeqStep>& batch, bool needed)
+      : n(needed ? Model::topk_values(batch, model.config().index_topk) : 0) {
+    if (n > 0) p = static_cast<int32_t*>(model.backend().alloc(size_t(n) * sizeof(int32_t)));
+  }
+};
+
 // Hidden states between stages travel in the backend's memory over the hidden-state communicator
 // (the world for host backends; NCCL, or a staging communicator, for device ones).
 void recv_hidden(parallel::Comm& c, float* h, int64_t n, int src) {
@@ -866,7 +877,8 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
     std::vector<SeqStep> batch = table.enter(step);
     float* h = static_cast<float*>(be.alloc(size_t(std::max<int64_t>(m, 1) * H) * sizeof(float)));
     if (m > 0) model_.embed(tokens.data(), m, h);
-    model_.forward(batch, h);
+    const TopkCarry topk(model_, batch, model_.gives_topk());
+    model_.forward(batch, h, topk.p);
     stats_.compute_s += since(tc);
     if (P == 1) {
       tc = Clock::now();
@@ -883,6 +895,8 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
     stats_.bytes_sent += sw.b.size() + size_t(m * H) * sizeof(float);
     s.out.send_bytes(world_, next, kStep, std::move(sw.b));
     s.out.send_hidden(*hidden_, be, h, m * H, next);
+    if (topk.n > 0) s.out.send_hidden(*hidden_, be, reinterpret_cast<float*>(topk.p), topk.n, next);  // (same size)
+    stats_.bytes_sent += size_t(topk.n) * sizeof(int32_t);
     send.reset();
     stats_.comm_s += since(ts);
     s.inflight[size_t(g)] = true;
@@ -934,8 +948,12 @@ void Engine::run_later_stage() {
     }
     ++stats_.ticks;
     std::vector<SeqStep> batch = table.enter(step);
+    // The top-k a "shared" first layer needs came after the hidden states; the same buffer carries
+    // this stage's on when the next stage needs it.
+    const TopkCarry topk(model_, batch, model_.takes_topk() || model_.gives_topk());
+    if (model_.takes_topk() && topk.n > 0) recv_hidden(*hidden_, reinterpret_cast<float*>(topk.p), topk.n, prev);
     auto tc = Clock::now();
-    model_.forward(batch, h);
+    model_.forward(batch, h, topk.p);
     stats_.compute_s += since(tc);
     if (next >= 0) {
       auto ts = Clock::now();
@@ -943,9 +961,16 @@ void Engine::run_later_stage() {
       stats_.bytes_sent += msg.size() + size_t(m * H) * sizeof(float);
       out.send_bytes(world_, next, kStep, std::move(msg));
       out.send_hidden(*hidden_, be, h, m * H, next);
+      if (model_.gives_topk() && topk.n > 0) {
+        out.send_hidden(*hidden_, be, reinterpret_cast<float*>(topk.p), topk.n, next);
+        stats_.bytes_sent += size_t(topk.n) * sizeof(int32_t);
+      } else if (topk.p) {
+        be.free(topk.p);
+      }
       stats_.comm_s += since(ts);
       continue;
     }
+    if (topk.p) be.free(topk.p);
     tc = Clock::now();
     std::vector<Back> backs = finish_step(model_, step, h, table, world_.rank(), opt_.speculative_tokens);
     be.free(h);

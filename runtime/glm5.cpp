@@ -345,14 +345,15 @@ struct Model::Layout {
   bool sparse = false;                    // some row's causal span exceeds index_topk
   Buf<int32_t> pos, tables;               // [n], [n, max_blocks]
   // The absorbed rows' top-k [n, index_topk] (when sparse): written by a layer with an indexer,
-  // read by the "shared" layers after it (IndexShare).
-  mutable Buf<int32_t> sel;
+  // read by the "shared" layers after it (IndexShare); in the caller's buffer when it gives one.
+  Buf<int32_t> sel_owned;
+  int32_t* sel = nullptr;
   mutable int sel_layer = -1;             // the layer that computed it (-1: none yet)
   Buf<int32_t> row_tables;                // every row of the step: its sequence's table [m, row_ld]
   int64_t row_ld = 1;
 
-  Layout(Model& model, const std::vector<SeqStep>& batch)
-      : pos(model.backend_, 1), tables(model.backend_, 1), sel(model.backend_, 1), row_tables(model.backend_, 1) {
+  Layout(Model& model, const std::vector<SeqStep>& batch, int32_t* topk = nullptr)
+      : pos(model.backend_, 1), tables(model.backend_, 1), sel_owned(model.backend_, 1), row_tables(model.backend_, 1) {
     const int64_t TOPK = model.cfg_.index_topk;
     // The cache writes of all rows: one table per row.
     int64_t m = 0;
@@ -387,7 +388,9 @@ struct Model::Layout {
       max_blocks = std::max(max_blocks, blocks_for(sp.pos + sp.n));
     }
     sparse = t > TOPK;
-    if (sparse) sel = Buf<int32_t>(model.backend_, n * TOPK);
+    CHECK(sparse == (topk_values(batch, TOPK) > 0), "internal: Layout and topk_values disagree");
+    if (sparse && !topk) sel_owned = Buf<int32_t>(model.backend_, n * TOPK);
+    if (sparse) sel = topk ? topk : sel_owned.p;
     std::vector<int32_t> pos_host, table_host(size_t(n * max_blocks), 0);
     for (const Span& sp : absorbed)
       for (int64_t i = 0; i < sp.n; ++i) {
@@ -412,13 +415,33 @@ static std::vector<int32_t> row_positions(const std::vector<SeqStep>& batch) {
   return pos;
 }
 
-void Model::forward(const std::vector<SeqStep>& batch, float* h) {
+// The absorbed rows of a step (Layout: positions at or past min(prompt length, index_topk)) and, when
+// some row's causal span exceeds index_topk (the indexer then drops keys), their top-k's values.
+int64_t Model::topk_values(const std::vector<SeqStep>& batch, int64_t topk) {
+  int64_t n = 0, t = 0;
+  for (const SeqStep& s : batch) {
+    const int64_t end = s.start_pos + s.n_tokens;
+    const int64_t cut = std::clamp(std::min(s.prompt_len, topk), s.start_pos, end);
+    if (end > cut) n += end - cut, t = std::max(t, end);
+  }
+  return t > topk ? n * topk : 0;
+}
+
+bool Model::takes_topk() const { return !cfg_.has_indexer(shard_.first_layer); }
+bool Model::gives_topk() const {
+  return shard_.last_layer < cfg_.num_hidden_layers && !cfg_.has_indexer(shard_.last_layer);
+}
+
+void Model::forward(const std::vector<SeqStep>& batch, float* h, int32_t* topk) {
   CHECK(kv_pool_ || batch.empty() || layers_.empty(), "internal: Model::forward without a KV pool");
   const std::vector<int32_t> pos_host = row_positions(batch);
   const int64_t m = int64_t(pos_host.size());
   Buf<int32_t> pos(backend_, m);
   backend_.to_device(pos, pos_host.data(), size_t(m) * sizeof(int32_t));
-  const Layout layout(*this, batch);  // how each row attends: the same in every layer
+  CHECK(topk || !takes_topk() || topk_values(batch, cfg_.index_topk) == 0, "internal: layer ", shard_.first_layer,
+        " shares the top-k of layer ", cfg_.indexer_donor(shard_.first_layer), " on an earlier stage, which did not come");
+  const Layout layout(*this, batch, topk);  // how each row attends: the same in every layer
+  if (topk && takes_topk()) layout.sel_layer = int(cfg_.indexer_donor(shard_.first_layer));  // it came with h
   for (size_t li = 0; li < layers_.size(); ++li) decoder_layer(*layers_[li], int(li), layout, pos, m, h);
 }
 
@@ -528,7 +551,7 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
     be.copy_2d({rq + hd * DQ + dn, NH * DQ, q_lat + hd * LAT + R, NH * LAT, n, dr});
   }
   be.gemm_batch(per_head);
-  const Buf<int32_t>& sel = lay.sel;
+  int32_t* const sel = lay.sel;
   if (lay.sparse && !L.indexer) {  // a "shared" layer: its donor's selection (spec §1.6, IndexShare)
     CHECK(lay.sel_layer >= 0 && lay.sel_layer == cfg_.indexer_donor(L.index), "internal: layer ", L.index,
           " shares the top-k of layer ", cfg_.indexer_donor(L.index), ", which did not run before it on this rank");
@@ -554,7 +577,7 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
     }
   }
   span.emplace(prof_, "attention", L.index);
-  be.mla_decode({q_lat, static_cast<const float*>(kv_pool_->latent(li)), lay.pos, lay.sparse ? sel.p : nullptr, TOPK,
+  be.mla_decode({q_lat, static_cast<const float*>(kv_pool_->latent(li)), lay.pos, lay.sparse ? sel : nullptr, TOPK,
                  o_lat, n, lay.t, NH, R, dr, cfg_.softmax_scale(),
                  kernels::KeyPages{lay.tables, lay.max_blocks, kBlockTokens, kv_pool_->dtype()}});
   span.emplace(prof_, "v_absorb", L.index);

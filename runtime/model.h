@@ -63,7 +63,14 @@ class Model {
   void embed(const int32_t* ids, int64_t m, float* h);
   // Runs this rank's layers over the batch, in place on h [sum n_tokens, hidden]. Every rank of
   // the stage must call it the same number of times (MoE exchanges), with an empty batch if idle.
-  void forward(const std::vector<SeqStep>& batch, float* h);
+  // topk (GLM-5.2's IndexShare across a pipeline hop): [topk_values(batch)] int32 in the backend's
+  // memory, the step's top-k as the previous stage left it when this stage begins with a "shared"
+  // layer (takes_topk), and as this stage leaves it for the next when that begins with one
+  // (gives_topk); nullptr when neither.
+  void forward(const std::vector<SeqStep>& batch, float* h, int32_t* topk = nullptr);
+  static int64_t topk_values(const std::vector<SeqStep>& batch, int64_t index_topk);
+  bool takes_topk() const;
+  bool gives_topk() const;
   // logits[m, vocab] = lm_head(norm(h rows)); host output.
   void logits(const float* h, int64_t m, float* logits_host);
   // The two halves of logits(): out [m, hidden] = model.norm(h), and lm_head of normed rows.

@@ -71,7 +71,7 @@ struct Layout {
 
 const Layout kLayouts[] = {{"cpu-1.yaml", 1},  {"cpu-pp2.yaml", 2},   {"cpu-ep2.yaml", 2},
                            {"cpu-pp2-ep2.yaml", 4}, {"cpu-ep4.yaml", 4}, {"cpu-pp4.yaml", 4},
-                           {"uneven", 2}};
+                           {"uneven", 2}, {"shared-start", 3}};
 
 std::string prompt_ids(int n, int vocab, int seed) {
   std::string s;
@@ -128,6 +128,11 @@ TEST_P(LayoutTest, GenerateAndBatchMatchSingleProcess) {
       cluster = scratch(GetParam() + "_uneven.yaml").string();
       std::ofstream(cluster) << "stages: [[0, 1], [1, " << int(cfg["num_hidden_layers"]) << "]]\n"
                              << "expert_parallel: 1\nmicro_batches: 2\n";
+    }
+    if (std::string(l.config) == "shared-start") {  // IndexShare: stages 2 and 3 begin with shared layers
+      if (!cfg.contains("indexer_types")) continue;
+      cluster = scratch(GetParam() + "_shared.yaml").string();
+      std::ofstream(cluster) << "stages: [[0, 4], [4, 5], [5, 8]]\nexpert_parallel: 1\nmicro_batches: 2\n";
     }
     const fs::path out = scratch(GetParam() + "_" + l.config + ".safetensors");
     ASSERT_EQ(0, sh(mpirun(l.np) + kBin + gen + out.string() + " --cluster " + cluster)) << last_log();
