@@ -171,6 +171,28 @@ TEST(Simulate, RooflineOfOnePhase) {
 }
 
 // The replay takes the ticks the scheduler's rules give (runtime/scheduler.h), counted by hand.
+// GLM-5.2's IndexShare (tiny-glm52: layers 3-5 and 7 share): a shared layer costs no indexer scores,
+// no top-k and no index keys; its attention reads the same keys as its donor's.
+TEST(Simulate, SharedIndexerLayersCostNoIndexerWork) {
+  const runtime::ModelConfig cfg = runtime::load_config(kData + "/tiny-glm52");
+  const runtime::WeightPlan plan = runtime::plan_weights(cfg, kData + "/tiny-glm52");
+  const StepCost cost(cfg, plan, 1);
+  Rates r;
+  r.gemm_flops = r.gemm_flops_small = r.attention_flops = r.topk_rate = 1e12;
+  r.mem_bw = 1e12;
+  const std::vector<SimSeq> decode{{1000, 1, 8, true}};
+  PhaseTimes full, shared;
+  cost.attention(2, decode, r, full);
+  cost.attention(3, decode, r, shared);
+  EXPECT_GT(full["indexer_scores"], 0);
+  EXPECT_GT(full["topk"], 0);
+  EXPECT_EQ(shared.count("indexer_scores"), 0u);
+  EXPECT_EQ(shared.count("topk"), 0u);
+  EXPECT_NEAR(shared["attention"], full["attention"], 1e-15);
+  EXPECT_LT(shared["projections"], full["projections"]);
+  EXPECT_LT(shared["kv_write"], full["kv_write"]);
+}
+
 TEST(Simulate, ReplayCountsTicks) {
   Sim s;
   Prediction p = s.run("prompts=8,in=20,out=5");  // one prefill step, then 4 decode steps
