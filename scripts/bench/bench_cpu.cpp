@@ -195,8 +195,10 @@ int main(int argc, char** argv) {
   double flops = 2.0 * S * (touched_params - lm_head_params);
   flops += double(cfg.num_hidden_layers) *
            (2.0 * pairs * NH * double(cfg.qk_head_dim() + cfg.v_head_dim));
+  int64_t indexers = 0;  // layers that score keys (GLM-5.2's shared layers do not)
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) indexers += cfg.has_indexer(l);
   if (S > double(cfg.index_topk))
-    flops += double(cfg.num_hidden_layers) * 2.0 * pairs * double(cfg.index_n_heads * cfg.index_head_dim);
+    flops += double(indexers) * 2.0 * pairs * double(cfg.index_n_heads * cfg.index_head_dim);
   const double prefill_gflops = flops / prefill_s / 1e9;
 
   // Decode: `decode` steps timed as a whole (the headline tok/s), then `decode` more in windows of
