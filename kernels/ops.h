@@ -428,6 +428,9 @@ class Backend {
   // Whether the runtime should keep this backend's indexer keys in tiles of its 64-token blocks
   // (KeyPages::tiled): the fast cpu backend scores a tile's 64 keys without transposing them.
   virtual bool index_key_tiles() const { return false; }
+  // The kernel this backend last ran for `op` ("mla_decode", "indexer_scores"), e.g. "tensor cores"
+  // or "SIMT"; "" where it has one kind only (benchmarks name the kernel that ran, not the requested).
+  virtual std::string kernel_ran(const std::string& /*op*/) const { return ""; }
 };
 
 // The reference backend: plain loops, float32, one thread. Every other backend is tested against it.

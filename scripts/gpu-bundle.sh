@@ -57,28 +57,32 @@ cp -L /lib64/ld-linux-x86-64.so.2 "$out/lib/ld-linux-x86-64.so.2"
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # BUNDLE/run.sh PROGRAM ARGS: runs bin/PROGRAM through the bundled loader; the bundle's libraries
-# first, then the CUDA libraries of this machine: the toolkit's (CUDA_HOME, /usr/local/cuda) or the
-# Python packages' (site-packages/nvidia/*/lib), then the driver's libcuda through the system's
-# loader cache. `run.sh --where` prints the library path.
+# first, then the CUDA libraries of this machine: GLM5_CUDA_LIBDIR (colon-separated, searched first),
+# the toolkit's (CUDA_HOME, /usr/local/cuda), the Python packages' (nvidia/*/lib under the
+# site-packages of every python3 / python3.N on PATH and of the usual prefixes: NCCL often comes only
+# with PyTorch, whose interpreter need not be the first python3), then the driver's libcuda through
+# the system's loader cache. `run.sh --where` prints the library path.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cuda=""
+[ -n "${GLM5_CUDA_LIBDIR:-}" ] && cuda=":$GLM5_CUDA_LIBDIR"
 for d in "${CUDA_HOME:-/usr/local/cuda}/lib64" "${CUDA_HOME:-/usr/local/cuda}/lib"; do
   [ -e "$d/libcublas.so.13" ] && cuda="$cuda:$d"
 done
-if command -v python3 > /dev/null; then
-  for d in $(python3 - 2> /dev/null <<'PY'
+pys=$(compgen -c python3 2> /dev/null | grep -E '^python3(\.[0-9]+)?$' | sort -u || true)
+for py in $pys; do
+  for d in $("$py" - 2> /dev/null <<'PY'
 import glob, os, site, sys
 roots = site.getsitepackages() + [site.getusersitepackages()] + sys.path
-seen = []
-for r in roots:
-    for d in sorted(glob.glob(os.path.join(r, "nvidia", "*", "lib"))):
-        if d not in seen:
-            seen.append(d)
-print("\n".join(seen))
+print("\n".join(sorted({d for r in roots for d in glob.glob(os.path.join(r, "nvidia", "*", "lib"))})))
 PY
-  ); do cuda="$cuda:$d"; done
-fi
+  ); do case ":$cuda:" in *":$d:"*) ;; *) cuda="$cuda:$d" ;; esac; done
+done
+for d in /usr/local/lib/python3*/dist-packages/nvidia/*/lib /usr/lib/python3/dist-packages/nvidia/*/lib \
+  /opt/conda/lib/python3*/site-packages/nvidia/*/lib; do
+  [ -d "$d" ] || continue
+  case ":$cuda:" in *":$d:"*) ;; *) cuda="$cuda:$d" ;; esac
+done
 path="$here/lib$cuda"
 if [ "${1:-}" = --where ]; then
   echo "$path"
@@ -115,4 +119,23 @@ else
 fi
 run bench_cuda > "$log" 2>&1 && { echo "bench_cuda ran here (a GPU is present)" >&2; } ||
   { grep -q "no usable CUDA device" "$log" || { cat "$log" >&2; exit 1; }; echo "bench_cuda without a GPU: $(head -c 200 "$log")" >&2; }
+# The check itself, as the device machine runs it (OUT set): every step leaves its line in
+# steps.txt and its log under OUT as it ends, the preflight names the plugin's CUDA libraries, the
+# new kernels' tests run in a process of their own, and the whole fits its budget.
+dry_out=$(mktemp -d)
+t0=$SECONDS
+env -i HOME=/tmp PATH=/usr/bin:/bin OUT="$dry_out" GLM5_BUNDLE="$out" bash "$root/scripts/gpu-check.sh" "$build/dry-check" \
+  > "$build/dry-check.log" 2>&1 || true
+for step in gpu bundle preflight; do
+  grep -q "^$step " "$dry_out/steps.txt" || { cat "$build/dry-check.log" >&2; echo "dry check: no '$step' step" >&2; exit 1; }
+done
+if grep -q "^preflight PASS" "$dry_out/steps.txt"; then
+  for step in gpu-tests new-kernels golden-tiny-a bench; do
+    grep -q "^$step " "$dry_out/steps.txt" || { cat "$dry_out/steps.txt" >&2; echo "dry check: no '$step' step" >&2; exit 1; }
+  done
+fi
+[ -f "$dry_out/summary.txt" ] && [ -d "$dry_out/gpu-check-logs" ] || { echo "dry check: no summary / logs in OUT" >&2; exit 1; }
+echo "dry check ($((SECONDS - t0)) s):" >&2
+sed 's/^/  /' "$dry_out/steps.txt" >&2
+rm -rf "$dry_out"
 echo "dry run: PASS" >&2

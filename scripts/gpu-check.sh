@@ -13,13 +13,21 @@
 #        batch invariance, the one-GPU NCCL test) and the goldens through its glm5.
 # Env:   CUDA_ARCH (default 90), JOBS (default nproc), GOLDEN_ATOL (default 1e-4, the goldens'
 #        float32 tolerance), REAL_DIMS_ATOL (default 1e-3: cuda vs cpu over a 3000-token prompt), GLM5_RUN_PREFIX (e.g. "mpirun --allow-run-as-root -np 1"
-#        if the cluster config must be launched under MPI), TESTS_TIMEOUT / RUN_TIMEOUT /
-#        BENCH_TIMEOUT (seconds: all GPU tests together in bundle mode, each test with ctest; each
-#        of the five generate runs; the kernel benchmark; default 600 / 300 / 300; the worst case
-#        is TESTS + 5 x RUN + BENCH).
-# With OUT set (an output folder that is copied back from the GPU machine), $OUT gets steps.txt
-# (each step's line as it ends), then summary.txt and the logs as one gpu-check-logs.tgz (few
-# files: some remote runners return only a handful).
+#        if the cluster config must be launched under MPI), TESTS_TIMEOUT / NEW_TESTS_TIMEOUT /
+#        RUN_TIMEOUT / BENCH_TIMEOUT (seconds: the established GPU tests; the tests of the tensor-core
+#        kernels no GPU has run yet, and their rerun; each of the six generate runs; the kernel
+#        benchmark; default 150 / 45 / 40 / 90), CHECK_BUDGET (default 560: no step starts, and
+#        none runs, past this many seconds from the start, so that the whole check fits a 10-minute
+#        call with its output intact), GLM5_CUDA_LIBDIR (bundle mode: a directory searched first for
+#        the CUDA libraries, e.g. a PyTorch install's nvidia/nccl/lib).
+# The GPU tests run in two processes: the established ones first, then the new tensor-core kernels'
+# (*TensorCores*, *RowsIndependentOfRowCount*), so that a fault in a new kernel (sticky in its CUDA
+# context) cannot turn the established tests into failures; a failing new-kernel run is rerun with
+# CUDA_LAUNCH_BLOCKING=1 to name the kernel. In bundle mode a preflight first lists the libraries
+# the CUDA plugin loads through the bundled loader and stops at one that is "not found".
+# With OUT set (an output folder that is copied back from the GPU machine), every step writes its
+# log into $OUT/gpu-check-logs as it runs and appends its line to $OUT/steps.txt when it ends, so
+# what ran comes back even if the call is cut off; summary.txt at the end.
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -30,11 +38,31 @@ glm5_cmd="$build/glm5"
 arch=${CUDA_ARCH:-90}
 jobs=${JOBS:-$(nproc)}
 atol=${GOLDEN_ATOL:-1e-4}
-tests_timeout=${TESTS_TIMEOUT:-600}
-run_timeout=${RUN_TIMEOUT:-300}
-bench_timeout=${BENCH_TIMEOUT:-300}
+tests_timeout=${TESTS_TIMEOUT:-150}
+new_tests_timeout=${NEW_TESTS_TIMEOUT:-45}
+run_timeout=${RUN_TIMEOUT:-40}
+bench_timeout=${BENCH_TIMEOUT:-90}
+budget=${CHECK_BUDGET:-560}
+new_kernels='*TensorCores*:*RowsIndependentOfRowCount*'
 logs=$build/gpu-check-logs
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then logs=$OUT/gpu-check-logs; fi  # streamed back as it runs
 mkdir -p "$logs"
+
+# limit SECONDS: SECONDS, cut to what is left of the budget (at least 1).
+limit() {
+  local left=$((budget - SECONDS))
+  [ "$left" -gt "$1" ] && left=$1
+  [ "$left" -lt 1 ] && left=1
+  echo "$left"
+}
+# out_of_time NAME: records NAME as not run when the budget is spent.
+out_of_time() {
+  if [ $((budget - SECONDS)) -le 5 ]; then
+    record "$1" SKIP 0 "not run: the ${budget}s budget is spent"
+    return 0
+  fi
+  return 1
+}
 summary=()
 failed=0   # any step failed: the exit status
 blocked=0  # configure or build failed: later steps cannot run
@@ -80,6 +108,16 @@ fi
 nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 if [ -n "$bundle" ]; then
   record bundle PASS 0 "$bundle (no build); libraries: $("$bundle/run.sh" --where)"
+  # Preflight: the plugin's libraries as the bundled loader resolves them (libcudart, cuBLAS, NCCL
+  # from this machine); one "not found" would make every CUDA test skip.
+  "$bundle/lib/ld-linux-x86-64.so.2" --library-path "$("$bundle/run.sh" --where)" --list "$bundle/lib/libglm5_cuda.so" \
+    >"$logs/preflight.log" 2>&1
+  if grep -q "not found" "$logs/preflight.log"; then
+    record preflight FAIL 0 "the CUDA plugin cannot load: $(grep 'not found' "$logs/preflight.log" | tr -s ' \t\n' ' ')(set GLM5_CUDA_LIBDIR)"
+    blocked=1
+  else
+    record preflight PASS 0 "$(grep -oE '(libcudart|libcublasLt|libnccl)[^ ]* => [^ ]*' "$logs/preflight.log" | tr '\n' ';')"
+  fi
 elif ! run_step configure cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER="$nvcc_bin"; then
   blocked=1
@@ -92,21 +130,34 @@ fi
 [ $blocked = 0 ] && [ -z "$bundle" ] && { run_step build cmake --build "$build" -j "$jobs" || blocked=1; }
 
 # 4. GPU tests. A GPU test that skips on a GPU machine is a failure (the device was not usable).
-if [ $blocked = 0 ] && [ -n "$bundle" ]; then
-  t0=$SECONDS
-  (cd "$root" && timeout "$tests_timeout" "$bundle/run.sh" test_kernels --gtest_filter='*Cuda*') >"$logs/gpu-tests.log" 2>&1
-  rc=$?
-  counts=$(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$logs/gpu-tests.log" | tr '\n' ' ')
-  skipped=$(grep -c '^\[  SKIPPED \] .* ([0-9]* ms)$' "$logs/gpu-tests.log")  # per test, not the summary list
+# gtest_step NAME FILTER TIMEOUT [ENV...]: the bundle's test_kernels over FILTER; a test that skips
+# on a GPU machine is a failure (the device was not usable).
+gtest_step() {
+  local name=$1 filter=$2 tmo=$3 t0=$SECONDS
+  shift 3
+  (cd "$root" && env "$@" timeout "$(limit "$tmo")" "$bundle/run.sh" test_kernels --gtest_filter="$filter") \
+    >"$logs/$name.log" 2>&1
+  local rc=$?
+  local counts skipped
+  counts=$(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$logs/$name.log" | tr '\n' ' ')
+  skipped=$(grep -c '^\[  SKIPPED \] .* ([0-9]* ms)$' "$logs/$name.log")  # per test, not the summary list
   if [ $rc != 0 ] || [ "$skipped" != 0 ]; then
-    record gpu-tests FAIL $((SECONDS - t0)) "$counts; $skipped skipped; log: $logs/gpu-tests.log"
-    grep -E '^\[  (FAILED|SKIPPED) \]|no usable CUDA device' "$logs/gpu-tests.log" | head -n 20 >&2
-  else
-    record gpu-tests PASS $((SECONDS - t0)) "$counts"
+    record "$name" FAIL $((SECONDS - t0)) "$counts; $skipped skipped; exit $rc; log: $logs/$name.log"
+    grep -E '^\[  (FAILED|SKIPPED) \]|no usable CUDA device' "$logs/$name.log" | head -n 20 >&2
+    return 1
   fi
+  record "$name" PASS $((SECONDS - t0)) "$counts"
+}
+
+if [ $blocked = 0 ] && [ -n "$bundle" ]; then
+  # The established tests (the parameterized op cases included), then the new kernels' own.
+  out_of_time gpu-tests || gtest_step gpu-tests "*Cuda*:-$new_kernels" "$tests_timeout"
+  out_of_time new-kernels || gtest_step new-kernels "$new_kernels" "$new_tests_timeout" ||
+    { out_of_time new-kernels-sync ||
+        gtest_step new-kernels-sync "$new_kernels" "$new_tests_timeout" CUDA_LAUNCH_BLOCKING=1 GLM5_CUDA_ATTENTION_LOG=1; }
 elif [ $blocked = 0 ]; then
   t0=$SECONDS
-  (cd "$build" && ctest -R 'Cuda|nccl' -j 4 --output-on-failure --timeout "$tests_timeout") \
+  (cd "$build" && ctest -R 'Cuda|nccl' -j 4 --output-on-failure --timeout "$(limit "$tests_timeout")") \
     >"$logs/gpu-tests.log" 2>&1
   rc=$?
   counts=$(grep -E 'tests passed|No tests were found' "$logs/gpu-tests.log" | tail -n 1)
@@ -173,8 +224,9 @@ f=open(sys.argv[1],"rb"); n=struct.unpack("<Q",f.read(8))[0]; print(json.loads(f
 # on the cuda backend and compare them with REF_FILE.
 golden_step() {
   local name=$1 model=$2 ref=$3 ids=$4 n=$5 tol=$6 t0=$SECONDS out=$logs/$1-cuda-logits.safetensors
+  out_of_time "$name" && return
   # shellcheck disable=SC2086
-  if timeout "$run_timeout" ${GLM5_RUN_PREFIX:-} $glm5_cmd generate --model "$model" --cluster "$cluster" --prompt-ids "$ids" \
+  if timeout "$(limit "$run_timeout")" ${GLM5_RUN_PREFIX:-} $glm5_cmd generate --model "$model" --cluster "$cluster" --prompt-ids "$ids" \
     --max-new-tokens "$n" --temperature 0 --ignore-eos --dump-logits "$out" >"$logs/$name.log" 2>&1 &&
     python3 "$compare_py" "$ref" "$out" "$tol" >>"$logs/$name.log" 2>&1; then
     record "$name" PASS $((SECONDS - t0)) "$(grep 'max |' "$logs/$name.log" | tr '\n' ';')"
@@ -198,7 +250,7 @@ if [ $blocked = 0 ]; then
     rd=$root/tests/data/real-dims
     rd_ids=$(python3 -c 'import json,sys; print(",".join(str(v) for v in json.load(open(sys.argv[1]))))' "$rd/prompt.json")
     t0=$SECONDS
-    if timeout "$run_timeout" $glm5_cmd generate --model "$rd" --prompt-ids "$rd_ids" --max-new-tokens 4 --temperature 0 --ignore-eos \
+    if timeout "$(limit "$run_timeout")" $glm5_cmd generate --model "$rd" --prompt-ids "$rd_ids" --max-new-tokens 4 --temperature 0 --ignore-eos \
       --dump-logits "$logs/real-dims-cpu.safetensors" >"$logs/real-dims-cpu.log" 2>&1; then
       golden_step real-dims "$rd" "$logs/real-dims-cpu.safetensors" "$rd_ids" 4 "${REAL_DIMS_ATOL:-1e-3}"
     else
@@ -209,11 +261,11 @@ fi
 
 # 6. Kernel figures (scripts/bench/bench_cuda.cpp): MLA decode and indexer + top-k bandwidth against
 #    the HBM copy bandwidth measured in the same run, expert GEMMs exact vs one bf16 term vs chunked.
-if [ $blocked = 0 ]; then
+if [ $blocked = 0 ] && ! out_of_time bench; then
   bench_cmd="$build/bench_cuda"
   [ -n "$bundle" ] && bench_cmd="$bundle/run.sh bench_cuda"
   t0=$SECONDS
-  if timeout "$bench_timeout" $bench_cmd >"$logs/bench_cuda.log" 2>&1; then
+  if GLM5_CUDA_ATTENTION_LOG=1 timeout "$(limit "$bench_timeout")" $bench_cmd >"$logs/bench_cuda.log" 2>&1; then
     record bench PASS $((SECONDS - t0)) "tables in $logs/bench_cuda.log; $(grep -m1 '^HBM' "$logs/bench_cuda.log")"
     cat "$logs/bench_cuda.log" >&2
   else
@@ -223,8 +275,5 @@ if [ $blocked = 0 ]; then
 fi
 
 print_summary | tee "$logs/summary.txt"
-if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
-  cp "$logs/summary.txt" "$OUT/summary.txt"
-  tar -czf "$OUT/gpu-check-logs.tgz" -C "$(dirname "$logs")" "$(basename "$logs")"
-fi
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then cp "$logs/summary.txt" "$OUT/summary.txt"; fi
 exit $failed

@@ -594,6 +594,7 @@ class CudaBackend final : public Backend {
   }
 
   void log_attention_kernel(const char* op, bool tensor_cores) {
+    last_kernel_[op] = tensor_cores ? "tensor cores" : "SIMT";
     if (!attention_log_ || !logged_kernels_.insert(std::string(op) + (tensor_cores ? "/tc" : "/simt")).second) return;
     std::fprintf(stderr, "glm5 cuda: %s on the %s kernel\n", op, tensor_cores ? "tensor cores" : "SIMT");
   }
@@ -750,12 +751,22 @@ class CudaBackend final : public Backend {
               cudaGetErrorString(last_alloc_error_));
   }
 
+  std::string kernel_ran(const std::string& op) const override {
+    auto it = last_kernel_.find(op);
+    return it == last_kernel_.end() ? "" : it->second;
+  }
+
+  // Whether p is device memory. A host pointer is "unregistered" (older drivers: cudaErrorInvalidValue);
+  // any other error (a sticky fault left by an earlier kernel) is fatal here: taken for host memory,
+  // a device pointer would be memcpy'd from and take the process, and its output, down.
   static bool is_device_memory(const void* p) {
     cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    const cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e == cudaErrorInvalidValue) {
       cudaGetLastError();
       return false;
     }
+    CUDA_CHECK(e);
     return a.type == cudaMemoryTypeDevice;
   }
 
@@ -955,11 +966,14 @@ class CudaBackend final : public Backend {
   }
 
   // Once per weight shape, on its first call's weights: the pinned algorithm must give each row
-  // the same bits whatever m is. R pseudo-random rows run as one call, then rows 0 and R - 1 alone
-  // and the first 65 rows as one call; any bit that differs (a kernel or schedule the library
-  // still picks by problem size) sends the shape to the chunked path. One stream sync per shape.
+  // the same bits whatever m is. R pseudo-random rows run as one call, R as large as the engine's
+  // steps make them (up to max_step_tokens' default 8192 rows, within 256 MiB of output), then
+  // rows 0 and R - 1 alone and the first 65 rows as one call; any bit that differs (a kernel or
+  // schedule the library still picks by problem size) sends the shape to the chunked path. One
+  // stream sync per shape.
   void probe_lt_invariance(const LtKey& key, LtPlan& plan, const GemmParams& p, int terms) {
-    const int64_t R = std::clamp<int64_t>(int64_t((64u << 20) / (size_t(p.n) * sizeof(float))), 66, 300);
+    const size_t widest = size_t(std::max(p.n, p.k)) * sizeof(float);  // input and output rows
+    const int64_t R = std::clamp<int64_t>(int64_t((size_t(256) << 20) / widest), 66, 8192);
     std::vector<float> xh(size_t(R * p.k));
     uint32_t h = 12345;
     for (float& v : xh) {
@@ -1101,6 +1115,7 @@ class CudaBackend final : public Backend {
   bool gemm_log_ = false;
   bool attention_log_ = false;          // GLM5_CUDA_ATTENTION_LOG
   std::set<std::string> logged_kernels_;  // "op/kernel" lines printed
+  std::map<std::string, std::string> last_kernel_;  // op -> the kernel it ran last (kernel_ran)
   QuantGemmMode quant_mode_ = QuantGemmMode::kFused;
   size_t dequant_scratch_ = size_t(256) << 20;
   cudaStream_t stream_ = nullptr;

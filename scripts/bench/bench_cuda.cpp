@@ -88,10 +88,12 @@ double hbm_gbs(Backend& be) {
   return std::max(copy, add);
 }
 
+// `kernel`: the one asked for; each row names the one that ran (Backend::kernel_ran), so a row is
+// never labelled "tensor" when a SIMT fallback computed it.
 void bench_mla_decode(Backend& be, double hbm, const char* kernel) {
   const int64_t H = 64, R = 512, dr = 64, LAT = R + dr, T = 32768, topk = 2048, B = 64;
-  std::printf("\n| mla_decode (%s) rows | us per call | key bytes | GB/s | of HBM | as bf16 MMA TFLOP/s (3 terms) |\n"
-              "|---|---|---|---|---|---|\n", kernel);
+  std::printf("\n| mla_decode (asked: %s) rows | kernel that ran | us per call | key bytes | GB/s | of HBM | as bf16 MMA "
+              "TFLOP/s (3 terms) |\n|---|---|---|---|---|---|---|\n", kernel);
   for (int64_t s : {1, 8, 32, 128}) {
     const int64_t per = T / B;  // blocks per row: each row its own sequence
     uint16_t* pool = device_fill<uint16_t>(be, size_t(s * T * LAT));
@@ -113,8 +115,8 @@ void bench_mla_decode(Backend& be, double hbm, const char* kernel) {
     const double bytes = double(s * topk * LAT * 2);
     // q k^T over dk and p V over R, each with q / p split into 3 bf16 terms (the tensor-core kernel)
     const double flops = 3.0 * 2.0 * double(s * topk * H) * double(LAT + R);
-    std::printf("| %lld | %.1f | %.1f MB | %.0f | %.0f %% | %.0f |\n", (long long)s, t * 1e6, bytes / 1e6,
-                bytes / t / 1e9, 100 * bytes / t / 1e9 / hbm, flops / t / 1e12);
+    std::printf("| %lld | %s | %.1f | %.1f MB | %.0f | %.0f %% | %.0f |\n", (long long)s, be.kernel_ran("mla_decode").c_str(),
+                t * 1e6, bytes / 1e6, bytes / t / 1e9, 100 * bytes / t / 1e9 / hbm, flops / t / 1e12);
     for (void* v : {static_cast<void*>(pool), static_cast<void*>(d_table), static_cast<void*>(d_qpos),
                     static_cast<void*>(d_sel), static_cast<void*>(q), static_cast<void*>(out)})
       be.free(v);
@@ -124,8 +126,8 @@ void bench_mla_decode(Backend& be, double hbm, const char* kernel) {
 // keys: F32 or BF16 (then `kernel` says which kernel the backend was made with).
 void bench_indexer(Backend& be, double hbm, DType keys, const char* kernel) {
   const int64_t IH = 32, ID = 128, topk = 2048, es = keys == DType::BF16 ? 2 : 4;
-  std::printf("\n| indexer (%s keys, %s) + top-k keys | rows | us per call | bytes | GB/s | of HBM | indexer alone us | "
-              "top-k alone us |\n|---|---|---|---|---|---|---|---|\n",
+  std::printf("\n| indexer (%s keys, asked: %s) + top-k keys | rows | kernel that ran | us per call | bytes | GB/s | of HBM | "
+              "indexer alone us | top-k alone us |\n|---|---|---|---|---|---|---|---|---|\n",
               keys == DType::BF16 ? "bf16" : "f32", kernel);
   const std::pair<int64_t, int64_t> shapes[] = {{4, 32768}, {4, 131072}, {64, 32768}};  // rows, keys
   for (const auto& [S, T] : shapes) {
@@ -147,8 +149,9 @@ void bench_indexer(Backend& be, double hbm, DType keys, const char* kernel) {
     const double t_idx = seconds_per_call(be, [&] { be.indexer_scores(ip); });
     const double t_topk = seconds_per_call(be, [&] { be.topk({scores, S, T, T, topk, idx}); });
     const double bytes = double(T * ID * es) + 2.0 * double(S * T * 4);  // keys, scores written and read
-    std::printf("| %lld | %lld | %.1f | %.1f MB | %.0f | %.0f %% | %.1f | %.1f |\n", (long long)T, (long long)S, t * 1e6,
-                bytes / 1e6, bytes / t / 1e9, 100 * bytes / t / 1e9 / hbm, t_idx * 1e6, t_topk * 1e6);
+    std::printf("| %lld | %lld | %s | %.1f | %.1f MB | %.0f | %.0f %% | %.1f | %.1f |\n", (long long)T, (long long)S,
+                be.kernel_ran("indexer_scores").c_str(), t * 1e6, bytes / 1e6, bytes / t / 1e9, 100 * bytes / t / 1e9 / hbm,
+                t_idx * 1e6, t_topk * 1e6);
     for (void* v : {k, static_cast<void*>(q), static_cast<void*>(w), static_cast<void*>(d_qpos),
                     static_cast<void*>(scores), static_cast<void*>(idx)})
       be.free(v);
@@ -207,9 +210,14 @@ int main(int argc, char** argv) {
     auto be = make_cuda_backend(0);
     const double hbm = hbm_gbs(*be);
     std::printf("HBM ceiling (the faster probe): %.0f GB/s\n", hbm);
+    std::fflush(stdout);
+    // Established kernels first (cuBLASLt GEMMs, the SIMT attention), so that their figures are in
+    // even if a tensor-core kernel that never ran before faults (a sticky error ends the process).
+    bench_expert_gemm();
     bench_mla_decode(*be, hbm, "simt");
     bench_indexer(*be, hbm, DType::F32, "simt");
     bench_indexer(*be, hbm, DType::BF16, "simt");
+    std::fflush(stdout);
     {  // the tensor-core kernels (opt-in: GLM5_CUDA_MLA_DECODE / GLM5_CUDA_INDEXER=tensor, read when a
        // backend is made)
       setenv("GLM5_CUDA_MLA_DECODE", "tensor", 1);
@@ -220,8 +228,6 @@ int main(int argc, char** argv) {
       bench_mla_decode(*tensor, hbm, "tensor");
       bench_indexer(*tensor, hbm, DType::BF16, "tensor");
     }
-    be.reset();
-    bench_expert_gemm();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cuda: %s\n", e.what());
     return 1;
