@@ -5,6 +5,7 @@
 #include "launcher/cluster_config.h"
 
 #include <algorithm>
+#include <numeric>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -363,24 +364,33 @@ std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc,
     return cc.layer_ranges;
   }
 
-  // Balanced by parameters over groups of a full-indexer layer and the shared layers after it
-  // (IndexShare: a group stays on one stage, so no top-k has to cross a pipeline hop, though it can
-  // when explicit ranges say so; without shared layers each layer is its own group).
+  // Balanced by parameters. With GLM-5.2's IndexShare, over groups of a full-indexer layer and the
+  // shared layers after it when that costs little (a group stays on one stage, so no top-k crosses
+  // a pipeline hop), else layer by layer (a stage that begins with a shared layer gets its donor's
+  // top-k with the hidden states): groups unless their largest stage is 10 % above the other's.
+  std::vector<double> cost(static_cast<size_t>(L));
   std::vector<int> group_first;
-  std::vector<double> cost;
+  std::vector<double> group_cost;
   for (int l = 0; l < L; ++l) {
+    cost[size_t(l)] = layer_parameters(mc, l);
     if (l == 0 || mc.has_indexer(l)) {
       group_first.push_back(l);
-      cost.push_back(0);
+      group_cost.push_back(0);
     }
-    cost.back() += layer_parameters(mc, l);
+    group_cost.back() += cost[size_t(l)];
   }
-  CHECK(P <= int(cost.size()), cfg, ": key 'stages': expected at most ", cost.size(), " (the \"full\" indexer layers of ",
-        "model config ", mc.source, ": every stage begins at one), found ", P);
   std::vector<parallel::LayerRange> stages = parallel::balance_layers(cost, P);
+  if (int(group_cost.size()) == L || P > int(group_cost.size())) return stages;
+  std::vector<parallel::LayerRange> grouped = parallel::balance_layers(group_cost, P);
   group_first.push_back(L);
-  for (parallel::LayerRange& r : stages) r = {group_first[size_t(r.first)], group_first[size_t(r.last)]};
-  return stages;
+  for (parallel::LayerRange& r : grouped) r = {group_first[size_t(r.first)], group_first[size_t(r.last)]};
+  auto largest = [&](const std::vector<parallel::LayerRange>& v) {
+    double m = 0;
+    for (const parallel::LayerRange& r : v)
+      m = std::max(m, std::accumulate(cost.begin() + r.first, cost.begin() + r.last, 0.0));
+    return m;
+  };
+  return largest(grouped) <= 1.1 * largest(stages) ? grouped : stages;
 }
 
 // Whether mpirun_args choose a binding themselves (--bind-to, the hwloc binding policy, CPU sets,

@@ -97,8 +97,16 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
         kMaxSpeculativeTokens, "], found ", speculative_tokens);
   if (speculative_tokens >= 0) job->cluster.speculative_tokens = speculative_tokens;
   job->config = runtime::load_config(model_dir);
+  // The MTP layer drafts with its own indexer; whether GLM-5.2's draft steps 2..k share step 1's top-k
+  // (index_share_for_mtp_iteration) is not published, so one draft step only there.
+  const int64_t mtp_layer = job->config.num_hidden_layers;
+  CHECK(job->cluster.speculative_tokens == 0 || job->config.has_indexer(mtp_layer), model_dir, "/config.json: ",
+        int64_t(job->config.indexer_full.size()) > mtp_layer
+            ? "indexer_types entry " + std::to_string(mtp_layer) + " makes the MTP layer \"shared\""
+            : std::string("index_share_for_mtp_iteration leaves the MTP layer no indexer"),
+        ", which speculative decoding does not run yet: set speculative_tokens to 0");
   CHECK(job->cluster.speculative_tokens <= 1 || !job->config.index_share_for_mtp_iteration, model_dir,
-        "/config.json sets index_share_for_mtp_iteration (GLM-5.2: the MTP layer's draft steps share top-k indices, "
+        "/config.json sets index_share_for_mtp_iteration (GLM-5.2: the MTP layer's draft steps may share top-k indices, "
         "which glm5 does not run yet): speculative_tokens must be 0 or 1, found ", job->cluster.speculative_tokens);
   job->stages = plan_stages(job->cluster, job->config, job->world->size());
   const parallel::Grid grid = job->cluster.grid();

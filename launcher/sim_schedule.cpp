@@ -443,17 +443,20 @@ Prediction Replay::run() {
     ++pred.ticks;
     std::vector<std::vector<SimSeq>> steps(static_cast<size_t>(E_));
     std::vector<std::vector<Seq*>> members(static_cast<size_t>(E_));
-    int64_t m_max = 0, rows = 0, decode_tokens_tick = 0;
+    int64_t m_max = 0, rows = 0, decode_tokens_tick = 0, absorbed_max = 0;
     bool decode_only = true;
     for (int c = 0; c < E_; ++c) {
       steps[size_t(c)] = build(cols_[size_t(c)], g, members[size_t(c)]);
       int64_t m = 0;
+      int64_t absorbed = 0;  // rows past min(prompt, index_topk): the ones with a top-k
       for (const SimSeq& e : steps[size_t(c)]) {
+        absorbed += std::max<int64_t>(0, e.start + e.n - std::max(e.start, std::min(e.prompt_len, cfg.index_topk)));
         m += e.n;
         decode_only &= e.start >= e.prompt_len;
         decode_tokens_tick += e.start >= e.prompt_len ? 1 + e.accepted : 0;
       }
       m_max = std::max(m_max, m);
+      absorbed_max = std::max(absorbed_max, absorbed);
       rows += m;
     }
     // Down the column: stage s starts when the step has arrived and it is done with the last one.
@@ -466,7 +469,9 @@ Prediction Replay::run() {
       stage_free[size_t(s)] = start + T;
       if (s + 1 < P_) {
         const int a = s * E_, b = (s + 1) * E_;
-        const double bytes = double(m_max) * H * 4 + 256;
+        double bytes = double(m_max) * H * 4 + 256;
+        // A next stage that begins with a "shared" layer (IndexShare) gets the top-k of its rows too.
+        if (!cfg.has_indexer(s_.stages[size_t(s + 1)].first)) bytes += double(absorbed_max) * double(cfg.index_topk) * 4;
         const double hop = link_latency(a, b) + bytes / link_bw(a, b);
         sp.comm_s += hop;
         hop_bytes_ += bytes;

@@ -303,8 +303,11 @@ void read_indexer_types(const json& root, const std::string& source, ModelConfig
     if (p->is_string()) {
       for (char ch : p->get<std::string>())
         types.push_back(ch == 'F' ? "full" : ch == 'S' ? "shared" : std::string(1, ch));
-    } else if (p->is_array()) {
-      for (const json& e : *p) types.push_back(e.is_string() ? e.get<std::string>() : e.dump());
+    } else if (p->is_array()) {  // "full" / "shared", or F / S, per entry
+      for (const json& e : *p) {
+        const std::string v = e.is_string() ? e.get<std::string>() : e.dump();
+        types.push_back(v == "F" ? "full" : v == "S" ? "shared" : v);
+      }
     } else {
       f.bad(key, "a string of F / S per layer or a list of \"full\" / \"shared\"", p);
     }

@@ -1,6 +1,7 @@
 // Engine: executes the scheduler's steps and moves their bytes. Per tick (one micro-batch step of
 // one column):
-//   stage 0 --step+hidden--> stage 1 --> ... --> stage P-1 --tokens(+logits)--> stage 0
+//   stage 0 --step+hidden(+top-k)--> stage 1 --> ... --> stage P-1 --tokens(+logits)--> stage 0
+// (the top-k follows the hidden states when the next stage begins with a GLM-5.2 "shared" layer)
 // Every message is (int64 size, payload) on the world communicator between ranks of a column,
 // sent with isend (see engine.h: why that cannot deadlock). Between ticks the stage-0 ranks
 // share their state (all_gather over the stage), send finished results to world rank 0, and
@@ -951,7 +952,12 @@ void Engine::run_later_stage() {
     // The top-k a "shared" first layer needs came after the hidden states; the same buffer carries
     // this stage's on when the next stage needs it.
     const TopkCarry topk(model_, batch, model_.takes_topk() || model_.gives_topk());
-    if (model_.takes_topk() && topk.n > 0) recv_hidden(*hidden_, reinterpret_cast<float*>(topk.p), topk.n, prev);
+    if (model_.takes_topk() && topk.n > 0) {
+      const auto tr = Clock::now();
+      Profiler::Scope recv(model_.profiler(), "pipeline_recv", -1);
+      recv_hidden(*hidden_, reinterpret_cast<float*>(topk.p), topk.n, prev);
+      stats_.comm_s += since(tr);
+    }
     auto tc = Clock::now();
     model_.forward(batch, h, topk.p);
     stats_.compute_s += since(tc);

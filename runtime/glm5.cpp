@@ -267,8 +267,8 @@ void Model::load_mtp() {
         "speculative decoding drafts with the MTP layer, but ", ckpt_.dir(), " has none (num_nextn_predict_layers = ",
         cfg_.num_nextn_predict_layers, ", tensor '", layer_name(l, "eh_proj.weight"),
         "' not found): set speculative_tokens to 0");
-  CHECK(cfg_.has_indexer(l), "speculative decoding: ", cfg_.source, " sets index_share_for_mtp_iteration (the MTP "
-        "layer reuses the main model's top-k), which glm5 does not run yet: set speculative_tokens to 0");
+  CHECK(cfg_.has_indexer(l), "speculative decoding: the MTP layer of ", cfg_.source, " has no indexer of its own "
+        "(indexer_types / index_share_for_mtp_iteration), which glm5 does not run yet: set speculative_tokens to 0");
   mtp_ = std::make_unique<Mtp>();
   mtp_->enorm = vector(layer_name(l, "enorm.weight"), H);
   mtp_->hnorm = vector(layer_name(l, "hnorm.weight"), H);
@@ -525,8 +525,9 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
   const int64_t IH = cfg_.index_n_heads, ID = cfg_.index_head_dim, TOPK = cfg_.index_topk;
   const int64_t n = lay.n;
   Backend& be = backend_;
-  Buf<float> gq(be, lay.direct ? 1 : n * NH * DQ), gqi(be, lay.direct ? 1 : n * IH * ID);
-  Buf<float> giw(be, lay.direct ? 1 : n * IH), gattn(be, lay.direct ? 1 : n * NH * dv);
+  const int64_t ni = lay.direct || !L.indexer ? 1 : n;  // gathered indexer inputs (none on a shared layer)
+  Buf<float> gq(be, lay.direct ? 1 : n * NH * DQ), gqi(be, ni * IH * ID);
+  Buf<float> giw(be, ni * IH), gattn(be, lay.direct ? 1 : n * NH * dv);
   const float *rq = q, *rqi = qi, *riw = iw;
   float* rattn = attn;
   if (!lay.direct) {

@@ -216,8 +216,14 @@ size_t shard_weight_bytes(const WeightPlan& w, const ModelConfig& cfg, const Mod
     if (held) total += w.resident[i];
   }
   if (shard.head) total += w.tied_head_bytes;
-  // ... and its eh_proj [H, 2H] (BF16) and enorm, hnorm, shared_head.norm (F32).
-  if (shard.mtp) total += size_t(cfg.hidden_size) * size_t(cfg.hidden_size) * 4 + 3 * size_t(cfg.hidden_size) * 4;
+  // ... and its eh_proj [H, 2H] (BF16) and enorm, hnorm, shared_head.norm (F32); and its indexer
+  // when the last layer, shared (IndexShare), has none to count (wq_b, wk BF16; weights_proj F32).
+  const size_t H = size_t(cfg.hidden_size), L = size_t(cfg.num_hidden_layers);
+  if (shard.mtp) total += H * H * 4 + 3 * H * 4;
+  if (shard.mtp && cfg.has_indexer(int64_t(L)) && !cfg.has_indexer(int64_t(L) - 1)) {
+    const size_t IH = size_t(cfg.index_n_heads), ID = size_t(cfg.index_head_dim);
+    total += (IH * ID * size_t(cfg.q_lora_rank) + ID * H) * 2 + IH * H * 4 + 2 * ID * 4;
+  }
   return total;
 }
 

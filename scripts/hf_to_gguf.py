@@ -119,8 +119,11 @@ def write_metadata(w, c):
     w.add_key_length_mla(c["qk_nope_head_dim"] + rope)
     w.add_value_length_mla(c["v_head_dim"])
 
-    # DSA indexer. Every layer has its own indexer ("full"); without this key llama.cpp takes a
+    # DSA indexer: which layers run their own ("full", True); without this key llama.cpp takes a
     # context of >= 1M as GLM-5.2's shared-indexer layout. gguf 0.19 has no constant for it.
+    types = c.get("indexer_types") or ["full"] * L
+    if any(t != "full" for t in types[:L]):
+        raise SystemExit("hf_to_gguf: indexer_types has shared layers (GLM-5.2 IndexShare): not converted")
     w.add_indexer_head_count(c["index_n_heads"])
     w.add_indexer_key_length(c["index_head_dim"])
     w.add_indexer_top_k(c["index_topk"])

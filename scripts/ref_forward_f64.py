@@ -182,7 +182,7 @@ class Config:
         types = g("indexer_types")
         if types is None and g("index_topk_pattern") is not None:
             pat = g("index_topk_pattern")
-            types = [{"F": "full", "S": "shared"}[ch] for ch in pat] if isinstance(pat, str) else list(pat)
+            types = [{"F": "full", "S": "shared"}.get(x, x) for x in pat]  # a string of F / S, or a list
         if types is None:
             freq, off = max(g("index_topk_freq", 1), 1), g("index_skip_topk_offset", 2)
             types = ["full" if max(i - off + 1, 0) % freq == 0 else "shared" for i in range(self.L)]

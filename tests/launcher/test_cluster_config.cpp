@@ -327,24 +327,28 @@ TEST(PlanStages, TinyABalanced) {
   EXPECT_EQ(pairs(plan_stages(cc, mc, 8)), (P{{0, 2}, {2, 4}}));
 }
 
-// GLM-5.2's IndexShare (tiny-glm52, indexer_types FFFSSSFS): planned stages begin at full layers,
-// keeping each with the shared ones after it ({0}, {1}, {2..5}, {6, 7}), so no top-k crosses a
-// pipeline hop; explicit ranges may start at a shared layer (its top-k then travels with the hidden
-// states: tests/launcher/test_layouts.cpp).
-TEST(PlanStages, IndexShareStagesBeginAtFullLayers) {
-  const runtime::ModelConfig mc = runtime::load_config(kData + "/tiny-glm52");
+// GLM-5.2's IndexShare: planned stages keep a full-indexer layer with the shared ones after it (so
+// no top-k crosses a pipeline hop) while that costs at most 10 % over the layer-by-layer balance:
+// GLM-5.2's 19 groups of about four layers allow it at 2 and 4 stages (8 would cost ~20 %); tiny-glm52's four
+// uneven groups ({0}, {1}, {2..5}, {6, 7}) do not, and it is split layer by layer. Explicit ranges
+// may start at a shared layer (its top-k then travels with the hidden states: test_layouts.cpp).
+TEST(PlanStages, IndexShareStagesBeginAtFullLayersWhenThatBalances) {
   using P = std::vector<std::pair<int, int>>;
+  const runtime::ModelConfig glm52 = runtime::load_config(kData + "/glm52-config");
+  for (int stages : {2, 4}) {
+    ClusterConfig cc;
+    cc.stages = stages;
+    for (const auto& r : plan_stages(cc, glm52, stages))
+      EXPECT_TRUE(glm52.has_indexer(r.first)) << stages << " stages: one begins at shared layer " << r.first;
+  }
+  const runtime::ModelConfig tiny = runtime::load_config(kData + "/tiny-glm52");
   ClusterConfig cc;
   cc.stages = 2;
-  EXPECT_EQ(pairs(plan_stages(cc, mc, 2)), (P{{0, 6}, {6, 8}}));  // groups of 0.3, 1, 4 and 2 MoE-layer units
-  cc.stages = 4;
-  EXPECT_EQ(pairs(plan_stages(cc, mc, 4)), (P{{0, 1}, {1, 2}, {2, 6}, {6, 8}}));
+  EXPECT_EQ(pairs(plan_stages(cc, tiny, 2)), (P{{0, 4}, {4, 8}}));  // layer 4 shares layer 2's top-k
   cc.stages = 5;
-  expect_error([&] { plan_stages(cc, mc, 5); }, {"key 'stages'", "at most 4", "\"full\" indexer layers"});
+  EXPECT_EQ(plan_stages(cc, tiny, 5).size(), 5u);
   cc = parse_cluster_config("stages: [[0, 4], [4, 8]]\n", kBad);
-  EXPECT_EQ(pairs(plan_stages(cc, mc, 2)), (P{{0, 4}, {4, 8}}));
-  cc = parse_cluster_config("stages: [[0, 6], [6, 8]]\n", kBad);
-  EXPECT_EQ(pairs(plan_stages(cc, mc, 2)), (P{{0, 6}, {6, 8}}));
+  EXPECT_EQ(pairs(plan_stages(cc, tiny, 2)), (P{{0, 4}, {4, 8}}));
 }
 
 TEST(PlanStages, TinyAExplicitUneven) {

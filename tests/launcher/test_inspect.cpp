@@ -218,6 +218,18 @@ TEST(Inspect, CpuConfigPrintsWeightsAndKvPerTokenOnly) {
   EXPECT_TRUE(contains(line_starting(p.out, "kv cache"), "(f32: latent 576 values x 78 layers + indexer key 128 values x 78 layers with an indexer)")) << p.out;
 }
 
+// GLM-5.2's config (IndexShare): 21 of 78 layers keep index keys, so a token costs 93.00 KiB of bf16
+// KV instead of GLM-5's 107.25 (BENCHMARKS.md).
+TEST(Inspect, Glm52KvCacheCountsOnlyLayersWithAnIndexer) {
+  const fs::path cfg = scratch("bf16-kv.yaml");
+  std::ofstream(cfg) << "kv_dtype: bf16\n";
+  const Proc p = inspect(kData + "/glm52-config", cfg.string());
+  ASSERT_EQ(p.code, 0) << p.err;
+  EXPECT_TRUE(contains(line_starting(p.out, "kv cache"),
+                       "93.00 KiB per token (bf16: latent 576 values x 78 layers + indexer key 128 values x 21 layers"))
+      << p.out;
+}
+
 // A directory with config.json alone plans like the checkpoint itself (its index says BF16).
 TEST(Inspect, ConfigJsonAloneIsEnough) {
   const fs::path dir = scratch("tiny-config-only/config.json").parent_path();

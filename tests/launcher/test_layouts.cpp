@@ -213,6 +213,27 @@ namespace {
 // Ranks on different BF16 gemm paths (as on hosts with and without AMX) run, and rank 0 says their
 // results are no longer bitwise the single process; one path everywhere says nothing; an unknown
 // GLM5_CPU_GEMM is one clear error.
+// IndexShare's top-k across pipeline hops in device memory: tiny-glm52 on 3 stages that begin with
+// layers 0, 4 and 5 (4 and 5 share layer 2's top-k) on the device-like backend, over the device
+// communicator's stand-in and staged through the host: the one cpu process's logits bitwise.
+TEST(DeviceLikeLayouts, SharedIndexerTopkCrossesHopsInDeviceMemory) {
+  const std::string model = kData + "/tiny-glm52";
+  json cfg = json::parse(std::ifstream(model + "/config.json"));
+  const std::string gen = " generate --model " + model + " --prompt-ids " +
+                          prompt_ids(int(cfg["index_topk"]) + 40, int(cfg["vocab_size"]), 11) +
+                          " --max-new-tokens 6 --temperature 0 --dump-logits ";
+  const fs::path ref = scratch("dl52_ref.safetensors");
+  ASSERT_EQ(0, sh(kBin + gen + ref.string())) << last_log();
+  for (const std::string comm : {"nccl", "mpi"}) {
+    SCOPED_TRACE(comm);
+    const fs::path cluster = scratch("dl52_" + comm + ".yaml"), out = scratch("dl52_" + comm + ".safetensors");
+    std::ofstream(cluster) << "stages: [[0, 4], [4, 5], [5, 8]]\nexpert_parallel: 1\nmicro_batches: 2\n"
+                           << "backend: cpu-devicelike\ncomm: " << comm << "\n";
+    ASSERT_EQ(0, sh(mpirun(3) + kBin + gen + out.string() + " --cluster " + cluster.string())) << last_log();
+    expect_same_tensors(ref, out);
+  }
+}
+
 TEST(GemmPaths, MixedRanksWarnUniformRanksDoNot) {
   const std::string gen = kBin + " generate --model " + kData + "/tiny-a --prompt-ids 1,5,9 --max-new-tokens 2" +
                           " --temperature 0 --cluster " + kSrc + "/cluster-configs/cpu-ep2.yaml";

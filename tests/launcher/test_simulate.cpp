@@ -170,7 +170,6 @@ TEST(Simulate, RooflineOfOnePhase) {
   EXPECT_NEAR(w.seconds(r), std::sqrt(1.5 * 1.5 + 16.0) + 2e-6, 1e-9);
 }
 
-// The replay takes the ticks the scheduler's rules give (runtime/scheduler.h), counted by hand.
 // GLM-5.2's IndexShare (tiny-glm52: layers 3-5 and 7 share): a shared layer costs no indexer scores,
 // no top-k and no index keys; its attention reads the same keys as its donor's.
 TEST(Simulate, SharedIndexerLayersCostNoIndexerWork) {
@@ -193,6 +192,7 @@ TEST(Simulate, SharedIndexerLayersCostNoIndexerWork) {
   EXPECT_LT(shared["kv_write"], full["kv_write"]);
 }
 
+// The replay takes the ticks the scheduler's rules give (runtime/scheduler.h), counted by hand.
 TEST(Simulate, ReplayCountsTicks) {
   Sim s;
   Prediction p = s.run("prompts=8,in=20,out=5");  // one prefill step, then 4 decode steps
