@@ -574,6 +574,8 @@ int main_entry(int argc, char** argv) {
                   "speculative decoding (cluster speculative_tokens k): fractions of verify steps whose drafts 1..j "
                   "were all accepted, j = 1..k, e.g. 0.86,0.66,0.52 (a report's spec_accepted_at / spec_verify_steps "
                   "reads low where steps verified fewer than k drafts, near max_tokens)");
+  sim->add_flag("--published-kernels", sa.published_kernels,
+                "what-if: the hardware file's published-kernel efficiencies (FlashMLA, DeepGEMM) instead of glm5's measured ones");
   sim->add_flag("--overlap", sa.overlap, "what-if: MoE exchange hidden behind compute (two micro-batches alternating)");
   auto* sim_cal = sim->add_flag("--calibrate", sa.calibrate, "measure this machine and write a hardware file (--out)");
   sim->add_option("--out", sa.out, "with --calibrate: the hardware YAML to write (with --model: its expert shape)")->needs(sim_cal);

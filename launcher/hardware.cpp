@@ -34,6 +34,7 @@ const Field kNumbers[] = {
     {"mem_bw_core", &Hardware::mem_bw_core, 1, Kind::Rate},
     {"mem_bw", &Hardware::mem_bw, 1, Kind::Rate},
     {"mem_bw_efficiency", &Hardware::mem_bw_efficiency, 1, Kind::Fraction},
+    {"attention_mem_efficiency", &Hardware::attention_mem_efficiency, 1, Kind::Fraction},
     {"topk_rate", &Hardware::topk_rate, 1, Kind::Rate},
     {"op_overhead_us", &Hardware::op_overhead_s, 1e-6, Kind::Amount},
     {"intra_node_bw", &Hardware::intra_node_bw, 1, Kind::Rate},
@@ -75,7 +76,7 @@ Hardware parse_hardware(const std::string& text, const std::string& source) {
     GLM5_FAIL("hardware file ", source, ": not valid YAML: ", e.what());
   }
   CHECK(root.IsMap(), "hardware file ", source, ": expected a map of keys (name, kind, gemm_flops, ...)");
-  std::set<std::string> known = {"name", "kind", "cores", "devices_per_node"};
+  std::set<std::string> known = {"name", "kind", "cores", "devices_per_node", "glm5"};
   for (const Field& f : kNumbers) known.insert(f.key);
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
@@ -103,7 +104,43 @@ Hardware parse_hardware(const std::string& text, const std::string& source) {
     hw.*f.value = x * f.scale;
   }
   if (hw.gemm_flops_small <= 0) hw.gemm_flops_small = hw.gemm_flops;
+  if (const YAML::Node g = root["glm5"]) {
+    if (!g.IsMap()) bad(source, g, "glm5", "a map of measured_by and efficiency keys");
+    hw.has_measured = true;
+    const std::pair<const char*, double Hardware::Measured::*> keys[] = {
+        {"gemm_efficiency", &Hardware::Measured::gemm}, {"attention_efficiency", &Hardware::Measured::attention},
+        {"mem_bw_efficiency", &Hardware::Measured::mem_bw},
+        {"attention_mem_efficiency", &Hardware::Measured::attention_mem}};
+    for (const auto& kv : g) {
+      const std::string key = kv.first.as<std::string>();
+      if (key == "measured_by") {
+        hw.measured.by = kv.second.Scalar();
+        continue;
+      }
+      bool found = false;
+      for (const auto& [name, field] : keys)
+        if (key == name) {
+          const double x = positive(source, kv.second, "glm5." + key);
+          if (x <= 0 || x > 1) bad(source, kv.second, "glm5." + key, "a fraction in (0, 1]");
+          hw.measured.*field = x;
+          found = true;
+        }
+      if (!found)
+        bad(source, kv.first, "glm5." + key,
+            "one of measured_by, gemm_efficiency, attention_efficiency, mem_bw_efficiency, attention_mem_efficiency");
+    }
+    if (hw.measured.by.empty()) bad(source, g["measured_by"], "glm5.measured_by", "the run that measured them");
+  }
   return hw;
+}
+
+Hardware Hardware::as_measured() const {
+  Hardware h = *this;
+  if (measured.gemm > 0) h.gemm_efficiency = measured.gemm;
+  if (measured.attention > 0) h.attention_efficiency = measured.attention;
+  if (measured.mem_bw > 0) h.mem_bw_efficiency = measured.mem_bw;
+  if (measured.attention_mem > 0) h.attention_mem_efficiency = measured.attention_mem;
+  return h;
 }
 
 Hardware load_hardware(const std::string& path) {
@@ -121,7 +158,8 @@ std::string hardware_yaml(const Hardware& hw, const std::string& comment) {
   o << "name: \"" << hw.name << "\"\nkind: " << hw.kind << "\ncores: " << hw.cores
     << "\ndevices_per_node: " << hw.devices_per_node << "\n";
   o.precision(4);
-  for (const Field& f : kNumbers) o << f.key << ": " << hw.*f.value / f.scale << "\n";
+  for (const Field& f : kNumbers)
+    if (f.kind != Kind::Fraction || hw.*f.value > 0) o << f.key << ": " << hw.*f.value / f.scale << "\n";
   return o.str();
 }
 

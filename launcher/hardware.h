@@ -14,6 +14,8 @@
 //   mem_bw_core: 3.35e12         # weight streaming of one core (cpu); gpu: = mem_bw
 //   mem_bw: 3.35e12              # of the host (cpu, all cores) or the device (gpu), bytes/s
 //   mem_bw_efficiency: 0.8
+//   attention_mem_efficiency: 0.8  # optional: the attention / indexer kernels' share of mem_bw
+//                                  # (default mem_bw_efficiency)
 //   topk_rate: 2e11              # scores per second the top-k selection scans (core / device)
 //   op_overhead_us: 4            # fixed cost of one kernel call (launch; OpenMP region on cpu)
 //   intra_node_bw: 450e9         # between ranks of one node/host, bytes/s per direction
@@ -21,8 +23,15 @@
 //   inter_node_bw: 50e9          # between nodes, per rank, bytes/s per direction
 //   inter_node_latency_us: 10
 //
-// Every key is required except the efficiencies (default 1). `glm5 simulate --calibrate` writes
-// one for the machine it runs on from measured kernels (hardware_calibrate.cpp).
+//   glm5:                        # optional: glm5's own kernels as a run measured them, where they differ
+//     measured_by: "one H200, 2026-12-04, bench_cuda (BENCHMARKS.md)"   # from the efficiencies above
+//     gemm_efficiency: 0.15      # (any of the four efficiency keys; the others stay)
+//     attention_mem_efficiency: 0.008
+//
+// Every key is required except the efficiencies (default 1). The top-level efficiencies of the GPU
+// files are what the best published kernels reach; `glm5 simulate` predicts with the `glm5:` ones
+// (glm5 as it runs) unless --published-kernels asks for that what-if. `glm5 simulate --calibrate`
+// writes a file for the machine it runs on from measured kernels (hardware_calibrate.cpp).
 #pragma once
 
 #include <string>
@@ -37,10 +46,21 @@ struct Hardware {
   double gemm_flops = 0, gemm_efficiency = 1, gemm_flops_small = 0;
   double attention_flops = 0, attention_efficiency = 1;
   double mem_bw_core = 0, mem_bw = 0, mem_bw_efficiency = 1;
+  double attention_mem_efficiency = 0;  // 0: mem_bw_efficiency
   double topk_rate = 0;
   double op_overhead_s = 0;
   double intra_node_bw = 0, intra_node_latency_s = 0, inter_node_bw = 0, inter_node_latency_s = 0;
+  // The `glm5:` map: glm5's kernels' efficiencies as measured (0: as the top level), and by what run.
+  struct Measured {
+    double gemm = 0, attention = 0, mem_bw = 0, attention_mem = 0;
+    std::string by;
+  };
+  bool has_measured = false;
+  Measured measured;
   bool gpu() const { return kind == "gpu"; }
+  double attention_mem_eff() const { return attention_mem_efficiency > 0 ? attention_mem_efficiency : mem_bw_efficiency; }
+  // The efficiencies glm5's own kernels reach (the `glm5:` map over the top level).
+  Hardware as_measured() const;
 };
 
 Hardware load_hardware(const std::string& path);

@@ -22,7 +22,7 @@ static double gemm_rate(const Rates& r, double rows) {
 // and the sum (none); a GEMM of a few rows, where the two are close, measures near it (BENCHMARKS.md).
 double Work::seconds(const Rates& r) const {
   const double compute = flops / (attention_unit ? r.attention_flops : gemm_rate(r, rows)) + scanned / r.topk_rate;
-  const double memory = bytes / r.mem_bw;
+  const double memory = bytes / (attention_unit && r.attention_mem_bw > 0 ? r.attention_mem_bw : r.mem_bw);
   return std::sqrt(compute * compute + memory * memory) + calls * r.op_overhead_s;
 }
 

@@ -20,6 +20,7 @@ namespace glm5::launcher {
 struct Rates {
   double gemm_flops = 1, attention_flops = 1, topk_rate = 1, mem_bw = 1, op_overhead_s = 0;
   double gemm_flops_small = 1;  // at 16 rows or fewer; between 16 and 256 rows the rate is interpolated
+  double attention_mem_bw = 0;  // bytes/s of the attention / indexer kernels (0: mem_bw)
   bool operator==(const Rates&) const = default;
 };
 

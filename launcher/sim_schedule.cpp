@@ -168,6 +168,7 @@ Rates Replay::rates_of(int rank) const {
     r.attention_flops = hw.attention_flops * hw.attention_efficiency;
     r.topk_rate = hw.topk_rate;
     r.mem_bw = hw.mem_bw * hw.mem_bw_efficiency;
+    r.attention_mem_bw = hw.mem_bw * hw.attention_mem_eff();
     return r;
   }
   int on_host = 0;
@@ -185,6 +186,7 @@ Rates Replay::rates_of(int rank) const {
   r.attention_flops = threads * share * hw.attention_flops * hw.attention_efficiency;
   r.topk_rate = threads * share * hw.topk_rate;
   r.mem_bw = std::min(threads * share * hw.mem_bw_core, hw.mem_bw * threads / busy_threads) * hw.mem_bw_efficiency;
+  r.attention_mem_bw = r.mem_bw / hw.mem_bw_efficiency * hw.attention_mem_eff();
   return r;
 }
 

@@ -184,6 +184,9 @@ int run_simulate(const SimulateArgs& a) {
   }
   CHECK(hw.gpu() == (cc.backend == "cuda"), "simulate: hardware ", hw.source.empty() ? hw.name : hw.source,
         " is kind ", hw.kind, " but the cluster config's backend is ", cc.backend);
+  // glm5 as it runs (its kernels' measured efficiencies) unless the published kernels' what-if is asked.
+  const bool measured = hw.has_measured && !a.published_kernels;
+  if (measured) hw = hw.as_measured();
   const runtime::WeightPlan wp = runtime::plan_weights(cfg, dir);
   const StepCost cost(cfg, wp, cc.expert_parallel,
                       a.routing.empty() ? std::vector<std::vector<double>>{} : read_routing(a.routing, cfg),
@@ -204,6 +207,12 @@ int run_simulate(const SimulateArgs& a) {
               cc.prefill_chunk);
   std::printf("hardware   %s (%s%s)\n", hw.name.c_str(), hw.kind.c_str(),
               a.hardware.empty() ? ", calibrated now" : (", " + a.hardware).c_str());
+  if (measured)
+    std::printf("kernels    glm5's, at the efficiencies measured by %s (--published-kernels: the what-if of the "
+                "best published kernels)\n", hw.measured.by.c_str());
+  else if (hw.has_measured)
+    std::printf("what-if    kernels at the best published efficiencies (the hardware file's top level), not glm5's "
+                "(measured by %s)\n", hw.measured.by.c_str());
   if (a.overlap || a.exchange_bytes != 4)
     std::printf("what-if    MoE exchange of %g byte(s) per value%s (glm5 itself sends f32, not overlapped)\n",
                 a.exchange_bytes, a.overlap ? ", overlapped with compute" : "");
@@ -262,6 +271,7 @@ int run_simulate(const SimulateArgs& a) {
     j["layout"] = {{"stages", cc.stages}, {"expert_parallel", cc.expert_parallel}, {"micro_batches", cc.micro_batches}};
     j["workload"] = {{"prompts", work.prompts}, {"in", work.in}, {"out", work.out}, {"prefix", work.prefix}};
     j["hardware"] = hw.name;
+    j["kernels"] = measured ? "glm5 measured" : hw.has_measured ? "published what-if" : "hardware file";
     for (const StagePrediction& sp : p.stages)
       j["stages"].push_back({{"first_layer", sp.first_layer}, {"last_layer", sp.last_layer}, {"busy_s", sp.busy_s},
                              {"comm_s", sp.comm_s}, {"phases", sp.phases}});

@@ -17,6 +17,7 @@ struct SimulateArgs {
   double exchange_bytes = 4;  // what-if: bytes per value the MoE exchange moves (glm5 sends f32)
   bool overlap = false;       // what-if: MoE exchange overlapped with compute
   std::string acceptance;     // speculative decoding's acceptance model (cluster speculative_tokens > 0)
+  bool published_kernels = false;  // what-if: the hardware file's published-kernel efficiencies, not glm5's
   bool calibrate = false;  // measure this machine and write a hardware file to `out`
   std::string out;
 };

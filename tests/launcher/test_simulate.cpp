@@ -96,6 +96,41 @@ TEST(Simulate, HardwareFiles) {
   bad_eff.replace(bad_eff.find("gemm_efficiency: 0.75"), 21, "gemm_efficiency: 1.5");
   expect_error([&] { parse_hardware(bad_eff, "f.yaml"); }, {"gemm_efficiency", "(0, 1]"});
   expect_error([] { load_hardware("/nonexistent/hw.yaml"); }, {"/nonexistent/hw.yaml", "cannot open"});
+  // glm5's own kernels as measured (the `glm5:` map) beside the published kernels' efficiencies.
+  const Hardware h200 = load_hardware(kSrc + "/cluster-configs/hardware/h200-sxm.yaml");
+  ASSERT_TRUE(h200.has_measured);
+  EXPECT_TRUE(contains(h200.measured.by, "H200"));
+  const Hardware ours = h200.as_measured();
+  EXPECT_DOUBLE_EQ(ours.gemm_efficiency, 0.154);
+  EXPECT_DOUBLE_EQ(ours.attention_mem_eff(), 0.008);
+  EXPECT_DOUBLE_EQ(h200.gemm_efficiency, 0.75);
+  EXPECT_DOUBLE_EQ(h200.attention_mem_eff(), 0.9);  // (mem_bw_efficiency when not given)
+  const std::string top = text.substr(0, text.find("\nglm5:") + 1);  // the file without its glm5 map
+  EXPECT_FALSE(parse_hardware(top, "f.yaml").has_measured);
+  expect_error([&] { parse_hardware(top + "glm5: {measured_by: x, gemm_eff: 0.1}\n", "f.yaml"); },
+               {"f.yaml", "glm5.gemm_eff", "one of measured_by"});
+  expect_error([&] { parse_hardware(top + "glm5: {gemm_efficiency: 0.1}\n", "f.yaml"); }, {"glm5.measured_by"});
+  expect_error([&] { parse_hardware(top + "glm5: {measured_by: x, gemm_efficiency: 2}\n", "f.yaml"); },
+               {"glm5.gemm_efficiency", "(0, 1]"});
+}
+
+// By default simulate predicts glm5 as its kernels were measured; the published kernels are a
+// labelled what-if that predicts more.
+TEST(Simulate, GpuPredictionsUseGlm5sMeasuredKernelsUnlessAskedForTheWhatIf) {
+  // GLM-5-FP8 on 8 GPUs (a tiny model would be bound by launch overheads either way).
+  const std::string cmd = kBin + " simulate --model " + kData + "/glm5-fp8-config --cluster " + kSrc +
+                          "/cluster-configs/h100x8.yaml --workload prompts=8,in=128,out=4 --hardware " + kSrc +
+                          "/cluster-configs/hardware/h200-sxm.yaml --json ";
+  Proc ours = run_captured(cmd + scratch("ours.json").string(), scratch("o5"), scratch("e5"));
+  ASSERT_EQ(ours.code, 0) << ours.err;
+  EXPECT_TRUE(contains(ours.out, "kernels    glm5's, at the efficiencies measured by")) << ours.out;
+  Proc what_if = run_captured(cmd + scratch("pub.json").string() + " --published-kernels", scratch("o6"), scratch("e6"));
+  ASSERT_EQ(what_if.code, 0) << what_if.err;
+  EXPECT_TRUE(contains(what_if.out, "what-if    kernels at the best published efficiencies")) << what_if.out;
+  const auto a = nlohmann::json::parse(slurp(scratch("ours.json"))), b = nlohmann::json::parse(slurp(scratch("pub.json")));
+  EXPECT_EQ(a.at("kernels"), "glm5 measured");
+  EXPECT_EQ(b.at("kernels"), "published what-if");
+  EXPECT_GT(b.at("generated_tokens_per_s").get<double>(), 2 * a.at("generated_tokens_per_s").get<double>());
 }
 
 TEST(Simulate, CostModelPhases) {
