@@ -21,7 +21,7 @@
 #        call with its output intact), GLM5_CUDA_LIBDIR (bundle mode: a directory searched first for
 #        the CUDA libraries, e.g. a PyTorch install's nvidia/nccl/lib).
 # The GPU tests run in two processes: the established ones first, then the new tensor-core kernels'
-# (*TensorCores*, *RowsIndependentOfRowCount*), so that a fault in a new kernel (sticky in its CUDA
+# (*TensorCores*, *RowsIndependentOfRowCount*, *MultiBlock*), so that a fault in a new kernel (sticky in its CUDA
 # context) cannot turn the established tests into failures; a failing new-kernel run is rerun with
 # CUDA_LAUNCH_BLOCKING=1 to name the kernel. In bundle mode a preflight first lists the libraries
 # the CUDA plugin loads through the bundled loader and stops at one that is "not found".
@@ -43,7 +43,7 @@ new_tests_timeout=${NEW_TESTS_TIMEOUT:-45}
 run_timeout=${RUN_TIMEOUT:-40}
 bench_timeout=${BENCH_TIMEOUT:-90}
 budget=${CHECK_BUDGET:-560}
-new_kernels='*TensorCores*:*RowsIndependentOfRowCount*'
+new_kernels='*TensorCores*:*RowsIndependentOfRowCount*:*MultiBlock*'
 logs=$build/gpu-check-logs
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then logs=$OUT/gpu-check-logs; fi  # streamed back as it runs
 mkdir -p "$logs"

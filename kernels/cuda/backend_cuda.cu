@@ -120,6 +120,10 @@ GemmMode gemm_mode_from_env() {
 bool tensor_decode_from_env() { return !env_is_first_of("GLM5_CUDA_MLA_DECODE", "simt", "tensor"); }
 // GLM5_CUDA_INDEXER: likewise for indexer_scores over BF16 keys (CudaOps.IndexerScoresBf16TensorCores).
 bool tensor_indexer_from_env() { return !env_is_first_of("GLM5_CUDA_INDEXER", "simt", "tensor"); }
+// GLM5_CUDA_TOPK: `block` (default: one block per row, verified on an H200) or `multiblock`: rows of
+// more than 16k columns cut over many blocks when there are fewer rows than half the SMs (decode),
+// the same selection; opt-in until CudaOps.TopkMultiBlockMatchesReference has passed on a GPU.
+bool topk_multiblock_from_env() { return !env_is_first_of("GLM5_CUDA_TOPK", "block", "multiblock"); }
 
 // Parses a positive integer environment variable (`fallback` when unset or empty).
 long long positive_from_env(const char* name, long long fallback) {
@@ -315,6 +319,8 @@ class CudaBackend final : public Backend {
     gemm_mode_ = gemm_mode_from_env();
     tensor_decode_ = tensor_decode_from_env();
     tensor_indexer_ = tensor_indexer_from_env();
+    topk_multiblock_ = topk_multiblock_from_env();
+    CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
     lt_ref_rows_ = gemm_algo_rows_from_env();
     gemm_log_ = gemm_log_from_env();
     attention_log_ = attention_log_from_env();
@@ -553,7 +559,15 @@ class CudaBackend final : public Backend {
     if (p.rows == 0 || p.k == 0) return;
     CHECK(p.indices && (p.cols == 0 || p.scores), "cuda topk: null pointer");
     DeviceScope ds(device_);
+    if (topk_multiblock_ && p.cols > 16384 && p.rows < int64_t(sm_count_) / 2) {
+      void* scratch = alloc(size_t(cuda::topk_multiblock_scratch_bytes(p)));
+      cuda::launch_topk_multiblock(p, scratch, stream_);
+      free(scratch);  // (the caching allocator reuses it in stream order)
+      last_kernel_["topk"] = "multi-block";
+      return;
+    }
     cuda::launch_topk(p, stream_);
+    last_kernel_["topk"] = "one block per row";
   }
 
   void mla_prefill(const MlaPrefillParams& p) override {
@@ -1111,6 +1125,8 @@ class CudaBackend final : public Backend {
   GemmMode gemm_mode_ = GemmMode::kLt;
   bool tensor_decode_ = false;   // GLM5_CUDA_MLA_DECODE=tensor
   bool tensor_indexer_ = false;  // GLM5_CUDA_INDEXER=tensor
+  bool topk_multiblock_ = false;  // GLM5_CUDA_TOPK=multiblock
+  int sm_count_ = 0;
   int64_t lt_ref_rows_ = 512;
   bool gemm_log_ = false;
   bool attention_log_ = false;          // GLM5_CUDA_ATTENTION_LOG

@@ -69,6 +69,10 @@ bool indexer_mma_applies(const IndexerScoresParams& p);
 // tensor_cores (only where indexer_mma_applies): the tensor-core kernel, else the SIMT one.
 void launch_indexer_scores(const IndexerScoresParams& p, bool tensor_cores, cudaStream_t st);
 void launch_topk(const TopkParams& p, cudaStream_t st);
+// The same selection with each row's columns over several blocks (few rows, long rows: decode);
+// scratch: topk_multiblock_scratch_bytes(p) bytes of device memory, free once the stream is past it.
+int64_t topk_multiblock_scratch_bytes(const TopkParams& p);
+void launch_topk_multiblock(const TopkParams& p, void* scratch, cudaStream_t st);
 // With a top-k list, `scratch` holds s * (topk_len + 1) ints (the per-row key sets).
 void launch_mla_prefill(const MlaPrefillParams& p, int32_t* scratch, int* error_word,
                         cudaStream_t st);

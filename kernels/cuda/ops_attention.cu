@@ -304,6 +304,141 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(TopkParams p) {
   for (int64_t i = written + threadIdx.x; i < p.k; i += blockDim.x) out[i] = -1;
 }
 
+// ---- top-k over many blocks per row (few rows: decode) ------------------------------------------
+// The same selection as topk_kernel (the k largest, ties to the lower index, ascending), with each
+// row's columns cut into slices of kTopkMbCols, one block per (slice, row): a decode step's few
+// rows then occupy B x rows blocks instead of rows. Four radix passes, each a histogram kernel
+// (every block adds its slice's counts into the row's global histogram) and a decide kernel (one
+// thread per row picks the byte of the k-th key); then a count kernel (each block's entries above
+// the k-th key and equal to it) and a write kernel (each block's output offset from the counts of
+// the slices before it, then the same ordered compaction as topk_kernel within its slice).
+
+constexpr int kTopkMbThreads = 256;
+constexpr int64_t kTopkMbCols = 8192;
+
+struct TopkMbRow {
+  uint32_t prefix, mask;
+  int need, n_finite, done;  // done: every finite entry is taken (n_finite <= k), or the key is found
+};
+
+__global__ void __launch_bounds__(kTopkMbThreads) topk_mb_hist(TopkParams p, int pass, int* hist, const TopkMbRow* st) {
+  __shared__ int h[256];
+  const int64_t row = blockIdx.y;
+  if (pass > 0 && st[row].done) return;
+  const uint32_t prefix = pass > 0 ? st[row].prefix : 0u, mask = pass > 0 ? st[row].mask : 0u;
+  const int shift = 24 - 8 * pass;
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) h[i] = 0;
+  __syncthreads();
+  const float* x = p.scores + row * p.ld;
+  const int64_t t0 = int64_t(blockIdx.x) * kTopkMbCols, t1 = t0 + kTopkMbCols < p.cols ? t0 + kTopkMbCols : p.cols;
+  for (int64_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+    const float f = x[t];
+    if (!isfinite(f)) continue;
+    const uint32_t key = order_key(f);
+    if ((key & mask) == prefix) atomicAdd(&h[(key >> shift) & 255u], 1);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 256; i += blockDim.x)
+    if (h[i]) atomicAdd(&hist[row * 256 + i], h[i]);
+}
+
+// One thread per row: the decision topk_kernel's thread 0 makes after each pass; clears the row's
+// histogram for the next pass.
+__global__ void topk_mb_decide(TopkParams p, int pass, int* hist, TopkMbRow* st) {
+  const int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= p.rows) return;
+  TopkMbRow s = st[row];
+  int* hr = hist + row * 256;
+  if (pass == 0) {
+    int n = 0;
+    for (int b = 0; b < 256; ++b) n += hr[b];
+    s.n_finite = n;
+    s.need = int(p.k < n ? p.k : n);
+    s.prefix = 0u, s.mask = 0u, s.done = n <= p.k;
+  }
+  if (!s.done) {
+    const int shift = 24 - 8 * pass;
+    int need = s.need, b = 255;
+    for (; b > 0 && hr[b] < need; --b) need -= hr[b];
+    s.need = need;
+    s.prefix |= uint32_t(b) << shift;
+    s.mask |= 255u << shift;
+    if (pass == 3) s.done = 1;
+  }
+  for (int b = 0; b < 256; ++b) hr[b] = 0;
+  st[row] = s;
+}
+
+// take_all (n_finite <= k): every finite entry; else those above the k-th key, and `need` of those equal.
+__device__ __forceinline__ void topk_mb_class(float f, const TopkMbRow& s, bool take_all, bool* gt, bool* eq) {
+  const bool fin = isfinite(f);
+  const uint32_t key = fin ? order_key(f) : 0u;
+  *gt = take_all ? fin : fin && key > s.prefix;
+  *eq = !take_all && fin && key == s.prefix;
+}
+
+__global__ void __launch_bounds__(kTopkMbThreads) topk_mb_count(TopkParams p, const TopkMbRow* st, int* counts) {
+  __shared__ int scan_sh[33];
+  const int64_t row = blockIdx.y;
+  const TopkMbRow s = st[row];
+  const bool take_all = s.n_finite <= p.k;
+  const float* x = p.scores + row * p.ld;
+  const int64_t t0 = int64_t(blockIdx.x) * kTopkMbCols, t1 = t0 + kTopkMbCols < p.cols ? t0 + kTopkMbCols : p.cols;
+  int gt_n = 0, eq_n = 0;
+  for (int64_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+    bool gt, eq;
+    topk_mb_class(x[t], s, take_all, &gt, &eq);
+    gt_n += gt, eq_n += eq;
+  }
+  int gt_total, eq_total;
+  block_exclusive_scan(gt_n, scan_sh, &gt_total);
+  block_exclusive_scan(eq_n, scan_sh, &eq_total);
+  if (threadIdx.x == 0) {
+    counts[(row * gridDim.x + blockIdx.x) * 2] = gt_total;
+    counts[(row * gridDim.x + blockIdx.x) * 2 + 1] = eq_total;
+  }
+}
+
+__global__ void __launch_bounds__(kTopkMbThreads) topk_mb_write(TopkParams p, const TopkMbRow* st, const int* counts) {
+  __shared__ int scan_sh[33];
+  const int64_t row = blockIdx.y;
+  const int B = int(gridDim.x), blk = int(blockIdx.x);
+  const TopkMbRow s = st[row];
+  const bool take_all = s.n_finite <= p.k;
+  const int* c = counts + row * B * 2;
+  // Entries equal to the k-th key before this slice, and what the slices before it write.
+  int eq_seen = 0, written = 0;
+  for (int j = 0; j < blk; ++j) {
+    const int eq_take = take_all ? 0 : max(0, min(c[2 * j + 1], s.need - eq_seen));
+    written += c[2 * j] + eq_take;
+    eq_seen += c[2 * j + 1];
+  }
+  const float* x = p.scores + row * p.ld;
+  int32_t* out = p.indices + row * p.k;
+  const int64_t t0 = int64_t(blk) * kTopkMbCols, t1 = t0 + kTopkMbCols < p.cols ? t0 + kTopkMbCols : p.cols;
+  for (int64_t base = t0; base < t1 && written < int(p.k); base += blockDim.x) {
+    const int64_t t = base + threadIdx.x;
+    bool gt = false, eq = false;
+    if (t < t1) topk_mb_class(x[t], s, take_all, &gt, &eq);
+    int eq_total;
+    const int eq_rank = eq_seen + block_exclusive_scan(eq ? 1 : 0, scan_sh, &eq_total);
+    eq_seen += eq_total;
+    const bool sel = gt || (eq && eq_rank < s.need);
+    int sel_total;
+    const int pos = written + block_exclusive_scan(sel ? 1 : 0, scan_sh, &sel_total);
+    if (sel && pos < p.k) out[pos] = int32_t(t);
+    written += sel_total;
+  }
+  if (blk == B - 1) {  // the last slice pads the row: -1 past the entries taken
+    int total = 0, eq_all = 0;
+    for (int j = 0; j < B; ++j) {
+      total += c[2 * j] + (take_all ? 0 : max(0, min(c[2 * j + 1], s.need - eq_all)));
+      eq_all += c[2 * j + 1];
+    }
+    for (int64_t i = total + threadIdx.x; i < p.k; i += blockDim.x) out[i] = -1;
+  }
+}
+
 // ---- MLA prefill (and the key selection of both modes) ------------------------------------------------------------
 
 constexpr int kSelectThreads = 512;
@@ -1079,6 +1214,30 @@ void launch_indexer_scores(const IndexerScoresParams& p, bool tensor_cores, cuda
         " too large for one launch");
   indexer_scores_kernel<<<unsigned(blocks), kIdxThreads, smem, st>>>(a);
   CUDA_CHECK_LAUNCH("indexer_scores");
+}
+
+int64_t topk_multiblock_scratch_bytes(const TopkParams& p) {
+  const int64_t B = (p.cols + kTopkMbCols - 1) / kTopkMbCols;
+  return p.rows * (256 * 4 + int64_t(sizeof(TopkMbRow)) + B * 2 * 4);
+}
+
+void launch_topk_multiblock(const TopkParams& p, void* scratch, cudaStream_t st) {
+  const int64_t B = (p.cols + kTopkMbCols - 1) / kTopkMbCols;
+  CHECK(B >= 1 && B < 65536 && p.rows < 65536, "cuda topk (multi-block): ", p.rows, " rows x ", B,
+        " slices is too large for one launch");
+  int* hist = static_cast<int*>(scratch);
+  TopkMbRow* rows = reinterpret_cast<TopkMbRow*>(hist + p.rows * 256);
+  int* counts = reinterpret_cast<int*>(rows + p.rows);
+  CUDA_CHECK(cudaMemsetAsync(hist, 0, size_t(p.rows * 256) * sizeof(int), st));
+  const dim3 grid(unsigned(B), unsigned(p.rows));
+  const unsigned decide_blocks = unsigned((p.rows + 127) / 128);
+  for (int pass = 0; pass < 4; ++pass) {
+    topk_mb_hist<<<grid, kTopkMbThreads, 0, st>>>(p, pass, hist, rows);
+    topk_mb_decide<<<decide_blocks, 128, 0, st>>>(p, pass, hist, rows);
+  }
+  topk_mb_count<<<grid, kTopkMbThreads, 0, st>>>(p, rows, counts);
+  topk_mb_write<<<grid, kTopkMbThreads, 0, st>>>(p, rows, counts);
+  CUDA_CHECK_LAUNCH("topk (multi-block)");
 }
 
 void launch_topk(const TopkParams& p, cudaStream_t st) {

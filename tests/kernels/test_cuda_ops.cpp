@@ -1209,6 +1209,48 @@ void check_topk(Backend& gpu, const std::vector<float>& scores, int64_t rows, in
   expect_equal(di.host("topk " + what), want, "topk " + what);
 }
 
+// GLM5_CUDA_TOPK=multiblock: rows longer than 16k columns, fewer than half the SMs, are cut over many
+// blocks; the selection must be the reference's exactly (ties to the lower index, ascending,
+// -1 padded), across slice boundaries: ties spread over slices, a k-th key shared by many entries,
+// masked and special values, rows with fewer finite entries than k, GLM-5's top-2048 of 128k.
+TEST(CudaOps, TopkMultiBlockMatchesReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  setenv("GLM5_CUDA_TOPK", "multiblock", 1);
+  auto gpu = make_cuda_backend(0);
+  unsetenv("GLM5_CUDA_TOPK");
+  Rng rng(19);
+  {
+    const int64_t rows = 4, cols = 131072;
+    check_topk(*gpu, rng.floats(size_t(rows * cols)), rows, cols, cols, 2048, "4 rows x 128k, k 2048");
+    EXPECT_EQ(gpu->kernel_ran("topk"), "multi-block");
+  }
+  {  // heavy ties across slices: the k-th value shared by thousands of entries
+    const int64_t rows = 2, cols = 40000;
+    std::vector<float> v(size_t(rows * cols));
+    for (auto& x : v) x = 0.25f * float(rng.integer(-3, 3));
+    check_topk(*gpu, v, rows, cols, cols, 2048, "ties over slices");
+    check_topk(*gpu, v, rows, cols, cols, 30000, "ties, k large");
+  }
+  {  // causal decode rows: finite up to a position, fewer than k finite in one; NaN / inf / -0 / +0
+    const int64_t rows = 3, cols = 50000, ld = 50001;
+    std::vector<float> v(size_t(rows * ld), -kInf);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c <= (r == 0 ? 1000 : r == 1 ? 30000 : cols - 1); ++c) {
+        float x = rng.uniform();
+        if (c % 97 == 0) x = std::nanf("");
+        if (c % 89 == 0) x = kInf;
+        if (c % 83 == 1) x = (c % 2) ? -0.0f : 0.0f;
+        v[size_t(r * ld + c)] = x;
+      }
+    check_topk(*gpu, v, rows, cols, ld, 2048, "causal rows with specials");
+  }
+  {  // low-bit differences: every radix pass decides
+    std::vector<float> v(20000);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = 1.0f + float(rng.integer(0, 5000)) * 1.1920929e-7f;
+    check_topk(*gpu, v, 1, 20000, 20000, 700, "low-bit differences");
+  }
+}
+
 TEST(CudaOps, TopkSmallAndEdgeCases) {
   if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
   auto gpu = make_cuda_backend(0);
