@@ -130,6 +130,9 @@ Hardware parse_hardware(const std::string& text, const std::string& source) {
             "one of measured_by, gemm_efficiency, attention_efficiency, mem_bw_efficiency, attention_mem_efficiency");
     }
     if (hw.measured.by.empty()) bad(source, g["measured_by"], "glm5.measured_by", "the run that measured them");
+    const Hardware::Measured& m = hw.measured;
+    if (m.gemm <= 0 && m.attention <= 0 && m.mem_bw <= 0 && m.attention_mem <= 0)
+      bad(source, g, "glm5", "at least one efficiency key beside measured_by");
   }
   return hw;
 }

@@ -69,8 +69,11 @@ cuda=""
 for d in "${CUDA_HOME:-/usr/local/cuda}/lib64" "${CUDA_HOME:-/usr/local/cuda}/lib"; do
   [ -e "$d/libcublas.so.13" ] && cuda="$cuda:$d"
 done
-pys=$(compgen -c python3 2> /dev/null | grep -E '^python3(\.[0-9]+)?$' | sort -u || true)
-for py in $pys; do
+pys=""  # every python3 and python3.N on PATH, each directory's (conda beside /usr)
+for name in python3 $(compgen -c python3. 2> /dev/null | grep -E '^python3\.[0-9]+$' | sort -u || true); do
+  pys="$pys $(type -ap "$name" 2> /dev/null | tr '\n' ' ' || true)"
+done
+for py in $(printf '%s\n' $pys | awk '!seen[$0]++'); do
   for d in $("$py" - 2> /dev/null <<'PY'
 import glob, os, site, sys
 roots = site.getsitepackages() + [site.getusersitepackages()] + sys.path

@@ -16,9 +16,10 @@
 #        if the cluster config must be launched under MPI), TESTS_TIMEOUT / NEW_TESTS_TIMEOUT /
 #        RUN_TIMEOUT / BENCH_TIMEOUT (seconds: the established GPU tests; the tests of the tensor-core
 #        kernels no GPU has run yet, and their rerun; each of the six generate runs; the kernel
-#        benchmark; default 150 / 45 / 40 / 90), CHECK_BUDGET (default 560: no step starts, and
-#        none runs, past this many seconds from the start, so that the whole check fits a 10-minute
-#        call with its output intact), GLM5_CUDA_LIBDIR (bundle mode: a directory searched first for
+#        benchmark; default 150 / 45 / 35 / 90: 540 s in all), CHECK_BUDGET (default 560: after the
+#        build, no step runs past this many seconds, and one that has less than half its own timeout
+#        left is recorded SKIP instead of starting, so that the whole check fits a 10-minute call
+#        with its output intact), GLM5_CUDA_LIBDIR (bundle mode: a directory searched first for
 #        the CUDA libraries, e.g. a PyTorch install's nvidia/nccl/lib).
 # The GPU tests run in two processes: the established ones first, then the new tensor-core kernels'
 # (*TensorCores*, *RowsIndependentOfRowCount*, *MultiBlock*), so that a fault in a new kernel (sticky in its CUDA
@@ -40,7 +41,7 @@ jobs=${JOBS:-$(nproc)}
 atol=${GOLDEN_ATOL:-1e-4}
 tests_timeout=${TESTS_TIMEOUT:-150}
 new_tests_timeout=${NEW_TESTS_TIMEOUT:-45}
-run_timeout=${RUN_TIMEOUT:-40}
+run_timeout=${RUN_TIMEOUT:-35}
 bench_timeout=${BENCH_TIMEOUT:-90}
 budget=${CHECK_BUDGET:-560}
 new_kernels='*TensorCores*:*RowsIndependentOfRowCount*:*MultiBlock*'
@@ -48,16 +49,20 @@ logs=$build/gpu-check-logs
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then logs=$OUT/gpu-check-logs; fi  # streamed back as it runs
 mkdir -p "$logs"
 
+budget_start=$SECONDS  # reset after a build: the budget is for the checks
 # limit SECONDS: SECONDS, cut to what is left of the budget (at least 1).
 limit() {
-  local left=$((budget - SECONDS))
+  local left=$((budget - (SECONDS - budget_start)))
   [ "$left" -gt "$1" ] && left=$1
   [ "$left" -lt 1 ] && left=1
   echo "$left"
 }
-# out_of_time NAME: records NAME as not run when the budget is spent.
+# out_of_time NAME [TIMEOUT]: records NAME as not run (SKIP) when less than half its timeout (at
+# least 5 s) is left of the budget.
 out_of_time() {
-  if [ $((budget - SECONDS)) -le 5 ]; then
+  local need=$(((${2:-10}) / 2))
+  [ "$need" -lt 5 ] && need=5
+  if [ $((budget - (SECONDS - budget_start))) -lt "$need" ]; then
     record "$1" SKIP 0 "not run: the ${budget}s budget is spent"
     return 0
   fi
@@ -112,7 +117,7 @@ if [ -n "$bundle" ]; then
   # from this machine); one "not found" would make every CUDA test skip.
   "$bundle/lib/ld-linux-x86-64.so.2" --library-path "$("$bundle/run.sh" --where)" --list "$bundle/lib/libglm5_cuda.so" \
     >"$logs/preflight.log" 2>&1
-  if grep -q "not found" "$logs/preflight.log"; then
+  if ! grep -q "=>" "$logs/preflight.log" || grep -q "not found" "$logs/preflight.log"; then
     record preflight FAIL 0 "the CUDA plugin cannot load: $(grep 'not found' "$logs/preflight.log" | tr -s ' \t\n' ' ')(set GLM5_CUDA_LIBDIR)"
     blocked=1
   else
@@ -128,6 +133,7 @@ fi
 
 # 3. Build everything (library, glm5, tests).
 [ $blocked = 0 ] && [ -z "$bundle" ] && { run_step build cmake --build "$build" -j "$jobs" || blocked=1; }
+budget_start=$SECONDS
 
 # 4. GPU tests. A GPU test that skips on a GPU machine is a failure (the device was not usable).
 # gtest_step NAME FILTER TIMEOUT [ENV...]: the bundle's test_kernels over FILTER; a test that skips
@@ -151,11 +157,11 @@ gtest_step() {
 
 if [ $blocked = 0 ] && [ -n "$bundle" ]; then
   # The established tests (the parameterized op cases included), then the new kernels' own.
-  out_of_time gpu-tests || gtest_step gpu-tests "*Cuda*:-$new_kernels" "$tests_timeout"
-  out_of_time new-kernels || gtest_step new-kernels "$new_kernels" "$new_tests_timeout" ||
-    { out_of_time new-kernels-sync ||
+  out_of_time gpu-tests "$tests_timeout" || gtest_step gpu-tests "*Cuda*:-$new_kernels" "$tests_timeout"
+  out_of_time new-kernels "$new_tests_timeout" || gtest_step new-kernels "$new_kernels" "$new_tests_timeout" ||
+    { out_of_time new-kernels-sync "$new_tests_timeout" ||
         gtest_step new-kernels-sync "$new_kernels" "$new_tests_timeout" CUDA_LAUNCH_BLOCKING=1 GLM5_CUDA_ATTENTION_LOG=1; }
-elif [ $blocked = 0 ]; then
+elif [ $blocked = 0 ] && ! out_of_time gpu-tests "$tests_timeout"; then
   t0=$SECONDS
   (cd "$build" && ctest -R 'Cuda|nccl' -j 4 --output-on-failure --timeout "$(limit "$tests_timeout")") \
     >"$logs/gpu-tests.log" 2>&1
@@ -224,7 +230,7 @@ f=open(sys.argv[1],"rb"); n=struct.unpack("<Q",f.read(8))[0]; print(json.loads(f
 # on the cuda backend and compare them with REF_FILE.
 golden_step() {
   local name=$1 model=$2 ref=$3 ids=$4 n=$5 tol=$6 t0=$SECONDS out=$logs/$1-cuda-logits.safetensors
-  out_of_time "$name" && return
+  out_of_time "$name" "$run_timeout" && return
   # shellcheck disable=SC2086
   if timeout "$(limit "$run_timeout")" ${GLM5_RUN_PREFIX:-} $glm5_cmd generate --model "$model" --cluster "$cluster" --prompt-ids "$ids" \
     --max-new-tokens "$n" --temperature 0 --ignore-eos --dump-logits "$out" >"$logs/$name.log" 2>&1 &&
@@ -250,7 +256,9 @@ if [ $blocked = 0 ]; then
     rd=$root/tests/data/real-dims
     rd_ids=$(python3 -c 'import json,sys; print(",".join(str(v) for v in json.load(open(sys.argv[1]))))' "$rd/prompt.json")
     t0=$SECONDS
-    if timeout "$(limit "$run_timeout")" $glm5_cmd generate --model "$rd" --prompt-ids "$rd_ids" --max-new-tokens 4 --temperature 0 --ignore-eos \
+    if out_of_time real-dims "$((2 * run_timeout))"; then
+      :
+    elif timeout "$(limit "$run_timeout")" $glm5_cmd generate --model "$rd" --prompt-ids "$rd_ids" --max-new-tokens 4 --temperature 0 --ignore-eos \
       --dump-logits "$logs/real-dims-cpu.safetensors" >"$logs/real-dims-cpu.log" 2>&1; then
       golden_step real-dims "$rd" "$logs/real-dims-cpu.safetensors" "$rd_ids" 4 "${REAL_DIMS_ATOL:-1e-3}"
     else
@@ -261,7 +269,7 @@ fi
 
 # 6. Kernel figures (scripts/bench/bench_cuda.cpp): MLA decode and indexer + top-k bandwidth against
 #    the HBM copy bandwidth measured in the same run, expert GEMMs exact vs one bf16 term vs chunked.
-if [ $blocked = 0 ] && ! out_of_time bench; then
+if [ $blocked = 0 ] && ! out_of_time bench "$bench_timeout"; then
   bench_cmd="$build/bench_cuda"
   [ -n "$bundle" ] && bench_cmd="$bundle/run.sh bench_cuda"
   t0=$SECONDS

@@ -560,7 +560,7 @@ class CudaBackend final : public Backend {
     CHECK(p.indices && (p.cols == 0 || p.scores), "cuda topk: null pointer");
     DeviceScope ds(device_);
     if (topk_multiblock_ && p.cols > 16384 && p.rows < int64_t(sm_count_) / 2) {
-      void* scratch = alloc(size_t(cuda::topk_multiblock_scratch_bytes(p)));
+      void* scratch = alloc(size_t(cuda::topk_multiblock_scratch_bytes(p)));  // (rows < SMs / 2: launchable)
       cuda::launch_topk_multiblock(p, scratch, stream_);
       free(scratch);  // (the caching allocator reuses it in stream order)
       last_kernel_["topk"] = "multi-block";
@@ -1003,7 +1003,7 @@ class CudaBackend final : public Backend {
         for (float** b : bufs) be->free(*b);
       }
     } scratch{this, {&x, &y}};
-    y = static_cast<float*>(alloc(size_t(R * p.n) * 2 * sizeof(float)));
+    y = static_cast<float*>(alloc(size_t((R + 65) * p.n) * sizeof(float)));  // R rows, then up to 65
     float* y1 = y + R * p.n;
     to_device(x, xh.data(), xh.size() * sizeof(float));
     GemmParams q = p;

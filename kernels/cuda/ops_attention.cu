@@ -206,7 +206,7 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Exclusive prefix sum over the block (blockDim.x == kTopkThreads); *total gets the block sum.
+// Exclusive prefix sum over the block (blockDim.x a multiple of 32, at most 1024); *total gets the block sum.
 // `sh` holds >= 33 ints.
 __device__ __forceinline__ int block_exclusive_scan(int v, int* sh, int* total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
@@ -1223,8 +1223,8 @@ int64_t topk_multiblock_scratch_bytes(const TopkParams& p) {
 
 void launch_topk_multiblock(const TopkParams& p, void* scratch, cudaStream_t st) {
   const int64_t B = (p.cols + kTopkMbCols - 1) / kTopkMbCols;
-  CHECK(B >= 1 && B < 65536 && p.rows < 65536, "cuda topk (multi-block): ", p.rows, " rows x ", B,
-        " slices is too large for one launch");
+  CHECK(B >= 1 && p.rows < 65536, "cuda topk (multi-block): ", p.rows, " rows x ", B,
+        " slices: expected cols > 0 and rows < 65536 (the caller cuts to few rows)");
   int* hist = static_cast<int*>(scratch);
   TopkMbRow* rows = reinterpret_cast<TopkMbRow*>(hist + p.rows * 256);
   int* counts = reinterpret_cast<int*>(rows + p.rows);

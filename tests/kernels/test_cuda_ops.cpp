@@ -1223,6 +1223,9 @@ TEST(CudaOps, TopkMultiBlockMatchesReference) {
     const int64_t rows = 4, cols = 131072;
     check_topk(*gpu, rng.floats(size_t(rows * cols)), rows, cols, cols, 2048, "4 rows x 128k, k 2048");
     EXPECT_EQ(gpu->kernel_ran("topk"), "multi-block");
+    auto plain = make_cuda_backend(0);  // the default: one block per row
+    check_topk(*plain, rng.floats(size_t(rows * cols)), rows, cols, cols, 2048, "default backend");
+    EXPECT_EQ(plain->kernel_ran("topk"), "one block per row");
   }
   {  // heavy ties across slices: the k-th value shared by thousands of entries
     const int64_t rows = 2, cols = 40000;
@@ -1231,9 +1234,12 @@ TEST(CudaOps, TopkMultiBlockMatchesReference) {
     check_topk(*gpu, v, rows, cols, cols, 2048, "ties over slices");
     check_topk(*gpu, v, rows, cols, cols, 30000, "ties, k large");
   }
-  {  // causal decode rows: finite up to a position, fewer than k finite in one; NaN / inf / -0 / +0
-    const int64_t rows = 3, cols = 50000, ld = 50001;
+  {  // causal decode rows: finite up to a position, fewer than k finite in one; NaN / inf / -0 / +0;
+     // the padding past cols (ld > cols) large and finite: read past cols and it would win
+    const int64_t rows = 3, cols = 50000, ld = 50017;
     std::vector<float> v(size_t(rows * ld), -kInf);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = cols; c < ld; ++c) v[size_t(r * ld + c)] = 1e30f;
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c <= (r == 0 ? 1000 : r == 1 ? 30000 : cols - 1); ++c) {
         float x = rng.uniform();
@@ -1243,6 +1249,11 @@ TEST(CudaOps, TopkMultiBlockMatchesReference) {
         v[size_t(r * ld + c)] = x;
       }
     check_topk(*gpu, v, rows, cols, ld, 2048, "causal rows with specials");
+  }
+  {  // the k-th key among many zeros of both signs, spread over slices
+    std::vector<float> v(30000);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = i % 3 == 0 ? 1.0f : i % 3 == 1 ? ((i / 3) % 2 ? -0.0f : 0.0f) : -1.0f;
+    check_topk(*gpu, v, 1, 30000, 30000, 15000, "k-th key among +0 / -0");
   }
   {  // low-bit differences: every radix pass decides
     std::vector<float> v(20000);
