@@ -519,7 +519,7 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
       out.push_back(std::move(b));
       continue;
     }
-    const float* last = mine + (cnt - 1) * V;
+    const float* last = cnt > 0 ? mine + (cnt - 1) * V : nullptr;  // (an echo chunk's rows are scored below)
     if (s.sample) {  // one token, or a verify step's (the rows' logits are plain decoding's bits)
       CHECK(int64_t(e.drafts.size()) >= s.drafts, "internal: request ", s.req, " verifies ", s.drafts,
             " drafts, the last stage proposed ", e.drafts.size());
