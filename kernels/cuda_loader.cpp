@@ -68,9 +68,9 @@ void* cuda_plugin_symbol(const char* name) {
   return sym;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
-  auto make = reinterpret_cast<Backend* (*)(int)>(cuda_plugin_symbol("glm5_cuda_make_backend"));
-  return std::unique_ptr<Backend>(make(device));
+std::unique_ptr<Backend> make_cuda_backend(int device, Precision precision) {
+  auto make = reinterpret_cast<Backend* (*)(int, int)>(cuda_plugin_symbol("glm5_cuda_make_backend"));
+  return std::unique_ptr<Backend>(make(device, precision == Precision::kFast ? 1 : 0));
 }
 
 bool cuda_available() {

@@ -31,7 +31,29 @@ namespace glm5::kernels {
 // kernels run): the stored row bytes in groups of 4 rows, each group as
 // chunks of 4 rows x 64 bytes, int4 nibbles in nibble128 order (core/quant.h, repack_quant_quad);
 // rows rounded up to 4.
-enum class WeightLayout { kRowMajor, kQuad16, kTile16, kQuantQuad };
+// kPair16 (BF16 only; where the fast cpu backend's fast-precision gemm runs on AVX512-BF16): groups
+// of 16 rows, each stored as ld / 2 chunks of 16 rows x 2 columns, so that the 64 bytes of one k pair
+// of a group are one vdpbf16ps operand (lane l: row 16 g + l); ld is cols rounded up to 2, the rows
+// rounded up to 16, the padding zero.
+enum class WeightLayout { kRowMajor, kQuad16, kTile16, kQuantQuad, kPair16 };
+
+// How a backend multiplies (the precision policy; fixed when the backend is made, because its weights
+// are laid out for it at upload):
+//   kExact: float32 activations times the weights' exact values, accumulated in float32 (the reference
+//           and the goldens' 1e-4; batch- and layout-invariant bit for bit).
+//   kFast:  the inputs of every gemm (activations, F16 / F32 weights, dequantized FP8 / int4 / int8
+//           values) rounded to bf16 (nearest even), their exact products accumulated in float32, as
+//           bf16 engines do. Each kernel path documents its own recipe (cpu/fast_ops.h) and keeps the
+//           invariances on one machine and path; two paths (AVX512-BF16, AMX, portable, CUDA) may
+//           differ by rounding.
+enum class Precision { kExact, kFast };
+inline const char* precision_name(Precision p) { return p == Precision::kFast ? "fast" : "exact"; }
+inline Precision parse_precision(const std::string& s, const std::string& what) {
+  CHECK(s == "exact" || s == "fast", what, ": expected exact or fast, found '", s, "'");
+  return s == "fast" ? Precision::kFast : Precision::kExact;
+}
+// v rounded to bf16 (nearest even) and widened back: a fast-precision gemm input.
+inline float bf16_round(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 
 // Element (r, c) of a matrix in groups of G rows stored as ld / C chunks of G rows x C columns.
 constexpr int64_t interleaved_offset(int64_t r, int64_t c, int64_t ld, int64_t G, int64_t C) {
@@ -40,12 +62,22 @@ constexpr int64_t interleaved_offset(int64_t r, int64_t c, int64_t ld, int64_t G
 // Element (r, c) of a kQuad16 / kTile16 matrix with row stride ld: the offset in elements.
 constexpr int64_t quad16_offset(int64_t r, int64_t c, int64_t ld) { return interleaved_offset(r, c, ld, 4, 16); }
 constexpr int64_t tile16_offset(int64_t r, int64_t c, int64_t ld) { return interleaved_offset(r, c, ld, 16, 32); }
+constexpr int64_t pair16_offset(int64_t r, int64_t c, int64_t ld) { return interleaved_offset(r, c, ld, 16, 2); }
 // Rows per group of an interleaved layout (1: row-major), and the multiple its ld must be.
 constexpr int64_t layout_group_rows(WeightLayout l) {
-  return l == WeightLayout::kQuad16 || l == WeightLayout::kQuantQuad ? 4 : l == WeightLayout::kTile16 ? 16 : 1;
+  return l == WeightLayout::kQuad16 || l == WeightLayout::kQuantQuad                ? 4
+         : l == WeightLayout::kTile16 || l == WeightLayout::kPair16 ? 16
+                                                                                       : 1;
 }
 constexpr int64_t layout_ld_multiple(WeightLayout l) {
-  return l == WeightLayout::kQuad16 ? 16 : l == WeightLayout::kTile16 ? 32 : 1;
+  return l == WeightLayout::kQuad16 ? 16 : l == WeightLayout::kTile16 ? 32 : l == WeightLayout::kPair16 ? 2 : 1;
+}
+// The element offset of (r, c) in a plain-dtype interleaved layout.
+constexpr int64_t layout_offset(WeightLayout l, int64_t r, int64_t c, int64_t ld) {
+  return l == WeightLayout::kQuad16   ? quad16_offset(r, c, ld)
+         : l == WeightLayout::kTile16 ? tile16_offset(r, c, ld)
+         : l == WeightLayout::kPair16 ? pair16_offset(r, c, ld)
+                                      : r * ld + c;
 }
 
 // A 2-D weight matrix [rows, cols] in checkpoint dtype, row stride `ld` elements (ld >= cols).
@@ -113,7 +145,7 @@ inline float weight_at(const Weight& w, int64_t r, int64_t c) {
     return quant::round_to(w.scale_dtype, float(code - (w.dtype == DType::Q4 ? 8 : 128)) * s);
   }
   if (w.layout != WeightLayout::kRowMajor) {  // plain dtypes only (validated)
-    const size_t at = size_t(w.layout == WeightLayout::kQuad16 ? quad16_offset(r, c, w.ld) : tile16_offset(r, c, w.ld));
+    const size_t at = size_t(layout_offset(w.layout, r, c, w.ld));
     switch (w.dtype) {
       case DType::F32: {
         float v;
@@ -140,7 +172,8 @@ inline float weight_at(const Weight& w, int64_t r, int64_t c) {
 
 // y[m, n] (+)= sum_k x[m, k] * W[n, k]         (nn.Linear: y = x W^T), trans_w = false, W [n, k]
 // y[m, n] (+)= sum_k x[m, k] * W[k, n]         trans_w = true,  W [k, n]  (MLA q absorption)
-// Accumulation in float32, k in a fixed order for every row.
+// Accumulation in float32, k in a fixed order for every row. In Precision::kFast both factors are
+// bf16_round()ed first (their products are then exact in float32).
 struct GemmParams {
   const float* x = nullptr;
   int64_t ldx = 0;
@@ -366,6 +399,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // The precision policy this backend was made with (see Precision).
+  virtual Precision precision() const { return Precision::kExact; }
   // True when backend memory is host memory (cpu backends): MPI can send it directly.
   virtual bool host_memory() const { return true; }
 
@@ -433,13 +468,14 @@ class Backend {
   virtual std::string kernel_ran(const std::string& /*op*/) const { return ""; }
 };
 
-// The reference backend: plain loops, float32, one thread. Every other backend is tested against it.
-std::unique_ptr<Backend> make_reference_backend();
+// The reference backend: plain loops, float32, one thread. Every other backend is tested against it
+// (in kFast its gemm rounds both factors to bf16 and sums in k order).
+std::unique_ptr<Backend> make_reference_backend(Precision precision = Precision::kExact);
 // The fast CPU backend (blocked, vectorised, multi-threaded over output columns); same results
 // as the reference up to float32 reassociation, and batch-invariant.
-std::unique_ptr<Backend> make_cpu_backend();
+std::unique_ptr<Backend> make_cpu_backend(Precision precision = Precision::kExact);
 // The CUDA backend on `device`; throws glm5::Error when CUDA support is not built in or no GPU.
-std::unique_ptr<Backend> make_cuda_backend(int device);
+std::unique_ptr<Backend> make_cuda_backend(int device, Precision precision = Precision::kExact);
 bool cuda_available();  // built with CUDA and a device is usable
 
 }  // namespace glm5::kernels

@@ -300,7 +300,13 @@ ABlock tiled_block(const uint16_t* group, int64_t chunks) {
 // y[r, j] (+)= (c[j][3r] + c[j][3r + 1]) + c[j][3r + 2] for r < nr, j < nj (c: a stored C tile,
 // [W row][column 3 r + t]). With AVX-512 the tile is transposed in registers (simd::transpose16)
 // and each y row written at once.
-void store_rows(float (&c)[16][16], int nr, int nj, float* y, int64_t ldy, bool accumulate) {
+// One term (terms = 1): y[r, j] (+)= c[j][r].
+void store_rows(float (&c)[16][16], int nr, int nj, float* y, int64_t ldy, bool accumulate, int terms) {
+  if (terms == 1) {
+    for (int i = 0; i < nr; ++i)
+      for (int j = 0; j < nj; ++j) y[i * ldy + j] = accumulate ? y[i * ldy + j] + c[j][i] : c[j][i];
+    return;
+  }
 #if defined(__AVX512F__)
   __m512 r[16];
   for (int j = 0; j < 16; ++j) r[j] = _mm512_load_ps(c[j]);
@@ -393,9 +399,9 @@ void gemm_rows_t(const PackedX& x, const uint16_t* w, int64_t ldw, bool tiled, i
       OutTiles& out = sc.out[size_t(gi)];
       for (int wb = 0; wb < mw; ++wb)
         for (int cb = 0; cb < nc; ++cb) {
-          const int64_t i0 = (cb0 + cb) * kRowsPerBlock, j0 = r0 + wb * kTileRows;
-          const int64_t ni = std::min<int64_t>(kRowsPerBlock, x.m - i0), nj = std::min<int64_t>(kTileRows, nb - j0);
-          store_rows(out[wb][cb], int(ni), int(nj), y + i0 * ldy + j0, ldy, accumulate);
+          const int64_t i0 = (cb0 + cb) * x.rows_per_block, j0 = r0 + wb * kTileRows;
+          const int64_t ni = std::min<int64_t>(x.rows_per_block, x.m - i0), nj = std::min<int64_t>(kTileRows, nb - j0);
+          store_rows(out[wb][cb], int(ni), int(nj), y + i0 * ldy + j0, ldy, accumulate, x.terms);
         }
     }
   }
@@ -558,12 +564,28 @@ bool pack_tile_avx512(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t
 
 }  // namespace
 
-void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out) {
+// The one-term tile of x-row block cb, chunk kc: column r = bf16(x[16 cb + r, 32 kc + 2 kk + {0, 1}]).
+static void pack_tile_single(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t cb, int64_t kc, PackedX& out) {
+  uint16_t* dst = out.data.data() + (cb * out.chunks + kc) * out.tile_elems();
+  for (int64_t r = 0; r < out.n_cols; ++r) {
+    const int64_t i = cb * out.rows_per_block + r;
+    for (int kk = 0; kk < kChunk / 2; ++kk)
+      for (int e = 0; e < 2; ++e) {
+        const int64_t c = kc * kChunk + 2 * kk + e;
+        dst[(kk * out.ld + r) * 2 + e] = i < m && c < k ? f32_to_bf16(x[i * ldx + c]) : uint16_t(0);
+      }
+  }
+}
+
+void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out, int terms) {
+  CHECK(terms == kTerms || terms == 1, "amx::pack_x: ", terms, " terms (expected 1 or ", kTerms, ")");
   out.m = m;
   out.k = k;
+  out.terms = terms;
+  out.rows_per_block = terms == 1 ? kTileRows : kRowsPerBlock;
   out.chunks = (k + kChunk - 1) / kChunk;
-  out.col_blocks = (m + kRowsPerBlock - 1) / kRowsPerBlock;
-  out.n_cols = int(kTerms * std::min<int64_t>(m, kRowsPerBlock));
+  out.col_blocks = (m + out.rows_per_block - 1) / out.rows_per_block;
+  out.n_cols = int(terms * std::min<int64_t>(m, out.rows_per_block));
   out.ld = out.n_cols <= 4 ? 4 : out.n_cols <= 8 ? 8 : 16;
   // Grown, never shrunk: a buffer reused for x of varying size (prefill's experts) is not zero-filled
   // again on every call. Every element a tile reads is written below.
@@ -574,6 +596,10 @@ void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out) {
   // Rows i >= m of the last block (m > 5) are zero rows of x.
   const auto block = [&](int64_t cb) {
     for (int64_t kc = 0; kc < out.chunks; ++kc) {
+      if (terms == 1) {
+        pack_tile_single(x, ldx, m, k, cb, kc, out);
+        continue;
+      }
 #if defined(__AVX512F__) && defined(__AVX512BW__)
       if (pack_tile_avx512(x, ldx, m, k, cb, kc, out)) continue;
 #endif

@@ -18,7 +18,8 @@
 // Batch-invariant: y[i, j] is, whatever m, n, the tile mix or the thread: C_t = the TDPBF16PS
 // products of W row j and term t of x row i over the 32-wide k chunks in order, each term its own
 // column (a column's value depends on its own column of B only); then y = (C_1 + C_2) + C_3 (or
-// y + that). Zero padding (k past its end, W rows past n, x rows past m) adds exact zeros.
+// y + that). In Precision::kFast x is one term, bf16(x) (round to nearest even), and y = C_1 (or
+// y + C_1): the fast precision's AMX recipe. Zero padding (k past its end, W rows past n, x rows past m) adds exact zeros.
 //
 // Two implementations of the same kernel source: the hardware one (inline assembly, used where
 // cpuid, XCR0 and the Linux permission request allow) and an emulation of the tile instructions in
@@ -67,9 +68,12 @@ constexpr int kRowsPerBlock = 5;
 // of 16 k pairs x n_cols columns x 2 bf16, column 3 r + t = term t of row r of the block
 // (n_cols = 3 min(m, kRowsPerBlock): small batches pack no padding columns). A tile row (one k
 // pair) takes ld columns, n_cols rounded up to 4, 8 or 16, so that no row crosses a cache line.
+// With terms = 1 (Precision::kFast: x rounded to bf16, one term) a block is 16 rows, column r = row
+// r (n_cols = min(m, 16)).
 struct PackedX {
   int64_t m = 0, k = 0, chunks = 0, col_blocks = 0;
   int n_cols = 0, ld = 0;
+  int terms = kTerms, rows_per_block = kRowsPerBlock;
   std::vector<uint16_t, Aligned64<uint16_t>> data;  // every tile on a 64-byte boundary
 
   int64_t tile_elems() const { return int64_t(kTileRows) * ld * 2; }
@@ -77,7 +81,8 @@ struct PackedX {
 };
 // x [m, k] float32, row stride ldx. Packs of kPackParallelElems elements or more run on all threads.
 constexpr int64_t kPackParallelElems = int64_t(1) << 18;
-void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out);
+// terms: kTerms (exact) or 1 (fast: each x rounded to bf16, nearest even).
+void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, PackedX& out, int terms = kTerms);
 
 // The three bf16 terms of one float32 (exported for tests).
 void split_terms(float v, uint16_t out[kTerms]);

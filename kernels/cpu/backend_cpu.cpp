@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "cpu/fast_ops.h"
 #include "cpu/reference.h"
@@ -76,7 +78,9 @@ void moe_combine_rows(const MoeCombineParams& p, int64_t b, int64_t e, std::vect
 class CpuBackend final : public HostBackend {
  public:
   using Backend::gemm_batch;  // the vector / array overload
+  explicit CpuBackend(Precision precision) : precision_(precision) {}
   std::string name() const override { return "cpu"; }
+  Precision precision() const override { return precision_; }
 
   const void* upload_mapped(const void* mapped, size_t bytes) override {
     const void* copy = arena_.copy(mapped, bytes);
@@ -99,6 +103,7 @@ class CpuBackend final : public HostBackend {
     }
     const bool plain = mapped.dtype == DType::BF16 || mapped.dtype == DType::F16 || mapped.dtype == DType::F32;
     if (!plain) return HostBackend::upload_gemm_matrix(mapped, bytes);
+    if (precision_ == Precision::kFast) return upload_fast(mapped);
     const WeightLayout layout = mapped.dtype == DType::BF16 && fast::gemm_path() != "fp32" ? WeightLayout::kTile16
                                                                                           : WeightLayout::kQuad16;
     Weight w = mapped;
@@ -110,11 +115,11 @@ class CpuBackend final : public HostBackend {
   }
   void gemm(const GemmParams& p) override {
     validate(p);
-    fast::gemm(p);
+    fast::gemm(p, precision_);
   }
   void gemm_batch(const GemmParams* ps, size_t n) override {
     for (size_t i = 0; i < n; ++i) validate(ps[i]);
-    fast::gemm_batch({ps, n});
+    fast::gemm_batch({ps, n}, precision_);
   }
   void rms_norm(const RmsNormParams& p) override {
     validate(p);
@@ -245,7 +250,37 @@ class CpuBackend final : public HostBackend {
   bool index_key_tiles() const override { return true; }
 
  private:
+  // Precision::kFast: a plain-dtype matrix held as BF16 (F16 / F32 rounded to nearest even once
+  // here: what its gemm would read anyway, at half or a quarter of the bytes) in the layout of the
+  // fast path in use (fast::fast_bf16_layout()).
+  Weight upload_fast(const Weight& mapped) {
+    std::vector<uint16_t> rounded;
+    const void* src = mapped.data;
+    int64_t ld = mapped.ld;
+    if (mapped.dtype != DType::BF16) {
+      rounded.resize(size_t(mapped.rows * mapped.cols));
+      for (int64_t r = 0; r < mapped.rows; ++r)
+        for (int64_t c = 0; c < mapped.cols; ++c) rounded[size_t(r * mapped.cols + c)] = f32_to_bf16(weight_at(mapped, r, c));
+      src = rounded.data();
+      ld = mapped.cols;
+    }
+    const WeightLayout layout = fast::fast_bf16_layout();
+    Weight w = mapped;
+    w.dtype = DType::BF16;
+    w.data = arena_.copy_interleaved(src, 2, mapped.rows, mapped.cols, ld, layout);
+    if (!w.data) {  // the arena is off or full: the heap, so that the recipe stays the path's
+      owned_.emplace_back(new uint16_t[WeightArena::interleaved_bytes(2, mapped.rows, mapped.cols, layout) / 2]);
+      WeightArena::interleave(owned_.back().get(), src, 2, mapped.rows, mapped.cols, ld, layout);
+      w.data = owned_.back().get();
+    }
+    w.layout = layout;
+    w.ld = WeightArena::interleaved_ld(layout, mapped.cols);
+    return w;
+  }
+
+  Precision precision_;
   WeightArena arena_;
+  std::vector<std::unique_ptr<uint16_t[]>> owned_;  // kFast matrices the arena did not take
 };
 
 }  // namespace
@@ -253,5 +288,7 @@ class CpuBackend final : public HostBackend {
 }  // namespace glm5::kernels::cpu
 
 namespace glm5::kernels {
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<cpu::CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend(Precision precision) {
+  return std::make_unique<cpu::CpuBackend>(precision);
+}
 }  // namespace glm5::kernels

@@ -5,6 +5,7 @@
 // to an op is the bug that would crash a GPU run, found here on any machine, and the addresses it
 // hands out fault when host code dereferences them.
 #include "cpu/device_like.h"
+#include "cpu/weight_arena.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -78,7 +79,10 @@ constexpr int kPoison = 0xFF;
 // comparing it with the cpu backend compare the tiled layout with rows, end to end.
 class DeviceLikeBackend final : public Backend {
  public:
-  DeviceLikeBackend() : cpu_(make_cpu_backend()), cache_(raw_block, free_block) { ++g_live_backends; }
+  explicit DeviceLikeBackend(Precision precision)
+      : cpu_(make_cpu_backend(precision)), cache_(raw_block, free_block) {
+    ++g_live_backends;
+  }
   ~DeviceLikeBackend() override {
     for (void* p : uploads_) cache_.free(p);
     cache_.release_cached();
@@ -86,6 +90,7 @@ class DeviceLikeBackend final : public Backend {
   }
 
   std::string name() const override { return "cpu-devicelike"; }
+  Precision precision() const override { return cpu_->precision(); }
   bool host_memory() const override { return false; }
   uint64_t raw_allocations() const override { return cache_.raw_allocs(); }
   const DeviceLikeCounters& counters() const {
@@ -132,6 +137,19 @@ class DeviceLikeBackend final : public Backend {
     if (bytes) std::memcpy(p, host, bytes);
     uploads_.push_back(p);
     return tag(p);
+  }
+
+  // Precision::kFast: plain-dtype matrices laid out as the cpu backend holds them (its fast paths'
+  // recipes depend on the layout), then copied in. (Exact results do not depend on the layout.)
+  Weight upload_gemm_matrix(const Weight& mapped, size_t bytes) override {
+    const bool plain = mapped.dtype == DType::BF16 || mapped.dtype == DType::F16 || mapped.dtype == DType::F32;
+    if (precision() != Precision::kFast || !plain) return Backend::upload_gemm_matrix(mapped, bytes);
+    Weight w = cpu_->upload_gemm_matrix(mapped, bytes);
+    const size_t n = w.layout == WeightLayout::kRowMajor
+                         ? bytes
+                         : cpu::WeightArena::interleaved_bytes(dtype_size(w.dtype), w.rows, w.cols, w.layout);
+    w.data = upload(w.data, n);
+    return w;
   }
 
   // Each op: every operand must be device memory; the cpu backend runs on the host addresses.
@@ -279,7 +297,9 @@ const DeviceLikeCounters* device_like_counters(const Backend& be) {
   return d ? &d->counters() : nullptr;
 }
 
-std::unique_ptr<Backend> make_device_like_backend() { return std::make_unique<DeviceLikeBackend>(); }
+std::unique_ptr<Backend> make_device_like_backend(Precision precision) {
+  return std::make_unique<DeviceLikeBackend>(precision);
+}
 
 bool is_device_like_memory(const void* p, size_t bytes) {
   if (!p || !(reinterpret_cast<uintptr_t>(p) & kDeviceBit) || g_live_backends.load(std::memory_order_relaxed) == 0)

@@ -26,7 +26,7 @@ struct DeviceLikeCounters {
 
 // Counters of a backend made by make_device_like_backend(); nullptr for any other backend.
 const DeviceLikeCounters* device_like_counters(const Backend& be);
-std::unique_ptr<Backend> make_device_like_backend();
+std::unique_ptr<Backend> make_device_like_backend(Precision precision = Precision::kExact);
 
 // True when [p, p + bytes) touches memory of a live device-like backend.
 bool is_device_like_memory(const void* p, size_t bytes);

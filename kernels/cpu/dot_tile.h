@@ -89,6 +89,14 @@ struct LoadF16 {
   }
 };
 
+// The loaders of Precision::kFast for F16 / F32 weights: the widened values rounded to bf16.
+template <class L>
+struct LoadRounded {
+  using T = typename L::T;
+  static simd::vf full(const T* p) { return simd::round_bf16(L::full(p)); }
+  static simd::vf part(const T* p, int n) { return simd::round_bf16(L::part(p, n)); }
+};
+
 // y[r * ldy + c] = (accumulate ? y[r * ldy + c] : 0) + a[r * lda + :k] . b row c (chunk_at<Quad>)
 template <int MR, int NR, class L, bool Quad = false>
 void dot_tile(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, int64_t k,

@@ -11,10 +11,10 @@
 
 namespace glm5::kernels::cpu::fast {
 
-void gemm(const GemmParams& p);                      // cpu/gemm.cpp
+void gemm(const GemmParams& p, Precision precision = Precision::kExact);  // cpu/gemm.cpp
 // Independent gemms (no output overlaps another's input or output) in one parallel region, their
 // work items spread over all threads; each result is bitwise what gemm() gives it alone.
-void gemm_batch(std::span<const GemmParams> ps);     // cpu/gemm.cpp
+void gemm_batch(std::span<const GemmParams> ps, Precision precision = Precision::kExact);  // cpu/gemm.cpp
 // The BF16-weight gemm's code paths (y = x W^T): "fp32" (the 16-lane dot_tile recipe, AVX-512 or
 // portable), "amx" (AMX-BF16 tiles on three bf16 terms of x, cpu/amx_gemm.h; where
 // amx::available()), "amx-emulated" (the same kernel on emulated tiles, for tests). gemm_paths()
@@ -28,6 +28,23 @@ void gemm_batch(std::span<const GemmParams> ps);     // cpu/gemm.cpp
 std::vector<std::string> gemm_paths();
 std::string gemm_path();
 void set_gemm_path(const std::string& path);
+// Precision::kFast's code paths (x and the weights rounded to bf16, float32 accumulation), each its
+// own batch-invariant recipe:
+//   "avx512bf16": kPair16 BF16 weights on vdpbf16ps (cpu/bf16_gemm.h: one lane chained over the k
+//                 pairs);
+//   "amx", "amx-emulated": BF16 weights on AMX tiles with one term (cpu/amx_gemm.h);
+//   "portable": the exact path's kernels (the dot_tile recipe: 16 lanes of FMA, then the reduce
+//               tree) over the rounded values.
+// Row-major BF16 weights off the AMX paths, F16 / F32 and quantized weights (dequantized, then
+// rounded unless quant_values_are_bf16) and transposed gemms take the portable recipe on every
+// path. fast_gemm_paths() lists what this machine runs; the path in use is GLM5_CPU_FAST_GEMM if
+// set, else the best (amx, avx512bf16, portable); set_fast_gemm_path ("auto" = best) switches it
+// for tests and benchmarks. fast_bf16_layout(): how the backend holds BF16 gemm matrices for the
+// path in use (kPair16, kTile16 or kQuad16); a weight laid out for one path is refused on another.
+std::vector<std::string> fast_gemm_paths();
+std::string fast_gemm_path();
+void set_fast_gemm_path(const std::string& path);
+WeightLayout fast_bf16_layout();
 void indexer_scores(const IndexerScoresParams& p);   // cpu/attention.cpp
 void mla_prefill(const MlaPrefillParams& p);         // cpu/attention.cpp
 void mla_decode(const MlaDecodeParams& p);           // cpu/attention.cpp
@@ -37,13 +54,21 @@ void topk(const TopkParams& p);                      // cpu/attention.cpp
 // dequantization behind it (rows [r0, r0 + n) of w into out, row stride ldo; values of weight_at).
 // quant_split cuts y = x W^T into items of W rows, quant_item runs one (any thread, any order);
 // gemm_quantized_tn is y = x W for a quantized W [k, n].
+// round: Precision::kFast for a format whose values are not bf16 already (quant_values_are_bf16):
+// the dequantized panel is rounded to bf16 (then never fused).
 struct QuantSplit {
   bool fused = false;  // dequantized in registers (AVX-512 builds, m <= 4) instead of a panel
+  bool round = false;
   int64_t rows_per_item = 0, items = 0;
 };
-QuantSplit quant_split(const GemmParams& p);
+QuantSplit quant_split(const GemmParams& p, bool round = false);
 void quant_item(const GemmParams& p, const QuantSplit& s, int64_t item);
-void gemm_quantized_tn(const GemmParams& p);
+void gemm_quantized_tn(const GemmParams& p, Precision precision = Precision::kExact);
+// Whether every dequantized value of w is a bf16 value already: int4 / int8 with BF16 scales
+// (weight_at rounds q s to the scale's dtype), so Precision::kFast reads them unchanged.
+inline bool quant_values_are_bf16(const Weight& w) {
+  return (w.dtype == DType::Q4 || w.dtype == DType::Q8) && w.scale_dtype == DType::BF16;
+}
 void dequantize_rows(const Weight& w, int64_t r0, int64_t n, float* out, int64_t ldo);
 // The dequantization code paths this CPU can run ("portable", and "avx512" where cpuid has it),
 // the one in use, and a switch for tests and benchmarks ("auto" = best; GLM5_CPU_KERNELS=portable

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cpu/amx_gemm.h"
+#include "cpu/bf16_gemm.h"
 #include "cpu/dot_tile.h"
 #include "cpu/panel_block.h"
 #include "cpu/fast_ops.h"
@@ -290,6 +291,51 @@ int gemm_path_now() {
   return g_gemm_path.load(std::memory_order_relaxed);
 }
 
+// The fast precision's path (fast_gemm_path()): 0 portable, 1 avx512bf16, 2 amx, 3 amx-emulated; -1
+// not chosen.
+std::atomic<int> g_fast_path{-1};
+constexpr const char* kFastPathNames[] = {"portable", "avx512bf16", "amx", "amx-emulated"};
+constexpr int kFastPortable = 0, kFastBf16 = 1, kFastAmx = 2, kFastAmxEmulated = 3;
+
+int fast_path_index(const std::string& name, const char* what) {
+  for (int i = 0; i < 4; ++i)
+    if (name == kFastPathNames[i]) {
+      std::string why;
+      CHECK(i != kFastAmx || amx::available(&why), what, "=amx: this machine cannot run AMX: ", why);
+      CHECK(i != kFastBf16 || bf16::available(), what, "=avx512bf16: this CPU has no AVX512-BF16");
+      return i;
+    }
+  CHECK(name == "auto", what, "=", name, ": expected auto, portable, avx512bf16, amx or amx-emulated");
+  return amx::available() ? kFastAmx : bf16::available() ? kFastBf16 : kFastPortable;
+}
+
+// Chosen once: GLM5_CPU_FAST_GEMM if set, else the best this machine has.
+int fast_path_now() {
+  int v = g_fast_path.load(std::memory_order_relaxed);
+  if (v >= 0) return v;
+  const char* e = std::getenv("GLM5_CPU_FAST_GEMM");
+  v = fast_path_index(e && *e ? e : "auto", "GLM5_CPU_FAST_GEMM");
+  int expected = -1;
+  g_fast_path.compare_exchange_strong(expected, v);
+  return g_fast_path.load(std::memory_order_relaxed);
+}
+
+// Whether a BF16 gemm (y = x W^T, weight layout l) runs on AMX tiles in this precision.
+bool runs_on_amx(const GemmParams& g, Precision precision) {
+  if (g.w.dtype != DType::BF16 || g.trans_w || g.k == 0) return false;
+  if (g.w.layout == WeightLayout::kTile16) return true;
+  if (g.w.layout != WeightLayout::kRowMajor) return false;
+  return precision == Precision::kFast ? fast_path_now() >= kFastAmx : gemm_path_now() != 0;
+}
+
+// kPair16 (AVX512-BF16) items: decode-sized x, ~kBlockBytes of W in multiples of 64 rows (one
+// tile's 4 groups); larger x, 128 rows per pass over x.
+int64_t pair_rows_per_item(int64_t m, int64_t k) {
+  if (m > 16) return 128;
+  const int64_t nb = kBlockBytes / (2 * std::max<int64_t>(k, 1));
+  return std::clamp<int64_t>(nb / 64 * 64, 64, 256);
+}
+
 // BF16 y = x W^T on AMX tiles: items of W rows against all of x (packed once per batch). Decode-
 // sized x (<= 5 rows: one B tile): ~kBlockBytes of W in multiples of 48 rows (the kernel's three W blocks);
 // larger x: 128 rows, so that each pass over the packed x (6 bytes per element, from L3) feeds
@@ -308,13 +354,14 @@ int64_t amx_rows_per_item(int64_t m, int64_t k) {
 struct Pack {
   amx::PackedX x;
   const GemmParams* src = nullptr;  // what to pack
+  int terms = amx::kTerms;           // 1 in Precision::kFast
   std::atomic<int> state{2};         // 0: to pack, 1: being packed, 2: ready
 
   const amx::PackedX& ready() {
     int s = state.load(std::memory_order_acquire);
     if (s == 2) return x;
     if (s == 0 && state.compare_exchange_strong(s, 1, std::memory_order_acquire)) {
-      amx::pack_x(src->x, src->ldx, src->m, src->k, x);
+      amx::pack_x(src->x, src->ldx, src->m, src->k, x, terms);
       state.store(2, std::memory_order_release);
       return x;
     }
@@ -328,20 +375,33 @@ struct Pack {
 };
 
 // One gemm of a batch: how it is cut into items and what an item costs (bytes of W read plus
-// a share for the multiply-adds), for splitting a batch over threads by cost.
+// a share for the multiply-adds), for splitting a batch over threads by cost. In Precision::kFast
+// `p` is the batch's copy of the caller's params, whose x round_inputs replaces by its bf16 values
+// where the kernel reads floats (portable, quantized, transposed), and `round_w` rounds F16 / F32 /
+// dequantized weights as they are read.
 struct Job {
   const GemmParams* p = nullptr;
-  enum Kind { kNt, kPanel, kTn, kQuant, kAmx } kind = kNt;
+  const GemmParams* src = nullptr;  // the caller's params (its x)
+  enum Kind { kNt, kPanel, kTn, kQuant, kAmx, kPair } kind = kNt;
+  bool fast = false, round_w = false;
   NtSplit nt;
   QuantSplit quant;
   Pack* px = nullptr;  // kAmx: x as tile terms (set by pack_amx_inputs)
-  int64_t amx_rows = 0;
+  bf16::PackedPairs* pairs = nullptr;  // kPair: x as bf16 pairs (set by round_inputs)
+  int64_t amx_rows = 0, pair_rows = 0;
   bool amx_emulated = false;
   int64_t items = 0;
   double item_cost = 0;
 
-  explicit Job(const GemmParams& g) : p(&g) {
+  Job(const GemmParams& g, const GemmParams& caller, Precision precision)
+      : p(&g), src(&caller), fast(precision == Precision::kFast) {
     const double wbytes = quant::is_quantized(g.w.dtype) ? 1.0 : double(dtype_size(g.w.dtype));
+    round_w = fast && (g.w.dtype == DType::F16 || g.w.dtype == DType::F32 ||
+                       (quant::is_quantized(g.w.dtype) && !quant_values_are_bf16(g.w)));
+    CHECK(g.w.layout != WeightLayout::kPair16 || (fast && fast_path_now() == kFastBf16),
+          "gemm: a kPair16 (AVX512-BF16 pairs) weight in ", precision_name(precision),
+          " precision on fast path ", kFastPathNames[fast_path_now()],
+          ": weights are laid out for the precision and path chosen when they were loaded");
     if (g.trans_w) {
       kind = kTn;
       const int64_t cols = tn_cols(g);
@@ -349,18 +409,24 @@ struct Job {
       item_cost = double(std::min(cols, g.n) * g.k) * (wbytes + double(std::min(g.m, kTnRows)));
     } else if (quant::is_quantized(g.w.dtype)) {
       kind = kQuant;
-      quant = quant_split(g);
+      quant = quant_split(g, round_w);
       items = quant.items;
       item_cost = double(quant.rows_per_item * g.k) * (wbytes + double(g.m));
-    } else if (g.w.layout == WeightLayout::kTile16 ||
-               (g.w.dtype == DType::BF16 && g.k > 0 && g.w.layout == WeightLayout::kRowMajor && gemm_path_now() != 0)) {
-      CHECK(gemm_path_now() != 0, "gemm: a kTile16 (AMX tile) weight on the fp32 gemm path (GLM5_CPU_GEMM=fp32): ",
+    } else if (g.w.layout == WeightLayout::kPair16 && g.k > 0) {
+      kind = kPair;
+      pair_rows = pair_rows_per_item(g.m, g.k);
+      items = (g.n + pair_rows - 1) / pair_rows;
+      item_cost = double(pair_rows * g.k) * (wbytes + 0.5 * double(g.m));
+    } else if (runs_on_amx(g, precision)) {
+      const bool amx_path = fast ? fast_path_now() >= kFastAmx : gemm_path_now() != 0;
+      CHECK(amx_path, "gemm: a kTile16 (AMX tile) weight in ", precision_name(precision),
+            " precision off the AMX path (GLM5_CPU_GEMM / GLM5_CPU_FAST_GEMM): ",
             "weights are laid out for the path chosen when they were loaded");
       kind = kAmx;
-      amx_emulated = gemm_path_now() == 2;
+      amx_emulated = fast ? fast_path_now() == kFastAmxEmulated : gemm_path_now() == 2;
       amx_rows = amx_rows_per_item(g.m, g.k);
       items = (g.n + amx_rows - 1) / amx_rows;
-      item_cost = double(amx_rows * g.k) * (wbytes + double(g.m));
+      item_cost = double(amx_rows * g.k) * (wbytes + double(g.m) / (fast ? 3 : 1));
     } else if (g.m >= kPanelMinRows && g.k > 0) {  // (k = 0: dot_tile writes the zeros)
       kind = kPanel;
       items = (g.m + kPanelRows - 1) / kPanelRows * ((g.n + kPanelCols - 1) / kPanelCols);
@@ -372,6 +438,9 @@ struct Job {
     }
   }
 
+  // Whether the kernel reads x as floats (then, in kFast, round_inputs gives it the rounded copy).
+  bool reads_float_x() const { return kind != kAmx && kind != kPair; }
+
   void run(int64_t item) const {
     switch (kind) {
       case kQuant: quant_item(*p, quant, item); return;
@@ -380,6 +449,12 @@ struct Job {
         amx::gemm_rows(px->ready(), static_cast<const uint16_t*>(p->w.data) + j0 * p->w.ld, p->w.ld,
                        p->w.layout == WeightLayout::kTile16, std::min(amx_rows, p->n - j0), p->y + j0, p->ldy,
                        p->accumulate, amx_emulated);
+        return;
+      }
+      case kPair: {
+        const int64_t j0 = item * pair_rows;
+        bf16::gemm_rows(*pairs, static_cast<const uint16_t*>(p->w.data) + j0 * p->w.ld, p->w.ld,
+                        std::min(pair_rows, p->n - j0), p->y + j0, p->ldy, p->accumulate);
         return;
       }
       case kTn: return typed([&]<class L>() { tn_item<L>(*p, item); });
@@ -398,8 +473,14 @@ struct Job {
   void typed(F f) const {
     switch (p->w.dtype) {
       case DType::BF16: f.template operator()<LoadBF16>(); break;
-      case DType::F16: f.template operator()<LoadF16>(); break;
-      default: f.template operator()<LoadF32>(); break;
+      case DType::F16:
+        if (round_w) f.template operator()<LoadRounded<LoadF16>>();
+        else f.template operator()<LoadF16>();
+        break;
+      default:
+        if (round_w) f.template operator()<LoadRounded<LoadF32>>();
+        else f.template operator()<LoadF32>();
+        break;
     }
   }
 };
@@ -446,6 +527,9 @@ struct Scratch {
   int n_ranges = 0;
   std::vector<std::unique_ptr<Pack>> packed;  // the AMX jobs' x (pack_amx_inputs)
   std::vector<Pack*> pack_first;               // those packed before the items run
+  std::vector<GemmParams> params;              // the batch's params (kFast: x replaced)
+  std::vector<std::vector<float>> rounded;     // kFast: x as bf16 values (round_inputs)
+  std::vector<std::unique_ptr<bf16::PackedPairs>> pairs;  // kFast: x as bf16 pairs
 };
 
 Scratch& scratch() {
@@ -473,13 +557,16 @@ void pack_amx_inputs(std::vector<Job>& jobs) {
     const GemmParams& g = *jobs[j].p;
     for (size_t i = 0; i < j && !jobs[j].px; ++i) {
       const GemmParams& h = *jobs[i].p;
-      if (jobs[i].kind == Job::kAmx && h.x == g.x && h.ldx == g.ldx && h.m == g.m && h.k == g.k) jobs[j].px = jobs[i].px;
+      if (jobs[i].kind == Job::kAmx && h.x == g.x && h.ldx == g.ldx && h.m == g.m && h.k == g.k &&
+          jobs[i].fast == jobs[j].fast)
+        jobs[j].px = jobs[i].px;
     }
     if (jobs[j].px) continue;
     if (used == pool.size()) pool.push_back(std::make_unique<Pack>());
     Pack& pk = *pool[used++];
     jobs[j].px = &pk;
     pk.src = &g;
+    pk.terms = jobs[j].fast ? 1 : amx::kTerms;
     pk.state.store(0, std::memory_order_relaxed);  // (published to the threads by a region's start)
     if (g.m * g.k >= amx::kPackParallelElems) {
       pk.ready();
@@ -494,6 +581,61 @@ void pack_amx_inputs(std::vector<Job>& jobs) {
     for (int64_t u = 0; u < n; ++u) first[size_t(u)]->ready();
   } else {
     for (int64_t u = 0; u < n; ++u) first[size_t(u)]->ready();
+  }
+}
+
+// x rows [0, m) of k values rounded to bf16 into out (row stride k).
+void round_rows(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
+  const auto rows = [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float* xr = x + i * ldx;
+      float* o = out + i * k;
+      int64_t c = 0;
+      for (; c + simd::kLanes <= k; c += simd::kLanes) simd::store(o + c, simd::round_bf16(simd::load(xr + c)));
+      if (c < k) simd::store_n(o + c, simd::round_bf16(simd::load_n(xr + c, int(k - c))), int(k - c));
+    }
+  };
+  if (m * k < (int64_t(1) << 18) || m < 2) return rows(0, m);
+#pragma omp parallel
+  {
+    const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
+    rows(m * id / nt, m * (id + 1) / nt);
+  }
+}
+
+// Precision::kFast: each distinct x of the batch once as bf16 values (the jobs whose kernels read
+// floats then read the copy, row stride k) or as bf16 pairs (kPair16 jobs), in buffers this thread
+// keeps between calls.
+void round_inputs(std::vector<GemmParams>& params, std::vector<Job>& jobs) {
+  Scratch& sc = scratch();
+  size_t floats = 0, pairs = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    Job& job = jobs[j];
+    if (!job.fast || job.kind == Job::kAmx || job.p->k == 0) continue;
+    const GemmParams& s = *job.src;
+    GemmParams& g = params[size_t(job.p - params.data())];
+    bool shared = false;
+    for (size_t i = 0; i < j && !shared; ++i) {
+      const GemmParams& h = *jobs[i].src;
+      if (!jobs[i].fast || jobs[i].kind == Job::kAmx || h.x != s.x || h.ldx != s.ldx || h.m != s.m || h.k != s.k ||
+          jobs[i].reads_float_x() != job.reads_float_x())
+        continue;
+      shared = true;
+      if (job.kind == Job::kPair) job.pairs = jobs[i].pairs;
+      else g.x = jobs[i].p->x, g.ldx = jobs[i].p->ldx;
+    }
+    if (shared) continue;
+    if (job.kind == Job::kPair) {
+      if (pairs == sc.pairs.size()) sc.pairs.push_back(std::make_unique<bf16::PackedPairs>());
+      job.pairs = sc.pairs[pairs++].get();
+      bf16::pack_pairs(s.x, s.ldx, s.m, s.k, *job.pairs);
+    } else {
+      if (floats == sc.rounded.size()) sc.rounded.emplace_back();
+      std::vector<float>& buf = sc.rounded[floats++];
+      if (buf.size() < size_t(s.m * s.k)) buf.resize(size_t(s.m * s.k));
+      round_rows(s.x, s.ldx, s.m, s.k, buf.data());
+      g.x = buf.data(), g.ldx = s.k;
+    }
   }
 }
 
@@ -568,9 +710,12 @@ bool quantized_tn(const GemmParams& p) {  // dequantized whole first, then its o
 
 }  // namespace
 
-void gemm_batch(std::span<const GemmParams> ps) {
-  std::vector<Job>& jobs = scratch().jobs;
+void gemm_batch(std::span<const GemmParams> ps, Precision precision) {
+  Scratch& sc = scratch();
+  std::vector<Job>& jobs = sc.jobs;
+  std::vector<GemmParams>& params = sc.params;
   jobs.clear();
+  params.clear();
   for (const GemmParams& p : ps) {
     if (p.m == 0 || p.n == 0 || quantized_tn(p)) continue;
     switch (p.w.dtype) {
@@ -578,16 +723,20 @@ void gemm_batch(std::span<const GemmParams> ps) {
       case DType::F8_E4M3: case DType::Q4: case DType::Q8: break;
       default: GLM5_FAIL("gemm: weight dtype ", dtype_name(p.w.dtype), " is not supported");
     }
-    jobs.emplace_back(p);
+    params.push_back(p);
   }
+  size_t next = 0;  // (params is complete: the jobs keep pointers into it)
+  for (const GemmParams& p : ps)
+    if (!(p.m == 0 || p.n == 0 || quantized_tn(p))) jobs.emplace_back(params[next++], p, precision);
+  if (precision == Precision::kFast) round_inputs(params, jobs);
   pack_amx_inputs(jobs);
   run_jobs(jobs);
   // After the batch: gemm_quantized_tn calls gemm, which reuses this thread's scratch.
   for (const GemmParams& p : ps)
-    if (p.m != 0 && p.n != 0 && quantized_tn(p)) gemm_quantized_tn(p);
+    if (p.m != 0 && p.n != 0 && quantized_tn(p)) gemm_quantized_tn(p, precision);
 }
 
-void gemm(const GemmParams& p) { gemm_batch({&p, 1}); }
+void gemm(const GemmParams& p, Precision precision) { gemm_batch({&p, 1}, precision); }
 
 std::vector<std::string> gemm_paths() {
   std::vector<std::string> v = {"fp32"};
@@ -599,6 +748,23 @@ std::vector<std::string> gemm_paths() {
 std::string gemm_path() { return kGemmPathNames[gemm_path_now()]; }
 
 void set_gemm_path(const std::string& path) { g_gemm_path.store(path_index(path, "set_gemm_path")); }
+
+std::vector<std::string> fast_gemm_paths() {
+  std::vector<std::string> v = {"portable"};
+  if (bf16::available()) v.push_back("avx512bf16");
+  if (amx::available()) v.push_back("amx");
+  v.push_back("amx-emulated");
+  return v;
+}
+
+std::string fast_gemm_path() { return kFastPathNames[fast_path_now()]; }
+
+void set_fast_gemm_path(const std::string& path) { g_fast_path.store(fast_path_index(path, "set_fast_gemm_path")); }
+
+WeightLayout fast_bf16_layout() {
+  const int f = fast_path_now();
+  return f == kFastBf16 ? WeightLayout::kPair16 : f >= kFastAmx ? WeightLayout::kTile16 : WeightLayout::kQuad16;
+}
 
 }  // namespace fast
 }  // namespace glm5::kernels::cpu

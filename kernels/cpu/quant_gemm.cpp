@@ -564,10 +564,11 @@ void dequantize_rows(const Weight& w, int64_t r0, int64_t n, float* out, int64_t
 // Only where the register tile itself is the AVX-512 one (a build for AVX-512): its FMA is fused
 // and the portable tile's (a * b + c) need not be, so mixing the two would make a row's bits
 // depend on m. Otherwise each item dequantizes a block of rows once into a float32 panel.
-QuantSplit quant_split(const GemmParams& p) {
+QuantSplit quant_split(const GemmParams& p, bool round) {
   QuantSplit s;
+  s.round = round;
 #if defined(__AVX512F__)
-  if (p.m <= 4 && use_avx512() && p.k % 16 == 0 && p.w.group % 16 == 0 && p.w.cols == p.k) {
+  if (!round && p.m <= 4 && use_avx512() && p.k % 16 == 0 && p.w.group % 16 == 0 && p.w.cols == p.k) {
     s.fused = true;
     s.rows_per_item = 16;
     s.items = (p.n + s.rows_per_item - 1) / s.rows_per_item;
@@ -595,6 +596,11 @@ void quant_item(const GemmParams& p, const QuantSplit& s, int64_t item) {
   thread_local std::vector<float> panel;
   if (panel.size() < size_t(s.rows_per_item * p.k)) panel.resize(size_t(s.rows_per_item * p.k));
   dequantize_rows(p.w, j0, j1 - j0, panel.data(), p.k);
+  if (s.round)
+    for (size_t i = 0; i < size_t((j1 - j0) * p.k); i += simd::kLanes) {
+      const int n = int(std::min<size_t>(simd::kLanes, size_t((j1 - j0) * p.k) - i));
+      simd::store_n(panel.data() + i, simd::round_bf16(simd::load_n(panel.data() + i, n)), n);
+    }
   if (p.m < kPanelMinRows || p.k == 0) {
     dot_block<LoadF32>(p.x, p.ldx, panel.data(), p.k, p.m, j1 - j0, p.k, p.y + j0, p.ldy, p.accumulate);
     return;
@@ -606,12 +612,12 @@ void quant_item(const GemmParams& p, const QuantSplit& s, int64_t item) {
 
 // y = x W with a quantized W [k, n] (not on a hot path: the model dequantizes what it
 // transposes at load): the whole matrix dequantized, then the float32 gemm.
-void gemm_quantized_tn(const GemmParams& p) {
+void gemm_quantized_tn(const GemmParams& p, Precision precision) {
   std::vector<float> full(size_t(p.w.rows * p.w.cols));
   dequantize_rows(p.w, 0, p.w.rows, full.data(), p.w.cols);
   GemmParams q = p;
   q.w = Weight{full.data(), DType::F32, p.w.rows, p.w.cols, p.w.cols};
-  gemm(q);
+  gemm(q, precision);  // (kFast: the F32 values rounded as they are read)
 }
 
 }  // namespace glm5::kernels::cpu::fast

@@ -87,6 +87,10 @@ void validate(const GemmParams& p) {
     CHECK(!p.trans_w && p.w.dtype == DType::BF16 && p.w.ld % 32 == 0, "gemm: an interleaved (kTile16) ",
           dtype_name(p.w.dtype), " weight with ld ", p.w.ld, " and trans_w = ", p.trans_w,
           ": the layout holds only BF16 rows used as y = x W^T, ld a multiple of 32");
+  if (p.w.layout == WeightLayout::kPair16)
+    CHECK(!p.trans_w && p.w.dtype == DType::BF16 && p.w.ld % 2 == 0, "gemm: an interleaved (kPair16) ",
+          dtype_name(p.w.dtype), " weight with ld ", p.w.ld, " and trans_w = ", p.trans_w,
+          ": the layout holds only BF16 rows used as y = x W^T, ld even");
   if (p.w.layout == WeightLayout::kQuantQuad)
     CHECK(!p.trans_w && quant_quad_fits(p.w.dtype, p.w.cols, p.w.ld, p.w.group),
           "gemm: a quad-interleaved (kQuantQuad) ", dtype_name(p.w.dtype), " weight [", p.w.rows, ", ", p.w.cols,
@@ -259,14 +263,15 @@ void allowed_keys(int64_t t_count, int32_t q_pos, const int32_t* topk, int64_t t
 
 namespace ref {
 
-void gemm(const GemmParams& p) {
+void gemm(const GemmParams& p, Precision precision) {
+  const bool fast = precision == Precision::kFast;
   for (int64_t i = 0; i < p.m; ++i) {
     const float* x = p.x + i * p.ldx;
     for (int64_t j = 0; j < p.n; ++j) {
       float acc = 0.0f;
       for (int64_t kk = 0; kk < p.k; ++kk) {
         float w = p.trans_w ? weight_at(p.w, kk, j) : weight_at(p.w, j, kk);
-        acc += x[kk] * w;
+        acc += fast ? bf16_round(x[kk]) * bf16_round(w) : x[kk] * w;
       }
       float& y = p.y[i * p.ldy + j];
       y = p.accumulate ? y + acc : acc;
@@ -513,8 +518,10 @@ void paged_write(const PagedWriteParams& p) {
 
 class ReferenceBackend final : public HostBackend {
  public:
+  explicit ReferenceBackend(Precision precision) : precision_(precision) {}
   std::string name() const override { return "reference"; }
-  void gemm(const GemmParams& p) override { validate(p); ref::gemm(p); }
+  Precision precision() const override { return precision_; }
+  void gemm(const GemmParams& p) override { validate(p); ref::gemm(p, precision_); }
   void rms_norm(const RmsNormParams& p) override { validate(p); ref::rms_norm(p); }
   void layer_norm(const LayerNormParams& p) override { validate(p); ref::layer_norm(p); }
   void rope(const RopeParams& p) override { validate(p); ref::rope(p); }
@@ -530,10 +537,15 @@ class ReferenceBackend final : public HostBackend {
   void add(const AddParams& p) override { validate(p); ref::add(p); }
   void copy_2d(const Copy2dParams& p) override { validate(p); ref::copy_2d(p); }
   void paged_write(const PagedWriteParams& p) override { validate(p); ref::paged_write(p); }
+
+ private:
+  Precision precision_;
 };
 
 }  // namespace glm5::kernels::cpu
 
 namespace glm5::kernels {
-std::unique_ptr<Backend> make_reference_backend() { return std::make_unique<cpu::ReferenceBackend>(); }
+std::unique_ptr<Backend> make_reference_backend(Precision precision) {
+  return std::make_unique<cpu::ReferenceBackend>(precision);
+}
 }  // namespace glm5::kernels

@@ -48,7 +48,7 @@ void allowed_keys(int64_t t_count, int32_t q_pos, const int32_t* topk, int64_t t
 // Reference implementations (unchecked: callers run validate() first). Row-wise ops may be
 // called on a sub-range of rows by offsetting the pointers and reducing m.
 namespace ref {
-void gemm(const GemmParams& p);
+void gemm(const GemmParams& p, Precision precision = Precision::kExact);
 void rms_norm(const RmsNormParams& p);
 void layer_norm(const LayerNormParams& p);
 void rope(const RopeParams& p);

@@ -123,6 +123,16 @@ inline vf widen_bf16(const uint16_t* p) {
 inline vf widen_f16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+// Each lane rounded to bf16 (nearest even) and widened back: f32_to_bf16's arithmetic (a NaN stays
+// a quiet NaN).
+inline vf round_bf16(vf v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                     _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  const __m512i q = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+  return _mm512_castsi512_ps(_mm512_and_si512(q, _mm512_set1_epi32(int(0xffff0000u))));
+}
 
 // r[0..16): the rows of a 16 x 16 float block, replaced by its transpose: four rounds of block
 // swaps (8 x 8, 4 x 4, 2 x 2, 1 x 1 sub-blocks across the diagonal), two permutes per row pair.
@@ -207,6 +217,10 @@ inline vf widen_bf16(const uint16_t* p) {
 inline vf widen_f16(const uint16_t* p) {
   vf v;
   for (int i = 0; i < 16; ++i) v[i] = f16_to_f32(p[i]);
+  return v;
+}
+inline vf round_bf16(vf v) {
+  for (int i = 0; i < 16; ++i) v[i] = bf16_to_f32(f32_to_bf16(v[i]));
   return v;
 }
 

@@ -129,12 +129,34 @@ const void* WeightArena::copy(const void* src, size_t bytes) {
 const void* WeightArena::copy_interleaved(const void* src, size_t elem_bytes, int64_t rows, int64_t cols, int64_t ld,
                                           WeightLayout layout) {
   const int64_t G = layout_group_rows(layout), C = layout_ld_multiple(layout);
-  CHECK(layout == WeightLayout::kQuad16 || layout == WeightLayout::kTile16, "copy_interleaved: not a plain interleaved layout");
+  CHECK(layout == WeightLayout::kQuad16 || layout == WeightLayout::kTile16 || layout == WeightLayout::kPair16,
+        "copy_interleaved: not a plain interleaved layout");
+  CHECK(layout != WeightLayout::kPair16 || elem_bytes == 2, "copy_interleaved: kPair16 holds BF16 only");
+  char* dst = take(interleaved_bytes(elem_bytes, rows, cols, layout));
+  if (!dst) return nullptr;
+  interleave(dst, src, elem_bytes, rows, cols, ld, layout);
+  return dst;
+}
+
+void WeightArena::interleave(void* out, const void* src, size_t elem_bytes, int64_t rows, int64_t cols, int64_t ld,
+                             WeightLayout layout) {
+  const int64_t G = layout_group_rows(layout), C = layout_ld_multiple(layout);
   const int64_t groups = (rows + G - 1) / G, ldc = interleaved_ld(layout, cols);
   const size_t chunk = size_t(C) * elem_bytes;  // one row's C elements
-  char* dst = take(size_t(groups * G * ldc) * elem_bytes);
-  if (!dst) return nullptr;
+  char* dst = static_cast<char*>(out);
   const char* s = static_cast<const char*>(src);
+  if (layout == WeightLayout::kPair16) {  // chunks of one pair: element by element
+    const auto* s16 = reinterpret_cast<const uint16_t*>(src);
+    auto* d16 = reinterpret_cast<uint16_t*>(dst);
+#pragma omp parallel for schedule(dynamic, 16) if (groups > 16)
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t c = 0; c < G; ++c) {
+        const int64_t r = G * g + c;
+        for (int64_t q = 0; q < ldc; ++q)
+          d16[pair16_offset(r, q, ldc)] = r < rows && q < cols ? s16[r * ld + q] : uint16_t(0);
+      }
+    return;
+  }
 #pragma omp parallel for schedule(dynamic, 256 / G) if (groups * G > 256)  // pieces of 256 rows
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t q = 0; q < ldc / C; ++q)
@@ -144,7 +166,6 @@ const void* WeightArena::copy_interleaved(const void* src, size_t elem_bytes, in
         if (n > 0) std::memcpy(out, s + size_t(r * ld + C * q) * elem_bytes, size_t(n) * elem_bytes);
         std::memset(out + size_t(n) * elem_bytes, 0, chunk - size_t(n) * elem_bytes);
       }
-  return dst;
 }
 
 const void* WeightArena::copy_quant_quad(const void* src, DType t, int64_t rows, size_t rb) {

@@ -34,6 +34,13 @@ class WeightArena {
   // interleaved_ld(layout, cols), zero-padded, or nullptr as for copy().
   const void* copy_interleaved(const void* src, size_t elem_bytes, int64_t rows, int64_t cols, int64_t ld,
                                WeightLayout layout);
+  // The same copy into `out` (interleaved_bytes long), for a caller that owns the memory.
+  static void interleave(void* out, const void* src, size_t elem_bytes, int64_t rows, int64_t cols, int64_t ld,
+                         WeightLayout layout);
+  static size_t interleaved_bytes(size_t elem_bytes, int64_t rows, int64_t cols, WeightLayout layout) {
+    const int64_t G = layout_group_rows(layout);
+    return size_t((rows + G - 1) / G * G * interleaved_ld(layout, cols)) * elem_bytes;
+  }
   const void* copy_quad16(const void* src, size_t elem_bytes, int64_t rows, int64_t cols, int64_t ld) {
     return copy_interleaved(src, elem_bytes, rows, cols, ld, WeightLayout::kQuad16);
   }

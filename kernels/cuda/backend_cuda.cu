@@ -71,9 +71,11 @@ int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 // every fp32 activation exactly; 2 keeps ~16 bits (about 1e-5 relative); 1 is plain bf16
 // activations (as the upstream references run); 0 uses the plain fp32 kernel instead of cuBLAS
 // for every dtype (a check on cuBLAS; slow). F32 weights use an fp32 cuBLAS GEMM for 1..3.
-int gemm_terms_from_env() {
+// Without the variable: 3 in Precision::kExact, 1 in kFast (one bf16 tensor-core term, as vLLM,
+// SGLang and TensorRT-LLM run).
+int gemm_terms_from_env(Precision precision) {
   const char* v = std::getenv("GLM5_CUDA_GEMM_TERMS");
-  if (!v || !*v) return 3;
+  if (!v || !*v) return precision == Precision::kFast ? 1 : 3;
   const std::string s = v;
   CHECK(s == "0" || s == "1" || s == "2" || s == "3",
         "environment variable GLM5_CUDA_GEMM_TERMS: expected 0, 1, 2 or 3, found '", s, "'");
@@ -279,8 +281,10 @@ uint32_t pointer_alignment(const void* p) {
 class CudaBackend final : public Backend {
  public:
   bool host_memory() const override { return false; }
-  explicit CudaBackend(int device)
+  Precision precision() const override { return precision_; }
+  CudaBackend(int device, Precision precision)
       : device_(device),
+        precision_(precision),
         // Raw allocations of the cache. On failure the allocator gives its cached blocks back to
         // cudaFree and tries once more: queued work may still use those blocks, so wait for the
         // stream first (the only sync in the allocation path, and only when memory runs out).
@@ -315,7 +319,7 @@ class CudaBackend final : public Backend {
                 "): ", cudaGetErrorString(probe),
                 "; configure with -DCMAKE_CUDA_ARCHITECTURES=", prop.major, prop.minor);
     }
-    gemm_terms_ = gemm_terms_from_env();
+    gemm_terms_ = gemm_terms_from_env(precision);
     gemm_mode_ = gemm_mode_from_env();
     tensor_decode_ = tensor_decode_from_env();
     tensor_indexer_ = tensor_indexer_from_env();
@@ -1114,6 +1118,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_ = 0;
+  Precision precision_ = Precision::kExact;
   cudaError_t last_alloc_error_ = cudaSuccess;  // of the last failed cudaMalloc
   // Declared before the CUDA handles below, destroyed after the destructor's body has drained
   // the stream; its raw free is cudaFree.
@@ -1165,8 +1170,10 @@ class CudaBackend final : public Backend {
 
 // The plugin's entry points (kernels/cuda_plugin.h; called by kernels/cuda_loader.cpp's
 // make_cuda_backend and cuda_available). The caller owns the backend.
-extern "C" glm5::kernels::Backend* glm5_cuda_make_backend(int device) {
-  return new glm5::kernels::CudaBackend(device);
+// precision: 0 kExact, 1 kFast.
+extern "C" glm5::kernels::Backend* glm5_cuda_make_backend(int device, int precision) {
+  return new glm5::kernels::CudaBackend(device, precision == 1 ? glm5::kernels::Precision::kFast
+                                                               : glm5::kernels::Precision::kExact);
 }
 
 // True when a device is visible and this build has kernels for it; never throws.

@@ -1,0 +1,313 @@
+// Precision::kFast's gemm (cpu/fast_ops.h), each path against a scalar emulation of its documented
+// recipe, bit for bit: "avx512bf16" (one vdpbf16ps lane chained over the k pairs, bf16::dp_lane;
+// where the CPU has AVX512-BF16), "amx-emulated" (one term: the tile products in k order, even
+// element first; the hardware "amx" path where the machine has AMX, against the same chain to
+// rounding), and "portable" (the exact path's kernels over the rounded values, whose recipe the
+// exact tests pin). Then: every path close to the reference backend's kFast gemm, batch- and
+// thread-invariant, different from kExact by bf16 rounding only, and weights laid out for one
+// precision or path refused by another.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/quant.h"
+#include "cpu/amx_gemm.h"
+#include "cpu/bf16_gemm.h"
+#include "cpu/fast_ops.h"
+#include "cpu/weight_arena.h"
+#include "ops.h"
+
+namespace glm5::kernels::test {
+namespace {
+
+using cpu::fast::set_fast_gemm_path;
+
+// Restores the fast path chosen at start-up when a test ends.
+struct FastPath {
+  explicit FastPath(const std::string& p) { set_fast_gemm_path(p); }
+  ~FastPath() { set_fast_gemm_path("auto"); }
+};
+
+bool has_path(const std::string& p) {
+  for (const std::string& q : cpu::fast::fast_gemm_paths())
+    if (q == p) return true;
+  return false;
+}
+
+struct Case {
+  int64_t m, n, k;
+  std::vector<float> x;      // [m, k]
+  std::vector<uint16_t> w;   // [n, k] BF16, row stride k
+};
+
+// Normal values with a sprinkle of zeros, signed zeros, ties, denormals and tiny values (the
+// DAZ / FTZ edges of the instructions).
+Case make_case(int64_t m, int64_t n, int64_t k, uint32_t seed) {
+  Case c{m, n, k, {}, {}};
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0, 1);
+  std::uniform_int_distribution<int> pick(0, 60);
+  const auto value = [&](float scale) {
+    switch (pick(rng)) {
+      case 0: return 0.0f;
+      case 1: return -0.0f;
+      case 2: return 1e-39f;   // a float32 denormal
+      case 3: return -3e-39f;
+      case 4: return 1.00390625f;  // a bf16 rounding tie (1 + 2^-8)
+      case 5: return 0x1p-125f * d(rng);  // products underflow
+      default: return scale * d(rng);
+    }
+  };
+  c.x.resize(size_t(m * k));
+  for (float& v : c.x) v = value(1.0f);
+  c.w.resize(size_t(n * k));
+  for (uint16_t& v : c.w) v = f32_to_bf16(value(0.05f));
+  return c;
+}
+
+Weight bf16_weight(const Case& c) { return Weight{c.w.data(), DType::BF16, c.n, c.k, c.k}; }
+
+std::vector<float> run(Backend& be, const Case& c, const Weight& w, bool accumulate = false) {
+  std::vector<float> y(size_t(c.m * c.n), accumulate ? 0.25f : NAN);
+  GemmParams p;
+  p.x = c.x.data(), p.ldx = c.k, p.w = w, p.y = y.data(), p.ldy = c.n, p.m = c.m, p.n = c.n, p.k = c.k;
+  p.accumulate = accumulate;
+  be.gemm(p);
+  return y;
+}
+
+uint32_t pair_of(const float* v, int64_t k, int64_t p) {
+  const uint16_t lo = f32_to_bf16(v[2 * p]), hi = 2 * p + 1 < k ? f32_to_bf16(v[2 * p + 1]) : uint16_t(0);
+  return uint32_t(lo) | uint32_t(hi) << 16;
+}
+
+// The avx512bf16 recipe: y = dp_lane chained over the pairs.
+float dp_chain(const Case& c, int64_t i, int64_t j) {
+  float acc = 0;
+  std::vector<float> wf(size_t(c.k));
+  for (int64_t t = 0; t < c.k; ++t) wf[size_t(t)] = bf16_to_f32(c.w[size_t(j * c.k + t)]);
+  for (int64_t p = 0; p < (c.k + 1) / 2; ++p)
+    acc = cpu::bf16::dp_lane(acc, pair_of(&c.x[size_t(i * c.k)], c.k, p), pair_of(wf.data(), c.k, p));
+  return acc;
+}
+
+// The one-term AMX recipe (TDPBF16PS as cpu/amx_gemm.cpp emulates it): per k pair, the even
+// element's product then the odd one's, each added and rounded, denormal inputs and sums as zero.
+float amx_chain(const Case& c, int64_t i, int64_t j) {
+  const auto daz = [](uint16_t v) { return bf16_to_f32((v & 0x7f80u) == 0 ? uint16_t(v & 0x8000u) : v); };
+  const auto ftz = [](float v) { return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.0f, v) : v; };
+  float acc = 0;
+  for (int64_t t = 0; t < c.k; ++t)
+    acc = ftz(acc + daz(f32_to_bf16(c.x[size_t(i * c.k + t)])) * daz(c.w[size_t(j * c.k + t)]));
+  return acc;
+}
+
+void expect_bits(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t e = 0; e < got.size(); ++e)
+    ASSERT_EQ(0, std::memcmp(&got[e], &want[e], 4)) << what << ": element " << e << " got " << got[e] << " want "
+                                                    << want[e];
+}
+
+const std::vector<std::vector<int64_t>> kShapes = {
+    {1, 1, 1},   {1, 17, 2},   {3, 16, 33},  {4, 64, 64},  {5, 65, 100}, {1, 300, 1030},
+    {7, 40, 513}, {33, 130, 600}, {70, 20, 64}, {2, 3, 0}};
+
+TEST(FastGemm, PackPairsRoundsLikeF32ToBf16) {
+  const uint32_t edge[] = {0x00000001u, 0x80000001u, 0x007fffffu, 0x00008000u, 0x00018000u, 0x3f808000u,
+                           0x3f818000u, 0x80000000u, 0x7f7f7fffu, 0xff7fffffu, 0x7f800000u, 0x7fc00001u,
+                           0xff800001u, 0x3f80ffffu, 0x33333333u};
+  for (int64_t k : {1, 15, 31, 32, 33, 70}) {
+    std::vector<float> x(size_t(2 * k));
+    std::mt19937 rng{uint32_t(k)};
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint32_t u = i < std::size(edge) ? edge[i] : uint32_t(rng());
+      std::memcpy(&x[i], &u, 4);
+    }
+    cpu::bf16::PackedPairs pp;
+    pp.data.assign(1000, 0xdeadbeefu);  // stale bytes must not show through
+    cpu::bf16::pack_pairs(x.data(), k, 2, k, pp);
+    ASSERT_EQ(pp.pairs, (k + 1) / 2);
+    for (int64_t i = 0; i < 2; ++i)
+      for (int64_t p = 0; p < pp.pairs; ++p)
+        ASSERT_EQ(pp.row(i)[p], pair_of(&x[size_t(i * k)], k, p)) << "k " << k << " row " << i << " pair " << p;
+  }
+}
+
+// The kPair16 kernel and the backend's fast path on it: dp_lane's chain, bit for bit.
+TEST(FastGemm, Avx512Bf16IsTheDpLaneChain) {
+  if (!has_path("avx512bf16")) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  FastPath path("avx512bf16");
+  auto be = make_cpu_backend(Precision::kFast);
+  uint32_t seed = 1;
+  for (const auto& s : kShapes) {
+    const Case c = make_case(s[0], s[1], s[2], seed++);
+    const Weight up = be->upload_gemm_matrix(bf16_weight(c), c.w.size() * 2);
+    ASSERT_EQ(up.layout, WeightLayout::kPair16);
+    std::vector<float> want(size_t(c.m * c.n));
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) want[size_t(i * c.n + j)] = dp_chain(c, i, j);
+    const std::string shape = "m " + std::to_string(c.m) + " n " + std::to_string(c.n) + " k " + std::to_string(c.k);
+    expect_bits(run(*be, c, up), want, "avx512bf16 " + shape);
+    std::vector<float> acc = want;
+    for (float& v : acc) v = 0.25f + v;
+    expect_bits(run(*be, c, up, true), acc, "avx512bf16 accumulate " + shape);
+  }
+}
+
+// The one-term AMX kernel on emulated tiles: the tile chain, bit for bit (row-major and kTile16).
+TEST(FastGemm, AmxEmulatedIsTheTileChain) {
+  FastPath path("amx-emulated");
+  auto be = make_cpu_backend(Precision::kFast);
+  uint32_t seed = 100;
+  for (const auto& s : kShapes) {
+    const Case c = make_case(s[0], s[1], s[2], seed++);
+    std::vector<float> want(size_t(c.m * c.n));
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) want[size_t(i * c.n + j)] = amx_chain(c, i, j);
+    const std::string shape = "m " + std::to_string(c.m) + " n " + std::to_string(c.n) + " k " + std::to_string(c.k);
+    expect_bits(run(*be, c, bf16_weight(c)), want, "amx-emulated row-major " + shape);
+    const Weight up = be->upload_gemm_matrix(bf16_weight(c), c.w.size() * 2);
+    ASSERT_EQ(up.layout, WeightLayout::kTile16);
+    expect_bits(run(*be, c, up), want, "amx-emulated kTile16 " + shape);
+  }
+}
+
+// The hardware tiles against the same chain, to rounding (the hardware may add within an
+// instruction in another order); skipped with the reason where the machine has no AMX.
+TEST(FastGemm, AmxHardwareCloseToTheTileChain) {
+  std::string why;
+  if (!cpu::amx::available(&why)) GTEST_SKIP() << why;
+  FastPath path("amx");
+  auto be = make_cpu_backend(Precision::kFast);
+  const Case c = make_case(37, 70, 300, 7);
+  const std::vector<float> got = run(*be, c, bf16_weight(c));
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = 0; j < c.n; ++j) {
+      const float want = amx_chain(c, i, j);
+      ASSERT_NEAR(got[size_t(i * c.n + j)], want, 1e-5 * (1 + std::fabs(want))) << i << ", " << j;
+    }
+}
+
+// Portable: the exact kernels over the bf16 values: for every weight dtype, the kFast gemm is the
+// kExact gemm of the rounded x and the rounded weight (row-major F32, or the BF16 / quantized
+// weight itself where its values are bf16 already), bit for bit, at decode and prefill sizes.
+TEST(FastGemm, PortableIsTheExactRecipeOnRoundedValues) {
+  FastPath path("portable");
+  auto fast = make_cpu_backend(Precision::kFast);
+  auto exact = make_cpu_backend(Precision::kExact);
+  for (int64_t m : {1, 3, 40}) {
+    const int64_t n = 37, k = 256;
+    const Case c = make_case(m, n, k, uint32_t(m));
+    Case r = c;
+    for (float& v : r.x) v = bf16_round(v);
+    std::mt19937 rng(9);
+    std::normal_distribution<float> d(0, 0.05f);
+    // F32 and F16 weights: rounded as read.
+    std::vector<float> wf(size_t(n * k));
+    std::vector<uint16_t> wh(size_t(n * k));
+    for (size_t i = 0; i < wf.size(); ++i)  // (F16: sign, exponent 2^-5 .. 2^2, random mantissa)
+      wf[i] = d(rng), wh[i] = uint16_t((rng() % 2) << 15 | (10 + rng() % 8) << 10 | (rng() & 0x3ffu));
+    std::vector<float> wf_r(wf.size()), wh_r(wh.size());
+    for (size_t i = 0; i < wf.size(); ++i) wf_r[i] = bf16_round(wf[i]), wh_r[i] = bf16_round(f16_to_f32(wh[i]));
+    const std::string at = "m " + std::to_string(m);
+    expect_bits(run(*fast, c, Weight{wf.data(), DType::F32, n, k, k}),
+                run(*exact, r, Weight{wf_r.data(), DType::F32, n, k, k}), "F32 " + at);
+    expect_bits(run(*fast, c, Weight{wh.data(), DType::F16, n, k, k}),
+                run(*exact, r, Weight{wh_r.data(), DType::F32, n, k, k}), "F16 " + at);
+    expect_bits(run(*fast, c, bf16_weight(c)), run(*exact, r, bf16_weight(c)), "BF16 " + at);
+    // Quantized: int8 with BF16 scales (values bf16 already) and FP8 with F32 scales (rounded).
+    std::vector<uint8_t> q8(size_t(n * k)), f8(size_t(n * k));
+    std::vector<uint16_t> s8(size_t(n * (k / 32)));
+    std::vector<float> sf8(size_t(((n + 127) / 128) * ((k + 127) / 128)));
+    for (uint8_t& b : q8) b = uint8_t(rng());
+    for (uint8_t& b : f8) b = uint8_t(rng() % 0x7e) | uint8_t(rng() % 2 ? 0x80 : 0);  // (no NaN codes)
+    for (uint16_t& s : s8) s = f32_to_bf16(0.001f * (1 + float(rng() % 7)));
+    for (float& s : sf8) s = 0.003f * (1 + float(rng() % 5));
+    Weight wq{q8.data(), DType::Q8, n, k, k, s8.data(), DType::BF16, k / 32, 32, 1};
+    Weight w8{f8.data(), DType::F8_E4M3, n, k, k, sf8.data(), DType::F32, (k + 127) / 128, 128, 128};
+    expect_bits(run(*fast, c, wq), run(*exact, r, wq), "int8 (BF16 scales) " + at);
+    std::vector<float> w8_r(size_t(n * k));
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t t = 0; t < k; ++t) w8_r[size_t(j * k + t)] = bf16_round(weight_at(w8, j, t));
+    expect_bits(run(*fast, c, w8), run(*exact, r, Weight{w8_r.data(), DType::F32, n, k, k}), "FP8 " + at);
+  }
+}
+
+// Every path this machine has, through the backend with its own layout: within float32 rounding of
+// the reference backend's kFast gemm (the same rounded products summed in k order), a row's bytes
+// independent of the other rows of the call and of the thread count, and away from kExact by
+// bf16 rounding only (so kFast does round).
+TEST(FastGemm, EveryPathNearReferenceAndInvariant) {
+  auto ref_fast = make_reference_backend(Precision::kFast);
+  auto ref_exact = make_reference_backend(Precision::kExact);
+  const Case c = make_case(37, 90, 700, 21);
+  const std::vector<float> want = run(*ref_fast, c, bf16_weight(c)), exact = run(*ref_exact, c, bf16_weight(c));
+  std::vector<double> mag(size_t(c.m * c.n), 0);
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = 0; j < c.n; ++j)
+      for (int64_t t = 0; t < c.k; ++t)
+        mag[size_t(i * c.n + j)] += std::fabs(double(c.x[size_t(i * c.k + t)]) * bf16_to_f32(c.w[size_t(j * c.k + t)]));
+  size_t differ = 0;
+  for (size_t e = 0; e < want.size(); ++e) {
+    differ += want[e] != exact[e];
+    ASSERT_NEAR(want[e], exact[e], 0x1p-7 * mag[e]) << "kFast is kExact up to bf16 rounding of x";
+  }
+  EXPECT_GT(differ, want.size() / 2) << "kFast must round x to bf16";
+  for (const std::string& name : cpu::fast::fast_gemm_paths()) {
+    FastPath path(name);
+    auto be = make_cpu_backend(Precision::kFast);
+    const Weight w = be->upload_gemm_matrix(bf16_weight(c), c.w.size() * 2);
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(2);
+    const std::vector<float> all = run(*be, c, w);
+    omp_set_num_threads(threads);
+    for (size_t e = 0; e < want.size(); ++e)
+      ASSERT_NEAR(all[e], want[e], 1e-5 * (mag[e] + 1e-30)) << name << " element " << e;
+    for (int64_t i : {int64_t(0), int64_t(17), c.m - 1}) {  // each row alone
+      Case one{1, c.n, c.k, {c.x.begin() + i * c.k, c.x.begin() + (i + 1) * c.k}, c.w};
+      const std::vector<float> y = run(*be, one, w);
+      ASSERT_EQ(0, std::memcmp(y.data(), &all[size_t(i * c.n)], size_t(c.n) * 4)) << name << " row " << i << " alone";
+    }
+    omp_set_num_threads(1);
+    const std::vector<float> single = run(*be, c, w);
+    omp_set_num_threads(threads);
+    expect_bits(single, all, name + " on one thread and on two");
+  }
+}
+
+TEST(FastGemm, WeightsOfAnotherPrecisionOrPathAreRefused) {
+  const Case c = make_case(2, 20, 64, 3);
+  if (has_path("avx512bf16")) {
+    Weight pairs;
+    {
+      FastPath path("avx512bf16");
+      pairs = make_cpu_backend(Precision::kFast)->upload_gemm_matrix(bf16_weight(c), c.w.size() * 2);
+    }
+    // (the backend that laid it out is gone; the arena memory with it: use a copy)
+    std::vector<uint16_t> copy(cpu::WeightArena::interleaved_bytes(2, c.n, c.k, WeightLayout::kPair16) / 2);
+    cpu::WeightArena::interleave(copy.data(), c.w.data(), 2, c.n, c.k, c.k, WeightLayout::kPair16);
+    pairs.data = copy.data();
+    auto exact = make_cpu_backend(Precision::kExact);
+    EXPECT_THROW(run(*exact, c, pairs), Error);
+    FastPath portable("portable");
+    auto fast = make_cpu_backend(Precision::kFast);
+    try {
+      run(*fast, c, pairs);
+      FAIL() << "a kPair16 weight on the portable path ran";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("kPair16"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(parse_precision("bf16", "--precision"), Error);
+  EXPECT_EQ(parse_precision("fast", "--precision"), Precision::kFast);
+}
+
+}  // namespace
+}  // namespace glm5::kernels::test
