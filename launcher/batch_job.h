@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "parallel/comm.h"
+#include "launcher/cluster_config.h"
 #include "launcher/openai_format.h"
 #include "runtime/engine.h"
 
@@ -23,7 +24,7 @@ struct BatchArgs {
   double imbalance_warn = 1.5;  // warn when an MoE layer's busiest EP rank gets this x the mean load
   bool profile = false;         // time the forward pass's phases per layer into the report
   std::string trace;            // Chrome trace JSON of every phase call, one track per rank (implies profile)
-  int speculative_tokens = -1;  // >= 0: replaces the cluster config's
+  ClusterOverrides overrides;   // --speculative-tokens, --precision
 };
 
 // Keys (custom_id or "line:<n>") already answered in an existing output file.

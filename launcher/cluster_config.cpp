@@ -27,7 +27,7 @@ const char* const kAllowedKeys[] = {
     "stages",        "expert_parallel", "micro_batches",   "backend", "comm",
     "kv_budget_gb",  "max_batch",       "prefill_chunk",   "hosts",   "mpirun_args",
     "env",           "device_memory_gb", "max_step_tokens", "watchdog_s", "prefix_caching", "kv_dtype",
-    "speculative_tokens", "speculative_max_batch"};
+    "speculative_tokens", "speculative_max_batch", "precision"};
 
 std::string where(const std::string& source) {
   return "cluster config " + (source.empty() ? std::string("(built-in default)") : source);
@@ -200,6 +200,13 @@ struct Reader {
 
 }  // namespace
 
+void ClusterOverrides::apply(ClusterConfig& cc) const {
+  CHECK(speculative_tokens >= -1 && speculative_tokens <= kMaxSpeculativeTokens,
+        "--speculative-tokens: expected an integer in [0, ", kMaxSpeculativeTokens, "], found ", speculative_tokens);
+  if (speculative_tokens >= 0) cc.speculative_tokens = speculative_tokens;
+  if (!precision.empty()) cc.precision = kernels::precision_name(kernels::parse_precision(precision, "--precision"));
+}
+
 ClusterConfig default_cluster_config() { return ClusterConfig{}; }
 
 ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::string& source) {
@@ -250,6 +257,8 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
         cc.prefix_caching = rd.boolean(v, key);
       else if (key == "kv_dtype")
         cc.kv_dtype = rd.one_of(v, key, {"f32", "bf16"});
+      else if (key == "precision")
+        cc.precision = rd.one_of(v, key, {"exact", "fast"});
       else if (key == "speculative_tokens")
         cc.speculative_tokens = int(rd.integer(v, key, 0, kMaxSpeculativeTokens));
       else if (key == "speculative_max_batch")

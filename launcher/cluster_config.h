@@ -14,6 +14,7 @@
 //   prefill_chunk: 256             # prompt tokens per sequence per step
 //   max_step_tokens: 8192          # rows one micro-batch forwards in a step (>= max_batch)
 //   kv_dtype: f32                  # KV cache elements: f32 | bf16 (half the memory per token)
+//   precision: exact               # exact | fast: gemm inputs rounded to bf16 (kernels/ops.h Precision)
 //   prefix_caching: true           # share full prompt blocks (64 tokens) between sequences
 //   speculative_tokens: 0          # MTP draft tokens verified per decode step (0: off; up to 8)
 //   speculative_max_batch: 4       # decoding sequences of a step beyond which it decodes plainly
@@ -56,6 +57,7 @@ struct ClusterConfig {
   double watchdog_s = 300;
   bool prefix_caching = true;
   std::string kv_dtype = "f32";
+  std::string precision = "exact";   // exact | fast (kernels::Precision)
   int speculative_tokens = 0;        // MTP draft tokens per decode step (0: off; at most 8)
   int speculative_max_batch = 4;     // decoding sequences of a step beyond which it decodes plainly
   std::vector<HostSlots> hosts;
@@ -64,6 +66,14 @@ struct ClusterConfig {
 
   parallel::Grid grid() const { return {stages, expert_parallel}; }
   int world_size() const { return stages * expert_parallel; }
+};
+
+// What a command line replaces in the cluster config (unset: the config's).
+struct ClusterOverrides {
+  int speculative_tokens = -1;  // --speculative-tokens: >= 0
+  std::string precision;        // --precision: exact | fast
+  // Checks the values (errors name the flag) and writes the set ones into cc.
+  void apply(ClusterConfig& cc) const;
 };
 
 // Parses and validates the YAML file itself (unknown keys, types, ranges: clear errors).

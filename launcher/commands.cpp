@@ -89,13 +89,12 @@ void warn_on_mixed_gemm_paths(parallel::Comm& world) {
 }  // namespace
 
 std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& cluster_file,
-                              std::unique_ptr<parallel::Comm> world, bool progress, int speculative_tokens) {
+                              std::unique_ptr<parallel::Comm> world, bool progress,
+                              const ClusterOverrides& overrides) {
   auto job = std::make_unique<Job>();
   job->world = std::move(world);
   job->cluster = cluster_file.empty() ? default_cluster_config() : load_cluster_config(cluster_file);
-  CHECK(speculative_tokens >= -1 && speculative_tokens <= kMaxSpeculativeTokens, "--speculative-tokens: expected an integer in [0, ",
-        kMaxSpeculativeTokens, "], found ", speculative_tokens);
-  if (speculative_tokens >= 0) job->cluster.speculative_tokens = speculative_tokens;
+  overrides.apply(job->cluster);
   job->config = runtime::load_config(model_dir);
   // The MTP layer drafts with its own indexer; whether GLM-5.2's draft steps 2..k share step 1's top-k
   // (index_share_for_mtp_iteration) is not published, so one draft step only there.
@@ -115,9 +114,10 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   CHECK(job->cluster.backend != "cuda" || job->cluster.kv_budget_gb > 0, "cluster config ", job->cluster.source,
         ": backend cuda needs kv_budget_gb (the paged KV pool is allocated in device memory up front)");
   const int device = job->cluster.backend == "cuda" ? cuda_device_for_this_rank() : -1;
-  job->backend = job->cluster.backend == "cuda"             ? kernels::make_cuda_backend(device)
-                 : job->cluster.backend == "cpu-devicelike" ? kernels::make_device_like_backend()
-                                                            : kernels::make_cpu_backend();
+  const kernels::Precision precision = kernels::parse_precision(job->cluster.precision, "precision");
+  job->backend = job->cluster.backend == "cuda"             ? kernels::make_cuda_backend(device, precision)
+                 : job->cluster.backend == "cpu-devicelike" ? kernels::make_device_like_backend(precision)
+                                                            : kernels::make_cpu_backend(precision);
   if (job->cluster.backend != "cuda") warn_on_mixed_gemm_paths(*job->world);
   job->checkpoint = std::make_unique<runtime::Checkpoint>(model_dir);
   if (rank == 0) {
@@ -168,6 +168,15 @@ void Job::start_watchdog() {
 
 namespace {
 
+// The cluster-config overrides a running command takes (speculation only where it decodes).
+void add_override_options(CLI::App* cmd, ClusterOverrides& o, bool decodes) {
+  if (decodes)
+    cmd->add_option("--speculative-tokens", o.speculative_tokens,
+                    "MTP draft tokens per decode step, 0..8 (0: off; replaces the cluster config's speculative_tokens)");
+  cmd->add_option("--precision", o.precision,
+                  "exact | fast: fast rounds every gemm's inputs to bf16 (replaces the cluster config's precision)");
+}
+
 std::vector<int32_t> parse_ids(const std::string& s) {
   std::vector<int32_t> ids;
   std::stringstream ss(s);
@@ -198,11 +207,11 @@ struct GenerateArgs {
   int top_k = 0;
   uint64_t seed = 0;
   bool ignore_eos = false;
-  int speculative_tokens = -1;
+  ClusterOverrides overrides;
 };
 
 int run_generate(const GenerateArgs& a, std::unique_ptr<parallel::Comm> world) {
-  auto job = make_job(a.model, a.cluster, std::move(world), false, a.speculative_tokens);
+  auto job = make_job(a.model, a.cluster, std::move(world), false, a.overrides);
   const bool root = job->rank() == 0;
   std::vector<runtime::Request> reqs;
   std::unique_ptr<runtime::Tokenizer> tok;
@@ -474,7 +483,7 @@ int main_entry(int argc, char** argv) {
   gen->add_option("--top-k", ga.top_k)->capture_default_str();
   gen->add_option("--seed", ga.seed)->capture_default_str();
   gen->add_flag("--ignore-eos", ga.ignore_eos, "do not stop at the config's eos ids");
-  gen->add_option("--speculative-tokens", ga.speculative_tokens, "MTP draft tokens per decode step, 0..8 (0: off; replaces the cluster config's speculative_tokens)");
+  add_override_options(gen, ga.overrides, true);
   gen->add_option("--dump-logits", ga.dump_logits,
                   "write prefill_logits, decode_tokens, decode_logits to this safetensors file");
 
@@ -485,7 +494,7 @@ int main_entry(int argc, char** argv) {
   bat->add_option("--input", ba.input)->required();
   bat->add_option("--output", ba.output)->required();
   bat->add_option("--report", ba.report, "write per-rank timing/traffic report JSON (with MoE routing health)");
-  bat->add_option("--speculative-tokens", ba.speculative_tokens, "MTP draft tokens per decode step, 0..8 (0: off; replaces the cluster config's speculative_tokens)");
+  add_override_options(bat, ba.overrides, true);
   bat->add_option("--metrics", ba.metrics, "write the run's counters as a Prometheus text file");
   bat->add_flag("--profile", ba.profile, "time the forward pass's phases per layer on every rank (into --report)");
   bat->add_option("--trace", ba.trace,
@@ -507,6 +516,7 @@ int main_entry(int argc, char** argv) {
   ppl->add_option("--kl-base", pa.kl_base, "a --save-logits file of a base run: KL divergence and top-1 agreement against it")
       ->excludes(save_opt);
   ppl->add_flag("--json", pa.json, "print one JSON object instead of the table");
+  add_override_options(ppl, pa.overrides, false);
 
   std::string report_file;
   auto* rep = app.add_subcommand("report", "print a --report file as tables (time, profile phases, MoE health)");
@@ -609,7 +619,7 @@ int main_entry(int argc, char** argv) {
   srv->add_option("--max-connections", sva.limits.max_connections, "open connections beyond which new ones get 503")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  srv->add_option("--speculative-tokens", sva.speculative_tokens, "MTP draft tokens per decode step, 0..8 (0: off; replaces the cluster config's speculative_tokens)");
+  add_override_options(srv, sva.overrides, true);
   srv->add_option("--http-threads", sva.http_threads, "threads serving HTTP on rank 0")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));

@@ -39,8 +39,9 @@ struct Job {
 };
 
 // Builds the job for this rank. `world` is the MPI world (with --cluster) or a self comm.
-// speculative_tokens >= 0 replaces the cluster config's (--speculative-tokens).
+// `overrides`: what the command line replaces in the cluster config.
 std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& cluster_file,
-                              std::unique_ptr<parallel::Comm> world, bool progress, int speculative_tokens = -1);
+                              std::unique_ptr<parallel::Comm> world, bool progress,
+                              const ClusterOverrides& overrides = {});
 
 }  // namespace glm5::launcher

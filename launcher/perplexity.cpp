@@ -258,7 +258,7 @@ int run_perplexity(const PerplexityArgs& args, std::unique_ptr<parallel::Comm> w
   CHECK(a.ctx >= 4, "--ctx: expected at least 4 tokens, found ", a.ctx);
   CHECK(a.chunks >= 0, "--chunks: expected >= 0, found ", a.chunks);
   CHECK(a.stride >= 1 && a.stride <= a.ctx, "--stride: expected 1..--ctx (", a.ctx, "), found ", a.stride);
-  auto job = make_job(a.model, a.cluster, std::move(world), /*progress=*/true);
+  auto job = make_job(a.model, a.cluster, std::move(world), /*progress=*/true, a.overrides);
   CHECK(a.ctx <= job->config.max_position_embeddings, "--ctx ", a.ctx, " exceeds max_position_embeddings ",
         job->config.max_position_embeddings, " of ", job->config.source);
   const bool root = job->rank() == 0;

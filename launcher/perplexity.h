@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/cluster_config.h"
 #include "parallel/comm.h"
 
 namespace glm5::launcher {
@@ -35,6 +36,7 @@ struct PerplexityArgs {
   int64_t chunks = 0;             // only the first `chunks` windows (0: all), as llama-perplexity's --chunks
   std::string save_logits, kl_base;
   bool json = false;  // one JSON object on stdout instead of the table
+  ClusterOverrides overrides;  // --precision
 };
 
 // One window: tokens [start, start + len) of the text; scores its rows [first, len).

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "launcher/cluster_config.h"
 #include "launcher/http_server.h"
 #include "parallel/comm.h"
 
@@ -23,7 +24,7 @@ struct ServeArgs {
   int max_queue = 256;       // requests waiting for the engine beyond which new ones get 429
   double drain_timeout_s = 25;  // under Slurm's default KillWait (30 s) between SIGTERM and SIGKILL
   int http_threads = 2;
-  int speculative_tokens = -1;  // >= 0: replaces the cluster config's
+  ClusterOverrides overrides;   // --speculative-tokens, --precision
   HttpLimits limits;
 };
 

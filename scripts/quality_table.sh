@@ -56,6 +56,15 @@ printf 'stages: 1\nexpert_parallel: 1\nbackend: cpu\ncomm: mpi\nkv_dtype: bf16\n
 ppl kv-bf16 "$MODEL" --cluster "$OUT/kv-bf16.yaml" --kl-base "$OUT/base.logprobs"
 CMD[kv-bf16]="glm5 perplexity ... --cluster (kv_dtype: bf16) --kl-base base.logprobs"
 
+# Precision fast (every gemm's inputs rounded to bf16), alone and with int4 weights / a bf16 KV cache.
+echo "precision fast ..." >&2
+ppl fast "$MODEL" --precision fast --kl-base "$OUT/base.logprobs"
+CMD[fast]="glm5 perplexity ... --precision fast --kl-base base.logprobs"
+ppl fast-int4-g128 "$OUT/model-int4-g128" --precision fast --kl-base "$OUT/base.logprobs"
+CMD[fast-int4-g128]="glm5 perplexity --model M (int4 g128) ... --precision fast --kl-base base.logprobs"
+ppl fast-kv-bf16 "$MODEL" --precision fast --cluster "$OUT/kv-bf16.yaml" --kl-base "$OUT/base.logprobs"
+CMD[fast-kv-bf16]="glm5 perplexity ... --precision fast --cluster (kv_dtype: bf16) --kl-base base.logprobs"
+
 echo "layout pp2 x ep2 (4 ranks) ..." >&2
 mpirun "${ROOT_FLAGS[@]}" --oversubscribe -np 4 -x OMP_NUM_THREADS=1 "$GLM5" perplexity --model "$MODEL" \
   --file "$TEXT" --ctx "$CTX" --chunks "$CHUNKS" --json --cluster cluster-configs/cpu-pp2-ep2.yaml --kl-base "$OUT/base.logprobs" \
@@ -70,7 +79,7 @@ for k in $TOPKS; do
   CMD[topk$k]="glm5 perplexity (config.json index_topk: $k) ... --kl-base base.logprobs"
 done
 
-rows="base fp8 int8-g128 int4-g128 int4-g32 kv-bf16 pp2-ep2"
+rows="base fp8 int8-g128 int4-g128 int4-g32 kv-bf16 fast fast-int4-g128 fast-kv-bf16 pp2-ep2"
 for k in $TOPKS; do rows="$rows topk$k"; done
 echo "| variant | perplexity | delta | KLD mean | KLD p99 | top-1 agreement | command |"
 echo "|---|---|---|---|---|---|---|"

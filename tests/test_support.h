@@ -105,6 +105,13 @@ inline std::string test_threads() {
   return t && *t ? t : "1";
 }
 
+// The precision the invariance suites run in: exact, or GLM5_TEST_PRECISION (ctest runs them again
+// in fast on each fast gemm path).
+inline std::string test_precision() {
+  const char* p = std::getenv("GLM5_TEST_PRECISION");
+  return p && *p ? p : "exact";
+}
+
 // Runs a shell command line with stdout to `out` and stderr to `err` (empty: to `out` too).
 // With `exec` the shell execs a plain command, so a signal that ends it shows as `signaled`.
 inline ExitStatus run_shell(const std::string& cmd, const std::filesystem::path& out,

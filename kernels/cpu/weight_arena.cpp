@@ -128,7 +128,6 @@ const void* WeightArena::copy(const void* src, size_t bytes) {
 
 const void* WeightArena::copy_interleaved(const void* src, size_t elem_bytes, int64_t rows, int64_t cols, int64_t ld,
                                           WeightLayout layout) {
-  const int64_t G = layout_group_rows(layout), C = layout_ld_multiple(layout);
   CHECK(layout == WeightLayout::kQuad16 || layout == WeightLayout::kTile16 || layout == WeightLayout::kPair16,
         "copy_interleaved: not a plain interleaved layout");
   CHECK(layout != WeightLayout::kPair16 || elem_bytes == 2, "copy_interleaved: kPair16 holds BF16 only");

@@ -5,7 +5,7 @@
 // FMA peak of all threads (independent FMA chains in registers: what the cores can do at all).
 // Also peak RSS after loading vs weight bytes.
 //   bench_cpu --model DIR [--prompt 512] [--decode 32] [--decode-tokens random|greedy] [--chunk 512]
-//             [--beside N] [--prefill-reps 1]
+//             [--beside N] [--prefill-reps 1] [--precision exact|fast]
 // --prefill-reps N: the prefill is run once untimed, then N times timed (the median is reported), as
 // llama-bench's pp warms up before its timed runs (-r of them): the first forward pass at a new
 // size faults in its work buffers. 0: one timed pass from cold, for runs after decode figures only
@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   int prompt = 512, decode = 32;
   std::string decode_tokens = "random";
   int chunk = 512, beside = 0, prefill_reps = 1;
+  std::string precision = "exact";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) model_dir = argv[++i];
@@ -69,11 +70,12 @@ int main(int argc, char** argv) {
     else if (a == "--chunk" && i + 1 < argc) chunk = std::stoi(argv[++i]);
     else if (a == "--beside" && i + 1 < argc) beside = std::stoi(argv[++i]);
     else if (a == "--prefill-reps" && i + 1 < argc) prefill_reps = std::stoi(argv[++i]);
+    else if (a == "--precision" && i + 1 < argc) precision = argv[++i];
   }
   if (model_dir.empty() || prompt < 1 || decode < 1 || chunk < 1 || beside < 0 || prefill_reps < 0 ||
-      (decode_tokens != "random" && decode_tokens != "greedy")) {
+      (decode_tokens != "random" && decode_tokens != "greedy") || (precision != "exact" && precision != "fast")) {
     std::fprintf(stderr, "usage: bench_cpu --model DIR [--prompt 512] [--decode 32] [--decode-tokens random|greedy]"
-                         " [--chunk 512] [--beside N] [--prefill-reps 1]  (prompt, decode, chunk >= 1; N, reps >= 0)\n");
+                         " [--chunk 512] [--beside N] [--prefill-reps 1] [--precision exact|fast]  (prompt, decode, chunk >= 1; N, reps >= 0)\n");
     return 2;
   }
   const int threads = omp_get_max_threads();
@@ -125,7 +127,8 @@ int main(int argc, char** argv) {
   auto t_load = Clock::now();
   runtime::ModelConfig cfg = runtime::load_config(model_dir);
   runtime::Checkpoint ckpt(model_dir);
-  auto be = kernels::make_cpu_backend();
+  const kernels::Precision prec = kernels::parse_precision(precision, "--precision");
+  auto be = kernels::make_cpu_backend(prec);
   auto self = parallel::make_self_comm();
   runtime::Model model(cfg, ckpt, *be, runtime::ModelShard{}, *self);
   const double load_s = secs(t_load);
@@ -263,7 +266,10 @@ int main(int argc, char** argv) {
   }
 
   std::printf("machine: %d threads, read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s; BF16 gemm path %s\n",
-              threads, read_gbs, fma_gflops, glm5::kernels::cpu::fast::gemm_path().c_str());
+              threads, read_gbs, fma_gflops,
+              (prec == kernels::Precision::kFast ? glm5::kernels::cpu::fast::fast_gemm_path()
+                                                 : glm5::kernels::cpu::fast::gemm_path()).c_str());
+  std::printf("precision: %s\n", precision.c_str());
   std::printf("model: %s, %.3f GB of weights, loaded in %.2f s; RSS after load %.3f GB (%.2fx weights)\n",
               model_dir.c_str(), weight_bytes / 1e9, load_s, rss_load / 1e9, rss_load / weight_bytes);
   std::printf("decode  batch 1 (%s tokens): %.2f tok/s (%.1f ms/token); %.3f GB of weights per token -> "

@@ -25,6 +25,7 @@ using glm5::testing::kData;
 
 using glm5::testing::mpirun;
 using glm5::testing::slurp;
+using glm5::testing::test_precision;
 
 const glm5::testing::ScratchDir scratch("glm5_layouts");
 
@@ -110,14 +111,14 @@ TEST_P(LayoutTest, GenerateAndBatchMatchSingleProcess) {
   const std::string ids = prompt_ids(int(cfg["index_topk"]) + 20, vocab, 7);
   const fs::path ref = scratch(GetParam() + "_ref.safetensors");
   const std::string gen = " generate --model " + model + " --prompt-ids " + ids +
-                          " --max-new-tokens 6 --temperature 0 --dump-logits ";
+                          " --max-new-tokens 6 --temperature 0 --precision " + test_precision() + " --dump-logits ";
   ASSERT_EQ(0, sh(kBin + gen + ref.string())) << last_log();
 
   const fs::path batch_in = scratch(GetParam() + "_batch.jsonl");
   write_batch_file(batch_in, vocab);
   const fs::path batch_ref = scratch(GetParam() + "_batch_ref.jsonl");
-  ASSERT_EQ(0, sh(kBin + " batch --model " + model + " --input " + batch_in.string() + " --output " +
-                  batch_ref.string())) << last_log();
+  ASSERT_EQ(0, sh(kBin + " batch --model " + model + " --precision " + test_precision() + " --input " +
+                  batch_in.string() + " --output " + batch_ref.string())) << last_log();
   auto want = read_records(batch_ref);
   ASSERT_EQ(want.size(), 8u);
 
@@ -138,8 +139,9 @@ TEST_P(LayoutTest, GenerateAndBatchMatchSingleProcess) {
     ASSERT_EQ(0, sh(mpirun(l.np) + kBin + gen + out.string() + " --cluster " + cluster)) << last_log();
     expect_same_tensors(ref, out);
     const fs::path bout = scratch(GetParam() + "_" + l.config + ".jsonl");
-    ASSERT_EQ(0, sh(mpirun(l.np) + kBin + " batch --model " + model + " --input " + batch_in.string() +
-                    " --output " + bout.string() + " --cluster " + cluster)) << last_log();
+    ASSERT_EQ(0, sh(mpirun(l.np) + kBin + " batch --model " + model + " --precision " + test_precision() +
+                    " --input " + batch_in.string() + " --output " + bout.string() + " --cluster " + cluster))
+        << last_log();
     EXPECT_EQ(read_records(bout), want);
   }
 }

@@ -18,6 +18,7 @@
 #include "runtime/engine.h"
 #include "runtime/model.h"
 #include "runtime/safetensors.h"
+#include "tests/test_support.h"
 
 namespace glm5::testing {
 
@@ -31,12 +32,14 @@ struct OneProcessModel {
   enum class Kind { Cpu, Reference, DeviceLike };
   explicit OneProcessModel(const std::string& dir, bool reference_backend = false)
       : OneProcessModel(dir, reference_backend ? Kind::Reference : Kind::Cpu) {}
-  OneProcessModel(const std::string& dir, Kind kind) {
+  OneProcessModel(const std::string& dir, Kind kind)
+      : OneProcessModel(dir, kind, kernels::parse_precision(test_precision(), "GLM5_TEST_PRECISION")) {}
+  OneProcessModel(const std::string& dir, Kind kind, kernels::Precision precision) {
     cfg = runtime::load_config(dir);
     ckpt = std::make_unique<runtime::Checkpoint>(dir);
-    backend = kind == Kind::Reference    ? kernels::make_reference_backend()
-              : kind == Kind::DeviceLike ? kernels::make_device_like_backend()
-                                         : kernels::make_cpu_backend();
+    backend = kind == Kind::Reference    ? kernels::make_reference_backend(precision)
+              : kind == Kind::DeviceLike ? kernels::make_device_like_backend(precision)
+                                         : kernels::make_cpu_backend(precision);
     world = parallel::make_self_comm();
     stage = parallel::make_self_comm();
     model = std::make_unique<runtime::Model>(cfg, *ckpt, *backend, runtime::ModelShard{}, *stage);
