@@ -29,6 +29,7 @@ const Field kNumbers[] = {
     {"gemm_flops", &Hardware::gemm_flops, 1, Kind::Rate},
     {"gemm_efficiency", &Hardware::gemm_efficiency, 1, Kind::Fraction},
     {"gemm_flops_small", &Hardware::gemm_flops_small, 1, Kind::Optional},
+    {"exact_gemm_cost", &Hardware::exact_gemm_cost, 1, Kind::Optional},
     {"attention_flops", &Hardware::attention_flops, 1, Kind::Rate},
     {"attention_efficiency", &Hardware::attention_efficiency, 1, Kind::Fraction},
     {"mem_bw_core", &Hardware::mem_bw_core, 1, Kind::Rate},
@@ -103,6 +104,7 @@ Hardware parse_hardware(const std::string& text, const std::string& source) {
     if (f.kind == Kind::Fraction && (x <= 0 || x > 1)) bad(source, n, f.key, "a fraction in (0, 1]");
     hw.*f.value = x * f.scale;
   }
+  if (hw.exact_gemm_cost < 1) bad(source, root["exact_gemm_cost"], "exact_gemm_cost", "a number >= 1");
   if (hw.gemm_flops_small <= 0) hw.gemm_flops_small = hw.gemm_flops;
   if (const YAML::Node g = root["glm5"]) {
     if (!g.IsMap()) bad(source, g, "glm5", "a map of measured_by and efficiency keys");
@@ -117,6 +119,11 @@ Hardware parse_hardware(const std::string& text, const std::string& source) {
         hw.measured.by = kv.second.Scalar();
         continue;
       }
+      if (key == "exact_gemm_cost") {
+        hw.measured.exact_gemm_cost = positive(source, kv.second, "glm5." + key);
+        if (hw.measured.exact_gemm_cost < 1) bad(source, kv.second, "glm5." + key, "a number >= 1");
+        continue;
+      }
       bool found = false;
       for (const auto& [name, field] : keys)
         if (key == name) {
@@ -127,7 +134,8 @@ Hardware parse_hardware(const std::string& text, const std::string& source) {
         }
       if (!found)
         bad(source, kv.first, "glm5." + key,
-            "one of measured_by, gemm_efficiency, attention_efficiency, mem_bw_efficiency, attention_mem_efficiency");
+            "one of measured_by, gemm_efficiency, attention_efficiency, mem_bw_efficiency, attention_mem_efficiency, "
+            "exact_gemm_cost");
     }
     if (hw.measured.by.empty()) bad(source, g["measured_by"], "glm5.measured_by", "the run that measured them");
     const Hardware::Measured& m = hw.measured;
@@ -143,6 +151,7 @@ Hardware Hardware::as_measured() const {
   if (measured.attention > 0) h.attention_efficiency = measured.attention;
   if (measured.mem_bw > 0) h.mem_bw_efficiency = measured.mem_bw;
   if (measured.attention_mem > 0) h.attention_mem_efficiency = measured.attention_mem;
+  if (measured.exact_gemm_cost > 0) h.exact_gemm_cost = measured.exact_gemm_cost;
   return h;
 }
 

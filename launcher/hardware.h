@@ -9,6 +9,9 @@
 //   gemm_flops: 989e12           # dense GEMM rate of one core (cpu) or one device (gpu), FLOP/s
 //   gemm_efficiency: 0.6         # fraction of gemm_flops large GEMMs reach (1 for measured rates)
 //   gemm_flops_small: 989e12     # optional: the rate at 16 rows (decode-sized GEMMs; default gemm_flops)
+//   exact_gemm_cost: 3           # optional: how many times longer a GEMM takes in precision exact than
+//                                # in fast, whose rate gemm_flops is (default 1; GPUs: 3, the exact path's
+//                                # three bf16 terms per activation; CPUs: fp32 FMA against bf16 dot products)
 //   attention_flops: 989e12      # indexer scores and latent attention, FLOP/s (core / device)
 //   attention_efficiency: 0.3
 //   mem_bw_core: 3.35e12         # weight streaming of one core (cpu); gpu: = mem_bw
@@ -25,7 +28,7 @@
 //
 //   glm5:                        # optional: glm5's own kernels as a run measured them, where they differ
 //     measured_by: "one H200, 2026-12-04, bench_cuda (BENCHMARKS.md)"   # from the efficiencies above
-//     gemm_efficiency: 0.15      # (any of the four efficiency keys; the others stay)
+//     gemm_efficiency: 0.15      # (any of the four efficiency keys and exact_gemm_cost; the others stay)
 //     attention_mem_efficiency: 0.008
 //
 // Every key is required except the efficiencies (default 1). The top-level efficiencies of the GPU
@@ -44,6 +47,7 @@ struct Hardware {
   int cores = 1, devices_per_node = 1;
   double memory_gb = 0;
   double gemm_flops = 0, gemm_efficiency = 1, gemm_flops_small = 0;
+  double exact_gemm_cost = 1;  // (see above; efficiencies are of the mode's own rate)
   double attention_flops = 0, attention_efficiency = 1;
   double mem_bw_core = 0, mem_bw = 0, mem_bw_efficiency = 1;
   double attention_mem_efficiency = 0;  // 0: mem_bw_efficiency
@@ -53,6 +57,7 @@ struct Hardware {
   // The `glm5:` map: glm5's kernels' efficiencies as measured (0: as the top level), and by what run.
   struct Measured {
     double gemm = 0, attention = 0, mem_bw = 0, attention_mem = 0;
+    double exact_gemm_cost = 0;  // 0: the top level's
     std::string by;
   };
   bool has_measured = false;
@@ -69,7 +74,8 @@ Hardware parse_hardware(const std::string& yaml_text, const std::string& source)
 std::string hardware_yaml(const Hardware& hw, const std::string& comment);
 
 // Measures this machine with the CPU backend's own kernels (about 20 s; medians of 5 rounds):
-// GEMM FLOP/s at 256 and at 16 rows per core while every core computes; weight streaming of one
+// GEMM FLOP/s at 256 and at 16 rows per core while every core computes, in precision fast (and the
+// exact precision's cost against it at 256 rows); weight streaming of one
 // core and of all (routed experts of the given shape, BF16, 256 MiB, 2 rows each); indexer-score
 // and latent-attention FLOP/s and the top-k scan rate per core; the cost of one small kernel call;
 // memcpy bandwidth for the shared-memory link between ranks of a host. Expert shape: the model's

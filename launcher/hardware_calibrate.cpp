@@ -94,6 +94,7 @@ double stream_rate(kernels::Backend& be, int64_t H, int64_t I) {
 
 Hardware calibrate_cpu(int64_t hidden, int64_t moe_intermediate) {
   auto be = kernels::make_cpu_backend();
+  auto fast = kernels::make_cpu_backend(kernels::Precision::kFast);
   const int cores = std::max(1, int(std::thread::hardware_concurrency()));
   Hardware hw;
   hw.name = cpu_model();
@@ -112,8 +113,9 @@ Hardware calibrate_cpu(int64_t hidden, int64_t moe_intermediate) {
   hw.mem_bw = std::max(hw.mem_bw_core, stream_rate(*be, hidden, moe_intermediate));
   // Compute rates per core while every core computes (what a run gets: its ranks keep all cores
   // busy; one core alone runs faster where cores share a physical core or a power budget).
-  hw.gemm_flops = gemm_rate(*be, 256) / cores;
-  hw.gemm_flops_small = gemm_rate(*be, 16) / cores;
+  hw.gemm_flops = gemm_rate(*fast, 256) / cores;
+  hw.gemm_flops_small = gemm_rate(*fast, 16) / cores;
+  hw.exact_gemm_cost = std::max(1.0, hw.gemm_flops * cores / gemm_rate(*be, 256));
   // Indexer scores of 16 rows over 8192 keys (32 heads x 128), latent attention of 16 rows over
   // 2048 keys (16 heads x (512 + 64)), top-k 512 of 8192 scores.
   const int64_t S = 16, T = 8192, IH = 32, ID = 128;

@@ -159,11 +159,14 @@ int64_t Replay::accepted_drafts(int64_t drafts) {
 // cores and bandwidth it shares with the other ranks of its host that are busy at the same time.
 Rates Replay::rates_of(int rank) const {
   const Hardware& hw = *s_.hw;
-  const double small = hw.gemm_flops_small > 0 ? hw.gemm_flops_small : hw.gemm_flops;  // optional key
+  // gemm_flops is precision fast's rate; exact takes exact_gemm_cost times as long.
+  const double mode = s_.cluster->precision == "exact" ? hw.exact_gemm_cost : 1.0;
+  const double big = hw.gemm_flops / mode;
+  const double small = (hw.gemm_flops_small > 0 ? hw.gemm_flops_small : hw.gemm_flops) / mode;  // optional key
   Rates r;
   r.op_overhead_s = hw.op_overhead_s;
   if (hw.gpu()) {
-    r.gemm_flops = hw.gemm_flops * hw.gemm_efficiency;
+    r.gemm_flops = big * hw.gemm_efficiency;
     r.gemm_flops_small = small * hw.gemm_efficiency;
     r.attention_flops = hw.attention_flops * hw.attention_efficiency;
     r.topk_rate = hw.topk_rate;
@@ -181,7 +184,7 @@ Rates Replay::rates_of(int rank) const {
   const double threads = std::max(1, hw.cores / on_host);
   const double busy_threads = threads * (1 + others);
   const double share = std::min(1.0, double(hw.cores) / busy_threads);
-  r.gemm_flops = threads * share * hw.gemm_flops * hw.gemm_efficiency;
+  r.gemm_flops = threads * share * big * hw.gemm_efficiency;
   r.gemm_flops_small = threads * share * small * hw.gemm_efficiency;
   r.attention_flops = threads * share * hw.attention_flops * hw.attention_efficiency;
   r.topk_rate = threads * share * hw.topk_rate;

@@ -207,6 +207,11 @@ int run_simulate(const SimulateArgs& a) {
               cc.prefill_chunk);
   std::printf("hardware   %s (%s%s)\n", hw.name.c_str(), hw.kind.c_str(),
               a.hardware.empty() ? ", calibrated now" : (", " + a.hardware).c_str());
+  std::printf("precision  %s: GEMMs at %.3g FLOP/s%s\n", cc.precision.c_str(),
+              hw.gemm_flops * hw.gemm_efficiency / (cc.precision == "exact" ? hw.exact_gemm_cost : 1.0),
+              cc.precision == "exact" && hw.exact_gemm_cost > 1
+                  ? (" (exact takes " + std::to_string(hw.exact_gemm_cost).substr(0, 4) + "x fast's time)").c_str()
+                  : "");
   if (measured)
     std::printf("kernels    glm5's, at the efficiencies measured by %s (--published-kernels: the what-if of the "
                 "best published kernels)\n", hw.measured.by.c_str());
@@ -272,6 +277,7 @@ int run_simulate(const SimulateArgs& a) {
     j["workload"] = {{"prompts", work.prompts}, {"in", work.in}, {"out", work.out}, {"prefix", work.prefix}};
     j["hardware"] = hw.name;
     j["kernels"] = measured ? "glm5 measured" : hw.has_measured ? "published what-if" : "hardware file";
+    j["precision"] = cc.precision;
     for (const StagePrediction& sp : p.stages)
       j["stages"].push_back({{"first_layer", sp.first_layer}, {"last_layer", sp.last_layer}, {"busy_s", sp.busy_s},
                              {"comm_s", sp.comm_s}, {"phases", sp.phases}});

@@ -12,6 +12,13 @@
 # markdown table of medians with glm5 / llama.cpp ratios and the read bandwidth / FMA peak
 # bench_cpu measured, and what those limits allow in this run: each tg128's read-bandwidth bound
 # against llama.cpp's tg128, and the share of the FMA peak that 2x llama.cpp's BF16 pp512 would take.
+# glm5 runs in both precisions (bench_cpu --precision exact | fast; rows "glm5" and "glm5 fast").
+# Then the main job itself, BATCH_ROUNDS rounds: `glm5 batch` (start-up included) on 32 requests of 256
+# prompt + 64 generated tokens, in both precisions, beside llama-batched-bench -npp 256 -ntg 64 -npl 32
+# on the BF16 GGUF (load excluded), same threads.
+# The script exits 1 (after its table) when a glm5 path falls under half of its own bound: tg128 under
+# half its read-bandwidth bound, or pp512 under half the FMA peak (fp32 in exact; in fast, twice that
+# where the CPU has AVX512-BF16 or AMX).
 # Both decode pseudo-random tokens (llama-bench's tg does; bench_cpu's default --decode-tokens random),
 # so that each step routes to experts the step before did not leave in the L3.
 #
@@ -21,7 +28,9 @@
 #   env: WORK (default /tmp/glm5-vs-llamacpp: llama.cpp build, GGUFs, glm5 conversions; reused when
 #        present), GLM5_BUILD (default build), PYTHON (a python3 with scripts/requirements-gguf.txt;
 #        default: a venv made in $WORK), THREADS_LIST="2 1", ROUNDS=3, DEPTHS="512 4096 16384"
-#        (ascending: the first is the reference for the depth ratios) DEPTH_ROUNDS=1, LLAMA_CMAKE_ARGS (extra cmake options for llama.cpp)
+#        (ascending: the first is the reference for the depth ratios) DEPTH_ROUNDS=1, BATCH_ROUNDS=1,
+#        PRECISIONS="exact fast", LLAMA_CMAKE_ARGS (extra cmake options for llama.cpp), PREPARE_ONLY=1
+#        (build llama.cpp and make every checkpoint, measure nothing: a quiet run can follow)
 #
 # llama.cpp is built with -DGGML_NATIVE=ON (its best kernels for this CPU). On CPUs with AMX, its Q8_0 /
 # Q4_K_M runs abort with GGML_ASSERT(*cur_backend_id != -1) while its repacked (AMX) buffer types are
@@ -39,19 +48,21 @@ THREADS_LIST=${THREADS_LIST:-"2 1"}
 ROUNDS=${ROUNDS:-3}
 DEPTHS=${DEPTHS:-"512 4096 16384"}
 DEPTH_ROUNDS=${DEPTH_ROUNDS:-1}
+BATCH_ROUNDS=${BATCH_ROUNDS:-1}
+PRECISIONS=${PRECISIONS:-"exact fast"}
 mkdir -p "$WORK"
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 fail() { tail -20 "$1" >&2; echo "failed: see $1" >&2; exit 1; }
 
 # 1. llama.cpp, CPU only: llama-bench and llama-quantize.
 LB=$WORK/llama-build
-if [ ! -x "$LB/bin/llama-bench" ] || [ ! -x "$LB/bin/llama-quantize" ]; then
+if [ ! -x "$LB/bin/llama-bench" ] || [ ! -x "$LB/bin/llama-quantize" ] || [ ! -x "$LB/bin/llama-batched-bench" ]; then
   log "building llama.cpp from $SRC into $LB"
   # shellcheck disable=SC2086
   cmake -S "$SRC" -B "$LB" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF ${LLAMA_CMAKE_ARGS:-} > "$WORK/llama-cmake.log" 2>&1 || fail "$WORK/llama-cmake.log"
-  cmake --build "$LB" -j"$(nproc)" --target llama-bench llama-quantize > "$WORK/llama-build.log" 2>&1 \
+  cmake --build "$LB" -j"$(nproc)" --target llama-bench llama-quantize llama-batched-bench > "$WORK/llama-build.log" 2>&1 \
     || fail "$WORK/llama-build.log"
 fi
 LLAMA_REV=$(git -C "$SRC" rev-parse --short HEAD 2> /dev/null || echo unknown)
@@ -100,10 +111,13 @@ for q in int8 int4 int8-f32s; do  # glm5 convert writes its index last and resum
       --quantize all --scale-dtype $scales > "$WORK/convert-$q.log" 2>&1 || fail "$WORK/convert-$q.log"
 done
 
+if [ -n "${PREPARE_ONLY:-}" ]; then log "prepared in $WORK (PREPARE_ONLY): nothing measured"; exit 0; fi
+
 # Private copies, so that a rebuild during the run cannot swap the binaries.
 D=$(mktemp -d)
 trap 'rm -rf "$D"' EXIT
 cp "$GLM5_BUILD/bench_cpu" "$D/bench_cpu"
+cp "$GLM5_BUILD/glm5" "$D/glm5"
 cp -r "$LB/bin" "$D/llama"  # (its libraries too: run with LD_LIBRARY_PATH on the copy)
 
 cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p')
@@ -136,13 +150,13 @@ llama() {  # llama() GGUF_TYPE THREADS ARGS... -> "n_prompt n_gen avg_ts" per te
     { cat "$D/llama.err" >&2; echo "llama-bench failed on $t" >&2; return 1; }
   printf '%s\n' "$out" | python3 -c 'import csv, sys; [print(r["n_prompt"], r["n_gen"], r["avg_ts"]) for r in csv.DictReader(sys.stdin)]'
 }
-glm5() {  # glm5() DIR THREADS PROMPT DECODE [BESIDE [PREFILL_REPS]]
+glm5() {  # glm5() DIR THREADS PROMPT DECODE [BESIDE [PREFILL_REPS [PRECISION]]]
   #           -> "prefill decode bandwidth fma window% interleaved bound prefill-GFLOP/s"
   local out
   out=$(OMP_NUM_THREADS=$2 "$D/bench_cpu" --model "$1" --prompt "$3" --decode "$4" ${5:+--beside "$5"} \
-    --prefill-reps "${6:-0}") ||
+    --prefill-reps "${6:-0}" --precision "${7:-exact}") ||
     { echo "bench_cpu failed on $1" >&2; return 1; }
-  printf '%s\n' "$out" | sed -n 's/.*BF16 gemm path \([a-z0-9-]*\).*/\1/p' > "$WORK/gemm_path"
+  printf '%s\n' "$out" | sed -n 's/.*BF16 gemm path \([a-z0-9-]*\).*/\1/p' > "$WORK/gemm_path.${7:-exact}"
   printf '%s\n' "$out" | python3 -c '
 import re, sys
 s = sys.stdin.read()
@@ -163,15 +177,19 @@ for round in $(seq 1 "$ROUNDS"); do
       done <<< "$out"
     done
     for w in bf16 int8 int8-f32s int4; do
-      out=$(glm5 "${GLM5_DIR[$w]}" "$th" 512 8 "" 1)  # (pp512: one untimed pass first, as llama-bench)
-      read -r pp _ bw fma _ _ _ flops <<< "$out"
-      echo "pp512 $th glm5 $w $pp $bw $fma" >> "$R"
-      python3 -c "import sys; print('pp512', sys.argv[1], sys.argv[2], float(sys.argv[3]) / float(sys.argv[4]))" \
-        "$th" "$w" "$flops" "$pp" >> "$R.limits"
-      out=$(glm5 "${GLM5_DIR[$w]}" "$th" 1 128)
-      read -r _ tg bw fma win _ bound _ <<< "$out"
-      echo "tg128 $th glm5 $w $tg $bw $fma $win" >> "$R"
-      echo "tg128 $th $w $bound" >> "$R.limits"
+      for prec in $PRECISIONS; do
+        eng=glm5
+        [ "$prec" = exact ] || eng=glm5-$prec
+        out=$(glm5 "${GLM5_DIR[$w]}" "$th" 512 8 "" 1 "$prec")  # (pp512: one untimed pass first, as llama-bench)
+        read -r pp _ bw fma _ _ _ flops <<< "$out"
+        echo "pp512 $th $eng $w $pp $bw $fma" >> "$R"
+        python3 -c "import sys; print('pp512', sys.argv[1], sys.argv[2], float(sys.argv[3]) / float(sys.argv[4]), sys.argv[5], float(sys.argv[6]))" \
+          "$th" "$w" "$flops" "$pp" "$eng" "$flops" >> "$R.limits"
+        out=$(glm5 "${GLM5_DIR[$w]}" "$th" 1 128 "" 0 "$prec")
+        read -r _ tg bw fma win _ bound _ <<< "$out"
+        echo "tg128 $th $eng $w $tg $bw $fma $win" >> "$R"
+        echo "tg128 $th $w $bound $eng $tg" >> "$R.limits"
+      done
     done
     log "round $round, $th threads done"
   done
@@ -190,6 +208,32 @@ for round in $(seq 1 "$DEPTH_ROUNDS"); do
     [ "$inter" = - ] || echo "$d $first_depth $inter" >> "$R.inter"
     log "depth $d round $round done"
   done
+done
+# The main job: 32 requests of 256 prompt + 64 generated tokens (random ids, greedy, EOS ignored).
+python3 - "$WORK/batch32.jsonl" "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$MODEL/config.json")" <<'PY'
+import json, random, sys
+rng = random.Random(7)
+with open(sys.argv[1], "w") as f:
+    for i in range(32):
+        ids = [rng.randrange(int(sys.argv[2])) for _ in range(256)]
+        f.write(json.dumps({"custom_id": f"r{i}", "prompt_ids": ids, "max_tokens": 64, "temperature": 0,
+                            "ignore_eos": True}) + "\n")
+PY
+printf 'max_batch: 32\nprefill_chunk: 256\nmax_step_tokens: 8192\n' > "$WORK/batch32.yaml"
+for round in $(seq 1 "$BATCH_ROUNDS"); do
+  out=$(LD_LIBRARY_PATH="$D/llama" "$D/llama/llama-batched-bench" -m "$G/model.BF16.gguf" -c 16384 -b 2048 -ub 512 \
+    -npp 256 -ntg 64 -npl 32 -t "$th" --output-format jsonl 2> "$D/batched.err") ||
+    { cat "$D/batched.err" >&2; echo "llama-batched-bench failed" >&2; exit 1; }
+  printf '%s\n' "$out" | python3 -c 'import json, sys; [print("batch32", sys.argv[1], "llama.cpp BF16", json.loads(l)["t"]) for l in sys.stdin if l.startswith("{")]' "$th" >> "$R.batch"
+  for prec in $PRECISIONS; do
+    rm -f "$D/batch-out.jsonl"
+    start=$(date +%s.%N)
+    OMP_NUM_THREADS=$th "$D/glm5" batch --model "$MODEL" --input "$WORK/batch32.jsonl" --output "$D/batch-out.jsonl" \
+      --cluster "$WORK/batch32.yaml" --precision "$prec" 2> "$D/batch.err" || { cat "$D/batch.err" >&2; exit 1; }
+    end=$(date +%s.%N)
+    echo "batch32 $th glm5-$prec bf16 $(python3 -c "print(float('$end') - float('$start'))")" >> "$R.batch"
+  done
+  log "batch round $round done"
 done
 load_report
 echo
@@ -211,14 +255,20 @@ peer = {"bf16": "BF16", "int8": "Q8_0", "int8-f32s": "Q8_0", "int4": "Q4_K_M"}
 print("| test | threads | glm5 weights | glm5 tok/s | llama.cpp | llama.cpp tok/s | glm5 / llama.cpp | samples glm5 / llama.cpp |")
 print("|---|---|---|---|---|---|---|---|")
 for (metric, th, eng, w), m in med.items():
-    if eng != "glm5":
+    if not eng.startswith("glm5"):
         continue
     key = (metric, th, "llama.cpp", peer[w])
     lm = med.get(key)
     samples = " ".join(f"{x:.1f}" for x in s[(metric, th, eng, w)]) + " / " + " ".join(f"{x:.1f}" for x in s.get(key, []))
     ratio = f"**{m / lm:.2f}x**" if lm else ""
-    print(f"| {metric} | {th} | {w} | {m:.1f} | {peer[w]} | {lm:.1f} | {ratio} | {samples} |" if lm else
-          f"| {metric} | {th} | {w} | {m:.1f} | {peer[w]} | | | {samples} |")
+    wl = w + ("" if eng == "glm5" else " " + eng[5:])
+    print(f"| {metric} | {th} | {wl} | {m:.1f} | {peer[w]} | {lm:.1f} | {ratio} | {samples} |" if lm else
+          f"| {metric} | {th} | {wl} | {m:.1f} | {peer[w]} | | | {samples} |")
+for (metric, th, eng, w), m in med.items():  # fast against exact, same weights, same run
+    ex = med.get((metric, th, "glm5", w))
+    if eng != "glm5" and eng.startswith("glm5") and ex:
+        print(f"\nglm5 {w} {metric}, {th} threads: {eng[5:]} / exact = {m / ex:.2f}x", end="")
+print()
 for th in sorted(bw):
     print(f"\n{th} threads: read bandwidth {statistics.median(bw[th]):.1f} GB/s, fp32 FMA peak "
           f"{statistics.median(fma[th]):.0f} GFLOP/s (bench_cpu, medians)")
@@ -227,10 +277,22 @@ for th in sorted(bw):
 # tg128. pp512: the FMA rate (share of the measured fp32 peak) that 2x llama.cpp's pp512 takes at
 # glm5's FLOP per token.
 lim = defaultdict(list)
+under = []  # glm5 paths under half of their own bound
+bf16_dot = any(x in open("/proc/cpuinfo").read() for x in ("avx512_bf16", "amx_bf16"))
 if os.path.exists(sys.argv[1] + ".limits"):
     for line in open(sys.argv[1] + ".limits"):
         f = line.split()
-        lim[(f[0], f[1], f[2])].append(float(f[3]))
+        eng = f[4] if len(f) > 4 else "glm5"
+        if eng == "glm5":
+            lim[(f[0], f[1], f[2])].append(float(f[3]))
+        if f[0] == "tg128" and len(f) > 5 and float(f[5]) < 0.5 * float(f[3]):
+            under.append(f"{eng} {f[2]} tg128, {f[1]} threads: {float(f[5]):.1f} tok/s, "
+                         f"{100 * float(f[5]) / float(f[3]):.0f}% of its read-bandwidth bound {float(f[3]):.1f}")
+        if f[0] == "pp512" and len(f) > 5 and fma.get(f[1]):
+            peak = statistics.median(fma[f[1]]) * (2 if eng != "glm5" and bf16_dot else 1)
+            if float(f[5]) < 0.5 * peak:
+                under.append(f"{eng} {f[2]} pp512, {f[1]} threads: {float(f[5]):.0f} GFLOP/s, "
+                             f"{100 * float(f[5]) / peak:.0f}% of the {'bf16' if peak != statistics.median(fma[f[1]]) else 'fp32'} peak {peak:.0f}")
 for (metric, th, w), v in sorted(lim.items(), key=lambda kv: (kv[0][0], int(kv[0][1]), kv[0][2])):
     lm = med.get((metric, th, "llama.cpp", peer[w]))
     if not lm or metric not in ("pp512", "tg128") or (metric == "pp512" and w != "bf16"):
@@ -243,6 +305,20 @@ for (metric, th, w), v in sorted(lim.items(), key=lambda kv: (kv[0][0], int(kv[0
         need = 2 * lm * x
         print(f"glm5 {w} pp512, {th} threads: 2x llama.cpp {peer[w]} takes {need:.0f} GFLOP/s at {x:.3f} GFLOP per "
               f"token = {100 * need / statistics.median(fma[th]):.0f}% of the fp32 FMA peak")
+batch = defaultdict(list)
+if os.path.exists(sys.argv[1] + ".batch"):
+    for line in open(sys.argv[1] + ".batch"):
+        f = line.split()
+        batch[(f[1], " ".join(f[2:-1]))].append(float(f[-1]))
+if batch:
+    print("\n| main job: 32 x (256 prompt + 64 generated) | threads | seconds (median) | llama.cpp / this | samples |")
+    print("|---|---|---|---|---|")
+    for (th, eng), v in sorted(batch.items()):
+        lm = batch.get((th, "llama.cpp BF16 bf16")) or batch.get((th, "llama.cpp BF16"))
+        m = statistics.median(v)
+        r = f"**{statistics.median(lm) / m:.2f}x**" if lm and not eng.startswith("llama") else ""
+        print(f"| {eng} | {th} | {m:.2f} | {r} | {' '.join(f'{x:.2f}' for x in v)} |")
+    print("(glm5: `glm5 batch` wall time, start-up and loading included; llama.cpp: llama-batched-bench's T, load excluded)")
 for (th, w), v in sorted(win.items()):
     print(f"glm5 {w} decode, {th} threads: {statistics.median(v):.0f}% of the read bandwidth probed around each "
           f"window of 8 tokens (median of the runs' medians: {' '.join(f'{x:.0f}' for x in v)})")
@@ -263,5 +339,12 @@ if os.path.exists(sys.argv[1] + ".inter"):
 for (d, first), v in sorted(inter.items()):
     print(f"glm5: decode after {d} tokens of context / after {first}, interleaved step by step in one process "
           f"(bench_cpu --beside): {statistics.median(v):.3f} (runs: {' '.join(f'{x:.3f}' for x in v)})")
+for u in under:
+    print(f"FAIL: {u}")
+open(sys.argv[1] + ".under", "w").write("\n".join(under))
 PY
-echo "glm5 BF16 gemm path: $(cat "$WORK/gemm_path" 2>/dev/null) (fp32 16-lane FMA, or amx tiles; GLM5_CPU_GEMM to choose)"
+echo "glm5 BF16 gemm path: exact $(cat "$WORK/gemm_path.exact" 2>/dev/null) (fp32 16-lane FMA, or amx tiles; GLM5_CPU_GEMM to choose), fast $(cat "$WORK/gemm_path.fast" 2>/dev/null) (avx512bf16, amx or portable; GLM5_CPU_FAST_GEMM)"
+if [ -s "$R.under" ]; then
+  echo "a glm5 path ran under half of its bound (FAIL lines above)" >&2
+  exit 1
+fi

@@ -303,7 +303,9 @@ struct GemmCase {
 
 // One GEMM on both backends; tolerance rel_tol * sum_k |x w| per output (the bound of any
 // reordering of the fp32 sum) plus 1e-6.
-void check_gemm(Backend& gpu, const GemmCase& c, float rel_tol, uint32_t seed) {
+// ref_precision: the reference backend's (kFast: bf16 inputs, the exact products summed in k order).
+void check_gemm(Backend& gpu, const GemmCase& c, float rel_tol, uint32_t seed,
+                Precision ref_precision = Precision::kExact) {
   Rng rng(seed);
   const int64_t ldx = c.k + 3, ldy = c.n + 5;
   const int64_t w_rows = c.trans ? c.k : c.n, w_cols = c.trans ? c.n : c.k, w_ld = w_cols + 2;
@@ -315,7 +317,7 @@ void check_gemm(Backend& gpu, const GemmCase& c, float rel_tol, uint32_t seed) {
                            " k=" + std::to_string(c.k) + " dtype=" + std::string(dtype_name(c.dt)) +
                            (c.trans ? " trans_w" : "") + (c.accumulate ? " accumulate" : "");
 
-  auto ref = make_reference_backend();
+  auto ref = make_reference_backend(ref_precision);
   Weight wh{wbytes.data(), c.dt, w_rows + 1, w_cols, w_ld};
   GemmParams p;
   p.x = x.data(), p.ldx = ldx, p.w = wh.slice_rows(1, w_rows), p.trans_w = c.trans;
@@ -395,9 +397,26 @@ TEST(CudaOps, GemmOtherActivationSplits) {
     }
 }
 
+// Precision fast: BF16 weights on one bf16 term of x, the reference's kFast gemm (the same rounded
+// inputs) up to float32 summation order, in both GEMM modes, batch-invariant. (The exact path's three
+// terms would be off by x's bf16 rounding, ~4e-3 relative: far outside this tolerance.)
+TEST(CudaOps, FastPrecisionGemmIsOneBf16Term) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  GemmTermsEnv env(nullptr);
+  for (const char* mode : kGemmModes) {
+    SCOPED_TRACE(std::string("GLM5_CUDA_GEMM=") + mode);
+    ScopedEnv gm("GLM5_CUDA_GEMM", mode);
+    auto gpu = make_cuda_backend(0, Precision::kFast);
+    ASSERT_EQ(gpu->precision(), Precision::kFast);
+    uint32_t seed = 300;
+    for (const auto& c : gemm_cases())
+      if (c.dt == DType::BF16) check_gemm(*gpu, c, 2e-5f, seed++, Precision::kFast);
+  }
+}
+
 TEST(CudaOps, GemmRowsAreBatchInvariant) {
   if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
-  for (const char* terms : {"3", "0"}) {
+  for (const char* terms : {"3", "0", "1"}) {  // (1: what precision fast runs)
     for (DType dt : {DType::BF16, DType::F32, DType::F16}) {
       SCOPED_TRACE(std::string("terms ") + terms + " dtype " + std::string(dtype_name(dt)));
       GemmTermsEnv env(terms);

@@ -101,7 +101,9 @@ TEST(Simulate, HardwareFiles) {
   ASSERT_TRUE(h200.has_measured);
   EXPECT_TRUE(contains(h200.measured.by, "H200"));
   const Hardware ours = h200.as_measured();
-  EXPECT_DOUBLE_EQ(ours.gemm_efficiency, 0.154);
+  EXPECT_DOUBLE_EQ(ours.gemm_efficiency, 0.263);
+  EXPECT_DOUBLE_EQ(ours.exact_gemm_cost, 1.70);  // (measured: exact's three terms took 1.70x one term's time)
+  EXPECT_DOUBLE_EQ(h200.exact_gemm_cost, 3);     // (published kernels: three times the tensor-core work)
   EXPECT_DOUBLE_EQ(ours.attention_mem_eff(), 0.008);
   EXPECT_DOUBLE_EQ(h200.gemm_efficiency, 0.75);
   EXPECT_DOUBLE_EQ(h200.attention_mem_eff(), 0.9);  // (mem_bw_efficiency when not given)
@@ -131,6 +133,29 @@ TEST(Simulate, GpuPredictionsUseGlm5sMeasuredKernelsUnlessAskedForTheWhatIf) {
   EXPECT_EQ(a.at("kernels"), "glm5 measured");
   EXPECT_EQ(b.at("kernels"), "published what-if");
   EXPECT_GT(b.at("generated_tokens_per_s").get<double>(), 2 * a.at("generated_tokens_per_s").get<double>());
+}
+
+// The precision: exact GEMMs cost exact_gemm_cost times fast's (a prediction with the same kernels
+// otherwise); the output names the mode.
+TEST(Simulate, PrecisionExactCostsMoreGemmTimeThanFast) {
+  std::string yaml = slurp(kSrc + "/cluster-configs/h100x8.yaml");
+  ASSERT_TRUE(contains(yaml, "precision: fast"));
+  const fs::path exact_cfg = scratch("h100x8-exact.yaml");
+  std::ofstream(exact_cfg) << yaml.replace(yaml.find("precision: fast"), 15, "precision: exact");
+  const auto run = [&](const std::string& cluster, const std::string& tag) {
+    const std::string cmd = kBin + " simulate --model " + kData + "/glm5-fp8-config --cluster " + cluster +
+                            " --workload prompts=64,in=2048,out=4 --hardware " + kSrc +
+                            "/cluster-configs/hardware/h200-sxm.yaml --json " + scratch(tag + ".json").string();
+    Proc p = run_captured(cmd, scratch(tag + ".o"), scratch(tag + ".e"));
+    EXPECT_EQ(p.code, 0) << p.err;
+    EXPECT_TRUE(contains(p.out, "precision  " + tag)) << p.out;
+    return nlohmann::json::parse(slurp(scratch(tag + ".json")));
+  };
+  const auto fast = run(kSrc + "/cluster-configs/h100x8.yaml", "fast"), exact = run(exact_cfg.string(), "exact");
+  EXPECT_EQ(fast.at("precision"), "fast");
+  EXPECT_EQ(exact.at("precision"), "exact");
+  EXPECT_GT(fast.at("generated_tokens_per_s").get<double>(), exact.at("generated_tokens_per_s").get<double>());
+  expect_error([] { parse_hardware("name: x\nkind: gpu\nexact_gemm_cost: 0.5\n", "f.yaml"); }, {"f.yaml"});
 }
 
 TEST(Simulate, CostModelPhases) {
