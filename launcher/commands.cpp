@@ -355,6 +355,12 @@ int run_inspect(const InspectArgs& a) {
   std::printf("cluster    %s: %d stage(s) x %d expert-parallel = %d rank(s), backend %s, comm %s\n",
               cc.source.empty() ? "(single process)" : cc.source.c_str(), cc.stages,
               cc.expert_parallel, cc.world_size(), cc.backend.c_str(), cc.comm.c_str());
+  std::printf("precision  %s: %s\n", cc.precision.c_str(),
+              cc.precision == "fast"
+                  ? "gemm inputs rounded to bf16, float32 accumulation (the cpu backend holds F16 / F32 gemm matrices "
+                    "as BF16); results within bf16 rounding of exact, invariant per machine and kernel path"
+                  : "float32 activations, exact weight values (the goldens' 1e-4; bitwise across layouts and "
+                    "batches)");
 
   const bool device = cc.device_memory_gb > 0;
   const runtime::ActivationEstimate act = runtime::estimate_activations(

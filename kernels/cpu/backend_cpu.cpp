@@ -75,6 +75,26 @@ void moe_combine_rows(const MoeCombineParams& p, int64_t b, int64_t e, std::vect
   }
 }
 
+// Rows [0, m) of `width` floats (row stride ld) rounded to bf16 into out (row stride width).
+void round_rows(const float* x, int64_t ld, int64_t m, int64_t width, float* out) {
+  parallel_rows(m, width, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float* src = x + i * ld;
+      float* dst = out + i * width;
+      int64_t j = 0;
+      for (; j + simd::kLanes <= width; j += simd::kLanes) simd::store(dst + j, simd::round_bf16(simd::load(src + j)));
+      if (j < width) simd::store_n(dst + j, simd::round_bf16(simd::load_n(src + j, int(width - j))), int(width - j));
+    }
+  });
+}
+
+// A bf16-rounded copy of an op's float input, kept by the calling thread between calls.
+const float* rounded(const float* x, int64_t ld, int64_t m, int64_t width, std::vector<float>& buf) {
+  if (buf.size() < size_t(m * width)) buf.resize(size_t(m * width));
+  round_rows(x, ld, m, width, buf.data());
+  return buf.data();
+}
+
 class CpuBackend final : public HostBackend {
  public:
   using Backend::gemm_batch;  // the vector / array overload
@@ -145,9 +165,16 @@ class CpuBackend final : public HostBackend {
       ref::rope(q);
     });
   }
+  // Precision::kFast: the attention-side products take bf16 inputs too. The caches hold bf16 values
+  // (paged_write rounds), and each op rounds its float activations (queries; prefill's expanded
+  // keys and values) into a copy; softmax weights and the indexer's head weights stay float32.
   void indexer_scores(const IndexerScoresParams& p) override {
     validate(p);
-    fast::indexer_scores(p);
+    if (precision_ != Precision::kFast) return fast::indexer_scores(p);
+    thread_local std::vector<float> q;
+    IndexerScoresParams r = p;
+    r.q = rounded(p.q, p.n_heads * p.head_dim, p.s, p.n_heads * p.head_dim, q);
+    fast::indexer_scores(r);
   }
   void topk(const TopkParams& p) override {
     validate(p);
@@ -155,11 +182,25 @@ class CpuBackend final : public HostBackend {
   }
   void mla_prefill(const MlaPrefillParams& p) override {
     validate(p);
-    fast::mla_prefill(p);
+    if (precision_ != Precision::kFast) return fast::mla_prefill(p);
+    thread_local std::vector<float> q, kv, k_pe;
+    const int64_t dq = p.n_heads * (p.qk_nope_head_dim + p.qk_rope_head_dim);
+    const int64_t dkv = p.n_heads * (p.qk_nope_head_dim + p.v_head_dim);
+    MlaPrefillParams r = p;
+    r.q = rounded(p.q, dq, p.s, dq, q);
+    r.kv = rounded(p.kv, dkv, p.t, dkv, kv);
+    r.k_pe = rounded(p.k_pe, p.ld_k_pe, p.t, p.qk_rope_head_dim, k_pe);
+    r.ld_k_pe = p.qk_rope_head_dim;
+    fast::mla_prefill(r);
   }
   void mla_decode(const MlaDecodeParams& p) override {
     validate(p);
-    fast::mla_decode(p);
+    if (precision_ != Precision::kFast) return fast::mla_decode(p);
+    thread_local std::vector<float> q;
+    const int64_t w = p.n_heads * (p.kv_lora_rank + p.qk_rope_head_dim);
+    MlaDecodeParams r = p;
+    r.q_lat = rounded(p.q_lat, w, p.s, w, q);
+    fast::mla_decode(r);
   }
   void router(const RouterParams& p) override {
     validate(p);
@@ -236,11 +277,13 @@ class CpuBackend final : public HostBackend {
           for (int64_t j = 0; j < p.width; ++j) {
             const float v = p.src[i * p.ld_src + j];
             if (p.pages.dtype == DType::BF16) static_cast<uint16_t*>(p.pool)[at + j * step] = f32_to_bf16(v);
-            else static_cast<float*>(p.pool)[at + j * step] = v;
+            else static_cast<float*>(p.pool)[at + j * step] = precision_ == Precision::kFast ? bf16_round(v) : v;
           }
         } else if (p.pages.dtype == DType::BF16) {
           uint16_t* dst = static_cast<uint16_t*>(p.pool) + row;
           for (int64_t j = 0; j < p.width; ++j) dst[j] = f32_to_bf16(p.src[i * p.ld_src + j]);
+        } else if (precision_ == Precision::kFast) {  // bf16 values in a float32 cache
+          round_rows(p.src + i * p.ld_src, p.ld_src, 1, p.width, static_cast<float*>(p.pool) + row);
         } else {
           std::memcpy(static_cast<float*>(p.pool) + row, p.src + i * p.ld_src, size_t(p.width) * sizeof(float));
         }

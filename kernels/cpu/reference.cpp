@@ -516,6 +516,14 @@ void paged_write(const PagedWriteParams& p) {
 
 // ---------------------------------------------------------------------------------------------
 
+// A bf16-rounded copy of rows [0, m) of `width` floats (row stride ld), row stride width.
+std::vector<float> rounded(const float* x, int64_t ld, int64_t m, int64_t width) {
+  std::vector<float> out(size_t(m * width));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < width; ++j) out[size_t(i * width + j)] = bf16_round(x[i * ld + j]);
+  return out;
+}
+
 class ReferenceBackend final : public HostBackend {
  public:
   explicit ReferenceBackend(Precision precision) : precision_(precision) {}
@@ -525,10 +533,37 @@ class ReferenceBackend final : public HostBackend {
   void rms_norm(const RmsNormParams& p) override { validate(p); ref::rms_norm(p); }
   void layer_norm(const LayerNormParams& p) override { validate(p); ref::layer_norm(p); }
   void rope(const RopeParams& p) override { validate(p); ref::rope(p); }
-  void indexer_scores(const IndexerScoresParams& p) override { validate(p); ref::indexer_scores(p); }
+  // Precision::kFast rounds the attention-side inputs too (ops.h Precision): queries, prefill's
+  // expanded keys and values, and (paged_write) what the caches hold.
+  void indexer_scores(const IndexerScoresParams& p) override {
+    validate(p);
+    if (precision_ != Precision::kFast) return ref::indexer_scores(p);
+    const std::vector<float> q = rounded(p.q, p.n_heads * p.head_dim, p.s, p.n_heads * p.head_dim);
+    IndexerScoresParams r = p;
+    r.q = q.data();
+    ref::indexer_scores(r);
+  }
   void topk(const TopkParams& p) override { validate(p); ref::topk(p); }
-  void mla_prefill(const MlaPrefillParams& p) override { validate(p); ref::mla_prefill(p); }
-  void mla_decode(const MlaDecodeParams& p) override { validate(p); ref::mla_decode(p); }
+  void mla_prefill(const MlaPrefillParams& p) override {
+    validate(p);
+    if (precision_ != Precision::kFast) return ref::mla_prefill(p);
+    const int64_t dq = p.n_heads * (p.qk_nope_head_dim + p.qk_rope_head_dim);
+    const int64_t dkv = p.n_heads * (p.qk_nope_head_dim + p.v_head_dim);
+    const std::vector<float> q = rounded(p.q, dq, p.s, dq), kv = rounded(p.kv, dkv, p.t, dkv),
+                             k_pe = rounded(p.k_pe, p.ld_k_pe, p.t, p.qk_rope_head_dim);
+    MlaPrefillParams r = p;
+    r.q = q.data(), r.kv = kv.data(), r.k_pe = k_pe.data(), r.ld_k_pe = p.qk_rope_head_dim;
+    ref::mla_prefill(r);
+  }
+  void mla_decode(const MlaDecodeParams& p) override {
+    validate(p);
+    if (precision_ != Precision::kFast) return ref::mla_decode(p);
+    const int64_t w = p.n_heads * (p.kv_lora_rank + p.qk_rope_head_dim);
+    const std::vector<float> q = rounded(p.q_lat, w, p.s, w);
+    MlaDecodeParams r = p;
+    r.q_lat = q.data();
+    ref::mla_decode(r);
+  }
   void router(const RouterParams& p) override { validate(p); ref::router(p); }
   void swiglu(const SwigluParams& p) override { validate(p); ref::swiglu(p); }
   void embedding(const EmbeddingParams& p) override { validate(p); ref::embedding(p); }
@@ -536,7 +571,14 @@ class ReferenceBackend final : public HostBackend {
   void moe_combine(const MoeCombineParams& p) override { validate(p); ref::moe_combine(p); }
   void add(const AddParams& p) override { validate(p); ref::add(p); }
   void copy_2d(const Copy2dParams& p) override { validate(p); ref::copy_2d(p); }
-  void paged_write(const PagedWriteParams& p) override { validate(p); ref::paged_write(p); }
+  void paged_write(const PagedWriteParams& p) override {
+    validate(p);
+    if (precision_ != Precision::kFast || p.pages.dtype != DType::F32) return ref::paged_write(p);
+    const std::vector<float> src = rounded(p.src, p.ld_src, p.n, p.width);
+    PagedWriteParams r = p;
+    r.src = src.data(), r.ld_src = p.width;
+    ref::paged_write(r);
+  }
 
  private:
   Precision precision_;

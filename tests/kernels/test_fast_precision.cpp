@@ -309,5 +309,75 @@ TEST(FastGemm, WeightsOfAnotherPrecisionOrPathAreRefused) {
   EXPECT_EQ(parse_precision("fast", "--precision"), Precision::kFast);
 }
 
+// The attention side in kFast (ops.h Precision): paged_write stores bf16 values in a float32 cache,
+// and mla_decode / mla_prefill / indexer_scores are kExact's kernels on the bf16-rounded inputs, bit
+// for bit, on the cpu backend; the reference backend does the same to float32 rounding.
+TEST(FastAttention, OpsTakeBf16Inputs) {
+  auto fast = make_cpu_backend(Precision::kFast), exact = make_cpu_backend(Precision::kExact);
+  auto ref = make_reference_backend(Precision::kFast);
+  std::mt19937 rng(17);
+  std::normal_distribution<float> d(0, 1);
+  const auto randn = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
+    return v;
+  };
+  const auto round_all = [](std::vector<float> v) {
+    for (float& x : v) x = bf16_round(x);
+    return v;
+  };
+  const auto near = [](const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i] != b[i]) ASSERT_NEAR(a[i], b[i], 1e-4 * (1 + std::fabs(b[i]))) << what << " " << i;  // (-inf: masked)
+  };
+  const int64_t S = 3, T = 70, H = 4, R = 32, DR = 16, LAT = R + DR;
+  // paged_write: a float32 cache holds the bf16 values.
+  const std::vector<float> rows = randn(size_t(S * LAT));
+  std::vector<int32_t> pos = {5, 6, 7};
+  std::vector<float> want(size_t(2 * 64 * LAT), 0.0f);
+  const std::vector<int32_t> table = {1};  // (one sequence in block 1 of a 2-block pool)
+  for (int64_t i = 0; i < S; ++i)
+    for (int64_t j = 0; j < LAT; ++j) want[size_t((64 + pos[size_t(i)]) * LAT + j)] = bf16_round(rows[size_t(i * LAT + j)]);
+  for (Backend* be : {fast.get(), ref.get()}) {
+    std::vector<float> pool(want.size(), 0.0f);
+    be->paged_write({rows.data(), LAT, pos.data(), pool.data(), S, LAT, KeyPages{table.data(), 0, 64}});
+    expect_bits(pool, want, "paged_write on " + be->name());
+  }
+  // mla_decode over a cache of bf16 values.
+  const std::vector<float> cache = round_all(randn(size_t(T * LAT))), q = randn(size_t(S * H * LAT));
+  const std::vector<float> qr = round_all(q);
+  std::vector<int32_t> qpos = {69, 40, 3};
+  const auto decode = [&](Backend& be, const std::vector<float>& qq) {
+    std::vector<float> out(size_t(S * H * R));
+    be.mla_decode({qq.data(), cache.data(), qpos.data(), nullptr, 0, out.data(), S, T, H, R, DR, 0.1f, {}});
+    return out;
+  };
+  expect_bits(decode(*fast, q), decode(*exact, qr), "mla_decode");
+  near(decode(*ref, q), decode(*fast, q), "mla_decode, reference");
+  // indexer_scores.
+  const int64_t IH = 4, ID = 32;
+  const std::vector<float> iq = randn(size_t(S * IH * ID)), iw = randn(size_t(S * IH)),
+                           keys = round_all(randn(size_t(T * ID)));
+  const auto scores = [&](Backend& be, const std::vector<float>& qq) {
+    std::vector<float> out(size_t(S * T));
+    be.indexer_scores({qq.data(), iw.data(), keys.data(), qpos.data(), out.data(), S, T, IH, ID, T, {}});
+    return out;
+  };
+  expect_bits(scores(*fast, iq), scores(*exact, round_all(iq)), "indexer_scores");
+  near(scores(*ref, iq), scores(*fast, iq), "indexer_scores, reference");
+  // mla_prefill: queries, expanded keys / values and k_pe rounded.
+  const int64_t DN = 16, DV = 16;
+  const std::vector<float> pq = randn(size_t(S * H * (DN + DR))), kv = randn(size_t(T * H * (DN + DV))),
+                           kpe = randn(size_t(T * LAT));
+  const auto prefill = [&](Backend& be, const std::vector<float>& a, const std::vector<float>& b,
+                           const std::vector<float>& c) {
+    std::vector<float> out(size_t(S * H * DV));
+    be.mla_prefill({a.data(), b.data(), c.data() + R, LAT, qpos.data(), nullptr, 0, out.data(), S, T, H, DN, DR, DV, 0.1f});
+    return out;
+  };
+  expect_bits(prefill(*fast, pq, kv, kpe), prefill(*exact, round_all(pq), round_all(kv), round_all(kpe)), "mla_prefill");
+  near(prefill(*ref, pq, kv, kpe), prefill(*fast, pq, kv, kpe), "mla_prefill, reference");
+}
+
 }  // namespace
 }  // namespace glm5::kernels::test

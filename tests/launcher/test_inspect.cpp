@@ -197,6 +197,7 @@ TEST(Inspect, Glm5Int4OnOneNode) {
   EXPECT_TRUE(contains(r[0].cols[8], ":fits")) << all.out;
   mem = line_starting(all.out, "memory");
   EXPECT_TRUE(contains(mem, "of 80.0 GB device memory: fits")) << mem;
+  EXPECT_TRUE(contains(line_starting(all.out, "precision"), "fast: gemm inputs rounded to bf16")) << all.out;
   // Smaller groups cost more scales, and so do F32 scales.
   const Proc g32 = inspect(kGlm5, kH100x8, "--quant int4 --quantize all --group-size 32");
   ASSERT_EQ(g32.code, 0) << g32.err;
@@ -210,6 +211,7 @@ TEST(Inspect, Glm5Int4OnOneNode) {
 TEST(Inspect, CpuConfigPrintsWeightsAndKvPerTokenOnly) {
   const Proc p = inspect(kGlm5, kSrc + "/cluster-configs/cpu-pp2-ep2.yaml");
   ASSERT_EQ(p.code, 0) << p.err;
+  EXPECT_TRUE(contains(line_starting(p.out, "precision"), "exact: float32 activations")) << p.out;
   const auto r = rows(p.out);
   ASSERT_EQ(r.size(), 4u) << p.out;
   for (const Row& row : r) EXPECT_EQ(row.cols.size(), 6u) << p.out;
