@@ -74,6 +74,10 @@ void dequantize_rows(const Weight& w, int64_t r0, int64_t n, float* out, int64_t
 // the one in use, and a switch for tests and benchmarks ("auto" = best; GLM5_CPU_KERNELS=portable
 // in the environment forces the portable path too).
 std::vector<std::string> quant_paths();
+// The sequence the fused decode tiles of int8 with BF16 scales use on this CPU ("pairs", "split" or
+// "bits": the same floats; timed once per process unless GLM5_CPU_Q8_BF16 names one; cpu/quant_gemm.cpp),
+// or "none" where those tiles are not built.
+std::string q8_bf16_sequence();
 std::string quant_path();
 void set_quant_path(const std::string& path);
 

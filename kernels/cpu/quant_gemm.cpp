@@ -8,10 +8,13 @@
 // read row-major weights and the quads of rows CpuBackend holds them in (kQuantQuad, ops.h).
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <random>
 #include <vector>
 
 #include "cpu/dot_tile.h"
@@ -133,6 +136,16 @@ GLM5_AVX512 inline __m512 bf16_round_split(__m512 v) {
   const __m512 c = _mm512_mul_ps(v, _mm512_set1_ps(kSplitBf16));
   return _mm512_sub_ps(c, _mm512_sub_ps(c, v));
 }
+
+// How int8 values with BF16 scales become floats in the fused tiles, all three the same floats:
+// kPairs (AVX512-BF16 + VBMI builds: vpermb and vcvtne2ps2bf16 for 32 values), kSplit (one FMA and
+// Veltkamp's split per 16), kBits (a multiply and the bit-trick rounding per 16). Which is fastest
+// depends on the CPU class: the pairs were measured faster on Zen 4, and an int8 decode with BF16
+// scales ran at a quarter of its bandwidth bound on Zen 5 while F32 scales reached 90 %. So each
+// process times the three on a block in cache the first time such a gemm runs (q8_sequence(),
+// ~2 ms), unless GLM5_CPU_Q8_BF16 = pairs | split | bits names one (tests run every one).
+enum class Q8Sequence { kPairs, kSplit, kBits };
+Q8Sequence q8_sequence();
 
 // Int4: for the 16 elements at byte p (8 bytes, element 2i in the low nibble of byte i), dword l
 // of the result holds element l's nibble in its bits 0-3 (higher bits are not cleared: vpermps,
@@ -345,16 +358,17 @@ GLM5_AVX512 __attribute__((always_inline)) inline void prefetch_next(const uint8
   }
 }
 
-// Columns [k0, k1) of one group of the tile's NR rows (their Chunk states ch) into acc.
+// Columns [k0, k1) of one group of the tile's NR rows (their Chunk states ch) into acc. `pairs`:
+// Q8's pairs sequence may run (q8_sequence()).
 template <int MR, int NR, bool kFast, bool kQuad, DType DT, DType SD>
 GLM5_AVX512 __attribute__((always_inline)) inline void fused_group(const Chunk<DT, SD>* ch, const RowBytes<kQuad>* rows,
                                                                   const uint8_t* next, size_t rb, const float* x,
                                                                   int64_t ldx, int64_t k0, int64_t k1,
-                                                                  __m512 (&acc)[MR][4]) {
+                                                                  __m512 (&acc)[MR][4], bool pairs) {
   constexpr int64_t kHalve = Chunk<DT, SD>::kHalve;
   prefetch_next<MR, NR, kQuad>(next, rb, k0 / kHalve, k1 / kHalve);
   if constexpr (kFast && Chunk<DT, SD>::kPairs && MR <= 2) {  // (more rows of x would not fit the registers)
-    if ((k1 - k0) % 32 == 0) {  // (k0 a multiple of 32 too: 32 code bytes never straddle a quad chunk)
+    if (pairs && (k1 - k0) % 32 == 0) {  // (k0 a multiple of 32 too: 32 code bytes never straddle a quad chunk)
       for (int64_t k = k0; k < k1; k += 32) {
         __m512 x0[MR], x1[MR];
         for (int r = 0; r < MR; ++r) x0[r] = _mm512_loadu_ps(x + r * ldx + k), x1[r] = _mm512_loadu_ps(x + r * ldx + k + 16);
@@ -451,16 +465,18 @@ GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_
     for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
   alignas(64) float sc[NR][kScaleBlock];
   const int64_t groups = (w.cols + w.group - 1) / w.group;
+  // Int8 with BF16 scales: the sequence this CPU runs fastest (the same floats either way).
+  const Q8Sequence seq = DT == DType::Q8 && SD == DType::BF16 ? q8_sequence() : Q8Sequence::kPairs;
   for (int64_t gb = 0; gb < groups; gb += kScaleBlock) {
     const int ng = int(std::min(kScaleBlock, groups - gb));
-    const bool fast = block_scales<DT, SD, NR>(w.scale, srow, gb, ng, sc);
+    const bool fast = block_scales<DT, SD, NR>(w.scale, srow, gb, ng, sc) && seq != Q8Sequence::kBits;
     for (int gi = 0; gi < ng; ++gi) {
       Chunk<DT, SD> ch[NR];
       for (int c = 0; c < NR; ++c) ch[c].group(sc[c][gi], fast);
       const int64_t g0 = (gb + gi) * w.group, g1 = std::min(w.cols, g0 + w.group);  // FP8's last block may be partial
       if constexpr (DT == DType::Q4 && kQuad) fused_group_nib<MR, NR>(ch, rows, next, rb, x, ldx, g0, g1, acc);
-      else if (fast) fused_group<MR, NR, true, kQuad>(ch, rows, next, rb, x, ldx, g0, g1, acc);
-      else fused_group<MR, NR, false, kQuad>(ch, rows, next, rb, x, ldx, g0, g1, acc);
+      else if (fast) fused_group<MR, NR, true, kQuad>(ch, rows, next, rb, x, ldx, g0, g1, acc, seq == Q8Sequence::kPairs);
+      else fused_group<MR, NR, false, kQuad>(ch, rows, next, rb, x, ldx, g0, g1, acc, false);
     }
   }
   for (int r = 0; r < MR; ++r)
@@ -502,6 +518,64 @@ FusedFn fused_fn(const Weight& w) {
     return quad ? fused_rows<DT, SD, true> : fused_rows<DT, SD, false>;
   });
 }
+
+std::atomic<int> g_q8_sequence{-1};  // a Q8Sequence once decided
+
+Q8Sequence q8_sequence() {
+  const int v = g_q8_sequence.load(std::memory_order_relaxed);
+  return v < 0 ? Q8Sequence::kPairs : Q8Sequence(v);
+}
+
+// Seconds of the fused decode tile over 64 rows x 4096 int8 values with BF16 scales (256 KiB of
+// codes, in L2: the sequences' own cost, not the memory's) in sequence `q`: best of 5.
+double time_q8_sequence(Q8Sequence q, const GemmParams& p) {
+  g_q8_sequence.store(int(q));
+  double best = 1e30;
+  for (int round = 0; round < 5; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int rep = 0; rep < 4; ++rep) fused_rows<DType::Q8, DType::BF16>(p, 0, p.n);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+// Decides q8_sequence() once, on the thread that plans the first such gemm (before its items run).
+void decide_q8_sequence() {
+  if (g_q8_sequence.load(std::memory_order_acquire) >= 0) return;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (g_q8_sequence.load(std::memory_order_relaxed) >= 0) return;
+  const char* e = std::getenv("GLM5_CPU_Q8_BF16");
+  const std::string v = e ? e : "";
+  const bool pairs_built = Chunk<DType::Q8, DType::BF16>::kPairs;
+  if (v == "pairs" || v == "split" || v == "bits") {
+    if (v == "pairs" && !pairs_built)
+      std::fprintf(stderr, "glm5: GLM5_CPU_Q8_BF16=pairs needs a build for AVX512-BF16 + VBMI: split instead\n");
+    g_q8_sequence.store(int(v == "bits" ? Q8Sequence::kBits : v == "split" || !pairs_built ? Q8Sequence::kSplit
+                                                                                          : Q8Sequence::kPairs));
+    return;
+  }
+  if (!v.empty() && v != "auto")
+    std::fprintf(stderr, "glm5: GLM5_CPU_Q8_BF16=%s ignored (expected pairs, split, bits or auto)\n", v.c_str());
+  const int64_t n = 64, k = 4096, group = 128;
+  std::vector<uint8_t> codes(size_t(n * k));
+  std::vector<uint16_t> scales(size_t(n * (k / group)));
+  std::vector<float> x(size_t(k), 0.5f), y(static_cast<size_t>(n), 0.0f);
+  std::mt19937 rng(1);
+  for (uint8_t& c : codes) c = uint8_t(rng());
+  for (uint16_t& sc : scales) sc = f32_to_bf16(0.01f * float(1 + rng() % 16));
+  GemmParams p;
+  p.x = x.data(), p.ldx = k, p.y = y.data(), p.ldy = n, p.m = 1, p.n = n, p.k = k;
+  p.w = Weight{codes.data(), DType::Q8, n, k, k, scales.data(), DType::BF16, k / group, group, 1};
+  Q8Sequence best = Q8Sequence::kSplit;
+  double best_s = time_q8_sequence(Q8Sequence::kSplit, p);
+  for (Q8Sequence q : {Q8Sequence::kPairs, Q8Sequence::kBits}) {
+    if (q == Q8Sequence::kPairs && !pairs_built) continue;
+    const double t = time_q8_sequence(q, p);
+    if (t < best_s) best = q, best_s = t;
+  }
+  g_q8_sequence.store(int(best), std::memory_order_release);
+}
 #endif
 
 bool cpu_has_avx512() {
@@ -533,6 +607,18 @@ bool use_avx512() {
 }
 
 }  // namespace
+
+std::string q8_bf16_sequence() {
+#if defined(__AVX512F__)
+  decide_q8_sequence();
+  switch (q8_sequence()) {
+    case Q8Sequence::kPairs: return "pairs";
+    case Q8Sequence::kSplit: return "split";
+    case Q8Sequence::kBits: return "bits";
+  }
+#endif
+  return "none";
+}
 
 std::vector<std::string> quant_paths() {
   std::vector<std::string> p{"portable"};
@@ -569,6 +655,7 @@ QuantSplit quant_split(const GemmParams& p, bool round) {
   s.round = round;
 #if defined(__AVX512F__)
   if (!round && p.m <= 4 && use_avx512() && p.k % 16 == 0 && p.w.group % 16 == 0 && p.w.cols == p.k) {
+    if (p.w.dtype == DType::Q8 && p.w.scale_dtype == DType::BF16) decide_q8_sequence();
     s.fused = true;
     s.rows_per_item = 16;
     s.items = (p.n + s.rows_per_item - 1) / s.rows_per_item;

@@ -269,7 +269,8 @@ int main(int argc, char** argv) {
               threads, read_gbs, fma_gflops,
               (prec == kernels::Precision::kFast ? glm5::kernels::cpu::fast::fast_gemm_path()
                                                  : glm5::kernels::cpu::fast::gemm_path()).c_str());
-  std::printf("precision: %s\n", precision.c_str());
+  std::printf("precision: %s; int8 BF16-scale decode sequence %s\n", precision.c_str(),
+              glm5::kernels::cpu::fast::q8_bf16_sequence().c_str());
   std::printf("model: %s, %.3f GB of weights, loaded in %.2f s; RSS after load %.3f GB (%.2fx weights)\n",
               model_dir.c_str(), weight_bytes / 1e9, load_s, rss_load / 1e9, rss_load / weight_bytes);
   std::printf("decode  batch 1 (%s tokens): %.2f tok/s (%.1f ms/token); %.3f GB of weights per token -> "
