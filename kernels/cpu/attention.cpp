@@ -15,6 +15,7 @@
 #include <numeric>
 #include <vector>
 
+#include "cpu/bf16_gemm.h"
 #include "cpu/fast_ops.h"
 #include "cpu/reference.h"
 #include "cpu/simd.h"
@@ -671,6 +672,23 @@ void score_block(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t nt
   std::fill(out + nv, out + nt, kNegInf);
 }
 
+// Scores of query row s against a block packed as bf16 pairs (bf16_dots: cpu/bf16_gemm.h
+// indexer_block), q as pairs [S][H][D / 2].
+void score_block_dp(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t nt, const uint32_t* kp,
+                    const uint32_t* qp) {
+  const int64_t H = p.n_heads, pairs = p.head_dim / 2;
+  float* out = p.scores + s * p.ld_scores + t0;
+  const int64_t nv = keys_seen(p, s, t0, nt);
+  if (nv > 0) {
+    alignas(64) float tmp[kIndexerKeys];
+    bf16::indexer_block(qp + s * H * pairs, H, pairs, p.weights + s * H, kp, tmp);
+    std::copy(tmp, tmp + nv, out);
+  }
+  std::fill(out + nv, out + nt, kNegInf);
+}
+
+static_assert(kIndexerKeys == bf16::kIndexerBlock, "one key block for both recipes");
+
 }  // namespace
 
 // Work items are blocks of kIndexerKeys keys: the block, read in place when the cache holds it as
@@ -679,10 +697,22 @@ void score_block(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t nt
 // that can see it (scores[s, t] for t > q_pos[s] are -inf). With one table per row (decode rows
 // of different sequences), a work item is (row, key block), dealt to the threads in runs of 4
 // consecutive items, and only the row's own keys are used. Either way a score is the same sequence
-// of FMAs.
-void indexer_scores(const IndexerScoresParams& p) {
+// of FMAs. With bf16_dots (precision fast, AVX512-BF16, even head_dim) each block is packed as
+// bf16 pairs after it is transposed, the queries once before, and the scores are vdpbf16ps chains
+// (bf16::indexer_block's recipe).
+void indexer_scores(const IndexerScoresParams& p, bool bf16_dots) {
   if (p.s == 0) return;
   const int64_t D = p.head_dim;
+  bf16_dots = bf16_dots && D % 2 == 0 && bf16::available();
+  thread_local std::vector<uint32_t> q_pairs;  // [S][H][D / 2] (bf16_dots)
+  if (bf16_dots) {
+    q_pairs.resize(size_t(p.s * p.n_heads * (D / 2)));
+    for (int64_t i = 0; i < p.s * p.n_heads; ++i)
+      for (int64_t c = 0; c < D / 2; ++c)
+        q_pairs[size_t(i * (D / 2) + c)] =
+            uint32_t(f32_to_bf16(p.q[i * D + 2 * c])) | uint32_t(f32_to_bf16(p.q[i * D + 2 * c + 1])) << 16;
+  }
+  const uint32_t* qp = q_pairs.data();
   const int64_t blocks = (p.t + kIndexerKeys - 1) / kIndexerKeys;
   // A single row's own table is the shared one: it takes the decode path below, whose contiguous
   // run per thread the hardware prefetcher streams (as (row, block) items, dynamically interleaved
@@ -693,13 +723,24 @@ void indexer_scores(const IndexerScoresParams& p) {
     struct alignas(64) Lanes { float v[simd::kLanes]; };
     std::vector<Lanes> kt_buf(size_t(D * kIndexerKeys / simd::kLanes));
     float* kt = kt_buf.data()->v;
+    std::vector<uint32_t> kp(bf16_dots ? size_t(D / 2 * kIndexerKeys) : 0);
+    // One block against rows [s0, s1): the exact recipe, or packed as pairs first.
+    const auto score = [&](int64_t s0, int64_t s1, int64_t t0, int64_t nt, const float* kb) {
+      if (bf16_dots) {
+        bf16::pack_key_block(kb, D, kp.data());
+        for (int64_t s = s0; s < s1; ++s) score_block_dp(p, s, t0, nt, kp.data(), qp);
+      } else {
+        for (int64_t s = s0; s < s1; ++s) score_block(p, s, t0, nt, kb);
+      }
+    };
     if (per_row) {
 #pragma omp for collapse(2) schedule(dynamic, 4)
       for (int64_t s = 0; s < p.s; ++s)
         for (int64_t b = 0; b < blocks; ++b) {
           const int64_t t0 = b * kIndexerKeys, nt = std::min(kIndexerKeys, p.t - t0);
           const int64_t seen = keys_seen(p, s, t0, nt);
-          score_block(p, s, t0, nt, seen > 0 ? key_block(p, s, t0, seen, kt) : kt);
+          if (seen == 0) score_block(p, s, t0, nt, kt);  // (all -inf)
+          else score(s, s + 1, t0, nt, key_block(p, s, t0, seen, kt));
         }
     } else if (p.s == 1) {
       // One row (decode): blocks of equal cost, so each thread takes one contiguous run. Keys by
@@ -714,14 +755,14 @@ void indexer_scores(const IndexerScoresParams& p) {
         const int64_t seen = keys_seen(p, 0, t0, nt);
         const int64_t next = keys_seen(p, 0, t0 + nt, std::min(kIndexerKeys, p.t - t0 - nt));
         if (!p.pages.tiled && next > 0) prefetch_key_block(p, t0 + nt, next);
-        score_block(p, 0, t0, nt, seen > 0 ? key_block(p, 0, t0, seen, kt) : kt);
+        if (seen == 0) score_block(p, 0, t0, nt, kt);  // (all -inf)
+        else score(0, 1, t0, nt, key_block(p, 0, t0, seen, kt));
       }
     } else {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t t0 = b * kIndexerKeys, nt = std::min(kIndexerKeys, p.t - t0);
-        const float* kb = key_block(p, 0, t0, nt, kt);
-        for (int64_t s = 0; s < p.s; ++s) score_block(p, s, t0, nt, kb);
+        score(0, p.s, t0, nt, key_block(p, 0, t0, nt, kt));
       }
     }
   }

@@ -174,7 +174,9 @@ class CpuBackend final : public HostBackend {
     thread_local std::vector<float> q;
     IndexerScoresParams r = p;
     r.q = rounded(p.q, p.n_heads * p.head_dim, p.s, p.n_heads * p.head_dim, q);
-    fast::indexer_scores(r);
+    // vdpbf16ps where the CPU has it, unless the portable fast path was asked for (the same rule as
+    // the gemms: portable is the exact kernels on the rounded values).
+    fast::indexer_scores(r, fast::fast_gemm_path() != "portable");
   }
   void topk(const TopkParams& p) override {
     validate(p);

@@ -184,4 +184,91 @@ void gemm_rows(const PackedPairs& x, const uint16_t* w, int64_t ldw, int64_t nb,
 #endif
 }
 
+#if defined(__x86_64__)
+namespace {
+
+// The exact kernel's head loop (cpu/attention.cpp indexer_heads) on pairs: MR heads x 4 vectors of
+// 16 keys, then each head's weighted relu added in order.
+template <int MR>
+GLM5_BF16 void indexer_heads(const uint32_t* q, int64_t pairs, const float* w, const uint32_t* kp, __m512 (&sc)[4]) {
+  __m512 acc[MR][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512i kv[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) kv[v] = _mm512_loadu_si512(kp + p * kIndexerBlock + 16 * v);
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const __m512i qb = _mm512_set1_epi32(int(q[r * pairs + p]));
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)qb, (__m512bh)kv[v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) {
+    const __m512 wr = _mm512_set1_ps(w[r]);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) sc[v] = _mm512_fmadd_ps(wr, _mm512_max_ps(acc[r][v], _mm512_setzero_ps()), sc[v]);
+  }
+}
+
+// The high halves of 16 float32 rounded to bf16 (f32_to_bf16's bit trick, NaN kept quiet), in place.
+GLM5_BF16 __m512i bf16_bits(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                     _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+  return _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x400000));
+}
+
+}  // namespace
+#endif
+
+void indexer_block(const uint32_t* q, int64_t heads, int64_t pairs, const float* w, const uint32_t* kp, float* out) {
+#if defined(__x86_64__)
+  CHECK(available(), "bf16::indexer_block: this CPU has no AVX512-BF16");
+  [&]() GLM5_BF16 {
+    __m512 sc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int64_t h = 0;
+    for (; h + 4 <= heads; h += 4) indexer_heads<4>(q + h * pairs, pairs, w + h, kp, sc);
+    switch (heads - h) {
+      case 1: indexer_heads<1>(q + h * pairs, pairs, w + h, kp, sc); break;
+      case 2: indexer_heads<2>(q + h * pairs, pairs, w + h, kp, sc); break;
+      case 3: indexer_heads<3>(q + h * pairs, pairs, w + h, kp, sc); break;
+      default: break;
+    }
+    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(out + 16 * v, sc[v]);
+  }();
+#else
+  GLM5_FAIL("bf16::indexer_block: AVX512-BF16 needs x86-64");
+#endif
+}
+
+void pack_key_block(const float* kt, int64_t D, uint32_t* kp) {
+#if defined(__x86_64__)
+  CHECK(available(), "bf16::pack_key_block: this CPU has no AVX512-BF16");
+  [&]() GLM5_BF16 {
+    const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
+    for (int64_t p = 0; p < D / 2; ++p)
+      for (int64_t v = 0; v < kIndexerBlock; v += 16) {
+        const __m512i lo = bf16_bits(_mm512_loadu_ps(kt + 2 * p * kIndexerBlock + v));
+        const __m512i hi = bf16_bits(_mm512_loadu_ps(kt + (2 * p + 1) * kIndexerBlock + v));
+        _mm512_storeu_si512(kp + p * kIndexerBlock + v, _mm512_or_si512(_mm512_srli_epi32(lo, 16), _mm512_and_si512(hi, high)));
+      }
+  }();
+#else
+  (void)kt, (void)D, (void)kp;
+  GLM5_FAIL("bf16::pack_key_block: needs x86-64");
+#endif
+}
+
+void pack_key_block(const uint16_t* kt16, int64_t D, uint32_t* kp) {
+  for (int64_t p = 0; p < D / 2; ++p)
+    for (int64_t j = 0; j < kIndexerBlock; ++j)
+      kp[p * kIndexerBlock + j] =
+          uint32_t(kt16[2 * p * kIndexerBlock + j]) | uint32_t(kt16[(2 * p + 1) * kIndexerBlock + j]) << 16;
+}
+
 }  // namespace glm5::kernels::cpu::bf16

@@ -60,4 +60,16 @@ void pack_pairs(const float* x, int64_t ldx, int64_t m, int64_t k, PackedPairs& 
 void gemm_rows(const PackedPairs& x, const uint16_t* w, int64_t ldw, int64_t nb, float* y, int64_t ldy,
                bool accumulate);
 
+// The DSA indexer's scores on vdpbf16ps (precision fast, where available()): one query row against
+// a block of kIndexerBlock keys. Operands as pairs of bf16 (f32_to_bf16 of each value, low half the
+// even element): q [H][pairs] (q[h * pairs + p] = (q_h[2p], q_h[2p+1])), keys kp[p * kIndexerBlock +
+// j] = (k_j[2p], k_j[2p+1]). Recipe: dot_h[j] = dp_lane chained over the pairs from 0; then
+// out[j] = fma(w[h], max(dot_h[j], 0), out[j]) over h = 0, 1, ... from 0 (a fused multiply-add, as
+// the exact kernel sums its heads).
+constexpr int64_t kIndexerBlock = 64;
+void indexer_block(const uint32_t* q, int64_t heads, int64_t pairs, const float* w, const uint32_t* kp, float* out);
+// kp of a block from keys transposed as [D][kIndexerBlock] float32 (kt) or bf16 (kt16), D even.
+void pack_key_block(const float* kt, int64_t D, uint32_t* kp);
+void pack_key_block(const uint16_t* kt16, int64_t D, uint32_t* kp);
+
 }  // namespace glm5::kernels::cpu::bf16

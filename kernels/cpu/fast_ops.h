@@ -45,7 +45,9 @@ std::vector<std::string> fast_gemm_paths();
 std::string fast_gemm_path();
 void set_fast_gemm_path(const std::string& path);
 WeightLayout fast_bf16_layout();
-void indexer_scores(const IndexerScoresParams& p);   // cpu/attention.cpp
+// bf16_dots: precision fast's recipe where the CPU has AVX512-BF16 (cpu/bf16_gemm.h indexer_block);
+// else every score is the exact recipe's 16-lane FMA chain (on whatever values it is given).
+void indexer_scores(const IndexerScoresParams& p, bool bf16_dots = false);  // cpu/attention.cpp
 void mla_prefill(const MlaPrefillParams& p);         // cpu/attention.cpp
 void mla_decode(const MlaDecodeParams& p);           // cpu/attention.cpp
 void topk(const TopkParams& p);                      // cpu/attention.cpp
@@ -55,7 +57,7 @@ void topk(const TopkParams& p);                      // cpu/attention.cpp
 // quant_split cuts y = x W^T into items of W rows, quant_item runs one (any thread, any order);
 // gemm_quantized_tn is y = x W for a quantized W [k, n].
 // round: Precision::kFast for a format whose values are not bf16 already (quant_values_are_bf16):
-// the dequantized panel is rounded to bf16 (then never fused).
+// the dequantized values are rounded to bf16 (in registers when fused, else the panel).
 struct QuantSplit {
   bool fused = false;  // dequantized in registers (AVX-512 builds, m <= 4) instead of a panel
   bool round = false;

@@ -364,7 +364,7 @@ template <int MR, int NR, bool kFast, bool kQuad, DType DT, DType SD>
 GLM5_AVX512 __attribute__((always_inline)) inline void fused_group(const Chunk<DT, SD>* ch, const RowBytes<kQuad>* rows,
                                                                   const uint8_t* next, size_t rb, const float* x,
                                                                   int64_t ldx, int64_t k0, int64_t k1,
-                                                                  __m512 (&acc)[MR][4], bool pairs) {
+                                                                  __m512 (&acc)[MR][4], bool pairs, bool round) {
   constexpr int64_t kHalve = Chunk<DT, SD>::kHalve;
   prefetch_next<MR, NR, kQuad>(next, rb, k0 / kHalve, k1 / kHalve);
   if constexpr (kFast && Chunk<DT, SD>::kPairs && MR <= 2) {  // (more rows of x would not fit the registers)
@@ -385,7 +385,8 @@ GLM5_AVX512 __attribute__((always_inline)) inline void fused_group(const Chunk<D
     __m512 xv[MR];
     for (int r = 0; r < MR; ++r) xv[r] = _mm512_loadu_ps(x + r * ldx + k);
     for (int c = 0; c < NR; ++c) {
-      const __m512 wv = ch[c].template at<kFast>(rows[c](k / kHalve));
+      __m512 wv = ch[c].template at<kFast>(rows[c](k / kHalve));
+      if (round) wv = round_to_avx512(DType::BF16, wv);  // (precision fast: values not bf16 already)
       for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
     }
   }
@@ -451,7 +452,7 @@ GLM5_AVX512 bool block_scales(const void* scale, const int64_t* srow, int64_t gb
 // (kQuad: kQuantQuad, j0 % 4 == 0; int4 then has k and group multiples of 128).
 template <int MR, int NR, DType DT, DType SD, bool kQuad>
 GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_t j0, float* y, int64_t ldy,
-                            bool accumulate) {
+                            bool accumulate, bool round) {
   const size_t rb = quant::row_bytes(DT, w.ld);
   RowBytes<kQuad> rows[NR];
   int64_t srow[NR];
@@ -472,11 +473,16 @@ GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_
     const bool fast = block_scales<DT, SD, NR>(w.scale, srow, gb, ng, sc) && seq != Q8Sequence::kBits;
     for (int gi = 0; gi < ng; ++gi) {
       Chunk<DT, SD> ch[NR];
-      for (int c = 0; c < NR; ++c) ch[c].group(sc[c][gi], fast);
+      for (int c = 0; c < NR; ++c) {
+        ch[c].group(sc[c][gi], fast);
+        if constexpr (DT == DType::Q4)  // (the group's 16 values: rounded once here)
+          if (round) ch[c].t = round_to_avx512(DType::BF16, ch[c].t);
+      }
       const int64_t g0 = (gb + gi) * w.group, g1 = std::min(w.cols, g0 + w.group);  // FP8's last block may be partial
       if constexpr (DT == DType::Q4 && kQuad) fused_group_nib<MR, NR>(ch, rows, next, rb, x, ldx, g0, g1, acc);
-      else if (fast) fused_group<MR, NR, true, kQuad>(ch, rows, next, rb, x, ldx, g0, g1, acc, seq == Q8Sequence::kPairs);
-      else fused_group<MR, NR, false, kQuad>(ch, rows, next, rb, x, ldx, g0, g1, acc, false);
+      else if (fast) fused_group<MR, NR, true, kQuad>(ch, rows, next, rb, x, ldx, g0, g1, acc, seq == Q8Sequence::kPairs,
+                                                      round && DT != DType::Q4);
+      else fused_group<MR, NR, false, kQuad>(ch, rows, next, rb, x, ldx, g0, g1, acc, false, round && DT != DType::Q4);
     }
   }
   for (int r = 0; r < MR; ++r)
@@ -488,29 +494,30 @@ GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_
 }
 
 template <int MR, DType DT, DType SD, bool kQuad>
-GLM5_AVX512 void fused_tile_nr(const GemmParams& p, int64_t j, int nr) {
+GLM5_AVX512 void fused_tile_nr(const GemmParams& p, int64_t j, int nr, bool round) {
   switch (nr) {
-    case 4: fused_tile<MR, 4, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate); break;
-    case 3: fused_tile<MR, 3, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate); break;
-    case 2: fused_tile<MR, 2, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate); break;
-    default: fused_tile<MR, 1, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate); break;
+    case 4: fused_tile<MR, 4, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round); break;
+    case 3: fused_tile<MR, 3, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round); break;
+    case 2: fused_tile<MR, 2, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round); break;
+    default: fused_tile<MR, 1, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round); break;
   }
 }
 
+// round: precision fast for a format whose values are not bf16 already (QuantSplit::round).
 template <DType DT, DType SD, bool kQuad = false>
-GLM5_AVX512 void fused_rows(const GemmParams& p, int64_t j0, int64_t j1) {
+GLM5_AVX512 void fused_rows(const GemmParams& p, int64_t j0, int64_t j1, bool round) {
   for (int64_t j = j0; j < j1; j += 4) {
     const int nr = int(std::min<int64_t>(4, j1 - j));
     switch (p.m) {
-      case 1: fused_tile_nr<1, DT, SD, kQuad>(p, j, nr); break;
-      case 2: fused_tile_nr<2, DT, SD, kQuad>(p, j, nr); break;
-      case 3: fused_tile_nr<3, DT, SD, kQuad>(p, j, nr); break;
-      default: fused_tile_nr<4, DT, SD, kQuad>(p, j, nr); break;
+      case 1: fused_tile_nr<1, DT, SD, kQuad>(p, j, nr, round); break;
+      case 2: fused_tile_nr<2, DT, SD, kQuad>(p, j, nr, round); break;
+      case 3: fused_tile_nr<3, DT, SD, kQuad>(p, j, nr, round); break;
+      default: fused_tile_nr<4, DT, SD, kQuad>(p, j, nr, round); break;
     }
   }
 }
 
-using FusedFn = void (*)(const GemmParams&, int64_t, int64_t);
+using FusedFn = void (*)(const GemmParams&, int64_t, int64_t, bool);
 
 FusedFn fused_fn(const Weight& w) {
   const bool quad = w.layout == WeightLayout::kQuantQuad;
@@ -533,7 +540,7 @@ double time_q8_sequence(Q8Sequence q, const GemmParams& p) {
   double best = 1e30;
   for (int round = 0; round < 5; ++round) {
     const auto t0 = std::chrono::steady_clock::now();
-    for (int rep = 0; rep < 4; ++rep) fused_rows<DType::Q8, DType::BF16>(p, 0, p.n);
+    for (int rep = 0; rep < 4; ++rep) fused_rows<DType::Q8, DType::BF16>(p, 0, p.n, false);
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
@@ -654,7 +661,7 @@ QuantSplit quant_split(const GemmParams& p, bool round) {
   QuantSplit s;
   s.round = round;
 #if defined(__AVX512F__)
-  if (!round && p.m <= 4 && use_avx512() && p.k % 16 == 0 && p.w.group % 16 == 0 && p.w.cols == p.k) {
+  if (p.m <= 4 && use_avx512() && p.k % 16 == 0 && p.w.group % 16 == 0 && p.w.cols == p.k) {
     if (p.w.dtype == DType::Q8 && p.w.scale_dtype == DType::BF16) decide_q8_sequence();
     s.fused = true;
     s.rows_per_item = 16;
@@ -674,7 +681,7 @@ void quant_item(const GemmParams& p, const QuantSplit& s, int64_t item) {
   const int64_t j0 = item * s.rows_per_item, j1 = std::min(p.n, j0 + s.rows_per_item);
 #if defined(__AVX512F__)
   if (s.fused) {
-    fused_fn(p.w)(p, j0, j1);
+    fused_fn(p.w)(p, j0, j1, s.round);
     return;
   }
 #endif

@@ -311,8 +311,9 @@ TEST(FastGemm, WeightsOfAnotherPrecisionOrPathAreRefused) {
 
 // The attention side in kFast (ops.h Precision): paged_write stores bf16 values in a float32 cache,
 // and mla_decode / mla_prefill / indexer_scores are kExact's kernels on the bf16-rounded inputs, bit
-// for bit, on the cpu backend; the reference backend does the same to float32 rounding.
+// for bit, on the cpu backend's portable path; the reference backend does the same to float32 rounding.
 TEST(FastAttention, OpsTakeBf16Inputs) {
+  FastPath path("portable");  // (the indexer's AVX512-BF16 recipe: the next test)
   auto fast = make_cpu_backend(Precision::kFast), exact = make_cpu_backend(Precision::kExact);
   auto ref = make_reference_backend(Precision::kFast);
   std::mt19937 rng(17);
@@ -377,6 +378,53 @@ TEST(FastAttention, OpsTakeBf16Inputs) {
   };
   expect_bits(prefill(*fast, pq, kv, kpe), prefill(*exact, round_all(pq), round_all(kv), round_all(kpe)), "mla_prefill");
   near(prefill(*ref, pq, kv, kpe), prefill(*fast, pq, kv, kpe), "mla_prefill, reference");
+}
+
+// The indexer's fast recipe on AVX512-BF16 (bf16::indexer_block): per head a dp_lane chain over the
+// pairs of bf16(q) and bf16(k), then sum_h fma(w_h, max(dot_h, 0), .) in head order, bit for bit,
+// for decode (one row) and prefill (rows sharing the keys), keys in float32 and in bf16.
+TEST(FastAttention, IndexerOnAvx512Bf16IsTheLaneChain) {
+  if (!has_path("avx512bf16")) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  FastPath path("avx512bf16");
+  auto fast = make_cpu_backend(Precision::kFast);
+  const int64_t T = 150, H = 6, D = 34;
+  for (int64_t S : {int64_t(1), int64_t(5)}) {
+    const Case c = make_case(S * H, T, D, uint32_t(40 + S));  // (x: the queries, w rows: the keys)
+    std::vector<float> keys(size_t(T * D)), w(size_t(S * H));
+    std::vector<uint16_t> keys16(size_t(T * D));
+    for (size_t i = 0; i < keys.size(); ++i) keys16[i] = c.w[i], keys[i] = bf16_to_f32(c.w[i]) * 3.0f + 1e-3f;
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f * float(int(i % 7) - 3);
+    std::vector<int32_t> pos(static_cast<size_t>(S), 0);
+    for (int64_t s = 0; s < S; ++s) pos[size_t(s)] = int32_t(T - 1 - 37 * s);
+    for (DType dt : {DType::F32, DType::BF16}) {
+      std::vector<float> got(size_t(S * T));
+      IndexerScoresParams p{c.x.data(), w.data(), dt == DType::F32 ? keys.data() : reinterpret_cast<const float*>(keys16.data()),
+                            pos.data(), got.data(), S, T, H, D, T, {}};
+      p.pages.dtype = dt;
+      fast->indexer_scores(p);
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t t = 0; t < T; ++t) {
+          float want = -INFINITY;
+          if (t <= pos[size_t(s)]) {
+            want = 0.0f;
+            for (int64_t h = 0; h < H; ++h) {
+              float dot = 0.0f;
+              const float* q = &c.x[size_t((s * H + h) * D)];
+              for (int64_t pr = 0; pr < D / 2; ++pr) {
+                const uint32_t qp = uint32_t(f32_to_bf16(q[2 * pr])) | uint32_t(f32_to_bf16(q[2 * pr + 1])) << 16;
+                const uint16_t k0 = dt == DType::F32 ? f32_to_bf16(keys[size_t(t * D + 2 * pr)]) : keys16[size_t(t * D + 2 * pr)];
+                const uint16_t k1 = dt == DType::F32 ? f32_to_bf16(keys[size_t(t * D + 2 * pr + 1)]) : keys16[size_t(t * D + 2 * pr + 1)];
+                dot = cpu::bf16::dp_lane(dot, qp, uint32_t(k0) | uint32_t(k1) << 16);
+              }
+              want = std::fma(w[size_t(s * H + h)], dot > 0.0f ? dot : 0.0f, want);
+            }
+          }
+          const float g = got[size_t(s * T + t)];
+          ASSERT_EQ(0, std::memcmp(&g, &want, 4)) << "rows " << S << " " << dtype_name(dt) << " row " << s << " key " << t
+                                                  << ": got " << g << " want " << want;
+        }
+    }
+  }
 }
 
 }  // namespace
