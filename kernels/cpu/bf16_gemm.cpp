@@ -63,6 +63,8 @@ void pack_pairs(const float* x, int64_t ldx, int64_t m, int64_t k, PackedPairs& 
   out.pairs = (k + 1) / 2;
   // Grown, never shrunk (decode packs hundreds of small x per token into the same buffer).
   if (out.data.size() < size_t(m * out.pairs)) out.data.resize(size_t(m * out.pairs));
+  // (on all threads for a prefill's x; inside another parallel region, nested regions run serially)
+#pragma omp parallel for schedule(static) if (m * k >= (int64_t(1) << 18))
   for (int64_t i = 0; i < m; ++i) {
     const float* xr = x + i * ldx;
     uint32_t* o = out.data.data() + i * out.pairs;

@@ -584,8 +584,9 @@ void pack_amx_inputs(std::vector<Job>& jobs) {
   }
 }
 
-// x rows [0, m) of k values rounded to bf16 into out (row stride k).
-void round_rows(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
+// x rows [0, m) of k values rounded to bf16 into out (row stride k); on all threads when large and
+// may_fork.
+void round_rows(const float* x, int64_t ldx, int64_t m, int64_t k, float* out, bool may_fork) {
   const auto rows = [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const float* xr = x + i * ldx;
@@ -595,7 +596,7 @@ void round_rows(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
       if (c < k) simd::store_n(o + c, simd::round_bf16(simd::load_n(xr + c, int(k - c))), int(k - c));
     }
   };
-  if (m * k < (int64_t(1) << 18) || m < 2) return rows(0, m);
+  if (!may_fork || m * k < (int64_t(1) << 18) || m < 2) return rows(0, m);
 #pragma omp parallel
   {
     const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
@@ -609,6 +610,15 @@ void round_rows(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
 void round_inputs(std::vector<GemmParams>& params, std::vector<Job>& jobs) {
   Scratch& sc = scratch();
   size_t floats = 0, pairs = 0;
+  // First the buffers and who shares them, then the work: each distinct x on one thread, the x of
+  // a batch (decode's per-head absorption inputs, prefill's experts) spread over the threads.
+  struct Work {
+    const GemmParams* x;
+    float* out;
+    bf16::PackedPairs* pairs;
+  };
+  std::vector<Work> work;
+  int64_t elems = 0;
   for (size_t j = 0; j < jobs.size(); ++j) {
     Job& job = jobs[j];
     if (!job.fast || job.kind == Job::kAmx || job.p->k == 0) continue;
@@ -628,14 +638,26 @@ void round_inputs(std::vector<GemmParams>& params, std::vector<Job>& jobs) {
     if (job.kind == Job::kPair) {
       if (pairs == sc.pairs.size()) sc.pairs.push_back(std::make_unique<bf16::PackedPairs>());
       job.pairs = sc.pairs[pairs++].get();
-      bf16::pack_pairs(s.x, s.ldx, s.m, s.k, *job.pairs);
+      work.push_back({&s, nullptr, job.pairs});
     } else {
       if (floats == sc.rounded.size()) sc.rounded.emplace_back();
       std::vector<float>& buf = sc.rounded[floats++];
       if (buf.size() < size_t(s.m * s.k)) buf.resize(size_t(s.m * s.k));
-      round_rows(s.x, s.ldx, s.m, s.k, buf.data());
       g.x = buf.data(), g.ldx = s.k;
+      work.push_back({&s, buf.data(), nullptr});
     }
+    elems += s.m * s.k;
+  }
+  const auto one = [&](const Work& w, bool may_fork) {
+    if (w.pairs) bf16::pack_pairs(w.x->x, w.x->ldx, w.x->m, w.x->k, *w.pairs);
+    else round_rows(w.x->x, w.x->ldx, w.x->m, w.x->k, w.out, may_fork);
+  };
+  const int64_t n = int64_t(work.size());
+  if (n > 1 && elems >= (int64_t(1) << 16)) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i) one(work[size_t(i)], false);
+  } else {
+    for (const Work& w : work) one(w, true);
   }
 }
 

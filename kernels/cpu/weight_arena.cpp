@@ -144,16 +144,19 @@ void WeightArena::interleave(void* out, const void* src, size_t elem_bytes, int6
   const size_t chunk = size_t(C) * elem_bytes;  // one row's C elements
   char* dst = static_cast<char*>(out);
   const char* s = static_cast<const char*>(src);
-  if (layout == WeightLayout::kPair16) {  // chunks of one pair: element by element
+  if (layout == WeightLayout::kPair16) {  // chunks of one pair (a dword): each group written in order
     const auto* s16 = reinterpret_cast<const uint16_t*>(src);
-    auto* d16 = reinterpret_cast<uint16_t*>(dst);
+    auto* d32 = reinterpret_cast<uint32_t*>(dst);
+    const int64_t pairs = ldc / 2;
 #pragma omp parallel for schedule(dynamic, 16) if (groups > 16)
     for (int64_t g = 0; g < groups; ++g)
-      for (int64_t c = 0; c < G; ++c) {
-        const int64_t r = G * g + c;
-        for (int64_t q = 0; q < ldc; ++q)
-          d16[pair16_offset(r, q, ldc)] = r < rows && q < cols ? s16[r * ld + q] : uint16_t(0);
-      }
+      for (int64_t q = 0; q < pairs; ++q)
+        for (int64_t c = 0; c < G; ++c) {
+          const int64_t r = G * g + c, k = 2 * q;
+          const uint16_t lo = r < rows && k < cols ? s16[r * ld + k] : uint16_t(0);
+          const uint16_t hi = r < rows && k + 1 < cols ? s16[r * ld + k + 1] : uint16_t(0);
+          d32[(g * G * ldc) / 2 + q * G + c] = uint32_t(lo) | uint32_t(hi) << 16;  // pair16_offset(r, k, ldc) / 2
+        }
     return;
   }
 #pragma omp parallel for schedule(dynamic, 256 / G) if (groups * G > 256)  // pieces of 256 rows
