@@ -69,7 +69,7 @@ void* cuda_plugin_symbol(const char* name) {
 }
 
 std::unique_ptr<Backend> make_cuda_backend(int device, Precision precision) {
-  auto make = reinterpret_cast<Backend* (*)(int, int)>(cuda_plugin_symbol("glm5_cuda_make_backend"));
+  auto make = reinterpret_cast<Backend* (*)(int, int)>(cuda_plugin_symbol("glm5_cuda_make_backend_p"));
   return std::unique_ptr<Backend>(make(device, precision == Precision::kFast ? 1 : 0));
 }
 

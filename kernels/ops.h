@@ -47,8 +47,8 @@ enum class WeightLayout { kRowMajor, kQuad16, kTile16, kQuantQuad, kPair16 };
 //           stores in a float32 cache, prefill's expanded keys and values; softmax weights and the
 //           indexer's head weights stay float32). Each kernel path documents its own recipe
 //           (cpu/fast_ops.h) and keeps the invariances on one machine and path; two paths (AVX512-BF16,
-//           AMX, portable, CUDA) may differ by rounding. (CUDA: the GEMMs on one bf16 term; its
-//           attention kernels and F16 / F32 weights as in kExact.)
+//           AMX, portable, CUDA) may differ by rounding. (CUDA: BF16-weight GEMMs on one bf16 term; its
+//           attention kernels, quantized and F16 / F32 weights as in kExact.)
 enum class Precision { kExact, kFast };
 inline const char* precision_name(Precision p) { return p == Precision::kFast ? "fast" : "exact"; }
 inline Precision parse_precision(const std::string& s, const std::string& what) {

@@ -66,8 +66,9 @@ void make_payload_comms(Job& job, int device) {
 
 // Ranks on hosts with and without AMX would run BF16 gemms on different paths: each within
 // rounding of the reference, but the run no longer bitwise the single process. Rank 0 says so.
-void warn_on_mixed_gemm_paths(parallel::Comm& world) {
-  const std::string mine = kernels::cpu::fast::gemm_path();  // (a bad GLM5_CPU_GEMM fails here)
+void warn_on_mixed_gemm_paths(parallel::Comm& world, bool fast) {
+  // (a bad GLM5_CPU_GEMM / GLM5_CPU_FAST_GEMM fails here)
+  const std::string mine = fast ? kernels::cpu::fast::fast_gemm_path() : kernels::cpu::fast::gemm_path();
   char my[16] = {};
   std::snprintf(my, sizeof my, "%s", mine.c_str());
   std::vector<char> all(sizeof my * size_t(world.size()));
@@ -81,9 +82,11 @@ void warn_on_mixed_gemm_paths(parallel::Comm& world) {
   }
   if (mixed && world.rank() == 0)
     std::fprintf(stderr,
-                 "glm5: warning: ranks run different BF16 gemm paths (%s): results agree to rounding, not "
-                 "bitwise; set GLM5_CPU_GEMM=fp32 (or amx) on every host (mpirun -x GLM5_CPU_GEMM)\n",
-                 paths.c_str());
+                 "glm5: warning: ranks run different %s gemm paths (%s): results agree to rounding, not bitwise; %s\n",
+                 fast ? "precision fast" : "BF16", paths.c_str(),
+                 fast ? "set GLM5_CPU_FAST_GEMM=portable (or another path all hosts have) on every host (mpirun -x "
+                        "GLM5_CPU_FAST_GEMM)"
+                      : "set GLM5_CPU_GEMM=fp32 (or amx) on every host (mpirun -x GLM5_CPU_GEMM)");
 }
 
 }  // namespace
@@ -118,7 +121,7 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   job->backend = job->cluster.backend == "cuda"             ? kernels::make_cuda_backend(device, precision)
                  : job->cluster.backend == "cpu-devicelike" ? kernels::make_device_like_backend(precision)
                                                             : kernels::make_cpu_backend(precision);
-  if (job->cluster.backend != "cuda") warn_on_mixed_gemm_paths(*job->world);
+  if (job->cluster.backend != "cuda") warn_on_mixed_gemm_paths(*job->world, precision == kernels::Precision::kFast);
   job->checkpoint = std::make_unique<runtime::Checkpoint>(model_dir);
   if (rank == 0) {
     runtime::check_checkpoint(*job->checkpoint, job->config);

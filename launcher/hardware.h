@@ -11,7 +11,10 @@
 //   gemm_flops_small: 989e12     # optional: the rate at 16 rows (decode-sized GEMMs; default gemm_flops)
 //   exact_gemm_cost: 3           # optional: how many times longer a GEMM takes in precision exact than
 //                                # in fast, whose rate gemm_flops is (default 1; GPUs: 3, the exact path's
-//                                # three bf16 terms per activation; CPUs: fp32 FMA against bf16 dot products)
+//                                # three bf16 terms per activation; CPUs: fp32 FMA against bf16 dot products).
+//                                # The simulator applies it to every GEMM; glm5's quantized GEMMs run the
+//                                # same kernels in both modes, so for a quantized checkpoint it overstates
+//                                # exact's cost (simulate says so).
 //   attention_flops: 989e12      # indexer scores and latent attention, FLOP/s (core / device)
 //   attention_efficiency: 0.3
 //   mem_bw_core: 3.35e12         # weight streaming of one core (cpu); gpu: = mem_bw

@@ -62,11 +62,14 @@ struct Bf16Matrix {
 };
 
 // FLOP/s of a GEMM of `m` rows x 2048 x 2048 BF16 weights (256: prefill-sized, 16: decode-sized).
+// The weight is laid out as the backend holds a model's matrices (upload_gemm_matrix: the layout its
+// gemm path reads, e.g. bf16 pairs in precision fast).
 double gemm_rate(kernels::Backend& be, int64_t m) {
   const int64_t n = 2048, k = 2048;
   Bf16Matrix W(n, k);
+  const kernels::Weight w = be.upload_gemm_matrix(W.w, size_t(n * k) * 2);
   std::vector<float> x(size_t(m * k), 0.5f), y(size_t(m * n));
-  const double s = median_seconds([&] { be.gemm({x.data(), k, W.w, false, y.data(), n, m, n, k}); });
+  const double s = median_seconds([&] { be.gemm({x.data(), k, w, false, y.data(), n, m, n, k}); });
   return 2.0 * double(m * n * k) / s;
 }
 

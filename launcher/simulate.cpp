@@ -212,6 +212,12 @@ int run_simulate(const SimulateArgs& a) {
               cc.precision == "exact" && hw.exact_gemm_cost > 1
                   ? (" (exact takes " + std::to_string(hw.exact_gemm_cost).substr(0, 4) + "x fast's time)").c_str()
                   : "");
+  const bool quantized = std::any_of(wp.stored.begin(), wp.stored.end(), [](const runtime::StoredForm& f) {
+    return f.dtype == DType::F8_E4M3 || f.dtype == DType::Q4 || f.dtype == DType::Q8;
+  });
+  if (quantized && hw.exact_gemm_cost > 1)
+    std::printf("note       the checkpoint has quantized matrices, whose GEMMs run the same kernels in both precisions: "
+                "exact's extra cost is applied to every GEMM here, so exact is predicted slower than it runs\n");
   if (measured)
     std::printf("kernels    glm5's, at the efficiencies measured by %s (--published-kernels: the what-if of the "
                 "best published kernels)\n", hw.measured.by.c_str());

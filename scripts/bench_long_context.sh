@@ -6,7 +6,7 @@
 # between consecutive lengths ((wall b - wall a) / (b - a): start-up cancels out) and the last
 # marginal cost over the first (with lengths 1024 2048 4096 8192: the cost per token at 4-8k over 1-2k).
 # Usage: scripts/bench_long_context.sh [BUILD_DIR] [MODEL_DIR] [LENGTHS...]
-# env: PRECISION (exact | fast, default exact), THREADS (default 1), ROUNDS (default 1: each length
+# env: PYTHON (a python3 with numpy, for the generator), PRECISION (exact | fast, default exact), THREADS (default 1), ROUNDS (default 1: each length
 # once; more: the lengths interleaved, medians)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ shift 2 || true
 LENS=("$@")
 [ ${#LENS[@]} -gt 0 ] || LENS=(1024 4096 8192)
 if [ ! -f "$MODEL/config.json" ]; then
-  python3 scripts/gen_tiny_model.py --out "$MODEL" --seed 3 --hidden-size 1024 --num-hidden-layers 2 \
+  "${PYTHON:-python3}" scripts/gen_tiny_model.py --out "$MODEL" --seed 3 --hidden-size 1024 --num-hidden-layers 2 \
     --first-k-dense-replace 1 --num-attention-heads 16 --q-lora-rank 384 --kv-lora-rank 512 \
     --qk-nope-head-dim 192 --qk-rope-head-dim 64 --v-head-dim 256 --index-n-heads 8 --index-head-dim 128 \
     --index-topk 256 --intermediate-size 2048 --moe-intermediate-size 256 --n-routed-experts 16 \

@@ -419,9 +419,10 @@ struct Job {
       item_cost = double(pair_rows * g.k) * (wbytes + 0.5 * double(g.m));
     } else if (runs_on_amx(g, precision)) {
       const bool amx_path = fast ? fast_path_now() >= kFastAmx : gemm_path_now() != 0;
-      CHECK(amx_path, "gemm: a kTile16 (AMX tile) weight in ", precision_name(precision),
-            " precision off the AMX path (GLM5_CPU_GEMM / GLM5_CPU_FAST_GEMM): ",
-            "weights are laid out for the path chosen when they were loaded");
+      CHECK(amx_path, "gemm: a kTile16 (AMX tile) weight on the ",
+            fast ? std::string("fast path ") + kFastPathNames[fast_path_now()] + " (GLM5_CPU_FAST_GEMM)"
+                 : std::string("fp32 gemm path (GLM5_CPU_GEMM=fp32)"),
+            ": weights are laid out for the path chosen when they were loaded");
       kind = kAmx;
       amx_emulated = fast ? fast_path_now() == kFastAmxEmulated : gemm_path_now() == 2;
       amx_rows = amx_rows_per_item(g.m, g.k);

@@ -527,8 +527,10 @@ FusedFn fused_fn(const Weight& w) {
 }
 
 std::atomic<int> g_q8_sequence{-1};  // a Q8Sequence once decided
+thread_local int t_q8_timing = -1;   // the candidate the deciding thread is timing
 
 Q8Sequence q8_sequence() {
+  if (t_q8_timing >= 0) return Q8Sequence(t_q8_timing);
   const int v = g_q8_sequence.load(std::memory_order_relaxed);
   return v < 0 ? Q8Sequence::kPairs : Q8Sequence(v);
 }
@@ -536,7 +538,7 @@ Q8Sequence q8_sequence() {
 // Seconds of the fused decode tile over 64 rows x 4096 int8 values with BF16 scales (256 KiB of
 // codes, in L2: the sequences' own cost, not the memory's) in sequence `q`: best of 5.
 double time_q8_sequence(Q8Sequence q, const GemmParams& p) {
-  g_q8_sequence.store(int(q));
+  t_q8_timing = int(q);  // (this thread only: the choice is published once made)
   double best = 1e30;
   for (int round = 0; round < 5; ++round) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -581,6 +583,7 @@ void decide_q8_sequence() {
     const double t = time_q8_sequence(q, p);
     if (t < best_s) best = q, best_s = t;
   }
+  t_q8_timing = -1;
   g_q8_sequence.store(int(best), std::memory_order_release);
 }
 #endif

@@ -1170,8 +1170,9 @@ class CudaBackend final : public Backend {
 
 // The plugin's entry points (kernels/cuda_plugin.h; called by kernels/cuda_loader.cpp's
 // make_cuda_backend and cuda_available). The caller owns the backend.
-// precision: 0 kExact, 1 kFast.
-extern "C" glm5::kernels::Backend* glm5_cuda_make_backend(int device, int precision) {
+// precision: 0 kExact, 1 kFast. (Named for its signature: a plugin from a build before the precision
+// argument lacks it, and the loader says so instead of calling it with an argument it drops.)
+extern "C" glm5::kernels::Backend* glm5_cuda_make_backend_p(int device, int precision) {
   return new glm5::kernels::CudaBackend(device, precision == 1 ? glm5::kernels::Precision::kFast
                                                                : glm5::kernels::Precision::kExact);
 }
