@@ -5,7 +5,8 @@ disconnects, 503 while draining and over capacity, out of descriptors, greedy an
 to `glm5 batch`, prompt logprobs (echo) against `glm5 generate --dump-logits` and `glm5 batch`,
 /tokenize and /detokenize), layout2x2 (the same answers under mpirun 2 x 2, a mid-stream disconnect, idle
 CPU, SIGTERM to rank 0 or to `glm5 launch --run` drains and ends every rank with 0), load (64 clients x 1,000 requests with 0 errors,
-then SIGTERM under load drains). Environment: GLM5_BIN, GLM5_SRC, GLM5_MPIRUN.
+then SIGTERM under load drains), fast (precision fast: server and batch give the same bits). Environment: GLM5_BIN,
+GLM5_SRC, GLM5_MPIRUN.
 """
 import array
 import http.client
@@ -129,10 +130,11 @@ REQUESTS = [
 ]
 
 
-def batch_answers():
+def batch_answers(*extra):
     """The same requests through `glm5 batch` (1 process): [(text, token_ids, finish_reason)]."""
     got = batch_choices([{"custom_id": str(i), "method": "POST", "url": url,
-                          "body": dict(body, temperature=0, model=MODEL_NAME)} for i, (url, body) in enumerate(REQUESTS)])
+                          "body": dict(body, temperature=0, model=MODEL_NAME)} for i, (url, body) in enumerate(REQUESTS)],
+                        *extra)
     out = []
     for i in range(len(REQUESTS)):
         c = got[str(i)][0]
@@ -221,14 +223,14 @@ def log_softmax_at(row, token):
     return row[token] - mx - math.log(math.fsum(math.exp(v - mx) for v in row))
 
 
-def batch_choices(lines):
+def batch_choices(lines, *extra):
     """`glm5 batch` (1 process) over plain lines: custom_id -> the record's choices (or its error)."""
     inp = os.path.join(SCRATCH, "echo_in_%d.jsonl" % time.monotonic_ns())
     out = inp.replace("_in_", "_out_")
     with open(inp, "w") as f:
         for line in lines:
             f.write(json.dumps(line) + "\n")
-    subprocess.run([BIN, "batch", "--model", MODEL, "--input", inp, "--output", out], check=True,
+    subprocess.run([BIN, "batch", "--model", MODEL, "--input", inp, "--output", out, *extra], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     got = {}
     with open(out) as f:
@@ -825,8 +827,37 @@ class Load(unittest.TestCase):
         self.assertEqual(results, [300] * 8)  # accepted before the signal: finished whole
 
 
+class FastPrecision(unittest.TestCase):
+    """Precision fast: the server and the batch job are the same entry point to the same bits (greedy answers,
+    streamed or not, and echoed prompt logprobs), as in exact."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.batch = batch_answers("--precision", "fast")
+        cls.s = Server("--precision", "fast")
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.s.stop() == 0, cls.s.stderr()
+
+    def test_answers_equal_batch(self):
+        self.assertEqual(server_answers(self.s.client(), stream=False), self.batch)
+        self.assertEqual(server_answers(self.s.client(), stream=True), self.batch)
+
+    def test_echo_equals_batch_bitwise_and_differs_from_exact(self):
+        prompt = [(3 * i + 4) % 500 for i in range(50)]
+        body = {"prompt": prompt, "echo": True, "logprobs": 2, "max_tokens": 2, "temperature": 0}
+        status, data = self.s.request("POST", "/v1/completions", json.dumps(dict(body, model=MODEL_NAME)))
+        self.assertEqual(status, 200, data)
+        served = json.loads(data)["choices"][0]
+        fast = batch_choices([dict(body, custom_id="e")], "--precision", "fast")
+        exact = batch_choices([dict(body, custom_id="e")])
+        self.assertEqual(fast["e"][0]["logprobs"], served["logprobs"])
+        self.assertNotEqual(exact["e"][0]["logprobs"]["token_logprobs"], served["logprobs"]["token_logprobs"])
+
+
 if __name__ == "__main__":
-    suites = {"api": [Api, Limits], "layout2x2": [Layout2x2], "load": [Load]}
+    suites = {"api": [Api, Limits], "layout2x2": [Layout2x2], "load": [Load], "fast": [FastPrecision]}
     which = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in suites else "api"
     loader = unittest.TestLoader()
     suite = unittest.TestSuite(loader.loadTestsFromTestCase(c) for c in suites[which])
