@@ -517,7 +517,7 @@ void paged_write(const PagedWriteParams& p) {
 // ---------------------------------------------------------------------------------------------
 
 // A bf16-rounded copy of rows [0, m) of `width` floats (row stride ld), row stride width.
-std::vector<float> rounded(const float* x, int64_t ld, int64_t m, int64_t width) {
+static std::vector<float> rounded(const float* x, int64_t ld, int64_t m, int64_t width) {
   std::vector<float> out(size_t(m * width));
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < width; ++j) out[size_t(i * width + j)] = bf16_round(x[i * ld + j]);
