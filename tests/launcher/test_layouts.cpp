@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "runtime/safetensors.h"
+#include "tests/launcher/batch_records.h"
 #include "tests/test_support.h"
 
 namespace fs = std::filesystem;
@@ -20,6 +21,7 @@ using json = nlohmann::json;
 namespace {
 
 using glm5::testing::kBin;
+using glm5::testing::read_records;
 using glm5::testing::kSrc;
 using glm5::testing::kData;
 
@@ -43,26 +45,6 @@ void expect_same_tensors(const fs::path& a, const fs::path& b) {
     ASSERT_EQ(ta.shape, tb->shape) << name;
     EXPECT_EQ(0, std::memcmp(ta.data, tb->data, ta.nbytes)) << "tensor " << name << " differs";
   }
-}
-
-std::map<std::string, json> read_records(const fs::path& p) {
-  std::map<std::string, json> out;
-  std::ifstream f(p);
-  std::string line;
-  while (std::getline(f, line)) {
-    json j = json::parse(line);
-    std::string key = j["custom_id"].is_string() ? j["custom_id"].get<std::string>()
-                                                 : "line:" + std::to_string(j["line"].get<int>());
-    EXPECT_EQ(out.count(key), 0u) << "duplicate record for " << key;
-    j.erase("id");
-    if (j["response"].is_object()) {
-      j["response"].erase("request_id");
-      j["response"]["body"].erase("id");
-      j["response"]["body"].erase("created");
-    }
-    out[key] = j;
-  }
-  return out;
 }
 
 struct Layout {

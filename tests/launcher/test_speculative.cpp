@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/launcher/batch_records.h"
 #include "tests/test_support.h"
 
 namespace fs = std::filesystem;
@@ -20,6 +21,7 @@ using json = nlohmann::json;
 namespace {
 
 using glm5::testing::kBin;
+using glm5::testing::read_records;
 using glm5::testing::kData;
 using glm5::testing::kSrc;
 using glm5::testing::mpirun;
@@ -31,23 +33,6 @@ int sh(const std::string& cmd) { return glm5::testing::sh(cmd, scratch("last.log
 std::string last_log() { return slurp(scratch("last.log")); }
 
 // custom_id -> the record without its ids and timestamps.
-std::map<std::string, json> read_records(const fs::path& p) {
-  std::map<std::string, json> out;
-  std::ifstream f(p);
-  std::string line;
-  while (std::getline(f, line)) {
-    json j = json::parse(line);
-    j.erase("id");
-    if (j["response"].is_object()) {
-      j["response"].erase("request_id");
-      j["response"]["body"].erase("id");
-      j["response"]["body"].erase("created");
-    }
-    out[j["custom_id"].get<std::string>()] = j;
-  }
-  return out;
-}
-
 // n requests: text prompts (trained model) or token ids, greedy and seeded at temperature 0.8,
 // logprobs 2, a stop string on some, n = 2 on one.
 void write_requests(const fs::path& p, const std::string& model, int n, int max_tokens) {
