@@ -529,11 +529,8 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
       const SamplingParams& sp = e.req.sampling;
       const int64_t before = int64_t(e.generated.size()) - int64_t(b.tokens.size());
       size_t keep = 0;
-      while (keep < b.tokens.size() && before + int64_t(keep) < sp.max_tokens) {
-        const int32_t t = b.tokens[keep++].token;
-        const auto& eos = model.config().eos_token_id;
-        if (!sp.ignore_eos && std::find(eos.begin(), eos.end(), t) != eos.end()) break;
-      }
+      while (keep < b.tokens.size() && before + int64_t(keep) < sp.max_tokens)
+        if (sp.ends_at(b.tokens[keep++].token, model.config().eos_token_id)) break;
       b.tokens.resize(std::max<size_t>(keep, 1));
     }
     if (s.logits_all && e.req.prompt_logprobs >= 0)

@@ -48,6 +48,14 @@ struct SamplingParams {
   std::vector<std::string> stop;   // stop strings (need a tokenizer)
   // Throws glm5::Error naming the first invalid field, its allowed range and the value found.
   void validate() const;
+  // Whether `token` is an end of sequence that ends the answer (one of eos unless ignore_eos); the
+  // one rule of where an answer stops on a token id (stop strings are the frontend's text).
+  bool ends_at(int32_t token, const std::vector<int32_t>& eos) const {
+    if (ignore_eos) return false;
+    for (int32_t e : eos)
+      if (e == token) return true;
+    return false;
+  }
 };
 
 struct Sampled {

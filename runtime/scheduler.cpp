@@ -408,8 +408,7 @@ bool Scheduler::take_token(Live& L, const Sampled& t) {
     L.result.logprobs.push_back(t.logprob);
     L.result.top_logprobs.push_back(t.top);
   }
-  const auto& eos = cfg_.eos_token_id;
-  bool stop = !r.sampling.ignore_eos && std::find(eos.begin(), eos.end(), t.token) != eos.end();
+  bool stop = r.sampling.ends_at(t.token, cfg_.eos_token_id);
   if (L.stop && L.stop->feed(t.token)) stop = true;
   if (!stop && int64_t(L.result.tokens.size()) < r.sampling.max_tokens) return false;
   L.result.finish_reason = stop ? "stop" : "length";
