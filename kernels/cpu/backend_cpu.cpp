@@ -75,23 +75,10 @@ void moe_combine_rows(const MoeCombineParams& p, int64_t b, int64_t e, std::vect
   }
 }
 
-// Rows [0, m) of `width` floats (row stride ld) rounded to bf16 into out (row stride width).
-void round_rows(const float* x, int64_t ld, int64_t m, int64_t width, float* out) {
-  parallel_rows(m, width, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const float* src = x + i * ld;
-      float* dst = out + i * width;
-      int64_t j = 0;
-      for (; j + simd::kLanes <= width; j += simd::kLanes) simd::store(dst + j, simd::round_bf16(simd::load(src + j)));
-      if (j < width) simd::store_n(dst + j, simd::round_bf16(simd::load_n(src + j, int(width - j))), int(width - j));
-    }
-  });
-}
-
 // A bf16-rounded copy of an op's float input, kept by the calling thread between calls.
 const float* rounded(const float* x, int64_t ld, int64_t m, int64_t width, std::vector<float>& buf) {
   if (buf.size() < size_t(m * width)) buf.resize(size_t(m * width));
-  round_rows(x, ld, m, width, buf.data());
+  fast::round_bf16_rows(x, ld, m, width, buf.data());
   return buf.data();
 }
 
@@ -285,7 +272,7 @@ class CpuBackend final : public HostBackend {
           uint16_t* dst = static_cast<uint16_t*>(p.pool) + row;
           for (int64_t j = 0; j < p.width; ++j) dst[j] = f32_to_bf16(p.src[i * p.ld_src + j]);
         } else if (precision_ == Precision::kFast) {  // bf16 values in a float32 cache
-          round_rows(p.src + i * p.ld_src, p.ld_src, 1, p.width, static_cast<float*>(p.pool) + row);
+          fast::round_bf16_rows(p.src + i * p.ld_src, p.ld_src, 1, p.width, static_cast<float*>(p.pool) + row, false);
         } else {
           std::memcpy(static_cast<float*>(p.pool) + row, p.src + i * p.ld_src, size_t(p.width) * sizeof(float));
         }

@@ -41,6 +41,9 @@ void set_gemm_path(const std::string& path);
 // set, else the best (amx, avx512bf16, portable); set_fast_gemm_path ("auto" = best) switches it
 // for tests and benchmarks. fast_bf16_layout(): how the backend holds BF16 gemm matrices for the
 // path in use (kPair16, kTile16 or kQuad16); a weight laid out for one path is refused on another.
+// x rows [0, m) of k values rounded to bf16 (nearest even, f32_to_bf16) into out (row stride k): the
+// inputs precision fast gives its float kernels; on all threads when large and may_fork.
+void round_bf16_rows(const float* x, int64_t ldx, int64_t m, int64_t k, float* out, bool may_fork = true);
 std::vector<std::string> fast_gemm_paths();
 std::string fast_gemm_path();
 void set_fast_gemm_path(const std::string& path);

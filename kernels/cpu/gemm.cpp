@@ -280,16 +280,18 @@ int path_index(const std::string& name, const char* what) {
   return amx::available() ? 1 : 0;
 }
 
-// Chosen once: GLM5_CPU_GEMM if set, else the best this machine has.
-int gemm_path_now() {
-  int v = g_gemm_path.load(std::memory_order_relaxed);
+// A path chosen once: the environment variable `env` if set, else "auto" (the best this machine
+// has), by `index` (which names env in its errors); set_* calls store into `slot` directly.
+int path_once(std::atomic<int>& slot, const char* env, int (*index)(const std::string&, const char*)) {
+  const int v = slot.load(std::memory_order_relaxed);
   if (v >= 0) return v;
-  const char* e = std::getenv("GLM5_CPU_GEMM");
-  v = path_index(e && *e ? e : "auto", "GLM5_CPU_GEMM");
+  const char* e = std::getenv(env);
   int expected = -1;
-  g_gemm_path.compare_exchange_strong(expected, v);
-  return g_gemm_path.load(std::memory_order_relaxed);
+  slot.compare_exchange_strong(expected, index(e && *e ? e : "auto", env));
+  return slot.load(std::memory_order_relaxed);
 }
+
+int gemm_path_now() { return path_once(g_gemm_path, "GLM5_CPU_GEMM", path_index); }
 
 // The fast precision's path (fast_gemm_path()): 0 portable, 1 avx512bf16, 2 amx, 3 amx-emulated; -1
 // not chosen.
@@ -309,16 +311,7 @@ int fast_path_index(const std::string& name, const char* what) {
   return amx::available() ? kFastAmx : bf16::available() ? kFastBf16 : kFastPortable;
 }
 
-// Chosen once: GLM5_CPU_FAST_GEMM if set, else the best this machine has.
-int fast_path_now() {
-  int v = g_fast_path.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  const char* e = std::getenv("GLM5_CPU_FAST_GEMM");
-  v = fast_path_index(e && *e ? e : "auto", "GLM5_CPU_FAST_GEMM");
-  int expected = -1;
-  g_fast_path.compare_exchange_strong(expected, v);
-  return g_fast_path.load(std::memory_order_relaxed);
-}
+int fast_path_now() { return path_once(g_fast_path, "GLM5_CPU_FAST_GEMM", fast_path_index); }
 
 // Whether a BF16 gemm (y = x W^T, weight layout l) runs on AMX tiles in this precision.
 bool runs_on_amx(const GemmParams& g, Precision precision) {
@@ -585,25 +578,6 @@ void pack_amx_inputs(std::vector<Job>& jobs) {
   }
 }
 
-// x rows [0, m) of k values rounded to bf16 into out (row stride k); on all threads when large and
-// may_fork.
-void round_rows(const float* x, int64_t ldx, int64_t m, int64_t k, float* out, bool may_fork) {
-  const auto rows = [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const float* xr = x + i * ldx;
-      float* o = out + i * k;
-      int64_t c = 0;
-      for (; c + simd::kLanes <= k; c += simd::kLanes) simd::store(o + c, simd::round_bf16(simd::load(xr + c)));
-      if (c < k) simd::store_n(o + c, simd::round_bf16(simd::load_n(xr + c, int(k - c))), int(k - c));
-    }
-  };
-  if (!may_fork || m * k < (int64_t(1) << 18) || m < 2) return rows(0, m);
-#pragma omp parallel
-  {
-    const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
-    rows(m * id / nt, m * (id + 1) / nt);
-  }
-}
 
 // Precision::kFast: each distinct x of the batch once as bf16 values (the jobs whose kernels read
 // floats then read the copy, row stride k) or as bf16 pairs (kPair16 jobs), in buffers this thread
@@ -651,7 +625,7 @@ void round_inputs(std::vector<GemmParams>& params, std::vector<Job>& jobs) {
   }
   const auto one = [&](const Work& w, bool may_fork) {
     if (w.pairs) bf16::pack_pairs(w.x->x, w.x->ldx, w.x->m, w.x->k, *w.pairs);
-    else round_rows(w.x->x, w.x->ldx, w.x->m, w.x->k, w.out, may_fork);
+    else round_bf16_rows(w.x->x, w.x->ldx, w.x->m, w.x->k, w.out, may_fork);
   };
   const int64_t n = int64_t(work.size());
   if (n > 1 && elems >= (int64_t(1) << 16)) {
@@ -766,6 +740,24 @@ std::vector<std::string> gemm_paths() {
   if (amx::available()) v.push_back("amx");
   v.push_back("amx-emulated");
   return v;
+}
+
+void round_bf16_rows(const float* x, int64_t ldx, int64_t m, int64_t k, float* out, bool may_fork) {
+  const auto rows = [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float* xr = x + i * ldx;
+      float* o = out + i * k;
+      int64_t c = 0;
+      for (; c + simd::kLanes <= k; c += simd::kLanes) simd::store(o + c, simd::round_bf16(simd::load(xr + c)));
+      if (c < k) simd::store_n(o + c, simd::round_bf16(simd::load_n(xr + c, int(k - c))), int(k - c));
+    }
+  };
+  if (!may_fork || m * k < (int64_t(1) << 18) || m < 2) return rows(0, m);
+#pragma omp parallel
+  {
+    const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
+    rows(m * id / nt, m * (id + 1) / nt);
+  }
 }
 
 std::string gemm_path() { return kGemmPathNames[gemm_path_now()]; }
