@@ -240,6 +240,19 @@ def batch_choices(lines, *extra):
     return got
 
 
+# An echo request (prompt logprobs with the top 2, then 2 greedy tokens) that the server and the
+# batch job must answer with the same bits.
+ECHO_BODY = {"prompt": [(3 * i + 4) % 500 for i in range(50)], "echo": True, "logprobs": 2, "max_tokens": 2,
+             "temperature": 0}
+
+
+def served_echo(test, server):
+    """ECHO_BODY through the server: its one choice."""
+    status, data = server.request("POST", "/v1/completions", json.dumps(dict(ECHO_BODY, model=MODEL_NAME)))
+    test.assertEqual(status, 200, data)
+    return json.loads(data)["choices"][0]
+
+
 # A JSON body nested 200,000 levels deep (400 KB): within the body limit, far past the depth limit.
 DEEP = '{"prompt": ' + "[" * 200000 + "]" * 200000 + "}"
 
@@ -433,12 +446,8 @@ class Api(unittest.TestCase):
         self.expect_error(400, "/v1/completions", {"prompt": [[1, 2], []], "echo": True}, param="prompt")
 
     def test_echo_equals_batch_bitwise(self):
-        prompt = [(3 * i + 4) % 500 for i in range(50)]
-        body = {"prompt": prompt, "echo": True, "logprobs": 2, "max_tokens": 2, "temperature": 0}
-        status, data = self.s.request("POST", "/v1/completions", json.dumps(dict(body, model=MODEL_NAME)))
-        self.assertEqual(status, 200, data)
-        served = json.loads(data)["choices"][0]
-        batch = batch_choices([dict(body, custom_id="e"), {"custom_id": "c", "echo": True,
+        served = served_echo(self, self.s)
+        batch = batch_choices([dict(ECHO_BODY, custom_id="e"), {"custom_id": "c", "echo": True,
                                                           "messages": [{"role": "user", "content": "Hi"}]}])
         self.assertEqual(batch["e"][0]["logprobs"], served["logprobs"])
         self.assertEqual(batch["e"][0]["text"], served["text"])
@@ -845,13 +854,9 @@ class FastPrecision(unittest.TestCase):
         self.assertEqual(server_answers(self.s.client(), stream=True), self.batch)
 
     def test_echo_equals_batch_bitwise_and_differs_from_exact(self):
-        prompt = [(3 * i + 4) % 500 for i in range(50)]
-        body = {"prompt": prompt, "echo": True, "logprobs": 2, "max_tokens": 2, "temperature": 0}
-        status, data = self.s.request("POST", "/v1/completions", json.dumps(dict(body, model=MODEL_NAME)))
-        self.assertEqual(status, 200, data)
-        served = json.loads(data)["choices"][0]
-        fast = batch_choices([dict(body, custom_id="e")], "--precision", "fast")
-        exact = batch_choices([dict(body, custom_id="e")])
+        served = served_echo(self, self.s)
+        fast = batch_choices([dict(ECHO_BODY, custom_id="e")], "--precision", "fast")
+        exact = batch_choices([dict(ECHO_BODY, custom_id="e")])
         self.assertEqual(fast["e"][0]["logprobs"], served["logprobs"])
         self.assertNotEqual(exact["e"][0]["logprobs"]["token_logprobs"], served["logprobs"]["token_logprobs"])
 
