@@ -15,6 +15,8 @@
 #include <numeric>
 #include <vector>
 
+#include "cpu/attention_rows.h"
+#include "cpu/bf16_attention.h"
 #include "cpu/bf16_gemm.h"
 #include "cpu/fast_ops.h"
 #include "cpu/reference.h"
@@ -22,11 +24,34 @@
 
 namespace glm5::kernels::cpu::fast {
 
+void softmax_row(float* w, int64_t n) {
+  if (n == 0) return;
+  // Max: full chunks in lanes, the tail in scalar (max is exact in any order).
+  simd::vf vmax = simd::splat(kNegInf);
+  int64_t i = 0;
+  for (; i + simd::kLanes <= n; i += simd::kLanes) vmax = simd::max(vmax, simd::load(w + i));
+  float mx = simd::reduce_max(vmax);
+  for (int64_t j = i; j < n; ++j) mx = std::max(mx, w[j]);
+  const simd::vf vmx = simd::splat(mx);
+  simd::vf vsum = simd::zero();
+  for (i = 0; i + simd::kLanes <= n; i += simd::kLanes) {
+    simd::vf e = simd::exp(simd::sub(simd::load(w + i), vmx));
+    simd::store(w + i, e);
+    vsum = simd::add(vsum, e);
+  }
+  if (i < n) {
+    const int tail = int(n - i);
+    simd::store_n(w + i, simd::exp(simd::sub(simd::load_n(w + i, tail), vmx)), tail);
+    vsum = simd::add(vsum, simd::load_n(w + i, tail));
+  }
+  const simd::vf vtot = simd::splat(simd::reduce(vsum));
+  for (i = 0; i + simd::kLanes <= n; i += simd::kLanes)
+    simd::store(w + i, simd::div(simd::load(w + i), vtot));
+  if (i < n) simd::store_n(w + i, simd::div(simd::load_n(w + i, int(n - i)), vtot), int(n - i));
+}
+
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-// Multiply-adds below which a call stays on one thread (a fork/join costs a few microseconds).
-constexpr int64_t kParallelMacs = int64_t(1) << 18;
 
 // One part of the dot2 recipe: the chunks of a[r][0:d] . b[c][0:d] into acc[r][c], the tail
 // chunk zero-padded.
@@ -232,33 +257,6 @@ __attribute__((always_inline)) inline void prefetch_keys(const KeyValues& kv, co
   }
 }
 
-// Softmax weights of one row's n scores, in place: w = exp(s - max) / sum over the keys in
-// ascending order, 16 lanes at a time (vector exp, fixed lane sums).
-void softmax_row(float* w, int64_t n) {
-  if (n == 0) return;
-  // Max: full chunks in lanes, the tail in scalar (max is exact in any order).
-  simd::vf vmax = simd::splat(kNegInf);
-  int64_t i = 0;
-  for (; i + simd::kLanes <= n; i += simd::kLanes) vmax = simd::max(vmax, simd::load(w + i));
-  float mx = simd::reduce_max(vmax);
-  for (int64_t j = i; j < n; ++j) mx = std::max(mx, w[j]);
-  const simd::vf vmx = simd::splat(mx);
-  simd::vf vsum = simd::zero();
-  for (i = 0; i + simd::kLanes <= n; i += simd::kLanes) {
-    simd::vf e = simd::exp(simd::sub(simd::load(w + i), vmx));
-    simd::store(w + i, e);
-    vsum = simd::add(vsum, e);
-  }
-  if (i < n) {
-    const int tail = int(n - i);
-    simd::store_n(w + i, simd::exp(simd::sub(simd::load_n(w + i, tail), vmx)), tail);
-    vsum = simd::add(vsum, simd::load_n(w + i, tail));
-  }
-  const simd::vf vtot = simd::splat(simd::reduce(vsum));
-  for (i = 0; i + simd::kLanes <= n; i += simd::kLanes)
-    simd::store(w + i, simd::div(simd::load(w + i), vtot));
-  if (i < n) simd::store_n(w + i, simd::div(simd::load_n(w + i, int(n - i)), vtot), int(n - i));
-}
 
 // Attention for the rows of one task, in three passes over the rows' allowed keys: scores,
 // softmax weights, weighted values. Keys are visited in blocks (KeyBlock: at most kKeyBlock of a
@@ -320,47 +318,6 @@ void attend(const KeyValues& kv, const QueryRow* rows, int64_t n_rows, std::vect
   }
 }
 
-// The allowed keys of every query row (ops.h): dense causal rows use a prefix of 0, 1, 2, ...;
-// indexer-selected rows get their own sorted, de-duplicated list.
-struct AllowedKeys {
-  std::vector<int32_t> iota;
-  std::vector<std::vector<int32_t>> lists;
-  std::vector<const int32_t*> ptr;
-  std::vector<int64_t> len;
-
-  AllowedKeys(int64_t s, int64_t t, const int32_t* q_pos, const int32_t* topk, int64_t topk_len,
-              const char* op) {
-    ptr.resize(size_t(s));
-    len.resize(size_t(s));
-    if (!topk) {
-      iota.resize(size_t(t));
-      std::iota(iota.begin(), iota.end(), 0);
-      for (int64_t r = 0; r < s; ++r) {
-        ptr[r] = iota.data();
-        len[r] = std::clamp<int64_t>(int64_t(q_pos[r]) + 1, 0, t);
-      }
-      return;
-    }
-    for (int64_t i = 0; i < s * topk_len; ++i)
-      CHECK(topk[i] >= -1 && topk[i] < t, op, ": topk entry ", topk[i], " (row ", i / topk_len,
-            ", column ", i % topk_len, ") outside [-1, ", t, ")");
-    lists.resize(size_t(s));
-#pragma omp parallel for schedule(static) if (s * topk_len >= 4096)
-    for (int64_t r = 0; r < s; ++r) {
-      std::vector<int32_t>& l = lists[size_t(r)];
-      const int32_t* sel = topk + r * topk_len;
-      for (int64_t j = 0; j < topk_len; ++j)
-        if (sel[j] >= 0 && sel[j] <= q_pos[r]) l.push_back(sel[j]);
-      // (topk's rows are already strictly ascending: then no sort)
-      if (std::adjacent_find(l.begin(), l.end(), std::greater_equal<int32_t>()) != l.end()) {
-        std::sort(l.begin(), l.end());
-        l.erase(std::unique(l.begin(), l.end()), l.end());
-      }
-      ptr[r] = l.data();
-      len[r] = int64_t(l.size());
-    }
-  }
-};
 
 // One decode row (all heads share its keys) on all threads, in three phases with the same
 // arithmetic as attend: scores of every head, each thread over its own run of the keys (so each

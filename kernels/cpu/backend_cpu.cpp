@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "cpu/bf16_attention.h"
 #include "cpu/fast_ops.h"
 #include "cpu/reference.h"
 #include "cpu/simd.h"
@@ -153,17 +154,18 @@ class CpuBackend final : public HostBackend {
     });
   }
   // Precision::kFast: the attention-side products take bf16 inputs too. The caches hold bf16 values
-  // (paged_write rounds), and each op rounds its float activations (queries; prefill's expanded
-  // keys and values) into a copy; softmax weights and the indexer's head weights stay float32.
+  // (paged_write rounds). With fast_bf16_dots() the ops run their vdpbf16ps recipes, which round
+  // what they pack (queries, keys, values, and the softmax weights for the value products: cpu/
+  // bf16_attention.h); otherwise each op rounds its float activations (queries; prefill's expanded
+  // keys and values) into a copy for the exact kernels, softmax weights float32. The indexer's head
+  // weights stay float32 either way.
   void indexer_scores(const IndexerScoresParams& p) override {
     validate(p);
     if (precision_ != Precision::kFast) return fast::indexer_scores(p);
     thread_local std::vector<float> q;
     IndexerScoresParams r = p;
     r.q = rounded(p.q, p.n_heads * p.head_dim, p.s, p.n_heads * p.head_dim, q);
-    // vdpbf16ps where the CPU has it, unless the portable fast path was asked for (the same rule as
-    // the gemms: portable is the exact kernels on the rounded values).
-    fast::indexer_scores(r, fast::fast_gemm_path() != "portable");
+    fast::indexer_scores(r, fast::fast_bf16_dots());
   }
   void topk(const TopkParams& p) override {
     validate(p);
@@ -172,6 +174,7 @@ class CpuBackend final : public HostBackend {
   void mla_prefill(const MlaPrefillParams& p) override {
     validate(p);
     if (precision_ != Precision::kFast) return fast::mla_prefill(p);
+    if (fast::fast_bf16_dots()) return bf16::mla_prefill(p);  // (its packing rounds the inputs)
     thread_local std::vector<float> q, kv, k_pe;
     const int64_t dq = p.n_heads * (p.qk_nope_head_dim + p.qk_rope_head_dim);
     const int64_t dkv = p.n_heads * (p.qk_nope_head_dim + p.v_head_dim);
@@ -185,6 +188,7 @@ class CpuBackend final : public HostBackend {
   void mla_decode(const MlaDecodeParams& p) override {
     validate(p);
     if (precision_ != Precision::kFast) return fast::mla_decode(p);
+    if (fast::fast_bf16_dots()) return bf16::mla_decode(p);
     thread_local std::vector<float> q;
     const int64_t w = p.n_heads * (p.kv_lora_rank + p.qk_rope_head_dim);
     MlaDecodeParams r = p;

@@ -48,6 +48,10 @@ std::vector<std::string> fast_gemm_paths();
 std::string fast_gemm_path();
 void set_fast_gemm_path(const std::string& path);
 WeightLayout fast_bf16_layout();
+// Whether precision fast's attention-side ops run their vdpbf16ps recipes (cpu/bf16_gemm.h
+// indexer_block, cpu/bf16_attention.h): where the CPU has AVX512-BF16, unless the portable fast path
+// is in use (which runs the exact kernels on the rounded values, as its gemm does).
+bool fast_bf16_dots();
 // bf16_dots: precision fast's recipe where the CPU has AVX512-BF16 (cpu/bf16_gemm.h indexer_block);
 // else every score is the exact recipe's 16-lane FMA chain (on whatever values it is given).
 void indexer_scores(const IndexerScoresParams& p, bool bf16_dots = false);  // cpu/attention.cpp

@@ -776,6 +776,8 @@ std::string fast_gemm_path() { return kFastPathNames[fast_path_now()]; }
 
 void set_fast_gemm_path(const std::string& path) { g_fast_path.store(fast_path_index(path, "set_fast_gemm_path")); }
 
+bool fast_bf16_dots() { return bf16::available() && fast_path_now() != kFastPortable; }
+
 WeightLayout fast_bf16_layout() {
   const int f = fast_path_now();
   return f == kFastBf16 ? WeightLayout::kPair16 : f >= kFastAmx ? WeightLayout::kTile16 : WeightLayout::kQuad16;

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -18,6 +19,8 @@
 #include "core/dtype.h"
 #include "core/quant.h"
 #include "cpu/amx_gemm.h"
+#include "cpu/attention_rows.h"
+#include "cpu/bf16_attention.h"
 #include "cpu/bf16_gemm.h"
 #include "cpu/fast_ops.h"
 #include "cpu/weight_arena.h"
@@ -434,6 +437,174 @@ TEST(FastAttention, IndexerOnAvx512Bf16IsTheLaneChain) {
         }
     }
   }
+}
+
+// The MLA recipe of cpu/bf16_attention.h in scalar: operands as bf16 pairs, each part padded to
+// whole vectors of 16 pairs; a score is 16 dp_lane chains and simd::reduce's tree; the weights are
+// softmax_row's, and each output element one dp_lane chain over pairs of consecutive keys.
+struct MlaRecipe {
+  int64_t d1, d2, dv;
+  static int64_t words(int64_t d) { return ((d + 1) / 2 + 15) / 16 * 16; }
+  std::vector<uint32_t> pack(const float* a, const float* b) const {  // [a (d1) | b (d2)]
+    std::vector<uint32_t> w(size_t(words(d1) + words(d2)), 0);
+    for (int64_t i = 0; i < (d1 + 1) / 2; ++i) w[size_t(i)] = pair_of(a, d1, i);
+    for (int64_t i = 0; i < (d2 + 1) / 2; ++i) w[size_t(words(d1) + i)] = pair_of(b, d2, i);
+    return w;
+  }
+  static float tree(const float (&v)[16]) {
+    float a[8], b[4];
+    for (int l = 0; l < 8; ++l) a[l] = v[l] + v[l + 8];
+    for (int l = 0; l < 4; ++l) b[l] = a[l] + a[l + 4];
+    return (b[0] + b[2]) + (b[1] + b[3]);
+  }
+  // One row's scores: q = [q1 | q2]; key i = [k1(i) | k2(i)]; n keys.
+  template <class K1, class K2>
+  std::vector<float> scores(const float* q1, const float* q2, int64_t n, K1 k1, K2 k2, float scale) const {
+    const std::vector<uint32_t> qw = pack(q1, q2);
+    std::vector<float> w(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const std::vector<uint32_t> kw = pack(k1(i), k2(i));
+      float lane[16] = {};
+      for (size_t c = 0; c < qw.size(); ++c) lane[c % 16] = cpu::bf16::dp_lane(lane[c % 16], qw[c], kw[c]);
+      w[size_t(i)] = scale * tree(lane);
+    }
+    return w;
+  }
+  // One row's output; value i is v(i).
+  template <class K1, class K2, class Val>
+  std::vector<float> row(const float* q1, const float* q2, int64_t n, K1 k1, K2 k2, Val v, float scale) const {
+    std::vector<float> w = scores(q1, q2, n, k1, k2, scale);
+    cpu::fast::softmax_row(w.data(), n);
+    std::vector<float> out(size_t(dv), 0.0f);
+    for (int64_t j = 0; j < (n + 1) / 2; ++j) {
+      const uint32_t wp = pair_of(w.data(), n, j);
+      for (int64_t d = 0; d < dv; ++d) {
+        const float pair[2] = {v(2 * j)[d], 2 * j + 1 < n ? v(2 * j + 1)[d] : 0.0f};
+        out[size_t(d)] = cpu::bf16::dp_lane(out[size_t(d)], wp, pair_of(pair, 2, 0));
+      }
+    }
+    return out;
+  }
+};
+
+// A row's allowed keys as the ops define them (ascending, de-duplicated, causal).
+std::vector<int32_t> allowed_keys(const int32_t* sel, int64_t len, int32_t pos, int64_t t) {
+  std::vector<int32_t> l;
+  if (!sel) {
+    for (int32_t k = 0; k <= pos && k < t; ++k) l.push_back(k);
+    return l;
+  }
+  for (int64_t j = 0; j < len; ++j)
+    if (sel[j] >= 0 && sel[j] <= pos) l.push_back(sel[j]);
+  std::sort(l.begin(), l.end());
+  l.erase(std::unique(l.begin(), l.end()), l.end());
+  return l;
+}
+
+// Runs `op` on 1 and on 2 threads: the same bits (returns the 2-thread result).
+template <class F>
+std::vector<float> on_1_and_2_threads(F op, const std::string& what) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const std::vector<float> one = op();
+  omp_set_num_threads(2);
+  const std::vector<float> two = op();
+  omp_set_num_threads(saved);
+  expect_bits(two, one, what + ", 2 threads against 1");
+  return two;
+}
+
+// mla_prefill and mla_decode on AVX512-BF16 against MlaRecipe, bit for bit: dense causal rows (a
+// chunk that starts mid-sequence), rows with their own selections (duplicates, -1, odd counts),
+// parts and value widths that are not whole vectors, float32 and bf16 caches through a block table.
+TEST(FastAttention, MlaOnAvx512Bf16IsTheDpRecipe) {
+  if (!has_path("avx512bf16")) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  FastPath path("avx512bf16");
+  auto fast = make_cpu_backend(Precision::kFast);
+  const int64_t H = 6, T = 90;
+  const float scale = 0.15f;
+  // Prefill: rows at positions 60..89 (a later chunk), keys 0..89.
+  for (const bool selected : {false, true}) {
+    const int64_t S = 30, N = 40, P = 12, V = 70, DQ = N + P, DKV = N + V;
+    const Case qc = make_case(S * H, 1, DQ, 71), kc = make_case(T * H, 1, DKV, 72), pc = make_case(T, 1, P, 73);
+    std::vector<int32_t> pos(static_cast<size_t>(S)), sel;
+    for (int64_t s = 0; s < S; ++s) pos[size_t(s)] = int32_t(60 + s);
+    const int64_t K = 41;
+    std::mt19937 rng(5);
+    for (int64_t i = 0; i < S * K; ++i) sel.push_back(int32_t(rng() % (T + 1)) - 1);
+    const auto run_prefill = [&] {
+      std::vector<float> out(size_t(S * H * V), NAN);
+      fast->mla_prefill({qc.x.data(), kc.x.data(), pc.x.data(), P, pos.data(), selected ? sel.data() : nullptr,
+                         selected ? K : 0, out.data(), S, T, H, N, P, V, scale});
+      return out;
+    };
+    const std::vector<float> got = on_1_and_2_threads(run_prefill, "mla_prefill");
+    const MlaRecipe recipe{N, P, V};
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < H; ++h) {
+        const std::vector<int32_t> keys = allowed_keys(selected ? &sel[size_t(s * K)] : nullptr, K, pos[size_t(s)], T);
+        const auto k1 = [&](int64_t i) { return &kc.x[size_t((keys[size_t(i)] * H + h) * DKV)]; };
+        const auto k2 = [&](int64_t i) { return &pc.x[size_t(keys[size_t(i)] * P)]; };
+        const auto v = [&](int64_t i) { return &kc.x[size_t((keys[size_t(i)] * H + h) * DKV + N)]; };
+        const float* q = &qc.x[size_t((s * H + h) * DQ)];
+        const std::vector<float> want = recipe.row(q, q + N, int64_t(keys.size()), k1, k2, v, scale);
+        const std::vector<float> row(got.begin() + (s * H + h) * V, got.begin() + (s * H + h + 1) * V);
+        expect_bits(row, want, std::string("mla_prefill") + (selected ? " selected" : " dense") + ", row " +
+                                   std::to_string(s) + " head " + std::to_string(h));
+      }
+  }
+  // Decode: 5 rows over a paged cache (blocks of 16 positions, shuffled), float32 and bf16.
+  const int64_t S = 5, R = 40, P = 12, LAT = R + P, B = 16;
+  const Case qc = make_case(S * H, 1, LAT, 81), cc = make_case(T + 6, 1, LAT, 82);  // (6 spare rows)
+  std::vector<float> cache = cc.x;  // [96 rows][LAT]
+  std::vector<uint16_t> cache16(cache.size());
+  for (size_t i = 0; i < cache.size(); ++i) cache16[i] = f32_to_bf16(cache[i]);
+  const std::vector<int32_t> table = {3, 0, 5, 1, 4, 2};  // positions 16 b + j at row 16 table[b] + j
+  std::vector<int32_t> pos = {89, 17, 0, 64, 45}, sel;
+  const int64_t K = 33;
+  std::mt19937 rng(6);
+  for (int64_t i = 0; i < S * K; ++i) sel.push_back(int32_t(rng() % (T + 1)) - 1);
+  for (const bool selected : {false, true})
+    for (const DType dt : {DType::F32, DType::BF16}) {
+      const auto run_decode = [&] {
+        std::vector<float> out(size_t(S * H * R), NAN);
+        const float* c = dt == DType::F32 ? cache.data() : reinterpret_cast<const float*>(cache16.data());
+        fast->mla_decode({qc.x.data(), c, pos.data(), selected ? sel.data() : nullptr, selected ? K : 0, out.data(), S,
+                          T, H, R, P, scale, KeyPages{table.data(), 0, B, dt}});
+        return out;
+      };
+      const std::string what = std::string("mla_decode") + (selected ? " selected " : " dense ") + std::string(dtype_name(dt));
+      const std::vector<float> got = on_1_and_2_threads(run_decode, what);
+      const std::vector<float> got_scores = cpu::bf16::mla_decode_scores(
+          {qc.x.data(), dt == DType::F32 ? cache.data() : reinterpret_cast<const float*>(cache16.data()), pos.data(),
+           selected ? sel.data() : nullptr, selected ? K : 0, nullptr, S, T, H, R, P, scale, KeyPages{table.data(), 0, B, dt}});
+      size_t at_score = 0;
+      const MlaRecipe recipe{R, P, R};
+      for (int64_t s = 0; s < S; ++s) {
+        const std::vector<int32_t> keys = allowed_keys(selected ? &sel[size_t(s * K)] : nullptr, K, pos[size_t(s)], T);
+        std::vector<std::vector<float>> rows;  // the keys' cache rows, as the op reads them
+        for (int32_t t : keys) {
+          const int64_t at = int64_t(table[size_t(t / B)]) * B + t % B;
+          std::vector<float> r(static_cast<size_t>(LAT));
+          for (int64_t d = 0; d < LAT; ++d)
+            r[size_t(d)] = dt == DType::F32 ? cache[size_t(at * LAT + d)] : bf16_to_f32(cache16[size_t(at * LAT + d)]);
+          rows.push_back(r);
+        }
+        const auto k1 = [&](int64_t i) { return rows[size_t(i)].data(); };
+        const auto k2 = [&](int64_t i) { return rows[size_t(i)].data() + R; };
+        for (int64_t h = 0; h < H; ++h) {
+          const float* q = &qc.x[size_t((s * H + h) * LAT)];
+          const std::vector<float> want_scores = recipe.scores(q, q + R, int64_t(keys.size()), k1, k2, scale);
+          const std::vector<float> scores(got_scores.begin() + int64_t(at_score),
+                                          got_scores.begin() + int64_t(at_score + keys.size()));
+          at_score += keys.size();
+          expect_bits(scores, want_scores, what + " scores, row " + std::to_string(s) + " head " + std::to_string(h));
+          const std::vector<float> want = recipe.row(q, q + R, int64_t(keys.size()), k1, k2, k1, scale);
+          const std::vector<float> row(got.begin() + (s * H + h) * R, got.begin() + (s * H + h + 1) * R);
+          expect_bits(row, want, what + ", row " + std::to_string(s) + " head " + std::to_string(h));
+        }
+      }
+    }
 }
 
 }  // namespace
