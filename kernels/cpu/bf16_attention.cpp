@@ -256,6 +256,12 @@ struct Scratch {
   std::vector<uint32_t> weights; // [rows][ww]: the softmax weights as bf16 pairs
 };
 
+// Each thread's buffers, kept between calls (a decode step calls once per layer: fresh buffers of
+// a few hundred KiB each time cost page faults that showed in decode's tokens per second).
+thread_local Packed t_keys;
+thread_local Scratch t_scratch;
+thread_local std::vector<uint32_t> t_queries;  // [rows * heads][kw]
+
 // Scores: 4 keys at a time against every tile of 4 rows (so the 4 keys come into L1 once for all
 // rows; a row's keys up to the longest in its tile: a score never depends on its tile).
 GLM5_BF16 void score_all(const Packed& K, const Row* rows, int64_t nrows, int64_t ld, float scale, float* scores) {
@@ -332,12 +338,12 @@ constexpr int64_t kPackKeys = 64;
 void prefill_dense(const MlaPrefillParams& p, const AllowedKeys& allowed, const uint32_t* qp, int64_t kw) {
   const int64_t N = p.qk_nope_head_dim, P = p.qk_rope_head_dim, V = p.v_head_dim, H = p.n_heads, DKV = N + V;
   const int64_t nk = *std::max_element(allowed.len.begin(), allowed.len.end());
-  Packed K;  // (shared: the threads pack disjoint keys of it)
+  Packed& K = t_keys;  // the calling thread's, shared: the threads pack disjoint keys of it
   size_keys(K, nk, N, P, V);
   const int64_t blocks = (p.s + kPrefillRows - 1) / kPrefillRows, items = (nk + kPackKeys - 1) / kPackKeys;
 #pragma omp parallel if (p.s * p.t * H * (N + P + V) >= fast::kParallelMacs)
   {
-    Scratch scratch;
+    Scratch& scratch = t_scratch;
     Row rows[kPrefillRows];
     for (int64_t h = 0; h < H; ++h) {
       const auto row_of = [&](int32_t t) {
@@ -365,8 +371,8 @@ void prefill_selected(const MlaPrefillParams& p, const AllowedKeys& allowed, con
   const int64_t N = p.qk_nope_head_dim, P = p.qk_rope_head_dim, V = p.v_head_dim, H = p.n_heads, DKV = N + V;
 #pragma omp parallel if (p.s * p.topk_len * H * (N + P + V) >= fast::kParallelMacs)
   {
-    Packed K;
-    Scratch scratch;
+    Packed& K = t_keys;
+    Scratch& scratch = t_scratch;
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t s = 0; s < p.s; ++s) {
@@ -386,10 +392,9 @@ void prefill(const MlaPrefillParams& p) {
   const AllowedKeys allowed(p.s, p.t, p.q_pos, p.topk, p.topk_len, "mla_prefill");
   const int64_t N = p.qk_nope_head_dim, P = p.qk_rope_head_dim;
   const int64_t kw = part_words(N) + part_words(P);
-  thread_local std::vector<uint32_t> q_packed;  // [s * H][kw]
-  pack_queries(p.q, N + P, p.s * p.n_heads, N, P, kw, q_packed);
-  if (p.topk) prefill_selected(p, allowed, q_packed.data(), kw);
-  else prefill_dense(p, allowed, q_packed.data(), kw);
+  pack_queries(p.q, N + P, p.s * p.n_heads, N, P, kw, t_queries);
+  if (p.topk) prefill_selected(p, allowed, t_queries.data(), kw);
+  else prefill_dense(p, allowed, t_queries.data(), kw);
 }
 
 // Packs row s's keys from the latent cache into K (float32 or bf16 cache).
@@ -413,15 +418,14 @@ void decode(const MlaDecodeParams& p) {
   const AllowedKeys allowed(p.s, p.t, p.q_pos, p.topk, p.topk_len, "mla_decode");
   const int64_t R = p.kv_lora_rank, P = p.qk_rope_head_dim, LAT = R + P, H = p.n_heads;
   const int64_t kw = part_words(R) + part_words(P);
-  thread_local std::vector<uint32_t> q_packed;  // [s * H][kw]
-  pack_queries(p.q_lat, LAT, p.s * H, R, P, kw, q_packed);
-  const uint32_t* qp = q_packed.data();
+  pack_queries(p.q_lat, LAT, p.s * H, R, P, kw, t_queries);
+  const uint32_t* qp = t_queries.data();  // (inside the region, t_queries names each thread's own)
   const int64_t per_task = p.s >= 2 * omp_get_max_threads() ? H : std::min(H, kDecodeHeads);
   const int64_t blocks = (H + per_task - 1) / per_task;
 #pragma omp parallel if (p.s * p.t * H * (LAT + R) >= fast::kParallelMacs)
   {
-    Packed K;
-    Scratch scratch;
+    Packed& K = t_keys;
+    Scratch& scratch = t_scratch;
     std::vector<Row> rows(static_cast<size_t>(per_task));
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t s = 0; s < p.s; ++s)
