@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # A trained checkpoint (tests/data/glm5-kjv) against Hugging Face transformers' GlmMoeDsaForCausalLM (float32,
 # CPU, the pinned version): logits on a real-text prompt longer than index_topk (so the indexer drops keys),
-# and perplexity over a text file with the windows `glm5 perplexity` uses (launcher/perplexity.h).
+# and perplexity over a text file with the windows `glm5 perplexity` uses (launcher/perplexity/perplexity.h).
 #
 #   golden:      writes <model>/golden.safetensors, compact: prompt_ids I32 [P] (the first P tokens of the
 #                text), logit_rows I32 [R], logits F32 [R, vocab] (HF's prefill logits at those rows),
@@ -119,7 +119,7 @@ def write_golden(args):
 
 
 def hf_perplexity(model, ids, ctx, stride, chunks):
-    """The windows of launcher/perplexity.h: start every stride, length ctx, score the last
+    """The windows of launcher/perplexity/perplexity.h: start every stride, length ctx, score the last
     min(stride, ctx - ctx/2 - 1) (llama-perplexity's count for stride = ctx)."""
     score = min(stride, ctx - ctx // 2 - 1)
     nll = []

@@ -271,7 +271,7 @@ if [ $blocked = 0 ]; then
       record golden-fast-kjv FAIL $((SECONDS - t0)) "the cpu reference run failed; log: $logs/kjv-cpu.log"
     fi
     # real-dims: the cpu backend's run of the same prompt is the reference (the cpu path matches
-    # the float64 reference within 6.4e-6 on the compared rows: tests/launcher/test_real_dims.cpp).
+    # the float64 reference within 6.4e-6 on the compared rows: tests/launcher/cli/test_real_dims.cpp).
     rd=$root/tests/data/real-dims
     rd_ids=$(python3 -c 'import json,sys; print(",".join(str(v) for v in json.load(open(sys.argv[1]))))' "$rd/prompt.json")
     t0=$SECONDS

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the mixed batch-request file used by tests/launcher/test_batch.cpp.
+"""Write the mixed batch-request file used by tests/launcher/batch/test_batch.cpp.
 
 200 lines for tests/data/tiny-a (vocab 512, context 4096): OpenAI Batch /v1/completions with text
 prompts and with token-id lists, /v1/chat/completions with messages, plain {"custom_id",

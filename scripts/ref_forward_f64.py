@@ -32,7 +32,7 @@ Output (--out, numpy .npz):
                                            and the first rejected biased router score (inf for
                                            dense layers)
 
-Compact output (--compact, safetensors, what tests/launcher/test_real_dims.cpp reads):
+Compact output (--compact, safetensors, what tests/launcher/cli/test_real_dims.cpp reads):
   prompt_ids      I32 [P]
   logit_rows      I32 [N]        rows 0, E, 2E, ... (E = --every) and the last --last rows, each
                                  near-tie row (indexer margin below --skip-ties in some layer)

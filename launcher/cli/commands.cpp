@@ -1,0 +1,702 @@
+// glm5 subcommands. Each builds a Job (communicators, model shard, engine) and feeds it requests;
+// rank 0 reads inputs and writes outputs.
+#include "launcher/cli/commands.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/check.h"
+#include "launcher/batch/batch_job.h"
+#include "launcher/cluster/gpu_binding.h"
+#include "launcher/convert/convert.h"
+#include "launcher/perplexity/perplexity.h"
+#include "launcher/report/report.h"
+#include "launcher/serve/serve.h"
+#include "launcher/simulate/simulate.h"
+#include "cpu/device_like.h"
+#include "cpu/fast_ops.h"
+#include "parallel/device_comm.h"
+#include "parallel/mpi_comm.h"
+#include "parallel/nccl_comm.h"
+#include "runtime/memory_plan.h"
+#include "runtime/name_table.h"
+#include "runtime/tokenizer.h"
+
+namespace glm5::launcher {
+
+using json = nlohmann::json;
+
+namespace {
+
+// The communicators that move device memory (host backends need none: MPI moves their memory),
+// made only where bytes move: the hidden states when there are several stages (one communicator
+// over the world: hops go between (stage s, column c) and (s + 1, c), addressed by world rank), the
+// MoE payload when a stage has several columns. comm: nccl gives NCCL communicators bootstrapped
+// over MPI and ordered on the backend's stream (backend cpu-devicelike: its stand-in); comm: mpi
+// stages device memory through the host around MPI. Without one, the model and engine fall back
+// to staging over the host communicator (never used: nothing moves there).
+void make_payload_comms(Job& job, int device) {
+  kernels::Backend& be = *job.backend;
+  if (be.host_memory()) return;
+  const bool hops = job.cluster.stages > 1, moe = job.cluster.expert_parallel > 1;
+  auto make = [&](parallel::Comm& host) -> std::unique_ptr<parallel::Comm> {
+    if (job.cluster.comm != "nccl") return parallel::make_staged_comm(host, be);
+    if (job.cluster.backend == "cpu-devicelike") return parallel::make_device_like_comm(host);
+#ifdef GLM5_HAVE_CUDA
+    return parallel::make_nccl_comm(host, device, be.stream());
+#else
+    (void)device;
+    GLM5_FAIL("cluster config ", job.cluster.source, ": comm nccl needs a build with CUDA and NCCL");
+#endif
+  };
+  if (hops) job.hidden = make(*job.world);
+  if (moe) job.moe_payload = make(*job.stage_comm);
+}
+
+// Ranks on hosts with and without AMX would run BF16 gemms on different paths: each within
+// rounding of the reference, but the run no longer bitwise the single process. Rank 0 says so.
+void warn_on_mixed_gemm_paths(parallel::Comm& world, bool fast) {
+  // (a bad GLM5_CPU_GEMM / GLM5_CPU_FAST_GEMM fails here)
+  const std::string mine = fast ? kernels::cpu::fast::fast_gemm_path() : kernels::cpu::fast::gemm_path();
+  char my[16] = {};
+  std::snprintf(my, sizeof my, "%s", mine.c_str());
+  std::vector<char> all(sizeof my * size_t(world.size()));
+  world.all_gather(my, sizeof my, all.data());
+  std::string paths;
+  bool mixed = false;
+  for (int r = 0; r < world.size(); ++r) {
+    const std::string p(&all[sizeof my * size_t(r)]);
+    mixed |= p != mine;
+    paths += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + " " + p;
+  }
+  if (mixed && world.rank() == 0)
+    std::fprintf(stderr,
+                 "glm5: warning: ranks run different %s gemm paths (%s): results agree to rounding, not bitwise; %s\n",
+                 fast ? "precision fast" : "BF16", paths.c_str(),
+                 fast ? "set GLM5_CPU_FAST_GEMM=portable (or another path all hosts have) on every host (mpirun -x "
+                        "GLM5_CPU_FAST_GEMM)"
+                      : "set GLM5_CPU_GEMM=fp32 (or amx) on every host (mpirun -x GLM5_CPU_GEMM)");
+}
+
+}  // namespace
+
+std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& cluster_file,
+                              std::unique_ptr<parallel::Comm> world, bool progress,
+                              const ClusterOverrides& overrides) {
+  auto job = std::make_unique<Job>();
+  job->world = std::move(world);
+  job->cluster = cluster_file.empty() ? default_cluster_config() : load_cluster_config(cluster_file);
+  overrides.apply(job->cluster);
+  job->config = runtime::load_config(model_dir);
+  // The MTP layer drafts with its own indexer; whether GLM-5.2's draft steps 2..k share step 1's top-k
+  // (index_share_for_mtp_iteration) is not published, so one draft step only there.
+  const int64_t mtp_layer = job->config.num_hidden_layers;
+  CHECK(job->cluster.speculative_tokens == 0 || job->config.has_indexer(mtp_layer), model_dir, "/config.json: ",
+        int64_t(job->config.indexer_full.size()) > mtp_layer
+            ? "indexer_types entry " + std::to_string(mtp_layer) + " makes the MTP layer \"shared\""
+            : std::string("index_share_for_mtp_iteration leaves the MTP layer no indexer"),
+        ", which speculative decoding does not run yet: set speculative_tokens to 0");
+  CHECK(job->cluster.speculative_tokens <= 1 || !job->config.index_share_for_mtp_iteration, model_dir,
+        "/config.json sets index_share_for_mtp_iteration (GLM-5.2: the MTP layer's draft steps may share top-k indices, "
+        "which glm5 does not run yet): speculative_tokens must be 0 or 1, found ", job->cluster.speculative_tokens);
+  job->stages = plan_stages(job->cluster, job->config, job->world->size());
+  const parallel::Grid grid = job->cluster.grid();
+  const int rank = job->world->rank(), stage = grid.stage_of(rank), column = grid.column_of(rank);
+
+  CHECK(job->cluster.backend != "cuda" || job->cluster.kv_budget_gb > 0, "cluster config ", job->cluster.source,
+        ": backend cuda needs kv_budget_gb (the paged KV pool is allocated in device memory up front)");
+  const int device = job->cluster.backend == "cuda" ? cuda_device_for_this_rank() : -1;
+  const kernels::Precision precision = kernels::parse_precision(job->cluster.precision, "precision");
+  job->backend = job->cluster.backend == "cuda"             ? kernels::make_cuda_backend(device, precision)
+                 : job->cluster.backend == "cpu-devicelike" ? kernels::make_device_like_backend(precision)
+                                                            : kernels::make_cpu_backend(precision);
+  if (job->cluster.backend != "cuda") warn_on_mixed_gemm_paths(*job->world, precision == kernels::Precision::kFast);
+  job->checkpoint = std::make_unique<runtime::Checkpoint>(model_dir);
+  if (rank == 0) {
+    runtime::check_checkpoint(*job->checkpoint, job->config);
+    if (progress && !job->config.ignored_fields.empty()) {  // said once, by name (runtime/spec/glm5.md §1.6)
+      std::string names;
+      for (const std::string& f : job->config.ignored_fields) names += (names.empty() ? "" : ", ") + f;
+      std::fprintf(stderr, "glm5: %s: fields that do not change the result, ignored: %s\n", job->config.source.c_str(),
+                   names.c_str());
+    }
+  }
+  parallel::set_watchdog_seconds(0);  // armed by start_watchdog once every rank is ready
+  job->stage_comm = job->world->split(stage, column);
+  make_payload_comms(*job, device);
+
+  const runtime::ModelShard shard = rank_shard(job->cluster, job->stages, rank);
+  job->model = std::make_unique<runtime::Model>(job->config, *job->checkpoint, *job->backend, shard,
+                                                *job->stage_comm, job->moe_payload.get());
+  runtime::EngineOptions opt;
+  opt.micro_batches = job->cluster.micro_batches;
+  opt.max_batch = job->cluster.max_batch;
+  opt.prefill_chunk = job->cluster.prefill_chunk;
+  opt.max_step_tokens = job->cluster.max_step_tokens;
+  opt.kv_budget_bytes = job->cluster.kv_budget_gb * 1e9;
+  opt.prefix_sharing = job->cluster.prefix_caching;
+  opt.kv_dtype = job->cluster.kv_dtype == "bf16" ? DType::BF16 : DType::F32;
+  // The budget is shared out by the stage whose position costs most (the last stage also caches the
+  // MTP layer's rows when speculating).
+  for (size_t s = 0; s < job->stages.size(); ++s) {
+    const bool mtp = s + 1 == job->stages.size() && job->cluster.speculative_tokens > 0;
+    opt.kv_bytes_per_token = std::max(opt.kv_bytes_per_token,
+                                      runtime::KvPool::bytes_per_token(job->config, job->stages[s].first,
+                                                                       job->stages[s].last + (mtp ? 1 : 0), opt.kv_dtype));
+  }
+  opt.speculative_tokens = job->cluster.speculative_tokens;
+  opt.speculative_max_batch = job->cluster.speculative_max_batch;
+  opt.progress = progress;
+  job->engine = std::make_unique<runtime::Engine>(*job->model, *job->world, *job->stage_comm, grid, opt,
+                                                  job->hidden.get());
+  return job;
+}
+
+void Job::start_watchdog() {
+  parallel::set_watchdog_seconds(0);
+  world->barrier();
+  parallel::set_watchdog_seconds(cluster.watchdog_s);
+}
+
+namespace {
+
+// The cluster-config overrides a running command takes (speculation only where it decodes).
+void add_override_options(CLI::App* cmd, ClusterOverrides& o, bool decodes) {
+  if (decodes)
+    cmd->add_option("--speculative-tokens", o.speculative_tokens,
+                    "MTP draft tokens per decode step, 0..8 (0: off; replaces the cluster config's speculative_tokens)");
+  cmd->add_option("--precision", o.precision,
+                  "exact | fast: fast rounds every gemm's inputs to bf16 (replaces the cluster config's precision)");
+}
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long v = 0;
+    try {
+      v = std::stol(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    CHECK(!item.empty() && used == item.size() && v >= 0 && v <= INT32_MAX,
+          "--prompt-ids: expected comma-separated non-negative integers, found '", item, "'");
+    ids.push_back(int32_t(v));
+  }
+  return ids;
+}
+
+bool has_tokenizer(const std::string& model_dir) {
+  return std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json");
+}
+
+struct GenerateArgs {
+  std::string model, cluster, prompt, prompt_ids, dump_logits;
+  int max_new_tokens = 16;
+  float temperature = 1.0f, top_p = 1.0f;
+  int top_k = 0;
+  uint64_t seed = 0;
+  bool ignore_eos = false;
+  ClusterOverrides overrides;
+};
+
+int run_generate(const GenerateArgs& a, std::unique_ptr<parallel::Comm> world) {
+  auto job = make_job(a.model, a.cluster, std::move(world), false, a.overrides);
+  const bool root = job->rank() == 0;
+  std::vector<runtime::Request> reqs;
+  std::unique_ptr<runtime::Tokenizer> tok;
+  if (has_tokenizer(a.model)) tok = std::make_unique<runtime::Tokenizer>(runtime::Tokenizer::load(a.model));
+  if (root) {
+    runtime::Request r;
+    CHECK(a.prompt.empty() != a.prompt_ids.empty(), "give exactly one of --prompt and --prompt-ids");
+    if (!a.prompt_ids.empty()) {
+      r.prompt = parse_ids(a.prompt_ids);
+      for (int32_t id : r.prompt)
+        CHECK(id < job->config.vocab_size, "--prompt-ids: token id ", id, " is outside the vocabulary [0, ",
+              job->config.vocab_size, ") of ", job->config.source);
+    } else {
+      CHECK(tok, "--prompt needs a tokenizer, but ", a.model, "/tokenizer.json does not exist; use --prompt-ids");
+      r.prompt = tok->encode(a.prompt);
+    }
+    CHECK(!r.prompt.empty(), "the prompt is empty");
+    r.sampling.max_tokens = a.max_new_tokens;
+    r.sampling.temperature = a.temperature;
+    r.sampling.top_p = a.top_p;
+    r.sampling.top_k = a.top_k;
+    r.sampling.seed = a.seed;
+    r.sampling.ignore_eos = a.ignore_eos;
+    r.sampling.validate();
+    if (!a.dump_logits.empty()) {
+      // The dump has a fixed shape (N = max-new-tokens rows), so EOS does not end it early.
+      r.sampling.ignore_eos = true;
+      r.want_prompt_logits = r.want_logits = r.extra_final_step = true;
+    }
+    reqs.push_back(std::move(r));
+  }
+  runtime::Result result;
+  bool got = false;
+  job->engine->set_tokenizer(tok.get());
+  job->start_watchdog();
+  job->engine->run(reqs, [&](runtime::Result&& r) { result = std::move(r); got = true; });
+  if (!root) return 0;
+  CHECK(got, "internal: no result for the request");
+  CHECK(result.error.empty(), result.error);
+  if (!a.dump_logits.empty()) {
+    const int64_t V = job->config.vocab_size, P = int64_t(reqs[0].prompt.size());
+    const int64_t N = int64_t(result.tokens.size());
+    CHECK(int64_t(result.prompt_logits.size()) == P * V && int64_t(result.decode_logits.size()) == N * V,
+          "internal: logits dump has the wrong size");
+    runtime::write_safetensors(a.dump_logits,
+                               {{"prefill_logits", DType::F32, {P, V}, result.prompt_logits.data()},
+                                {"decode_tokens", DType::I32, {N}, result.tokens.data()},
+                                {"decode_logits", DType::F32, {N, V}, result.decode_logits.data()}});
+  }
+  json out = {{"token_ids", result.tokens}, {"finish_reason", result.finish_reason}};
+  if (tok) out["text"] = tok->decode(result.tokens, true);
+  std::cout << out.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
+  return 0;
+}
+
+std::string human_bytes(double b) {
+  char buf[64];
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) { b /= 1024; ++u; }
+  std::snprintf(buf, sizeof buf, "%.2f %s", b, unit[u]);
+  return buf;
+}
+
+struct InspectArgs {
+  std::string model, cluster, quant, quantize, scale_dtype;
+  int64_t group_size = 128;
+};
+
+// Config summary and the per-rank memory plan (runtime/memory_plan.h). No MPI: it computes every
+// rank's share itself, from config.json and the index names (never the shards).
+int run_inspect(const InspectArgs& a) {
+  std::unique_ptr<runtime::QuantPlan> plan;
+  if (!a.quant.empty())
+    plan = std::make_unique<runtime::QuantPlan>(runtime::parse_quant_plan(a.quant, a.group_size, a.quantize, a.scale_dtype));
+  runtime::ModelConfig mc = runtime::load_config(a.model);
+  ClusterConfig cc = a.cluster.empty() ? default_cluster_config() : load_cluster_config(a.cluster);
+  auto stages = plan_stages(cc, mc, cc.world_size());
+  const int64_t H = mc.hidden_size, V = mc.vocab_size;
+  std::printf("model      %s (%s)\n", mc.model_type.c_str(), mc.source.c_str());
+  std::printf("shape      hidden %lld, layers %lld (+%lld MTP, loaded when speculating), heads %lld, vocab %lld\n",
+              (long long)H, (long long)mc.num_hidden_layers, (long long)mc.num_nextn_predict_layers,
+              (long long)mc.num_attention_heads, (long long)V);
+  std::printf("mla        q_lora %lld, kv_lora %lld, qk nope/rope/v %lld/%lld/%lld, scale %.6g, rope %s\n",
+              (long long)mc.q_lora_rank, (long long)mc.kv_lora_rank, (long long)mc.qk_nope_head_dim,
+              (long long)mc.qk_rope_head_dim, (long long)mc.v_head_dim, mc.softmax_scale(),
+              mc.rope_interleave ? "interleaved" : "half-split");
+  std::printf("indexer    %lld heads x %lld, top-%lld, rope %s\n", (long long)mc.index_n_heads,
+              (long long)mc.index_head_dim, (long long)mc.index_topk,
+              mc.indexer_rope_interleave ? "interleaved" : "half-split");
+  std::printf("moe        %lld experts top-%lld, %lld shared, groups %lld keep %lld, scale %g, dense layers %lld\n",
+              (long long)mc.n_routed_experts, (long long)mc.num_experts_per_tok,
+              (long long)mc.n_shared_experts, (long long)mc.n_group, (long long)mc.topk_group,
+              mc.routed_scaling_factor, (long long)mc.first_k_dense_replace);
+  double total = 2.0 * double(V * H) + double(H);
+  for (int l = 0; l < mc.num_hidden_layers; ++l) total += layer_parameters(mc, l);
+  std::printf("parameters %.4g (%s in bf16)\n", total, human_bytes(total * 2.0).c_str());
+
+  // Decimal units (device_memory_gb and kv_budget_gb are 1e9 bytes), no space: one table column.
+  auto dec = [](double b) {
+    char buf[32];
+    if (std::abs(b) >= 1e9 || b == 0) std::snprintf(buf, sizeof buf, "%.2fGB", b / 1e9);
+    else if (std::abs(b) >= 1e6) std::snprintf(buf, sizeof buf, "%.2fMB", b / 1e6);
+    else std::snprintf(buf, sizeof buf, "%.1fKB", b / 1e3);
+    return std::string(buf);
+  };
+
+  // Stored forms: counts per form, and where they come from.
+  const runtime::WeightPlan wp = runtime::plan_weights(mc, a.model, plan.get());
+  std::map<std::string, size_t> forms;
+  size_t all_bytes = 0;
+  for (size_t i = 0; i < wp.tensors.size(); ++i) {
+    ++forms[runtime::form_name(wp.stored[i])];
+    all_bytes += wp.resident[i];
+  }
+  std::string counts;
+  for (const auto& [name, n] : forms) counts += (counts.empty() ? "" : ", ") + name + " " + std::to_string(n);
+  std::printf("stored     %zu tensors: %s\n", wp.tensors.size(), counts.c_str());
+  std::printf("           from %s\n", wp.source.c_str());
+  if (plan)
+    std::printf("           then --quant %s, as `glm5 convert` would write it: %zu tensor(s) change form\n",
+                wp.plan.c_str(), wp.converted);
+  if (wp.missing)
+    std::printf("warning    %zu schema tensor(s) are not in the index (first: %s); planned in the config dtype, "
+                "but this checkpoint will not load as it is\n", wp.missing, wp.first_missing.c_str());
+  std::printf("resident   %s for one copy of everything: matrices in their stored form, %zu quantized "
+              "kv_b_proj / embed_tokens held dequantized (BF16 from int, F32 from FP8), indexer weights_proj F32, "
+              "norms and biases F32\n",
+              dec(double(all_bytes)).c_str(), wp.dequantized_f32);
+
+  const DType kv_dtype = cc.kv_dtype == "bf16" ? DType::BF16 : DType::F32;
+  const int L = int(mc.num_hidden_layers);
+  const double kv_token = double(runtime::KvPool::bytes_per_token(mc, 0, L, kv_dtype));
+  int full = 0;
+  for (int l = 0; l < L; ++l) full += mc.has_indexer(l);
+  std::printf("kv cache   %s per token (%s: latent %lld values x %d layers + indexer key %lld values x %d layers with "
+              "an indexer%s), paged in blocks of %lld tokens\n",
+              human_bytes(kv_token).c_str(), cc.kv_dtype.c_str(), (long long)(mc.kv_lora_rank + mc.qk_rope_head_dim), L,
+              (long long)mc.index_head_dim, full, full < L ? ": the others share one (IndexShare)" : "",
+              (long long)runtime::kBlockTokens);
+  std::printf("cluster    %s: %d stage(s) x %d expert-parallel = %d rank(s), backend %s, comm %s\n",
+              cc.source.empty() ? "(single process)" : cc.source.c_str(), cc.stages,
+              cc.expert_parallel, cc.world_size(), cc.backend.c_str(), cc.comm.c_str());
+  std::printf("precision  %s: %s\n", cc.precision.c_str(),
+              cc.precision == "fast"
+                  ? "gemm inputs rounded to bf16, float32 accumulation (the cpu backend holds F16 / F32 gemm matrices "
+                    "as BF16); results within bf16 rounding of exact, invariant per machine and kernel path"
+                  : "float32 activations, exact weight values (the goldens' 1e-4; bitwise across layouts and "
+                    "batches)");
+
+  const bool device = cc.device_memory_gb > 0;
+  const runtime::ActivationEstimate act = runtime::estimate_activations(
+      mc, {cc.max_step_tokens, cc.max_batch, cc.prefill_chunk, cc.expert_parallel, cc.backend == "cuda"});
+  const double reserve = act.total();
+  if (device)
+    std::printf("reserve    %.2f GB per rank for activations: estimated peak of one step at max_step_tokens %d, "
+                "float32, balanced routing = hidden states %.2f + max(attention %.2f, %s %.2f, logits %.2f) + "
+                "%s %.2f GB\n",
+                reserve / 1e9, cc.max_step_tokens, act.residual / 1e9, act.attention / 1e9,
+                mc.n_routed_experts > 0 ? "moe" : "mlp", act.mlp / 1e9, act.logits / 1e9,
+                cc.backend == "cuda" ? "CUDA context/cuBLAS/allocator" : "no device overhead", act.fixed / 1e9);
+
+  // The KV pool: blocks sized by the budget over the largest stage's layers, the same count on
+  // every stage of a column (runtime/engine.cpp); each rank allocates them for its own layers.
+  // (The last stage also caches the MTP layer when speculating.)
+  auto stage_kv = [&](size_t s) {
+    const bool mtp = s + 1 == stages.size() && cc.speculative_tokens > 0;
+    return runtime::KvPool::bytes_per_token(mc, stages[s].first, stages[s].last + (mtp ? 1 : 0), kv_dtype);
+  };
+  size_t kv_stage_max = 1;
+  for (size_t s = 0; s < stages.size(); ++s) kv_stage_max = std::max(kv_stage_max, stage_kv(s));
+  const double budget = cc.kv_budget_gb * 1e9;
+  const int64_t budget_blocks = budget > 0 ? int64_t(budget / (double(kv_stage_max) * double(runtime::kBlockTokens))) : 0;
+
+  if (device)
+    std::printf("%-5s %-6s %-6s %-9s %-12s %-12s %-12s %-13s %s\n", "rank", "stage", "column", "layers", "weights",
+                "kv/token", "kv-room", "kv-tokens", "kv-budget");
+  else
+    std::printf("%-5s %-6s %-6s %-9s %-12s %s\n", "rank", "stage", "column", "layers", "weights", "kv/token");
+  const parallel::Grid g = cc.grid();
+  double worst_short = -1e300, worst_need = 0, worst_w = 0, worst_kv = 0;
+  int worst_rank = 0;
+  int64_t column_tokens = -1;
+  int limit_stage = 0;
+  for (int r = 0; r < cc.world_size(); ++r) {
+    const int s = g.stage_of(r);
+    const runtime::ModelShard shard = rank_shard(cc, stages, r);
+    const double w = double(runtime::shard_weight_bytes(wp, mc, shard));
+    const double per_token = double(stage_kv(size_t(s)));
+    const double pool = double(budget_blocks) * per_token * double(runtime::kBlockTokens);
+    char layers[32];
+    std::snprintf(layers, sizeof layers, "%d-%d", stages[size_t(s)].first, stages[size_t(s)].last - 1);
+    const std::string wtxt = dec(w), ktxt = dec(per_token);
+    if (!device) {
+      std::printf("%-5d %-6d %-6d %-9s %-12s %s\n", r, s, shard.column, layers, wtxt.c_str(), ktxt.c_str());
+      continue;
+    }
+    const double room = cc.device_memory_gb * 1e9 - w - reserve;
+    const int64_t tokens =
+        room > 0 ? int64_t(room / (per_token * double(runtime::kBlockTokens))) * runtime::kBlockTokens : 0;
+    if (g.column_of(r) == 0 && (column_tokens < 0 || tokens < column_tokens)) {
+      column_tokens = tokens;
+      limit_stage = s;
+    }
+    const std::string btxt = budget > 0 ? dec(pool) + (pool <= room ? ":fits" : ":NO") : std::string("none");
+    std::printf("%-5d %-6d %-6d %-9s %-12s %-12s %-12s %-13lld %s\n", r, s, shard.column, layers, wtxt.c_str(),
+                ktxt.c_str(), dec(room).c_str(), (long long)tokens, btxt.c_str());
+    const double need = w + reserve + pool;
+    const double short_by = need - cc.device_memory_gb * 1e9;
+    if (short_by > worst_short) {
+      worst_short = short_by;
+      worst_rank = r;
+      worst_need = need;
+      worst_w = w;
+      worst_kv = pool;
+    }
+  }
+  if (device) {
+    if (budget > 0)
+      std::printf("kv room    a column has room for %lld tokens of KV (stage %d is the limit); kv_budget_gb %g "
+                  "allocates %lld tokens per column\n",
+                  (long long)column_tokens, limit_stage, cc.kv_budget_gb,
+                  (long long)(budget_blocks * runtime::kBlockTokens));
+    else
+      std::printf("kv room    a column has room for %lld tokens of KV (stage %d is the limit); no kv_budget_gb set\n",
+                  (long long)column_tokens, limit_stage);
+    char verdict[96];
+    if (worst_short <= 0)
+      std::snprintf(verdict, sizeof verdict, "fits, %.2f GB to spare", -worst_short / 1e9);
+    else
+      std::snprintf(verdict, sizeof verdict, "DOES NOT FIT by %.2f GB", worst_short / 1e9);
+    std::printf("memory     worst rank %d needs %.2f GB (weights %.2f + activation reserve %.2f + KV pool %.2f) "
+                "of %.1f GB device memory: %s\n",
+                worst_rank, worst_need / 1e9, worst_w / 1e9, reserve / 1e9, worst_kv / 1e9, cc.device_memory_gb,
+                verdict);
+  }
+  return 0;
+}
+
+}  // namespace
+
+// Threads per rank when OMP_NUM_THREADS is not set: the cores divided among the ranks that
+// mpirun placed on this host, so that ranks do not fight over cores (OpenMP barriers stall badly
+// when their threads are descheduled).
+static void default_threads() {
+  if (std::getenv("OMP_NUM_THREADS")) return;
+  int local = 1;
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local = std::max(1, std::atoi(s));
+  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+  omp_set_num_threads(std::max(1, cores / local));
+}
+
+// Whether a run with this cluster config needs MPI: under mpirun (or another launcher), or for a
+// config of more than one rank. A one-rank config started by hand (backend: cuda on one GPU, say)
+// runs on a self communicator, so it needs no MPI runtime installed.
+static bool launched_distributed(const std::string& cluster_file) {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"})
+    if (std::getenv(v)) return true;
+  return load_cluster_config(cluster_file).world_size() > 1;
+}
+
+int main_entry(int argc, char** argv) {
+  default_threads();
+  CLI::App app{"glm5: distributed inference for GLM-5 / DeepSeek-V3.2 checkpoints"};
+  app.require_subcommand(1);
+  GenerateArgs ga;
+  auto* gen = app.add_subcommand("generate", "complete one prompt");
+  gen->add_option("--model", ga.model, "model directory (HF layout)")->required();
+  gen->add_option("--cluster", ga.cluster, "cluster config YAML (run under mpirun)");
+  gen->add_option("--prompt", ga.prompt, "prompt text (needs tokenizer.json in the model dir)");
+  gen->add_option("--prompt-ids", ga.prompt_ids, "prompt token ids, comma-separated");
+  gen->add_option("--max-new-tokens", ga.max_new_tokens, "tokens to generate")->capture_default_str();
+  gen->add_option("--temperature", ga.temperature, "0 = greedy")->capture_default_str();
+  gen->add_option("--top-p", ga.top_p)->capture_default_str();
+  gen->add_option("--top-k", ga.top_k)->capture_default_str();
+  gen->add_option("--seed", ga.seed)->capture_default_str();
+  gen->add_flag("--ignore-eos", ga.ignore_eos, "do not stop at the config's eos ids");
+  add_override_options(gen, ga.overrides, true);
+  gen->add_option("--dump-logits", ga.dump_logits,
+                  "write prefill_logits, decode_tokens, decode_logits to this safetensors file");
+
+  BatchArgs ba;
+  auto* bat = app.add_subcommand("batch", "run a JSONL file of requests (OpenAI Batch format)");
+  bat->add_option("--model", ba.model)->required();
+  bat->add_option("--cluster", ba.cluster);
+  bat->add_option("--input", ba.input)->required();
+  bat->add_option("--output", ba.output)->required();
+  bat->add_option("--report", ba.report, "write per-rank timing/traffic report JSON (with MoE routing health)");
+  add_override_options(bat, ba.overrides, true);
+  bat->add_option("--metrics", ba.metrics, "write the run's counters as a Prometheus text file");
+  bat->add_flag("--profile", ba.profile, "time the forward pass's phases per layer on every rank (into --report)");
+  bat->add_option("--trace", ba.trace,
+                  "write the phase calls as a Chrome trace (opens in Perfetto; the first 2^19 per rank); implies --profile");
+  bat->add_option("--imbalance-warn", ba.imbalance_warn,
+                  "warn when an MoE layer's busiest expert-parallel rank gets more than this x the mean load")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1e9));
+
+  PerplexityArgs pa;
+  auto* ppl = app.add_subcommand("perplexity", "perplexity of a text file (llama-perplexity windows), KL divergence against a base run");
+  ppl->add_option("--model", pa.model)->required();
+  ppl->add_option("--cluster", pa.cluster, "cluster config YAML (run under mpirun)");
+  ppl->add_option("--file", pa.file, "the text (tokenized whole, no special tokens)")->required();
+  ppl->add_option("--ctx", pa.ctx, "tokens per window")->capture_default_str();
+  ppl->add_option("--stride", pa.stride, "tokens between window starts (default --ctx); each window scores its last min(stride, ctx/2)");
+  ppl->add_option("--chunks", pa.chunks, "score only the first N windows (0: all)")->capture_default_str();
+  auto* save_opt = ppl->add_option("--save-logits", pa.save_logits, "write the scored rows' log-softmax (F32 safetensors) for --kl-base");
+  ppl->add_option("--kl-base", pa.kl_base, "a --save-logits file of a base run: KL divergence and top-1 agreement against it")
+      ->excludes(save_opt);
+  ppl->add_flag("--json", pa.json, "print one JSON object instead of the table");
+  add_override_options(ppl, pa.overrides, false);
+
+  std::string report_file;
+  auto* rep = app.add_subcommand("report", "print a --report file as tables (time, profile phases, MoE health)");
+  rep->add_option("file", report_file, "the JSON written by batch --report")->required();
+
+  InspectArgs ia;
+  auto* ins = app.add_subcommand("inspect", "config summary and per-rank memory plan");
+  ins->add_option("--model", ia.model, "model directory (config.json; model.safetensors.index.json if present)")
+      ->required();
+  ins->add_option("--cluster", ia.cluster, "cluster config YAML");
+  auto* ins_quant = ins->add_option("--quant", ia.quant,
+                                    "plan the checkpoint as `glm5 convert --quant` would write it: int4 | int8 | "
+                                    "fp8 | bf16 | f32");
+  ins->add_option("--group-size", ia.group_size, "int4 / int8: columns per scale (32, 64, 128)")
+      ->capture_default_str()
+      ->needs(ins_quant);
+  ins->add_option("--scale-dtype", ia.scale_dtype, "int4 / int8 scales: bf16 (default) | f32")->needs(ins_quant);
+  ins->add_option("--quantize", ia.quantize,
+                  "roles --quant applies to, comma list of experts, shared, dense, attention, indexer, lm_head, all "
+                  "(default experts,shared)")
+      ->needs(ins_quant);
+
+  ConvertArgs ca;
+  auto* conv = app.add_subcommand("convert", "rewrite a checkpoint as int4 / int8 / fp8 / bf16 / f32, tensor by tensor");
+  conv->add_option("--model", ca.model, "input checkpoint (BF16, FP8 or pack-quantized)")->required();
+  conv->add_option("--out", ca.out, "output directory (created; a rerun resumes an interrupted conversion)")->required();
+  conv->add_option("--quant", ca.quant, "int4 | int8 | fp8 | bf16 | f32")->capture_default_str();
+  conv->add_option("--group-size", ca.group_size, "int4 / int8: columns per scale (32, 64, 128)")->capture_default_str();
+  conv->add_option("--scale-dtype", ca.scale_dtype,
+                   "int4 / int8 scales: bf16 (the default; llm-compressor's bytes) | f32 (2 more bytes per group; "
+                   "weights q * scale need no rounding, so int8 decodes faster on CPUs: BENCHMARKS.md). Without "
+                   "it, int tensors already in the target format and group keep their scales");
+  conv->add_option("--quantize", ca.quantize,
+                   "roles to quantize, comma list of experts, shared, dense, attention, indexer, lm_head, all "
+                   "(default experts,shared)");
+  conv->add_option("--cluster", ca.cluster, "write one file set per rank of this cluster config");
+  conv->add_option("--shard-size-mb", ca.shard_size_mb, "largest output file")->capture_default_str();
+  bool no_progress = false;
+  conv->add_flag("--no-progress", no_progress, "no progress bar on stderr");
+
+  std::string tk;
+  bool decode = false;
+  auto* tok = app.add_subcommand("tokenize", "JSON lines {\"text\"} on stdin -> {\"ids\"} on stdout");
+  tok->add_option("--tokenizer", tk, "tokenizer.json or a model directory")->required();
+  tok->add_flag("--decode", decode, "read {\"ids\"} and write {\"text\"}");
+  bool literal = false;
+  tok->add_flag("--literal-special", literal,
+                "encode special tokens written in the text as plain text (default: as their ids, like prompts)");
+
+
+  SimulateArgs sa;
+  auto* sim = app.add_subcommand("simulate", "predict tokens/s, utilisation and the bottleneck of a layout (analytic model)");
+  sim->add_option("--model", sa.model, "model directory or config.json (required unless --calibrate)");
+  auto* sim_cluster = sim->add_option("--cluster", sa.cluster, "cluster config YAML");
+  sim->add_option("--workload", sa.workload, "prompts=N,in=TOKENS,out=TOKENS[,prefix=TOKENS]");
+  sim->add_option("--hardware", sa.hardware,
+                  "hardware YAML (cluster-configs/hardware/); required for backend cuda; for cpu, without it this CPU is "
+                  "calibrated first (~20 s)");
+  sim->add_option("--routing", sa.routing, "a batch --report JSON whose per-layer expert loads replace uniform routing");
+  sim->add_option("--json", sa.json, "also write the prediction as JSON");
+  sim->add_option("--exchange-bytes", sa.exchange_bytes,
+                  "what-if: bytes per value the MoE exchange moves (glm5 sends 4, f32; 2 = bf16, 1 = fp8)")
+      ->check(CLI::Range(0.5, 8.0));
+  sim->add_option("--acceptance", sa.acceptance,
+                  "speculative decoding (cluster speculative_tokens k): fractions of verify steps whose drafts 1..j "
+                  "were all accepted, j = 1..k, e.g. 0.86,0.66,0.52 (a report's spec_accepted_at / spec_verify_steps "
+                  "reads low where steps verified fewer than k drafts, near max_tokens)");
+  sim->add_flag("--published-kernels", sa.published_kernels,
+                "what-if: the hardware file's published-kernel efficiencies (FlashMLA, DeepGEMM) instead of glm5's measured ones");
+  sim->add_flag("--overlap", sa.overlap, "what-if: MoE exchange hidden behind compute (two micro-batches alternating)");
+  auto* sim_cal = sim->add_flag("--calibrate", sa.calibrate, "measure this machine and write a hardware file (--out)");
+  sim->add_option("--out", sa.out, "with --calibrate: the hardware YAML to write (with --model: its expert shape)")->needs(sim_cal);
+  sim_cal->excludes(sim_cluster);
+
+  ServeArgs sva;
+  auto* srv = app.add_subcommand("serve", "serve the OpenAI API (completions, chat, streaming) over HTTP on rank 0");
+  srv->add_option("--model", sva.model, "model directory (HF layout)")->required();
+  srv->add_option("--cluster", sva.cluster, "cluster config YAML (run under mpirun)");
+  srv->add_option("--host", sva.host, "address to listen on (0.0.0.0: every interface)")->capture_default_str();
+  srv->add_option("--port", sva.port, "TCP port; 0 picks a free one (printed on stderr)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  srv->add_option("--api-key", sva.api_key, "require 'Authorization: Bearer KEY' on every endpoint but /health");
+  srv->add_option("--served-model-name", sva.model_name, "the model id clients use (default: the model directory's name)");
+  srv->add_option("--max-queue", sva.max_queue, "requests waiting for the engine beyond which new ones get 429")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
+  srv->add_option("--drain-timeout", sva.drain_timeout_s, "seconds SIGTERM waits for accepted requests before cancelling them")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  srv->add_option("--read-timeout", sva.limits.read_timeout_s, "seconds a client has to send a whole request")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1e6));
+  srv->add_option("--write-timeout", sva.limits.write_timeout_s, "seconds one write to a client may take")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1e6));
+  srv->add_option("--max-body-bytes", sva.limits.body_bytes, "largest request body (413 beyond)")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t(1), size_t(1) << 34));
+  srv->add_option("--max-connections", sva.limits.max_connections, "open connections beyond which new ones get 503")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  add_override_options(srv, sva.overrides, true);
+  srv->add_option("--http-threads", sva.http_threads, "threads serving HTTP on rank 0")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+
+  std::string lc;
+  bool lrun = false;
+  std::vector<std::string> rest;
+  auto* lau = app.add_subcommand("launch", "print (or --run) the mpirun command for a cluster config");
+  lau->add_option("--cluster", lc)->required();
+  auto* lrun_opt = lau->add_flag("--run", lrun, "execute it");
+  std::string lslurm;
+  bool lsrun = false;
+  auto* lslurm_opt = lau->add_option("--slurm", lslurm, "write a Slurm batch script (sbatch FILE) instead of printing")
+                         ->excludes(lrun_opt);
+  lau->add_flag("--srun", lsrun, "with --slurm: start the ranks with srun --mpi=pmix instead of mpirun")->needs(lslurm_opt);
+  lau->add_option("args", rest, "glm5 subcommand and arguments (after --)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // app.exit prints the message (or the help). Usage errors exit with 2, as shell tools do:
+    // CLI11's own codes (104 conversion, 106 required, 109 extras, ...) look like crashes.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  const std::string cluster = gen->parsed()   ? ga.cluster
+                              : bat->parsed() ? ba.cluster
+                              : ppl->parsed() ? pa.cluster
+                              : srv->parsed() ? sva.cluster
+                                              : std::string();
+  std::unique_ptr<parallel::MpiRuntime> mpi;
+  std::unique_ptr<parallel::Comm> world;
+  int rank = 0, size = 1;
+  try {
+    if (!cluster.empty() && launched_distributed(cluster)) {
+      mpi = std::make_unique<parallel::MpiRuntime>(&argc, &argv);
+      world = parallel::make_mpi_world();
+      rank = world->rank();
+      size = world->size();
+    } else {
+      world = parallel::make_self_comm();
+    }
+    int rc = 0;
+    if (gen->parsed()) rc = run_generate(ga, std::move(world));
+    else if (bat->parsed()) rc = run_batch(ba, std::move(world));
+    else if (ppl->parsed()) rc = run_perplexity(pa, std::move(world));
+    else if (srv->parsed()) rc = run_serve(sva, std::move(world));
+    else if (ins->parsed()) rc = run_inspect(ia);
+    else if (conv->parsed()) {
+      ca.progress = !no_progress;
+      rc = run_convert(ca);
+    }
+    else if (tok->parsed()) rc = run_tokenize(tk, decode, literal);
+    else if (rep->parsed()) rc = run_report(report_file);
+    else if (sim->parsed()) rc = run_simulate(sa);
+    else if (lau->parsed()) rc = run_launch(lc, rest, lrun, argv[0], lslurm, lsrun);
+    return rc;
+  } catch (const std::exception& e) {
+    if (size > 1) {
+      std::fprintf(stderr, "glm5: error on rank %d of %d: %s\n", rank, size, e.what());
+      std::fflush(stderr);
+      // Take the whole job down now rather than leave the other ranks waiting on this one.
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    std::fprintf(stderr, "glm5: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace glm5::launcher
