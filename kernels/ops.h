@@ -44,10 +44,10 @@ enum class WeightLayout { kRowMajor, kQuad16, kTile16, kQuantQuad, kPair16 };
 //   kFast:  the inputs of every gemm (activations, F16 / F32 weights, dequantized FP8 / int4 / int8
 //           values) rounded to bf16 (nearest even), their exact products accumulated in float32, as
 //           bf16 engines do; so are the attention side's (the cpu backends: queries, what paged_write
-//           stores in a float32 cache, prefill's expanded keys and values, and on AVX512-BF16 the
-//           softmax weights of the value products, as FlashAttention's; the indexer's head weights
-//           stay float32). Each kernel path documents its own recipe
-//           (cpu/fast_ops.h) and keeps the invariances on one machine and path; two paths (AVX512-BF16,
+//           stores in a float32 cache, prefill's expanded keys and values, and on AVX512-BF16 unless
+//           the portable fast path is chosen, the softmax weights of the value products, as
+//           FlashAttention's; the indexer's head weights stay float32). Each kernel path documents its
+//           own recipe (cpu/fast_ops.h) and keeps the invariances on one machine and path; two paths (AVX512-BF16,
 //           AMX, portable, CUDA) may differ by rounding. (CUDA: BF16-weight GEMMs on one bf16 term; its
 //           attention kernels, quantized and F16 / F32 weights as in kExact.)
 enum class Precision { kExact, kFast };

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "cpu/attention_rows.h"
-#include "cpu/bf16_attention.h"
 #include "cpu/bf16_gemm.h"
 #include "cpu/fast_ops.h"
 #include "cpu/reference.h"
@@ -51,7 +50,6 @@ void softmax_row(float* w, int64_t n) {
 }
 
 namespace {
-
 
 // One part of the dot2 recipe: the chunks of a[r][0:d] . b[c][0:d] into acc[r][c], the tail
 // chunk zero-padded.
@@ -257,7 +255,6 @@ __attribute__((always_inline)) inline void prefetch_keys(const KeyValues& kv, co
   }
 }
 
-
 // Attention for the rows of one task, in three passes over the rows' allowed keys: scores,
 // softmax weights, weighted values. Keys are visited in blocks (KeyBlock: at most kKeyBlock of a
 // row's keys) so a block is read from memory once for all rows; each row's arithmetic is
@@ -317,7 +314,6 @@ void attend(const KeyValues& kv, const QueryRow* rows, int64_t n_rows, std::vect
     }
   }
 }
-
 
 // One decode row (all heads share its keys) on all threads, in three phases with the same
 // arithmetic as attend: scores of every head, each thread over its own run of the keys (so each
@@ -526,7 +522,6 @@ inline void indexer_heads(const float* q, int64_t D, const float* w, const float
     for (int v = 0; v < 4; ++v) sc[v] = simd::fma(wr, simd::max(acc[r][v], simd::zero()), sc[v]);
   }
 }
-
 
 // Transposes keys [t0, t0 + nt) of query row s (nt <= kIndexerKeys) into kt [D][kIndexerKeys],
 // zero-padded. Exact data movement (bf16 keys widened exactly), so how is free: on AVX-512 builds

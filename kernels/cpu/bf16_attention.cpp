@@ -58,9 +58,7 @@ GLM5_BF16 inline bool exact_bf16(__m512i u) {
 
 // x[0..n) as pairs into out[0..words), zeros after (words a multiple of kVec).
 GLM5_BF16 void pack_part(const float* x, int64_t n, uint32_t* out, int64_t words) {
-  alignas(64) static const uint16_t odd_words[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
-                                                     33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
-  const __m512i odd = _mm512_load_si512(odd_words);
+  const __m512i odd = high_halves_index();
   for (int64_t c = 0; c < words; c += kVec) {
     const int m = int(std::clamp<int64_t>(n - 2 * c, 0, 32));
     if (m == 32) {
@@ -132,12 +130,13 @@ GLM5_BF16 void pack_keys(Packed& pk, const int32_t* keys, int64_t i0, int64_t i1
   }
 }
 
-// Query rows i = 0..rows-1 (parts at x + i * ld and x + i * ld + d1) into out [rows][kw].
+// One query (parts at x and x + d1) into out[0..kw).
 GLM5_BF16 void pack_query(const float* x, int64_t d1, int64_t d2, int64_t kw, uint32_t* out) {
   const int64_t w1 = part_words(d1);
   pack_part(x, d1, out, w1);
   pack_part(x + d1, d2, out + w1, kw - w1);
 }
+// Query rows i = 0..rows-1 (at x + i * ld) into out [rows][kw].
 void pack_queries(const float* x, int64_t ld, int64_t rows, int64_t d1, int64_t d2, int64_t kw,
                   std::vector<uint32_t>& out) {
   if (out.size() < size_t(rows * kw)) out.resize(size_t(rows * kw));
@@ -146,8 +145,9 @@ void pack_queries(const float* x, int64_t ld, int64_t rows, int64_t d1, int64_t 
   for (int64_t i = 0; i < rows; ++i) pack_query(x + i * ld, d1, d2, kw, o + i * kw);
 }
 
-// Lane 4 r + c of the result: the sum of v[r][c]'s lanes by simd::reduce's tree (the shuffles of
-// simd.h reduce_store_4x4: lanes l + l + 8, then + 4, + 2, + 1).
+// Lane 4 r + c of the result: the sum of v[r][c]'s lanes by simd::reduce's tree (lanes l + l + 8,
+// then + 4, + 2, + 1): the shuffles of simd.h reduce_store_4x4, copied because this code is built
+// for its own target (the test holds both to the tree).
 GLM5_BF16 inline __attribute__((always_inline)) __m512 reduce_4x4(const __m512 (&v)[4][4]) {
   const auto l1 = [](__m512 a, __m512 b) GLM5_BF16 {
     return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
@@ -257,10 +257,33 @@ struct Scratch {
 };
 
 // Each thread's buffers, kept between calls (a decode step calls once per layer: fresh buffers of
-// a few hundred KiB each time cost page faults that showed in decode's tokens per second).
+// a few hundred KiB each time cost page faults that showed in decode's tokens per second), and
+// released after a call that grew them past kKeepBytes (in the model, a task sees at most
+// index_topk keys: a few MiB at GLM-5's sizes).
 thread_local Packed t_keys;
 thread_local Scratch t_scratch;
 thread_local std::vector<uint32_t> t_queries;  // [rows * heads][kw]
+constexpr size_t kKeepBytes = size_t(64) << 20;
+
+template <class T>
+void release_if_large(std::vector<T>& v) {
+  if (v.capacity() * sizeof(T) > kKeepBytes) std::vector<T>().swap(v);
+}
+// The bytes a call's largest task may hold in these buffers: nk keys of kw dwords and their value
+// pairs (vw each), the scores and weights of up to `rows` rows, and the call's packed queries.
+size_t task_bytes(int64_t nk, int64_t kw, int64_t vw, int64_t rows, int64_t queries) {
+  return size_t(4 * (nk * (kw + vw) + 2 * rows * (nk + 16) + queries * kw));
+}
+// The calling thread's buffers, and each worker's (one parallel region: every thread its own).
+void release_large_buffers() {
+  const auto release = [] {
+    release_if_large(t_keys.k), release_if_large(t_keys.v), release_if_large(t_queries);
+    release_if_large(t_scratch.scores), release_if_large(t_scratch.weights);
+  };
+  release();
+#pragma omp parallel
+  release();
+}
 
 // Scores: 4 keys at a time against every tile of 4 rows (so the 4 keys come into L1 once for all
 // rows; a row's keys up to the longest in its tile: a score never depends on its tile).
@@ -348,7 +371,7 @@ void prefill_dense(const MlaPrefillParams& p, const AllowedKeys& allowed, const 
     for (int64_t h = 0; h < H; ++h) {
       const auto row_of = [&](int32_t t) {
         const float* k = p.kv + t * H * DKV + h * DKV;
-        return KeyRow{k, p.k_pe + t * p.ld_k_pe, k + N};
+        return KeyRow{k, P > 0 ? p.k_pe + t * p.ld_k_pe : nullptr, k + N};
       };
 #pragma omp for schedule(static)
       for (int64_t c = 0; c < items; ++c)
@@ -380,7 +403,7 @@ void prefill_selected(const MlaPrefillParams& p, const AllowedKeys& allowed, con
         size_keys(K, n, N, P, V);
         pack_keys<float>(K, allowed.ptr[size_t(s)], 0, n, N, P, V, [&](int32_t t) {
           const float* k = p.kv + t * H * DKV + h * DKV;
-          return KeyRow{k, p.k_pe + t * p.ld_k_pe, k + N};
+          return KeyRow{k, P > 0 ? p.k_pe + t * p.ld_k_pe : nullptr, k + N};
         });
         const Row row{qp + (s * H + h) * kw, n, p.out + (s * H + h) * V};
         attend_rows(K, &row, 1, V, p.scale, scratch);
@@ -395,6 +418,9 @@ void prefill(const MlaPrefillParams& p) {
   pack_queries(p.q, N + P, p.s * p.n_heads, N, P, kw, t_queries);
   if (p.topk) prefill_selected(p, allowed, t_queries.data(), kw);
   else prefill_dense(p, allowed, t_queries.data(), kw);
+  const int64_t nk = *std::max_element(allowed.len.begin(), allowed.len.end());
+  if (task_bytes(nk, kw, p.v_head_dim + kVec, std::max(kPrefillRows, p.n_heads), p.s * p.n_heads) > kKeepBytes)
+    release_large_buffers();
 }
 
 // Packs row s's keys from the latent cache into K (float32 or bf16 cache).
@@ -437,6 +463,8 @@ void decode(const MlaDecodeParams& p) {
         attend_rows(K, rows.data(), n, R, p.scale, scratch);
       }
   }
+  const int64_t nk = *std::max_element(allowed.len.begin(), allowed.len.end());
+  if (task_bytes(nk, kw, R + kVec, H, p.s * H) > kKeepBytes) release_large_buffers();
 }
 
 }  // namespace

@@ -196,7 +196,6 @@ GLM5_BF16 void indexer_heads(const uint32_t* q, int64_t pairs, const float* w, c
   }
 }
 
-
 }  // namespace
 #endif
 

@@ -23,16 +23,21 @@ GLM5_BF16 inline __m512i bf16_bits(__m512 v) {
 
 // 32 values of a row as 16 pairs: f32_to_bf16 of each (the bit trick, NaN kept quiet), the high
 // halves of the two vectors' dwords gathered in column order.
-GLM5_BF16 inline __m512i pairs32(const float* x, int n) {
+// The vpermt2w index that gathers the high 16-bit halves of two vectors' 32 dwords, in order.
+GLM5_BF16 inline __m512i high_halves_index() {
   alignas(64) static const uint16_t odd_words[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21,
                                                      23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
                                                      45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+  return _mm512_load_si512(odd_words);
+}
+
+GLM5_BF16 inline __m512i pairs32(const float* x, int n) {
   __m512i h[2];
   for (int e = 0; e < 2; ++e) {
     const int c = std::clamp(n - 16 * e, 0, 16);
     h[e] = bf16_bits(_mm512_maskz_loadu_ps(__mmask16((1u << c) - 1u), x + 16 * e));
   }
-  return _mm512_permutex2var_epi16(h[0], _mm512_load_si512(odd_words), h[1]);
+  return _mm512_permutex2var_epi16(h[0], high_halves_index(), h[1]);
 }
 
 }  // namespace glm5::kernels::cpu::bf16

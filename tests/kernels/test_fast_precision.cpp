@@ -514,97 +514,122 @@ std::vector<float> on_1_and_2_threads(F op, const std::string& what) {
   return two;
 }
 
-// mla_prefill and mla_decode on AVX512-BF16 against MlaRecipe, bit for bit: dense causal rows (a
-// chunk that starts mid-sequence), rows with their own selections (duplicates, -1, odd counts),
-// parts and value widths that are not whole vectors, float32 and bf16 caches through a block table.
-TEST(FastAttention, MlaOnAvx512Bf16IsTheDpRecipe) {
+// bf16 values in float32 (the caches of precision fast hold such values; the kernels' packers take a
+// shortcut for them, which must give the same bits).
+std::vector<float> rounded(std::vector<float> v) {
+  for (float& x : v) x = bf16_round(x);
+  return v;
+}
+
+// mla_prefill on AVX512-BF16 against MlaRecipe, bit for bit, on 1 and 2 threads: dense causal rows
+// (a chunk that starts mid-sequence, a row without keys, a row past the keys) and rows with their own
+// selections (duplicates, -1, odd counts); parts and value widths that are not whole vectors, k_pe
+// with its own row stride; float32 inputs and bf16 values in float32.
+TEST(FastAttention, MlaPrefillOnAvx512Bf16IsTheDpRecipe) {
   if (!has_path("avx512bf16")) GTEST_SKIP() << "this CPU has no AVX512-BF16";
   FastPath path("avx512bf16");
   auto fast = make_cpu_backend(Precision::kFast);
-  const int64_t H = 6, T = 90;
+  const int64_t H = 6, T = 90, S = 30, N = 40, P = 12, LDP = P + 5, V = 70, DQ = N + P, DKV = N + V, K = 41;
   const float scale = 0.15f;
-  // Prefill: rows at positions 60..89 (a later chunk), keys 0..89.
-  for (const bool selected : {false, true}) {
-    const int64_t S = 30, N = 40, P = 12, V = 70, DQ = N + P, DKV = N + V;
-    const Case qc = make_case(S * H, 1, DQ, 71), kc = make_case(T * H, 1, DKV, 72), pc = make_case(T, 1, P, 73);
-    std::vector<int32_t> pos(static_cast<size_t>(S)), sel;
-    for (int64_t s = 0; s < S; ++s) pos[size_t(s)] = int32_t(60 + s);
-    const int64_t K = 41;
-    std::mt19937 rng(5);
-    for (int64_t i = 0; i < S * K; ++i) sel.push_back(int32_t(rng() % (T + 1)) - 1);
-    const auto run_prefill = [&] {
-      std::vector<float> out(size_t(S * H * V), NAN);
-      fast->mla_prefill({qc.x.data(), kc.x.data(), pc.x.data(), P, pos.data(), selected ? sel.data() : nullptr,
-                         selected ? K : 0, out.data(), S, T, H, N, P, V, scale});
-      return out;
-    };
-    const std::vector<float> got = on_1_and_2_threads(run_prefill, "mla_prefill");
-    const MlaRecipe recipe{N, P, V};
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t h = 0; h < H; ++h) {
-        const std::vector<int32_t> keys = allowed_keys(selected ? &sel[size_t(s * K)] : nullptr, K, pos[size_t(s)], T);
-        const auto k1 = [&](int64_t i) { return &kc.x[size_t((keys[size_t(i)] * H + h) * DKV)]; };
-        const auto k2 = [&](int64_t i) { return &pc.x[size_t(keys[size_t(i)] * P)]; };
-        const auto v = [&](int64_t i) { return &kc.x[size_t((keys[size_t(i)] * H + h) * DKV + N)]; };
-        const float* q = &qc.x[size_t((s * H + h) * DQ)];
-        const std::vector<float> want = recipe.row(q, q + N, int64_t(keys.size()), k1, k2, v, scale);
-        const std::vector<float> row(got.begin() + (s * H + h) * V, got.begin() + (s * H + h + 1) * V);
-        expect_bits(row, want, std::string("mla_prefill") + (selected ? " selected" : " dense") + ", row " +
-                                   std::to_string(s) + " head " + std::to_string(h));
-      }
-  }
-  // Decode: 5 rows over a paged cache (blocks of 16 positions, shuffled), float32 and bf16.
-  const int64_t S = 5, R = 40, P = 12, LAT = R + P, B = 16;
-  const Case qc = make_case(S * H, 1, LAT, 81), cc = make_case(T + 6, 1, LAT, 82);  // (6 spare rows)
-  std::vector<float> cache = cc.x;  // [96 rows][LAT]
-  std::vector<uint16_t> cache16(cache.size());
-  for (size_t i = 0; i < cache.size(); ++i) cache16[i] = f32_to_bf16(cache[i]);
-  const std::vector<int32_t> table = {3, 0, 5, 1, 4, 2};  // positions 16 b + j at row 16 table[b] + j
-  std::vector<int32_t> pos = {89, 17, 0, 64, 45}, sel;
-  const int64_t K = 33;
-  std::mt19937 rng(6);
+  std::vector<int32_t> pos(static_cast<size_t>(S)), sel;
+  for (int64_t s = 0; s < S; ++s) pos[size_t(s)] = int32_t(60 + s);  // keys 0..89
+  pos[3] = -1, pos[7] = 200;
+  std::mt19937 rng(5);
   for (int64_t i = 0; i < S * K; ++i) sel.push_back(int32_t(rng() % (T + 1)) - 1);
-  for (const bool selected : {false, true})
-    for (const DType dt : {DType::F32, DType::BF16}) {
-      const auto run_decode = [&] {
-        std::vector<float> out(size_t(S * H * R), NAN);
-        const float* c = dt == DType::F32 ? cache.data() : reinterpret_cast<const float*>(cache16.data());
-        fast->mla_decode({qc.x.data(), c, pos.data(), selected ? sel.data() : nullptr, selected ? K : 0, out.data(), S,
-                          T, H, R, P, scale, KeyPages{table.data(), 0, B, dt}});
+  const Case qc = make_case(S * H, 1, DQ, 71);
+  for (const bool bf16_values : {false, true})
+    for (const bool selected : {false, true}) {
+      std::vector<float> kv = make_case(T * H, 1, DKV, 72).x, kpe = make_case(T, 1, LDP, 73).x;
+      if (bf16_values) kv = rounded(kv), kpe = rounded(kpe);
+      const auto run_prefill = [&] {
+        std::vector<float> out(size_t(S * H * V), NAN);
+        fast->mla_prefill({qc.x.data(), kv.data(), kpe.data(), LDP, pos.data(), selected ? sel.data() : nullptr,
+                           selected ? K : 0, out.data(), S, T, H, N, P, V, scale});
         return out;
       };
-      const std::string what = std::string("mla_decode") + (selected ? " selected " : " dense ") + std::string(dtype_name(dt));
-      const std::vector<float> got = on_1_and_2_threads(run_decode, what);
-      const std::vector<float> got_scores = cpu::bf16::mla_decode_scores(
-          {qc.x.data(), dt == DType::F32 ? cache.data() : reinterpret_cast<const float*>(cache16.data()), pos.data(),
-           selected ? sel.data() : nullptr, selected ? K : 0, nullptr, S, T, H, R, P, scale, KeyPages{table.data(), 0, B, dt}});
-      size_t at_score = 0;
-      const MlaRecipe recipe{R, P, R};
-      for (int64_t s = 0; s < S; ++s) {
-        const std::vector<int32_t> keys = allowed_keys(selected ? &sel[size_t(s * K)] : nullptr, K, pos[size_t(s)], T);
-        std::vector<std::vector<float>> rows;  // the keys' cache rows, as the op reads them
-        for (int32_t t : keys) {
-          const int64_t at = int64_t(table[size_t(t / B)]) * B + t % B;
-          std::vector<float> r(static_cast<size_t>(LAT));
-          for (int64_t d = 0; d < LAT; ++d)
-            r[size_t(d)] = dt == DType::F32 ? cache[size_t(at * LAT + d)] : bf16_to_f32(cache16[size_t(at * LAT + d)]);
-          rows.push_back(r);
-        }
-        const auto k1 = [&](int64_t i) { return rows[size_t(i)].data(); };
-        const auto k2 = [&](int64_t i) { return rows[size_t(i)].data() + R; };
+      const std::string what = std::string("mla_prefill") + (selected ? " selected" : " dense") +
+                               (bf16_values ? ", bf16 values" : "");
+      const std::vector<float> got = on_1_and_2_threads(run_prefill, what);
+      const MlaRecipe recipe{N, P, V};
+      for (int64_t s = 0; s < S; ++s)
         for (int64_t h = 0; h < H; ++h) {
-          const float* q = &qc.x[size_t((s * H + h) * LAT)];
-          const std::vector<float> want_scores = recipe.scores(q, q + R, int64_t(keys.size()), k1, k2, scale);
-          const std::vector<float> scores(got_scores.begin() + int64_t(at_score),
-                                          got_scores.begin() + int64_t(at_score + keys.size()));
-          at_score += keys.size();
-          expect_bits(scores, want_scores, what + " scores, row " + std::to_string(s) + " head " + std::to_string(h));
-          const std::vector<float> want = recipe.row(q, q + R, int64_t(keys.size()), k1, k2, k1, scale);
-          const std::vector<float> row(got.begin() + (s * H + h) * R, got.begin() + (s * H + h + 1) * R);
+          const std::vector<int32_t> keys = allowed_keys(selected ? &sel[size_t(s * K)] : nullptr, K, pos[size_t(s)], T);
+          const auto k1 = [&](int64_t i) { return &kv[size_t((keys[size_t(i)] * H + h) * DKV)]; };
+          const auto k2 = [&](int64_t i) { return &kpe[size_t(keys[size_t(i)] * LDP)]; };
+          const auto v = [&](int64_t i) { return &kv[size_t((keys[size_t(i)] * H + h) * DKV + N)]; };
+          const float* q = &qc.x[size_t((s * H + h) * DQ)];
+          const std::vector<float> want = recipe.row(q, q + N, int64_t(keys.size()), k1, k2, v, scale);
+          const std::vector<float> row(got.begin() + (s * H + h) * V, got.begin() + (s * H + h + 1) * V);
           expect_bits(row, want, what + ", row " + std::to_string(s) + " head " + std::to_string(h));
         }
-      }
     }
+}
+
+// mla_decode on AVX512-BF16 against MlaRecipe, bit for bit (its scores too: the outputs hardly show
+// them), on 1 and 2 threads: a batch of rows and a row alone (its heads split over tasks), dense and
+// selected, over a paged cache (blocks of 16 positions, shuffled) of float32, bf16 values in float32,
+// and bf16.
+TEST(FastAttention, MlaDecodeOnAvx512Bf16IsTheDpRecipe) {
+  if (!has_path("avx512bf16")) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  FastPath path("avx512bf16");
+  auto fast = make_cpu_backend(Precision::kFast);
+  const int64_t H = 12, T = 90, R = 40, P = 12, LAT = R + P, B = 16, K = 33;
+  const float scale = 0.15f;
+  const std::vector<int32_t> table = {3, 0, 5, 1, 4, 2};  // positions 16 b + j at row 16 table[b] + j
+  const std::vector<float> cache32 = make_case(T + 6, 1, LAT, 82).x;  // [96 rows][LAT] (6 spare rows)
+  std::vector<uint16_t> cache16(cache32.size());
+  for (size_t i = 0; i < cache32.size(); ++i) cache16[i] = f32_to_bf16(cache32[i]);
+  for (const int64_t S : {int64_t(5), int64_t(1)}) {
+    std::vector<int32_t> pos = {89, 17, 0, 64, 45}, sel;
+    pos.resize(size_t(S));
+    std::mt19937 rng(6);
+    for (int64_t i = 0; i < S * K; ++i) sel.push_back(int32_t(rng() % (T + 1)) - 1);
+    const Case qc = make_case(S * H, 1, LAT, 81);
+    for (const bool selected : {false, true})
+      for (const int cache_kind : {0, 1, 2}) {  // float32, bf16 values in float32, bf16
+        const DType dt = cache_kind == 2 ? DType::BF16 : DType::F32;
+        const std::vector<float> cache = cache_kind == 1 ? rounded(cache32) : cache32;
+        const MlaDecodeParams params{qc.x.data(), dt == DType::F32 ? cache.data() : reinterpret_cast<const float*>(cache16.data()),
+                                     pos.data(), selected ? sel.data() : nullptr, selected ? K : 0, nullptr, S, T, H, R, P,
+                                     scale, KeyPages{table.data(), 0, B, dt}};
+        const auto run_decode = [&] {
+          std::vector<float> out(size_t(S * H * R), NAN);
+          MlaDecodeParams p = params;
+          p.out_lat = out.data();
+          fast->mla_decode(p);
+          return out;
+        };
+        const std::string what = std::string("mla_decode, ") + std::to_string(S) + " rows" +
+                                 (selected ? " selected, " : " dense, ") + std::to_string(cache_kind);
+        const std::vector<float> got = on_1_and_2_threads(run_decode, what);
+        const std::vector<float> got_scores = cpu::bf16::mla_decode_scores(params);
+        size_t at_score = 0;
+        const MlaRecipe recipe{R, P, R};
+        for (int64_t s = 0; s < S; ++s) {
+          const std::vector<int32_t> keys = allowed_keys(selected ? &sel[size_t(s * K)] : nullptr, K, pos[size_t(s)], T);
+          std::vector<std::vector<float>> rows;  // the keys' cache rows, as the op reads them
+          for (int32_t t : keys) {
+            const int64_t at = int64_t(table[size_t(t / B)]) * B + t % B;
+            std::vector<float> r(static_cast<size_t>(LAT));
+            for (int64_t d = 0; d < LAT; ++d)
+              r[size_t(d)] = dt == DType::F32 ? cache[size_t(at * LAT + d)] : bf16_to_f32(cache16[size_t(at * LAT + d)]);
+            rows.push_back(r);
+          }
+          const auto k1 = [&](int64_t i) { return rows[size_t(i)].data(); };
+          const auto k2 = [&](int64_t i) { return rows[size_t(i)].data() + R; };
+          for (int64_t h = 0; h < H; ++h) {
+            const std::string where = what + ", row " + std::to_string(s) + " head " + std::to_string(h);
+            const float* q = &qc.x[size_t((s * H + h) * LAT)];
+            const std::vector<float> scores(got_scores.begin() + int64_t(at_score),
+                                            got_scores.begin() + int64_t(at_score + keys.size()));
+            at_score += keys.size();
+            expect_bits(scores, recipe.scores(q, q + R, int64_t(keys.size()), k1, k2, scale), where + " scores");
+            const std::vector<float> row(got.begin() + (s * H + h) * R, got.begin() + (s * H + h + 1) * R);
+            expect_bits(row, recipe.row(q, q + R, int64_t(keys.size()), k1, k2, k1, scale), where);
+          }
+        }
+      }
+  }
 }
 
 }  // namespace
