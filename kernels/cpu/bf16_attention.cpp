@@ -18,6 +18,11 @@
 #include "cpu/bf16_gemm.h"
 #include "cpu/bf16_simd.h"
 
+// GCC 12 reports its own AVX-512 headers' "undefined vector" idiom (the casts and masked loads
+// below) as uninitialized use.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 namespace glm5::kernels::cpu::bf16 {
 
 #if defined(__x86_64__)
