@@ -42,7 +42,9 @@ TEST(PerplexityPlan, SlidingWindowsScoreEachTokenOnce) {
   ASSERT_EQ(w.size(), 12u);  // starts 0, 64, ..., 704 (704 + 256 <= 1000)
   for (size_t i = 0; i < w.size(); ++i) {
     EXPECT_EQ(w[i].first, 256 - 64);
-    if (i) EXPECT_EQ(w[i].start + w[i].first, w[i - 1].start + w[i - 1].len);
+    if (i) {
+      EXPECT_EQ(w[i].start + w[i].first, w[i - 1].start + w[i - 1].len);
+    }
   }
   EXPECT_TRUE(plan_windows(100, 256, 64).empty());
 }

@@ -48,8 +48,8 @@ struct Sim {
   Prediction run(const std::string& workload, std::vector<std::vector<double>> share = {}) {
     cc.backend = hw.gpu() ? "cuda" : "cpu";
     const StepCost cost(cfg, plan, cc.expert_parallel, std::move(share));
-    SimSetup s{&cfg, &cc, plan_stages(cc, cfg, cc.world_size()), &hw, &cost, parse_workload(workload)};
-    s.acceptance = acceptance;
+    const SimSetup s{.cfg = &cfg, .cluster = &cc, .stages = plan_stages(cc, cfg, cc.world_size()), .hw = &hw,
+                     .cost = &cost, .work = parse_workload(workload), .acceptance = acceptance};
     return simulate_run(s);
   }
 };
