@@ -10,6 +10,19 @@
 
 namespace glm5::parallel {
 
+// Every point-to-point message tag of the tree, in one place, so that no two kinds of message on
+// one communicator can match each other's receives.
+enum Tag : int {
+  // runtime/engine.cpp, between pipeline stages: a step's plan, hidden states forward, results back
+  kTagStep = 11,
+  kTagHidden = 12,
+  kTagBack = 13,
+  kTagResults = 14,
+  // launcher/batch: what the ranks send rank 0 for the run report and the trace file
+  kTagReport = 21,
+  kTagTrace = 22,
+};
+
 enum class ReduceDType { F32, F64, I32, I64 };
 
 // A send in flight (Comm::isend). The buffer it reads must stay valid and unchanged until done()

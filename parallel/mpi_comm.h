@@ -44,7 +44,6 @@ class MpiRuntime {
   MpiRuntime(const MpiRuntime&) = delete;
   MpiRuntime& operator=(const MpiRuntime&) = delete;
 
-  bool initialised_here() const { return owns_; }
   int world_rank() const;
   int world_size() const;
 

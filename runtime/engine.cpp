@@ -41,7 +41,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-enum Tag : int { kStep = 11, kHidden = 12, kBack = 13, kResults = 14, kAssign = 15 };
+using parallel::kTagBack, parallel::kTagHidden, parallel::kTagResults, parallel::kTagStep;
 
 struct Writer {
   std::vector<char> b;
@@ -101,7 +101,7 @@ struct TopkCarry {
 // Hidden states between stages travel in the backend's memory over the hidden-state communicator
 // (the world for host backends; NCCL, or a staging communicator, for device ones).
 void recv_hidden(parallel::Comm& c, float* h, int64_t n, int src) {
-  if (n > 0) c.recv(h, size_t(n) * sizeof(float), src, kHidden);
+  if (n > 0) c.recv(h, size_t(n) * sizeof(float), src, kTagHidden);
 }
 
 void put_request(Writer& w, const Request& r) {
@@ -239,7 +239,7 @@ class Outbox {
     if (n == 0) return be.free(h);
     auto m = std::make_unique<Msg>();
     m->release = [&be, h] { be.free(h); };
-    m->sends.push_back(c.isend(h, size_t(n) * sizeof(float), dst, kHidden));
+    m->sends.push_back(c.isend(h, size_t(n) * sizeof(float), dst, kTagHidden));
     push(std::move(m));
   }
   // Waits for every send (end of the run). Not while unwinding to the job's abort: waiting could
@@ -700,7 +700,7 @@ bool Engine::exchange(Stage0& s) {
     for (auto& r : finished) deliver(std::move(r));
     for (int c = 1; c < E; ++c) {
       if (all[size_t(kState * c + 3)] == 0) continue;
-      std::vector<char> b = recv_bytes(stage_comm_, c, kResults);
+      std::vector<char> b = recv_bytes(stage_comm_, c, kTagResults);
       Reader rd(b);
       for (int64_t i = 0; i < all[size_t(kState * c + 5)]; ++i) {
         const int64_t index = rd.get<int64_t>();
@@ -709,7 +709,7 @@ bool Engine::exchange(Stage0& s) {
       for (int64_t i = 0; i < all[size_t(kState * c + 4)]; ++i) deliver(get_result(rd));
     }
   } else if (!res.b.empty()) {
-    s.out.send_bytes(stage_comm_, 0, kResults, std::move(res.b));
+    s.out.send_bytes(stage_comm_, 0, kTagResults, std::move(res.b));
   }
   // Rank 0: new requests for the columns, cancellations, and the end of the run.
   std::vector<std::vector<Request>> assigned(static_cast<size_t>(E));
@@ -850,7 +850,7 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
   auto receive = [&](int g) {
     auto t = Clock::now();
     std::optional<Profiler::Scope> wait(std::in_place, model_.profiler(), "pipeline_wait", -1);
-    std::vector<char> msg = recv_bytes(world_, last, kBack);
+    std::vector<char> msg = recv_bytes(world_, last, kTagBack);
     wait.reset();
     stats_.idle_s += since(t);  // waiting for the pipeline: the bubble
     Reader rd(msg);
@@ -891,7 +891,7 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
     auto ts = Clock::now();
     std::optional<Profiler::Scope> send(std::in_place, model_.profiler(), "pipeline_send", -1);
     stats_.bytes_sent += sw.b.size() + size_t(m * H) * sizeof(float);
-    s.out.send_bytes(world_, next, kStep, std::move(sw.b));
+    s.out.send_bytes(world_, next, kTagStep, std::move(sw.b));
     s.out.send_hidden(*hidden_, be, h, m * H, next);
     if (topk.n > 0) s.out.send_hidden(*hidden_, be, reinterpret_cast<float*>(topk.p), topk.n, next);  // (same size)
     stats_.bytes_sent += size_t(topk.n) * sizeof(int32_t);
@@ -907,7 +907,7 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
     stop.stop = true;
     Writer sw;
     put_step(sw, stop);
-    s.out.send_bytes(world_, next, kStep, std::move(sw.b));
+    s.out.send_bytes(world_, next, kTagStep, std::move(sw.b));
   }
   s.out.drain();
   copy_counters(s.sched, stats_);
@@ -925,7 +925,7 @@ void Engine::run_later_stage() {
   for (;;) {
     auto t = Clock::now();
     std::optional<Profiler::Scope> span(std::in_place, model_.profiler(), "pipeline_wait", -1);
-    std::vector<char> msg = recv_bytes(world_, prev, kStep);
+    std::vector<char> msg = recv_bytes(world_, prev, kTagStep);
     span.emplace(model_.profiler(), "pipeline_recv", -1);  // the step's hidden states
     stats_.idle_s += since(t);  // waiting for the previous stage: the bubble
     t = Clock::now();
@@ -941,7 +941,7 @@ void Engine::run_later_stage() {
       std::fprintf(stderr, "[trace] rank %d got step rows %lld stop %d\n", world_.rank(), (long long)m, int(step.stop));
     if (step.stop) {
       be.free(h);
-      if (next >= 0) out.send_bytes(world_, next, kStep, std::move(msg));
+      if (next >= 0) out.send_bytes(world_, next, kTagStep, std::move(msg));
       break;
     }
     ++stats_.ticks;
@@ -962,7 +962,7 @@ void Engine::run_later_stage() {
       auto ts = Clock::now();
       Profiler::Scope send(model_.profiler(), "pipeline_send", -1);
       stats_.bytes_sent += msg.size() + size_t(m * H) * sizeof(float);
-      out.send_bytes(world_, next, kStep, std::move(msg));
+      out.send_bytes(world_, next, kTagStep, std::move(msg));
       out.send_hidden(*hidden_, be, h, m * H, next);
       if (model_.gives_topk() && topk.n > 0) {
         out.send_hidden(*hidden_, be, reinterpret_cast<float*>(topk.p), topk.n, next);
@@ -984,7 +984,7 @@ void Engine::run_later_stage() {
     auto ts = Clock::now();
     Profiler::Scope send(model_.profiler(), "pipeline_send", -1);  // the sampled tokens, back to stage 0
     stats_.bytes_sent += bw.b.size();
-    out.send_bytes(world_, first, kBack, std::move(bw.b));
+    out.send_bytes(world_, first, kTagBack, std::move(bw.b));
     stats_.comm_s += since(ts);
   }
   out.drain();

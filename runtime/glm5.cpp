@@ -12,7 +12,6 @@
 #include <cstring>
 #include <optional>
 
-#include "cpu/fast_ops.h"
 #include "parallel/device_comm.h"
 #include "parallel/moe_exchange.h"
 #include "runtime/model.h"
@@ -150,16 +149,9 @@ const float* Model::vector(const std::string& name, int64_t n, float scale) {
 static std::vector<float> dequantized(const StoredTensor& st, int64_t rows, int64_t cols, float scale) {
   const Weight hw = weight_view(st, rows, cols);
   std::vector<float> v(size_t(rows * cols));
-  const bool quantized = quant::is_quantized(hw.dtype);
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = v.data() + r * cols;
-    if (quantized) kernels::cpu::fast::dequantize_rows(hw, r, 1, row, cols);  // weight_at's values, vectorised
-    else
-      for (int64_t c = 0; c < cols; ++c) row[c] = kernels::weight_at(hw, r, c);
-    if (scale != 1.0f)
-      for (int64_t c = 0; c < cols; ++c) row[c] *= scale;
-  }
+  kernels::weight_rows(hw, 0, rows, v.data(), cols);
+  if (scale != 1.0f)
+    for (float& x : v) x *= scale;
   return v;
 }
 

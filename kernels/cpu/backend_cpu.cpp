@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/quant.h"
 #include "cpu/bf16_attention.h"
 #include "cpu/fast_ops.h"
 #include "cpu/reference.h"
@@ -324,6 +325,21 @@ class CpuBackend final : public HostBackend {
 }  // namespace glm5::kernels::cpu
 
 namespace glm5::kernels {
+void weight_rows(const Weight& w, int64_t r0, int64_t n, float* out, int64_t ldo) {
+  const bool quantized = quant::is_quantized(w.dtype);
+#pragma omp parallel for schedule(static) if (n * w.cols >= (int64_t(1) << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = out + i * ldo;
+    if (quantized) cpu::fast::dequantize_rows(w, r0 + i, 1, row, ldo);
+    else
+      for (int64_t c = 0; c < w.cols; ++c) row[c] = weight_at(w, r0 + i, c);
+  }
+}
+
+std::string cpu_gemm_path(Precision precision) {
+  return precision == Precision::kFast ? cpu::fast::fast_gemm_path() : cpu::fast::gemm_path();
+}
+
 std::unique_ptr<Backend> make_cpu_backend(Precision precision) {
   return std::make_unique<cpu::CpuBackend>(precision);
 }

@@ -19,12 +19,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;  // the same value in every lane
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
-
 // Sum over the block; every thread gets the result. `sh` holds >= 33 floats. blockDim.x must be
 // a multiple of 32. The block may call it repeatedly with the same `sh`.
 __device__ __forceinline__ float block_sum(float v, float* sh) {

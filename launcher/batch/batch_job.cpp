@@ -473,7 +473,7 @@ void write_trace(Job& job, const std::string& path, const runtime::Profiler& pro
   std::vector<int64_t> sizes(static_cast<size_t>(n));
   int64_t my = int64_t(mine.size());
   job.world->all_gather(&my, sizeof my, sizes.data());
-  if (job.rank() != 0) return job.world->send(mine.data(), mine.size(), 0, 22);
+  if (job.rank() != 0) return job.world->send(mine.data(), mine.size(), 0, parallel::kTagTrace);
   std::ofstream f(path);
   f << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
   bool first = true;
@@ -493,7 +493,7 @@ void write_trace(Job& job, const std::string& path, const runtime::Profiler& pro
   emit(mine);
   for (int r = 1; r < n; ++r) {
     std::string b(size_t(sizes[size_t(r)]), '\0');
-    job.world->recv(b.data(), b.size(), r, 22);
+    job.world->recv(b.data(), b.size(), r, parallel::kTagTrace);
     emit(b);
   }
   f << "]}\n";
@@ -550,14 +550,14 @@ void write_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
   int64_t my = int64_t(s.size());
   job.world->all_gather(&my, sizeof my, sizes.data());
   if (job.rank() != 0) {
-    job.world->send(s.data(), s.size(), 0, 21);
+    job.world->send(s.data(), s.size(), 0, parallel::kTagReport);
     if (prof && !a.trace.empty()) write_trace(job, a.trace, *prof, json());
     return;
   }
   json ranks = json::array({std::move(mine)});
   for (int r = 1; r < n; ++r) {
     std::string b(size_t(sizes[size_t(r)]), '\0');
-    job.world->recv(b.data(), b.size(), r, 21);
+    job.world->recv(b.data(), b.size(), r, parallel::kTagReport);
     ranks.push_back(json::parse(b));
   }
   json full = {{"world_size", n}, {"ranks", ranks}};

@@ -26,7 +26,6 @@
 #include "launcher/serve/serve.h"
 #include "launcher/simulate/simulate.h"
 #include "cpu/device_like.h"
-#include "cpu/fast_ops.h"
 #include "parallel/device_comm.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"
@@ -69,7 +68,7 @@ void make_payload_comms(Job& job, int device) {
 // rounding of the reference, but the run no longer bitwise the single process. Rank 0 says so.
 void warn_on_mixed_gemm_paths(parallel::Comm& world, bool fast) {
   // (a bad GLM5_CPU_GEMM / GLM5_CPU_FAST_GEMM fails here)
-  const std::string mine = fast ? kernels::cpu::fast::fast_gemm_path() : kernels::cpu::fast::gemm_path();
+  const std::string mine = kernels::cpu_gemm_path(fast ? kernels::Precision::kFast : kernels::Precision::kExact);
   char my[16] = {};
   std::snprintf(my, sizeof my, "%s", mine.c_str());
   std::vector<char> all(sizeof my * size_t(world.size()));

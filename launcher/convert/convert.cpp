@@ -33,7 +33,6 @@
 
 #include "core/check.h"
 #include "core/quant.h"
-#include "cpu/fast_ops.h"
 #include "launcher/cluster/cluster_config.h"
 #include "runtime/name_table.h"
 #include "runtime/quant_plan.h"
@@ -186,18 +185,6 @@ std::vector<Shard> make_shards(const std::vector<Item>& items, size_t limit) {
   return shards;
 }
 
-// Rows [r0, r1) of a stored matrix as float32 into v, row-parallel: weight_at's values, through
-// the CPU backend's vectorised dequantization for quantized matrices.
-void dequantize_rows(const kernels::Weight& w, int64_t r0, int64_t r1, float* v) {
-  const bool fast = quant::is_quantized(w.dtype);
-#pragma omp parallel for schedule(static)
-  for (int64_t r = r0; r < r1; ++r) {
-    float* row = v + (r - r0) * w.cols;
-    if (fast) kernels::cpu::fast::dequantize_rows(w, r, 1, row, w.cols);
-    else
-      for (int64_t c = 0; c < w.cols; ++c) row[c] = kernels::weight_at(w, r, c);
-  }
-}
 
 // Rows of a converted matrix at a time, so only the output and one block of float32 rows are held
 // (128 rows: FP8's scale blocks); the input rows' pages are dropped as soon as they are used.
@@ -242,7 +229,7 @@ std::vector<Part> produce(const Item& it) {
     for (int64_t r0 = 0; r0 < rows; r0 += kBlockRows) {
       const int64_t n = std::min(kBlockRows, rows - r0);
       float* f = it.out == DType::F32 ? out[0].values.data() + r0 * cols : block.data();
-      dequantize_rows(w, r0, r0 + n, f);
+      kernels::weight_rows(w, r0, n, f, w.cols);
       Checkpoint::release_bytes(static_cast<const uint8_t*>(w.data) + size_t(r0) * in_row, size_t(n) * in_row);
       switch (it.out) {
         case DType::Q4: case DType::Q8: {
