@@ -42,7 +42,7 @@
 #include <vector>
 
 #include "runtime/config.h"
-#include "runtime/engine.h"
+#include "runtime/request.h"
 #include "runtime/kv_cache.h"
 #include "runtime/stop.h"
 
