@@ -293,176 +293,257 @@ static bool launched_distributed(const std::string& cluster_file) {
   return load_cluster_config(cluster_file).world_size() > 1;
 }
 
+namespace {
+
+// `glm5 generate`: one prompt completed.
+CLI::App* add_generate(CLI::App& app, GenerateArgs& a) {
+  CLI::App* c = app.add_subcommand("generate", "complete one prompt");
+  c->add_option("--model", a.model, "model directory (HF layout)")->required();
+  c->add_option("--cluster", a.cluster, "cluster config YAML (run under mpirun)");
+  c->add_option("--prompt", a.prompt, "prompt text (needs tokenizer.json in the model dir)");
+  c->add_option("--prompt-ids", a.prompt_ids, "prompt token ids, comma-separated");
+  c->add_option("--max-new-tokens", a.max_new_tokens, "tokens to generate")->capture_default_str();
+  c->add_option("--temperature", a.temperature, "0 = greedy")->capture_default_str();
+  c->add_option("--top-p", a.top_p)->capture_default_str();
+  c->add_option("--top-k", a.top_k)->capture_default_str();
+  c->add_option("--seed", a.seed)->capture_default_str();
+  c->add_flag("--ignore-eos", a.ignore_eos, "do not stop at the config's eos ids");
+  add_override_options(c, a.overrides, true);
+  c->add_option("--dump-logits", a.dump_logits,
+                "write prefill_logits, decode_tokens, decode_logits to this safetensors file");
+  return c;
+}
+
+// `glm5 batch`: a JSONL file of requests.
+CLI::App* add_batch(CLI::App& app, BatchArgs& a) {
+  CLI::App* c = app.add_subcommand("batch", "run a JSONL file of requests (OpenAI Batch format)");
+  c->add_option("--model", a.model)->required();
+  c->add_option("--cluster", a.cluster);
+  c->add_option("--input", a.input)->required();
+  c->add_option("--output", a.output)->required();
+  c->add_option("--report", a.report, "write per-rank timing/traffic report JSON (with MoE routing health)");
+  add_override_options(c, a.overrides, true);
+  c->add_option("--metrics", a.metrics, "write the run's counters as a Prometheus text file");
+  c->add_flag("--profile", a.profile, "time the forward pass's phases per layer on every rank (into --report)");
+  c->add_option("--trace", a.trace,
+                "write the phase calls as a Chrome trace (opens in Perfetto; the first 2^19 per rank); implies --profile");
+  c->add_option("--imbalance-warn", a.imbalance_warn,
+                "warn when an MoE layer's busiest expert-parallel rank gets more than this x the mean load")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1e9));
+  return c;
+}
+
+// `glm5 perplexity`: a text file's perplexity, KL divergence against a base run.
+CLI::App* add_perplexity(CLI::App& app, PerplexityArgs& a) {
+  CLI::App* c = app.add_subcommand("perplexity", "perplexity of a text file (llama-perplexity windows), KL divergence against a base run");
+  c->add_option("--model", a.model)->required();
+  c->add_option("--cluster", a.cluster, "cluster config YAML (run under mpirun)");
+  c->add_option("--file", a.file, "the text (tokenized whole, no special tokens)")->required();
+  c->add_option("--ctx", a.ctx, "tokens per window")->capture_default_str();
+  c->add_option("--stride", a.stride, "tokens between window starts (default --ctx); each window scores its last min(stride, ctx/2)");
+  c->add_option("--chunks", a.chunks, "score only the first N windows (0: all)")->capture_default_str();
+  auto* save = c->add_option("--save-logits", a.save_logits, "write the scored rows' log-softmax (F32 safetensors) for --kl-base");
+  c->add_option("--kl-base", a.kl_base, "a --save-logits file of a base run: KL divergence and top-1 agreement against it")
+      ->excludes(save);
+  c->add_flag("--json", a.json, "print one JSON object instead of the table");
+  add_override_options(c, a.overrides, false);
+  return c;
+}
+
+// `glm5 inspect`: the config and per-rank memory plan.
+CLI::App* add_inspect(CLI::App& app, InspectArgs& a) {
+  CLI::App* c = app.add_subcommand("inspect", "config summary and per-rank memory plan");
+  c->add_option("--model", a.model, "model directory (config.json; model.safetensors.index.json if present)")
+      ->required();
+  c->add_option("--cluster", a.cluster, "cluster config YAML");
+  auto* quant = c->add_option("--quant", a.quant,
+                                  "plan the checkpoint as `glm5 convert --quant` would write it: int4 | int8 | "
+                                  "fp8 | bf16 | f32");
+  c->add_option("--group-size", a.group_size, "int4 / int8: columns per scale (32, 64, 128)")
+      ->capture_default_str()
+      ->needs(quant);
+  c->add_option("--scale-dtype", a.scale_dtype, "int4 / int8 scales: bf16 (default) | f32")->needs(quant);
+  c->add_option("--quantize", a.quantize,
+                "roles --quant applies to, comma list of experts, shared, dense, attention, indexer, lm_head, all "
+                "(default experts,shared)")
+      ->needs(quant);
+  return c;
+}
+
+// `glm5 convert`: a checkpoint rewritten in another storage format.
+CLI::App* add_convert(CLI::App& app, ConvertArgs& a) {
+  CLI::App* c = app.add_subcommand("convert", "rewrite a checkpoint as int4 / int8 / fp8 / bf16 / f32, tensor by tensor");
+  c->add_option("--model", a.model, "input checkpoint (BF16, FP8 or pack-quantized)")->required();
+  c->add_option("--out", a.out, "output directory (created; a rerun resumes an interrupted conversion)")->required();
+  c->add_option("--quant", a.quant, "int4 | int8 | fp8 | bf16 | f32")->capture_default_str();
+  c->add_option("--group-size", a.group_size, "int4 / int8: columns per scale (32, 64, 128)")->capture_default_str();
+  c->add_option("--scale-dtype", a.scale_dtype,
+                 "int4 / int8 scales: bf16 (the default; llm-compressor's bytes) | f32 (2 more bytes per group; "
+                 "weights q * scale need no rounding, so int8 decodes faster on CPUs: BENCHMARKS.md). Without "
+                 "it, int tensors already in the target format and group keep their scales");
+  c->add_option("--quantize", a.quantize,
+                 "roles to quantize, comma list of experts, shared, dense, attention, indexer, lm_head, all "
+                 "(default experts,shared)");
+  c->add_option("--cluster", a.cluster, "write one file set per rank of this cluster config");
+  c->add_option("--shard-size-mb", a.shard_size_mb, "largest output file")->capture_default_str();
+  c->add_flag_callback("--no-progress", [&a] { a.progress = false; }, "no progress bar on stderr");
+  return c;
+}
+
+// `glm5 simulate`: the analytic model of a run.
+CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
+  CLI::App* c = app.add_subcommand("simulate", "predict tokens/s, utilisation and the bottleneck of a layout (analytic model)");
+  c->add_option("--model", a.model, "model directory or config.json (required unless --calibrate)");
+  auto* cluster = c->add_option("--cluster", a.cluster, "cluster config YAML");
+  c->add_option("--workload", a.workload, "prompts=N,in=TOKENS,out=TOKENS[,prefix=TOKENS]");
+  c->add_option("--hardware", a.hardware,
+                "hardware YAML (cluster-configs/hardware/); required for backend cuda; for cpu, without it this CPU is "
+                "calibrated first (~20 s)");
+  c->add_option("--routing", a.routing, "a batch --report JSON whose per-layer expert loads replace uniform routing");
+  c->add_option("--json", a.json, "also write the prediction as JSON");
+  c->add_option("--exchange-bytes", a.exchange_bytes,
+                "what-if: bytes per value the MoE exchange moves (glm5 sends 4, f32; 2 = bf16, 1 = fp8)")
+      ->check(CLI::Range(0.5, 8.0));
+  c->add_option("--acceptance", a.acceptance,
+                "speculative decoding (cluster speculative_tokens k): fractions of verify steps whose drafts 1..j "
+                "were all accepted, j = 1..k, e.g. 0.86,0.66,0.52 (a report's spec_accepted_at / spec_verify_steps "
+                "reads low where steps verified fewer than k drafts, near max_tokens)");
+  c->add_flag("--published-kernels", a.published_kernels,
+              "what-if: the hardware file's published-kernel efficiencies (FlashMLA, DeepGEMM) instead of glm5's measured ones");
+  c->add_flag("--overlap", a.overlap, "what-if: MoE exchange hidden behind compute (two micro-batches alternating)");
+  auto* calibrate = c->add_flag("--calibrate", a.calibrate, "measure this machine and write a hardware file (--out)");
+  c->add_option("--out", a.out, "with --calibrate: the hardware YAML to write (with --model: its expert shape)")->needs(calibrate);
+  calibrate->excludes(cluster);
+  return c;
+}
+
+// `glm5 serve`: the OpenAI API over HTTP.
+CLI::App* add_serve(CLI::App& app, ServeArgs& a) {
+  CLI::App* c = app.add_subcommand("serve", "serve the OpenAI API (completions, chat, streaming) over HTTP on rank 0");
+  c->add_option("--model", a.model, "model directory (HF layout)")->required();
+  c->add_option("--cluster", a.cluster, "cluster config YAML (run under mpirun)");
+  c->add_option("--host", a.host, "address to listen on (0.0.0.0: every interface)")->capture_default_str();
+  c->add_option("--port", a.port, "TCP port; 0 picks a free one (printed on stderr)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  c->add_option("--api-key", a.api_key, "require 'Authorization: Bearer KEY' on every endpoint but /health");
+  c->add_option("--served-model-name", a.model_name, "the model id clients use (default: the model directory's name)");
+  c->add_option("--max-queue", a.max_queue, "requests waiting for the engine beyond which new ones get 429")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
+  c->add_option("--drain-timeout", a.drain_timeout_s, "seconds SIGTERM waits for accepted requests before cancelling them")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  c->add_option("--read-timeout", a.limits.read_timeout_s, "seconds a client has to send a whole request")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1e6));
+  c->add_option("--write-timeout", a.limits.write_timeout_s, "seconds one write to a client may take")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1e6));
+  c->add_option("--max-body-bytes", a.limits.body_bytes, "largest request body (413 beyond)")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t(1), size_t(1) << 34));
+  c->add_option("--max-connections", a.limits.max_connections, "open connections beyond which new ones get 503")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  add_override_options(c, a.overrides, true);
+  c->add_option("--http-threads", a.http_threads, "threads serving HTTP on rank 0")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  return c;
+}
+
+// `glm5 report FILE`.
+CLI::App* add_report(CLI::App& app, std::string& file) {
+  CLI::App* c = app.add_subcommand("report", "print a --report file as tables (time, profile phases, MoE health)");
+  c->add_option("file", file, "the JSON written by batch --report")->required();
+  return c;
+}
+
+struct TokenizeArgs {
+  std::string tokenizer;
+  bool decode = false, literal_special = false;
+};
+
+// `glm5 tokenize`: JSON lines through the tokenizer.
+CLI::App* add_tokenize(CLI::App& app, TokenizeArgs& a) {
+  CLI::App* c = app.add_subcommand("tokenize", "JSON lines {\"text\"} on stdin -> {\"ids\"} on stdout");
+  c->add_option("--tokenizer", a.tokenizer, "tokenizer.json or a model directory")->required();
+  c->add_flag("--decode", a.decode, "read {\"ids\"} and write {\"text\"}");
+  c->add_flag("--literal-special", a.literal_special,
+              "encode special tokens written in the text as plain text (default: as their ids, like prompts)");
+  return c;
+}
+
+struct LaunchArgs {
+  std::string cluster, slurm;
+  bool run = false, srun = false;
+  std::vector<std::string> args;
+};
+
+// `glm5 launch`: the mpirun command (or Slurm script) of a cluster config.
+CLI::App* add_launch(CLI::App& app, LaunchArgs& a) {
+  CLI::App* c = app.add_subcommand("launch", "print (or --run) the mpirun command for a cluster config");
+  c->add_option("--cluster", a.cluster)->required();
+  auto* run = c->add_flag("--run", a.run, "execute it");
+  auto* slurm = c->add_option("--slurm", a.slurm, "write a Slurm batch script (sbatch FILE) instead of printing")
+                    ->excludes(run);
+  c->add_flag("--srun", a.srun, "with --slurm: start the ranks with srun --mpi=pmix instead of mpirun")->needs(slurm);
+  c->add_option("args", a.args, "glm5 subcommand and arguments (after --)");
+  return c;
+}
+
+// Every subcommand's arguments and its CLI11 node (the one that parsed is the one that runs).
+struct Commands {
+  GenerateArgs generate;
+  BatchArgs batch;
+  PerplexityArgs perplexity;
+  std::string report;
+  InspectArgs inspect;
+  ConvertArgs convert;
+  TokenizeArgs tokenize;
+  SimulateArgs simulate;
+  ServeArgs serve;
+  LaunchArgs launch;
+  CLI::App *gen, *bat, *ppl, *rep, *ins, *conv, *tok, *sim, *srv, *lau;
+
+  explicit Commands(CLI::App& app)
+      : gen(add_generate(app, generate)), bat(add_batch(app, batch)), ppl(add_perplexity(app, perplexity)),
+        rep(add_report(app, report)), ins(add_inspect(app, inspect)), conv(add_convert(app, convert)),
+        tok(add_tokenize(app, tokenize)), sim(add_simulate(app, simulate)), srv(add_serve(app, serve)),
+        lau(add_launch(app, launch)) {}
+
+  // The cluster config of the command that runs (empty: one process).
+  std::string cluster() const {
+    return gen->parsed()   ? generate.cluster
+           : bat->parsed() ? batch.cluster
+           : ppl->parsed() ? perplexity.cluster
+           : srv->parsed() ? serve.cluster
+                           : std::string();
+  }
+
+  int run(std::unique_ptr<parallel::Comm> world, const char* argv0) {
+    if (gen->parsed()) return run_generate(generate, std::move(world));
+    if (bat->parsed()) return run_batch(batch, std::move(world));
+    if (ppl->parsed()) return run_perplexity(perplexity, std::move(world));
+    if (srv->parsed()) return run_serve(serve, std::move(world));
+    if (ins->parsed()) return run_inspect(inspect);
+    if (conv->parsed()) return run_convert(convert);
+    if (tok->parsed()) return run_tokenize(tokenize.tokenizer, tokenize.decode, tokenize.literal_special);
+    if (rep->parsed()) return run_report(report);
+    if (sim->parsed()) return run_simulate(simulate);
+    return run_launch(launch.cluster, launch.args, launch.run, argv0, launch.slurm, launch.srun);
+  }
+};
+
+}  // namespace
+
 int main_entry(int argc, char** argv) {
   default_threads();
   CLI::App app{"glm5: distributed inference for GLM-5 / DeepSeek-V3.2 checkpoints"};
   app.require_subcommand(1);
-  GenerateArgs ga;
-  auto* gen = app.add_subcommand("generate", "complete one prompt");
-  gen->add_option("--model", ga.model, "model directory (HF layout)")->required();
-  gen->add_option("--cluster", ga.cluster, "cluster config YAML (run under mpirun)");
-  gen->add_option("--prompt", ga.prompt, "prompt text (needs tokenizer.json in the model dir)");
-  gen->add_option("--prompt-ids", ga.prompt_ids, "prompt token ids, comma-separated");
-  gen->add_option("--max-new-tokens", ga.max_new_tokens, "tokens to generate")->capture_default_str();
-  gen->add_option("--temperature", ga.temperature, "0 = greedy")->capture_default_str();
-  gen->add_option("--top-p", ga.top_p)->capture_default_str();
-  gen->add_option("--top-k", ga.top_k)->capture_default_str();
-  gen->add_option("--seed", ga.seed)->capture_default_str();
-  gen->add_flag("--ignore-eos", ga.ignore_eos, "do not stop at the config's eos ids");
-  add_override_options(gen, ga.overrides, true);
-  gen->add_option("--dump-logits", ga.dump_logits,
-                  "write prefill_logits, decode_tokens, decode_logits to this safetensors file");
-
-  BatchArgs ba;
-  auto* bat = app.add_subcommand("batch", "run a JSONL file of requests (OpenAI Batch format)");
-  bat->add_option("--model", ba.model)->required();
-  bat->add_option("--cluster", ba.cluster);
-  bat->add_option("--input", ba.input)->required();
-  bat->add_option("--output", ba.output)->required();
-  bat->add_option("--report", ba.report, "write per-rank timing/traffic report JSON (with MoE routing health)");
-  add_override_options(bat, ba.overrides, true);
-  bat->add_option("--metrics", ba.metrics, "write the run's counters as a Prometheus text file");
-  bat->add_flag("--profile", ba.profile, "time the forward pass's phases per layer on every rank (into --report)");
-  bat->add_option("--trace", ba.trace,
-                  "write the phase calls as a Chrome trace (opens in Perfetto; the first 2^19 per rank); implies --profile");
-  bat->add_option("--imbalance-warn", ba.imbalance_warn,
-                  "warn when an MoE layer's busiest expert-parallel rank gets more than this x the mean load")
-      ->capture_default_str()
-      ->check(CLI::Range(1.0, 1e9));
-
-  PerplexityArgs pa;
-  auto* ppl = app.add_subcommand("perplexity", "perplexity of a text file (llama-perplexity windows), KL divergence against a base run");
-  ppl->add_option("--model", pa.model)->required();
-  ppl->add_option("--cluster", pa.cluster, "cluster config YAML (run under mpirun)");
-  ppl->add_option("--file", pa.file, "the text (tokenized whole, no special tokens)")->required();
-  ppl->add_option("--ctx", pa.ctx, "tokens per window")->capture_default_str();
-  ppl->add_option("--stride", pa.stride, "tokens between window starts (default --ctx); each window scores its last min(stride, ctx/2)");
-  ppl->add_option("--chunks", pa.chunks, "score only the first N windows (0: all)")->capture_default_str();
-  auto* save_opt = ppl->add_option("--save-logits", pa.save_logits, "write the scored rows' log-softmax (F32 safetensors) for --kl-base");
-  ppl->add_option("--kl-base", pa.kl_base, "a --save-logits file of a base run: KL divergence and top-1 agreement against it")
-      ->excludes(save_opt);
-  ppl->add_flag("--json", pa.json, "print one JSON object instead of the table");
-  add_override_options(ppl, pa.overrides, false);
-
-  std::string report_file;
-  auto* rep = app.add_subcommand("report", "print a --report file as tables (time, profile phases, MoE health)");
-  rep->add_option("file", report_file, "the JSON written by batch --report")->required();
-
-  InspectArgs ia;
-  auto* ins = app.add_subcommand("inspect", "config summary and per-rank memory plan");
-  ins->add_option("--model", ia.model, "model directory (config.json; model.safetensors.index.json if present)")
-      ->required();
-  ins->add_option("--cluster", ia.cluster, "cluster config YAML");
-  auto* ins_quant = ins->add_option("--quant", ia.quant,
-                                    "plan the checkpoint as `glm5 convert --quant` would write it: int4 | int8 | "
-                                    "fp8 | bf16 | f32");
-  ins->add_option("--group-size", ia.group_size, "int4 / int8: columns per scale (32, 64, 128)")
-      ->capture_default_str()
-      ->needs(ins_quant);
-  ins->add_option("--scale-dtype", ia.scale_dtype, "int4 / int8 scales: bf16 (default) | f32")->needs(ins_quant);
-  ins->add_option("--quantize", ia.quantize,
-                  "roles --quant applies to, comma list of experts, shared, dense, attention, indexer, lm_head, all "
-                  "(default experts,shared)")
-      ->needs(ins_quant);
-
-  ConvertArgs ca;
-  auto* conv = app.add_subcommand("convert", "rewrite a checkpoint as int4 / int8 / fp8 / bf16 / f32, tensor by tensor");
-  conv->add_option("--model", ca.model, "input checkpoint (BF16, FP8 or pack-quantized)")->required();
-  conv->add_option("--out", ca.out, "output directory (created; a rerun resumes an interrupted conversion)")->required();
-  conv->add_option("--quant", ca.quant, "int4 | int8 | fp8 | bf16 | f32")->capture_default_str();
-  conv->add_option("--group-size", ca.group_size, "int4 / int8: columns per scale (32, 64, 128)")->capture_default_str();
-  conv->add_option("--scale-dtype", ca.scale_dtype,
-                   "int4 / int8 scales: bf16 (the default; llm-compressor's bytes) | f32 (2 more bytes per group; "
-                   "weights q * scale need no rounding, so int8 decodes faster on CPUs: BENCHMARKS.md). Without "
-                   "it, int tensors already in the target format and group keep their scales");
-  conv->add_option("--quantize", ca.quantize,
-                   "roles to quantize, comma list of experts, shared, dense, attention, indexer, lm_head, all "
-                   "(default experts,shared)");
-  conv->add_option("--cluster", ca.cluster, "write one file set per rank of this cluster config");
-  conv->add_option("--shard-size-mb", ca.shard_size_mb, "largest output file")->capture_default_str();
-  bool no_progress = false;
-  conv->add_flag("--no-progress", no_progress, "no progress bar on stderr");
-
-  std::string tk;
-  bool decode = false;
-  auto* tok = app.add_subcommand("tokenize", "JSON lines {\"text\"} on stdin -> {\"ids\"} on stdout");
-  tok->add_option("--tokenizer", tk, "tokenizer.json or a model directory")->required();
-  tok->add_flag("--decode", decode, "read {\"ids\"} and write {\"text\"}");
-  bool literal = false;
-  tok->add_flag("--literal-special", literal,
-                "encode special tokens written in the text as plain text (default: as their ids, like prompts)");
-
-
-  SimulateArgs sa;
-  auto* sim = app.add_subcommand("simulate", "predict tokens/s, utilisation and the bottleneck of a layout (analytic model)");
-  sim->add_option("--model", sa.model, "model directory or config.json (required unless --calibrate)");
-  auto* sim_cluster = sim->add_option("--cluster", sa.cluster, "cluster config YAML");
-  sim->add_option("--workload", sa.workload, "prompts=N,in=TOKENS,out=TOKENS[,prefix=TOKENS]");
-  sim->add_option("--hardware", sa.hardware,
-                  "hardware YAML (cluster-configs/hardware/); required for backend cuda; for cpu, without it this CPU is "
-                  "calibrated first (~20 s)");
-  sim->add_option("--routing", sa.routing, "a batch --report JSON whose per-layer expert loads replace uniform routing");
-  sim->add_option("--json", sa.json, "also write the prediction as JSON");
-  sim->add_option("--exchange-bytes", sa.exchange_bytes,
-                  "what-if: bytes per value the MoE exchange moves (glm5 sends 4, f32; 2 = bf16, 1 = fp8)")
-      ->check(CLI::Range(0.5, 8.0));
-  sim->add_option("--acceptance", sa.acceptance,
-                  "speculative decoding (cluster speculative_tokens k): fractions of verify steps whose drafts 1..j "
-                  "were all accepted, j = 1..k, e.g. 0.86,0.66,0.52 (a report's spec_accepted_at / spec_verify_steps "
-                  "reads low where steps verified fewer than k drafts, near max_tokens)");
-  sim->add_flag("--published-kernels", sa.published_kernels,
-                "what-if: the hardware file's published-kernel efficiencies (FlashMLA, DeepGEMM) instead of glm5's measured ones");
-  sim->add_flag("--overlap", sa.overlap, "what-if: MoE exchange hidden behind compute (two micro-batches alternating)");
-  auto* sim_cal = sim->add_flag("--calibrate", sa.calibrate, "measure this machine and write a hardware file (--out)");
-  sim->add_option("--out", sa.out, "with --calibrate: the hardware YAML to write (with --model: its expert shape)")->needs(sim_cal);
-  sim_cal->excludes(sim_cluster);
-
-  ServeArgs sva;
-  auto* srv = app.add_subcommand("serve", "serve the OpenAI API (completions, chat, streaming) over HTTP on rank 0");
-  srv->add_option("--model", sva.model, "model directory (HF layout)")->required();
-  srv->add_option("--cluster", sva.cluster, "cluster config YAML (run under mpirun)");
-  srv->add_option("--host", sva.host, "address to listen on (0.0.0.0: every interface)")->capture_default_str();
-  srv->add_option("--port", sva.port, "TCP port; 0 picks a free one (printed on stderr)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 65535));
-  srv->add_option("--api-key", sva.api_key, "require 'Authorization: Bearer KEY' on every endpoint but /health");
-  srv->add_option("--served-model-name", sva.model_name, "the model id clients use (default: the model directory's name)");
-  srv->add_option("--max-queue", sva.max_queue, "requests waiting for the engine beyond which new ones get 429")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 30));
-  srv->add_option("--drain-timeout", sva.drain_timeout_s, "seconds SIGTERM waits for accepted requests before cancelling them")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1e6));
-  srv->add_option("--read-timeout", sva.limits.read_timeout_s, "seconds a client has to send a whole request")
-      ->capture_default_str()
-      ->check(CLI::Range(0.01, 1e6));
-  srv->add_option("--write-timeout", sva.limits.write_timeout_s, "seconds one write to a client may take")
-      ->capture_default_str()
-      ->check(CLI::Range(0.01, 1e6));
-  srv->add_option("--max-body-bytes", sva.limits.body_bytes, "largest request body (413 beyond)")
-      ->capture_default_str()
-      ->check(CLI::Range(size_t(1), size_t(1) << 34));
-  srv->add_option("--max-connections", sva.limits.max_connections, "open connections beyond which new ones get 503")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  add_override_options(srv, sva.overrides, true);
-  srv->add_option("--http-threads", sva.http_threads, "threads serving HTTP on rank 0")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 64));
-
-  std::string lc;
-  bool lrun = false;
-  std::vector<std::string> rest;
-  auto* lau = app.add_subcommand("launch", "print (or --run) the mpirun command for a cluster config");
-  lau->add_option("--cluster", lc)->required();
-  auto* lrun_opt = lau->add_flag("--run", lrun, "execute it");
-  std::string lslurm;
-  bool lsrun = false;
-  auto* lslurm_opt = lau->add_option("--slurm", lslurm, "write a Slurm batch script (sbatch FILE) instead of printing")
-                         ->excludes(lrun_opt);
-  lau->add_flag("--srun", lsrun, "with --slurm: start the ranks with srun --mpi=pmix instead of mpirun")->needs(lslurm_opt);
-  lau->add_option("args", rest, "glm5 subcommand and arguments (after --)");
-
+  Commands commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -470,12 +551,7 @@ int main_entry(int argc, char** argv) {
     // CLI11's own codes (104 conversion, 106 required, 109 extras, ...) look like crashes.
     return app.exit(e) == 0 ? 0 : 2;
   }
-
-  const std::string cluster = gen->parsed()   ? ga.cluster
-                              : bat->parsed() ? ba.cluster
-                              : ppl->parsed() ? pa.cluster
-                              : srv->parsed() ? sva.cluster
-                                              : std::string();
+  const std::string cluster = commands.cluster();
   std::unique_ptr<parallel::MpiRuntime> mpi;
   std::unique_ptr<parallel::Comm> world;
   int rank = 0, size = 1;
@@ -488,21 +564,7 @@ int main_entry(int argc, char** argv) {
     } else {
       world = parallel::make_self_comm();
     }
-    int rc = 0;
-    if (gen->parsed()) rc = run_generate(ga, std::move(world));
-    else if (bat->parsed()) rc = run_batch(ba, std::move(world));
-    else if (ppl->parsed()) rc = run_perplexity(pa, std::move(world));
-    else if (srv->parsed()) rc = run_serve(sva, std::move(world));
-    else if (ins->parsed()) rc = run_inspect(ia);
-    else if (conv->parsed()) {
-      ca.progress = !no_progress;
-      rc = run_convert(ca);
-    }
-    else if (tok->parsed()) rc = run_tokenize(tk, decode, literal);
-    else if (rep->parsed()) rc = run_report(report_file);
-    else if (sim->parsed()) rc = run_simulate(sa);
-    else if (lau->parsed()) rc = run_launch(lc, rest, lrun, argv[0], lslurm, lsrun);
-    return rc;
+    return commands.run(std::move(world), argv[0]);
   } catch (const std::exception& e) {
     if (size > 1) {
       std::fprintf(stderr, "glm5: error on rank %d of %d: %s\n", rank, size, e.what());
