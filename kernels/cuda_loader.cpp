@@ -50,8 +50,10 @@ void* plugin_handle() {
       if (handle) return;
       why += (why.empty() ? " " : "; ") + path + ": " + ::dlerror();
     }
-    error = "the CUDA backend plugin libglm5_cuda.so could not be loaded (set GLM5_CUDA_PLUGIN "
-            "to its path); tried" + why;
+    error =
+        "the CUDA backend plugin libglm5_cuda.so could not be loaded (set GLM5_CUDA_PLUGIN "
+        "to its path); tried" +
+        why;
   });
   if (!handle) GLM5_FAIL(error);
   return handle;

@@ -69,9 +69,9 @@ constexpr int64_t tile16_offset(int64_t r, int64_t c, int64_t ld) { return inter
 constexpr int64_t pair16_offset(int64_t r, int64_t c, int64_t ld) { return interleaved_offset(r, c, ld, 16, 2); }
 // Rows per group of an interleaved layout (1: row-major), and the multiple its ld must be.
 constexpr int64_t layout_group_rows(WeightLayout l) {
-  return l == WeightLayout::kQuad16 || l == WeightLayout::kQuantQuad                ? 4
-         : l == WeightLayout::kTile16 || l == WeightLayout::kPair16 ? 16
-                                                                                       : 1;
+  return l == WeightLayout::kQuad16 || l == WeightLayout::kQuantQuad ? 4
+         : l == WeightLayout::kTile16 || l == WeightLayout::kPair16  ? 16
+                                                                     : 1;
 }
 constexpr int64_t layout_ld_multiple(WeightLayout l) {
   return l == WeightLayout::kQuad16 ? 16 : l == WeightLayout::kTile16 ? 32 : l == WeightLayout::kPair16 ? 2 : 1;
@@ -106,8 +106,8 @@ struct Weight {
     const size_t row = dtype == DType::Q4 ? size_t(ld) / 2 : size_t(ld) * dtype_size(dtype);
     w.data = static_cast<const char*>(data) + size_t(first) * row;
     if (scale) {
-      CHECK(first % scale_block_rows == 0, "slice_rows: row ", first, " is inside a scale block of ",
-            scale_block_rows, " rows");
+      CHECK(first % scale_block_rows == 0, "slice_rows: row ", first, " is inside a scale block of ", scale_block_rows,
+            " rows");
       w.scale = static_cast<const char*>(scale) +
                 size_t(first / scale_block_rows) * size_t(scale_ld) * dtype_size(scale_dtype);
     }
@@ -156,9 +156,12 @@ inline float weight_at(const Weight& w, int64_t r, int64_t c) {
         std::memcpy(&v, static_cast<const uint8_t*>(w.data) + 4 * at, 4);
         return v;
       }
-      case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
-      case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
-      default: GLM5_FAIL("weight_at: unsupported weight dtype ", dtype_name(w.dtype));
+      case DType::BF16:
+        return bf16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
+      case DType::F16:
+        return f16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
+      default:
+        GLM5_FAIL("weight_at: unsupported weight dtype ", dtype_name(w.dtype));
     }
   }
   const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * quant::row_bytes(w.dtype, w.ld);
@@ -168,9 +171,12 @@ inline float weight_at(const Weight& w, int64_t r, int64_t c) {
       std::memcpy(&v, row + 4 * c, 4);
       return v;
     }
-    case DType::BF16: return bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]);
-    case DType::F16: return f16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]);
-    default: GLM5_FAIL("weight_at: unsupported weight dtype ", dtype_name(w.dtype));
+    case DType::BF16:
+      return bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]);
+    case DType::F16:
+      return f16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]);
+    default:
+      GLM5_FAIL("weight_at: unsupported weight dtype ", dtype_name(w.dtype));
   }
 }
 
@@ -272,7 +278,7 @@ struct IndexerScoresParams {
   const int32_t* q_pos = nullptr;  // [s]
   float* scores = nullptr;         // [s, ld_scores]
   int64_t s = 0, t = 0, n_heads = 0, head_dim = 0, ld_scores = 0;
-  KeyPages pages;                  // addressing of k (contiguous by default)
+  KeyPages pages;  // addressing of k (contiguous by default)
 };
 
 // Per row: the indices of the min(k, #finite) largest finite entries among scores[row, 0:cols],
@@ -280,7 +286,7 @@ struct IndexerScoresParams {
 struct TopkParams {
   const float* scores = nullptr;  // [rows, ld]
   int64_t rows = 0, cols = 0, ld = 0, k = 0;
-  int32_t* indices = nullptr;     // [rows, k]
+  int32_t* indices = nullptr;  // [rows, k]
 };
 
 // Naive ("MHA mode") MLA attention, used for prefill. For query row s and head h:
@@ -313,7 +319,7 @@ struct MlaDecodeParams {
   float* out_lat = nullptr;  // [s, n_heads, kv_lora_rank]
   int64_t s = 0, t = 0, n_heads = 0, kv_lora_rank = 0, qk_rope_head_dim = 0;
   float scale = 1.0f;
-  KeyPages pages;            // addressing of cache rows (contiguous by default)
+  KeyPages pages;  // addressing of cache rows (contiguous by default)
 };
 
 // The noaux_tc sigmoid router, per token row:
@@ -327,8 +333,8 @@ struct RouterParams {
   int64_t m = 0, n_experts = 0, top_k = 0, n_group = 1, topk_group = 1;
   bool norm_topk_prob = true;
   float routed_scaling_factor = 1.0f;
-  int32_t* expert_ids = nullptr;   // [m, top_k]
-  float* expert_weights = nullptr; // [m, top_k]
+  int32_t* expert_ids = nullptr;    // [m, top_k]
+  float* expert_weights = nullptr;  // [m, top_k]
 };
 
 // out[i, j] = silu(gate[i, j]) * up[i, j]

@@ -50,8 +50,8 @@ class Comm {
   virtual std::unique_ptr<PendingSend> isend(const void* buf, size_t bytes, int dst, int tag);
   // Every rank sends send_bytes[r] bytes at send + send_offsets[r] to rank r and receives
   // recv_bytes[r] bytes from rank r at recv + recv_offsets[r]. Sizes must agree pairwise.
-  virtual void all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets,
-                            void* recv, const size_t* recv_bytes, const size_t* recv_offsets) = 0;
+  virtual void all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets, void* recv,
+                            const size_t* recv_bytes, const size_t* recv_offsets) = 0;
   // recv holds size() blocks of `bytes`, block r from rank r.
   virtual void all_gather(const void* send, size_t bytes, void* recv) = 0;
   virtual void all_reduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op) = 0;

@@ -73,7 +73,8 @@ class StagedComm final : public WrappedComm {
     a_.resize(s_total);
     b_.resize(r_total);
     for (int r = 0; r < p; ++r)
-      if (send_bytes[r]) copy_down(a_.data() + so[size_t(r)], static_cast<const char*>(send) + send_offsets[r], send_bytes[r]);
+      if (send_bytes[r])
+        copy_down(a_.data() + so[size_t(r)], static_cast<const char*>(send) + send_offsets[r], send_bytes[r]);
     host_.all_to_all_v(a_.data(), send_bytes, so.data(), b_.data(), recv_bytes, ro.data());
     for (int r = 0; r < p; ++r)
       if (recv_bytes[r]) up(static_cast<char*>(recv) + recv_offsets[r], b_.data() + ro[size_t(r)], recv_bytes[r]);

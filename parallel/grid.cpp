@@ -29,8 +29,7 @@ std::vector<LayerRange> balance_layers(const std::vector<double>& cost, int stag
     if (out) {
       // Fewer ranges than stages: split the largest ranges until there are `stages` of them.
       while (int(out->size()) < stages) {
-        auto it = std::max_element(out->begin(), out->end(),
-                                   [](auto& a, auto& b) { return a.size() < b.size(); });
+        auto it = std::max_element(out->begin(), out->end(), [](auto& a, auto& b) { return a.size() < b.size(); });
         LayerRange r = *it;
         int mid = r.first + r.size() / 2;
         *it = {r.first, mid};
@@ -43,7 +42,10 @@ std::vector<LayerRange> balance_layers(const std::vector<double>& cost, int stag
   double hi = std::accumulate(cost.begin(), cost.end(), 0.0);
   for (int it = 0; it < 100; ++it) {
     double mid = 0.5 * (lo + hi);
-    if (pack(mid, nullptr)) hi = mid; else lo = mid;
+    if (pack(mid, nullptr))
+      hi = mid;
+    else
+      lo = mid;
   }
   std::vector<LayerRange> out;
   pack(hi * (1 + 1e-12), &out);
@@ -53,8 +55,8 @@ std::vector<LayerRange> balance_layers(const std::vector<double>& cost, int stag
 LayerRange expert_range(int n_experts, int expert_parallel, int column) {
   CHECK(expert_parallel >= 1 && n_experts % expert_parallel == 0, "n_routed_experts (", n_experts,
         ") is not divisible by the expert-parallel degree (", expert_parallel, ")");
-  CHECK(column >= 0 && column < expert_parallel, "expert-parallel column ", column,
-        " is outside [0, ", expert_parallel, ")");
+  CHECK(column >= 0 && column < expert_parallel, "expert-parallel column ", column, " is outside [0, ", expert_parallel,
+        ")");
   int per = n_experts / expert_parallel;
   return {column * per, (column + 1) * per};
 }

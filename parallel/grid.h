@@ -14,7 +14,7 @@ struct LayerRange {
 };
 
 struct Grid {
-  int stages = 1;        // P
+  int stages = 1;           // P
   int expert_parallel = 1;  // E
   int world() const { return stages * expert_parallel; }
   int stage_of(int rank) const { return rank / expert_parallel; }

@@ -34,17 +34,14 @@ constexpr size_t kHeaderWords = sizeof(Header) / sizeof(int64_t);
 // Whole rows of d floats that hold n (row, tag) int32 pairs.
 int64_t entry_rows(int64_t n, int64_t d) { return (2 * n + d - 1) / d; }
 
-void copy_rows(float* dst, const float* src, int64_t d) {
-  std::memcpy(dst, src, size_t(d) * sizeof(float));
-}
+void copy_rows(float* dst, const float* src, int64_t d) { std::memcpy(dst, src, size_t(d) * sizeof(float)); }
 }  // namespace
 
 MoeExchange::MoeExchange(Comm& stage_comm) : comm_(stage_comm) {}
 
 MoeExchange::MoeExchange(Comm& stage_comm, kernels::Backend& backend, Comm& payload_comm)
     : comm_(stage_comm), payload_comm_(&payload_comm), be_(&backend), device_(true) {
-  CHECK(!backend.host_memory(), "MoeExchange: backend ", backend.name(),
-        " has host memory; use the host exchange");
+  CHECK(!backend.host_memory(), "MoeExchange: backend ", backend.name(), " has host memory; use the host exchange");
   CHECK(payload_comm.device_buffers() && payload_comm.size() == stage_comm.size() &&
             payload_comm.rank() == stage_comm.rank(),
         "MoeExchange: the payload communicator (", payload_comm.transport(),
@@ -70,9 +67,8 @@ MoeExchange::DeviceScratch::~DeviceScratch() {
   if (be && p) be->free(p);
 }
 
-void MoeExchange::exchange(Comm& comm, const void* send, const std::vector<int64_t>& send_rows,
-                           size_t row_bytes, void* recv, const std::vector<int64_t>& recv_rows,
-                           bool include_self) {
+void MoeExchange::exchange(Comm& comm, const void* send, const std::vector<int64_t>& send_rows, size_t row_bytes,
+                           void* recv, const std::vector<int64_t>& recv_rows, bool include_self) {
   const int p = comm.size(), me = comm.rank();
   sb_.resize(p);
   so_.resize(p);
@@ -93,8 +89,8 @@ void MoeExchange::exchange(Comm& comm, const void* send, const std::vector<int64
   comm.all_to_all_v(send, sb_.data(), so_.data(), recv, rb_.data(), ro_.data());
 }
 
-void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
-                           const int32_t* dest_rank, const int32_t* tag) {
+void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k, const int32_t* dest_rank,
+                           const int32_t* tag) {
   const int p = comm_.size(), me = comm_.rank();
   dispatched_ = false;
 
@@ -102,12 +98,11 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
   std::string error;
   if (m < 0 || d < 1 || top_k < 1) {
     std::ostringstream os;
-    os << "MoE dispatch on rank " << me << ": need m >= 0, d >= 1, top_k >= 1; got m = " << m
-       << ", d = " << d << ", top_k = " << top_k;
+    os << "MoE dispatch on rank " << me << ": need m >= 0, d >= 1, top_k >= 1; got m = " << m << ", d = " << d
+       << ", top_k = " << top_k;
     error = os.str();
   } else if (m > 0 && (!x || !dest_rank || !tag)) {
-    error = "MoE dispatch on rank " + std::to_string(me) +
-            ": null x, dest_rank or tag with m = " + std::to_string(m);
+    error = "MoE dispatch on rank " + std::to_string(me) + ": null x, dest_rank or tag with m = " + std::to_string(m);
   }
   const int64_t n_slots = error.empty() ? m * top_k : 0;
   send_slots_.assign(p, 0);
@@ -118,8 +113,8 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
     if (r == -1) continue;
     if (r < 0 || r >= p) {
       std::ostringstream os;
-      os << "MoE dispatch on rank " << me << ": dest_rank[" << s << "] (token " << s / top_k
-         << ", j " << s % top_k << ") = " << r << ", expected -1 or a rank in [0, " << p << ")";
+      os << "MoE dispatch on rank " << me << ": dest_rank[" << s << "] (token " << s / top_k << ", j " << s % top_k
+         << ") = " << r << ", expected -1 or a rank in [0, " << p << ")";
       error = os.str();
       break;
     }
@@ -160,10 +155,9 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
     for (int r = 0; r < p; ++r) {
       const int64_t* h = &hdr_recv_[r * kHeaderWords];
       CHECK(h[3] == 0, "MoE dispatch: rank ", r,
-            " of the stage passed invalid arguments (its own error names them); rank ", me,
-            " stops too");
-      CHECK(h[2] == d, "MoE dispatch: rank ", r, " uses rows of width d = ", h[2], " but rank ",
-            me, " uses d = ", d, " (d must be equal on all ranks)");
+            " of the stage passed invalid arguments (its own error names them); rank ", me, " stops too");
+      CHECK(h[2] == d, "MoE dispatch: rank ", r, " uses rows of width d = ", h[2], " but rank ", me, " uses d = ", d,
+            " (d must be equal on all ranks)");
       recv_slots_[r] = h[0];
       recv_toks[r] = h[1];
     }
@@ -211,8 +205,10 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
   // 3-4. Host payload: the rows and the entries together to the table. Device payload: the
   //      entries alone now over the host comm (the rows move once the plan is complete). On one
   //      rank x itself is the table.
-  if (device_) exchange_entries(x, recv_toks);
-  else move_rows_host(x, recv_toks);
+  if (device_)
+    exchange_entries(x, recv_toks);
+  else
+    move_rows_host(x, recv_toks);
 
   // 5. Arrival order is source-major, slot order within a source; a stable sort by tag gives
   //    (tag, source, slot).
@@ -231,13 +227,12 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
       int32_t e[2];
       // Host path: the entries follow the block's token rows in the table; device path: they
       // came over the host comm on their own.
-      const char* entries =
-          device_ ? reinterpret_cast<const char*>(recv_entry_.data() + 2 * k0)
-                  : reinterpret_cast<const char*>(table_ + (block_first_[r] + recv_toks[r]) * d);
+      const char* entries = device_ ? reinterpret_cast<const char*>(recv_entry_.data() + 2 * k0)
+                                    : reinterpret_cast<const char*>(table_ + (block_first_[r] + recv_toks[r]) * d);
       for (int64_t k = 0; k < n; ++k) {
         std::memcpy(e, entries + size_t(k) * sizeof(e), sizeof(e));
-        CHECK(e[0] >= 0 && e[0] < recv_toks[r], "MoE dispatch on rank ", me, ": slot entry ", k,
-              " from rank ", r, " names token row ", e[0], " of ", recv_toks[r]);
+        CHECK(e[0] >= 0 && e[0] < recv_toks[r], "MoE dispatch on rank ", me, ": slot entry ", k, " from rank ", r,
+              " names token row ", e[0], " of ", recv_toks[r]);
         raw_row_[k0 + k] = int32_t(block_first_[r] + e[0]);
         raw_tag_[k0 + k] = e[1];
       }
@@ -245,8 +240,7 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
   }
   order_.resize(n_recv_);
   std::iota(order_.begin(), order_.end(), int64_t(0));
-  std::stable_sort(order_.begin(), order_.end(),
-                   [&](int64_t a, int64_t b) { return raw_tag_[a] < raw_tag_[b]; });
+  std::stable_sort(order_.begin(), order_.end(), [&](int64_t a, int64_t b) { return raw_tag_[a] < raw_tag_[b]; });
   recv_tag_.resize(n_recv_);
   recv_src_.resize(n_recv_);
   recv_row_.resize(n_recv_);
@@ -255,8 +249,7 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
     const int64_t k = order_[i];
     recv_tag_[i] = raw_tag_[k];
     recv_row_[i] = raw_row_[k];
-    recv_src_[i] = int32_t(std::upper_bound(recv_first_.begin(), recv_first_.end(), k) -
-                           recv_first_.begin() - 1);
+    recv_src_[i] = int32_t(std::upper_bound(recv_first_.begin(), recv_first_.end(), k) - recv_first_.begin() - 1);
     sorted_pos[k] = i;
   }
 
@@ -265,17 +258,18 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k,
   slot_row_.assign(m * top_k, -1);
   for (int r = 0; r < p; ++r)
     for (int64_t g = send_first_[r]; g < send_first_[r + 1]; ++g)
-      slot_row_[send_slot_[g]] =
-          int32_t(r == me ? sorted_pos[recv_first_[me] + g - send_first_[me]] : n_recv_ + g);
-  if (device_) move_rows_device(x);
-  else results_.reserve(size_t(std::max<int64_t>(n_recv_ + n_ret_, 1) * d));
+      slot_row_[send_slot_[g]] = int32_t(r == me ? sorted_pos[recv_first_[me] + g - send_first_[me]] : n_recv_ + g);
+  if (device_)
+    move_rows_device(x);
+  else
+    results_.reserve(size_t(std::max<int64_t>(n_recv_ + n_ret_, 1) * d));
   dispatched_ = true;
 }
 
 // Table and result rows are addressed by int32 indices (recv_row, slot_row).
 void MoeExchange::check_row_indices(int64_t table_rows) const {
-  CHECK(table_rows < (int64_t(1) << 31) && n_recv_ + n_ret_ < (int64_t(1) << 31), "MoE dispatch on rank ",
-        comm_.rank(), ": ", table_rows, " table rows and ", n_recv_ + n_ret_,
+  CHECK(table_rows < (int64_t(1) << 31) && n_recv_ + n_ret_ < (int64_t(1) << 31), "MoE dispatch on rank ", comm_.rank(),
+        ": ", table_rows, " table rows and ", n_recv_ + n_ret_,
         " result rows, more than int32 row indices can address");
 }
 
@@ -364,7 +358,8 @@ void MoeExchange::move_rows_device(const float* x) {
   h.clear();
   if (p > 1)
     for (int r = 0; r < p; ++r)
-      if (r != me) h.insert(h.end(), send_tok_.begin() + send_tok_first_[r], send_tok_.begin() + send_tok_first_[r + 1]);
+      if (r != me)
+        h.insert(h.end(), send_tok_.begin() + send_tok_first_[r], send_tok_.begin() + send_tok_first_[r + 1]);
   n_pack_ = int64_t(h.size());
   if (p > 1) h.insert(h.end(), send_tok_.begin() + send_tok_first_[me], send_tok_.begin() + send_tok_first_[me + 1]);
   n_own_ = int64_t(h.size()) - n_pack_;
@@ -407,8 +402,7 @@ void MoeExchange::move_rows_device(const float* x) {
 }
 
 void MoeExchange::combine() {
-  CHECK(dispatched_, "MoE combine on rank ", comm_.rank(),
-        " without a successful dispatch before it");
+  CHECK(dispatched_, "MoE combine on rank ", comm_.rank(), " without a successful dispatch before it");
   const int p = comm_.size(), me = comm_.rank();
   if (p == 1) return;  // every result is already where slot_row() points
   const int64_t d = d_;

@@ -67,8 +67,7 @@ class MoeExchange {
   // one (row, tag) entry per slot (one all_to_all_v on the host path; entries then rows, two, on
   // the device path); on a one-rank comm it makes no call. Bad arguments on any rank make every
   // rank throw, none hangs.
-  void dispatch(const float* x, int64_t m, int64_t d, int64_t top_k, const int32_t* dest_rank,
-                const int32_t* tag);
+  void dispatch(const float* x, int64_t m, int64_t d, int64_t top_k, const int32_t* dest_rank, const int32_t* tag);
 
   // The slots this rank received, ordered by (tag ascending, source rank ascending, source slot).
   int64_t recv_count() const { return n_recv_; }
@@ -78,7 +77,7 @@ class MoeExchange {
   // many of its slots came (the table also holds this rank's own tokens for its local slots).
   // The table, results() and result_rows() are payload memory; recv_row() and slot_row() are
   // host arrays, and *_payload() the same arrays in payload memory (for the backend's kernels).
-  const float* recv_table() const { return table_; }            // [recv_table_rows, d]
+  const float* recv_table() const { return table_; }  // [recv_table_rows, d]
   int64_t recv_table_rows() const { return table_rows_; }
   const int32_t* recv_row() const { return recv_row_.data(); }  // [recv_count]
   const int32_t* recv_row_payload() const { return device_ ? dev_recv_row_ : recv_row_.data(); }
@@ -110,11 +109,14 @@ class MoeExchange {
     void* p = nullptr;
     size_t cap = 0;
     void* reserve(size_t bytes);
-    template <class T> T* as() const { return static_cast<T*>(p); }
+    template <class T>
+    T* as() const {
+      return static_cast<T*>(p);
+    }
     ~DeviceScratch();
   };
-  void exchange(Comm& comm, const void* send, const std::vector<int64_t>& send_rows, size_t row_bytes,
-                void* recv, const std::vector<int64_t>& recv_rows, bool include_self = false);
+  void exchange(Comm& comm, const void* send, const std::vector<int64_t>& send_rows, size_t row_bytes, void* recv,
+                const std::vector<int64_t>& recv_rows, bool include_self = false);
   void move_rows_host(const float* x, const std::vector<int64_t>& recv_toks);
   void exchange_entries(const float* x, const std::vector<int64_t>& recv_toks);
   void check_row_indices(int64_t table_rows) const;
@@ -146,12 +148,12 @@ class MoeExchange {
   Scratch<float> recv_wire_;
   const float* table_ = nullptr;
   int64_t table_rows_ = 0;
-  std::vector<int64_t> recv_slots_;  // [P] slots from each rank
-  std::vector<int64_t> recv_first_;  // [P + 1] first arrival slot of each source
-  std::vector<int64_t> block_first_;  // [P] first table row of each source's block
+  std::vector<int64_t> recv_slots_;         // [P] slots from each rank
+  std::vector<int64_t> recv_first_;         // [P + 1] first arrival slot of each source
+  std::vector<int64_t> block_first_;        // [P] first table row of each source's block
   std::vector<int32_t> raw_tag_, raw_row_;  // [n_recv] in arrival order
   std::vector<int64_t> order_;              // recv slot i is arrival slot order_[i]
-  int64_t n_recv_ = 0, n_ret_ = 0;  // n_ret_: rows of the returns region
+  int64_t n_recv_ = 0, n_ret_ = 0;          // n_ret_: rows of the returns region
   std::vector<int32_t> recv_tag_, recv_src_, recv_row_;
   // Combine: results_ = [n_recv rows written by the caller | n_send rows coming back, grouped by
   // destination (this rank's own block unused)]; back_ = results for other ranks in arrival order.
@@ -165,8 +167,8 @@ class MoeExchange {
   std::vector<int64_t> back_rows_;
   int64_t n_pack_ = 0, n_own_ = 0, n_back_ = 0;
   DeviceScratch dev_index_, dev_wire_, dev_table_, dev_results_;
-  const int32_t *dev_pack_ = nullptr, *dev_own_ = nullptr, *dev_recv_row_ = nullptr,
-                *dev_slot_row_ = nullptr, *dev_back_idx_ = nullptr;
+  const int32_t *dev_pack_ = nullptr, *dev_own_ = nullptr, *dev_recv_row_ = nullptr, *dev_slot_row_ = nullptr,
+                *dev_back_idx_ = nullptr;
   // all_to_all_v scratch.
   std::vector<int64_t> hdr_send_, hdr_recv_;
   std::vector<size_t> sb_, so_, rb_, ro_;

@@ -32,23 +32,28 @@ bool mpi_active() {
 
 MPI_Datatype mpi_type(ReduceDType t) {
   switch (t) {
-    case ReduceDType::F32: return MPI_FLOAT;
-    case ReduceDType::F64: return MPI_DOUBLE;
-    case ReduceDType::I32: return MPI_INT32_T;
-    case ReduceDType::I64: return MPI_INT64_T;
+    case ReduceDType::F32:
+      return MPI_FLOAT;
+    case ReduceDType::F64:
+      return MPI_DOUBLE;
+    case ReduceDType::I32:
+      return MPI_INT32_T;
+    case ReduceDType::I64:
+      return MPI_INT64_T;
   }
   GLM5_FAIL("all_reduce: unknown ReduceDType ", int(t));
 }
 
-size_t type_bytes(ReduceDType t) {
-  return (t == ReduceDType::F32 || t == ReduceDType::I32) ? 4 : 8;
-}
+size_t type_bytes(ReduceDType t) { return (t == ReduceDType::F32 || t == ReduceDType::I32) ? 4 : 8; }
 
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return MPI_SUM;
-    case ReduceOp::Max: return MPI_MAX;
-    case ReduceOp::Min: return MPI_MIN;
+    case ReduceOp::Sum:
+      return MPI_SUM;
+    case ReduceOp::Max:
+      return MPI_MAX;
+    case ReduceOp::Min:
+      return MPI_MIN;
   }
   GLM5_FAIL("all_reduce: unknown ReduceOp ", int(op));
 }
@@ -58,8 +63,7 @@ MPI_Op mpi_op(ReduceOp op) {
 std::string mpi_error_string(int code) {
   char buf[MPI_MAX_ERROR_STRING + 1] = {0};
   int len = 0;
-  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS)
-    return "MPI error code " + std::to_string(code);
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return "MPI error code " + std::to_string(code);
   return std::string(buf, size_t(len));
 }
 
@@ -71,8 +75,7 @@ int mpi_world_rank() {
 }
 
 void set_mpi_message_limit(size_t bytes) {
-  CHECK(bytes >= 1 && bytes <= size_t(INT_MAX), "MPI message limit must be in [1, ", INT_MAX,
-        "] bytes, got ", bytes);
+  CHECK(bytes >= 1 && bytes <= size_t(INT_MAX), "MPI message limit must be in [1, ", INT_MAX, "] bytes, got ", bytes);
   g_message_limit = bytes;
 }
 
@@ -134,8 +137,8 @@ MpiComm::~MpiComm() {
 }
 
 void MpiComm::check_peer(int peer, const char* what) const {
-  CHECK(peer >= 0 && peer < size_, what, ": rank ", peer, " is not in this communicator (size ",
-        size_, ", this rank ", rank_, ")");
+  CHECK(peer >= 0 && peer < size_, what, ": rank ", peer, " is not in this communicator (size ", size_, ", this rank ",
+        rank_, ")");
 }
 
 void MpiComm::check_tag(int tag, const char* what) const {
@@ -190,7 +193,8 @@ void watchdog_report(const WaitFor& w, double waited, double grace) {
     msg += "; its sends in flight:";
     for (auto& [id, s] : sends) msg += " [" + describe(s) + "]";
   }
-  msg += "; the job aborts in " + std::to_string(int(grace)) + " s unless this completes "
+  msg += "; the job aborts in " + std::to_string(int(grace)) +
+         " s unless this completes "
          "(cluster key watchdog_s; 0 turns the watchdog off)\n";
   std::fputs(msg.c_str(), stderr);
   std::fflush(stderr);
@@ -230,8 +234,8 @@ void wait_polling(MPI_Request* req, MPI_Status* st, const WaitFor& what) {
       watchdog_report(what, waited, grace);
       reported = true;
     } else if (reported && waited > limit + grace) {
-      std::fprintf(stderr, "[glm5] watchdog: rank %d aborts the job (no progress for %.0f s)\n",
-                   mpi_world_rank(), waited);
+      std::fprintf(stderr, "[glm5] watchdog: rank %d aborts the job (no progress for %.0f s)\n", mpi_world_rank(),
+                   waited);
       std::fflush(stderr);
       MPI_Abort(MPI_COMM_WORLD, 3);
     }
@@ -320,8 +324,8 @@ void MpiComm::recv(void* buf, size_t bytes, int src, int tag) {
     wait_polling(&req, &st, WaitFor{"recv", comm_, src, tag, n});
     int got = 0;
     MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &got));
-    CHECK(size_t(got) == n, "recv from rank ", src, " tag ", tag, ": expected ", n,
-          " bytes in this message, got ", got, " (sizes must agree on both sides)");
+    CHECK(size_t(got) == n, "recv from rank ", src, " tag ", tag, ": expected ", n, " bytes in this message, got ", got,
+          " (sizes must agree on both sides)");
     off += n;
   } while (off < bytes);
 }
@@ -331,10 +335,10 @@ void MpiComm::recv(void* buf, size_t bytes, int src, int tag) {
 // block within the message limit is `bytes` x MPI_BYTE at an int displacement; a larger one (or
 // one at a larger offset) is one derived type: `bytes / limit` chunks of `limit` bytes plus the
 // rest, placed with 64-bit MPI_Aint displacements.
-void MpiComm::all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets,
-                           void* recv, const size_t* recv_bytes, const size_t* recv_offsets) {
-  CHECK(send_bytes[rank_] == recv_bytes[rank_], "all_to_all_v: rank ", rank_, " sends ",
-        send_bytes[rank_], " bytes to itself but expects ", recv_bytes[rank_]);
+void MpiComm::all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets, void* recv,
+                           const size_t* recv_bytes, const size_t* recv_offsets) {
+  CHECK(send_bytes[rank_] == recv_bytes[rank_], "all_to_all_v: rank ", rank_, " sends ", send_bytes[rank_],
+        " bytes to itself but expects ", recv_bytes[rank_]);
   for (int r = 0; r < size_; ++r) {
     kernels::check_host_pointer(static_cast<const char*>(send) + send_offsets[r], send_bytes[r], "MPI all_to_all_v");
     kernels::check_host_pointer(static_cast<char*>(recv) + recv_offsets[r], recv_bytes[r], "MPI all_to_all_v");
@@ -373,8 +377,8 @@ void MpiComm::all_to_all_v(const void* send, const size_t* send_bytes, const siz
   }
   // Nonblocking, then the sleeping wait: a rank that arrives early does not spin a core.
   MPI_Request req = MPI_REQUEST_NULL;
-  int rc = MPI_Ialltoallw(send, counts_.data(), displs_.data(), stypes_.data(), recv,
-                          rcounts_.data(), rdispls_.data(), rtypes_.data(), comm_, &req);
+  int rc = MPI_Ialltoallw(send, counts_.data(), displs_.data(), stypes_.data(), recv, rcounts_.data(), rdispls_.data(),
+                          rtypes_.data(), comm_, &req);
   if (rc == MPI_SUCCESS) {
     try {
       size_t total = 0;
@@ -414,8 +418,7 @@ void MpiComm::all_reduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op
   for (size_t off = 0; off < count; off += chunk) {
     size_t n = std::min(chunk, count - off);
     MPI_Request req = MPI_REQUEST_NULL;
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, p + off * es, int(n), mpi_type(dtype), mpi_op(op),
-                             comm_, &req));
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, p + off * es, int(n), mpi_type(dtype), mpi_op(op), comm_, &req));
     wait_polling(&req, MPI_STATUS_IGNORE, WaitFor{"all_reduce", comm_, -1, -1, n * es});
   }
 }
@@ -427,8 +430,7 @@ void MpiComm::broadcast(void* buf, size_t bytes, int root) {
   const size_t limit = g_message_limit;
   for (size_t off = 0; off < bytes; off += limit) {
     MPI_Request req = MPI_REQUEST_NULL;
-    MPI_CHECK(
-        MPI_Ibcast(p + off, int(std::min(limit, bytes - off)), MPI_BYTE, root, comm_, &req));
+    MPI_CHECK(MPI_Ibcast(p + off, int(std::min(limit, bytes - off)), MPI_BYTE, root, comm_, &req));
     wait_polling(&req, MPI_STATUS_IGNORE, WaitFor{"broadcast", comm_, root, -1, bytes});
   }
 }
@@ -472,16 +474,15 @@ class SelfComm final : public Comm {
               ") on the one-rank self communicator: there is no other rank to receive it");
   }
   void recv(void*, size_t, int src, int tag) override {
-    GLM5_FAIL("recv from rank ", src, " (tag ", tag,
-              ") on the one-rank self communicator: nothing can ever arrive");
+    GLM5_FAIL("recv from rank ", src, " (tag ", tag, ") on the one-rank self communicator: nothing can ever arrive");
   }
-  void all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets,
-                    void* recv, const size_t* recv_bytes, const size_t* recv_offsets) override {
-    CHECK(send_bytes[0] == recv_bytes[0], "all_to_all_v on the self communicator: sends ",
-          send_bytes[0], " bytes but expects ", recv_bytes[0]);
+  void all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets, void* recv,
+                    const size_t* recv_bytes, const size_t* recv_offsets) override {
+    CHECK(send_bytes[0] == recv_bytes[0], "all_to_all_v on the self communicator: sends ", send_bytes[0],
+          " bytes but expects ", recv_bytes[0]);
     if (send_bytes[0] > 0)
-      std::memmove(static_cast<char*>(recv) + recv_offsets[0],
-                   static_cast<const char*>(send) + send_offsets[0], send_bytes[0]);
+      std::memmove(static_cast<char*>(recv) + recv_offsets[0], static_cast<const char*>(send) + send_offsets[0],
+                   send_bytes[0]);
   }
   void all_gather(const void* send, size_t bytes, void* recv) override {
     if (bytes > 0 && send != recv) std::memmove(recv, send, bytes);

@@ -24,13 +24,12 @@ int mpi_world_rank();
 // Wraps an MPI call: a return code other than MPI_SUCCESS throws glm5::Error naming the call, the
 // world rank and MPI's error string. Needs MPI_ERRORS_RETURN, which MpiRuntime sets on the world
 // (communicators split from it inherit it); with MPI's default handler errors abort the job.
-#define MPI_CHECK(call)                                                       \
-  do {                                                                        \
-    int glm5_mpi_rc_ = (call);                                                \
-    if (glm5_mpi_rc_ != MPI_SUCCESS)                                          \
-      ::glm5::detail::fail(__FILE__, __LINE__, #call, " failed on rank ",     \
-                           ::glm5::parallel::mpi_world_rank(), ": ",          \
-                           ::glm5::parallel::mpi_error_string(glm5_mpi_rc_)); \
+#define MPI_CHECK(call)                                                                                             \
+  do {                                                                                                              \
+    int glm5_mpi_rc_ = (call);                                                                                      \
+    if (glm5_mpi_rc_ != MPI_SUCCESS)                                                                                \
+      ::glm5::detail::fail(__FILE__, __LINE__, #call, " failed on rank ", ::glm5::parallel::mpi_world_rank(), ": ", \
+                           ::glm5::parallel::mpi_error_string(glm5_mpi_rc_));                                       \
   } while (0)
 
 // Owns MPI for the life of the process: initialises it (MPI_THREAD_FUNNELED: OpenMP threads
@@ -76,8 +75,8 @@ class MpiComm final : public Comm {
   void send(const void* buf, size_t bytes, int dst, int tag) override;
   void recv(void* buf, size_t bytes, int src, int tag) override;
   std::unique_ptr<PendingSend> isend(const void* buf, size_t bytes, int dst, int tag) override;
-  void all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets,
-                    void* recv, const size_t* recv_bytes, const size_t* recv_offsets) override;
+  void all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets, void* recv,
+                    const size_t* recv_bytes, const size_t* recv_offsets) override;
   void all_gather(const void* send, size_t bytes, void* recv) override;
   void all_reduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op) override;
   void broadcast(void* buf, size_t bytes, int root) override;

@@ -38,20 +38,20 @@ int world_rank() {
 
 // NCCL_CHECK / CUDA_CHECK: throw glm5::Error naming the call, the world rank and the library's
 // message (ncclGetLastError carries NCCL's detailed reason, e.g. "Duplicate GPU detected").
-#define NCCL_CHECK(call)                                                                       \
-  do {                                                                                         \
-    const ncclResult_t glm5_nccl_rc_ = (call);                                                 \
-    if (glm5_nccl_rc_ != ncclSuccess)                                                          \
-      GLM5_FAIL("nccl: ", #call, " failed on rank ", world_rank(), ": ",                       \
-                ncclGetErrorString(glm5_nccl_rc_), " (", ncclGetLastError(nullptr), ")");      \
+#define NCCL_CHECK(call)                                                                                          \
+  do {                                                                                                            \
+    const ncclResult_t glm5_nccl_rc_ = (call);                                                                    \
+    if (glm5_nccl_rc_ != ncclSuccess)                                                                             \
+      GLM5_FAIL("nccl: ", #call, " failed on rank ", world_rank(), ": ", ncclGetErrorString(glm5_nccl_rc_), " (", \
+                ncclGetLastError(nullptr), ")");                                                                  \
   } while (0)
 
-#define CUDA_CHECK(call)                                                                        \
-  do {                                                                                          \
-    const cudaError_t glm5_cuda_rc_ = (call);                                                   \
-    if (glm5_cuda_rc_ != cudaSuccess)                                                           \
-      GLM5_FAIL("cuda: ", #call, " failed on rank ", world_rank(), ": ",                       \
-                cudaGetErrorName(glm5_cuda_rc_), " (", cudaGetErrorString(glm5_cuda_rc_), ")"); \
+#define CUDA_CHECK(call)                                                                                        \
+  do {                                                                                                          \
+    const cudaError_t glm5_cuda_rc_ = (call);                                                                   \
+    if (glm5_cuda_rc_ != cudaSuccess)                                                                           \
+      GLM5_FAIL("cuda: ", #call, " failed on rank ", world_rank(), ": ", cudaGetErrorName(glm5_cuda_rc_), " (", \
+                cudaGetErrorString(glm5_cuda_rc_), ")");                                                        \
   } while (0)
 
 ncclDataType_t nccl_type(ReduceDType t) {
@@ -194,23 +194,21 @@ class NcclComm final : public Comm {
 
   // One NCCL group of point-to-point transfers (zero-byte pairs skipped on both sides, which the
   // pairwise size agreement makes consistent); the block to itself is a device copy.
-  void all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets,
-                    void* recv, const size_t* recv_bytes, const size_t* recv_offsets) override {
-    CHECK(send_bytes[rank_] == recv_bytes[rank_], "nccl all_to_all_v: rank ", rank_, " sends ",
-          send_bytes[rank_], " bytes to itself but expects ", recv_bytes[rank_]);
+  void all_to_all_v(const void* send, const size_t* send_bytes, const size_t* send_offsets, void* recv,
+                    const size_t* recv_bytes, const size_t* recv_offsets) override {
+    CHECK(send_bytes[rank_] == recv_bytes[rank_], "nccl all_to_all_v: rank ", rank_, " sends ", send_bytes[rank_],
+          " bytes to itself but expects ", recv_bytes[rank_]);
     begin();
     const char* s = static_cast<const char*>(send);
     char* r = static_cast<char*>(recv);
     if (send_bytes[rank_])
-      CUDA_CHECK(cudaMemcpyAsync(r + recv_offsets[rank_], s + send_offsets[rank_],
-                                 send_bytes[rank_], cudaMemcpyDeviceToDevice, stream_));
+      CUDA_CHECK(cudaMemcpyAsync(r + recv_offsets[rank_], s + send_offsets[rank_], send_bytes[rank_],
+                                 cudaMemcpyDeviceToDevice, stream_));
     NCCL_CHECK(ncclGroupStart());
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
-      if (send_bytes[p])
-        NCCL_CHECK(ncclSend(s + send_offsets[p], send_bytes[p], ncclUint8, p, comm_, stream_));
-      if (recv_bytes[p])
-        NCCL_CHECK(ncclRecv(r + recv_offsets[p], recv_bytes[p], ncclUint8, p, comm_, stream_));
+      if (send_bytes[p]) NCCL_CHECK(ncclSend(s + send_offsets[p], send_bytes[p], ncclUint8, p, comm_, stream_));
+      if (recv_bytes[p]) NCCL_CHECK(ncclRecv(r + recv_offsets[p], recv_bytes[p], ncclUint8, p, comm_, stream_));
     }
     NCCL_CHECK(ncclGroupEnd());
     finish("all_to_all_v");
@@ -224,14 +222,12 @@ class NcclComm final : public Comm {
 
   void all_reduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op) override {
     begin();
-    if (count)
-      NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, stream_));
+    if (count) NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, stream_));
     finish("all_reduce");
   }
 
   void broadcast(void* buf, size_t bytes, int root) override {
-    CHECK(root >= 0 && root < size_, "nccl broadcast: root ", root,
-          " is not in this communicator (size ", size_, ")");
+    CHECK(root >= 0 && root < size_, "nccl broadcast: root ", root, " is not in this communicator (size ", size_, ")");
     begin();
     if (bytes) NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_));
     finish("broadcast");
@@ -264,8 +260,8 @@ class NcclComm final : public Comm {
 
  private:
   void check_peer(int peer, const char* what, int tag) const {
-    CHECK(peer >= 0 && peer < size_, "nccl ", what, ": rank ", peer,
-          " is not in this communicator (size ", size_, ", this rank ", rank_, ")");
+    CHECK(peer >= 0 && peer < size_, "nccl ", what, ": rank ", peer, " is not in this communicator (size ", size_,
+          ", this rank ", rank_, ")");
     CHECK(peer != rank_, "nccl ", what, ": rank ", rank_,
           " cannot send to or receive from itself (NCCL send/recv would never match)");
     CHECK(tag >= 0, "nccl ", what, ": tag ", tag, " < 0");
@@ -292,8 +288,8 @@ class NcclComm final : public Comm {
     NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
     if (async != ncclSuccess && async != ncclInProgress) {
       failed_ = true;
-      GLM5_FAIL("nccl ", what, " failed on rank ", rank_, " of ", size_, ": ",
-                ncclGetErrorString(async), " (", ncclGetLastError(comm_), ")");
+      GLM5_FAIL("nccl ", what, " failed on rank ", rank_, " of ", size_, ": ", ncclGetErrorString(async), " (",
+                ncclGetLastError(comm_), ")");
     }
   }
 
@@ -344,8 +340,8 @@ std::unique_ptr<Comm> make_nccl_comm_impl(Comm& host_comm, int device, cudaStrea
   try {
     int n = 0;
     CUDA_CHECK(cudaGetDeviceCount(&n));
-    CHECK(device >= 0 && device < n, "nccl: rank ", host_comm.rank(), " asked for CUDA device ",
-          device, " but ", n, " are visible");
+    CHECK(device >= 0 && device < n, "nccl: rank ", host_comm.rank(), " asked for CUDA device ", device, " but ", n,
+          " are visible");
     CUDA_CHECK(cudaSetDevice(device));
     if (host_comm.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   } catch (const Error& e) {
@@ -355,8 +351,7 @@ std::unique_ptr<Comm> make_nccl_comm_impl(Comm& host_comm, int device, cudaStrea
   host_comm.all_reduce(&ok, 1, ReduceDType::I32, ReduceOp::Min);
   if (!ok) {
     if (!error.empty()) throw Error(error);
-    GLM5_FAIL("nccl: set-up failed on another rank (rank ", host_comm.rank(),
-              " was fine); see that rank's message");
+    GLM5_FAIL("nccl: set-up failed on another rank (rank ", host_comm.rank(), " was fine); see that rank's message");
   }
   host_comm.broadcast(&id, sizeof(id), 0);
   ncclComm_t comm = nullptr;
@@ -367,8 +362,7 @@ std::unique_ptr<Comm> make_nccl_comm_impl(Comm& host_comm, int device, cudaStrea
 }  // namespace glm5::parallel
 
 // The plugin's entry point (see nccl_loader.cpp): ownership of the result passes to the caller.
-extern "C" glm5::parallel::Comm* glm5_cuda_make_nccl_comm(glm5::parallel::Comm* host_comm,
-                                                          int device, void* work_stream) {
-  return glm5::parallel::make_nccl_comm_impl(*host_comm, device, static_cast<cudaStream_t>(work_stream))
-      .release();
+extern "C" glm5::parallel::Comm* glm5_cuda_make_nccl_comm(glm5::parallel::Comm* host_comm, int device,
+                                                          void* work_stream) {
+  return glm5::parallel::make_nccl_comm_impl(*host_comm, device, static_cast<cudaStream_t>(work_stream)).release();
 }

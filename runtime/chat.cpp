@@ -13,9 +13,8 @@ namespace {
 
 // Python's str.isspace() for one code point (what Jinja's .strip() removes).
 bool py_space(uint32_t cp) {
-  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 ||
-         cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
-         cp == 0x202F || cp == 0x205F || cp == 0x3000;
+  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 // Decodes the UTF-8 char at s[i] (its length in `len`); invalid bytes decode as themselves.
@@ -62,22 +61,18 @@ std::string rstrip_newlines(std::string_view s) {
   return e == std::string_view::npos ? std::string() : std::string(s.substr(0, e + 1));
 }
 
-[[noreturn]] void bad_role(const std::string& model_type, size_t index, const std::string& role,
-                           const char* allowed) {
-  GLM5_FAIL("format_chat(", model_type, "): messages[", index, "] has role '", role,
-            "'; expected one of ", allowed);
+[[noreturn]] void bad_role(const std::string& model_type, size_t index, const std::string& role, const char* allowed) {
+  GLM5_FAIL("format_chat(", model_type, "): messages[", index, "] has role '", role, "'; expected one of ", allowed);
 }
 
-int last_index_of(const std::vector<ChatMessage>& messages,
-                  std::initializer_list<std::string_view> roles) {
+int last_index_of(const std::vector<ChatMessage>& messages, std::initializer_list<std::string_view> roles) {
   for (size_t i = messages.size(); i-- > 0;)
     for (std::string_view r : roles)
       if (messages[i].role == r) return int(i);
   return -1;
 }
 
-std::string format_glm(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                       bool enable_thinking) {
+std::string format_glm(const std::vector<ChatMessage>& messages, bool add_generation_prompt, bool enable_thinking) {
   const char* kRoles = "system, user, assistant, tool";
   std::string out = "[gMASK]<sop>";
   const int last_user = last_index_of(messages, {"user"});
@@ -100,9 +95,8 @@ std::string format_glm(const std::vector<ChatMessage>& messages, bool add_genera
         if (first_close != std::string::npos) {
           std::string before = rstrip_newlines(std::string_view(content).substr(0, first_close));
           size_t open = before.rfind("<think>");
-          reasoning = lstrip_newlines(open == std::string::npos
-                                          ? std::string_view(before)
-                                          : std::string_view(before).substr(open + 7));
+          reasoning = lstrip_newlines(open == std::string::npos ? std::string_view(before)
+                                                                : std::string_view(before).substr(open + 7));
           size_t last_close = content.rfind("</think>");
           content = lstrip_newlines(std::string_view(content).substr(last_close + 8));
         }
@@ -116,14 +110,12 @@ std::string format_glm(const std::vector<ChatMessage>& messages, bool add_genera
       bad_role("glm_moe_dsa", i, m.role, kRoles);
     }
   }
-  if (add_generation_prompt)
-    out += enable_thinking ? "<|assistant|><think>" : "<|assistant|></think>";
+  if (add_generation_prompt) out += enable_thinking ? "<|assistant|><think>" : "<|assistant|></think>";
   return out;
 }
 
 std::string format_deepseek_v32(const std::vector<ChatMessage>& messages, bool enable_thinking) {
-  const char* kRoles =
-      "system, user, developer, assistant (tool results need tool calls, which are not supported)";
+  const char* kRoles = "system, user, developer, assistant (tool results need tool calls, which are not supported)";
   std::string out = "<｜begin▁of▁sentence｜>";
   const int last_user = last_index_of(messages, {"user", "developer"});
   auto open_assistant = [&](size_t i) {
@@ -138,8 +130,7 @@ std::string format_deepseek_v32(const std::vector<ChatMessage>& messages, bool e
       out += "<｜User｜>" + m.content;
       open_assistant(i);
     } else if (m.role == "developer") {
-      CHECK(!m.content.empty(), "format_chat(deepseek_v32): messages[", i,
-            "] (developer) has empty content");
+      CHECK(!m.content.empty(), "format_chat(deepseek_v32): messages[", i, "] (developer) has empty content");
       out += "<｜User｜>\n\n# The user's message is: " + m.content;
       open_assistant(i);
     } else if (m.role == "assistant") {
@@ -157,11 +148,9 @@ std::string format_deepseek_v32(const std::vector<ChatMessage>& messages, bool e
 
 std::string format_chat(const std::string& model_type, const std::vector<ChatMessage>& messages,
                         bool add_generation_prompt, bool enable_thinking) {
-  if (model_type == "glm_moe_dsa")
-    return format_glm(messages, add_generation_prompt, enable_thinking);
+  if (model_type == "glm_moe_dsa") return format_glm(messages, add_generation_prompt, enable_thinking);
   if (model_type == "deepseek_v32") return format_deepseek_v32(messages, enable_thinking);
-  GLM5_FAIL("format_chat: model_type '", model_type,
-            "' has no chat format; expected glm_moe_dsa or deepseek_v32");
+  GLM5_FAIL("format_chat: model_type '", model_type, "' has no chat format; expected glm_moe_dsa or deepseek_v32");
 }
 
 }  // namespace glm5::runtime

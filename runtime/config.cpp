@@ -60,9 +60,7 @@ struct Fields {
     if (x < min_value) bad(key, expected, v);
     return x;
   }
-  int64_t required_int(const char* key, int64_t min_value = 1) const {
-    return integer(key, min_value, value(key));
-  }
+  int64_t required_int(const char* key, int64_t min_value = 1) const { return integer(key, min_value, value(key)); }
   int64_t optional_int(const char* key, int64_t fallback, int64_t min_value) const {
     const json* v = value(key);
     return v ? integer(key, min_value, v) : fallback;
@@ -136,7 +134,8 @@ void read_rope(const json& root, const std::string& source, ModelConfig& c) {
       top.bad("rope_theta", "rope_parameters.rope_theta = " + show(p.value("rope_theta")) + " or no field", t);
     // Exporters write the legacy rope_scaling beside it for older loaders: it must say the same.
     if (const json* rs = top.value("rope_scaling"); rs && !same_rope(*rs, *params))
-      top.bad("rope_scaling", "null, or the same type and scaling fields as rope_parameters (" + show(params) + ")", rs);
+      top.bad("rope_scaling", "null, or the same type and scaling fields as rope_parameters (" + show(params) + ")",
+              rs);
   } else {
     const json* theta = top.value("rope_theta");
     if (!theta) top.bad("rope_theta", "a positive number (or a `rope_parameters` object)", nullptr);
@@ -152,8 +151,8 @@ void read_rope(const json& root, const std::string& source, ModelConfig& c) {
   std::string type = s.optional_string(type_key, "default");
   if (type == "default") {
     // YaRN's keys on an unscaled RoPE would be silently unused: say so instead.
-    for (const char* k : {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
-                          "mscale_all_dim"})
+    for (const char* k :
+         {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"})
       if (s.value(k))
         GLM5_FAIL(source, ": field '", prefix, k, "' is set (", show(s.value(k)), ") but ", prefix, type_key,
                   " is \"default\" (no scaling): remove it, or set ", prefix, "rope_type to \"yarn\"");
@@ -166,13 +165,12 @@ void read_rope(const json& root, const std::string& source, ModelConfig& c) {
   r.factor = s.number("factor", s.value("factor"), true);
   if (r.factor < 1.0) s.bad("factor", "a number >= 1", s.value("factor"));
   // HF falls back to max_position_embeddings when the original length is not given.
-  r.original_max_position_embeddings =
-      s.optional_int("original_max_position_embeddings", c.max_position_embeddings, 1);
+  r.original_max_position_embeddings = s.optional_int("original_max_position_embeddings", c.max_position_embeddings, 1);
   r.beta_fast = s.optional_number("beta_fast", 32.0, true);
   r.beta_slow = s.optional_number("beta_slow", 1.0, true);
   if (r.beta_slow > r.beta_fast)
-    GLM5_FAIL(source, ": field '", prefix, "beta_slow': expected at most beta_fast = ", r.beta_fast,
-              ", found ", r.beta_slow);
+    GLM5_FAIL(source, ": field '", prefix, "beta_slow': expected at most beta_fast = ", r.beta_fast, ", found ",
+              r.beta_slow);
   r.mscale = s.optional_number("mscale", 1.0, false);
   r.mscale_all_dim = s.optional_number("mscale_all_dim", 0.0, false);
 }
@@ -205,8 +203,7 @@ void read_quantization(const json& root, const std::string& source, ModelConfig&
   for (auto it = groups->begin(); it != groups->end(); ++it) {
     const std::string where = "quantization_config.config_groups." + it.key() + ".weights.";
     const json* w = it.value().is_object() && it.value().contains("weights") ? &it.value()["weights"] : nullptr;
-    if (!w || !w->is_object())
-      GLM5_FAIL(source, ": field '", where, "': expected an object, found ", show(w));
+    if (!w || !w->is_object()) GLM5_FAIL(source, ": field '", where, "': expected an object, found ", show(w));
     Fields g{*w, source, where};
     const int64_t bits = g.required_int("num_bits");
     if (bits != 4 && bits != 8) g.bad("num_bits", "4 or 8", g.value("num_bits"));
@@ -234,37 +231,77 @@ void require(bool ok, const std::string& source, const char* field, const std::s
 constexpr int64_t kMaxLayers = 4096;
 
 // Keys glm5 reads (parse_config and the helpers above and below).
-const char* const kReadKeys[] = {
-    "model_type", "dtype", "torch_dtype", "vocab_size", "hidden_size", "num_hidden_layers",
-    "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-    "qk_head_dim", "v_head_dim", "index_n_heads", "index_head_dim", "index_topk", "intermediate_size",
-    "max_position_embeddings", "n_routed_experts", "num_experts", "moe_intermediate_size",
-    "num_experts_per_tok", "n_shared_experts", "n_group", "topk_group", "first_k_dense_replace",
-    "moe_layer_freq", "num_nextn_predict_layers", "routed_scaling_factor", "rms_norm_eps",
-    "norm_topk_prob", "tie_word_embeddings", "rope_interleave", "indexer_rope_interleave",
-    "rope_parameters", "rope_theta", "rope_scaling", "quantization_config", "scoring_func",
-    "topk_method", "hidden_act", "attention_bias", "mlp_bias", "eos_token_id", "bos_token_id",
-    "pad_token_id", "indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset",
-    "index_share_for_mtp_iteration", "mlp_layer_types", "layer_types", "moe_router_dtype"};
+const char* const kReadKeys[] = {"model_type",
+                                 "dtype",
+                                 "torch_dtype",
+                                 "vocab_size",
+                                 "hidden_size",
+                                 "num_hidden_layers",
+                                 "num_attention_heads",
+                                 "q_lora_rank",
+                                 "kv_lora_rank",
+                                 "qk_nope_head_dim",
+                                 "qk_rope_head_dim",
+                                 "qk_head_dim",
+                                 "v_head_dim",
+                                 "index_n_heads",
+                                 "index_head_dim",
+                                 "index_topk",
+                                 "intermediate_size",
+                                 "max_position_embeddings",
+                                 "n_routed_experts",
+                                 "num_experts",
+                                 "moe_intermediate_size",
+                                 "num_experts_per_tok",
+                                 "n_shared_experts",
+                                 "n_group",
+                                 "topk_group",
+                                 "first_k_dense_replace",
+                                 "moe_layer_freq",
+                                 "num_nextn_predict_layers",
+                                 "routed_scaling_factor",
+                                 "rms_norm_eps",
+                                 "norm_topk_prob",
+                                 "tie_word_embeddings",
+                                 "rope_interleave",
+                                 "indexer_rope_interleave",
+                                 "rope_parameters",
+                                 "rope_theta",
+                                 "rope_scaling",
+                                 "quantization_config",
+                                 "scoring_func",
+                                 "topk_method",
+                                 "hidden_act",
+                                 "attention_bias",
+                                 "mlp_bias",
+                                 "eos_token_id",
+                                 "bos_token_id",
+                                 "pad_token_id",
+                                 "indexer_types",
+                                 "index_topk_pattern",
+                                 "index_topk_freq",
+                                 "index_skip_topk_offset",
+                                 "index_share_for_mtp_iteration",
+                                 "mlp_layer_types",
+                                 "layer_types",
+                                 "moe_router_dtype"};
 
 // Keys known not to change what inference computes: training-only settings, other engines'
 // bookkeeping, vestigial MLA fields, and the generic fields transformers writes into any config.
 const char* const kIgnoredKeys[] = {
-    "architectures", "transformers_version", "initializer_range", "use_cache", "ep_size",
-    "pretraining_tp", "attention_dropout", "num_key_value_heads", "head_dim", "aux_loss_alpha",
-    "seq_aux", "router_aux_loss_coef", "output_router_logits", "_name_or_path", "auto_map",
-    "use_bfloat16", "output_attentions", "output_hidden_states", "return_dict", "torchscript",
-    "is_encoder_decoder", "is_decoder", "add_cross_attention", "tie_encoder_decoder", "id2label",
-    "label2id", "problem_type", "chunk_size_feed_forward", "tf_legacy_loss", "pruned_heads",
-    "finetuning_task", "task_specific_params", "tokenizer_class", "prefix", "sep_token_id",
-    "decoder_start_token_id", "cross_attention_hidden_size", "_attn_implementation_autoset",
+    "architectures", "transformers_version", "initializer_range", "use_cache", "ep_size", "pretraining_tp",
+    "attention_dropout", "num_key_value_heads", "head_dim", "aux_loss_alpha", "seq_aux", "router_aux_loss_coef",
+    "output_router_logits", "_name_or_path", "auto_map", "use_bfloat16", "output_attentions", "output_hidden_states",
+    "return_dict", "torchscript", "is_encoder_decoder", "is_decoder", "add_cross_attention", "tie_encoder_decoder",
+    "id2label", "label2id", "problem_type", "chunk_size_feed_forward", "tf_legacy_loss", "pruned_heads",
+    "finetuning_task", "task_specific_params", "tokenizer_class", "prefix", "sep_token_id", "decoder_start_token_id",
+    "cross_attention_hidden_size", "_attn_implementation_autoset",
     // generation defaults older transformers wrote into every config (requests carry their own sampling)
-    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
-    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
-    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
-    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
-    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
-    "begin_suppress_tokens"};
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
+    "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores", "return_dict_in_generate",
+    "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+    "suppress_tokens", "begin_suppress_tokens"};
 
 // Every key of the file is read or known to be ignorable; returns the ignorable ones present.
 std::vector<std::string> check_keys(const json& root, const std::string& source) {
@@ -344,7 +381,8 @@ void read_layer_kinds(const json& root, const std::string& source, const ModelCo
   const int64_t L = c.num_hidden_layers;
   if (const json* m = f.value("mlp_layer_types")) {
     if (!m->is_array() || int64_t(m->size()) != L)
-      f.bad("mlp_layer_types", "a list of \"dense\" / \"sparse\" with one entry per layer (" + std::to_string(L) + ")", m);
+      f.bad("mlp_layer_types", "a list of \"dense\" / \"sparse\" with one entry per layer (" + std::to_string(L) + ")",
+            m);
     for (int64_t i = 0; i < L; ++i) {
       const std::string want = c.is_moe_layer(i) ? "sparse" : "dense";
       if ((*m)[size_t(i)] != want)
@@ -369,9 +407,7 @@ void read_layer_kinds(const json& root, const std::string& source, const ModelCo
 }
 
 // yarn_get_mscale of the DeepSeek / HF code: 1 for no scaling.
-double yarn_mscale(double factor, double mscale) {
-  return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
-}
+double yarn_mscale(double factor, double mscale) { return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0; }
 
 }  // namespace
 
@@ -444,8 +480,7 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   Fields f{root, source, ""};
 
   const json* mt = f.value("model_type");
-  if (!mt || !mt->is_string() ||
-      (mt->get<std::string>() != "glm_moe_dsa" && mt->get<std::string>() != "deepseek_v32"))
+  if (!mt || !mt->is_string() || (mt->get<std::string>() != "glm_moe_dsa" && mt->get<std::string>() != "deepseek_v32"))
     f.bad("model_type", "\"glm_moe_dsa\" or \"deepseek_v32\"", mt);
   c.model_type = mt->get<std::string>();
   c.ignored_fields = check_keys(root, source);  // after model_type: another model gets that message
@@ -458,7 +493,8 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   c.num_hidden_layers = f.required_int("num_hidden_layers");
   // A bound before anything is sized by it (the checkpoint check compares it with the tensors).
   if (c.num_hidden_layers > kMaxLayers)
-    f.bad("num_hidden_layers", "at most " + std::to_string(kMaxLayers) + " (GLM-5 has 78)", f.value("num_hidden_layers"));
+    f.bad("num_hidden_layers", "at most " + std::to_string(kMaxLayers) + " (GLM-5 has 78)",
+          f.value("num_hidden_layers"));
   c.num_attention_heads = f.required_int("num_attention_heads");
   c.q_lora_rank = f.required_int("q_lora_rank");
   c.kv_lora_rank = f.required_int("kv_lora_rank");
@@ -491,8 +527,7 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   c.norm_topk_prob = f.optional_bool("norm_topk_prob", true);
   c.tie_word_embeddings = f.optional_bool("tie_word_embeddings", false);
   c.rope_interleave = f.optional_bool("rope_interleave", true);
-  c.indexer_rope_interleave =
-      f.optional_bool("indexer_rope_interleave", c.model_type == "glm_moe_dsa");
+  c.indexer_rope_interleave = f.optional_bool("indexer_rope_interleave", c.model_type == "glm_moe_dsa");
   read_rope(root, source, c);
   read_quantization(root, source, c);
   read_indexer_types(root, source, c);
@@ -525,8 +560,7 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   if (const json* qk = f.value("qk_head_dim")) {
     int64_t v = f.integer("qk_head_dim", 1, qk);
     require(v == c.qk_head_dim(), s, "qk_head_dim",
-            "qk_nope_head_dim + qk_rope_head_dim = " + std::to_string(c.qk_head_dim()),
-            std::to_string(v));
+            "qk_nope_head_dim + qk_rope_head_dim = " + std::to_string(c.qk_head_dim()), std::to_string(v));
   }
   require(c.index_head_dim >= c.qk_rope_head_dim, s, "index_head_dim",
           "at least qk_rope_head_dim = " + std::to_string(c.qk_rope_head_dim) +
@@ -534,13 +568,11 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
           std::to_string(c.index_head_dim));
   if (c.n_routed_experts > 0) {
     require(c.n_routed_experts % c.n_group == 0, s, "n_group",
-            "a divisor of n_routed_experts = " + std::to_string(c.n_routed_experts),
-            std::to_string(c.n_group));
-    require(c.topk_group <= c.n_group, s, "topk_group",
-            "at most n_group = " + std::to_string(c.n_group), std::to_string(c.topk_group));
+            "a divisor of n_routed_experts = " + std::to_string(c.n_routed_experts), std::to_string(c.n_group));
+    require(c.topk_group <= c.n_group, s, "topk_group", "at most n_group = " + std::to_string(c.n_group),
+            std::to_string(c.topk_group));
     require(c.num_experts_per_tok <= c.n_routed_experts, s, "num_experts_per_tok",
-            "at most n_routed_experts = " + std::to_string(c.n_routed_experts),
-            std::to_string(c.num_experts_per_tok));
+            "at most n_routed_experts = " + std::to_string(c.n_routed_experts), std::to_string(c.num_experts_per_tok));
     const int64_t reachable = c.topk_group * (c.n_routed_experts / c.n_group);
     require(c.num_experts_per_tok <= reachable, s, "num_experts_per_tok",
             "at most topk_group * n_routed_experts / n_group = " + std::to_string(reachable),
@@ -552,8 +584,7 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
 ModelConfig load_config(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
   std::ifstream in(path, std::ios::binary);
-  CHECK(in.good(), path, ": cannot open the model config (expected an HF config.json in ", model_dir,
-        ")");
+  CHECK(in.good(), path, ": cannot open the model config (expected an HF config.json in ", model_dir, ")");
   std::ostringstream text;
   text << in.rdbuf();
   CHECK(!in.bad(), path, ": read error");

@@ -20,9 +20,9 @@ struct RopeScaling {
 // loader decides per tensor from the tensors themselves (spec 1.2); this is for planning (inspect
 // without headers) and for refusing formats we cannot load with a clear message.
 struct QuantConfig {
-  std::string method;         // "" (none) | "fp8" | "compressed-tensors"
-  int64_t num_bits = 0;       // compressed-tensors: 4 or 8 (the first config group's weights)
-  int64_t group_size = 0;     // compressed-tensors: 0 = per channel
+  std::string method;      // "" (none) | "fp8" | "compressed-tensors"
+  int64_t num_bits = 0;    // compressed-tensors: 4 or 8 (the first config group's weights)
+  int64_t group_size = 0;  // compressed-tensors: 0 = per channel
 };
 
 struct ModelConfig {
@@ -31,8 +31,7 @@ struct ModelConfig {
   std::string dtype;       // "bfloat16" ... (`dtype` or `torch_dtype`)
 
   int64_t vocab_size = 0, hidden_size = 0, num_hidden_layers = 0, num_attention_heads = 0;
-  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0,
-          v_head_dim = 0;
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   int64_t index_n_heads = 0, index_head_dim = 0, index_topk = 0;
   int64_t intermediate_size = 0, moe_intermediate_size = 0;
   int64_t n_routed_experts = 0, n_shared_experts = 0, num_experts_per_tok = 0;
@@ -65,9 +64,9 @@ struct ModelConfig {
   // unless index_share_for_mtp_iteration), and the full layer whose top-k it uses (itself if full).
   bool has_indexer(int64_t layer) const;
   int64_t indexer_donor(int64_t layer) const;
-  float softmax_scale() const;             // qk_head_dim^-0.5, times mscale^2 under YaRN
-  std::vector<float> inv_freq() const;     // [qk_rope_head_dim / 2], YaRN-corrected if configured
-  float rope_cos_sin_scale() const;        // 1 unless YaRN mscale != mscale_all_dim
+  float softmax_scale() const;          // qk_head_dim^-0.5, times mscale^2 under YaRN
+  std::vector<float> inv_freq() const;  // [qk_rope_head_dim / 2], YaRN-corrected if configured
+  float rope_cos_sin_scale() const;     // 1 unless YaRN mscale != mscale_all_dim
 };
 
 // Reads and validates <model_dir>/config.json (throws glm5::Error naming file and field).

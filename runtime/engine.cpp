@@ -11,7 +11,6 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <optional>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +20,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -45,11 +45,13 @@ using parallel::kTagBack, parallel::kTagHidden, parallel::kTagResults, parallel:
 
 struct Writer {
   std::vector<char> b;
-  template <typename T> void put(const T& v) {
+  template <typename T>
+  void put(const T& v) {
     const char* p = reinterpret_cast<const char*>(&v);
     b.insert(b.end(), p, p + sizeof(T));
   }
-  template <typename T> void put_vec(const std::vector<T>& v) {
+  template <typename T>
+  void put_vec(const std::vector<T>& v) {
     put<int64_t>(int64_t(v.size()));
     const char* p = reinterpret_cast<const char*>(v.data());
     b.insert(b.end(), p, p + v.size() * sizeof(T));
@@ -61,14 +63,16 @@ struct Reader {
   const char* p;
   const char* end;
   explicit Reader(const std::vector<char>& v) : p(v.data()), end(v.data() + v.size()) {}
-  template <typename T> T get() {
+  template <typename T>
+  T get() {
     CHECK(p + sizeof(T) <= end, "internal: truncated engine message");
     T v;
     std::memcpy(&v, p, sizeof(T));
     p += sizeof(T);
     return v;
   }
-  template <typename T> std::vector<T> get_vec() {
+  template <typename T>
+  std::vector<T> get_vec() {
     int64_t n = get<int64_t>();
     CHECK(n >= 0 && p + size_t(n) * sizeof(T) <= end, "internal: truncated engine message");
     std::vector<T> v(static_cast<size_t>(n));
@@ -76,7 +80,10 @@ struct Reader {
     p += size_t(n) * sizeof(T);
     return v;
   }
-  std::string get_str() { auto v = get_vec<char>(); return std::string(v.begin(), v.end()); }
+  std::string get_str() {
+    auto v = get_vec<char>();
+    return std::string(v.begin(), v.end());
+  }
 };
 
 std::vector<char> recv_bytes(parallel::Comm& c, int src, int tag) {
@@ -108,12 +115,22 @@ void put_request(Writer& w, const Request& r) {
   w.put(r.index);
   w.put_vec(r.prompt);
   const SamplingParams& s = r.sampling;
-  w.put(s.temperature); w.put(s.top_p); w.put(s.top_k); w.put(s.min_p);
-  w.put(s.repetition_penalty); w.put(s.presence_penalty); w.put(s.frequency_penalty);
-  w.put(s.seed); w.put(s.max_tokens); w.put(s.logprobs); w.put(s.ignore_eos);
+  w.put(s.temperature);
+  w.put(s.top_p);
+  w.put(s.top_k);
+  w.put(s.min_p);
+  w.put(s.repetition_penalty);
+  w.put(s.presence_penalty);
+  w.put(s.frequency_penalty);
+  w.put(s.seed);
+  w.put(s.max_tokens);
+  w.put(s.logprobs);
+  w.put(s.ignore_eos);
   w.put<int64_t>(int64_t(s.stop.size()));
   for (auto& x : s.stop) w.put_str(x);
-  w.put(r.want_prompt_logits); w.put(r.want_logits); w.put(r.extra_final_step);
+  w.put(r.want_prompt_logits);
+  w.put(r.want_logits);
+  w.put(r.extra_final_step);
   w.put(r.prompt_logprobs);
   w.put_str(r.error);
   w.put(r.stream);
@@ -125,14 +142,21 @@ Request get_request(Reader& rd) {
   r.index = rd.get<int64_t>();
   r.prompt = rd.get_vec<int32_t>();
   SamplingParams& s = r.sampling;
-  s.temperature = rd.get<float>(); s.top_p = rd.get<float>(); s.top_k = rd.get<int32_t>();
-  s.min_p = rd.get<float>(); s.repetition_penalty = rd.get<float>();
-  s.presence_penalty = rd.get<float>(); s.frequency_penalty = rd.get<float>();
-  s.seed = rd.get<uint64_t>(); s.max_tokens = rd.get<int32_t>(); s.logprobs = rd.get<int32_t>();
+  s.temperature = rd.get<float>();
+  s.top_p = rd.get<float>();
+  s.top_k = rd.get<int32_t>();
+  s.min_p = rd.get<float>();
+  s.repetition_penalty = rd.get<float>();
+  s.presence_penalty = rd.get<float>();
+  s.frequency_penalty = rd.get<float>();
+  s.seed = rd.get<uint64_t>();
+  s.max_tokens = rd.get<int32_t>();
+  s.logprobs = rd.get<int32_t>();
   s.ignore_eos = rd.get<bool>();
   int64_t ns = rd.get<int64_t>();
   for (int64_t i = 0; i < ns; ++i) s.stop.push_back(rd.get_str());
-  r.want_prompt_logits = rd.get<bool>(); r.want_logits = rd.get<bool>();
+  r.want_prompt_logits = rd.get<bool>();
+  r.want_logits = rd.get<bool>();
   r.extra_final_step = rd.get<bool>();
   r.prompt_logprobs = rd.get<int32_t>();
   r.error = rd.get_str();
@@ -146,7 +170,9 @@ Request get_request(Reader& rd) {
 void put_sampled(Writer& w, const std::vector<Sampled>& v) {
   w.put<int64_t>(int64_t(v.size()));
   for (const Sampled& x : v) {
-    w.put(x.token); w.put(x.logprob); w.put_vec(x.top);
+    w.put(x.token);
+    w.put(x.logprob);
+    w.put_vec(x.top);
   }
 }
 std::vector<Sampled> get_sampled(Reader& rd) {
@@ -160,20 +186,28 @@ std::vector<Sampled> get_sampled(Reader& rd) {
 }
 
 void put_result(Writer& w, const Result& r) {
-  w.put(r.index); w.put_vec(r.tokens); w.put_vec(r.logprobs);
+  w.put(r.index);
+  w.put_vec(r.tokens);
+  w.put_vec(r.logprobs);
   w.put<int64_t>(int64_t(r.top_logprobs.size()));
   for (auto& t : r.top_logprobs) w.put_vec(t);
-  w.put_str(r.finish_reason); w.put_str(r.error);
-  w.put_vec(r.prompt_logits); w.put_vec(r.decode_logits);
+  w.put_str(r.finish_reason);
+  w.put_str(r.error);
+  w.put_vec(r.prompt_logits);
+  w.put_vec(r.decode_logits);
   put_sampled(w, r.prompt_logprobs);
 }
 Result get_result(Reader& rd) {
   Result r;
-  r.index = rd.get<int64_t>(); r.tokens = rd.get_vec<int32_t>(); r.logprobs = rd.get_vec<float>();
+  r.index = rd.get<int64_t>();
+  r.tokens = rd.get_vec<int32_t>();
+  r.logprobs = rd.get_vec<float>();
   int64_t n = rd.get<int64_t>();
   for (int64_t i = 0; i < n; ++i) r.top_logprobs.push_back(rd.get_vec<std::pair<int32_t, float>>());
-  r.finish_reason = rd.get_str(); r.error = rd.get_str();
-  r.prompt_logits = rd.get_vec<float>(); r.decode_logits = rd.get_vec<float>();
+  r.finish_reason = rd.get_str();
+  r.error = rd.get_str();
+  r.prompt_logits = rd.get_vec<float>();
+  r.decode_logits = rd.get_vec<float>();
   r.prompt_logprobs = get_sampled(rd);
   return r;
 }
@@ -204,7 +238,9 @@ void put_backs(Writer& w, const std::vector<Back>& backs) {
   for (auto& b : backs) {
     w.put(b.req);
     put_sampled(w, b.tokens);
-    w.put_vec(b.drafts); w.put_vec(b.logits); w.put_str(b.error);
+    w.put_vec(b.drafts);
+    w.put_vec(b.logits);
+    w.put_str(b.error);
     put_sampled(w, b.prompt_logprobs);
   }
 }
@@ -251,7 +287,8 @@ class Outbox {
       q_.clear();
       return;
     }
-    for (auto& m : q_) for (auto& s : m->sends) s->wait();
+    for (auto& m : q_)
+      for (auto& s : m->sends) s->wait();
     reap();
   }
   ~Outbox() { drain(); }
@@ -263,7 +300,8 @@ class Outbox {
     std::function<void()> release;
     std::vector<std::unique_ptr<parallel::PendingSend>> sends;
     bool done() {
-      for (auto& s : sends) if (!s->done()) return false;
+      for (auto& s : sends)
+        if (!s->done()) return false;
       return true;
     }
     ~Msg() {  // only for completed messages, or at the end of a run (see drain)
@@ -307,8 +345,8 @@ class SeqTable {
         e.blocks.push_back(b);
       }
       at += size_t(s.new_blocks);
-      CHECK(int64_t(e.blocks.size()) >= blocks_for(s.start + s.n), "internal: request ", s.req,
-            " has KV blocks for ", e.blocks.size() * size_t(kBlockTokens), " positions, the step needs ", s.start + s.n);
+      CHECK(int64_t(e.blocks.size()) >= blocks_for(s.start + s.n), "internal: request ", s.req, " has KV blocks for ",
+            e.blocks.size() * size_t(kBlockTokens), " positions, the step needs ", s.start + s.n);
     }
     for (auto& s : step.seqs) {
       Entry& e = this->at(s.req);
@@ -418,7 +456,9 @@ static void draft(Model& model, const Step& step, const float* h, SeqTable& tabl
   model.stage_max(any, 2);
   if (any[0] == 0) return;
   // hidden = model.norm(h) of those rows; state = what the MTP layer carries (shared_head.norm).
-  auto alloc = [&](int64_t r) { return static_cast<float*>(be.alloc(size_t(std::max<int64_t>(r, 1) * H) * sizeof(float))); };
+  auto alloc = [&](int64_t r) {
+    return static_cast<float*>(be.alloc(size_t(std::max<int64_t>(r, 1) * H) * sizeof(float)));
+  };
   float *hs = alloc(m), *state = alloc(m);
   int64_t at = 0;
   for (auto& [first, cnt] : rows) {
@@ -469,15 +509,18 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
   const int64_t H = model.config().hidden_size, V = model.config().vocab_size;
   // Rows that need logits, gathered contiguously.
   std::vector<std::pair<int64_t, int64_t>> rows;  // (first row in h, count) per seq
-  std::vector<int64_t> row_of;                      // each seq's first row in h
+  std::vector<int64_t> row_of;                    // each seq's first row in h
   int64_t row = 0, total = 0;
   for (auto& s : step.seqs) {
     row_of.push_back(row);
     // Every row's logits for a dump (--dump-logits); an echo request's prompt rows are scored in
     // slices below, so only its sampled row joins the step's logits.
-    if (s.logits_all && table.at(s.req).req.want_prompt_logits) rows.push_back({row, s.n});
-    else if (s.sample) rows.push_back({row + s.n - 1 - s.drafts, 1 + s.drafts});  // a verify step: every row
-    else rows.push_back({row, 0});
+    if (s.logits_all && table.at(s.req).req.want_prompt_logits)
+      rows.push_back({row, s.n});
+    else if (s.sample)
+      rows.push_back({row + s.n - 1 - s.drafts, 1 + s.drafts});  // a verify step: every row
+    else
+      rows.push_back({row, 0});
     total += rows.back().second;
     row += s.n;
   }
@@ -492,7 +535,8 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
     model.logits(hs, total, logits.data());
     be.free(hs);
   }
-  std::optional<Profiler::Scope> span(std::in_place, model.profiler(), "sample", -1);  // (and the logits checks, copies)
+  std::optional<Profiler::Scope> span(std::in_place, model.profiler(), "sample",
+                                      -1);  // (and the logits checks, copies)
   std::vector<Back> out;
   int64_t at = 0;
   for (size_t i = 0; i < step.seqs.size(); ++i) {
@@ -506,16 +550,17 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
     auto& e = table.at(s.req);
     // A verify step's rows after the first are checked only as far as plain decoding would have
     // computed them: up to the first non-finite one, which ends the verification there.
-    auto finite = [&](int64_t row) { return std::all_of(mine + row * V, mine + (row + 1) * V, [](float x) { return std::isfinite(x); }); };
+    auto finite = [&](int64_t row) {
+      return std::all_of(mine + row * V, mine + (row + 1) * V, [](float x) { return std::isfinite(x); });
+    };
     int64_t drafts = s.drafts;
     for (int64_t j = 1; j <= drafts; ++j)
       if (!finite(cnt - 1 - s.drafts + j)) drafts = j - 1;
     if (!std::all_of(mine, mine + (cnt - s.drafts) * V, [](float x) { return std::isfinite(x); })) {
       b.error = "non-finite logits (NaN or inf) at positions " + std::to_string(s.start) + ".." +
-                std::to_string(s.start + s.n - 1) + " (generated token " + std::to_string(e.generated.size()) +
-                ")";
-      std::fprintf(stderr, "[glm5] rank %d: request %lld: %s; the request ends with an error, the others go on\n",
-                   rank, (long long)s.req, b.error.c_str());
+                std::to_string(s.start + s.n - 1) + " (generated token " + std::to_string(e.generated.size()) + ")";
+      std::fprintf(stderr, "[glm5] rank %d: request %lld: %s; the request ends with an error, the others go on\n", rank,
+                   (long long)s.req, b.error.c_str());
       out.push_back(std::move(b));
       continue;
     }
@@ -523,8 +568,8 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
     if (s.sample) {  // one token, or a verify step's (the rows' logits are plain decoding's bits)
       CHECK(int64_t(e.drafts.size()) >= s.drafts, "internal: request ", s.req, " verifies ", s.drafts,
             " drafts, the last stage proposed ", e.drafts.size());
-      b.tokens = verify_drafts(last - int64_t(s.drafts) * V, V, e.drafts.data(), drafts, e.req.sampling,
-                               e.req.prompt, e.generated);
+      b.tokens = verify_drafts(last - int64_t(s.drafts) * V, V, e.drafts.data(), drafts, e.req.sampling, e.req.prompt,
+                               e.generated);
       // What the scheduler keeps: up to the first EOS and max_tokens (stop strings it cuts itself).
       const SamplingParams& sp = e.req.sampling;
       const int64_t before = int64_t(e.generated.size()) - int64_t(b.tokens.size());
@@ -536,8 +581,10 @@ static std::vector<Back> finish_step(Model& model, const Step& step, const float
     if (s.logits_all && e.req.prompt_logprobs >= 0)
       b.prompt_logprobs = e.req.want_prompt_logits ? prompt_logprobs(mine, cnt, V, s.start, e.req)
                                                    : sliced_prompt_logprobs(model, h, row_of[i], s.n, s.start, e.req);
-    if (s.logits_all && e.req.want_prompt_logits) b.logits.assign(mine, mine + cnt * V);
-    else if (s.logits_sampled) b.logits.assign(last, last + V);
+    if (s.logits_all && e.req.want_prompt_logits)
+      b.logits.assign(mine, mine + cnt * V);
+    else if (s.logits_sampled)
+      b.logits.assign(last, last + V);
     out.push_back(std::move(b));
   }
   span.reset();
@@ -569,8 +616,8 @@ class ListSource final : public RequestSource {
 
 }  // namespace
 
-Engine::Engine(Model& model, parallel::Comm& world, parallel::Comm& stage_comm,
-               const parallel::Grid& grid, const EngineOptions& opt, parallel::Comm* hidden_comm)
+Engine::Engine(Model& model, parallel::Comm& world, parallel::Comm& stage_comm, const parallel::Grid& grid,
+               const EngineOptions& opt, parallel::Comm* hidden_comm)
     : model_(model), world_(world), stage_comm_(stage_comm), grid_(grid), opt_(opt) {
   if (hidden_comm) {
     CHECK(hidden_comm->size() == world.size() && hidden_comm->rank() == world.rank() &&
@@ -591,9 +638,8 @@ Engine::Engine(Model& model, parallel::Comm& world, parallel::Comm& stage_comm,
   CHECK(opt_.micro_batches >= 1, "micro_batches must be >= 1, found ", opt_.micro_batches);
   CHECK(opt_.max_batch >= 1, "max_batch must be >= 1, found ", opt_.max_batch);
   CHECK(opt_.prefill_chunk >= 1, "prefill_chunk must be >= 1, found ", opt_.prefill_chunk);
-  CHECK(opt_.max_step_tokens >= opt_.max_batch, "max_step_tokens must be >= max_batch (",
-        opt_.max_batch, ") so that every running sequence can decode in one step, found ",
-        opt_.max_step_tokens);
+  CHECK(opt_.max_step_tokens >= opt_.max_batch, "max_step_tokens must be >= max_batch (", opt_.max_batch,
+        ") so that every running sequence can decode in one step, found ", opt_.max_step_tokens);
 }
 
 void Engine::run(const std::vector<Request>& requests, const std::function<void(Result&&)>& on_result) {
@@ -610,8 +656,9 @@ void Engine::run(RequestSource* source, const std::function<void(Result&&)>& on_
   // The paged KV cache: the same number of blocks on every rank (sized for the largest stage),
   // so that the block ids the stage-0 schedulers hand out are valid all down the column.
   const int first = model_.shard().first_layer, last = first + model_.kv_layers();
-  const size_t per_token = opt_.kv_bytes_per_token > 0 ? opt_.kv_bytes_per_token
-                                                       : KvPool::bytes_per_token(model_.config(), first, last, opt_.kv_dtype);
+  const size_t per_token = opt_.kv_bytes_per_token > 0
+                               ? opt_.kv_bytes_per_token
+                               : KvPool::bytes_per_token(model_.config(), first, last, opt_.kv_dtype);
   kv_blocks_ = KvPool::blocks_for_budget(model_.config(), per_token, opt_.kv_budget_bytes, opt_.max_batch);
   world_.all_reduce(&kv_blocks_, 1, parallel::ReduceDType::I64, parallel::ReduceOp::Min);  // one size everywhere
   CHECK(opt_.speculative_tokens == 0 || model_.has_mtp() || !model_.shard().head,
@@ -623,8 +670,10 @@ void Engine::run(RequestSource* source, const std::function<void(Result&&)>& on_
     ~Unset() { m.set_kv_pool(nullptr); }
   } unset{model_};
   stats_.kv_blocks = kv_blocks_;
-  if (stats_.stage == 0) run_stage0(source, on_result);
-  else run_later_stage();
+  if (stats_.stage == 0)
+    run_stage0(source, on_result);
+  else
+    run_later_stage();
   stats_.wall_s = since(t0);
   stats_.comm_s += model_.moe_comm_seconds();
   stats_.compute_s -= model_.moe_comm_seconds();
@@ -637,13 +686,13 @@ void Engine::run(RequestSource* source, const std::function<void(Result&&)>& on_
 // Stage-0 state of one run (one column).
 struct Engine::Stage0 {
   Scheduler sched;
-  RequestSource* source = nullptr;                   // world rank 0 only
+  RequestSource* source = nullptr;  // world rank 0 only
   const std::function<void(Result&&)>* on_result = nullptr;
   Outbox out;
-  std::vector<bool> inflight;                        // per group: a step awaits its results
-  std::vector<bool> inflight_rows;                   // ... and it had rows
-  int64_t done = 0, total = -1;                      // progress (rank 0)
-  std::chrono::milliseconds idle_wait{2};            // rank 0's wait when it has no work
+  std::vector<bool> inflight;                             // per group: a step awaits its results
+  std::vector<bool> inflight_rows;                        // ... and it had rows
+  int64_t done = 0, total = -1;                           // progress (rank 0)
+  std::chrono::milliseconds idle_wait{2};                 // rank 0's wait when it has no work
   std::unordered_map<uint64_t, uint64_t> prefix_columns;  // first prompt block -> columns with it (bits)
   Clock::time_point t_start = Clock::now(), t_progress = Clock::now();
   Stage0(const ModelConfig& cfg, const SchedulerOptions& so, const Tokenizer* tok, int G)
@@ -683,13 +732,19 @@ bool Engine::exchange(Stage0& s) {
     res.put_vec(tokens);
   }
   for (auto& r : finished) put_result(res, r);
-  int64_t mine[kState] = {s.sched.work() + s.steps_in_flight() + int64_t(finished.size()), s.sched.load(),
-                          s.sched.free_slots(), int64_t(res.b.size()), int64_t(finished.size()),
-                          int64_t(partial.size()), s.sched.blocks_in_use()};
+  int64_t mine[kState] = {s.sched.work() + s.steps_in_flight() + int64_t(finished.size()),
+                          s.sched.load(),
+                          s.sched.free_slots(),
+                          int64_t(res.b.size()),
+                          int64_t(finished.size()),
+                          int64_t(partial.size()),
+                          s.sched.blocks_in_use()};
   std::vector<int64_t> all(size_t(kState * E));
   auto t = Clock::now();
-  if (E > 1) stage_comm_.all_gather(mine, sizeof mine, all.data());
-  else std::copy(mine, mine + kState, all.begin());
+  if (E > 1)
+    stage_comm_.all_gather(mine, sizeof mine, all.data());
+  else
+    std::copy(mine, mine + kState, all.begin());
   auto deliver = [&](Result&& r) {
     ++s.done;
     (*s.on_result)(std::move(r));
@@ -754,8 +809,7 @@ bool Engine::exchange(Stage0& s) {
       auto charge = [&](int c) { return cost - (has && (*has >> (c % 64) & 1) ? shareable : 0); };
       int best = -1;
       for (int c = 0; c < E; ++c)
-        if (free[size_t(c)] > 0 &&
-            (best < 0 || load[size_t(c)] + charge(c) < load[size_t(best)] + charge(best)))
+        if (free[size_t(c)] > 0 && (best < 0 || load[size_t(c)] + charge(c) < load[size_t(best)] + charge(best)))
           best = c;
       load[size_t(best)] += charge(best);
       if (has) *has |= uint64_t(1) << (best % 64);
@@ -816,8 +870,8 @@ void Engine::show_progress(Stage0& s, bool end) {
   const double el = since(s.t_start), rate = double(s.sched.tokens_generated()) / std::max(el, 1e-9);
   if (s.total >= 0) {
     const double eta = s.done > 0 ? el / double(s.done) * double(s.total - s.done) : 0;
-    std::fprintf(stderr, "\r[glm5] %lld/%lld requests, %.1f tok/s (column 0), ETA %.0f s   ",
-                 (long long)s.done, (long long)s.total, rate, eta);
+    std::fprintf(stderr, "\r[glm5] %lld/%lld requests, %.1f tok/s (column 0), ETA %.0f s   ", (long long)s.done,
+                 (long long)s.total, rate, eta);
   } else {
     std::fprintf(stderr, "\r[glm5] %lld requests done, %.1f tok/s (column 0)   ", (long long)s.done, rate);
   }
@@ -927,7 +981,7 @@ void Engine::run_later_stage() {
     std::optional<Profiler::Scope> span(std::in_place, model_.profiler(), "pipeline_wait", -1);
     std::vector<char> msg = recv_bytes(world_, prev, kTagStep);
     span.emplace(model_.profiler(), "pipeline_recv", -1);  // the step's hidden states
-    stats_.idle_s += since(t);  // waiting for the previous stage: the bubble
+    stats_.idle_s += since(t);                             // waiting for the previous stage: the bubble
     t = Clock::now();
     Reader rd(msg);
     Step step = get_step(rd);

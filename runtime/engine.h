@@ -70,19 +70,19 @@ class RequestSource {
 class Tokenizer;
 
 struct EngineOptions {
-  int micro_batches = 1;         // micro-batches in flight per column (>= stages keeps all busy)
-  int max_batch = 64;            // running sequences per column
-  int64_t prefill_chunk = 256;   // prompt tokens per sequence per step (fixed: results never
-                                 // depend on what else is scheduled)
-  int64_t max_step_tokens = 8192;  // rows one micro-batch forwards in a step (decode tokens +
-                                   // prefill chunks, the last chunk cut to fit): bounds the
-                                   // activation memory; >= max_batch
-  double kv_budget_bytes = 0;    // per rank: sizes the paged KV pool; 0 = max_batch full contexts
-  size_t kv_bytes_per_token = 0;  // of the stage whose position costs most (budget accounting); 0 = this rank's
-  bool progress = false;         // progress line on stderr of rank 0
+  int micro_batches = 1;                 // micro-batches in flight per column (>= stages keeps all busy)
+  int max_batch = 64;                    // running sequences per column
+  int64_t prefill_chunk = 256;           // prompt tokens per sequence per step (fixed: results never
+                                         // depend on what else is scheduled)
+  int64_t max_step_tokens = 8192;        // rows one micro-batch forwards in a step (decode tokens +
+                                         // prefill chunks, the last chunk cut to fit): bounds the
+                                         // activation memory; >= max_batch
+  double kv_budget_bytes = 0;            // per rank: sizes the paged KV pool; 0 = max_batch full contexts
+  size_t kv_bytes_per_token = 0;         // of the stage whose position costs most (budget accounting); 0 = this rank's
+  bool progress = false;                 // progress line on stderr of rank 0
   const Tokenizer* tokenizer = nullptr;  // for stop strings (stage-0 ranks)
-  bool prefix_sharing = true;    // share full prompt blocks between sequences (runtime/scheduler.h)
-  DType kv_dtype = DType::F32;   // KV cache elements: F32 (default: the goldens) or BF16 (half the bytes)
+  bool prefix_sharing = true;            // share full prompt blocks between sequences (runtime/scheduler.h)
+  DType kv_dtype = DType::F32;           // KV cache elements: F32 (default: the goldens) or BF16 (half the bytes)
   // Speculative decoding: MTP draft tokens per decode step (0: off; the last stage's Model must
   // hold the MTP layer), and the decoding sequences of a step beyond which it decodes plainly.
   int speculative_tokens = 0;
@@ -97,10 +97,10 @@ struct EngineStats {
   double wall_s = 0, compute_s = 0, comm_s = 0, idle_s = 0;
   size_t bytes_sent = 0;
   int64_t tokens_generated = 0, prompt_tokens = 0, ticks = 0;
-  int64_t max_step_rows = 0;  // largest step this rank forwarded (rows of one micro-batch)
+  int64_t max_step_rows = 0;                  // largest step this rank forwarded (rows of one micro-batch)
   int64_t kv_blocks = 0, kv_blocks_peak = 0;  // pool size and most blocks in use (stage 0)
-  int64_t preemptions = 0;    // sequences preempted (blocks freed, recomputed later)
-  int64_t prefix_hit_tokens = 0;  // prompt positions taken from shared blocks instead of computed
+  int64_t preemptions = 0;                    // sequences preempted (blocks freed, recomputed later)
+  int64_t prefix_hit_tokens = 0;              // prompt positions taken from shared blocks instead of computed
   // Speculative decoding (stage 0): verify steps, drafts fed, drafts accepted, per draft position.
   int64_t spec_steps = 0, spec_drafted = 0, spec_accepted = 0;
   std::vector<int64_t> spec_accepted_at;
@@ -142,7 +142,7 @@ class Engine {
   parallel::Grid grid_;
   EngineOptions opt_;
   EngineStats stats_;
-  bool trace_ = false;  // GLM5_TRACE set: one line per tick on stderr
+  bool trace_ = false;     // GLM5_TRACE set: one line per tick on stderr
   int64_t kv_blocks_ = 0;  // KV pool blocks per rank in this run
 };
 

@@ -63,11 +63,11 @@ struct Model::Layer {
   const float *k_norm_weight = nullptr, *k_norm_bias = nullptr;
   // MLP
   bool moe = false;
-  Expert dense;                         // dense layers
-  Weight gate;                          // router [n_routed_experts, hidden]
+  Expert dense;  // dense layers
+  Weight gate;   // router [n_routed_experts, hidden]
   const float* e_score_correction_bias = nullptr;
-  std::vector<Expert> experts;          // this rank's routed experts, in id order
-  Expert shared;                        // shared experts (intermediate moe_inter * n_shared)
+  std::vector<Expert> experts;  // this rank's routed experts, in id order
+  Expert shared;                // shared experts (intermediate moe_inter * n_shared)
 };
 
 struct Model::Mtp {
@@ -100,9 +100,11 @@ Weight Model::matrix(const std::string& name, int64_t rows, int64_t cols, Use us
   const StoredTensor st = resolve_tensor(ckpt_, {name, {rows, cols}});
   Weight w = weight_view(st, rows, cols);
   const bool streamed = use != Use::kLookup;
-  if (use == Use::kGemm) w = backend_.upload_gemm_matrix(w, st.data->nbytes);
-  else w.data = streamed ? backend_.upload_mapped(st.data->data, st.data->nbytes)
-                         : backend_.upload(st.data->data, st.data->nbytes);
+  if (use == Use::kGemm)
+    w = backend_.upload_gemm_matrix(w, st.data->nbytes);
+  else
+    w.data = streamed ? backend_.upload_mapped(st.data->data, st.data->nbytes)
+                      : backend_.upload(st.data->data, st.data->nbytes);
   weight_bytes_ += st.data->nbytes;
   // A copy is used: this process's mapping of the source pages goes (the page cache keeps them
   // until memory is needed).
@@ -127,10 +129,17 @@ static std::vector<float> to_f32(const TensorInfo& t) {
   std::vector<float> v(size_t(t.numel()));
   for (size_t i = 0; i < v.size(); ++i) {
     switch (t.dtype) {
-      case DType::F32: std::memcpy(&v[i], static_cast<const char*>(t.data) + 4 * i, 4); break;
-      case DType::BF16: v[i] = bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]); break;
-      case DType::F16: v[i] = f16_to_f32(static_cast<const uint16_t*>(t.data)[i]); break;
-      default: GLM5_FAIL("tensor '", t.name, "' in ", t.file, ": unsupported dtype ", t.dtype_name);
+      case DType::F32:
+        std::memcpy(&v[i], static_cast<const char*>(t.data) + 4 * i, 4);
+        break;
+      case DType::BF16:
+        v[i] = bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+        break;
+      case DType::F16:
+        v[i] = f16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+        break;
+      default:
+        GLM5_FAIL("tensor '", t.name, "' in ", t.file, ": unsupported dtype ", t.dtype_name);
     }
   }
   return v;
@@ -256,10 +265,11 @@ void Model::load_mtp() {
   const int64_t H = cfg_.hidden_size;
   const int l = int(cfg_.num_hidden_layers);
   CHECK(cfg_.num_nextn_predict_layers >= 1 && ckpt_.has(layer_name(l, "eh_proj.weight")),
-        "speculative decoding drafts with the MTP layer, but ", ckpt_.dir(), " has none (num_nextn_predict_layers = ",
-        cfg_.num_nextn_predict_layers, ", tensor '", layer_name(l, "eh_proj.weight"),
-        "' not found): set speculative_tokens to 0");
-  CHECK(cfg_.has_indexer(l), "speculative decoding: the MTP layer of ", cfg_.source, " has no indexer of its own "
+        "speculative decoding drafts with the MTP layer, but ", ckpt_.dir(),
+        " has none (num_nextn_predict_layers = ", cfg_.num_nextn_predict_layers, ", tensor '",
+        layer_name(l, "eh_proj.weight"), "' not found): set speculative_tokens to 0");
+  CHECK(cfg_.has_indexer(l), "speculative decoding: the MTP layer of ", cfg_.source,
+        " has no indexer of its own "
         "(indexer_types / index_share_for_mtp_iteration), which glm5 does not run yet: set speculative_tokens to 0");
   mtp_ = std::make_unique<Mtp>();
   mtp_->enorm = vector(layer_name(l, "enorm.weight"), H);
@@ -275,8 +285,7 @@ Model::Model(const ModelConfig& cfg, Checkpoint& ckpt, Backend& backend, const M
     : cfg_(cfg), ckpt_(ckpt), backend_(backend), shard_(shard), stage_comm_(stage_comm) {
   const int64_t H = cfg.hidden_size;
   if (shard_.last_layer < 0) shard_.last_layer = int(cfg.num_hidden_layers);
-  CHECK(0 <= shard_.first_layer && shard_.first_layer < shard_.last_layer &&
-            shard_.last_layer <= cfg.num_hidden_layers,
+  CHECK(0 <= shard_.first_layer && shard_.first_layer < shard_.last_layer && shard_.last_layer <= cfg.num_hidden_layers,
         "layer range [", shard_.first_layer, ", ", shard_.last_layer, ") is not inside the model's ",
         cfg.num_hidden_layers, " layers");
 
@@ -289,8 +298,7 @@ Model::Model(const ModelConfig& cfg, Checkpoint& ckpt, Backend& backend, const M
                                        : matrix("lm_head.weight", cfg.vocab_size, H);
   }
   inv_freq_host_ = cfg.inv_freq();
-  inv_freq_ = static_cast<const float*>(
-      backend_.upload(inv_freq_host_.data(), inv_freq_host_.size() * sizeof(float)));
+  inv_freq_ = static_cast<const float*>(backend_.upload(inv_freq_host_.data(), inv_freq_host_.size() * sizeof(float)));
 
   for (int l = shard_.first_layer; l < shard_.last_layer; ++l) layers_.push_back(load_layer(l));
   expert_tokens_.assign(size_t(cfg.n_routed_experts / shard_.expert_parallel), 0);
@@ -333,15 +341,15 @@ struct Model::Layout {
   };
   std::vector<Group> groups;
   int64_t n = 0, t = 0, max_blocks = 1;  // absorbed rows, keys the longest sees, table width
-  bool direct = false;                    // the absorbed rows are the step's rows, in order
-  bool sparse = false;                    // some row's causal span exceeds index_topk
-  Buf<int32_t> pos, tables;               // [n], [n, max_blocks]
+  bool direct = false;                   // the absorbed rows are the step's rows, in order
+  bool sparse = false;                   // some row's causal span exceeds index_topk
+  Buf<int32_t> pos, tables;              // [n], [n, max_blocks]
   // The absorbed rows' top-k [n, index_topk] (when sparse): written by a layer with an indexer,
   // read by the "shared" layers after it (IndexShare); in the caller's buffer when it gives one.
   Buf<int32_t> sel_owned;
   int32_t* sel = nullptr;
-  mutable int sel_layer = -1;             // the layer that computed it (-1: none yet)
-  Buf<int32_t> row_tables;                // every row of the step: its sequence's table [m, row_ld]
+  mutable int sel_layer = -1;  // the layer that computed it (-1: none yet)
+  Buf<int32_t> row_tables;     // every row of the step: its sequence's table [m, row_ld]
   int64_t row_ld = 1;
 
   Layout(Model& model, const std::vector<SeqStep>& batch, int32_t* topk = nullptr)
@@ -431,7 +439,8 @@ void Model::forward(const std::vector<SeqStep>& batch, float* h, int32_t* topk) 
   Buf<int32_t> pos(backend_, m);
   backend_.to_device(pos, pos_host.data(), size_t(m) * sizeof(int32_t));
   CHECK(topk || !takes_topk() || topk_values(batch, cfg_.index_topk) == 0, "internal: layer ", shard_.first_layer,
-        " shares the top-k of layer ", cfg_.indexer_donor(shard_.first_layer), " on an earlier stage, which did not come");
+        " shares the top-k of layer ", cfg_.indexer_donor(shard_.first_layer),
+        " on an earlier stage, which did not come");
   const Layout layout(*this, batch, topk);  // how each row attends: the same in every layer
   if (topk && takes_topk()) layout.sel_layer = int(cfg_.indexer_donor(shard_.first_layer));  // it came with h
   for (size_t li = 0; li < layers_.size(); ++li) decoder_layer(*layers_[li], int(li), layout, pos, m, h);
@@ -444,8 +453,10 @@ void Model::decoder_layer(Layer& L, int li, const Layout& layout, const int32_t*
   backend_.rms_norm({h, H, L.input_layernorm, a, H, m, H, float(cfg_.rms_norm_eps)});
   attention(L, li, layout, pos, a, m, h);
   backend_.rms_norm({h, H, L.post_attention_layernorm, a, H, m, H, float(cfg_.rms_norm_eps)});
-  if (L.moe) moe(L, a, m, y);
-  else dense_mlp(L, a, m, y);
+  if (L.moe)
+    moe(L, a, m, y);
+  else
+    dense_mlp(L, a, m, y);
   backend_.add({y, h, m * H});
   if (debug_) debug_("layer_output", L.index, h, DType::F32, m, H);
 }
@@ -483,8 +494,8 @@ static void read_paged(Backend& be, const void* pool, DType dtype, int64_t width
                        float* dst) {
   for (int64_t t = 0; t < n; t += kBlockTokens) {
     const int64_t k = std::min(kBlockTokens, n - t);
-    const void* src =
-        static_cast<const char*>(pool) + size_t(int64_t(blocks[t / kBlockTokens]) * kBlockTokens * width) * dtype_size(dtype);
+    const void* src = static_cast<const char*>(pool) +
+                      size_t(int64_t(blocks[t / kBlockTokens]) * kBlockTokens * width) * dtype_size(dtype);
     be.copy_2d({src, width, dst + t * width, width, k, width, dtype, DType::F32});
   }
 }
@@ -539,8 +550,8 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
   std::vector<GemmParams> per_head(static_cast<size_t>(NH));  // one gemm per head, all heads in one batch
   for (int64_t hd = 0; hd < NH; ++hd) {
     // q_lat[:, hd, 0:R] = q_nope[:, hd] · W_UK[hd]  (W_UK[hd] = kv_b rows hd*DKV + [0, dn))
-    per_head[size_t(hd)] = {rq + hd * DQ, NH * DQ, L.kv_b_proj.slice_rows(hd * DKV, dn), true, q_lat + hd * LAT,
-                            NH * LAT, n, R, dn};
+    per_head[size_t(hd)] = {
+        rq + hd * DQ, NH * DQ, L.kv_b_proj.slice_rows(hd * DKV, dn), true, q_lat + hd * LAT, NH * LAT, n, R, dn};
     be.copy_2d({rq + hd * DQ + dn, NH * DQ, q_lat + hd * LAT + R, NH * LAT, n, dr});
   }
   be.gemm_batch(per_head);
@@ -575,8 +586,8 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
                  kernels::KeyPages{lay.tables, lay.max_blocks, kBlockTokens, kv_pool_->dtype()}});
   span.emplace(prof_, "v_absorb", L.index);
   for (int64_t hd = 0; hd < NH; ++hd)  // o[:, hd] = W_UV[hd] o_lat[:, hd]
-    per_head[size_t(hd)] = {o_lat + hd * R, NH * R, L.kv_b_proj.slice_rows(hd * DKV + dn, dv), false, rattn + hd * dv,
-                            NH * dv, n, dv, R};
+    per_head[size_t(hd)] = {
+        o_lat + hd * R, NH * R, L.kv_b_proj.slice_rows(hd * DKV + dn, dv), false, rattn + hd * dv, NH * dv, n, dv, R};
   be.gemm_batch(per_head);
   if (!lay.direct) {
     int64_t at = 0;
@@ -593,8 +604,7 @@ void Model::absorbed_attention(Layer& L, int li, const Layout& lay, const float*
 // and prompt rows with a sparse selection) through the weight-absorbed form over the latent
 // cache. Which form a row takes depends only on its position and its prompt's length, never on
 // chunking, batching or preemption. Adds o_proj(attention) to h.
-void Model::attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
-                      const float* a, int64_t m, float* h) {
+void Model::attention(Layer& L, int li, const Layout& lay, const int32_t* pos, const float* a, int64_t m, float* h) {
   const int64_t H = cfg_.hidden_size, NH = cfg_.num_attention_heads, QR = cfg_.q_lora_rank;
   const int64_t dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim, dv = cfg_.v_head_dim;
   const int64_t R = cfg_.kv_lora_rank, LAT = R + dr, DQ = dn + dr;
@@ -659,8 +669,8 @@ void Model::attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
 void Model::swiglu_expert(const Expert& e, const float* x, int64_t m, float* y) {
   const int64_t H = cfg_.hidden_size, I = e.gate_proj.rows;
   Buf<float> g(backend_, m * I), u(backend_, m * I);
-  backend_.gemm_batch(std::array<GemmParams, 2>{{{x, H, e.gate_proj, false, g, I, m, I, H},
-                                                 {x, H, e.up_proj, false, u, I, m, I, H}}});
+  backend_.gemm_batch(
+      std::array<GemmParams, 2>{{{x, H, e.gate_proj, false, g, I, m, I, H}, {x, H, e.up_proj, false, u, I, m, I, H}}});
   backend_.swiglu({g, u, I, g, I, m, I});
   backend_.gemm({g, I, e.down_proj, false, y, H, m, H, I});
 }
@@ -689,8 +699,8 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
     first.push_back({x, H, L.shared.up_proj, false, su, IS, m, IS, H});
   }
   be.gemm_batch(first);
-  be.router({logits, L.e_score_correction_bias, m, E, K, cfg_.n_group, cfg_.topk_group,
-             cfg_.norm_topk_prob, float(cfg_.routed_scaling_factor), ids, weights});
+  be.router({logits, L.e_score_correction_bias, m, E, K, cfg_.n_group, cfg_.topk_group, cfg_.norm_topk_prob,
+             float(cfg_.routed_scaling_factor), ids, weights});
   if (debug_) debug_("moe_experts", L.index, ids, DType::I32, m, K);
 
   // Destination rank (column of the stage) and local expert id of every (token, slot): the
@@ -718,8 +728,7 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
     be.swiglu({sg, su, IS, sg, IS, m, IS});
     shared_down.push_back({sg, IS, L.shared.down_proj, false, s, H, m, H, IS});
   }
-  routed_experts(L, ex.recv_table(), ex.recv_row_payload(), ex.recv_tag(), ex.recv_count(), ex.results(),
-                 shared_down);
+  routed_experts(L, ex.recv_table(), ex.recv_row_payload(), ex.recv_tag(), ex.recv_count(), ex.results(), shared_down);
   span.emplace(prof_, "combine", L.index);
   t0 = std::chrono::steady_clock::now();
   ex.combine();
@@ -734,7 +743,8 @@ void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
 // experts in range (a routing bug; the report says how many).
 void Model::count_router_load(int layer, const int32_t* ids, int64_t m) {
   const int64_t E = cfg_.n_routed_experts, K = cfg_.num_experts_per_tok;
-  auto it = std::find_if(router_load_.begin(), router_load_.end(), [&](const RouterLoad& r) { return r.layer == layer; });
+  auto it =
+      std::find_if(router_load_.begin(), router_load_.end(), [&](const RouterLoad& r) { return r.layer == layer; });
   if (it == router_load_.end()) return;
   it->rows += m;
   std::vector<int32_t> row(static_cast<size_t>(K));

@@ -86,10 +86,10 @@ class BlockManager {
   int32_t refs(int32_t block) const { return refs_[size_t(block)]; }
 
  private:
-  std::vector<int32_t> free_;    // a stack: the most recently freed block is reused first
+  std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
   std::vector<int32_t> refs_;
-  std::vector<char> cached_;     // refs 0 and holding a prefix
-  std::deque<int32_t> lru_;      // cached blocks, oldest first (entries no longer cached are skipped)
+  std::vector<char> cached_;  // refs 0 and holding a prefix
+  std::deque<int32_t> lru_;   // cached blocks, oldest first (entries no longer cached are skipped)
   int64_t cached_count_ = 0;
 };
 

@@ -82,11 +82,14 @@ std::string with_commas(size_t v) {
 
 std::string form_name(const StoredForm& f) {
   switch (f.dtype) {
-    case DType::F8_E4M3: return "FP8";
-    case DType::Q4: case DType::Q8:
+    case DType::F8_E4M3:
+      return "FP8";
+    case DType::Q4:
+    case DType::Q8:
       return std::string(f.dtype == DType::Q4 ? "int4 g" : "int8 g") + std::to_string(f.group) +
              (f.scale_dtype == DType::F32 ? " f32 scales" : "");
-    default: return std::string(dtype_name(f.dtype));
+    default:
+      return std::string(dtype_name(f.dtype));
   }
 }
 
@@ -96,9 +99,13 @@ namespace {
 size_t as_stored_bytes(const TensorSpec& spec, const StoredForm& form) {
   switch (form.dtype) {
     case DType::Q4:
-    case DType::Q8: return stored_bytes(spec, form.dtype, form.group, int64_t(dtype_size(form.scale_dtype))) - 16;  // weight_shape stays on the host
-    case DType::F8_E4M3: return stored_bytes(spec, form.dtype, quant::kFp8Block);
-    default: return size_t(numel_of(spec)) * dtype_size(form.dtype);
+    case DType::Q8:
+      return stored_bytes(spec, form.dtype, form.group, int64_t(dtype_size(form.scale_dtype))) -
+             16;  // weight_shape stays on the host
+    case DType::F8_E4M3:
+      return stored_bytes(spec, form.dtype, quant::kFp8Block);
+    default:
+      return size_t(numel_of(spec)) * dtype_size(form.dtype);
   }
 }
 
@@ -142,8 +149,10 @@ WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, co
     w.source = index_path.string() + " (" + with_commas(names.size()) + " names; plain tensors as config dtype " +
                (cfg.dtype.empty() ? "bfloat16" : cfg.dtype) + ")";
   } else if (qc.method == "fp8") {
-    w.source = cfg.source + " quantization_config fp8, no index (attention, indexer, dense and expert matrices "
-               "FP8, the rest " + std::string(dtype_name(plain)) + ")";
+    w.source = cfg.source +
+               " quantization_config fp8, no index (attention, indexer, dense and expert matrices "
+               "FP8, the rest " +
+               std::string(dtype_name(plain)) + ")";
   } else if (qc.method == "compressed-tensors") {
     w.source = cfg.source + " quantization_config compressed-tensors int" + std::to_string(qc.num_bits) +
                (qc.group_size > 0 ? " g" + std::to_string(qc.group_size) : std::string(" per channel")) +
@@ -169,7 +178,8 @@ WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, co
         if (w.missing++ == 0) w.first_missing = s.name;
       }
     } else if (s.shape.size() == 2) {
-      if (qc.method == "fp8" && fp8_role(s.role)) form = {DType::F8_E4M3, quant::kFp8Block};
+      if (qc.method == "fp8" && fp8_role(s.role))
+        form = {DType::F8_E4M3, quant::kFp8Block};
       else if (qc.method == "compressed-tensors" && (s.role == Role::Expert || s.role == Role::SharedExpert))
         form = int_form(cfg, s, DType::BF16);
     }
@@ -210,7 +220,7 @@ size_t shard_weight_bytes(const WeightPlan& w, const ModelConfig& cfg, const Mod
       if (shard.mtp && s.layer == cfg.num_hidden_layers - 1 && column) total += w.resident[i];
     } else if (s.role == Role::Embedding) {
       held = shard.embedding || shard.mtp;  // the MTP layer embeds the tokens it drafts on
-    } else {  // model.norm, lm_head
+    } else {                                // model.norm, lm_head
       held = shard.head;
     }
     if (held) total += w.resident[i];

@@ -43,13 +43,13 @@ struct WeightPlan {
   std::vector<size_t> resident;     // per tensor: resident_bytes
   // lm_head of a tie_word_embeddings model: the embedding matrix again, in its stored form.
   size_t tied_head_bytes = 0;
-  std::string source;               // where the stored forms come from (for the report)
+  std::string source;  // where the stored forms come from (for the report)
   bool from_index = false;
-  std::string plan;                 // describe(QuantPlan) when one was applied, else ""
-  size_t converted = 0;             // tensors whose form the plan changed
-  size_t missing = 0;               // table tensors the index does not list (planned as config dtype)
+  std::string plan;      // describe(QuantPlan) when one was applied, else ""
+  size_t converted = 0;  // tensors whose form the plan changed
+  size_t missing = 0;    // table tensors the index does not list (planned as config dtype)
   std::string first_missing;
-  size_t dequantized_f32 = 0;       // matrices held dequantized (BF16 from int4/int8, F32 from FP8)
+  size_t dequantized_f32 = 0;  // matrices held dequantized (BF16 from int4/int8, F32 from FP8)
 };
 
 // The stored form of every table tensor (see the file comment) and what the runtime holds. With
@@ -72,7 +72,7 @@ struct StepShape {
   int64_t max_batch = 64;          // sequences per column (decode rows, logits rows)
   int64_t prefill_chunk = 256;     // prompt rows per sequence per step
   int expert_parallel = 1;
-  bool device = false;             // a CUDA backend: add its fixed overhead
+  bool device = false;  // a CUDA backend: add its fixed overhead
 };
 struct ActivationEstimate {
   double residual = 0;   // hidden states alive through the step: engine h, forward a / y

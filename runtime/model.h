@@ -13,8 +13,8 @@
 #include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "runtime/config.h"
-#include "runtime/profile.h"
 #include "runtime/kv_cache.h"
+#include "runtime/profile.h"
 
 namespace glm5::runtime {
 
@@ -40,8 +40,8 @@ struct SeqStep {
 };
 
 // Intermediate values offered to a debug hook (tests diff them against reference dumps).
-using DebugHook = std::function<void(const std::string& name, int layer, const void* data,
-                                     DType dtype, int64_t rows, int64_t cols)>;
+using DebugHook =
+    std::function<void(const std::string& name, int layer, const void* data, DType dtype, int64_t rows, int64_t cols)>;
 
 class Model {
  public:
@@ -49,8 +49,8 @@ class Model {
   // device backend (host_memory() false) the MoE payload goes over payload_comm (the same ranks,
   // device buffers: NCCL or a stand-in) while the plan stays on stage_comm; without one, a
   // communicator that stages through host memory is made over stage_comm.
-  Model(const ModelConfig& cfg, Checkpoint& ckpt, kernels::Backend& backend,
-        const ModelShard& shard, parallel::Comm& stage_comm, parallel::Comm* payload_comm = nullptr);
+  Model(const ModelConfig& cfg, Checkpoint& ckpt, kernels::Backend& backend, const ModelShard& shard,
+        parallel::Comm& stage_comm, parallel::Comm* payload_comm = nullptr);
   ~Model();
 
   const ModelConfig& config() const { return cfg_; }
@@ -117,16 +117,14 @@ class Model {
   enum class Use { kGemm, kStreamed, kLookup };
   kernels::Weight matrix(const std::string& name, int64_t rows, int64_t cols, Use use = Use::kGemm);
   const float* vector(const std::string& name, int64_t n, float scale = 1.0f);
-  kernels::Weight matrix_f32_scaled(const std::string& name, int64_t rows, int64_t cols,
-                                    float scale);
+  kernels::Weight matrix_f32_scaled(const std::string& name, int64_t rows, int64_t cols, float scale);
   kernels::Weight matrix_plain(const std::string& name, int64_t rows, int64_t cols, Use use);
   kernels::Weight owned_matrix(std::vector<float> values, int64_t rows, int64_t cols, DType dtype);
   struct Layout;
   std::unique_ptr<Layer> load_layer(int l);
   void load_mtp();
   void decoder_layer(Layer& L, int li, const Layout& layout, const int32_t* pos, int64_t m, float* h);
-  void attention(Layer& L, int li, const Layout& lay, const int32_t* pos,
-                 const float* a, int64_t m, float* h);
+  void attention(Layer& L, int li, const Layout& lay, const int32_t* pos, const float* a, int64_t m, float* h);
   // Rows [row, row + n) of a step at positions [pos, pos + n) of one sequence.
   struct Span {
     const int32_t* blocks;

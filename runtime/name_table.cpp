@@ -30,17 +30,28 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 const char* role_name(Role r) {
   switch (r) {
-    case Role::Embedding: return "embedding";
-    case Role::Norm: return "norms";
-    case Role::Attention: return "attention";
-    case Role::Indexer: return "indexer";
-    case Role::IndexerWeights: return "indexer_weights";
-    case Role::Router: return "router";
-    case Role::RouterBias: return "router_bias";
-    case Role::DenseMlp: return "dense";
-    case Role::Expert: return "experts";
-    case Role::SharedExpert: return "shared";
-    case Role::LmHead: return "lm_head";
+    case Role::Embedding:
+      return "embedding";
+    case Role::Norm:
+      return "norms";
+    case Role::Attention:
+      return "attention";
+    case Role::Indexer:
+      return "indexer";
+    case Role::IndexerWeights:
+      return "indexer_weights";
+    case Role::Router:
+      return "router";
+    case Role::RouterBias:
+      return "router_bias";
+    case Role::DenseMlp:
+      return "dense";
+    case Role::Expert:
+      return "experts";
+    case Role::SharedExpert:
+      return "shared";
+    case Role::LmHead:
+      return "lm_head";
   }
   return "?";
 }
@@ -83,8 +94,8 @@ StoredTensor resolve_fp8(Checkpoint& ckpt, const TensorSpec& s, const TensorInfo
         "' are missing (FP8 weights need <name>_scale_inv, F32 [ceil(rows/128), ceil(cols/128)])");
   CHECK(s.shape.size() == 2, "tensor ", s.name, " in ", t->file, " is F8_E4M3, but FP8 is only for matrices (expected ",
         shape_str(s.shape), " ", "BF16, F16 or F32)");
-  CHECK(t->shape == s.shape, "tensor ", s.name, " in ", t->file, ": expected shape ", shape_str(s.shape),
-        ", found ", shape_str(t->shape));
+  CHECK(t->shape == s.shape, "tensor ", s.name, " in ", t->file, ": expected shape ", shape_str(s.shape), ", found ",
+        shape_str(t->shape));
   const std::vector<int64_t> want{ceil_div(s.shape[0], quant::kFp8Block), ceil_div(s.shape[1], quant::kFp8Block)};
   CHECK(sc->dtype == DType::F32 || sc->dtype == DType::BF16, "tensor ", sname, " in ", sc->file,
         ": FP8 block scales must be F32 (or BF16), found ", sc->dtype_name);
@@ -98,18 +109,21 @@ StoredTensor resolve_packed(Checkpoint& ckpt, const TensorSpec& s, const TensorI
   CHECK(s.shape.size() == 2, "tensor ", pname, " in ", packed->file, ": ", s.name, " ", shape_str(s.shape),
         " is not a matrix and cannot be pack-quantized");
   const int64_t rows = s.shape[0], cols = s.shape[1];
-  CHECK(packed->dtype == DType::I32 && packed->shape.size() == 2 && packed->shape[0] == rows, "tensor ", pname,
-        " in ", packed->file, ": expected I32 [", rows, ", ceil(", cols, " * bits / 32)], found ",
-        packed->dtype_name, " ", shape_str(packed->shape));
+  CHECK(packed->dtype == DType::I32 && packed->shape.size() == 2 && packed->shape[0] == rows, "tensor ", pname, " in ",
+        packed->file, ": expected I32 [", rows, ", ceil(", cols, " * bits / 32)], found ", packed->dtype_name, " ",
+        shape_str(packed->shape));
   DType dt = DType::Unknown;
-  if (packed->shape[1] == ceil_div(cols, 8)) dt = DType::Q4;
-  else if (packed->shape[1] == ceil_div(cols, 4)) dt = DType::Q8;
+  if (packed->shape[1] == ceil_div(cols, 8))
+    dt = DType::Q4;
+  else if (packed->shape[1] == ceil_div(cols, 4))
+    dt = DType::Q8;
   CHECK(dt != DType::Unknown, "tensor ", pname, " in ", packed->file, ": ", packed->shape[1],
         " int32 per row fit neither int4 (", ceil_div(cols, 8), ") nor int8 (", ceil_div(cols, 4), ") for ", cols,
         " columns");
   for (const char* unsupported : {"zero_point", "g_idx"}) {
     const std::string n = packed_name(s.name, unsupported);
-    CHECK(!ckpt.has(n), "tensor ", n, ": asymmetric (zero point) and activation-ordered (g_idx) int weights are "
+    CHECK(!ckpt.has(n), "tensor ", n,
+          ": asymmetric (zero point) and activation-ordered (g_idx) int weights are "
           "not supported; expected symmetric pack-quantized weights");
   }
   const std::string sname = packed_name(s.name, "scale");
@@ -119,14 +133,13 @@ StoredTensor resolve_packed(Checkpoint& ckpt, const TensorSpec& s, const TensorI
   CHECK((sc->dtype == DType::BF16 || sc->dtype == DType::F16 || sc->dtype == DType::F32) && sc->shape.size() == 2 &&
             sc->shape[0] == rows && sc->shape[1] > 0 && cols % sc->shape[1] == 0,
         "tensor ", sname, " in ", sc->file, ": expected BF16, F16 or F32 [", rows,
-        ", cols / group_size] with group_size dividing ", cols, ", found ", sc->dtype_name, " ",
-        shape_str(sc->shape));
+        ", cols / group_size] with group_size dividing ", cols, ", found ", sc->dtype_name, " ", shape_str(sc->shape));
   const std::string shname = packed_name(s.name, "shape");
   const TensorInfo* sh = ckpt.find(shname);
   CHECK(sh, ckpt.dir(), ": tensor '", shname, "' not found (compressed-tensors stores the unpacked shape)");
   const std::vector<int64_t> stored = stored_shape(*sh);
-  CHECK(stored == s.shape, "tensor ", shname, " in ", sh->file, ": expected I64 [2] = ", shape_str(s.shape),
-        ", found ", sh->dtype_name, " ", shape_str(sh->shape), stored.empty() ? "" : " = ",
+  CHECK(stored == s.shape, "tensor ", shname, " in ", sh->file, ": expected I64 [2] = ", shape_str(s.shape), ", found ",
+        sh->dtype_name, " ", shape_str(sh->shape), stored.empty() ? "" : " = ",
         stored.empty() ? "" : shape_str(stored));
   // The group size, from the scales' shape: cols / scale columns, a power of two (compressed-tensors'
   // group sizes) or the whole row (per-channel). A ragged layout (ceil(cols / group) scales, the
@@ -145,14 +158,13 @@ StoredTensor resolve_tensor(Checkpoint& ckpt, const TensorSpec& s) {
     if (t->dtype == DType::F8_E4M3) return resolve_fp8(ckpt, s, t);
     CHECK(plain_dtype(t->dtype), "tensor ", s.name, " in ", t->file, " has dtype ", t->dtype_name,
           "; expected BF16, F16 or F32 (or F8_E4M3 with ", fp8_scale_name(s.name), ")");
-    CHECK(t->shape == s.shape, "tensor ", s.name, " in ", t->file, ": expected shape ", shape_str(s.shape),
-          ", found ", shape_str(t->shape));
+    CHECK(t->shape == s.shape, "tensor ", s.name, " in ", t->file, ": expected shape ", shape_str(s.shape), ", found ",
+          shape_str(t->shape));
     return {t->dtype, t, nullptr, 0};
   }
   if (const TensorInfo* p = ckpt.find(packed_name(s.name, "packed"))) return resolve_packed(ckpt, s, p);
   GLM5_FAIL(ckpt.dir(), ": tensor '", s.name, "' not found (expected shape ", shape_str(s.shape),
-            s.shape.size() == 2 ? ", or its pack-quantized form " + packed_name(s.name, "packed") : std::string(),
-            ")");
+            s.shape.size() == 2 ? ", or its pack-quantized form " + packed_name(s.name, "packed") : std::string(), ")");
 }
 
 kernels::Weight weight_view(const StoredTensor& st, int64_t rows, int64_t cols) {
@@ -250,10 +262,10 @@ void check_layer_count(const Checkpoint& ckpt, const ModelConfig& cfg) {
     if (int64_t l = layer_of(name); l >= 0) layers.insert(l);
   const int64_t N = cfg.num_hidden_layers, nextn = cfg.num_nextn_predict_layers, K = int64_t(layers.size());
   // nextn 0 beside a stored MTP layer: the layer is not used (as before this check), so it may stay.
-  CHECK(K == N || K == N + nextn || (nextn == 0 && K > N), ckpt.dir(), " holds ", K, " layers (model.layers.<i>, i up to ",
-        K ? *layers.rbegin() : -1, "), but ", cfg.source, " says num_hidden_layers = ", N,
-        " and num_nextn_predict_layers = ", nextn, ": expected ", N, " decoder layers, then none or ", nextn,
-        " MTP layer(s)");
+  CHECK(K == N || K == N + nextn || (nextn == 0 && K > N), ckpt.dir(), " holds ", K,
+        " layers (model.layers.<i>, i up to ", K ? *layers.rbegin() : -1, "), but ", cfg.source,
+        " says num_hidden_layers = ", N, " and num_nextn_predict_layers = ", nextn, ": expected ", N,
+        " decoder layers, then none or ", nextn, " MTP layer(s)");
 }
 
 }  // namespace
@@ -284,8 +296,7 @@ void check_checkpoint(Checkpoint& ckpt, const ModelConfig& cfg) {
   }
   CHECK(unknown == 0, ckpt.dir(), ": tensor '", first_unknown, "' is not part of a ", cfg.model_type,
         " model with the config ", cfg.source, " (", unknown,
-        " unknown tensor name(s); layers >= num_hidden_layers = ", cfg.num_hidden_layers,
-        " are MTP and allowed)");
+        " unknown tensor name(s); layers >= num_hidden_layers = ", cfg.num_hidden_layers, " are MTP and allowed)");
 }
 
 }  // namespace glm5::runtime

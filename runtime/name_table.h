@@ -20,8 +20,17 @@ struct TensorInfo;
 
 // What a tensor is for; decides what conversion may quantize (Linear weights only).
 enum class Role : uint8_t {
-  Embedding, Norm, Attention, Indexer, IndexerWeights, Router, RouterBias, DenseMlp, Expert,
-  SharedExpert, LmHead
+  Embedding,
+  Norm,
+  Attention,
+  Indexer,
+  IndexerWeights,
+  Router,
+  RouterBias,
+  DenseMlp,
+  Expert,
+  SharedExpert,
+  LmHead
 };
 // "attention", "experts", ... (the names `convert --quantize` takes).
 const char* role_name(Role r);
@@ -43,14 +52,14 @@ struct TensorSpec {
 //   int      X.weight_packed I32 [rows, ceil(cols * bits / 32)] + X.weight_scale [rows, cols / group]
 //            (BF16 / F16 / F32) + X.weight_shape I64/I32 [2] = [rows, cols]   (compressed-tensors)
 struct StoredTensor {
-  DType dtype = DType::Unknown;   // kernel dtype: BF16, F16, F32, F8_E4M3, Q4, Q8
+  DType dtype = DType::Unknown;       // kernel dtype: BF16, F16, F32, F8_E4M3, Q4, Q8
   const TensorInfo* data = nullptr;   // X.weight or X.weight_packed
   const TensorInfo* scale = nullptr;  // X.weight_scale_inv or X.weight_scale (quantized only)
   int64_t group = 0;                  // columns per scale (FP8: 128)
   size_t nbytes() const;              // data + scales
 };
 // Names a stored form adds beside (or instead of) `X.weight`.
-std::string fp8_scale_name(const std::string& weight_name);          // X.weight_scale_inv
+std::string fp8_scale_name(const std::string& weight_name);                 // X.weight_scale_inv
 std::string packed_name(const std::string& weight_name, const char* part);  // X.weight_<part>
 // The stored form of `spec`, checked against the spec (shapes of data and scales, dtypes).
 // Throws glm5::Error naming the file, the tensor, expected and found.

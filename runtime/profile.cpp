@@ -34,8 +34,10 @@ void Profiler::record(const char* phase, int layer, double t0, double t1) {
   t.seconds += t1 - t0;
   ++t.calls;
   if (!trace_) return;
-  if (events_.size() < max_events_) events_.push_back({phase, layer, t0, t1});
-  else ++dropped_;
+  if (events_.size() < max_events_)
+    events_.push_back({phase, layer, t0, t1});
+  else
+    ++dropped_;
 }
 
 nlohmann::json Profiler::totals() const {

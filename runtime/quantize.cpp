@@ -30,8 +30,8 @@ void quantize_fp8_block(const float* w, int64_t rows, int64_t cols, uint8_t* q, 
   }
 }
 
-void quantize_int_group(const float* w, int64_t rows, int64_t cols, int bits, int64_t group,
-                        int32_t* packed, DType scale_dtype, void* scale) {
+void quantize_int_group(const float* w, int64_t rows, int64_t cols, int bits, int64_t group, int32_t* packed,
+                        DType scale_dtype, void* scale) {
   CHECK(scale_dtype == DType::BF16 || scale_dtype == DType::F32, "quantize_int_group: scale dtype ",
         dtype_name(scale_dtype), " (expected BF16 or F32)");
   const bool bf16 = scale_dtype == DType::BF16;

@@ -23,7 +23,7 @@ void quantize_fp8_block(const float* w, int64_t rows, int64_t cols, uint8_t* q, 
 // so that a weight q * scale needs no rounding to the scale's dtype (faster int8 decode on CPUs).
 // Stored as q + 2^(bits-1), 32 / bits per little-endian int32, rows zero-padded to whole int32s.
 // packed [rows * ceil(cols * bits / 32)] int32, scale [rows * cols / group] of scale_dtype (BF16, F32).
-void quantize_int_group(const float* w, int64_t rows, int64_t cols, int bits, int64_t group,
-                        int32_t* packed, DType scale_dtype, void* scale);
+void quantize_int_group(const float* w, int64_t rows, int64_t cols, int bits, int64_t group, int32_t* packed,
+                        DType scale_dtype, void* scale);
 
 }  // namespace glm5::runtime

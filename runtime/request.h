@@ -12,17 +12,17 @@
 namespace glm5::runtime {
 
 struct Request {
-  int64_t index = 0;        // position in the input; results carry it back
+  int64_t index = 0;  // position in the input; results carry it back
   std::vector<int32_t> prompt;
   SamplingParams sampling;
   bool want_prompt_logits = false;  // logits of every prompt row (--dump-logits)
   // >= 0: the logprob of each prompt token after the first under the row before it, with the n
   // best (echo). The last stage computes them (token_logprob), so no logits travel.
   int32_t prompt_logprobs = -1;
-  bool want_logits = false;         // logits of every generated step
-  bool extra_final_step = false;    // feed the last token once more (its logits close the dump)
-  std::string error;                // set: the request is answered with this error, not run
-  bool stream = false;              // its tokens go to RequestSource::on_tokens as they are sampled
+  bool want_logits = false;       // logits of every generated step
+  bool extra_final_step = false;  // feed the last token once more (its logits close the dump)
+  std::string error;              // set: the request is answered with this error, not run
+  bool stream = false;            // its tokens go to RequestSource::on_tokens as they are sampled
   // Speculative decoding with the MTP layer when the engine has it on (speculative_tokens > 0);
   // false: this request decodes one token per step. Its tokens are the same either way.
   bool speculative = true;
@@ -36,7 +36,7 @@ struct Result {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
   std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
-  std::string finish_reason;         // "length" | "stop" | "error"
+  std::string finish_reason;  // "length" | "stop" | "error"
   std::string error;
   std::vector<float> prompt_logits;  // [prompt_len, vocab] when asked
   // [prompt_len - 1] when prompt_logprobs >= 0: entry t - 1 is prompt token t (token, its

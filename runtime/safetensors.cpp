@@ -39,27 +39,26 @@ constexpr const char* kSingleName = "model.safetensors";
 bool is_uint(const json& v) { return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0); }
 
 // One header entry -> TensorInfo; `data_size` is the number of bytes after the header.
-TensorInfo parse_entry(const std::string& path, const std::string& name, const json& e,
-                       const uint8_t* data, uint64_t data_size) {
+TensorInfo parse_entry(const std::string& path, const std::string& name, const json& e, const uint8_t* data,
+                       uint64_t data_size) {
   TensorInfo t;
   t.name = name;
   t.file = path;
   CHECK(e.is_object(), path, ": tensor '", name, "': header entry must be an object, found ", e.dump());
   auto dt = e.find("dtype");
-  CHECK(dt != e.end() && dt->is_string(), path, ": tensor '", name,
-        "': field 'dtype': expected a string, found ", dt == e.end() ? "nothing" : dt->dump());
+  CHECK(dt != e.end() && dt->is_string(), path, ": tensor '", name, "': field 'dtype': expected a string, found ",
+        dt == e.end() ? "nothing" : dt->dump());
   t.dtype_name = dt->get<std::string>();
   t.dtype = dtype_from_name(t.dtype_name);
 
   auto sh = e.find("shape");
   CHECK(sh != e.end() && sh->is_array(), path, ": tensor '", name,
-        "': field 'shape': expected a list of non-negative integers, found ",
-        sh == e.end() ? "nothing" : sh->dump());
+        "': field 'shape': expected a list of non-negative integers, found ", sh == e.end() ? "nothing" : sh->dump());
   // numel with overflow guard: a corrupt header must not wrap around into a small size.
   unsigned __int128 numel = 1;
   for (const json& d : *sh) {
-    CHECK(is_uint(d), path, ": tensor '", name,
-          "': field 'shape': expected a list of non-negative integers, found ", sh->dump());
+    CHECK(is_uint(d), path, ": tensor '", name, "': field 'shape': expected a list of non-negative integers, found ",
+          sh->dump());
     uint64_t v = d.get<uint64_t>();
     CHECK(v <= uint64_t(INT64_MAX), path, ": tensor '", name, "': dimension ", v, " is too large");
     t.shape.push_back(int64_t(v));
@@ -68,21 +67,18 @@ TensorInfo parse_entry(const std::string& path, const std::string& name, const j
   }
 
   auto off = e.find("data_offsets");
-  CHECK(off != e.end() && off->is_array() && off->size() == 2 && is_uint((*off)[0]) &&
-            is_uint((*off)[1]),
-        path, ": tensor '", name, "': field 'data_offsets': expected [begin, end], found ",
+  CHECK(off != e.end() && off->is_array() && off->size() == 2 && is_uint((*off)[0]) && is_uint((*off)[1]), path,
+        ": tensor '", name, "': field 'data_offsets': expected [begin, end], found ",
         off == e.end() ? "nothing" : off->dump());
   uint64_t begin = (*off)[0].get<uint64_t>(), end = (*off)[1].get<uint64_t>();
-  CHECK(begin <= end, path, ": tensor '", name, "': data_offsets [", begin, ", ", end,
-        "] end before they begin");
+  CHECK(begin <= end, path, ": tensor '", name, "': data_offsets [", begin, ", ", end, "] end before they begin");
   CHECK(end <= data_size, path, ": tensor '", name, "': data_offsets [", begin, ", ", end,
-        "] go beyond the end of the data (", data_size,
-        " bytes after the header): the file is truncated");
+        "] go beyond the end of the data (", data_size, " bytes after the header): the file is truncated");
   if (t.dtype != DType::Unknown) {
     unsigned __int128 expect = numel * dtype_size(t.dtype);
-    CHECK(expect == end - begin, path, ": tensor '", name, "': ", t.dtype_name, " ",
-          shape_str(t.shape), " needs ", uint64_t(std::min<unsigned __int128>(expect, UINT64_MAX)),
-          " bytes, but data_offsets [", begin, ", ", end, "] hold ", end - begin);
+    CHECK(expect == end - begin, path, ": tensor '", name, "': ", t.dtype_name, " ", shape_str(t.shape), " needs ",
+          uint64_t(std::min<unsigned __int128>(expect, UINT64_MAX)), " bytes, but data_offsets [", begin, ", ", end,
+          "] hold ", end - begin);
   }
   t.data = data + begin;
   t.nbytes = size_t(end - begin);
@@ -108,8 +104,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   size_ = size_t(st.st_size);
   if (size_ < 8) {
     ::close(fd);
-    GLM5_FAIL(path, ": truncated safetensors file: ", size_,
-              " bytes, expected at least 8 (the header length)");
+    GLM5_FAIL(path, ": truncated safetensors file: ", size_, " bytes, expected at least 8 (the header length)");
   }
   void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
   int map_errno = errno;
@@ -122,16 +117,15 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     const uint8_t* base = static_cast<const uint8_t*>(map_);
     uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | base[i];
-    CHECK(n <= size_ - 8, path, ": safetensors header length ", n, " goes beyond the end of the file (",
-          size_, " bytes): truncated or not a safetensors file");
+    CHECK(n <= size_ - 8, path, ": safetensors header length ", n, " goes beyond the end of the file (", size_,
+          " bytes): truncated or not a safetensors file");
     json header;
     try {
       header = json::parse(base + 8, base + 8 + n);
     } catch (const json::exception& e) {
       GLM5_FAIL(path, ": safetensors header (", n, " bytes) is not valid JSON: ", e.what());
     }
-    CHECK(header.is_object(), path, ": safetensors header must be a JSON object, found ",
-          header.type_name());
+    CHECK(header.is_object(), path, ": safetensors header must be a JSON object, found ", header.type_name());
     const uint8_t* data = base + 8 + n;
     const uint64_t data_size = size_ - 8 - n;
     for (auto it = header.begin(); it != header.end(); ++it) {
@@ -173,8 +167,8 @@ Checkpoint::Checkpoint(const std::string& model_dir) : dir_(model_dir) {
           ": field 'weight_map': expected an object {tensor name: shard file}, found ",
           (j.is_object() && wm != j.end()) ? wm->type_name() : "nothing");
     for (auto it = wm->begin(); it != wm->end(); ++it) {
-      CHECK(it.value().is_string() && !it.value().get<std::string>().empty(), index.string(),
-            ": weight_map['", it.key(), "']: expected a shard file name, found ", it.value().dump());
+      CHECK(it.value().is_string() && !it.value().get<std::string>().empty(), index.string(), ": weight_map['",
+            it.key(), "']: expected a shard file name, found ", it.value().dump());
       weight_map_[it.key()] = it.value().get<std::string>();
     }
     // Every listed shard must exist now (a missing download should fail before any work starts);
@@ -239,8 +233,7 @@ const TensorInfo* Checkpoint::find(const std::string& name) {
   }
   SafetensorsFile& f = *fp;
   const TensorInfo* t = f.find(name);
-  CHECK(t, f.path(), ": tensor '", name, "' is listed in ", kIndexName,
-        " for this shard but is not in its header");
+  CHECK(t, f.path(), ": tensor '", name, "' is listed in ", kIndexName, " for this shard but is not in its header");
   return t;
 }
 
@@ -249,10 +242,10 @@ const TensorInfo& Checkpoint::get(const std::string& name, const std::vector<int
   CHECK(t, dir_, ": tensor '", name, "' not found (expected shape ", shape_str(shape), ")");
   CHECK(t->dtype != DType::F8_E4M3, "tensor ", name, " in ", t->file,
         " is F8_E4M3 where a plain BF16, F16 or F32 tensor ", shape_str(shape), " is expected");
-  CHECK(t->dtype == DType::BF16 || t->dtype == DType::F16 || t->dtype == DType::F32, "tensor ", name,
-        " in ", t->file, " has dtype ", t->dtype_name, "; expected BF16, F16 or F32");
-  CHECK(t->shape == shape, "tensor ", name, " in ", t->file, ": expected shape ", shape_str(shape),
-        ", found ", shape_str(t->shape));
+  CHECK(t->dtype == DType::BF16 || t->dtype == DType::F16 || t->dtype == DType::F32, "tensor ", name, " in ", t->file,
+        " has dtype ", t->dtype_name, "; expected BF16, F16 or F32");
+  CHECK(t->shape == shape, "tensor ", name, " in ", t->file, ": expected shape ", shape_str(shape), ", found ",
+        shape_str(t->shape));
   bytes_loaded_ += t->nbytes;
   return *t;
 }

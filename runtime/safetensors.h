@@ -101,7 +101,7 @@ class SafetensorsWriter {
  public:
   SafetensorsWriter(const std::string& path, std::vector<TensorHeader> tensors);
   ~SafetensorsWriter();
-  size_t next() const { return next_; }        // index of the first tensor still to write
+  size_t next() const { return next_; }  // index of the first tensor still to write
   // Writes tensor next() (exactly its nbytes()); throws naming the file on a short write.
   void write(const void* data, size_t nbytes);
   void finish();                                // all written: fsync, rename to path

@@ -40,8 +40,8 @@ void SamplingParams::validate() const {
   CHECK(std::isfinite(frequency_penalty) && std::fabs(frequency_penalty) <= 2.0f,
         "sampling field 'frequency_penalty': expected a number in [-2, 2], found ", frequency_penalty);
   CHECK(max_tokens >= 1, "sampling field 'max_tokens': expected an integer >= 1, found ", max_tokens);
-  CHECK(logprobs >= -1 && logprobs <= 20,
-        "sampling field 'logprobs': expected an integer in [0, 20], found ", logprobs);
+  CHECK(logprobs >= -1 && logprobs <= 20, "sampling field 'logprobs': expected an integer in [0, 20], found ",
+        logprobs);
 }
 
 namespace {
@@ -116,21 +116,18 @@ vd exp_nonpos(vd d) {
   const vd lo = vd{} - 708.0;
   vd c = d > lo ? d : lo;
   vd n = (c * 1.4426950408889634 + 6755399441055744.0) - 6755399441055744.0;  // round to nearest
-  vd r = c - n * 0.693145751953125;      // ln2's high bits: n * this is exact
-  r = r - n * 1.42860682030941723212e-6;  // the rest of ln2
-  constexpr double kInvFact[] = {1.0 / 6227020800, 1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800,
-                                 1.0 / 362880,     1.0 / 40320,     1.0 / 5040,     1.0 / 720,
-                                 1.0 / 120,        1.0 / 24,        1.0 / 6,        1.0 / 2,
-                                 1.0,              1.0};
+  vd r = c - n * 0.693145751953125;                                           // ln2's high bits: n * this is exact
+  r = r - n * 1.42860682030941723212e-6;                                      // the rest of ln2
+  constexpr double kInvFact[] = {
+      1.0 / 6227020800, 1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880, 1.0 / 40320, 1.0 / 5040,
+      1.0 / 720,        1.0 / 120,       1.0 / 24,       1.0 / 6,       1.0 / 2,      1.0,         1.0};
   vd y = vd{} + kInvFact[0];
   for (int k = 1; k < 14; ++k) y = y * r + kInvFact[k];
   vd two_n = (vd)((__builtin_convertvector(n, vl) + 1023) << 52);  // n in [-1022, 0]: normal
-  return (vd)((vl)(y * two_n) & (d >= lo));  // also 0 for NaN d (the padding)
+  return (vd)((vl)(y * two_n) & (d >= lo));                        // also 0 for NaN d (the padding)
 }
 // w of the 8 tokens from x: exp(x - mx).
-vd weights8(const float* x, float mx) {
-  return exp_nonpos(__builtin_convertvector(load<vf8>(x), vd) - double(mx));
-}
+vd weights8(const float* x, float mx) { return exp_nonpos(__builtin_convertvector(load<vf8>(x), vd) - double(mx)); }
 double weight(float x, float mx) { return exp_nonpos(vd{} + (double(x) - double(mx)))[0]; }
 
 // Order-preserving integer key: key(a) > key(b) exactly when a > b (-0 is folded into +0, which
@@ -150,9 +147,9 @@ uint32_t rank_key(float x) {
 
 // ---- Scratch ----
 
-constexpr int kBuckets = 65536;  // histogram over the key's high 16 bits; bucket 0: non-candidates
+constexpr int kBuckets = 65536;      // histogram over the key's high 16 bits; bucket 0: non-candidates
 constexpr int64_t kSmallTopK = 128;  // up to this, top_k keeps a sorted list instead
-constexpr int64_t kSpan = 256;  // tokens per span_mass entry
+constexpr int64_t kSpan = 256;       // tokens per span_mass entry
 
 struct Member {  // a token of a boundary bucket
   uint32_t key;
@@ -163,14 +160,14 @@ struct Member {  // a token of a boundary bucket
 // Per-thread scratch, grown on demand and reused: vocabulary-sized vectors allocated (and
 // zeroed) per token would cost about as much as the sampling itself.
 struct Scratch {
-  std::vector<float> x;          // working logits, padded to a multiple of 16 with kPad
-  std::vector<uint8_t> seen;     // repetition-penalty marks, all 0 between calls
-  std::vector<int32_t> count;    // times generated, all 0 between calls
-  std::vector<int32_t> touched;  // tokens the penalties change
-  std::vector<uint32_t> cnt;     // per bucket, all 0 between calls
-  std::vector<double> mass;      // per bucket, all 0 between calls
-  std::vector<double> span_mass;       // candidate mass per kSpan tokens (the draw skips spans)
-  std::vector<uint32_t> span_max_key;  // largest key per kSpan tokens (filled with a histogram)
+  std::vector<float> x;                              // working logits, padded to a multiple of 16 with kPad
+  std::vector<uint8_t> seen;                         // repetition-penalty marks, all 0 between calls
+  std::vector<int32_t> count;                        // times generated, all 0 between calls
+  std::vector<int32_t> touched;                      // tokens the penalties change
+  std::vector<uint32_t> cnt;                         // per bucket, all 0 between calls
+  std::vector<double> mass;                          // per bucket, all 0 between calls
+  std::vector<double> span_mass;                     // candidate mass per kSpan tokens (the draw skips spans)
+  std::vector<uint32_t> span_max_key;                // largest key per kSpan tokens (filled with a histogram)
   std::vector<Member> members_k, members_p, sorted;  // boundary buckets
   std::vector<uint32_t> low_count;                   // counting sort of a large bucket
   std::vector<std::pair<float, int32_t>> best;       // top-n / small top-k
@@ -252,8 +249,8 @@ bool has_penalties(const SamplingParams& p) {
 // penalties once and in the documented order); the rest stay as load_logits left them. Updates
 // the range: by the patched values, or by a fresh pass when the max itself went down.
 void apply_penalties(const float* logits, int64_t vocab, int64_t padded, const SamplingParams& p,
-                     const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated,
-                     Range& range, Scratch& s) {
+                     const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated, Range& range,
+                     Scratch& s) {
   const bool rep = p.repetition_penalty != 1.0f;
   const bool pres_freq = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
   s.touched.clear();
@@ -289,8 +286,8 @@ void apply_penalties(const float* logits, int64_t vocab, int64_t padded, const S
 enum class Hist { none, mass, count_and_mass };
 
 struct Weights {
-  double all = 0;         // sum of w over the vocabulary: the log-softmax normaliser
-  double candidates = 0;  // sum of w over the candidates (w >= min_p)
+  double all = 0;               // sum of w over the vocabulary: the log-softmax normaliser
+  double candidates = 0;        // sum of w over the candidates (w >= min_p)
   int lowest = 0, highest = 0;  // the histogram's buckets in use (those of min x and max x)
 };
 
@@ -318,7 +315,7 @@ Weights weigh(Scratch& s, int64_t padded, Range range, double min_p) {
         const vu8 key = rank_keys<vu8>(load<vf8>(&s.x[size_t(i)]));
         span_max = key > span_max ? key : span_max;
         vu8 b = key >> 16;
-        if constexpr (kMinP) b &= (vu8)__builtin_convertvector(cand, vi8);
+        if constexpr (kMinP) b &= (vu8) __builtin_convertvector(cand, vi8);
         for (int j = 0; j < kD; ++j) {
           s.mass[b[j]] += wc[j];
           if constexpr (H == Hist::count_and_mass) ++s.cnt[b[j]];
@@ -365,9 +362,8 @@ void bucket_members(Scratch& s, int64_t vocab, int64_t padded, int b, float mx, 
   }
   std::erase_if(out, [&](const Member& m) { return !(m.w >= min_p); });  // as weigh() decided
   if (out.size() <= 2048) {
-    std::sort(out.begin(), out.end(), [](const Member& a, const Member& c) {
-      return a.key > c.key || (a.key == c.key && a.id < c.id);
-    });
+    std::sort(out.begin(), out.end(),
+              [](const Member& a, const Member& c) { return a.key > c.key || (a.key == c.key && a.id < c.id); });
     return;
   }
   for (const Member& m : out) ++s.low_count[m.key & 0xffffu];
@@ -404,8 +400,8 @@ struct TopK {
 
 // The top_k cut: buckets from the top until the count reaches k, then the first members of the
 // bucket that crosses it. Nothing to cut when there are at most k candidates.
-TopK cut_top_k(Scratch& s, int64_t vocab, int64_t padded, int64_t k, float mx, double min_p,
-               const Weights& wt, Selection& sel) {
+TopK cut_top_k(Scratch& s, int64_t vocab, int64_t padded, int64_t k, float mx, double min_p, const Weights& wt,
+               Selection& sel) {
   if (k >= padded - int64_t(s.cnt[0])) return TopK{};  // bucket 0: non-candidates and padding
   int64_t above = 0;
   double mass_above = 0;
@@ -425,8 +421,8 @@ TopK cut_top_k(Scratch& s, int64_t vocab, int64_t padded, int64_t k, float mx, d
 
 // The top_p cut: the smallest rank prefix (within what top_k kept) whose mass reaches
 // top_p * sel.mass. Whole buckets are skipped by their mass; only the crossing one is sorted.
-void cut_top_p(Scratch& s, int64_t vocab, int64_t padded, float top_p, float mx, double min_p,
-               const Weights& wt, const TopK& k, Selection& sel) {
+void cut_top_p(Scratch& s, int64_t vocab, int64_t padded, float top_p, float mx, double min_p, const Weights& wt,
+               const TopK& k, Selection& sel) {
   const double target = double(top_p) * sel.mass;
   double acc = 0;
   auto reach = [&](const std::vector<Member>& run, int64_t n) {  // run: rank order
@@ -505,8 +501,7 @@ int32_t draw(const Scratch& s, int64_t vocab, int64_t padded, Cut cut, float mx,
   // candidate is always kept, so there is one.)
   for (int64_t i = vocab - 1; i >= 0; --i) {
     const uint32_t key = rank_key(s.x[size_t(i)]);
-    if ((key > cut.key || (key == cut.key && i <= cut.id)) && weight(s.x[size_t(i)], mx) >= min_p)
-      return int32_t(i);
+    if ((key > cut.key || (key == cut.key && i <= cut.id)) && weight(s.x[size_t(i)], mx) >= min_p) return int32_t(i);
   }
   return 0;
 }
@@ -562,8 +557,7 @@ int32_t draw_small_top_k(Scratch& s, int64_t vocab, const SamplingParams& p, flo
 }
 
 // Fills in the logprobs: x is the distribution's logits, mx its max, z = sum of exp(x - mx).
-Sampled finish(int32_t token, const float* x, int64_t vocab, float mx, double z, int logprobs,
-               Scratch& s) {
+Sampled finish(int32_t token, const float* x, int64_t vocab, float mx, double z, int logprobs, Scratch& s) {
   Sampled out;
   out.token = token;
   if (logprobs < 0) return out;
@@ -615,9 +609,8 @@ std::vector<Sampled> verify_drafts(const float* logits, int64_t vocab, const int
   return out;
 }
 
-Sampled sample(const float* logits, int64_t vocab, const SamplingParams& p,
-               const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated,
-               int64_t step) {
+Sampled sample(const float* logits, int64_t vocab, const SamplingParams& p, const std::vector<int32_t>& prompt,
+               const std::vector<int32_t>& generated, int64_t step) {
   CHECK(vocab >= 1, "sample: expected a vocabulary of at least 1 token, found ", vocab);
   const bool greedy = p.temperature == 0.0f;
   if (greedy && p.logprobs < 0 && !has_penalties(p)) return Sampled{argmax(logits, vocab), 0.0f, {}};
@@ -640,7 +633,7 @@ Sampled sample(const float* logits, int64_t vocab, const SamplingParams& p,
     if (p.logprobs >= 0) z = weigh<Hist::none>(s, padded, range, 0.0).all;
   } else {
     const bool top_k = p.top_k > 0, top_p = p.top_p < 1.0f;
-    const Weights wt = top_k ? weigh<Hist::count_and_mass>(s, padded, range, min_p)
+    const Weights wt = top_k   ? weigh<Hist::count_and_mass>(s, padded, range, min_p)
                        : top_p ? weigh<Hist::mass>(s, padded, range, min_p)
                                : weigh<Hist::none>(s, padded, range, min_p);
     Selection sel{Cut{}, wt.candidates};

@@ -34,18 +34,18 @@
 namespace glm5::runtime {
 
 struct SamplingParams {
-  float temperature = 1.0f;        // 0 = greedy
-  float top_p = 1.0f;              // (0, 1]
-  int32_t top_k = 0;               // 0 or -1 = off
-  float min_p = 0.0f;              // [0, 1]
-  float repetition_penalty = 1.0f; // > 0; HF style: divides positive logits of seen tokens
-  float presence_penalty = 0.0f;   // [-2, 2], OpenAI style, on generated tokens
-  float frequency_penalty = 0.0f;  // [-2, 2]
+  float temperature = 1.0f;         // 0 = greedy
+  float top_p = 1.0f;               // (0, 1]
+  int32_t top_k = 0;                // 0 or -1 = off
+  float min_p = 0.0f;               // [0, 1]
+  float repetition_penalty = 1.0f;  // > 0; HF style: divides positive logits of seen tokens
+  float presence_penalty = 0.0f;    // [-2, 2], OpenAI style, on generated tokens
+  float frequency_penalty = 0.0f;   // [-2, 2]
   uint64_t seed = 0;
   int32_t max_tokens = 16;
-  int32_t logprobs = -1;           // -1 = none; >= 0: logprob of the chosen token (+ top-n)
+  int32_t logprobs = -1;  // -1 = none; >= 0: logprob of the chosen token (+ top-n)
   bool ignore_eos = false;
-  std::vector<std::string> stop;   // stop strings (need a tokenizer)
+  std::vector<std::string> stop;  // stop strings (need a tokenizer)
   // Throws glm5::Error naming the first invalid field, its allowed range and the value found.
   void validate() const;
   // Whether `token` is an end of sequence that ends the answer (one of eos unless ignore_eos); the
@@ -60,15 +60,14 @@ struct SamplingParams {
 
 struct Sampled {
   int32_t token = -1;
-  float logprob = 0.0f;  // log softmax of the (penalised, temperature-scaled) logits at token
+  float logprob = 0.0f;                        // log softmax of the (penalised, temperature-scaled) logits at token
   std::vector<std::pair<int32_t, float>> top;  // top-n alternatives when logprobs > 0
 };
 
 // Samples from logits[vocab] (the caller's array is not modified). `prompt` and `generated` feed
 // the penalties; `step` is the index of the token being generated. Semantics: see the top.
-Sampled sample(const float* logits, int64_t vocab, const SamplingParams& p,
-               const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated,
-               int64_t step);
+Sampled sample(const float* logits, int64_t vocab, const SamplingParams& p, const std::vector<int32_t>& prompt,
+               const std::vector<int32_t>& generated, int64_t step);
 
 // Speculative decoding's verification of drafts[0..n_drafts) over logits [n_drafts + 1, vocab]
 // (row j: the target's logits after the fed token and drafts 0..j-1). Row j's token is sampled

@@ -17,26 +17,24 @@ int64_t Step::rows() const {
 struct Scheduler::Live {
   Request req;
   int group = 0;
-  int64_t pos = 0;          // positions already in the cache
-  int64_t admitted = 0;     // admission order (the youngest is preempted first)
-  bool announced = false;   // sent down the column in a step's `added` since its admission
-  bool finishing = false;   // the extra final step (logit dumps) is pending
-  bool waiting = true;      // in waiting_ (not running)
+  int64_t pos = 0;         // positions already in the cache
+  int64_t admitted = 0;    // admission order (the youngest is preempted first)
+  bool announced = false;  // sent down the column in a step's `added` since its admission
+  bool finishing = false;  // the extra final step (logit dumps) is pending
+  bool waiting = true;     // in waiting_ (not running)
   std::vector<int32_t> blocks;
   size_t sent = 0;               // of those, the ones the stages know (sent in a step)
   std::vector<uint64_t> hashes;  // prefix hashes of its full prompt blocks (shareable ones)
   size_t published = 0;          // of those, the blocks it filled and made shareable
   Result result;
   std::unique_ptr<StopMatcher> stop;
-  std::vector<int32_t> drafts;   // the MTP layer's drafts for its next decode step
-  int64_t verifying = 0;         // drafts fed by its step in flight (decode)
+  std::vector<int32_t> drafts;  // the MTP layer's drafts for its next decode step
+  int64_t verifying = 0;        // drafts fed by its step in flight (decode)
 
   int64_t prompt_len() const { return int64_t(req.prompt.size()); }
   // Positions to fill before the next token is fed: the prompt and, after a preemption, every
   // generated token but the last (which the next decode step feeds).
-  int64_t target() const {
-    return prompt_len() + std::max<int64_t>(0, int64_t(result.tokens.size()) - 1);
-  }
+  int64_t target() const { return prompt_len() + std::max<int64_t>(0, int64_t(result.tokens.size()) - 1); }
   bool decoding() const { return pos >= target() && !result.tokens.empty(); }
   int32_t token_at(int64_t p) const {
     return p < prompt_len() ? req.prompt[size_t(p)] : result.tokens[size_t(p - prompt_len())];
@@ -44,11 +42,10 @@ struct Scheduler::Live {
 };
 
 Scheduler::Scheduler(const ModelConfig& cfg, const SchedulerOptions& opt, const Tokenizer* tok)
-    : cfg_(cfg), opt_(opt), tok_(tok), group_size_(size_t(std::max(1, opt.micro_batches)), 0),
-      blocks_(opt.kv_blocks) {
+    : cfg_(cfg), opt_(opt), tok_(tok), group_size_(size_t(std::max(1, opt.micro_batches)), 0), blocks_(opt.kv_blocks) {
   // micro_batches, max_batch, prefill_chunk and max_step_tokens are checked by the Engine.
-  CHECK(opt_.kv_blocks >= 1, "the KV cache has no block (kv_budget_gb too small for one block of ",
-        kBlockTokens, " tokens)");
+  CHECK(opt_.kv_blocks >= 1, "the KV cache has no block (kv_budget_gb too small for one block of ", kBlockTokens,
+        " tokens)");
 }
 
 Scheduler::~Scheduler() = default;
@@ -74,8 +71,8 @@ std::string Scheduler::refuse_reason(const Request& r) const {
 void Scheduler::add(Request r) {
   load_ += cost(r);
   // Logit dumps and their extra final step decode one row per step.
-  r.speculative = r.speculative && opt_.speculative_tokens > 0 && !r.want_logits && !r.want_prompt_logits &&
-                  !r.extra_final_step;
+  r.speculative =
+      r.speculative && opt_.speculative_tokens > 0 && !r.want_logits && !r.want_prompt_logits && !r.extra_final_step;
   auto L = std::make_unique<Live>();
   L->result.index = r.index;
   if (!r.sampling.stop.empty()) L->stop = std::make_unique<StopMatcher>(r.sampling.stop, tok_);
@@ -123,7 +120,7 @@ void Scheduler::preempt(Live& L) {
   release_blocks(L);
   L.drafts.clear();
   drop_pending(L);
-  load_ += L.pos;  // to be recomputed
+  load_ += L.pos;                 // to be recomputed
   if (L.result.tokens.empty()) {  // recomputed identically
     L.result.prompt_logits.clear();
     L.result.prompt_logprobs.clear();
@@ -206,7 +203,8 @@ void Scheduler::publish_blocks(Live& L) {
     Prefix& e = it->second;
     e.block = L.blocks[j];
     e.parent = j ? L.blocks[j - 1] : -1;
-    e.tokens.assign(L.req.prompt.begin() + int64_t(j) * kBlockTokens, L.req.prompt.begin() + int64_t(j + 1) * kBlockTokens);
+    e.tokens.assign(L.req.prompt.begin() + int64_t(j) * kBlockTokens,
+                    L.req.prompt.begin() + int64_t(j + 1) * kBlockTokens);
     block_hash_[e.block] = L.hashes[j];
   }
 }
@@ -288,8 +286,8 @@ Step Scheduler::next_step(int group, std::vector<int32_t>& tokens) {
       s.mtp = pass == 0 ? r.speculative && speculate : opt_.speculative_tokens > 0;
       if (pass == 0) {
         const int64_t left = r.sampling.max_tokens - int64_t(L.result.tokens.size()) - 1;
-        s.drafts = int32_t(std::clamp<int64_t>(std::min<int64_t>(int64_t(L.drafts.size()), left), 0,
-                                               std::max<int64_t>(spare, 0)));
+        s.drafts = int32_t(
+            std::clamp<int64_t>(std::min<int64_t>(int64_t(L.drafts.size()), left), 0, std::max<int64_t>(spare, 0)));
         spare -= s.drafts;
         s.n = 1 + s.drafts;
         s.decode = s.sample = true;
@@ -381,8 +379,8 @@ void Scheduler::apply(const std::vector<Back>& backs) {
     }
     if (L.verifying > 0) {  // a verify step: its rejected rows' positions are free again
       const int64_t accepted = int64_t(b.tokens.size()) - 1;
-      CHECK(accepted <= L.verifying, "internal: request ", b.req, " got ", b.tokens.size(), " tokens for ",
-            L.verifying, " drafts");
+      CHECK(accepted <= L.verifying, "internal: request ", b.req, " got ", b.tokens.size(), " tokens for ", L.verifying,
+            " drafts");
       L.pos -= L.verifying - accepted;
       ++spec_.steps;
       spec_.drafted += L.verifying;
@@ -412,8 +410,10 @@ bool Scheduler::take_token(Live& L, const Sampled& t) {
   if (L.stop && L.stop->feed(t.token)) stop = true;
   if (!stop && int64_t(L.result.tokens.size()) < r.sampling.max_tokens) return false;
   L.result.finish_reason = stop ? "stop" : "length";
-  if (r.extra_final_step) L.finishing = true;
-  else finish(L);
+  if (r.extra_final_step)
+    L.finishing = true;
+  else
+    finish(L);
   return true;
 }
 
@@ -439,8 +439,10 @@ void Scheduler::end_cancelled(int group) {
   std::vector<int64_t> requeued;
   for (int64_t id : cancel_) {
     auto it = live_.find(id);
-    if (it == live_.end()) requeued.push_back(id);
-    else if (it->second->group == group) ending.push_back(it->second.get());
+    if (it == live_.end())
+      requeued.push_back(id);
+    else if (it->second->group == group)
+      ending.push_back(it->second.get());
   }
   for (int64_t id : requeued) {
     cancel_.erase(id);
@@ -454,7 +456,7 @@ void Scheduler::end_cancelled(int group) {
 
 std::vector<std::pair<int64_t, std::vector<int32_t>>> Scheduler::take_partial() {
   std::vector<std::pair<int64_t, std::vector<int32_t>>> out(std::make_move_iterator(partial_.begin()),
-                                                             std::make_move_iterator(partial_.end()));
+                                                            std::make_move_iterator(partial_.end()));
   partial_.clear();
   return out;
 }

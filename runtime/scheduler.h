@@ -42,8 +42,8 @@
 #include <vector>
 
 #include "runtime/config.h"
-#include "runtime/request.h"
 #include "runtime/kv_cache.h"
+#include "runtime/request.h"
 #include "runtime/stop.h"
 
 namespace glm5::runtime {
@@ -51,15 +51,15 @@ namespace glm5::runtime {
 class Tokenizer;
 
 struct SchedulerOptions {
-  int micro_batches = 1;           // groups that take turns (1 on a one-stage pipeline)
-  int max_batch = 64;              // running sequences per column, over all groups
-  int64_t prefill_chunk = 256;     // prompt tokens per sequence per step
-  int64_t max_step_tokens = 8192;  // rows per step (the last prefill chunk is cut to fit)
-  int64_t kv_blocks = 1 << 20;     // blocks in the column's KV pools
-  bool prefix_sharing = true;      // share full prompt blocks between sequences
-  int speculative_tokens = 0;      // MTP draft tokens verified per decode step (0: off)
+  int micro_batches = 1;              // groups that take turns (1 on a one-stage pipeline)
+  int max_batch = 64;                 // running sequences per column, over all groups
+  int64_t prefill_chunk = 256;        // prompt tokens per sequence per step
+  int64_t max_step_tokens = 8192;     // rows per step (the last prefill chunk is cut to fit)
+  int64_t kv_blocks = 1 << 20;        // blocks in the column's KV pools
+  bool prefix_sharing = true;         // share full prompt blocks between sequences
+  int speculative_tokens = 0;         // MTP draft tokens verified per decode step (0: off)
   int64_t speculative_max_batch = 4;  // decoding sequences of a step beyond which it decodes
-                                     // plainly: no drafts, no MTP over its decode rows
+                                      // plainly: no drafts, no MTP over its decode rows
 };
 
 // One sequence's entry in a step: rows [start, start + n) of request `req`.
@@ -77,11 +77,11 @@ struct StepSeq {
 
 // One micro-batch step, as it travels down the column.
 struct Step {
-  bool stop = false;               // no more steps: the stages end
-  std::vector<StepSeq> seqs;       // decode rows first, then prefill chunks
-  std::vector<int64_t> released;   // requests finished before this step: free their state
-  std::vector<Request> added;      // requests that appear in this step for the first time
-  std::vector<int32_t> blocks;     // the new blocks of every seq, in seqs order
+  bool stop = false;              // no more steps: the stages end
+  std::vector<StepSeq> seqs;      // decode rows first, then prefill chunks
+  std::vector<int64_t> released;  // requests finished before this step: free their state
+  std::vector<Request> added;     // requests that appear in this step for the first time
+  std::vector<int32_t> blocks;    // the new blocks of every seq, in seqs order
   int64_t rows() const;
 };
 
@@ -91,11 +91,11 @@ struct Back {
   // The tokens sampled: one, or on a verify step one per row up to and including the first row
   // whose sample differs from the next draft (the accepted drafts, then the target's own token).
   std::vector<Sampled> tokens;
-  std::vector<int32_t> drafts;  // the MTP layer's drafts for the next step (speculating requests)
-  std::vector<float> logits;  // rows x vocab, when the step asked for them
+  std::vector<int32_t> drafts;           // the MTP layer's drafts for the next step (speculating requests)
+  std::vector<float> logits;             // rows x vocab, when the step asked for them
   std::vector<Sampled> prompt_logprobs;  // a logits_all chunk of a prompt_logprobs request: one per
                                          // row with a prompt token after it
-  std::string error;          // non-empty: the request failed at this step (e.g. NaN logits)
+  std::string error;                     // non-empty: the request failed at this step (e.g. NaN logits)
 };
 
 class Scheduler {
@@ -156,13 +156,13 @@ class Scheduler {
   ModelConfig cfg_;
   SchedulerOptions opt_;
   const Tokenizer* tok_;
-  std::deque<std::unique_ptr<Live>> waiting_;     // new requests, preempted ones at the front
+  std::deque<std::unique_ptr<Live>> waiting_;      // new requests, preempted ones at the front
   std::map<int64_t, std::unique_ptr<Live>> live_;  // by request index
   std::vector<int> group_size_;
   std::vector<int64_t> released_;
   std::vector<Result> finished_;
-  std::set<int64_t> cancel_;                           // running requests to end at their next step
-  std::map<int64_t, std::vector<int32_t>> partial_;    // stream requests' tokens not yet taken
+  std::set<int64_t> cancel_;                         // running requests to end at their next step
+  std::map<int64_t, std::vector<int32_t>> partial_;  // stream requests' tokens not yet taken
   BlockManager blocks_;
   // Prefix cache: block hash -> the block holding it (ready) or the request computing it.
   struct Prefix {

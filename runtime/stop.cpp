@@ -7,8 +7,7 @@
 
 namespace glm5::runtime {
 
-StopMatcher::StopMatcher(std::vector<std::string> stops, const Tokenizer* tok)
-    : stops_(std::move(stops)), tok_(tok) {
+StopMatcher::StopMatcher(std::vector<std::string> stops, const Tokenizer* tok) : stops_(std::move(stops)), tok_(tok) {
   stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());
   for (auto& s : stops_) keep_ = std::max(keep_, s.size() - 1);
 }

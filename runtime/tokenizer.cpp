@@ -67,8 +67,7 @@ uint32_t decode_cp(const unsigned char* s, size_t len) {
     case 3:
       return ((s[0] & 0x0Fu) << 12) | ((s[1] & 0x3Fu) << 6) | (s[2] & 0x3Fu);
     default:
-      return ((s[0] & 0x07u) << 18) | ((s[1] & 0x3Fu) << 12) | ((s[2] & 0x3Fu) << 6) |
-             (s[3] & 0x3Fu);
+      return ((s[0] & 0x07u) << 18) | ((s[1] & 0x3Fu) << 12) | ((s[2] & 0x3Fu) << 6) | (s[3] & 0x3Fu);
   }
 }
 
@@ -90,9 +89,7 @@ void append_utf8(std::string& out, uint32_t cp) {
   }
 }
 
-const unsigned char* bytes(std::string_view s) {
-  return reinterpret_cast<const unsigned char*>(s.data());
-}
+const unsigned char* bytes(std::string_view s) { return reinterpret_cast<const unsigned char*>(s.data()); }
 
 // First / last code point of s; false when s is empty or does not start / end with a valid char.
 bool first_cp(std::string_view s, uint32_t& cp) {
@@ -229,13 +226,12 @@ class Regex {
     int err = 0;
     PCRE2_SIZE off = 0;
     std::string translated = onig_to_pcre2(pattern);
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
-                          PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), PCRE2_UTF | PCRE2_UCP,
+                          &err, &off, nullptr);
     if (!code_) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof(msg));
-      GLM5_FAIL(where, ": regex '", pattern, "' does not compile: ", reinterpret_cast<char*>(msg),
-                " at offset ", off);
+      GLM5_FAIL(where, ": regex '", pattern, "' does not compile: ", reinterpret_cast<char*>(msg), " at offset ", off);
     }
     pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if no JIT
   }
@@ -246,8 +242,8 @@ class Regex {
   // First match in subject at or after `start`; subject must be valid UTF-8 (checked by caller).
   bool find(std::string_view subject, size_t start, size_t& ms, size_t& me) const {
     MatchScratch& s = scratch();
-    int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(), start,
-                         PCRE2_NO_UTF_CHECK, s.md, s.mc);
+    int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(), start, PCRE2_NO_UTF_CHECK,
+                         s.md, s.mc);
     if (rc == PCRE2_ERROR_NOMATCH) return false;
     if (rc < 0) {
       PCRE2_UCHAR msg[256];
@@ -315,22 +311,19 @@ struct JsonCtx {
   }
   std::string str(const json& obj, const std::string& key, const std::string& field) const {
     const json& v = member(obj, key, field);
-    if (!v.is_string())
-      fail(field + "." + key, std::string("expected a string, found ") + v.type_name());
+    if (!v.is_string()) fail(field + "." + key, std::string("expected a string, found ") + v.type_name());
     return v.get<std::string>();
   }
   bool flag(const json& obj, const std::string& key, bool dflt, const std::string& field) const {
     auto it = obj.find(key);
     if (it == obj.end() || it->is_null()) return dflt;
-    if (!it->is_boolean())
-      fail(field + "." + key, std::string("expected true/false, found ") + it->type_name());
+    if (!it->is_boolean()) fail(field + "." + key, std::string("expected true/false, found ") + it->type_name());
     return it->get<bool>();
   }
   // A Split/Replace pattern: {"Regex": "..."} or {"String": "..."} -> regex source.
   std::string pattern(const json& obj, const std::string& field) const {
     const json& p = member(obj, "pattern", field);
-    if (p.is_object() && p.contains("Regex") && p["Regex"].is_string())
-      return p["Regex"].get<std::string>();
+    if (p.is_object() && p.contains("Regex") && p["Regex"].is_string()) return p["Regex"].get<std::string>();
     if (p.is_object() && p.contains("String") && p["String"].is_string())
       return escape_literal(p["String"].get<std::string>());
     fail(field + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}, found " + p.dump());
@@ -346,8 +339,7 @@ struct NormOp {
   std::string text;           // replacement (kReplace) or prefix (kPrepend)
 };
 
-void parse_normalizer(const JsonCtx& ctx, const json& j, const std::string& field,
-                      std::vector<NormOp>& ops) {
+void parse_normalizer(const JsonCtx& ctx, const json& j, const std::string& field, std::vector<NormOp>& ops) {
   if (j.is_null()) return;
   std::string type = ctx.str(j, "type", field);
   if (type == "Sequence") {
@@ -356,8 +348,7 @@ void parse_normalizer(const JsonCtx& ctx, const json& j, const std::string& fiel
     for (size_t i = 0; i < list.size(); ++i)
       parse_normalizer(ctx, list[i], field + ".normalizers[" + std::to_string(i) + "]", ops);
   } else if (type == "Replace") {
-    auto re =
-        std::make_unique<Regex>(ctx.pattern(j, field), "tokenizer '" + ctx.file + "': " + field);
+    auto re = std::make_unique<Regex>(ctx.pattern(j, field), "tokenizer '" + ctx.file + "': " + field);
     ops.push_back(NormOp{NormOp::kReplace, std::move(re), ctx.str(j, "content", field)});
   } else if (type == "Prepend") {
     ops.push_back(NormOp{NormOp::kPrepend, nullptr, ctx.str(j, "prepend", field)});
@@ -401,8 +392,7 @@ struct Stage {
   bool add_prefix_space = false;  // kByteLevel
 };
 
-constexpr const char* kGpt2Regex =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Regex = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 Behavior parse_behavior(const JsonCtx& ctx, const std::string& b, const std::string& field) {
   if (b == "Removed") return Behavior::kRemoved;
@@ -413,8 +403,7 @@ Behavior parse_behavior(const JsonCtx& ctx, const std::string& b, const std::str
   ctx.fail(field + ".behavior", "unknown split behavior '" + b + "'");
 }
 
-void parse_pre_tokenizer(const JsonCtx& ctx, const json& j, const std::string& field,
-                         std::vector<Stage>& stages) {
+void parse_pre_tokenizer(const JsonCtx& ctx, const json& j, const std::string& field, std::vector<Stage>& stages) {
   if (j.is_null()) return;
   std::string type = ctx.str(j, "type", field);
   std::string where = "tokenizer '" + ctx.file + "': " + field;
@@ -422,8 +411,7 @@ void parse_pre_tokenizer(const JsonCtx& ctx, const json& j, const std::string& f
     const json& list = ctx.member(j, "pretokenizers", field);
     if (!list.is_array()) ctx.fail(field + ".pretokenizers", "expected a list");
     for (size_t i = 0; i < list.size(); ++i)
-      parse_pre_tokenizer(ctx, list[i], field + ".pretokenizers[" + std::to_string(i) + "]",
-                          stages);
+      parse_pre_tokenizer(ctx, list[i], field + ".pretokenizers[" + std::to_string(i) + "]", stages);
   } else if (type == "Split") {
     Stage s{Stage::kSplit, std::make_unique<Regex>(ctx.pattern(j, field), where)};
     s.behavior = parse_behavior(ctx, ctx.str(j, "behavior", field), field);
@@ -432,8 +420,7 @@ void parse_pre_tokenizer(const JsonCtx& ctx, const json& j, const std::string& f
   } else if (type == "Digits") {
     // Each numeric char (Rust char::is_numeric = \p{N}) is a match: alone, or runs merged.
     Stage s{Stage::kSplit, std::make_unique<Regex>("\\p{N}", where)};
-    s.behavior = ctx.flag(j, "individual_digits", false, field) ? Behavior::kIsolated
-                                                                : Behavior::kContiguous;
+    s.behavior = ctx.flag(j, "individual_digits", false, field) ? Behavior::kIsolated : Behavior::kContiguous;
     stages.push_back(std::move(s));
   } else if (type == "ByteLevel") {
     Stage s{Stage::kByteLevel, nullptr};
@@ -441,8 +428,8 @@ void parse_pre_tokenizer(const JsonCtx& ctx, const json& j, const std::string& f
     if (ctx.flag(j, "use_regex", true, field)) s.re = std::make_unique<Regex>(kGpt2Regex, where);
     stages.push_back(std::move(s));
   } else {
-    ctx.fail(field, "pre_tokenizer type '" + type +
-                        "' is not supported (supported: Sequence, Split, Digits, ByteLevel)");
+    ctx.fail(field,
+             "pre_tokenizer type '" + type + "' is not supported (supported: Sequence, Split, Digits, ByteLevel)");
   }
 }
 
@@ -611,8 +598,7 @@ class WordCache {
         return;  // another thread got there first
       i = (i + 1) & kMask;
     }
-    slots_[i] =
-        Slot{h, uint32_t(keys_.size()), uint32_t(key.size()), uint32_t(ids_.size()), uint32_t(n)};
+    slots_[i] = Slot{h, uint32_t(keys_.size()), uint32_t(key.size()), uint32_t(ids_.size()), uint32_t(n)};
     keys_.append(key);
     ids_.insert(ids_.end(), ids, ids + n);
     ++count_;
@@ -652,15 +638,11 @@ struct Bpe {
   }
 
   // A pre-tokenized piece of text: its chars are the initial symbols (HF BPE::tokenize).
-  void tokenize(std::string_view word, std::vector<int32_t>& out) const {
-    tokenize_impl(word, false, out);
-  }
+  void tokenize(std::string_view word, std::vector<int32_t>& out) const { tokenize_impl(word, false, out); }
   // A piece of raw bytes under a byte-level pre-tokenizer: byte b's initial symbol is the token
   // of its printable char, so the mapped string need not be built. Same ids as
   // tokenize(map(word)).
-  void tokenize_bytes(std::string_view raw, std::vector<int32_t>& out) const {
-    tokenize_impl(raw, true, out);
-  }
+  void tokenize_bytes(std::string_view raw, std::vector<int32_t>& out) const { tokenize_impl(raw, true, out); }
 
  private:
   struct Sym {
@@ -746,8 +728,7 @@ struct Bpe {
         bool all = true;
         for (size_t k = 0; k < ch.size(); ++k) {
           char name[8];
-          std::snprintf(name, sizeof(name), "<0x%02X>",
-                        unsigned(static_cast<unsigned char>(ch[k])));
+          std::snprintf(name, sizeof(name), "<0x%02X>", unsigned(static_cast<unsigned char>(ch[k])));
           ids[k] = lookup(name);
           all = all && ids[k] >= 0;
         }
@@ -966,8 +947,7 @@ struct Tokenizer::Impl {
   size_t leading_space_len(std::string_view s) const {
     size_t pos = 0;
     uint32_t cp;
-    while (first_cp(s.substr(pos), cp) && is_space(cp))
-      pos += utf8_valid_len(bytes(s), s.size(), pos);
+    while (first_cp(s.substr(pos), cp) && is_space(cp)) pos += utf8_valid_len(bytes(s), s.size(), pos);
     return pos;
   }
 
@@ -1134,16 +1114,12 @@ struct Tokenizer::Impl {
     } catch (const json::exception& e) {
       GLM5_FAIL("tokenizer '", file, "' is not valid JSON: ", e.what());
     }
-    if (!j.is_object())
-      ctx.fail("top level", std::string("expected an object, found ") + j.type_name());
+    if (!j.is_object()) ctx.fail("top level", std::string("expected an object, found ") + j.type_name());
     try {
       load_model(ctx, ctx.member(j, "model", "tokenizer"));
-      if (auto it = j.find("normalizer"); it != j.end())
-        parse_normalizer(ctx, *it, "normalizer", normalizer);
-      if (auto it = j.find("pre_tokenizer"); it != j.end())
-        parse_pre_tokenizer(ctx, *it, "pre_tokenizer", stages);
-      for (const Stage& st : stages)
-        byte_level_pre = byte_level_pre || st.kind == Stage::kByteLevel;
+      if (auto it = j.find("normalizer"); it != j.end()) parse_normalizer(ctx, *it, "normalizer", normalizer);
+      if (auto it = j.find("pre_tokenizer"); it != j.end()) parse_pre_tokenizer(ctx, *it, "pre_tokenizer", stages);
+      for (const Stage& st : stages) byte_level_pre = byte_level_pre || st.kind == Stage::kByteLevel;
       load_decoder(ctx, j.contains("decoder") ? j["decoder"] : json());
       if (auto it = j.find("added_tokens"); it != j.end()) load_added(ctx, *it);
     } catch (const json::exception& e) {
@@ -1169,10 +1145,8 @@ struct Tokenizer::Impl {
     int32_t max_id = -1;
     bpe.vocab.reserve(vocab.size());
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-          it.value().get<int64_t>() > INT32_MAX)
-        ctx.fail("model.vocab[\"" + it.key() + "\"]",
-                 "expected a non-negative id, found " + it.value().dump());
+      if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > INT32_MAX)
+        ctx.fail("model.vocab[\"" + it.key() + "\"]", "expected a non-negative id, found " + it.value().dump());
       int32_t id = it.value().get<int32_t>();
       bpe.vocab[it.key()] = id;
       max_id = std::max(max_id, id);
@@ -1239,11 +1213,10 @@ struct Tokenizer::Impl {
       const json& idj = ctx.member(t, "id", field);
       if (!idj.is_number_integer() || idj.get<int64_t>() < 0 || idj.get<int64_t>() > INT32_MAX)
         ctx.fail(field + ".id", "expected a non-negative id, found " + idj.dump());
-      AddedToken tok{
-          ctx.str(t, "content", field),          -1,
-          ctx.flag(t, "special", false, field),  ctx.flag(t, "lstrip", false, field),
-          ctx.flag(t, "rstrip", false, field),   ctx.flag(t, "single_word", false, field),
-          ctx.flag(t, "normalized", true, field)};
+      AddedToken tok{ctx.str(t, "content", field),          -1,
+                     ctx.flag(t, "special", false, field),  ctx.flag(t, "lstrip", false, field),
+                     ctx.flag(t, "rstrip", false, field),   ctx.flag(t, "single_word", false, field),
+                     ctx.flag(t, "normalized", true, field)};
       if (tok.content.empty()) continue;  // HF ignores empty added tokens
       auto it = added_by_content.find(tok.content);
       if (it != added_by_content.end()) {
@@ -1280,8 +1253,7 @@ struct Tokenizer::Impl {
     }
     std::string where = "tokenizer '" + ctx.file + "'";
     if (need_word)
-      word_char_re =
-          std::make_unique<Regex>(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}])", where);
+      word_char_re = std::make_unique<Regex>(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}])", where);
     if (need_space) space_re = std::make_unique<Regex>(R"(\p{White_Space})", where);
   }
 

@@ -81,19 +81,17 @@ void gemm_row(int64_t m, int64_t n, int64_t k, bool trans, Backend& cpu, double 
   p.y = y.data(), p.ldy = n, p.m = m, p.n = n, p.k = k;
   double t = median_seconds([&] { cpu.gemm(p); });
   double flops = 2.0 * double(m) * double(n) * double(k);
-  std::printf("| gemm%s bf16 | m=%ld n=%ld k=%ld | %.3f ms | %.1f GFLOP/s", trans ? " trans_w" : "",
-              long(m), long(n), long(k), t * 1e3, flops / t / 1e9);
+  std::printf("| gemm%s bf16 | m=%ld n=%ld k=%ld | %.3f ms | %.1f GFLOP/s", trans ? " trans_w" : "", long(m), long(n),
+              long(k), t * 1e3, flops / t / 1e9);
   if (m == 1) {
     double gbs = double(n) * double(k) * 2 / t / 1e9;
-    std::printf(" (%.1f GB/s of weights) | memory read %.1f GB/s | %.2f |\n", gbs, bandwidth,
-                gbs / bandwidth);
+    std::printf(" (%.1f GB/s of weights) | memory read %.1f GB/s | %.2f |\n", gbs, bandwidth, gbs / bandwidth);
     return;
   }
 #ifndef GLM5_NO_BLAS
   double tb = median_seconds([&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans ? CblasNoTrans : CblasTrans, int(m), int(n),
-                int(k), 1.0f, x.data(), int(k), wf.data(), trans ? int(n) : int(k), 0.0f, y.data(),
-                int(n));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans ? CblasNoTrans : CblasTrans, int(m), int(n), int(k), 1.0f, x.data(),
+                int(k), wf.data(), trans ? int(n) : int(k), 0.0f, y.data(), int(n));
   });
   std::printf(" | OpenBLAS sgemm %.1f GFLOP/s | %.2f |\n", flops / tb / 1e9, tb / t);
 #else
@@ -167,11 +165,15 @@ void decode_stream_rows(Backend& cpu, int rounds) {
     }
   for (size_t l = 0; l < nl; ++l) {
     std::sort(ratio[l].begin(), ratio[l].end()), std::sort(gbs[l].begin(), gbs[l].end());
-    std::printf("| gemm bf16 from memory, %s%s | m=1, 8 x n=%ld k=%ld (1 GiB) | | %.1f GB/s of weights | read probed "
-                "around each pass | %.2f (quartiles %.2f %.2f) |\n",
-                layouts[l].name, layouts[l].layout == WeightLayout::kTile16 ? "" : layouts[l].prefetch ? ", sw prefetch" : ", hw prefetch only",
-                long(n), long(k), gbs[l][gbs[l].size() / 2], ratio[l][ratio[l].size() / 2],
-                ratio[l][ratio[l].size() / 4], ratio[l][ratio[l].size() * 3 / 4]);
+    std::printf(
+        "| gemm bf16 from memory, %s%s | m=1, 8 x n=%ld k=%ld (1 GiB) | | %.1f GB/s of weights | read probed "
+        "around each pass | %.2f (quartiles %.2f %.2f) |\n",
+        layouts[l].name,
+        layouts[l].layout == WeightLayout::kTile16 ? ""
+        : layouts[l].prefetch                      ? ", sw prefetch"
+                                                   : ", hw prefetch only",
+        long(n), long(k), gbs[l][gbs[l].size() / 2], ratio[l][ratio[l].size() / 2], ratio[l][ratio[l].size() / 4],
+        ratio[l][ratio[l].size() * 3 / 4]);
   }
 }
 
@@ -250,10 +252,11 @@ void expert_stream_rows(Backend& cpu, int rounds) {
     }
   for (size_t i = 0; i < paths.size(); ++i) {
     std::sort(ratio[i].begin(), ratio[i].end()), std::sort(gbs[i].begin(), gbs[i].end());
-    std::printf("| routed experts from memory, %s path | m=1, 8 of 64 x (gate, up [%ld, %ld], down [%ld, %ld]) | "
-                "| %.1f GB/s of weights | read probed around each pass | %.2f (quartiles %.2f %.2f) |\n",
-                paths[i].path, long(I), long(H), long(H), long(I), gbs[i][gbs[i].size() / 2],
-                ratio[i][ratio[i].size() / 2], ratio[i][ratio[i].size() / 4], ratio[i][ratio[i].size() * 3 / 4]);
+    std::printf(
+        "| routed experts from memory, %s path | m=1, 8 of 64 x (gate, up [%ld, %ld], down [%ld, %ld]) | "
+        "| %.1f GB/s of weights | read probed around each pass | %.2f (quartiles %.2f %.2f) |\n",
+        paths[i].path, long(I), long(H), long(H), long(I), gbs[i][gbs[i].size() / 2], ratio[i][ratio[i].size() / 2],
+        ratio[i][ratio[i].size() / 4], ratio[i][ratio[i].size() * 3 / 4]);
   }
 }
 
@@ -294,12 +297,13 @@ void quant_stream_rows(Backend& cpu, int rounds) {
   const ReadProbe probe(size_t(1) << 30);
   const std::vector<float> x = random_floats(size_t(k), 3);
   std::vector<float> y(static_cast<size_t>(n));
-  for (const auto& [dt, sd] : {std::pair{DType::Q8, DType::BF16}, std::pair{DType::Q8, DType::F32},
-                                std::pair{DType::Q4, DType::BF16}}) {
+  for (const auto& [dt, sd] :
+       {std::pair{DType::Q8, DType::BF16}, std::pair{DType::Q8, DType::F32}, std::pair{DType::Q4, DType::BF16}}) {
     const char* name = dt == DType::Q4 ? "int4" : sd == DType::F32 ? "int8 (F32 scales)" : "int8";
     std::deque<Mat> mats;
     const size_t total = size_t(512) << 20;
-    while (mats.size() * quant::row_bytes(dt, k) * size_t(n) < total) mats.push_back(make(dt, sd, n, unsigned(mats.size())));
+    while (mats.size() * quant::row_bytes(dt, k) * size_t(n) < total)
+      mats.push_back(make(dt, sd, n, unsigned(mats.size())));
     const double bytes = double(mats.size() * quant::row_bytes(dt, k) * size_t(n));
     const bool pf = cpu::single_row_prefetch();
     const auto pass = [&](bool prefetch) {
@@ -310,7 +314,7 @@ void quant_stream_rows(Backend& cpu, int rounds) {
       cpu::set_single_row_prefetch(pf);
       return bytes / dt / 1e9;
     };
-    pass(pf);  // warm-up
+    pass(pf);                              // warm-up
     std::vector<double> ratio[2], gbs[2];  // [this machine's prefetch choice, the other]
     for (int r = 0; r < rounds; ++r)
       for (int o = 0; o < 2; ++o) {
@@ -320,16 +324,18 @@ void quant_stream_rows(Backend& cpu, int rounds) {
     for (int o = 0; o < 2; ++o) {
       std::sort(ratio[o].begin(), ratio[o].end()), std::sort(gbs[o].begin(), gbs[o].end());
       const size_t h = ratio[o].size();
-      std::printf("| gemm %s from memory, %s | m=1, %zu x n=%ld k=%ld, group %ld | | %.1f GB/s of weights | read probed "
-                  "around each pass | %.2f (quartiles %.2f %.2f) |\n",
-                  name, (o ? !pf : pf) ? "sw prefetch" : "hw prefetch only", mats.size(), long(n), long(k), long(group),
-                  gbs[o][h / 2], ratio[o][h / 2], ratio[o][h / 4], ratio[o][h * 3 / 4]);
+      std::printf(
+          "| gemm %s from memory, %s | m=1, %zu x n=%ld k=%ld, group %ld | | %.1f GB/s of weights | read probed "
+          "around each pass | %.2f (quartiles %.2f %.2f) |\n",
+          name, (o ? !pf : pf) ? "sw prefetch" : "hw prefetch only", mats.size(), long(n), long(k), long(group),
+          gbs[o][h / 2], ratio[o][h / 2], ratio[o][h / 4], ratio[o][h * 3 / 4]);
     }
     const Mat small = make(dt, sd, 256, 99);
     const double sbytes = double(quant::row_bytes(dt, k) * 256);
     const double t = median_seconds([&] {
-      for (int i = 0; i < 100; ++i) cpu.gemm({x.data(), k, small.w, false, y.data(), 256, 1, 256, k});
-    }) / 100;
+                       for (int i = 0; i < 100; ++i) cpu.gemm({x.data(), k, small.w, false, y.data(), 256, 1, 256, k});
+                     }) /
+                     100;
     std::printf("| gemm %s in L2 | m=1, n=256 k=%ld | %.3f ms | %.1f GB/s of weights | | |\n", name, long(k), t * 1e3,
                 sbytes / t / 1e9);
   }
@@ -386,7 +392,8 @@ std::vector<std::string> bench_paths() {
 void prefill_sweep(Backend& cpu, bool quick) {
   const double peak = fma_peak(), tiles = amx_peak();
   std::printf("\nprefill gemm, BF16 weights, against the row count (fp32 FMA peak %.0f GFLOP/s", peak);
-  if (tiles > 0) std::printf("; AMX-BF16 tile peak %.0f GFLOP/s, %.0f for fp32 activations as 3 terms", tiles, tiles / 3);
+  if (tiles > 0)
+    std::printf("; AMX-BF16 tile peak %.0f GFLOP/s, %.0f for fp32 activations as 3 terms", tiles, tiles / 3);
   std::printf(", same run):\n\n");
   std::printf("| path | n x k | rows | time | GFLOP/s | of its peak | vs 64 rows |\n|---|---|---|---|---|---|---|\n");
   for (const std::string& path : bench_paths()) {
@@ -432,8 +439,8 @@ void attention_rows(Backend& cpu, bool quick) {
       int64_t keys = sparse ? std::min<int64_t>(int64_t(topk.size()), T) : T;  // distinct keys
       double t = median_seconds([&] { cpu.mla_decode(p); });
       double flops = 2.0 * double(H) * double(keys) * double(D + R);
-      std::printf("| mla_decode%s | s=1 t=%ld heads=%ld | %.3f ms | %.1f GFLOP/s | | |\n",
-                  sparse ? " top-2048" : "", long(T), long(H), t * 1e3, flops / t / 1e9);
+      std::printf("| mla_decode%s | s=1 t=%ld heads=%ld | %.3f ms | %.1f GFLOP/s | | |\n", sparse ? " top-2048" : "",
+                  long(T), long(H), t * 1e3, flops / t / 1e9);
     }
   }
   {  // prefill: causal, 192 + 64 query/key dims, 256 value dims
@@ -449,8 +456,8 @@ void attention_rows(Backend& cpu, bool quick) {
     p.qk_rope_head_dim = P, p.v_head_dim = V, p.scale = 0.0625f;
     double t = median_seconds([&] { cpu.mla_prefill(p); });
     double flops = 2.0 * double(H) * (double(S) * double(S + 1) / 2) * double(N + P + V);
-    std::printf("| mla_prefill causal | s=t=%ld heads=%ld | %.3f ms | %.1f GFLOP/s | | |\n", long(S),
-                long(H), t * 1e3, flops / t / 1e9);
+    std::printf("| mla_prefill causal | s=t=%ld heads=%ld | %.3f ms | %.1f GFLOP/s | | |\n", long(S), long(H), t * 1e3,
+                flops / t / 1e9);
   }
   {  // indexer: 32 heads of 128, causal, then top-k over the scores
     const int64_t S = quick ? 256 : 1024, T = S, H = 32, D = 128, K = 2048;
@@ -464,13 +471,12 @@ void attention_rows(Backend& cpu, bool quick) {
     p.scores = scores.data(), p.s = S, p.t = T, p.n_heads = H, p.head_dim = D, p.ld_scores = T;
     double t = median_seconds([&] { cpu.indexer_scores(p); });
     double flops = 2.0 * double(H) * double(D) * (double(S) * double(S + 1) / 2);
-    std::printf("| indexer_scores causal | s=t=%ld heads=%ld dim=%ld | %.3f ms | %.1f GFLOP/s | | |\n",
-                long(S), long(H), long(D), t * 1e3, flops / t / 1e9);
+    std::printf("| indexer_scores causal | s=t=%ld heads=%ld dim=%ld | %.3f ms | %.1f GFLOP/s | | |\n", long(S),
+                long(H), long(D), t * 1e3, flops / t / 1e9);
     TopkParams tp;
     tp.scores = scores.data(), tp.rows = S, tp.cols = T, tp.ld = T, tp.k = K, tp.indices = idx.data();
     t = median_seconds([&] { cpu.topk(tp); });
-    std::printf("| topk | rows=%ld cols=%ld k=%ld | %.3f ms | | | |\n", long(S), long(T), long(K),
-                t * 1e3);
+    std::printf("| topk | rows=%ld cols=%ld k=%ld | %.3f ms | | | |\n", long(S), long(T), long(K), t * 1e3);
   }
   {  // decode: one row against a long paged cache (speed-a's indexer, 8 heads of 64, top-256),
      // the indexer keys read at the bandwidth of their bytes
@@ -497,13 +503,15 @@ void attention_rows(Backend& cpu, bool quick) {
       cpu.indexer_scores(p);
     }
     t = median_seconds([&] {
-      for (int64_t r = 0; r < R; ++r) {
-        TopkParams tp;
-        tp.scores = rows.data() + r * T, tp.rows = 1, tp.cols = T, tp.ld = T, tp.k = K, tp.indices = idx.data();
-        cpu.topk(tp);
-      }
-    }) / double(R);
-    std::printf("| topk decode, a new row each call | rows=1 cols=%ld k=%ld | %.3f ms | | | |\n", long(T), long(K), t * 1e3);
+          for (int64_t r = 0; r < R; ++r) {
+            TopkParams tp;
+            tp.scores = rows.data() + r * T, tp.rows = 1, tp.cols = T, tp.ld = T, tp.k = K, tp.indices = idx.data();
+            cpu.topk(tp);
+          }
+        }) /
+        double(R);
+    std::printf("| topk decode, a new row each call | rows=1 cols=%ld k=%ld | %.3f ms | | | |\n", long(T), long(K),
+                t * 1e3);
   }
   {  // decode after 16k tokens with the caches in memory, as in the model: speed-a's layers (latent
      // 256 + 32, 16 heads, top-256; indexer 8 x 64), 24 layers' caches (550 MB, past any L3) visited
@@ -511,16 +519,19 @@ void attention_rows(Backend& cpu, bool quick) {
     const int64_t T = 16384, H = 16, R = 256, P = 32, D = R + P, IH = 8, ID = 64, K = 256, B = 64, L = 24;
     std::vector<std::vector<float>> lat, ik;
     for (int64_t l = 0; l < L; ++l)
-      lat.push_back(random_floats(size_t(T * D), 40 + uint64_t(l))), ik.push_back(random_floats(size_t(T * ID), 80 + uint64_t(l)));
-    auto q = random_floats(size_t(H * D), 14), qi = random_floats(size_t(IH * ID), 15), w = random_floats(size_t(IH), 16);
+      lat.push_back(random_floats(size_t(T * D), 40 + uint64_t(l))),
+          ik.push_back(random_floats(size_t(T * ID), 80 + uint64_t(l)));
+    auto q = random_floats(size_t(H * D), 14), qi = random_floats(size_t(IH * ID), 15),
+         w = random_floats(size_t(IH), 16);
     std::vector<int32_t> table(size_t(T / B)), q_pos = {int32_t(T - 1)}, sel(static_cast<size_t>(K));
     for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
     for (size_t i = 0; i < sel.size(); ++i) sel[i] = int32_t((i * 2654435761u) % uint64_t(T));
     std::vector<float> scores(static_cast<size_t>(T)), out(size_t(H * R));
     const auto per_layer = [&](auto op) {
       return median_seconds([&] {
-        for (int64_t l = 0; l < L; ++l) op(l);
-      }) / double(L);
+               for (int64_t l = 0; l < L; ++l) op(l);
+             }) /
+             double(L);
     };
     double t = per_layer([&](int64_t l) {
       IndexerScoresParams p;
@@ -529,9 +540,11 @@ void attention_rows(Backend& cpu, bool quick) {
       p.pages = KeyPages{table.data(), 0, B, DType::F32, cpu.index_key_tiles()};
       cpu.indexer_scores(p);
     });
-    std::printf("| indexer_scores decode, keys from memory | s=1 t=%ld heads=%ld dim=%ld%s, %ld layers | %.3f ms | %.1f GB/s of keys | | |\n",
-                long(T), long(IH), long(ID), cpu.index_key_tiles() ? " tiles" : "", long(L), t * 1e3,
-                double(T * ID * 4) / t / 1e9);
+    std::printf(
+        "| indexer_scores decode, keys from memory | s=1 t=%ld heads=%ld dim=%ld%s, %ld layers | %.3f ms | %.1f GB/s "
+        "of keys | | |\n",
+        long(T), long(IH), long(ID), cpu.index_key_tiles() ? " tiles" : "", long(L), t * 1e3,
+        double(T * ID * 4) / t / 1e9);
     t = per_layer([&](int64_t l) {
       MlaDecodeParams p;
       p.q_lat = q.data(), p.cache = lat[size_t(l)].data(), p.q_pos = q_pos.data(), p.topk = sel.data(), p.topk_len = K;
@@ -539,8 +552,8 @@ void attention_rows(Backend& cpu, bool quick) {
       p.scale = 0.0625f, p.pages = KeyPages{table.data(), 0, B, DType::F32};
       cpu.mla_decode(p);
     });
-    std::printf("| mla_decode top-256, cache from memory | s=1 t=%ld heads=%ld %ld+%ld, %ld layers | %.3f ms | | | |\n", long(T),
-                long(H), long(R), long(P), long(L), t * 1e3);
+    std::printf("| mla_decode top-256, cache from memory | s=1 t=%ld heads=%ld %ld+%ld, %ld layers | %.3f ms | | | |\n",
+                long(T), long(H), long(R), long(P), long(L), t * 1e3);
     std::vector<std::vector<uint16_t>> lat16(static_cast<size_t>(L));  // the same caches in bf16
     for (int64_t l = 0; l < L; ++l) {
       for (float x : lat[size_t(l)]) lat16[size_t(l)].push_back(f32_to_bf16(x));
@@ -550,11 +563,13 @@ void attention_rows(Backend& cpu, bool quick) {
       MlaDecodeParams p;
       p.q_lat = q.data(), p.cache = reinterpret_cast<const float*>(lat16[size_t(l)].data()), p.q_pos = q_pos.data();
       p.topk = sel.data(), p.topk_len = K, p.out_lat = out.data(), p.s = 1, p.t = T, p.n_heads = H;
-      p.kv_lora_rank = R, p.qk_rope_head_dim = P, p.scale = 0.0625f, p.pages = KeyPages{table.data(), 0, B, DType::BF16};
+      p.kv_lora_rank = R, p.qk_rope_head_dim = P, p.scale = 0.0625f,
+      p.pages = KeyPages{table.data(), 0, B, DType::BF16};
       cpu.mla_decode(p);
     });
-    std::printf("| mla_decode top-256, bf16 cache from memory | s=1 t=%ld heads=%ld %ld+%ld, %ld layers | %.3f ms | | | |\n",
-                long(T), long(H), long(R), long(P), long(L), t * 1e3);
+    std::printf(
+        "| mla_decode top-256, bf16 cache from memory | s=1 t=%ld heads=%ld %ld+%ld, %ld layers | %.3f ms | | | |\n",
+        long(T), long(H), long(R), long(P), long(L), t * 1e3);
   }
   {  // decode's weight absorption (speed-a: 16 heads, W_UK and W_UV [64, 256] BF16 per head, rows of
      // kv_b_proj as stored): q_lat = q_nope W_UK (trans_w), o = W_UV o_lat, one batch of 16 gemms
@@ -568,20 +583,24 @@ void attention_rows(Backend& cpu, bool quick) {
     const std::vector<float> q = random_floats(size_t(NH * DQ), 19), o_lat = random_floats(size_t(NH * R), 20);
     std::vector<float> q_lat(size_t(NH * LAT)), o(size_t(NH * dv));
     for (bool uk : {true, false}) {
-      const double t = median_seconds([&] {
-        for (int64_t l = 0; l < L; ++l) {
-          const Weight w{kvb[size_t(l)].data(), DType::BF16, NH * (dn + dv), R, R};
-          std::vector<GemmParams> ps;
-          for (int64_t h = 0; h < NH; ++h)
-            ps.push_back(uk ? GemmParams{q.data() + h * DQ, NH * DQ, w.slice_rows(h * (dn + dv), dn), true,
-                                         q_lat.data() + h * LAT, NH * LAT, 1, R, dn}
-                            : GemmParams{o_lat.data() + h * R, NH * R, w.slice_rows(h * (dn + dv) + dn, dv), false,
-                                         o.data() + h * dv, NH * dv, 1, dv, R});
-          cpu.gemm_batch(ps);
-        }
-      }) / double(L);
-      std::printf("| %s absorption, W from memory | 16 heads of [64, 256] BF16, %ld layers | %.1f us per layer | %.1f GB/s of W | | |\n",
-                  uk ? "W_UK (q_absorb, trans_w)" : "W_UV (v_absorb)", long(L), t * 1e6, double(NH * 64 * R * 2) / t / 1e9);
+      const double t =
+          median_seconds([&] {
+            for (int64_t l = 0; l < L; ++l) {
+              const Weight w{kvb[size_t(l)].data(), DType::BF16, NH * (dn + dv), R, R};
+              std::vector<GemmParams> ps;
+              for (int64_t h = 0; h < NH; ++h)
+                ps.push_back(uk ? GemmParams{q.data() + h * DQ, NH * DQ, w.slice_rows(h * (dn + dv), dn), true,
+                                             q_lat.data() + h * LAT, NH * LAT, 1, R, dn}
+                                : GemmParams{o_lat.data() + h * R, NH * R, w.slice_rows(h * (dn + dv) + dn, dv), false,
+                                             o.data() + h * dv, NH * dv, 1, dv, R});
+              cpu.gemm_batch(ps);
+            }
+          }) /
+          double(L);
+      std::printf(
+          "| %s absorption, W from memory | 16 heads of [64, 256] BF16, %ld layers | %.1f us per layer | %.1f GB/s of "
+          "W | | |\n",
+          uk ? "W_UK (q_absorb, trans_w)" : "W_UV (v_absorb)", long(L), t * 1e6, double(NH * 64 * R * 2) / t / 1e9);
     }
   }
   {  // prefill's sparse rows (speed-a, a 512-token prompt): rows 256..511, each its own 256 of its
@@ -591,15 +610,17 @@ void attention_rows(Backend& cpu, bool quick) {
     std::vector<int32_t> q_pos(static_cast<size_t>(S)), sel(static_cast<size_t>(S * K));
     for (int64_t i = 0; i < S; ++i) {
       q_pos[size_t(i)] = int32_t(T - S + i);
-      for (int64_t j = 0; j < K; ++j) sel[size_t(i * K + j)] = int32_t((uint64_t(j) * 2654435761u + uint64_t(i)) % uint64_t(q_pos[size_t(i)] + 1));
+      for (int64_t j = 0; j < K; ++j)
+        sel[size_t(i * K + j)] = int32_t((uint64_t(j) * 2654435761u + uint64_t(i)) % uint64_t(q_pos[size_t(i)] + 1));
     }
     std::vector<float> out(size_t(S * H * R));
     MlaDecodeParams p;
     p.q_lat = q.data(), p.cache = cache.data(), p.q_pos = q_pos.data(), p.topk = sel.data(), p.topk_len = K;
-    p.out_lat = out.data(), p.s = S, p.t = T, p.n_heads = H, p.kv_lora_rank = R, p.qk_rope_head_dim = P, p.scale = 0.0625f;
+    p.out_lat = out.data(), p.s = S, p.t = T, p.n_heads = H, p.kv_lora_rank = R, p.qk_rope_head_dim = P,
+    p.scale = 0.0625f;
     const double t = median_seconds([&] { cpu.mla_decode(p); });
-    std::printf("| mla_decode, prefill's sparse rows | s=%ld t=%ld heads=%ld top-%ld | %.3f ms | | | |\n", long(S), long(T),
-                long(H), long(K), t * 1e3);
+    std::printf("| mla_decode, prefill's sparse rows | s=%ld t=%ld heads=%ld top-%ld | %.3f ms | | | |\n", long(S),
+                long(T), long(H), long(K), t * 1e3);
   }
 }
 
@@ -610,12 +631,16 @@ int main(int argc, char** argv) {
   std::string only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i], next = i + 1 < argc ? argv[i + 1] : "";
-    if (a == "--reps" && i + 1 < argc) g_reps = std::max(1, std::atoi(argv[++i]));
-    else if (a == "--quick") quick = true;
-    else if (a == "--only" && (next == "decode" || next == "experts" || next == "attention" || next == "quant" || next == "prefill"))
+    if (a == "--reps" && i + 1 < argc)
+      g_reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--quick")
+      quick = true;
+    else if (a == "--only" &&
+             (next == "decode" || next == "experts" || next == "attention" || next == "quant" || next == "prefill"))
       only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: bench_kernels [--reps N] [--quick] [--only decode|experts|attention|quant|prefill]\n");
+      std::fprintf(stderr,
+                   "usage: bench_kernels [--reps N] [--quick] [--only decode|experts|attention|quant|prefill]\n");
       return 2;
     }
   }

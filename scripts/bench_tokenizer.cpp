@@ -42,16 +42,12 @@ std::vector<std::string> make_corpus(size_t bytes) {
   auto pick = [&](size_t n) { return size_t(rng() % n); };
   const char* syllables[] = {"ka",  "lo",  "mi",  "ten", "ser", "qu",  "ux", "bra", "vin", "dor",
                              "the", "ing", "ion", "al",  "ex",  "pre", "st", "ro",  "na",  "ble"};
-  const char* chinese[] = {"模型", "专家", "注意力", "分词器", "世界", "你好",
-                           "数据", "训练", "推理",   "的",     "是",   "在",
-                           "一个", "我们", "，",     "。",     "参数"};
-  const char* code[] = {"    return x + y;\n",
-                        "for (int i = 0; i < n; ++i) {\n",
-                        "}\n",
-                        "def f(self, x):\n",
-                        "    h = layer(h) + h  # residual\n",
-                        "{\"role\": \"user\", \"content\": \"hi\"}\n",
-                        "#include <vector>\n"};
+  const char* chinese[] = {"模型", "专家", "注意力", "分词器", "世界", "你好", "数据", "训练", "推理",
+                           "的",   "是",   "在",     "一个",   "我们", "，",   "。",   "参数"};
+  const char* code[] = {
+      "    return x + y;\n", "for (int i = 0; i < n; ++i) {\n",    "}\n",
+      "def f(self, x):\n",   "    h = layer(h) + h  # residual\n", "{\"role\": \"user\", \"content\": \"hi\"}\n",
+      "#include <vector>\n"};
   const char* emoji[] = {"😀", "🚀", "👍🏽", "🇨🇳", "❤️", "✨"};
   std::vector<std::string> docs;
   size_t total = 0;
@@ -70,8 +66,7 @@ std::vector<std::string> make_corpus(size_t bytes) {
       } else if (kind < 85) {
         d += code[pick(7)];
       } else if (kind < 92) {
-        d += std::to_string(rng() % 10000000) + (pick(2) ? "." + std::to_string(pick(1000)) : "") +
-             " ";
+        d += std::to_string(rng() % 10000000) + (pick(2) ? "." + std::to_string(pick(1000)) : "") + " ";
       } else if (kind < 96) {
         d += emoji[pick(6)];
       } else {
@@ -168,12 +163,10 @@ int main(int argc, char** argv) {
   }
   double dec_s = seconds_since(t0);
 
-  std::printf("tokenizer      %s (vocab %d), load %.2f s\n", tok.path().c_str(), tok.vocab_size(),
-              load_s);
-  std::printf("text           %.2f MB in %zu documents, %zu tokens (%.2f bytes/token)\n",
-              bytes / 1e6, docs.size(), tokens, double(bytes) / double(tokens ? tokens : 1));
-  std::printf("encode cold    %.2f MB/s  (%.2f Mtokens/s)\n", bytes / 1e6 / cold_s,
-              tokens / 1e6 / cold_s);
+  std::printf("tokenizer      %s (vocab %d), load %.2f s\n", tok.path().c_str(), tok.vocab_size(), load_s);
+  std::printf("text           %.2f MB in %zu documents, %zu tokens (%.2f bytes/token)\n", bytes / 1e6, docs.size(),
+              tokens, double(bytes) / double(tokens ? tokens : 1));
+  std::printf("encode cold    %.2f MB/s  (%.2f Mtokens/s)\n", bytes / 1e6 / cold_s, tokens / 1e6 / cold_s);
   std::printf("encode warm    %.2f MB/s\n", warm_bytes / 1e6 / warm_s);
   std::printf("decode         %.2f MB/s\n", decoded_bytes / 1e6 / dec_s);
   std::printf("round trip     %s\n", round_trip ? "ok" : "MISMATCH");

@@ -1,7 +1,7 @@
-// Helpers shared by the test files: the binary and data paths, expect_error for glm5::Error messages, per-process scratch
-// folders, reading a file whole, and running shell commands for their exit code and output.
-// Header-only (inline); include as "tests/test_support.h". No assertions of its own beyond
-// expect_error's; each test file keeps its own scratch prefix (ctest runs tests in parallel).
+// Helpers shared by the test files: the binary and data paths, expect_error for glm5::Error messages, per-process
+// scratch folders, reading a file whole, and running shell commands for their exit code and output. Header-only
+// (inline); include as "tests/test_support.h". No assertions of its own beyond expect_error's; each test file keeps its
+// own scratch prefix (ctest runs tests in parallel).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -34,8 +34,7 @@ inline void expect_error(const std::function<void()>& f, const std::vector<std::
     f();
   } catch (const Error& e) {
     const std::string m = e.what();
-    for (const std::string& p : parts)
-      EXPECT_NE(m.find(p), std::string::npos) << "expected '" << p << "' in: " << m;
+    for (const std::string& p : parts) EXPECT_NE(m.find(p), std::string::npos) << "expected '" << p << "' in: " << m;
     return;
   } catch (const std::exception& e) {
     ADD_FAILURE() << "expected glm5::Error, got another exception: " << e.what();

@@ -26,9 +26,9 @@ template <typename... Parts>
 
 // Throws a user-facing error: the message comes first, the source location last.
 #define GLM5_FAIL(...) ::glm5::detail::fail(__FILE__, __LINE__, __VA_ARGS__)
-#define CHECK(cond, ...)                          \
-  do {                                            \
-    if (!(cond)) GLM5_FAIL(__VA_ARGS__);          \
+#define CHECK(cond, ...)                 \
+  do {                                   \
+    if (!(cond)) GLM5_FAIL(__VA_ARGS__); \
   } while (0)
 
 }  // namespace glm5

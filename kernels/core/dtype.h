@@ -17,16 +17,26 @@ enum class DType : uint8_t { F32, F16, BF16, F8_E4M3, I32, I64, U8, Q4, Q8, Unkn
 // Safetensors spelling ("F32", "BF16", "F8_E4M3", ...).
 inline std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "F32";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
-    case DType::F8_E4M3: return "F8_E4M3";
-    case DType::I32: return "I32";
-    case DType::I64: return "I64";
-    case DType::U8: return "U8";
-    case DType::Q4: return "int4 (pack-quantized)";
-    case DType::Q8: return "int8 (pack-quantized)";
-    default: return "unknown";
+    case DType::F32:
+      return "F32";
+    case DType::F16:
+      return "F16";
+    case DType::BF16:
+      return "BF16";
+    case DType::F8_E4M3:
+      return "F8_E4M3";
+    case DType::I32:
+      return "I32";
+    case DType::I64:
+      return "I64";
+    case DType::U8:
+      return "U8";
+    case DType::Q4:
+      return "int4 (pack-quantized)";
+    case DType::Q8:
+      return "int8 (pack-quantized)";
+    default:
+      return "unknown";
   }
 }
 
@@ -43,11 +53,20 @@ inline DType dtype_from_name(std::string_view s) {
 
 inline size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: case DType::I32: return 4;
-    case DType::F16: case DType::BF16: return 2;
-    case DType::F8_E4M3: case DType::U8: case DType::Q8: return 1;
-    case DType::I64: return 8;
-    default: return 0;
+    case DType::F32:
+    case DType::I32:
+      return 4;
+    case DType::F16:
+    case DType::BF16:
+      return 2;
+    case DType::F8_E4M3:
+    case DType::U8:
+    case DType::Q8:
+      return 1;
+    case DType::I64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -74,7 +93,10 @@ inline float f16_to_f32(uint16_t h) {
       u = sign;
     } else {  // subnormal: renormalise
       exp = 127 - 15 + 1;
-      while (!(mant & 0x400u)) { mant <<= 1; --exp; }
+      while (!(mant & 0x400u)) {
+        mant <<= 1;
+        --exp;
+      }
       u = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
     }
   } else if (exp == 31) {
@@ -92,8 +114,10 @@ inline float fp8_e4m3_to_f32(uint8_t v) {
   uint32_t sign = v >> 7, exp = (v >> 3) & 0xf, mant = v & 0x7u;
   float r;
   if (exp == 0xf && mant == 0x7) return sign ? -__builtin_nanf("") : __builtin_nanf("");
-  if (exp == 0) r = float(mant) / 8.0f / 64.0f;  // subnormal: m/8 * 2^-6
-  else r = (1.0f + float(mant) / 8.0f) * float(1u << exp) / 128.0f;  // 2^(exp-7)
+  if (exp == 0)
+    r = float(mant) / 8.0f / 64.0f;  // subnormal: m/8 * 2^-6
+  else
+    r = (1.0f + float(mant) / 8.0f) * float(1u << exp) / 128.0f;  // 2^(exp-7)
   return sign ? -r : r;
 }
 

@@ -22,8 +22,8 @@
 
 namespace glm5::quant {
 
-constexpr int64_t kFp8Block = 128;      // FP8 scale blocks: 128 x 128
-constexpr float kFp8Max = 448.0f;       // largest finite E4M3 (fn) value
+constexpr int64_t kFp8Block = 128;  // FP8 scale blocks: 128 x 128
+constexpr float kFp8Max = 448.0f;   // largest finite E4M3 (fn) value
 
 inline bool is_quantized(DType t) { return t == DType::F8_E4M3 || t == DType::Q4 || t == DType::Q8; }
 inline int bits(DType t) { return t == DType::Q4 ? 4 : 8; }
@@ -39,9 +39,9 @@ inline uint16_t f32_to_f16(float f) {
   std::memcpy(&u, &f, 4);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);          // NaN
-  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);          // rounds to >= 65520: inf
-  if (a < 0x38800000u) {                                           // below 2^-14: subnormal f16
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520: inf
+  if (a < 0x38800000u) {                                  // below 2^-14: subnormal f16
     // value = a_float; f16 subnormal step 2^-24: round(value * 2^24) with RNE
     float v;
     uint32_t t = a;
@@ -62,8 +62,10 @@ inline float round_to(DType t, float v) {
 // An element of a scale array of dtype t, widened exactly.
 inline float scale_at(DType t, const void* s, int64_t i) {
   switch (t) {
-    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(s)[i]);
-    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(s)[i]);
+    case DType::BF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(s)[i]);
+    case DType::F16:
+      return f16_to_f32(static_cast<const uint16_t*>(s)[i]);
     default: {
       float v;
       std::memcpy(&v, static_cast<const char*>(s) + 4 * i, 4);
@@ -117,9 +119,12 @@ inline void repack_quant_quad(DType t, const uint8_t* src, uint8_t* dst, int64_t
   for (int64_t r = 0; r < padded; ++r)
     for (size_t b = 0; b < rb; b += kQuadChunk) {
       uint8_t* out = dst + quad_byte(r, int64_t(b), rb);
-      if (r >= rows) std::memset(out, 0, kQuadChunk);
-      else if (t == DType::Q4) repack_nibble128_block(src + size_t(r) * rb + b, out);
-      else std::memcpy(out, src + size_t(r) * rb + b, kQuadChunk);
+      if (r >= rows)
+        std::memset(out, 0, kQuadChunk);
+      else if (t == DType::Q4)
+        repack_nibble128_block(src + size_t(r) * rb + b, out);
+      else
+        std::memcpy(out, src + size_t(r) * rb + b, kQuadChunk);
     }
 }
 
@@ -131,14 +136,14 @@ inline uint8_t f32_to_fp8_e4m3(float f) {
   std::memcpy(&u, &f, 4);
   const uint8_t sign = uint8_t((u >> 24) & 0x80);
   uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return 0x7f;                  // NaN
+  if (a > 0x7f800000u) return 0x7f;                   // NaN
   if (a >= 0x43e00000u) return uint8_t(sign | 0x7e);  // >= 448 (and inf): saturate
   if (a < 0x3c800000u) {                              // < 2^-6: subnormal or zero
     float v;
     std::memcpy(&v, &a, 4);
     return uint8_t(sign | int(std::nearbyint(v * 512.0f)));  // 0..8 (8: the smallest normal)
   }
-  a += 0x7ffffu + ((a >> 20) & 1u);  // round to nearest even on the 20 dropped bits
+  a += 0x7ffffu + ((a >> 20) & 1u);                        // round to nearest even on the 20 dropped bits
   const uint32_t e = (a >> 23) - 120, m = (a >> 20) & 7u;  // E4M3 exponent field, mantissa
   if (e > 15 || (e == 15 && m == 7)) return uint8_t(sign | 0x7e);
   return uint8_t(sign | (e << 3) | m);

@@ -13,10 +13,10 @@
 #include <utility>
 
 #if defined(__x86_64__) && defined(__linux__)
-#include <cerrno>
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <cerrno>
 #endif
 
 #include "core/check.h"
@@ -101,8 +101,7 @@ struct EmuTiles {
           int(c.start_row));
     for (uint8_t r : c.reserved) CHECK(r == 0, "amx emulation: reserved config bytes not zero");
     for (int t = 0; t < 16; ++t)
-      CHECK((c.rows[t] == 0) == (c.colsb[t] == 0) && (t < 8 || c.rows[t] == 0) && c.rows[t] <= 16 &&
-                c.colsb[t] <= 64,
+      CHECK((c.rows[t] == 0) == (c.colsb[t] == 0) && (t < 8 || c.rows[t] == 0) && c.rows[t] <= 16 && c.colsb[t] <= 64,
             "amx emulation: tile ", t, " configured with rows ", int(c.rows[t]), ", colsb ", c.colsb[t]);
     s().cfg = c;
     s().configured = true;
@@ -112,10 +111,10 @@ struct EmuTiles {
   static void prefetch(const uint16_t*, int64_t) {}
   static void check(int t) {
     CHECK(s().configured, "amx emulation: tile ", t, " used without a configuration");
-    CHECK(s().cfg.rows[t] >= 1 && s().cfg.rows[t] <= 16 && s().cfg.colsb[t] >= 4 &&
-                   s().cfg.colsb[t] <= 64 && s().cfg.colsb[t] % 4 == 0,
-               "amx emulation: tile ", t, " is not configured (rows ", int(s().cfg.rows[t]), ", colsb ",
-               s().cfg.colsb[t], ")");
+    CHECK(s().cfg.rows[t] >= 1 && s().cfg.rows[t] <= 16 && s().cfg.colsb[t] >= 4 && s().cfg.colsb[t] <= 64 &&
+              s().cfg.colsb[t] % 4 == 0,
+          "amx emulation: tile ", t, " is not configured (rows ", int(s().cfg.rows[t]), ", colsb ", s().cfg.colsb[t],
+          ")");
   }
   template <int T>
   static void zero() {
@@ -146,8 +145,8 @@ struct EmuTiles {
     static_assert(C != A && C != B && A != B, "tdpbf16ps needs three distinct tiles (#UD)");
     const TileConfig& c = s().cfg;
     CHECK(c.rows[A] == c.rows[C] && c.colsb[B] == c.colsb[C] && c.colsb[A] / 4 == c.rows[B],
-               "amx emulation: tdpbf16ps shapes: C ", int(c.rows[C]), "x", c.colsb[C], ", A ", int(c.rows[A]),
-               "x", c.colsb[A], ", B ", int(c.rows[B]), "x", c.colsb[B]);
+          "amx emulation: tdpbf16ps shapes: C ", int(c.rows[C]), "x", c.colsb[C], ", A ", int(c.rows[A]), "x",
+          c.colsb[A], ", B ", int(c.rows[B]), "x", c.colsb[B]);
     for (int m = 0; m < c.rows[C]; ++m) {
       float* out = reinterpret_cast<float*>(s().t[C][m]);
       const uint16_t* a = reinterpret_cast<const uint16_t*>(s().t[A][m]);
@@ -204,8 +203,10 @@ void micro(const ABlock* a, const PackedX& x, int64_t cb0, int64_t kc0, int64_t 
   constexpr auto cbs = std::make_integer_sequence<int, NC>{};
   each(wbs, [&]<int W>() {
     each(cbs, [&]<int B>() {
-      if (kc0 == 0) Tiles::template zero<c_tile(N, W, B)>();
-      else Tiles::template load<c_tile(N, W, B)>(&out[W][B][0][0], 16 * 4);
+      if (kc0 == 0)
+        Tiles::template zero<c_tile(N, W, B)>();
+      else
+        Tiles::template load<c_tile(N, W, B)>(&out[W][B][0][0], 16 * 4);
     });
   });
   const int64_t b_stride = int64_t(x.ld) * 4;
@@ -216,7 +217,8 @@ void micro(const ABlock* a, const PackedX& x, int64_t cb0, int64_t kc0, int64_t 
     each(wbs, [&]<int W>() {
       Tiles::template load<a_tile(N, W)>(a[W].chunk(kc), a[W].stride(kc));
       const int64_t ahead = kc + kAhead;
-      if (prefetch && ahead < a[W].full) Tiles::prefetch(a[W].chunk(ahead), a[W].stride(kc));
+      if (prefetch && ahead < a[W].full)
+        Tiles::prefetch(a[W].chunk(ahead), a[W].stride(kc));
       else if (prefetch && a[W].next && ahead - a[W].full < a[W].full)
         Tiles::prefetch(a[W].next + (ahead - a[W].full) * a[W].step, a[W].ld_bytes);
     });
@@ -229,9 +231,8 @@ void micro(const ABlock* a, const PackedX& x, int64_t cb0, int64_t kc0, int64_t 
   int64_t kc = kc0;
   for (; kc + 1 < kc1; kc += 2) chunk.template operator()<0>(kc), chunk.template operator()<1>(kc + 1);
   if (kc < kc1) chunk.template operator()<0>(kc);
-  each(wbs, [&]<int W>() {
-    each(cbs, [&]<int B>() { Tiles::template store<c_tile(N, W, B)>(&out[W][B][0][0], 16 * 4); });
-  });
+  each(wbs,
+       [&]<int W>() { each(cbs, [&]<int B>() { Tiles::template store<c_tile(N, W, B)>(&out[W][B][0][0], 16 * 4); }); });
 }
 
 template <class Tiles>
@@ -241,8 +242,7 @@ template <class Tiles>
 MicroFn<Tiles> micro_fn(bool narrow, int mw, int nc) {
   static const MicroFn<Tiles> wide[2][2] = {{micro<Tiles, false, 1, 1>, micro<Tiles, false, 1, 2>},
                                             {micro<Tiles, false, 2, 1>, micro<Tiles, false, 2, 2>}};
-  static const MicroFn<Tiles> thin[3] = {micro<Tiles, true, 1, 1>, micro<Tiles, true, 2, 1>,
-                                         micro<Tiles, true, 3, 1>};
+  static const MicroFn<Tiles> thin[3] = {micro<Tiles, true, 1, 1>, micro<Tiles, true, 2, 1>, micro<Tiles, true, 3, 1>};
   return narrow ? thin[mw - 1] : wide[mw - 1][nc - 1];
 }
 
@@ -256,8 +256,8 @@ constexpr int64_t kKBlock = 8;
 struct Scratch {
   std::vector<uint16_t, Aligned64<uint16_t>> tails;  // [pair][wb] 16 x 32
   std::vector<uint16_t, Aligned64<uint16_t>> part;
-  std::vector<ABlock> blocks;                        // [pair][wb]
-  std::vector<OutTiles, Aligned64<OutTiles>> out;    // [pair]
+  std::vector<ABlock> blocks;                      // [pair][wb]
+  std::vector<OutTiles, Aligned64<OutTiles>> out;  // [pair]
 };
 
 // W rows [r0, r0 + rows) of a block as an ABlock: straight from w when all 16 rows exist (only the
@@ -272,7 +272,8 @@ ABlock a_block(const uint16_t* w, int64_t ldw, int64_t k, int64_t chunks, int ro
     const int64_t rem = k - b.full * kChunk;
     if (rem > 0) {
       std::memset(tail, 0, size_t(kTileRows * kChunk) * 2);
-      for (int r = 0; r < kTileRows; ++r) std::memcpy(tail + r * kChunk, w + r * ldw + b.full * kChunk, size_t(rem) * 2);
+      for (int r = 0; r < kTileRows; ++r)
+        std::memcpy(tail + r * kChunk, w + r * ldw + b.full * kChunk, size_t(rem) * 2);
       b.tail = tail;
     }
     return b;
@@ -389,8 +390,7 @@ void gemm_rows_t(const PackedX& x, const uint16_t* w, int64_t ldw, bool tiled, i
       const int64_t kc1 = std::min(x.chunks, kc0 + kb);
       for (int64_t gi = 0; gi < groups; ++gi) {
         const int mw = int(std::min<int64_t>(max_mw, (nb - gi * span + kTileRows - 1) / kTileRows));
-        micro_fn<Tiles>(narrow, mw, nc)(sc.blocks.data() + gi * max_mw, x, cb0, kc0, kc1, cb0 == 0,
-                                        sc.out[size_t(gi)]);
+        micro_fn<Tiles>(narrow, mw, nc)(sc.blocks.data() + gi * max_mw, x, cb0, kc0, kc1, cb0 == 0, sc.out[size_t(gi)]);
       }
     }
     for (int64_t gi = 0; gi < groups; ++gi) {
@@ -507,9 +507,8 @@ void pack_tile_scalar(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t
 // are zero. False, with nothing written, when a term is inf / NaN / rounds past the largest bf16
 // (then pack_tile_scalar). An expert's x (64 x 2048, one thread): 2.4 -> 0.8 ns per element.
 bool pack_tile_avx512(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t cb, int64_t kc, PackedX& out) {
-  alignas(64) static const uint16_t odd_words[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21,
-                                                     23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
-                                                     45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+  alignas(64) static const uint16_t odd_words[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+                                                     33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
   const __m512i high_halves = _mm512_load_si512(odd_words);  // word 2j + 1 of a, then of b
   const __m512i exp_mask = _mm512_set1_epi32(0x7f800000), one = _mm512_set1_epi32(1);
   const __m512i bias = _mm512_set1_epi32(0x7fff), keep = _mm512_set1_epi32(int(0xffff0000u));

@@ -19,7 +19,8 @@
 // products of W row j and term t of x row i over the 32-wide k chunks in order, each term its own
 // column (a column's value depends on its own column of B only); then y = (C_1 + C_2) + C_3 (or
 // y + that). In Precision::kFast x is one term, bf16(x) (round to nearest even), and y = C_1 (or
-// y + C_1): the fast precision's AMX recipe. Zero padding (k past its end, W rows past n, x rows past m) adds exact zeros.
+// y + C_1): the fast precision's AMX recipe. Zero padding (k past its end, W rows past n, x rows past m) adds exact
+// zeros.
 //
 // Two implementations of the same kernel source: the hardware one (inline assembly, used where
 // cpuid, XCR0 and the Linux permission request allow) and an emulation of the tile instructions in
@@ -43,9 +44,9 @@ namespace glm5::kernels::cpu::amx {
 // not, `why` (if given) says what is missing.
 bool available(std::string* why = nullptr);
 
-constexpr int kTerms = 3;     // bf16 terms per float32 activation
-constexpr int kChunk = 32;    // k values per tile product (16 pairs)
-constexpr int kTileRows = 16; // W rows per A / C tile, and k pairs per B tile
+constexpr int kTerms = 3;      // bf16 terms per float32 activation
+constexpr int kChunk = 32;     // k values per tile product (16 pairs)
+constexpr int kTileRows = 16;  // W rows per A / C tile, and k pairs per B tile
 
 // std::allocator on 64-byte boundaries: a tile row that crosses a cache line costs a tile load
 // ~6x its time (measured: 1 KiB from L1 in 4.5 ns aligned, 26 ns at a 16-byte offset).
@@ -58,7 +59,9 @@ struct Aligned64 {
   T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
   void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
   template <class U>
-  bool operator==(const Aligned64<U>&) const { return true; }
+  bool operator==(const Aligned64<U>&) const {
+    return true;
+  }
 };
 
 // x rows per B tile: each brings its three terms as three columns (15 of the tile's 16).

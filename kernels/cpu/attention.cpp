@@ -8,9 +8,9 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <functional>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -44,8 +44,7 @@ void softmax_row(float* w, int64_t n) {
     vsum = simd::add(vsum, simd::load_n(w + i, tail));
   }
   const simd::vf vtot = simd::splat(simd::reduce(vsum));
-  for (i = 0; i + simd::kLanes <= n; i += simd::kLanes)
-    simd::store(w + i, simd::div(simd::load(w + i), vtot));
+  for (i = 0; i + simd::kLanes <= n; i += simd::kLanes) simd::store(w + i, simd::div(simd::load(w + i), vtot));
   if (i < n) simd::store_n(w + i, simd::div(simd::load_n(w + i, int(n - i)), vtot), int(n - i));
 }
 
@@ -54,8 +53,7 @@ namespace {
 // One part of the dot2 recipe: the chunks of a[r][0:d] . b[c][0:d] into acc[r][c], the tail
 // chunk zero-padded.
 template <int MR, int NR>
-inline void dot_part(simd::vf (&acc)[MR][NR], const float* const* a, const float* const* b,
-                     int64_t d) {
+inline void dot_part(simd::vf (&acc)[MR][NR], const float* const* a, const float* const* b, int64_t d) {
   int64_t i = 0;
   for (; i + simd::kLanes <= d; i += simd::kLanes) {
     simd::vf av[MR];
@@ -83,9 +81,8 @@ inline void dot_part(simd::vf (&acc)[MR][NR], const float* const* a, const float
 // 16-lane FMA chain per pair over part 1 then part 2, then simd::reduce. Every score of every
 // attention op is this recipe, whatever the tile, so rows never depend on their neighbours.
 template <int MR, int NR>
-inline void dot2_tile(const float* const* a1, const float* const* a2, const float* const* b1,
-                      const float* const* b2, int64_t d1, int64_t d2, float scale, float* out,
-                      int64_t ldo) {
+inline void dot2_tile(const float* const* a1, const float* const* a2, const float* const* b1, const float* const* b2,
+                      int64_t d1, int64_t d2, float scale, float* out, int64_t ldo) {
   simd::vf acc[MR][NR];
 #pragma GCC unroll 4
   for (int r = 0; r < MR; ++r)
@@ -100,14 +97,21 @@ inline void dot2_tile(const float* const* a1, const float* const* a2, const floa
 }
 
 template <int MR>
-inline void dot2_tile_n(int nr, const float* const* a1, const float* const* a2,
-                        const float* const* b1, const float* const* b2, int64_t d1, int64_t d2,
-                        float scale, float* out, int64_t ldo) {
+inline void dot2_tile_n(int nr, const float* const* a1, const float* const* a2, const float* const* b1,
+                        const float* const* b2, int64_t d1, int64_t d2, float scale, float* out, int64_t ldo) {
   switch (nr) {
-    case 1: dot2_tile<MR, 1>(a1, a2, b1, b2, d1, d2, scale, out, ldo); break;
-    case 2: dot2_tile<MR, 2>(a1, a2, b1, b2, d1, d2, scale, out, ldo); break;
-    case 3: dot2_tile<MR, 3>(a1, a2, b1, b2, d1, d2, scale, out, ldo); break;
-    default: dot2_tile<MR, 4>(a1, a2, b1, b2, d1, d2, scale, out, ldo); break;
+    case 1:
+      dot2_tile<MR, 1>(a1, a2, b1, b2, d1, d2, scale, out, ldo);
+      break;
+    case 2:
+      dot2_tile<MR, 2>(a1, a2, b1, b2, d1, d2, scale, out, ldo);
+      break;
+    case 3:
+      dot2_tile<MR, 3>(a1, a2, b1, b2, d1, d2, scale, out, ldo);
+      break;
+    default:
+      dot2_tile<MR, 4>(a1, a2, b1, b2, d1, d2, scale, out, ldo);
+      break;
   }
 }
 
@@ -121,7 +125,7 @@ struct KeyValues {
   const float* v;
   int64_t v_stride, dv;
   float scale;
-  KeyPages pages = {};  // row of key t (paged caches); every row of a task reads one sequence
+  KeyPages pages = {};   // row of key t (paged caches); every row of a task reads one sequence
   int64_t page_row = 0;  // the query row whose table `pages` uses
   int64_t at(int32_t t) const { return pages.row(page_row, t); }
 };
@@ -146,21 +150,20 @@ constexpr int64_t kValueCols = 64;
 // out[r][d0 + j] += sum_{i < n} w[r][i] * v(keys[i])[d0 + j] for r < MR, j < 16 * (NV - 1) + last:
 // one sequential FMA chain over the keys per output element, whatever the tile.
 template <int MR, int NV>
-void value_tile(const KeyValues& kv, const int32_t* keys, int64_t n, const float* const* w,
-                float* const* out, int64_t d0, int last) {
+void value_tile(const KeyValues& kv, const int32_t* keys, int64_t n, const float* const* w, float* const* out,
+                int64_t d0, int last) {
   simd::vf acc[MR][NV];
 #pragma GCC unroll 4
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v)
-      acc[r][v] = simd::load_n(out[r] + d0 + 16 * v, v == NV - 1 ? last : simd::kLanes);
+    for (int v = 0; v < NV; ++v) acc[r][v] = simd::load_n(out[r] + d0 + 16 * v, v == NV - 1 ? last : simd::kLanes);
   for (int64_t i = 0; i < n; ++i) {
     const float* row = kv.v + kv.at(keys[i]) * kv.v_stride + d0;
     simd::vf vv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v)
-      vv[v] = simd::pin(v == NV - 1 && last < simd::kLanes ? simd::load_n(row + 16 * v, last)
-                                                           : simd::load(row + 16 * v));
+      vv[v] =
+          simd::pin(v == NV - 1 && last < simd::kLanes ? simd::load_n(row + 16 * v, last) : simd::load(row + 16 * v));
 #pragma GCC unroll 4
     for (int r = 0; r < MR; ++r) {
       simd::vf wr = simd::splat(w[r][i]);
@@ -171,18 +174,25 @@ void value_tile(const KeyValues& kv, const int32_t* keys, int64_t n, const float
 #pragma GCC unroll 4
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v)
-      simd::store_n(out[r] + d0 + 16 * v, acc[r][v], v == NV - 1 ? last : simd::kLanes);
+    for (int v = 0; v < NV; ++v) simd::store_n(out[r] + d0 + 16 * v, acc[r][v], v == NV - 1 ? last : simd::kLanes);
 }
 
 template <int MR>
-void value_tile_n(int nv, const KeyValues& kv, const int32_t* keys, int64_t n,
-                  const float* const* w, float* const* out, int64_t d0, int last) {
+void value_tile_n(int nv, const KeyValues& kv, const int32_t* keys, int64_t n, const float* const* w, float* const* out,
+                  int64_t d0, int last) {
   switch (nv) {
-    case 1: value_tile<MR, 1>(kv, keys, n, w, out, d0, last); break;
-    case 2: value_tile<MR, 2>(kv, keys, n, w, out, d0, last); break;
-    case 3: value_tile<MR, 3>(kv, keys, n, w, out, d0, last); break;
-    default: value_tile<MR, 4>(kv, keys, n, w, out, d0, last); break;
+    case 1:
+      value_tile<MR, 1>(kv, keys, n, w, out, d0, last);
+      break;
+    case 2:
+      value_tile<MR, 2>(kv, keys, n, w, out, d0, last);
+      break;
+    case 3:
+      value_tile<MR, 3>(kv, keys, n, w, out, d0, last);
+      break;
+    default:
+      value_tile<MR, 4>(kv, keys, n, w, out, d0, last);
+      break;
   }
 }
 
@@ -199,8 +209,7 @@ struct KeyBlock {
   std::vector<int64_t> cur, lo, hi, group_start;
   std::vector<int> group_size;
 
-  explicit KeyBlock(int64_t n_rows)
-      : cur(size_t(n_rows), 0), lo(size_t(n_rows)), hi(size_t(n_rows)) {}
+  explicit KeyBlock(int64_t n_rows) : cur(size_t(n_rows), 0), lo(size_t(n_rows)), hi(size_t(n_rows)) {}
 
   // The next block; false when every row's keys are done.
   bool next(const QueryRow* rows, int64_t n_rows) {
@@ -224,9 +233,7 @@ struct KeyBlock {
       if (r + 4 <= n_rows) {
         g = 4;
         for (int64_t j = 1; j < 4; ++j)
-          if (rows[r + j].keys + lo[r + j] != rows[r].keys + lo[r] ||
-              hi[r + j] - lo[r + j] != hi[r] - lo[r])
-            g = 1;
+          if (rows[r + j].keys + lo[r + j] != rows[r].keys + lo[r] || hi[r + j] - lo[r + j] != hi[r] - lo[r]) g = 1;
       }
       if (hi[r] > lo[r]) {
         group_start.push_back(r);
@@ -245,7 +252,8 @@ struct KeyBlock {
 // prefill's keys are in cache, and there it cost 8.1-8.6 -> 8.6-9.7 ms for 256 rows; decode
 // batches were not measured with it. (always_inline here and below: GCC finds a function that
 // only prefetches free of side effects and drops every call to it.)
-__attribute__((always_inline)) inline void prefetch_keys(const KeyValues& kv, const int32_t* keys, int64_t i0, int64_t i1) {
+__attribute__((always_inline)) inline void prefetch_keys(const KeyValues& kv, const int32_t* keys, int64_t i0,
+                                                         int64_t i1) {
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t at = kv.at(keys[i]);
     const char* a = reinterpret_cast<const char*>(kv.k1 + at * kv.k1_stride);
@@ -283,8 +291,10 @@ void attend(const KeyValues& kv, const QueryRow* rows, int64_t n_rows, std::vect
           b2[c] = kv.k2 + at * kv.k2_stride;
         }
         float* out = scratch.data() + r * max_keys + i;
-        if (mr == 4) dot2_tile_n<4>(nr, a1, a2, b1, b2, kv.d1, kv.d2, kv.scale, out, max_keys);
-        else dot2_tile_n<1>(nr, a1, a2, b1, b2, kv.d1, kv.d2, kv.scale, out, max_keys);
+        if (mr == 4)
+          dot2_tile_n<4>(nr, a1, a2, b1, b2, kv.d1, kv.d2, kv.scale, out, max_keys);
+        else
+          dot2_tile_n<1>(nr, a1, a2, b1, b2, kv.d1, kv.d2, kv.scale, out, max_keys);
       }
     }
   }
@@ -308,8 +318,10 @@ void attend(const KeyValues& kv, const QueryRow* rows, int64_t n_rows, std::vect
           w[j] = scratch.data() + (r + j) * max_keys + i;
           out[j] = rows[r + j].out;
         }
-        if (mr == 4) value_tile_n<4>(nv, kv, rows[r].keys + i, n, w, out, d0, last);
-        else value_tile_n<1>(nv, kv, rows[r].keys + i, n, w, out, d0, last);
+        if (mr == 4)
+          value_tile_n<4>(nv, kv, rows[r].keys + i, n, w, out, d0, last);
+        else
+          value_tile_n<1>(nv, kv, rows[r].keys + i, n, w, out, d0, last);
       }
     }
   }
@@ -345,9 +357,11 @@ void attend_one_row(const KeyValues& kv, const float* q, int64_t n_heads, const 
           const float* b2p[4] = {};
           for (int c = 0; c < nr; ++c) b1p[c] = kv.k1 + kv.at(keys[i + c]) * kv.k1_stride;
           float* o = sc + h * n_keys + i;
-          if (mr == 4) dot2_tile_n<4>(nr, a1, a2, b1p, b2p, kv.d1, 0, kv.scale, o, n_keys);
+          if (mr == 4)
+            dot2_tile_n<4>(nr, a1, a2, b1p, b2p, kv.d1, 0, kv.scale, o, n_keys);
           else
-            for (int j = 0; j < mr; ++j) dot2_tile_n<1>(nr, a1 + j, a2, b1p, b2p, kv.d1, 0, kv.scale, o + j * n_keys, n_keys);
+            for (int j = 0; j < mr; ++j)
+              dot2_tile_n<1>(nr, a1 + j, a2, b1p, b2p, kv.d1, 0, kv.scale, o + j * n_keys, n_keys);
         }
       }
     }
@@ -368,7 +382,8 @@ void attend_one_row(const KeyValues& kv, const float* q, int64_t n_heads, const 
           o[j] = out + (h + j) * ld_out;
           std::fill(o[j] + d0, o[j] + d0 + cols, 0.0f);
         }
-        if (mr == 4) value_tile_n<4>(nv, kv, keys, n_keys, w, o, d0, last);
+        if (mr == 4)
+          value_tile_n<4>(nv, kv, keys, n_keys, w, o, d0, last);
         else
           for (int j = 0; j < mr; ++j) value_tile_n<1>(nv, kv, keys, n_keys, w + j, o + j, d0, last);
       }
@@ -384,8 +399,7 @@ constexpr int64_t kDecodeHeads = 8;
 // ([n_keys, dk]) and renumbered i in `local`: the f32 recipe then runs on the widened rows.
 void widen_key(const MlaDecodeParams& p, int64_t s, const int32_t* keys, int64_t i, int64_t dk, float* wide,
                int32_t* local) {
-  const uint16_t* src =
-      static_cast<const uint16_t*>(static_cast<const void*>(p.cache)) + p.pages.row(s, keys[i]) * dk;
+  const uint16_t* src = static_cast<const uint16_t*>(static_cast<const void*>(p.cache)) + p.pages.row(s, keys[i]) * dk;
   float* dst = wide + i * dk;
   int64_t d = 0;
   for (; d + simd::kLanes <= dk; d += simd::kLanes) simd::store(dst + d, simd::widen_bf16(src + d));
@@ -408,9 +422,16 @@ void mla_prefill(const MlaPrefillParams& p) {
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t h = 0; h < p.n_heads; ++h)
       for (int64_t b = 0; b < row_blocks; ++b) {
-        KeyValues kv{p.kv + h * dkv, p.n_heads * dkv, p.qk_nope_head_dim,
-                     p.k_pe, p.ld_k_pe, p.qk_rope_head_dim,
-                     p.kv + h * dkv + p.qk_nope_head_dim, p.n_heads * dkv, p.v_head_dim, p.scale};
+        KeyValues kv{p.kv + h * dkv,
+                     p.n_heads * dkv,
+                     p.qk_nope_head_dim,
+                     p.k_pe,
+                     p.ld_k_pe,
+                     p.qk_rope_head_dim,
+                     p.kv + h * dkv + p.qk_nope_head_dim,
+                     p.n_heads * dkv,
+                     p.v_head_dim,
+                     p.scale};
         int64_t s0 = b * kPrefillRows, n = std::min(kPrefillRows, p.s - s0);
         for (int64_t r = 0; r < n; ++r) {
           int64_t s = s0 + r;
@@ -439,7 +460,7 @@ void mla_decode(const MlaDecodeParams& p) {
   };
   if (p.s == 1 && parallel && omp_get_max_threads() > 1) {
     thread_local std::vector<float> scores, widened;  // n_heads x n_keys; n_keys x dk (bf16 caches)
-    thread_local std::vector<int32_t> local;           // (kept: the model's n_keys <= index_topk)
+    thread_local std::vector<int32_t> local;          // (kept: the model's n_keys <= index_topk)
     KeyValues kv = latents(0);
     const int32_t* keys = allowed.ptr[0];
     const int64_t n_keys = allowed.len[0];
@@ -497,8 +518,7 @@ constexpr int64_t kIndexerKeys = 64;
 // kt the key block transposed ([D][kIndexerKeys]): each dot is a sequential FMA chain over d,
 // vectorised across keys, and heads are added in ascending order.
 template <int MR>
-inline void indexer_heads(const float* q, int64_t D, const float* w, const float* kt,
-                          simd::vf (&sc)[4]) {
+inline void indexer_heads(const float* q, int64_t D, const float* w, const float* kt, simd::vf (&sc)[4]) {
   simd::vf acc[MR][4];
 #pragma GCC unroll 4
   for (int r = 0; r < MR; ++r)
@@ -566,9 +586,7 @@ void transpose_keys(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t
 }
 
 // Whether key block [t0, t0 + kIndexerKeys) is one tile of the cache, already [D][kIndexerKeys].
-bool block_is_tile(const IndexerScoresParams& p) {
-  return p.pages.tiled && p.pages.block_size == kIndexerKeys;
-}
+bool block_is_tile(const IndexerScoresParams& p) { return p.pages.tiled && p.pages.block_size == kIndexerKeys; }
 
 // The transposed key block [D][kIndexerKeys] for row s at [t0, t0 + nt): the cache's own tile
 // when it holds f32 tiles (lanes past the row's keys are whatever the tile holds; their scores
@@ -612,10 +630,17 @@ void score_block(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t nt
     int64_t h = 0;
     for (; h + 4 <= H; h += 4) indexer_heads<4>(q + h * D, D, w + h, kt, sc);
     switch (H - h) {
-      case 1: indexer_heads<1>(q + h * D, D, w + h, kt, sc); break;
-      case 2: indexer_heads<2>(q + h * D, D, w + h, kt, sc); break;
-      case 3: indexer_heads<3>(q + h * D, D, w + h, kt, sc); break;
-      default: break;
+      case 1:
+        indexer_heads<1>(q + h * D, D, w + h, kt, sc);
+        break;
+      case 2:
+        indexer_heads<2>(q + h * D, D, w + h, kt, sc);
+        break;
+      case 3:
+        indexer_heads<3>(q + h * D, D, w + h, kt, sc);
+        break;
+      default:
+        break;
     }
     alignas(64) float tmp[kIndexerKeys];
     for (int v = 0; v < 4; ++v) simd::store(tmp + 16 * v, sc[v]);
@@ -672,7 +697,9 @@ void indexer_scores(const IndexerScoresParams& p, bool bf16_dots) {
   const bool per_row = p.s > 1 && p.pages.block_table && p.pages.ld_table > 0;
 #pragma omp parallel if (p.s * p.t * p.n_heads * D >= kParallelMacs)
   {
-    struct alignas(64) Lanes { float v[simd::kLanes]; };
+    struct alignas(64) Lanes {
+      float v[simd::kLanes];
+    };
     std::vector<Lanes> kt_buf(size_t(D * kIndexerKeys / simd::kLanes));
     float* kt = kt_buf.data()->v;
     std::vector<uint32_t> kp(bf16_dots ? size_t(D / 2 * kIndexerKeys) : 0);
@@ -691,8 +718,10 @@ void indexer_scores(const IndexerScoresParams& p, bool bf16_dots) {
         for (int64_t b = 0; b < blocks; ++b) {
           const int64_t t0 = b * kIndexerKeys, nt = std::min(kIndexerKeys, p.t - t0);
           const int64_t seen = keys_seen(p, s, t0, nt);
-          if (seen == 0) score_block(p, s, t0, nt, kt);  // (all -inf)
-          else score(s, s + 1, t0, nt, key_block(p, s, t0, seen, kt));
+          if (seen == 0)
+            score_block(p, s, t0, nt, kt);  // (all -inf)
+          else
+            score(s, s + 1, t0, nt, key_block(p, s, t0, seen, kt));
         }
     } else if (p.s == 1) {
       // One row (decode): blocks of equal cost, so each thread takes one contiguous run. Keys by
@@ -707,8 +736,10 @@ void indexer_scores(const IndexerScoresParams& p, bool bf16_dots) {
         const int64_t seen = keys_seen(p, 0, t0, nt);
         const int64_t next = keys_seen(p, 0, t0 + nt, std::min(kIndexerKeys, p.t - t0 - nt));
         if (!p.pages.tiled && next > 0) prefetch_key_block(p, t0 + nt, next);
-        if (seen == 0) score_block(p, 0, t0, nt, kt);  // (all -inf)
-        else score(0, 1, t0, nt, key_block(p, 0, t0, seen, kt));
+        if (seen == 0)
+          score_block(p, 0, t0, nt, kt);  // (all -inf)
+        else
+          score(0, 1, t0, nt, key_block(p, 0, t0, seen, kt));
       }
     } else {
 #pragma omp for schedule(dynamic, 1)

@@ -30,8 +30,7 @@ struct AllowedKeys {
   std::vector<const int32_t*> ptr;
   std::vector<int64_t> len;
 
-  AllowedKeys(int64_t s, int64_t t, const int32_t* q_pos, const int32_t* topk, int64_t topk_len,
-              const char* op) {
+  AllowedKeys(int64_t s, int64_t t, const int32_t* q_pos, const int32_t* topk, int64_t topk_len, const char* op) {
     ptr.resize(size_t(s));
     len.resize(size_t(s));
     if (!topk) {
@@ -44,8 +43,8 @@ struct AllowedKeys {
       return;
     }
     for (int64_t i = 0; i < s * topk_len; ++i)
-      CHECK(topk[i] >= -1 && topk[i] < t, op, ": topk entry ", topk[i], " (row ", i / topk_len,
-            ", column ", i % topk_len, ") outside [-1, ", t, ")");
+      CHECK(topk[i] >= -1 && topk[i] < t, op, ": topk entry ", topk[i], " (row ", i / topk_len, ", column ",
+            i % topk_len, ") outside [-1, ", t, ")");
     lists.resize(size_t(s));
 #pragma omp parallel for schedule(static) if (s * topk_len >= 4096)
     for (int64_t r = 0; r < s; ++r) {

@@ -105,7 +105,8 @@ class CpuBackend final : public HostBackend {
     if (mapped.layout == WeightLayout::kRowMajor && fast::quant_path() == "avx512" &&
         quant_quad_fits(mapped.dtype, mapped.cols, mapped.ld, mapped.group)) {
       Weight w = mapped;
-      w.data = arena_.copy_quant_quad(mapped.data, mapped.dtype, mapped.rows, quant::row_bytes(mapped.dtype, mapped.ld));
+      w.data =
+          arena_.copy_quant_quad(mapped.data, mapped.dtype, mapped.rows, quant::row_bytes(mapped.dtype, mapped.ld));
       if (!w.data) return HostBackend::upload_gemm_matrix(mapped, bytes);  // the arena is off or full
       w.layout = WeightLayout::kQuantQuad;
       return w;
@@ -113,10 +114,11 @@ class CpuBackend final : public HostBackend {
     const bool plain = mapped.dtype == DType::BF16 || mapped.dtype == DType::F16 || mapped.dtype == DType::F32;
     if (!plain) return HostBackend::upload_gemm_matrix(mapped, bytes);
     if (precision_ == Precision::kFast) return upload_fast(mapped);
-    const WeightLayout layout = mapped.dtype == DType::BF16 && fast::gemm_path() != "fp32" ? WeightLayout::kTile16
-                                                                                          : WeightLayout::kQuad16;
+    const WeightLayout layout =
+        mapped.dtype == DType::BF16 && fast::gemm_path() != "fp32" ? WeightLayout::kTile16 : WeightLayout::kQuad16;
     Weight w = mapped;
-    w.data = arena_.copy_interleaved(mapped.data, dtype_size(mapped.dtype), mapped.rows, mapped.cols, mapped.ld, layout);
+    w.data =
+        arena_.copy_interleaved(mapped.data, dtype_size(mapped.dtype), mapped.rows, mapped.cols, mapped.ld, layout);
     if (!w.data) return HostBackend::upload_gemm_matrix(mapped, bytes);  // the arena is off or full
     w.layout = layout;
     w.ld = WeightArena::interleaved_ld(layout, mapped.cols);
@@ -231,8 +233,7 @@ class CpuBackend final : public HostBackend {
   void gather_rows(const GatherRowsParams& p) override {
     validate(p);
     parallel_rows(p.n, p.d, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i)
-        std::memcpy(p.dst + i * p.d, p.src + p.rows[i] * p.d, size_t(p.d) * 4);
+      for (int64_t i = b; i < e; ++i) std::memcpy(p.dst + i * p.d, p.src + p.rows[i] * p.d, size_t(p.d) * 4);
     });
   }
   void moe_combine(const MoeCombineParams& p) override {
@@ -270,8 +271,10 @@ class CpuBackend final : public HostBackend {
           const int64_t at = p.pages.at(i, p.pos[i], 0, p.width), step = p.pages.block_size;
           for (int64_t j = 0; j < p.width; ++j) {
             const float v = p.src[i * p.ld_src + j];
-            if (p.pages.dtype == DType::BF16) static_cast<uint16_t*>(p.pool)[at + j * step] = f32_to_bf16(v);
-            else static_cast<float*>(p.pool)[at + j * step] = precision_ == Precision::kFast ? bf16_round(v) : v;
+            if (p.pages.dtype == DType::BF16)
+              static_cast<uint16_t*>(p.pool)[at + j * step] = f32_to_bf16(v);
+            else
+              static_cast<float*>(p.pool)[at + j * step] = precision_ == Precision::kFast ? bf16_round(v) : v;
           }
         } else if (p.pages.dtype == DType::BF16) {
           uint16_t* dst = static_cast<uint16_t*>(p.pool) + row;
@@ -297,7 +300,8 @@ class CpuBackend final : public HostBackend {
     if (mapped.dtype != DType::BF16) {
       rounded.resize(size_t(mapped.rows * mapped.cols));
       for (int64_t r = 0; r < mapped.rows; ++r)
-        for (int64_t c = 0; c < mapped.cols; ++c) rounded[size_t(r * mapped.cols + c)] = f32_to_bf16(weight_at(mapped, r, c));
+        for (int64_t c = 0; c < mapped.cols; ++c)
+          rounded[size_t(r * mapped.cols + c)] = f32_to_bf16(weight_at(mapped, r, c));
       src = rounded.data();
       ld = mapped.cols;
     }
@@ -330,7 +334,8 @@ void weight_rows(const Weight& w, int64_t r0, int64_t n, float* out, int64_t ldo
 #pragma omp parallel for schedule(static) if (n * w.cols >= (int64_t(1) << 16))
   for (int64_t i = 0; i < n; ++i) {
     float* row = out + i * ldo;
-    if (quantized) cpu::fast::dequantize_rows(w, r0 + i, 1, row, ldo);
+    if (quantized)
+      cpu::fast::dequantize_rows(w, r0 + i, 1, row, ldo);
     else
       for (int64_t c = 0; c < w.cols; ++c) row[c] = weight_at(w, r0 + i, c);
   }
@@ -340,7 +345,5 @@ std::string cpu_gemm_path(Precision precision) {
   return precision == Precision::kFast ? cpu::fast::fast_gemm_path() : cpu::fast::gemm_path();
 }
 
-std::unique_ptr<Backend> make_cpu_backend(Precision precision) {
-  return std::make_unique<cpu::CpuBackend>(precision);
-}
+std::unique_ptr<Backend> make_cpu_backend(Precision precision) { return std::make_unique<cpu::CpuBackend>(precision); }
 }  // namespace glm5::kernels

@@ -57,9 +57,7 @@ struct Packed {
 
 // Whether 16 float32 are bf16 values already (low halves zero): then f32_to_bf16 is their high
 // halves, and the packers skip the rounding (the caches of precision fast hold such values).
-GLM5_BF16 inline bool exact_bf16(__m512i u) {
-  return _mm512_test_epi32_mask(u, _mm512_set1_epi32(0xffff)) == 0;
-}
+GLM5_BF16 inline bool exact_bf16(__m512i u) { return _mm512_test_epi32_mask(u, _mm512_set1_epi32(0xffff)) == 0; }
 
 // x[0..n) as pairs into out[0..words), zeros after (words a multiple of kVec).
 GLM5_BF16 void pack_part(const float* x, int64_t n, uint32_t* out, int64_t words) {
@@ -160,12 +158,10 @@ GLM5_BF16 inline __attribute__((always_inline)) __m512 reduce_4x4(const __m512 (
   const auto l2 = [](__m512 a, __m512 b) GLM5_BF16 {
     return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xdd));
   };
-  const auto l3 = [](__m512 a, __m512 b) GLM5_BF16 {
-    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xee));
-  };
-  const auto l4 = [](__m512 a, __m512 b) GLM5_BF16 {
-    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd));
-  };
+  const auto l3 = [](__m512 a, __m512 b)
+                      GLM5_BF16 { return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xee)); };
+  const auto l4 = [](__m512 a, __m512 b)
+                      GLM5_BF16 { return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd)); };
   __m512 w[8], z[4];
   for (int j = 0; j < 8; ++j) w[j] = l1(v[(2 * j) % 4][(2 * j) / 4], v[(2 * j + 1) % 4][(2 * j + 1) / 4]);
   for (int j = 0; j < 4; ++j) z[j] = l2(w[2 * j], w[2 * j + 1]);
@@ -175,7 +171,8 @@ GLM5_BF16 inline __attribute__((always_inline)) __m512 reduce_4x4(const __m512 (
 // Scores of MR query rows (packed, q[r]) against keys [i, i + nr) of K (nr <= 4) into out[r][i..]:
 // 16 lane chains per row and key, then one reduce_4x4.
 template <int MR>
-GLM5_BF16 void score_tile(const uint32_t* const* q, const Packed& K, int64_t i, int nr, float scale, float* const* out) {
+GLM5_BF16 void score_tile(const uint32_t* const* q, const Packed& K, int64_t i, int nr, float scale,
+                          float* const* out) {
   const uint32_t* kr[4];
   for (int c = 0; c < 4; ++c) kr[c] = K.k.data() + (i + std::min(c, nr - 1)) * K.kw;
   __m512 acc[4][4];
@@ -233,8 +230,10 @@ GLM5_BF16 void value_span(const uint32_t* const* wp, const Packed& V, int64_t j0
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      if (v == NV - 1) _mm512_mask_storeu_ps(out[r] + d0 + 16 * v, lm, acc[r][v]);
-      else _mm512_storeu_ps(out[r] + d0 + 16 * v, acc[r][v]);
+      if (v == NV - 1)
+        _mm512_mask_storeu_ps(out[r] + d0 + 16 * v, lm, acc[r][v]);
+      else
+        _mm512_storeu_ps(out[r] + d0 + 16 * v, acc[r][v]);
     }
 }
 
@@ -242,10 +241,18 @@ template <int MR, bool kMaskSecond>
 GLM5_BF16 void value_span_n(int nv, const uint32_t* const* wp, const Packed& V, int64_t j0, int64_t j1,
                             float* const* out, int64_t d0, int last) {
   switch (nv) {
-    case 1: value_span<MR, 1, kMaskSecond>(wp, V, j0, j1, out, d0, last); break;
-    case 2: value_span<MR, 2, kMaskSecond>(wp, V, j0, j1, out, d0, last); break;
-    case 3: value_span<MR, 3, kMaskSecond>(wp, V, j0, j1, out, d0, last); break;
-    default: value_span<MR, 4, kMaskSecond>(wp, V, j0, j1, out, d0, last); break;
+    case 1:
+      value_span<MR, 1, kMaskSecond>(wp, V, j0, j1, out, d0, last);
+      break;
+    case 2:
+      value_span<MR, 2, kMaskSecond>(wp, V, j0, j1, out, d0, last);
+      break;
+    case 3:
+      value_span<MR, 3, kMaskSecond>(wp, V, j0, j1, out, d0, last);
+      break;
+    default:
+      value_span<MR, 4, kMaskSecond>(wp, V, j0, j1, out, d0, last);
+      break;
   }
 }
 
@@ -257,8 +264,8 @@ struct Row {
 };
 
 struct Scratch {
-  std::vector<float> scores;     // [rows][max n]
-  std::vector<uint32_t> weights; // [rows][ww]: the softmax weights as bf16 pairs
+  std::vector<float> scores;      // [rows][max n]
+  std::vector<uint32_t> weights;  // [rows][ww]: the softmax weights as bf16 pairs
 };
 
 // Each thread's buffers, kept between calls (a decode step calls once per layer: fresh buffers of
@@ -309,7 +316,8 @@ GLM5_BF16 void score_all(const Packed& K, const Row* rows, int64_t nrows, int64_
         if (i < nk) score_tile<4>(q, K, i, int(std::min<int64_t>(4, nk - i)), scale, o);
       } else {
         for (int j = 0; j < mr; ++j)
-          if (i < rows[r0 + j].n) score_tile<1>(q + j, K, i, int(std::min<int64_t>(4, rows[r0 + j].n - i)), scale, o + j);
+          if (i < rows[r0 + j].n)
+            score_tile<1>(q + j, K, i, int(std::min<int64_t>(4, rows[r0 + j].n - i)), scale, o + j);
       }
     }
 }
@@ -331,8 +339,10 @@ GLM5_BF16 void values_all(const Packed& V, const Row* rows, int64_t nrows, int64
         wp[j] = weights + (r0 + j) * ww, o[j] = rows[r0 + j].out;
         common = std::min(common, rows[r0 + j].n / 2);
       }
-      if (mr == 4) value_span_n<4, false>(nv, wp, V, 0, common, o, d0, last);
-      else common = 0;
+      if (mr == 4)
+        value_span_n<4, false>(nv, wp, V, 0, common, o, d0, last);
+      else
+        common = 0;
       for (int j = 0; j < mr; ++j) {
         const int64_t full = rows[r0 + j].n / 2;
         if (full > common) value_span_n<1, false>(nv, wp + j, V, common, full, o + j, d0, last);
@@ -421,8 +431,10 @@ void prefill(const MlaPrefillParams& p) {
   const int64_t N = p.qk_nope_head_dim, P = p.qk_rope_head_dim;
   const int64_t kw = part_words(N) + part_words(P);
   pack_queries(p.q, N + P, p.s * p.n_heads, N, P, kw, t_queries);
-  if (p.topk) prefill_selected(p, allowed, t_queries.data(), kw);
-  else prefill_dense(p, allowed, t_queries.data(), kw);
+  if (p.topk)
+    prefill_selected(p, allowed, t_queries.data(), kw);
+  else
+    prefill_dense(p, allowed, t_queries.data(), kw);
   const int64_t nk = *std::max_element(allowed.len.begin(), allowed.len.end());
   if (task_bytes(nk, kw, p.v_head_dim + kVec, std::max(kPrefillRows, p.n_heads), p.s * p.n_heads) > kKeepBytes)
     release_large_buffers();
@@ -511,7 +523,9 @@ std::vector<float> mla_decode_scores(const MlaDecodeParams& p) {
     for (int64_t h = 0; h < H; ++h) rows.push_back(Row{qp.data() + (s * H + h) * kw, n, nullptr});
     std::vector<float> scores(size_t(H * std::max<int64_t>(n, 1)));
     score_all(K, rows.data(), H, std::max<int64_t>(n, 1), p.scale, scores.data());
-    for (int64_t h = 0; h < H; ++h) out.insert(out.end(), scores.begin() + h * std::max<int64_t>(n, 1), scores.begin() + h * std::max<int64_t>(n, 1) + n);
+    for (int64_t h = 0; h < H; ++h)
+      out.insert(out.end(), scores.begin() + h * std::max<int64_t>(n, 1),
+                 scores.begin() + h * std::max<int64_t>(n, 1) + n);
   }
 #else
   (void)p;

@@ -42,7 +42,7 @@ void pack_pairs(const float* x, int64_t ldx, int64_t m, int64_t k, PackedPairs& 
   out.pairs = (k + 1) / 2;
   // Grown, never shrunk (decode packs hundreds of small x per token into the same buffer).
   if (out.data.size() < size_t(m * out.pairs)) out.data.resize(size_t(m * out.pairs));
-  // (on all threads for a prefill's x; inside another parallel region, nested regions run serially)
+    // (on all threads for a prefill's x; inside another parallel region, nested regions run serially)
 #pragma omp parallel for schedule(static) if (m * k >= (int64_t(1) << 18))
   for (int64_t i = 0; i < m; ++i) {
     const float* xr = x + i * ldx;
@@ -207,10 +207,17 @@ void indexer_block(const uint32_t* q, int64_t heads, int64_t pairs, const float*
     int64_t h = 0;
     for (; h + 4 <= heads; h += 4) indexer_heads<4>(q + h * pairs, pairs, w + h, kp, sc);
     switch (heads - h) {
-      case 1: indexer_heads<1>(q + h * pairs, pairs, w + h, kp, sc); break;
-      case 2: indexer_heads<2>(q + h * pairs, pairs, w + h, kp, sc); break;
-      case 3: indexer_heads<3>(q + h * pairs, pairs, w + h, kp, sc); break;
-      default: break;
+      case 1:
+        indexer_heads<1>(q + h * pairs, pairs, w + h, kp, sc);
+        break;
+      case 2:
+        indexer_heads<2>(q + h * pairs, pairs, w + h, kp, sc);
+        break;
+      case 3:
+        indexer_heads<3>(q + h * pairs, pairs, w + h, kp, sc);
+        break;
+      default:
+        break;
     }
     for (int v = 0; v < 4; ++v) _mm512_storeu_ps(out + 16 * v, sc[v]);
   }();
@@ -228,7 +235,8 @@ void pack_key_block(const float* kt, int64_t D, uint32_t* kp) {
       for (int64_t v = 0; v < kIndexerBlock; v += 16) {
         const __m512i lo = bf16_bits(_mm512_loadu_ps(kt + 2 * p * kIndexerBlock + v));
         const __m512i hi = bf16_bits(_mm512_loadu_ps(kt + (2 * p + 1) * kIndexerBlock + v));
-        _mm512_storeu_si512(kp + p * kIndexerBlock + v, _mm512_or_si512(_mm512_srli_epi32(lo, 16), _mm512_and_si512(hi, high)));
+        _mm512_storeu_si512(kp + p * kIndexerBlock + v,
+                            _mm512_or_si512(_mm512_srli_epi32(lo, 16), _mm512_and_si512(hi, high)));
       }
   }();
 #else

@@ -25,9 +25,8 @@ GLM5_BF16 inline __m512i bf16_bits(__m512 v) {
 // halves of the two vectors' dwords gathered in column order.
 // The vpermt2w index that gathers the high 16-bit halves of two vectors' 32 dwords, in order.
 GLM5_BF16 inline __m512i high_halves_index() {
-  alignas(64) static const uint16_t odd_words[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21,
-                                                     23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
-                                                     45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+  alignas(64) static const uint16_t odd_words[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+                                                     33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
   return _mm512_load_si512(odd_words);
 }
 

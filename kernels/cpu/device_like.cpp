@@ -79,8 +79,7 @@ constexpr int kPoison = 0xFF;
 // comparing it with the cpu backend compare the tiled layout with rows, end to end.
 class DeviceLikeBackend final : public Backend {
  public:
-  explicit DeviceLikeBackend(Precision precision)
-      : cpu_(make_cpu_backend(precision)), cache_(raw_block, free_block) {
+  explicit DeviceLikeBackend(Precision precision) : cpu_(make_cpu_backend(precision)), cache_(raw_block, free_block) {
     ++g_live_backends;
   }
   ~DeviceLikeBackend() override {
@@ -187,9 +186,8 @@ class DeviceLikeBackend final : public Backend {
     });
   }
   void topk(const TopkParams& p) override {
-    run(&Backend::topk, p, [](TopkParams& q) {
-      q.scores = dev(q.scores, "topk scores"), q.indices = dev(q.indices, "topk indices");
-    });
+    run(&Backend::topk, p,
+        [](TopkParams& q) { q.scores = dev(q.scores, "topk scores"), q.indices = dev(q.indices, "topk indices"); });
   }
   void mla_prefill(const MlaPrefillParams& p) override {
     run(&Backend::mla_prefill, p, [](MlaPrefillParams& q) {
@@ -209,7 +207,8 @@ class DeviceLikeBackend final : public Backend {
   void router(const RouterParams& p) override {
     run(&Backend::router, p, [](RouterParams& q) {
       q.logits = dev(q.logits, "router logits"), q.bias = dev(q.bias, "router bias");
-      q.expert_ids = dev(q.expert_ids, "router expert_ids"), q.expert_weights = dev(q.expert_weights, "router expert_weights");
+      q.expert_ids = dev(q.expert_ids, "router expert_ids"),
+      q.expert_weights = dev(q.expert_weights, "router expert_weights");
     });
   }
   void swiglu(const SwigluParams& p) override {
@@ -224,7 +223,8 @@ class DeviceLikeBackend final : public Backend {
   }
   void gather_rows(const GatherRowsParams& p) override {
     run(&Backend::gather_rows, p, [](GatherRowsParams& q) {
-      q.src = dev(q.src, "gather_rows src"), q.rows = dev(q.rows, "gather_rows rows"), q.dst = dev(q.dst, "gather_rows dst");
+      q.src = dev(q.src, "gather_rows src"), q.rows = dev(q.rows, "gather_rows rows"),
+      q.dst = dev(q.dst, "gather_rows dst");
     });
   }
   void moe_combine(const MoeCombineParams& p) override {
@@ -234,18 +234,16 @@ class DeviceLikeBackend final : public Backend {
     });
   }
   void add(const AddParams& p) override {
-    run(&Backend::add, p, [](AddParams& q) {
-      q.x = dev(q.x, "add x"), q.y = dev(q.y, "add y");
-    });
+    run(&Backend::add, p, [](AddParams& q) { q.x = dev(q.x, "add x"), q.y = dev(q.y, "add y"); });
   }
   void copy_2d(const Copy2dParams& p) override {
-    run(&Backend::copy_2d, p, [](Copy2dParams& q) {
-      q.src = dev(q.src, "copy_2d src"), q.dst = dev(q.dst, "copy_2d dst");
-    });
+    run(&Backend::copy_2d, p,
+        [](Copy2dParams& q) { q.src = dev(q.src, "copy_2d src"), q.dst = dev(q.dst, "copy_2d dst"); });
   }
   void paged_write(const PagedWriteParams& p) override {
     run(&Backend::paged_write, p, [](PagedWriteParams& q) {
-      q.src = dev(q.src, "paged_write src"), q.pos = dev(q.pos, "paged_write pos"), q.pool = dev(q.pool, "paged_write pool");
+      q.src = dev(q.src, "paged_write src"), q.pos = dev(q.pos, "paged_write pos"),
+      q.pool = dev(q.pool, "paged_write pool");
       q.pages.block_table = dev(q.pages.block_table, "paged_write block table");
     });
   }
@@ -285,8 +283,8 @@ class DeviceLikeBackend final : public Backend {
 
   std::unique_ptr<Backend> cpu_;
   CachingAllocator cache_;
-  std::vector<void*> uploads_;                // host addresses
-  std::unordered_map<void*, size_t> sizes_;   // live alloc() blocks (host address) -> bytes asked
+  std::vector<void*> uploads_;               // host addresses
+  std::unordered_map<void*, size_t> sizes_;  // live alloc() blocks (host address) -> bytes asked
   mutable DeviceLikeCounters counters_;
 };
 
@@ -307,9 +305,7 @@ bool is_device_like_memory(const void* p, size_t bytes) {
   return Registry::get().contains(untag(p), bytes);
 }
 
-const void* device_like_host_address(const void* p) {
-  return is_device_like_memory(p, 1) ? untag(p) : p;
-}
+const void* device_like_host_address(const void* p) { return is_device_like_memory(p, 1) ? untag(p) : p; }
 
 void check_host_pointer(const void* p, size_t bytes, const char* what) {
   if (bytes == 0) return;

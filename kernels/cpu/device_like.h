@@ -20,8 +20,8 @@ namespace glm5::kernels {
 struct DeviceLikeCounters {
   uint64_t to_host_bytes = 0, to_device_bytes = 0;  // host transfers (uploads not included)
   uint64_t to_host_calls = 0, to_device_calls = 0;
-  uint64_t raw_allocs = 0;                          // blocks taken from the host heap
-  uint64_t op_calls = 0;                            // op calls (a gemm_batch is one call)
+  uint64_t raw_allocs = 0;  // blocks taken from the host heap
+  uint64_t op_calls = 0;    // op calls (a gemm_batch is one call)
 };
 
 // Counters of a backend made by make_device_like_backend(); nullptr for any other backend.

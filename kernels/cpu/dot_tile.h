@@ -53,7 +53,9 @@ inline bool single_row_prefetch() {
 inline void set_single_row_prefetch(bool on) { detail::g_single_row_prefetch.store(on ? 1 : 0); }
 // Whether a tile of MR rows of a prefetches its weights in software (the rule above).
 template <int MR>
-inline bool tile_prefetches() { return MR > 1 || single_row_prefetch(); }
+inline bool tile_prefetches() {
+  return MR > 1 || single_row_prefetch();
+}
 
 // Where row c's chunk of 16 elements from column kk (a multiple of 16) starts, relative to the
 // first row of a tile: row-major b (Quad = false), row stride ldb; or interleaved (Quad = true,
@@ -99,8 +101,8 @@ struct LoadRounded {
 
 // y[r * ldy + c] = (accumulate ? y[r * ldy + c] : 0) + a[r * lda + :k] . b row c (chunk_at<Quad>)
 template <int MR, int NR, class L, bool Quad = false>
-void dot_tile(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, int64_t k,
-              float* y, int64_t ldy, bool accumulate) {
+void dot_tile(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, int64_t k, float* y, int64_t ldy,
+              bool accumulate) {
   simd::vf acc[MR][NR];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
@@ -170,8 +172,7 @@ void dot_tile(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, 
 }
 
 template <class L>
-using DotTileFn = void (*)(const float*, int64_t, const typename L::T*, int64_t, int64_t, float*,
-                           int64_t, bool);
+using DotTileFn = void (*)(const float*, int64_t, const typename L::T*, int64_t, int64_t, float*, int64_t, bool);
 
 namespace detail {
 template <class L, bool Quad, int MR, int... NR>
@@ -197,15 +198,14 @@ DotTileFn<L> dot_tile_fn(int mr, int nr) {
 // (the b block stays in cache while a streams past it), single thread. Row j of b starts at
 // b + j * ldb (Quad: the block starts at a multiple of 4 rows, and tiles of 4 rows keep it so).
 template <class L, bool Quad = false>
-void dot_block(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, int64_t m,
-               int64_t n, int64_t k, float* y, int64_t ldy, bool accumulate) {
+void dot_block(const float* a, int64_t lda, const typename L::T* b, int64_t ldb, int64_t m, int64_t n, int64_t k,
+               float* y, int64_t ldy, bool accumulate) {
   static_assert(!Quad || kTileCols == 4, "interleaved rows come in groups of 4: tiles must not straddle them");
   for (int64_t i = 0; i < m; i += kTileRows) {
     const int mr = int(m - i < kTileRows ? m - i : kTileRows);
     for (int64_t j = 0; j < n; j += kTileCols) {
       const int nr = int(n - j < kTileCols ? n - j : kTileCols);
-      dot_tile_fn<L, Quad>(mr, nr)(a + i * lda, lda, b + j * ldb, ldb, k, y + i * ldy + j, ldy,
-                                   accumulate);
+      dot_tile_fn<L, Quad>(mr, nr)(a + i * lda, lda, b + j * ldb, ldb, k, y + i * ldy + j, ldy, accumulate);
     }
   }
 }

@@ -55,9 +55,9 @@ bool fast_bf16_dots();
 // bf16_dots: precision fast's recipe where the CPU has AVX512-BF16 (cpu/bf16_gemm.h indexer_block);
 // else every score is the exact recipe's 16-lane FMA chain (on whatever values it is given).
 void indexer_scores(const IndexerScoresParams& p, bool bf16_dots = false);  // cpu/attention.cpp
-void mla_prefill(const MlaPrefillParams& p);         // cpu/attention.cpp
-void mla_decode(const MlaDecodeParams& p);           // cpu/attention.cpp
-void topk(const TopkParams& p);                      // cpu/attention.cpp
+void mla_prefill(const MlaPrefillParams& p);                                // cpu/attention.cpp
+void mla_decode(const MlaDecodeParams& p);                                  // cpu/attention.cpp
+void topk(const TopkParams& p);                                             // cpu/attention.cpp
 
 // Quantized weights (cpu/quant_gemm.cpp): gemm over F8_E4M3 / Q4 / Q8 weights, and the row
 // dequantization behind it (rows [r0, r0 + n) of w into out, row stride ldo; values of weight_at).

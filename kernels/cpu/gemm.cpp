@@ -25,8 +25,8 @@
 #include "cpu/amx_gemm.h"
 #include "cpu/bf16_gemm.h"
 #include "cpu/dot_tile.h"
-#include "cpu/panel_block.h"
 #include "cpu/fast_ops.h"
+#include "cpu/panel_block.h"
 
 namespace glm5::kernels::cpu {
 
@@ -92,8 +92,8 @@ void nt_item(const GemmParams& p, const NtSplit& s, int64_t item) {
 // y[r, j0 + 16v + l] for r < MR, v < NV: sequential FMA over k of x[r, k] * W[k, j], W [k, n].
 // `last` = valid columns of the last vector (1..16).
 template <int MR, int NV, class L>
-void tile_tn(const float* x, int64_t ldx, const typename L::T* w, int64_t ldw, int64_t k, float* y,
-             int64_t ldy, int last, bool accumulate) {
+void tile_tn(const float* x, int64_t ldx, const typename L::T* w, int64_t ldw, int64_t k, float* y, int64_t ldy,
+             int last, bool accumulate) {
   simd::vf acc[MR][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
@@ -197,8 +197,7 @@ TileTnBf16Fn tile_tn_bf16_fn(int mr, int np) {
 #endif
 
 template <class L>
-using TileTnFn = void (*)(const float*, int64_t, const typename L::T*, int64_t, int64_t, float*,
-                          int64_t, int, bool);
+using TileTnFn = void (*)(const float*, int64_t, const typename L::T*, int64_t, int64_t, float*, int64_t, int, bool);
 
 template <class L>
 TileTnFn<L> tile_tn_fn(int mr, int nv) {
@@ -261,8 +260,8 @@ void panel_item(const GemmParams& p, int64_t item) {
   const int64_t cb = (p.n + kPanelCols - 1) / kPanelCols;
   const int64_t i0 = item / cb * kPanelRows, j0 = item % cb * kPanelCols;
   panel_block<L, Quad>(p.x + i0 * p.ldx, p.ldx, static_cast<const T*>(p.w.data) + j0 * p.w.ld, p.w.ld,
-                 std::min(kPanelRows, p.m - i0), std::min(kPanelCols, p.n - j0), p.k, p.y + i0 * p.ldy + j0, p.ldy,
-                 p.accumulate);
+                       std::min(kPanelRows, p.m - i0), std::min(kPanelCols, p.n - j0), p.k, p.y + i0 * p.ldy + j0,
+                       p.ldy, p.accumulate);
 }
 
 // The BF16 path (gemm_path()): 0 fp32 (the dot_tile recipe), 1 amx, 2 amx-emulated; -1 not chosen.
@@ -347,8 +346,8 @@ int64_t amx_rows_per_item(int64_t m, int64_t k) {
 struct Pack {
   amx::PackedX x;
   const GemmParams* src = nullptr;  // what to pack
-  int terms = amx::kTerms;           // 1 in Precision::kFast
-  std::atomic<int> state{2};         // 0: to pack, 1: being packed, 2: ready
+  int terms = amx::kTerms;          // 1 in Precision::kFast
+  std::atomic<int> state{2};        // 0: to pack, 1: being packed, 2: ready
 
   const amx::PackedX& ready() {
     int s = state.load(std::memory_order_acquire);
@@ -379,7 +378,7 @@ struct Job {
   bool fast = false, round_w = false;
   NtSplit nt;
   QuantSplit quant;
-  Pack* px = nullptr;  // kAmx: x as tile terms (set by pack_amx_inputs)
+  Pack* px = nullptr;                  // kAmx: x as tile terms (set by pack_amx_inputs)
   bf16::PackedPairs* pairs = nullptr;  // kPair: x as bf16 pairs (set by round_inputs)
   int64_t amx_rows = 0, pair_rows = 0;
   bool amx_emulated = false;
@@ -392,8 +391,8 @@ struct Job {
     round_w = fast && (g.w.dtype == DType::F16 || g.w.dtype == DType::F32 ||
                        (quant::is_quantized(g.w.dtype) && !quant_values_are_bf16(g.w)));
     CHECK(g.w.layout != WeightLayout::kPair16 || (fast && fast_path_now() == kFastBf16),
-          "gemm: a kPair16 (AVX512-BF16 pairs) weight in ", precision_name(precision),
-          " precision on fast path ", kFastPathNames[fast_path_now()],
+          "gemm: a kPair16 (AVX512-BF16 pairs) weight in ", precision_name(precision), " precision on fast path ",
+          kFastPathNames[fast_path_now()],
           ": weights are laid out for the precision and path chosen when they were loaded");
     if (g.trans_w) {
       kind = kTn;
@@ -437,7 +436,9 @@ struct Job {
 
   void run(int64_t item) const {
     switch (kind) {
-      case kQuant: quant_item(*p, quant, item); return;
+      case kQuant:
+        quant_item(*p, quant, item);
+        return;
       case kAmx: {
         const int64_t j0 = item * amx_rows;
         amx::gemm_rows(px->ready(), static_cast<const uint16_t*>(p->w.data) + j0 * p->w.ld, p->w.ld,
@@ -451,7 +452,8 @@ struct Job {
                         std::min(pair_rows, p->n - j0), p->y + j0, p->ldy, p->accumulate);
         return;
       }
-      case kTn: return typed([&]<class L>() { tn_item<L>(*p, item); });
+      case kTn:
+        return typed([&]<class L>() { tn_item<L>(*p, item); });
       case kPanel:
         if (quad()) return typed([&]<class L>() { panel_item<L, true>(*p, item); });
         return typed([&]<class L>() { panel_item<L, false>(*p, item); });
@@ -466,14 +468,20 @@ struct Job {
   template <class F>
   void typed(F f) const {
     switch (p->w.dtype) {
-      case DType::BF16: f.template operator()<LoadBF16>(); break;
+      case DType::BF16:
+        f.template operator()<LoadBF16>();
+        break;
       case DType::F16:
-        if (round_w) f.template operator()<LoadRounded<LoadF16>>();
-        else f.template operator()<LoadF16>();
+        if (round_w)
+          f.template operator()<LoadRounded<LoadF16>>();
+        else
+          f.template operator()<LoadF16>();
         break;
       default:
-        if (round_w) f.template operator()<LoadRounded<LoadF32>>();
-        else f.template operator()<LoadF32>();
+        if (round_w)
+          f.template operator()<LoadRounded<LoadF32>>();
+        else
+          f.template operator()<LoadF32>();
         break;
     }
   }
@@ -519,10 +527,10 @@ struct Scratch {
   std::vector<double> mid;     // cost midpoint of every item, in item order
   std::unique_ptr<ItemRange[]> ranges;
   int n_ranges = 0;
-  std::vector<std::unique_ptr<Pack>> packed;  // the AMX jobs' x (pack_amx_inputs)
-  std::vector<Pack*> pack_first;               // those packed before the items run
-  std::vector<GemmParams> params;              // the batch's params (kFast: x replaced)
-  std::vector<std::vector<float>> rounded;     // kFast: x as bf16 values (round_inputs)
+  std::vector<std::unique_ptr<Pack>> packed;              // the AMX jobs' x (pack_amx_inputs)
+  std::vector<Pack*> pack_first;                          // those packed before the items run
+  std::vector<GemmParams> params;                         // the batch's params (kFast: x replaced)
+  std::vector<std::vector<float>> rounded;                // kFast: x as bf16 values (round_inputs)
   std::vector<std::unique_ptr<bf16::PackedPairs>> pairs;  // kFast: x as bf16 pairs
 };
 
@@ -578,7 +586,6 @@ void pack_amx_inputs(std::vector<Job>& jobs) {
   }
 }
 
-
 // Precision::kFast: each distinct x of the batch once as bf16 values (the jobs whose kernels read
 // floats then read the copy, row stride k) or as bf16 pairs (kPair16 jobs), in buffers this thread
 // keeps between calls.
@@ -606,8 +613,10 @@ void round_inputs(std::vector<GemmParams>& params, std::vector<Job>& jobs) {
           jobs[i].reads_float_x() != job.reads_float_x())
         continue;
       shared = true;
-      if (job.kind == Job::kPair) job.pairs = jobs[i].pairs;
-      else g.x = jobs[i].p->x, g.ldx = jobs[i].p->ldx;
+      if (job.kind == Job::kPair)
+        job.pairs = jobs[i].pairs;
+      else
+        g.x = jobs[i].p->x, g.ldx = jobs[i].p->ldx;
     }
     if (shared) continue;
     if (job.kind == Job::kPair) {
@@ -624,8 +633,10 @@ void round_inputs(std::vector<GemmParams>& params, std::vector<Job>& jobs) {
     elems += s.m * s.k;
   }
   const auto one = [&](const Work& w, bool may_fork) {
-    if (w.pairs) bf16::pack_pairs(w.x->x, w.x->ldx, w.x->m, w.x->k, *w.pairs);
-    else round_bf16_rows(w.x->x, w.x->ldx, w.x->m, w.x->k, w.out, may_fork);
+    if (w.pairs)
+      bf16::pack_pairs(w.x->x, w.x->ldx, w.x->m, w.x->k, *w.pairs);
+    else
+      round_bf16_rows(w.x->x, w.x->ldx, w.x->m, w.x->k, w.out, may_fork);
   };
   const int64_t n = int64_t(work.size());
   if (n > 1 && elems >= (int64_t(1) << 16)) {
@@ -716,9 +727,15 @@ void gemm_batch(std::span<const GemmParams> ps, Precision precision) {
   for (const GemmParams& p : ps) {
     if (p.m == 0 || p.n == 0 || quantized_tn(p)) continue;
     switch (p.w.dtype) {
-      case DType::BF16: case DType::F16: case DType::F32:
-      case DType::F8_E4M3: case DType::Q4: case DType::Q8: break;
-      default: GLM5_FAIL("gemm: weight dtype ", dtype_name(p.w.dtype), " is not supported");
+      case DType::BF16:
+      case DType::F16:
+      case DType::F32:
+      case DType::F8_E4M3:
+      case DType::Q4:
+      case DType::Q8:
+        break;
+      default:
+        GLM5_FAIL("gemm: weight dtype ", dtype_name(p.w.dtype), " is not supported");
     }
     params.push_back(p);
   }

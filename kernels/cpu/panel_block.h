@@ -30,8 +30,8 @@ namespace detail {
 // `tail` elements zero-padded as dot_tile pads it. acc: MR x NR vectors of 16 floats, read unless
 // `first`; written back unless `last`, when the sums are reduced into y instead.
 template <int MR, int NR>
-void panel_tile(const float* x, int64_t ldx, const float* wp, int64_t full, int tail, float* acc, bool first,
-                bool last, float* y, int64_t ldy, bool accumulate) {
+void panel_tile(const float* x, int64_t ldx, const float* wp, int64_t full, int tail, float* acc, bool first, bool last,
+                float* y, int64_t ldy, bool accumulate) {
   simd::vf a[MR][NR];
 #pragma GCC unroll 4
   for (int r = 0; r < MR; ++r)
@@ -74,8 +74,8 @@ void panel_tile(const float* x, int64_t ldx, const float* wp, int64_t full, int 
   simd::reduce_store_4x4(v, MR, NR, y, ldy, accumulate);
 }
 
-using PanelTileFn = void (*)(const float*, int64_t, const float*, int64_t, int, float*, bool, bool, float*,
-                             int64_t, bool);
+using PanelTileFn = void (*)(const float*, int64_t, const float*, int64_t, int, float*, bool, bool, float*, int64_t,
+                             bool);
 
 template <int MR, int... NR>
 constexpr std::array<PanelTileFn, kTileCols> panel_row(std::integer_sequence<int, NR...>) {
@@ -84,8 +84,10 @@ constexpr std::array<PanelTileFn, kTileCols> panel_row(std::integer_sequence<int
 
 inline PanelTileFn panel_tile_fn(int mr, int nr) {
   static const std::array<std::array<PanelTileFn, kTileCols>, kTileRows> table = {
-      panel_row<1>(std::make_integer_sequence<int, kTileCols>{}), panel_row<2>(std::make_integer_sequence<int, kTileCols>{}),
-      panel_row<3>(std::make_integer_sequence<int, kTileCols>{}), panel_row<4>(std::make_integer_sequence<int, kTileCols>{})};
+      panel_row<1>(std::make_integer_sequence<int, kTileCols>{}),
+      panel_row<2>(std::make_integer_sequence<int, kTileCols>{}),
+      panel_row<3>(std::make_integer_sequence<int, kTileCols>{}),
+      panel_row<4>(std::make_integer_sequence<int, kTileCols>{})};
   return table[size_t(mr - 1)][size_t(nr - 1)];
 }
 

@@ -161,10 +161,10 @@ GLM5_AVX512 inline __m512i q4x16_nibbles(const uint8_t* p) {
   const __m512i at = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60);
   return _mm512_multishift_epi64_epi8(at, bytes);
 #else
-  alignas(64) static constexpr int8_t kSpread[64] = {
-      0, -1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 2, -1, -1, -1,
-      3, -1, -1, -1, 3, -1, -1, -1, 4, -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 5, -1, -1, -1,
-      6, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1, 7, -1, -1, -1};
+  alignas(64) static constexpr int8_t kSpread[64] = {0, -1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1,
+                                                     2, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1,
+                                                     4, -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 5, -1, -1, -1,
+                                                     6, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1, 7, -1, -1, -1};
   const __m512i shift = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
   return _mm512_srlv_epi32(_mm512_shuffle_epi8(bytes, _mm512_load_si512(kSpread)), shift);
 #endif
@@ -178,8 +178,8 @@ GLM5_AVX512 inline __m512i q4x16_nibbles(const uint8_t* p) {
 // rounding is Veltkamp's split.
 template <DType DT, DType SD>
 struct Chunk {
-  __m512 t;     // Q4: the group's 16 values by stored nibble; Q8: the scale
-  __m512 bias;  // Q8: -128 * scale
+  __m512 t;           // Q4: the group's 16 values by stored nibble; Q8: the scale
+  __m512 bias;        // Q8: -128 * scale
   __m512 bias_magic;  // Q8: -(2^23 + 128) * scale (at32)
   Fp8Scale fs{1.0f};
   static constexpr int64_t kHalve = DT == DType::Q4 ? 2 : 1;  // code bytes per column: 1 / kHalve
@@ -189,8 +189,8 @@ struct Chunk {
   // whole block of groups, which may be false for a scale that alone would pass).
   GLM5_AVX512 void group(float s, bool fast) {
     if constexpr (DT == DType::Q4) {
-      const __m512 v = _mm512_mul_ps(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7),
-                                     _mm512_set1_ps(s));
+      const __m512 v =
+          _mm512_mul_ps(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7), _mm512_set1_ps(s));
       t = SD == DType::BF16 && fast ? bf16_round_split(v) : round_to_avx512(SD, v);
     } else if constexpr (DT == DType::F8_E4M3) {
       fs = Fp8Scale(s);
@@ -217,21 +217,19 @@ struct Chunk {
   static constexpr bool kPairs = DT == DType::Q8 && SD == DType::BF16;
   GLM5_AVX512 void at32(const uint8_t* p, __m512& lo, __m512& hi) const {
 #define GLM5_DW(c) c, 32, 32, 33
-    alignas(64) static constexpr int8_t kB[64] = {GLM5_DW(0), GLM5_DW(16), GLM5_DW(1), GLM5_DW(17), GLM5_DW(2),
-                                                  GLM5_DW(18), GLM5_DW(3), GLM5_DW(19), GLM5_DW(4), GLM5_DW(20),
-                                                  GLM5_DW(5), GLM5_DW(21), GLM5_DW(6), GLM5_DW(22), GLM5_DW(7),
-                                                  GLM5_DW(23)};
-    alignas(64) static constexpr int8_t kA[64] = {GLM5_DW(8), GLM5_DW(24), GLM5_DW(9), GLM5_DW(25), GLM5_DW(10),
-                                                  GLM5_DW(26), GLM5_DW(11), GLM5_DW(27), GLM5_DW(12), GLM5_DW(28),
-                                                  GLM5_DW(13), GLM5_DW(29), GLM5_DW(14), GLM5_DW(30), GLM5_DW(15),
-                                                  GLM5_DW(31)};
+    alignas(64) static constexpr int8_t kB[64] = {
+        GLM5_DW(0), GLM5_DW(16), GLM5_DW(1), GLM5_DW(17), GLM5_DW(2), GLM5_DW(18), GLM5_DW(3), GLM5_DW(19),
+        GLM5_DW(4), GLM5_DW(20), GLM5_DW(5), GLM5_DW(21), GLM5_DW(6), GLM5_DW(22), GLM5_DW(7), GLM5_DW(23)};
+    alignas(64) static constexpr int8_t kA[64] = {
+        GLM5_DW(8),  GLM5_DW(24), GLM5_DW(9),  GLM5_DW(25), GLM5_DW(10), GLM5_DW(26), GLM5_DW(11), GLM5_DW(27),
+        GLM5_DW(12), GLM5_DW(28), GLM5_DW(13), GLM5_DW(29), GLM5_DW(14), GLM5_DW(30), GLM5_DW(15), GLM5_DW(31)};
 #undef GLM5_DW
     const __m512i consts = _mm512_set_epi64(0, 0, 0, 0x4b00, 0, 0, 0, 0);  // byte 32 = 0, byte 33 = 0x4b
     const __m512i raw = _mm512_mask_loadu_epi8(consts, 0xFFFFFFFFull, p);
-    const __m512 b = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_permutexvar_epi8(_mm512_load_si512(kB), raw)), t,
-                                     bias_magic);
-    const __m512 a = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_permutexvar_epi8(_mm512_load_si512(kA), raw)), t,
-                                     bias_magic);
+    const __m512 b =
+        _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_permutexvar_epi8(_mm512_load_si512(kB), raw)), t, bias_magic);
+    const __m512 a =
+        _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_permutexvar_epi8(_mm512_load_si512(kA), raw)), t, bias_magic);
     const __m512i z = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(a, b));  // words 0-15 from b, 16-31 from a
     lo = _mm512_castsi512_ps(_mm512_slli_epi32(z, 16));
     hi = _mm512_castsi512_ps(_mm512_and_si512(z, _mm512_set1_epi32(int(0xffff0000u))));
@@ -346,7 +344,7 @@ DequantRowFn dequant_row_avx512(const Weight& w) {
 // tile_prefetches (cpu/dot_tile.h).
 template <int MR, int NR, bool kQuad>
 GLM5_AVX512 __attribute__((always_inline)) inline void prefetch_next(const uint8_t* next, size_t rb, int64_t b0,
-                                                                    int64_t b1) {
+                                                                     int64_t b1) {
   constexpr int64_t C = quant::kQuadChunk;
   if (!tile_prefetches<MR>()) return;
   if constexpr (kQuad) {
@@ -362,16 +360,17 @@ GLM5_AVX512 __attribute__((always_inline)) inline void prefetch_next(const uint8
 // Q8's pairs sequence may run (q8_sequence()).
 template <int MR, int NR, bool kFast, bool kQuad, DType DT, DType SD>
 GLM5_AVX512 __attribute__((always_inline)) inline void fused_group(const Chunk<DT, SD>* ch, const RowBytes<kQuad>* rows,
-                                                                  const uint8_t* next, size_t rb, const float* x,
-                                                                  int64_t ldx, int64_t k0, int64_t k1,
-                                                                  __m512 (&acc)[MR][4], bool pairs, bool round) {
+                                                                   const uint8_t* next, size_t rb, const float* x,
+                                                                   int64_t ldx, int64_t k0, int64_t k1,
+                                                                   __m512 (&acc)[MR][4], bool pairs, bool round) {
   constexpr int64_t kHalve = Chunk<DT, SD>::kHalve;
   prefetch_next<MR, NR, kQuad>(next, rb, k0 / kHalve, k1 / kHalve);
   if constexpr (kFast && Chunk<DT, SD>::kPairs && MR <= 2) {  // (more rows of x would not fit the registers)
     if (pairs && (k1 - k0) % 32 == 0) {  // (k0 a multiple of 32 too: 32 code bytes never straddle a quad chunk)
       for (int64_t k = k0; k < k1; k += 32) {
         __m512 x0[MR], x1[MR];
-        for (int r = 0; r < MR; ++r) x0[r] = _mm512_loadu_ps(x + r * ldx + k), x1[r] = _mm512_loadu_ps(x + r * ldx + k + 16);
+        for (int r = 0; r < MR; ++r)
+          x0[r] = _mm512_loadu_ps(x + r * ldx + k), x1[r] = _mm512_loadu_ps(x + r * ldx + k + 16);
         for (int c = 0; c < NR; ++c) {
           __m512 lo, hi;
           ch[c].at32(rows[c](k), lo, hi);
@@ -398,9 +397,9 @@ GLM5_AVX512 __attribute__((always_inline)) inline void fused_group(const Chunk<D
 // Zen 4). The columns, lanes and FMA order are those of fused_group.
 template <int MR, int NR, DType SD>
 GLM5_AVX512 __attribute__((always_inline)) inline void fused_group_nib(const Chunk<DType::Q4, SD>* ch,
-                                                                      const RowBytes<true>* rows, const uint8_t* next,
-                                                                      size_t rb, const float* x, int64_t ldx,
-                                                                      int64_t k0, int64_t k1, __m512 (&acc)[MR][4]) {
+                                                                       const RowBytes<true>* rows, const uint8_t* next,
+                                                                       size_t rb, const float* x, int64_t ldx,
+                                                                       int64_t k0, int64_t k1, __m512 (&acc)[MR][4]) {
   prefetch_next<MR, NR, true>(next, rb, k0 / 2, k1 / 2);
   for (int64_t k = k0; k < k1; k += quant::kNibbleBlock) {
     __m512i d[NR];
@@ -421,7 +420,8 @@ GLM5_AVX512 __attribute__((always_inline)) inline void fused_group_nib(const Chu
 // than once per group and row (an int4 group is only 64 bytes of a row). BF16 16 at a time.
 constexpr int64_t kScaleBlock = 32;
 template <DType DT, DType SD, int NR>
-GLM5_AVX512 bool block_scales(const void* scale, const int64_t* srow, int64_t gb, int ng, float (&sc)[NR][kScaleBlock]) {
+GLM5_AVX512 bool block_scales(const void* scale, const int64_t* srow, int64_t gb, int ng,
+                              float (&sc)[NR][kScaleBlock]) {
   if constexpr (SD == DType::BF16 && DT != DType::F8_E4M3) {
     __mmask16 ok = 0xffff;
     for (int c = 0; c < NR; ++c)
@@ -479,10 +479,13 @@ GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_
           if (round) ch[c].t = round_to_avx512(DType::BF16, ch[c].t);
       }
       const int64_t g0 = (gb + gi) * w.group, g1 = std::min(w.cols, g0 + w.group);  // FP8's last block may be partial
-      if constexpr (DT == DType::Q4 && kQuad) fused_group_nib<MR, NR>(ch, rows, next, rb, x, ldx, g0, g1, acc);
-      else if (fast) fused_group<MR, NR, true, kQuad>(ch, rows, next, rb, x, ldx, g0, g1, acc, seq == Q8Sequence::kPairs,
-                                                      round && DT != DType::Q4);
-      else fused_group<MR, NR, false, kQuad>(ch, rows, next, rb, x, ldx, g0, g1, acc, false, round && DT != DType::Q4);
+      if constexpr (DT == DType::Q4 && kQuad)
+        fused_group_nib<MR, NR>(ch, rows, next, rb, x, ldx, g0, g1, acc);
+      else if (fast)
+        fused_group<MR, NR, true, kQuad>(ch, rows, next, rb, x, ldx, g0, g1, acc, seq == Q8Sequence::kPairs,
+                                         round && DT != DType::Q4);
+      else
+        fused_group<MR, NR, false, kQuad>(ch, rows, next, rb, x, ldx, g0, g1, acc, false, round && DT != DType::Q4);
     }
   }
   for (int r = 0; r < MR; ++r)
@@ -496,10 +499,18 @@ GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_
 template <int MR, DType DT, DType SD, bool kQuad>
 GLM5_AVX512 void fused_tile_nr(const GemmParams& p, int64_t j, int nr, bool round) {
   switch (nr) {
-    case 4: fused_tile<MR, 4, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round); break;
-    case 3: fused_tile<MR, 3, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round); break;
-    case 2: fused_tile<MR, 2, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round); break;
-    default: fused_tile<MR, 1, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round); break;
+    case 4:
+      fused_tile<MR, 4, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round);
+      break;
+    case 3:
+      fused_tile<MR, 3, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round);
+      break;
+    case 2:
+      fused_tile<MR, 2, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round);
+      break;
+    default:
+      fused_tile<MR, 1, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round);
+      break;
   }
 }
 
@@ -509,10 +520,18 @@ GLM5_AVX512 void fused_rows(const GemmParams& p, int64_t j0, int64_t j1, bool ro
   for (int64_t j = j0; j < j1; j += 4) {
     const int nr = int(std::min<int64_t>(4, j1 - j));
     switch (p.m) {
-      case 1: fused_tile_nr<1, DT, SD, kQuad>(p, j, nr, round); break;
-      case 2: fused_tile_nr<2, DT, SD, kQuad>(p, j, nr, round); break;
-      case 3: fused_tile_nr<3, DT, SD, kQuad>(p, j, nr, round); break;
-      default: fused_tile_nr<4, DT, SD, kQuad>(p, j, nr, round); break;
+      case 1:
+        fused_tile_nr<1, DT, SD, kQuad>(p, j, nr, round);
+        break;
+      case 2:
+        fused_tile_nr<2, DT, SD, kQuad>(p, j, nr, round);
+        break;
+      case 3:
+        fused_tile_nr<3, DT, SD, kQuad>(p, j, nr, round);
+        break;
+      default:
+        fused_tile_nr<4, DT, SD, kQuad>(p, j, nr, round);
+        break;
     }
   }
 }
@@ -560,8 +579,9 @@ void decide_q8_sequence() {
   if (v == "pairs" || v == "split" || v == "bits") {
     if (v == "pairs" && !pairs_built)
       std::fprintf(stderr, "glm5: GLM5_CPU_Q8_BF16=pairs needs a build for AVX512-BF16 + VBMI: split instead\n");
-    g_q8_sequence.store(int(v == "bits" ? Q8Sequence::kBits : v == "split" || !pairs_built ? Q8Sequence::kSplit
-                                                                                          : Q8Sequence::kPairs));
+    g_q8_sequence.store(int(v == "bits"                    ? Q8Sequence::kBits
+                            : v == "split" || !pairs_built ? Q8Sequence::kSplit
+                                                           : Q8Sequence::kPairs));
     return;
   }
   if (!v.empty() && v != "auto")
@@ -622,9 +642,12 @@ std::string q8_bf16_sequence() {
 #if defined(__AVX512F__)
   decide_q8_sequence();
   switch (q8_sequence()) {
-    case Q8Sequence::kPairs: return "pairs";
-    case Q8Sequence::kSplit: return "split";
-    case Q8Sequence::kBits: return "bits";
+    case Q8Sequence::kPairs:
+      return "pairs";
+    case Q8Sequence::kSplit:
+      return "split";
+    case Q8Sequence::kBits:
+      return "bits";
   }
 #endif
   return "none";

@@ -23,8 +23,8 @@ void check_weight_dtype(const char* op, const Weight& w) {
   CHECK(weight_dtype_ok(w.dtype), op, ": weight dtype ", dtype_name(w.dtype),
         " is not supported by the CPU backends (expected BF16, F16, F32, F8_E4M3 or pack-quantized int4/int8)");
   if (!quant::is_quantized(w.dtype)) return;
-  CHECK(w.scale && w.group > 0 && w.scale_block_rows > 0 && w.scale_ld >= (w.cols + w.group - 1) / w.group,
-        op, ": ", dtype_name(w.dtype), " weight [", w.rows, ", ", w.cols, "] without valid scales (group ", w.group,
+  CHECK(w.scale && w.group > 0 && w.scale_block_rows > 0 && w.scale_ld >= (w.cols + w.group - 1) / w.group, op, ": ",
+        dtype_name(w.dtype), " weight [", w.rows, ", ", w.cols, "] without valid scales (group ", w.group,
         ", scale_ld ", w.scale_ld, ")");
   CHECK(w.dtype != DType::Q4 || w.ld % 2 == 0, op, ": int4 weight ld ", w.ld, " is odd");
 }
@@ -46,8 +46,8 @@ float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 // Softmax over `score` followed by out[0:dv] = sum_t w[t] * value(t), t in list order.
 // An empty list gives zeros.
 template <class ValueAt>
-void softmax_weighted_sum(const std::vector<float>& score, const std::vector<int32_t>& keys,
-                          ValueAt value, int64_t dv, float* out) {
+void softmax_weighted_sum(const std::vector<float>& score, const std::vector<int32_t>& keys, ValueAt value, int64_t dv,
+                          float* out) {
   for (int64_t d = 0; d < dv; ++d) out[d] = 0.0f;
   if (keys.empty()) return;
   float mx = kNegInf;
@@ -71,13 +71,12 @@ void softmax_weighted_sum(const std::vector<float>& score, const std::vector<int
 // Parameter checks.
 
 void validate(const GemmParams& p) {
-  CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0, "gemm: negative size m = ", p.m, ", n = ", p.n,
-        ", k = ", p.k);
+  CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0, "gemm: negative size m = ", p.m, ", n = ", p.n, ", k = ", p.k);
   check_weight_dtype("gemm", p.w);
   int64_t want_rows = p.trans_w ? p.k : p.n, want_cols = p.trans_w ? p.n : p.k;
-  CHECK(p.w.rows == want_rows && p.w.cols == want_cols, "gemm: weight is [", p.w.rows, ", ",
-        p.w.cols, "] but m = ", p.m, ", n = ", p.n, ", k = ", p.k, ", trans_w = ", p.trans_w,
-        " need [", want_rows, ", ", want_cols, "]");
+  CHECK(p.w.rows == want_rows && p.w.cols == want_cols, "gemm: weight is [", p.w.rows, ", ", p.w.cols,
+        "] but m = ", p.m, ", n = ", p.n, ", k = ", p.k, ", trans_w = ", p.trans_w, " need [", want_rows, ", ",
+        want_cols, "]");
   CHECK(p.w.ld >= p.w.cols, "gemm: weight ld ", p.w.ld, " < cols ", p.w.cols);
   if (p.w.layout == WeightLayout::kQuad16)
     CHECK(!p.trans_w && !quant::is_quantized(p.w.dtype) && p.w.ld % 16 == 0, "gemm: an interleaved (kQuad16) ",
@@ -118,10 +117,9 @@ void validate(const LayerNormParams& p) {
 }
 
 void validate(const RopeParams& p) {
-  CHECK(p.rope_dim > 0 && p.rope_dim % 2 == 0, "rope: rope_dim must be even and > 0, found ",
-        p.rope_dim);
-  CHECK(p.m >= 0 && p.n_heads >= 0 && p.offset >= 0, "rope: negative m = ", p.m,
-        ", n_heads = ", p.n_heads, " or offset = ", p.offset);
+  CHECK(p.rope_dim > 0 && p.rope_dim % 2 == 0, "rope: rope_dim must be even and > 0, found ", p.rope_dim);
+  CHECK(p.m >= 0 && p.n_heads >= 0 && p.offset >= 0, "rope: negative m = ", p.m, ", n_heads = ", p.n_heads,
+        " or offset = ", p.offset);
   CHECK(p.m == 0 || p.n_heads == 0 || (p.x && p.positions && p.inv_freq), "rope: null pointer");
 }
 
@@ -130,30 +128,26 @@ void validate(const IndexerScoresParams& p) {
         "indexer_scores: need s, t >= 0 and n_heads, head_dim > 0, found s = ", p.s, ", t = ", p.t,
         ", n_heads = ", p.n_heads, ", head_dim = ", p.head_dim);
   CHECK(p.ld_scores >= p.t, "indexer_scores: ld_scores ", p.ld_scores, " < t ", p.t);
-  CHECK(p.s == 0 || (p.q && p.weights && p.q_pos && p.scores && (p.t == 0 || p.k)),
-        "indexer_scores: null pointer");
+  CHECK(p.s == 0 || (p.q && p.weights && p.q_pos && p.scores && (p.t == 0 || p.k)), "indexer_scores: null pointer");
   CHECK(!p.pages.tiled || p.pages.block_size > 0, "indexer_scores: tiled keys need block_size > 0");
 }
 
 void validate(const TopkParams& p) {
-  CHECK(p.rows >= 0 && p.cols >= 0 && p.k >= 0, "topk: negative rows = ", p.rows, ", cols = ",
-        p.cols, " or k = ", p.k);
+  CHECK(p.rows >= 0 && p.cols >= 0 && p.k >= 0, "topk: negative rows = ", p.rows, ", cols = ", p.cols, " or k = ", p.k);
   CHECK(p.ld >= p.cols, "topk: ld ", p.ld, " < cols ", p.cols);
   CHECK(p.rows == 0 || p.k == 0 || (p.indices && (p.cols == 0 || p.scores)), "topk: null pointer");
 }
 
 void validate(const MlaPrefillParams& p) {
-  CHECK(p.s >= 0 && p.t >= 0 && p.n_heads > 0 && p.qk_nope_head_dim >= 0 &&
-            p.qk_rope_head_dim >= 0 && p.v_head_dim > 0,
+  CHECK(p.s >= 0 && p.t >= 0 && p.n_heads > 0 && p.qk_nope_head_dim >= 0 && p.qk_rope_head_dim >= 0 && p.v_head_dim > 0,
         "mla_prefill: bad sizes s = ", p.s, ", t = ", p.t, ", n_heads = ", p.n_heads,
         ", qk_nope_head_dim = ", p.qk_nope_head_dim, ", qk_rope_head_dim = ", p.qk_rope_head_dim,
         ", v_head_dim = ", p.v_head_dim);
-  CHECK(p.qk_rope_head_dim == 0 || p.ld_k_pe >= p.qk_rope_head_dim, "mla_prefill: ld_k_pe ",
-        p.ld_k_pe, " < qk_rope_head_dim ", p.qk_rope_head_dim);
+  CHECK(p.qk_rope_head_dim == 0 || p.ld_k_pe >= p.qk_rope_head_dim, "mla_prefill: ld_k_pe ", p.ld_k_pe,
+        " < qk_rope_head_dim ", p.qk_rope_head_dim);
   CHECK(!p.topk || p.topk_len >= 0, "mla_prefill: topk_len ", p.topk_len, " < 0");
   CHECK(p.s == 0 || (p.q && p.q_pos && p.out), "mla_prefill: null pointer");
-  CHECK(p.s == 0 || p.t == 0 || (p.kv && (p.qk_rope_head_dim == 0 || p.k_pe)),
-        "mla_prefill: null kv or k_pe");
+  CHECK(p.s == 0 || p.t == 0 || (p.kv && (p.qk_rope_head_dim == 0 || p.k_pe)), "mla_prefill: null kv or k_pe");
 }
 
 void validate(const MlaDecodeParams& p) {
@@ -174,15 +168,14 @@ void validate(const RouterParams& p) {
   CHECK(p.topk_group >= 1 && p.topk_group <= p.n_group, "router: topk_group ", p.topk_group,
         " not in [1, n_group = ", p.n_group, "]");
   int64_t selectable = p.n_group > 1 ? p.topk_group * (p.n_experts / p.n_group) : p.n_experts;
-  CHECK(p.top_k >= 1 && p.top_k <= selectable, "router: top_k ", p.top_k, " not in [1, ",
-        selectable, "] (experts in the kept groups)");
+  CHECK(p.top_k >= 1 && p.top_k <= selectable, "router: top_k ", p.top_k, " not in [1, ", selectable,
+        "] (experts in the kept groups)");
   CHECK(p.m == 0 || (p.logits && p.expert_ids && p.expert_weights), "router: null pointer");
 }
 
 void validate(const SwigluParams& p) {
   CHECK(p.m >= 0 && p.n >= 0, "swiglu: negative m = ", p.m, " or n = ", p.n);
-  CHECK(p.ld_in >= p.n && p.ld_out >= p.n, "swiglu: ld_in ", p.ld_in, " / ld_out ", p.ld_out,
-        " < n ", p.n);
+  CHECK(p.ld_in >= p.n && p.ld_out >= p.n, "swiglu: ld_in ", p.ld_in, " / ld_out ", p.ld_out, " < n ", p.n);
   CHECK(p.m == 0 || p.n == 0 || (p.gate && p.up && p.out), "swiglu: null pointer");
 }
 
@@ -204,21 +197,19 @@ void validate(const GatherRowsParams& p) {
 }
 
 void validate(const MoeCombineParams& p) {
-  CHECK(p.m >= 0 && p.top_k >= 0 && p.d >= 0, "moe_combine: negative m = ", p.m, ", top_k = ",
-        p.top_k, " or d = ", p.d);
-  CHECK(p.m == 0 || p.d == 0 || (p.out && (p.top_k == 0 || (p.slots && p.weights))),
-        "moe_combine: null pointer");
+  CHECK(p.m >= 0 && p.top_k >= 0 && p.d >= 0, "moe_combine: negative m = ", p.m, ", top_k = ", p.top_k,
+        " or d = ", p.d);
+  CHECK(p.m == 0 || p.d == 0 || (p.out && (p.top_k == 0 || (p.slots && p.weights))), "moe_combine: null pointer");
   if (!p.slots) return;
   for (int64_t i = 0; i < p.m * p.top_k; ++i)
-    CHECK(p.slots[i] >= -1, "moe_combine: slot ", p.slots[i], " (row ", i / p.top_k, ", j ",
-          i % p.top_k, ") < -1");
+    CHECK(p.slots[i] >= -1, "moe_combine: slot ", p.slots[i], " (row ", i / p.top_k, ", j ", i % p.top_k, ") < -1");
   CHECK(p.m * p.top_k == 0 || p.d == 0 || p.expert_out, "moe_combine: expert_out is null");
 }
 
 void validate(const Copy2dParams& p) {
   CHECK(p.rows >= 0 && p.cols >= 0, "copy_2d: negative rows = ", p.rows, " or cols = ", p.cols);
-  CHECK(p.ld_src >= p.cols && p.ld_dst >= p.cols, "copy_2d: ld_src ", p.ld_src, " / ld_dst ",
-        p.ld_dst, " < cols ", p.cols);
+  CHECK(p.ld_src >= p.cols && p.ld_dst >= p.cols, "copy_2d: ld_src ", p.ld_src, " / ld_dst ", p.ld_dst, " < cols ",
+        p.cols);
   CHECK(p.rows == 0 || p.cols == 0 || (p.src && p.dst), "copy_2d: null pointer");
   for (DType t : {p.src_dtype, p.dst_dtype})
     CHECK(t == DType::F32 || t == DType::BF16, "copy_2d: elements must be F32 or BF16, found ", dtype_name(t));
@@ -229,8 +220,8 @@ void validate(const PagedWriteParams& p) {
         ", ld_src = ", p.ld_src);
   CHECK(p.n == 0 || p.width == 0 || (p.src && p.pos && p.pool && p.pages.block_table && p.pages.block_size > 0),
         "paged_write: null pointer or no block table");
-  CHECK(p.pages.dtype == DType::F32 || p.pages.dtype == DType::BF16, "paged_write: pool elements must be F32 or BF16, found ",
-        dtype_name(p.pages.dtype));
+  CHECK(p.pages.dtype == DType::F32 || p.pages.dtype == DType::BF16,
+        "paged_write: pool elements must be F32 or BF16, found ", dtype_name(p.pages.dtype));
 }
 
 void validate(const AddParams& p) {
@@ -238,8 +229,7 @@ void validate(const AddParams& p) {
   CHECK(p.n == 0 || (p.x && p.y), "add: null pointer");
 }
 
-void allowed_keys(int64_t t_count, int32_t q_pos, const int32_t* topk, int64_t topk_len,
-                  std::vector<int32_t>& out) {
+void allowed_keys(int64_t t_count, int32_t q_pos, const int32_t* topk, int64_t topk_len, std::vector<int32_t>& out) {
   out.clear();
   int64_t last = std::min<int64_t>(q_pos, t_count - 1);  // causal: t <= q_pos
   if (!topk) {
@@ -250,8 +240,7 @@ void allowed_keys(int64_t t_count, int32_t q_pos, const int32_t* topk, int64_t t
   for (int64_t j = 0; j < topk_len; ++j) {
     int32_t t = topk[j];
     if (t == -1) continue;
-    CHECK(t >= 0 && t < t_count, "mla: topk entry ", t, " (column ", j, ") outside [-1, ",
-          t_count, ")");
+    CHECK(t >= 0 && t < t_count, "mla: topk entry ", t, " (column ", j, ") outside [-1, ", t_count, ")");
     if (t <= last) keep[size_t(t)] = 1;
   }
   for (int64_t t = 0; t < t_count; ++t)
@@ -378,8 +367,7 @@ void mla_prefill(const MlaPrefillParams& p) {
         score[i] = p.scale * (nope + pe);
       }
       auto value = [&](int32_t t) { return p.kv + (t * p.n_heads + h) * dkv + p.qk_nope_head_dim; };
-      softmax_weighted_sum(score, keys, value, p.v_head_dim,
-                           p.out + (s * p.n_heads + h) * p.v_head_dim);
+      softmax_weighted_sum(score, keys, value, p.v_head_dim, p.out + (s * p.n_heads + h) * p.v_head_dim);
     }
   }
 }
@@ -405,12 +393,12 @@ void mla_decode(const MlaDecodeParams& p) {
       std::vector<float> rows(keys.size() * size_t(p.kv_lora_rank));
       for (size_t i = 0; i < keys.size(); ++i)
         for (int64_t d = 0; d < p.kv_lora_rank; ++d)
-          rows[i * size_t(p.kv_lora_rank) + size_t(d)] = cache_at(p.pages.dtype, p.cache, p.pages.row(s, keys[i]) * dk + d);
+          rows[i * size_t(p.kv_lora_rank) + size_t(d)] =
+              cache_at(p.pages.dtype, p.cache, p.pages.row(s, keys[i]) * dk + d);
       std::vector<int32_t> local(keys.size());
       for (size_t i = 0; i < local.size(); ++i) local[i] = int32_t(i);
       auto value = [&](int32_t i) { return rows.data() + size_t(i) * size_t(p.kv_lora_rank); };
-      softmax_weighted_sum(score, local, value, p.kv_lora_rank,
-                           p.out_lat + (s * p.n_heads + h) * p.kv_lora_rank);
+      softmax_weighted_sum(score, local, value, p.kv_lora_rank, p.out_lat + (s * p.n_heads + h) * p.kv_lora_rank);
     }
   }
 }
@@ -496,8 +484,10 @@ void copy_2d(const Copy2dParams& p) {
   for (int64_t i = 0; i < p.rows; ++i)
     for (int64_t j = 0; j < p.cols; ++j) {
       const float v = cache_at(p.src_dtype, p.src, i * p.ld_src + j);
-      if (p.dst_dtype == DType::BF16) static_cast<uint16_t*>(p.dst)[i * p.ld_dst + j] = f32_to_bf16(v);
-      else static_cast<float*>(p.dst)[i * p.ld_dst + j] = v;
+      if (p.dst_dtype == DType::BF16)
+        static_cast<uint16_t*>(p.dst)[i * p.ld_dst + j] = f32_to_bf16(v);
+      else
+        static_cast<float*>(p.dst)[i * p.ld_dst + j] = v;
     }
 }
 
@@ -506,8 +496,10 @@ void paged_write(const PagedWriteParams& p) {
     for (int64_t j = 0; j < p.width; ++j) {
       const float v = p.src[i * p.ld_src + j];
       const int64_t e = p.pages.at(i, p.pos[i], j, p.width);
-      if (p.pages.dtype == DType::BF16) static_cast<uint16_t*>(p.pool)[e] = f32_to_bf16(v);
-      else static_cast<float*>(p.pool)[e] = v;
+      if (p.pages.dtype == DType::BF16)
+        static_cast<uint16_t*>(p.pool)[e] = f32_to_bf16(v);
+      else
+        static_cast<float*>(p.pool)[e] = v;
     }
   }
 }
@@ -529,10 +521,22 @@ class ReferenceBackend final : public HostBackend {
   explicit ReferenceBackend(Precision precision) : precision_(precision) {}
   std::string name() const override { return "reference"; }
   Precision precision() const override { return precision_; }
-  void gemm(const GemmParams& p) override { validate(p); ref::gemm(p, precision_); }
-  void rms_norm(const RmsNormParams& p) override { validate(p); ref::rms_norm(p); }
-  void layer_norm(const LayerNormParams& p) override { validate(p); ref::layer_norm(p); }
-  void rope(const RopeParams& p) override { validate(p); ref::rope(p); }
+  void gemm(const GemmParams& p) override {
+    validate(p);
+    ref::gemm(p, precision_);
+  }
+  void rms_norm(const RmsNormParams& p) override {
+    validate(p);
+    ref::rms_norm(p);
+  }
+  void layer_norm(const LayerNormParams& p) override {
+    validate(p);
+    ref::layer_norm(p);
+  }
+  void rope(const RopeParams& p) override {
+    validate(p);
+    ref::rope(p);
+  }
   // Precision::kFast rounds the attention-side inputs too (ops.h Precision): queries, prefill's
   // expanded keys and values, and (paged_write) what the caches hold.
   void indexer_scores(const IndexerScoresParams& p) override {
@@ -543,7 +547,10 @@ class ReferenceBackend final : public HostBackend {
     r.q = q.data();
     ref::indexer_scores(r);
   }
-  void topk(const TopkParams& p) override { validate(p); ref::topk(p); }
+  void topk(const TopkParams& p) override {
+    validate(p);
+    ref::topk(p);
+  }
   void mla_prefill(const MlaPrefillParams& p) override {
     validate(p);
     if (precision_ != Precision::kFast) return ref::mla_prefill(p);
@@ -564,13 +571,34 @@ class ReferenceBackend final : public HostBackend {
     r.q_lat = q.data();
     ref::mla_decode(r);
   }
-  void router(const RouterParams& p) override { validate(p); ref::router(p); }
-  void swiglu(const SwigluParams& p) override { validate(p); ref::swiglu(p); }
-  void embedding(const EmbeddingParams& p) override { validate(p); ref::embedding(p); }
-  void gather_rows(const GatherRowsParams& p) override { validate(p); ref::gather_rows(p); }
-  void moe_combine(const MoeCombineParams& p) override { validate(p); ref::moe_combine(p); }
-  void add(const AddParams& p) override { validate(p); ref::add(p); }
-  void copy_2d(const Copy2dParams& p) override { validate(p); ref::copy_2d(p); }
+  void router(const RouterParams& p) override {
+    validate(p);
+    ref::router(p);
+  }
+  void swiglu(const SwigluParams& p) override {
+    validate(p);
+    ref::swiglu(p);
+  }
+  void embedding(const EmbeddingParams& p) override {
+    validate(p);
+    ref::embedding(p);
+  }
+  void gather_rows(const GatherRowsParams& p) override {
+    validate(p);
+    ref::gather_rows(p);
+  }
+  void moe_combine(const MoeCombineParams& p) override {
+    validate(p);
+    ref::moe_combine(p);
+  }
+  void add(const AddParams& p) override {
+    validate(p);
+    ref::add(p);
+  }
+  void copy_2d(const Copy2dParams& p) override {
+    validate(p);
+    ref::copy_2d(p);
+  }
   void paged_write(const PagedWriteParams& p) override {
     validate(p);
     if (precision_ != Precision::kFast || p.pages.dtype != DType::F32) return ref::paged_write(p);

@@ -42,8 +42,7 @@ inline float cache_at(DType t, const void* base, int64_t i) {
 // The keys that query row s may attend to (ops.h, MlaPrefillParams): t < t_count, t <= q_pos and,
 // when topk is given, t in topk[0:topk_len] (-1 ignored). Ascending, no duplicates.
 // Throws when a topk entry is outside [-1, t_count).
-void allowed_keys(int64_t t_count, int32_t q_pos, const int32_t* topk, int64_t topk_len,
-                  std::vector<int32_t>& out);
+void allowed_keys(int64_t t_count, int32_t q_pos, const int32_t* topk, int64_t topk_len, std::vector<int32_t>& out);
 
 // Reference implementations (unchecked: callers run validate() first). Row-wise ops may be
 // called on a sub-range of rows by offsetting the pointers and reducing m.

@@ -31,13 +31,9 @@ inline vf zero() { return _mm512_setzero_ps(); }
 inline vf splat(float v) { return _mm512_set1_ps(v); }
 inline vf load(const float* p) { return _mm512_loadu_ps(p); }
 // The first n (0..16) elements, zeros in the other lanes; reads nothing past p + n.
-inline vf load_n(const float* p, int n) {
-  return _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1u), p);
-}
+inline vf load_n(const float* p, int n) { return _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1u), p); }
 inline void store(float* p, vf v) { _mm512_storeu_ps(p, v); }
-inline void store_n(float* p, vf v, int n) {
-  _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1u), v);
-}
+inline void store_n(float* p, vf v, int n) { _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1u), v); }
 inline vf fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 // Keeps v in a register: stops the compiler from re-reading a reused operand from memory in
 // every FMA (which makes register tiles load-bound).
@@ -49,8 +45,7 @@ inline vf mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 inline vf add(vf a, vf b) { return _mm512_add_ps(a, b); }
 // Fixed pairwise tree: lanes (0..7)+(8..15), then halves again, down to one value.
 inline float reduce(vf v) {
-  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
-                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
   __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
   __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
@@ -76,8 +71,12 @@ inline void reduce_store_4x4(const vf (&v)[4][4], int mr, int nr, float* y, int6
     return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xdd));
   };
   // level 3: per 128-bit lane, elements (0, 1) + (2, 3); level 4: elements 0 + 1
-  const auto l3 = [](vf a, vf b) { return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xee)); };
-  const auto l4 = [](vf a, vf b) { return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd)); };
+  const auto l3 = [](vf a, vf b) {
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xee));
+  };
+  const auto l4 = [](vf a, vf b) {
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd));
+  };
   const auto src = [&](int s) { return v[s % 4][s / 4]; };
   vf w[8], z[4];
   for (int j = 0; j < 8; ++j) w[j] = l1(src(2 * j), src(2 * j + 1));
@@ -166,7 +165,11 @@ typedef float vf __attribute__((vector_size(64)));
 typedef uint32_t vu __attribute__((vector_size(64)));
 inline vf zero() { return vf{}; }
 inline vf splat(float v) { return vf{} + v; }
-inline vf load(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
 inline vf load_n(const float* p, int n) {
   vf v{};
   std::memcpy(&v, p, size_t(n) * 4);

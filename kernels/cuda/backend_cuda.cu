@@ -21,8 +21,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -107,8 +107,8 @@ bool env_is_first_of(const char* name, const char* first, const char* second) {
   const char* v = std::getenv(name);
   if (!v || !*v) return true;
   const std::string s = v;
-  CHECK(s == first || s == second, "environment variable ", name, ": expected '", first, "' or '", second,
-        "', found '", s, "'");
+  CHECK(s == first || s == second, "environment variable ", name, ": expected '", first, "' or '", second, "', found '",
+        s, "'");
   return s == first;
 }
 
@@ -139,8 +139,7 @@ long long positive_from_env(const char* name, long long fallback) {
   } catch (const std::exception&) {
     used = 0;
   }
-  CHECK(used == s.size() && n > 0, "environment variable ", name, ": expected a positive integer, found '", s,
-        "'");
+  CHECK(used == s.size() && n > 0, "environment variable ", name, ": expected a positive integer, found '", s, "'");
   return n;
 }
 
@@ -173,8 +172,7 @@ bool attention_log_from_env() {
 enum class QuantGemmMode { kFused, kDequant };
 
 QuantGemmMode quant_gemm_mode_from_env() {
-  return env_is_first_of("GLM5_CUDA_QUANT_GEMM", "fused", "dequant") ? QuantGemmMode::kFused
-                                                                      : QuantGemmMode::kDequant;
+  return env_is_first_of("GLM5_CUDA_QUANT_GEMM", "fused", "dequant") ? QuantGemmMode::kFused : QuantGemmMode::kDequant;
 }
 
 // Upper bound on the scratch of dequantized weight rows (GLM5_CUDA_QUANT_GEMM=dequant, trans_w):
@@ -188,19 +186,17 @@ size_t dequant_scratch_from_env() {
 void check_quant_weight(const Weight& w) {
   const std::string_view dt = dtype_name(w.dtype);
   CHECK(w.group > 0 && w.scale_block_rows > 0, "cuda gemm: ", dt, " weight [", w.rows, ", ", w.cols,
-        "] needs group > 0 and scale_block_rows > 0, found group ", w.group, ", scale_block_rows ",
-        w.scale_block_rows);
-  CHECK(w.scale_ld >= (w.cols + w.group - 1) / w.group, "cuda gemm: ", dt, " weight [", w.rows, ", ",
-        w.cols, "] with group ", w.group, " needs scale_ld >= ", (w.cols + w.group - 1) / w.group,
-        ", found ", w.scale_ld);
+        "] needs group > 0 and scale_block_rows > 0, found group ", w.group, ", scale_block_rows ", w.scale_block_rows);
+  CHECK(w.scale_ld >= (w.cols + w.group - 1) / w.group, "cuda gemm: ", dt, " weight [", w.rows, ", ", w.cols,
+        "] with group ", w.group, " needs scale_ld >= ", (w.cols + w.group - 1) / w.group, ", found ", w.scale_ld);
   if (w.dtype == DType::F8_E4M3) {
     CHECK(w.scale_dtype == DType::F32, "cuda gemm: F8_E4M3 weight scales must be F32, found ",
           dtype_name(w.scale_dtype));
   } else {
-    CHECK(w.scale_dtype == DType::BF16 || w.scale_dtype == DType::F16 || w.scale_dtype == DType::F32,
-          "cuda gemm: ", dt, " weight scales must be BF16, F16 or F32, found ", dtype_name(w.scale_dtype));
-    CHECK(w.scale_block_rows == 1, "cuda gemm: ", dt, " weight has one scale row per weight row; found scale_block_rows ",
-          w.scale_block_rows);
+    CHECK(w.scale_dtype == DType::BF16 || w.scale_dtype == DType::F16 || w.scale_dtype == DType::F32, "cuda gemm: ", dt,
+          " weight scales must be BF16, F16 or F32, found ", dtype_name(w.scale_dtype));
+    CHECK(w.scale_block_rows == 1, "cuda gemm: ", dt,
+          " weight has one scale row per weight row; found scale_block_rows ", w.scale_block_rows);
     CHECK(w.dtype != DType::Q4 || w.ld % 2 == 0, "cuda gemm: ", dt, " weight ld ", w.ld,
           " is odd (two elements per byte, rows start on a byte)");
   }
@@ -314,9 +310,8 @@ class CudaBackend final : public Backend {
       cudaGetLastError();
       cudaDeviceProp prop;
       CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-      GLM5_FAIL("backend cuda: this build has no kernels for device ", device, " (", prop.name,
-                ", compute capability ", prop.major, ".", prop.minor,
-                "): ", cudaGetErrorString(probe),
+      GLM5_FAIL("backend cuda: this build has no kernels for device ", device, " (", prop.name, ", compute capability ",
+                prop.major, ".", prop.minor, "): ", cudaGetErrorString(probe),
                 "; configure with -DCMAKE_CUDA_ARCHITECTURES=", prop.major, prop.minor);
     }
     gemm_terms_ = gemm_terms_from_env(precision);
@@ -455,47 +450,42 @@ class CudaBackend final : public Backend {
   // (the reference backend rejects such input before running; a device only sees it here).
   void synchronize() override {
     DeviceScope ds(device_);
-    CUDA_CHECK(cudaMemcpyAsync(error_host_, error_word_, 4 * sizeof(int), cudaMemcpyDeviceToHost,
-                               stream_));
+    CUDA_CHECK(cudaMemcpyAsync(error_host_, error_word_, 4 * sizeof(int), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (error_host_[0] == cuda::kDeviceOk) return;
-    const int code = error_host_[0], value = error_host_[1], row = error_host_[2],
-              bound = error_host_[3];
+    const int code = error_host_[0], value = error_host_[1], row = error_host_[2], bound = error_host_[3];
     CUDA_CHECK(cudaMemset(error_word_, 0, 4 * sizeof(int)));
     error_host_[0] = 0;
     switch (code) {
       case cuda::kEmbeddingIdOutOfRange:
-        GLM5_FAIL("cuda embedding: token id ", value, " (row ", row, ") outside the table's [0, ",
-                  bound, ")");
+        GLM5_FAIL("cuda embedding: token id ", value, " (row ", row, ") outside the table's [0, ", bound, ")");
       case cuda::kGatherRowNegative:
         GLM5_FAIL("cuda gather_rows: source row ", value, " (entry ", row, ") < 0");
       case cuda::kMoeSlotInvalid:
         GLM5_FAIL("cuda moe_combine: slot ", value, " (row ", row, ") < -1");
       case cuda::kTopkEntryOutOfRange:
-        GLM5_FAIL("cuda mla: topk entry ", value, " (query row ", row, ") outside [-1, ", bound,
-                  ")");
+        GLM5_FAIL("cuda mla: topk entry ", value, " (query row ", row, ") outside [-1, ", bound, ")");
       default:
         GLM5_FAIL("cuda: a kernel reported unknown error code ", code);
     }
   }
 
   void gemm(const GemmParams& p) override {
-    CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0, "cuda gemm: negative size m = ", p.m, ", n = ", p.n,
-          ", k = ", p.k);
+    CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0, "cuda gemm: negative size m = ", p.m, ", n = ", p.n, ", k = ", p.k);
     const bool quantized = quant::is_quantized(p.w.dtype);
     CHECK(quantized || p.w.dtype == DType::BF16 || p.w.dtype == DType::F16 || p.w.dtype == DType::F32,
           "cuda gemm: weight dtype ", dtype_name(p.w.dtype),
           " is not supported (BF16, F16, F32, F8_E4M3, int4 / int8 pack-quantized)");
     if (quantized) check_quant_weight(p.w);
     const int64_t want_rows = p.trans_w ? p.k : p.n, want_cols = p.trans_w ? p.n : p.k;
-    CHECK(p.w.rows == want_rows && p.w.cols == want_cols, "cuda gemm: weight is [", p.w.rows, ", ",
-          p.w.cols, "] but m = ", p.m, ", n = ", p.n, ", k = ", p.k, ", trans_w = ", p.trans_w,
-          " need [", want_rows, ", ", want_cols, "]");
+    CHECK(p.w.rows == want_rows && p.w.cols == want_cols, "cuda gemm: weight is [", p.w.rows, ", ", p.w.cols,
+          "] but m = ", p.m, ", n = ", p.n, ", k = ", p.k, ", trans_w = ", p.trans_w, " need [", want_rows, ", ",
+          want_cols, "]");
     CHECK(p.w.ld >= p.w.cols, "cuda gemm: weight ld ", p.w.ld, " < cols ", p.w.cols);
     CHECK(p.w.layout == WeightLayout::kRowMajor, "cuda gemm: weights are row-major on this backend (layout ",
           int(p.w.layout), " is the cpu backend's)");
-    CHECK(p.ldx >= p.k && p.ldy >= p.n, "cuda gemm: ldx ", p.ldx, " (k ", p.k, ") or ldy ", p.ldy,
-          " (n ", p.n, ") too small");
+    CHECK(p.ldx >= p.k && p.ldy >= p.n, "cuda gemm: ldx ", p.ldx, " (k ", p.k, ") or ldy ", p.ldy, " (n ", p.n,
+          ") too small");
     if (p.m == 0 || p.n == 0) return;
     CHECK(p.y && (p.k == 0 || (p.x && p.w.data)), "cuda gemm: null x, y or weight data");
     CHECK(!quantized || p.k == 0 || p.w.scale, "cuda gemm: ", dtype_name(p.w.dtype),
@@ -508,10 +498,8 @@ class CudaBackend final : public Backend {
   }
 
   void rms_norm(const RmsNormParams& p) override {
-    CHECK(p.m >= 0 && p.d > 0, "cuda rms_norm: need m >= 0 and d > 0, found m = ", p.m,
-          ", d = ", p.d);
-    CHECK(p.ldx >= p.d && p.ldy >= p.d, "cuda rms_norm: ldx ", p.ldx, " / ldy ", p.ldy, " < d ",
-          p.d);
+    CHECK(p.m >= 0 && p.d > 0, "cuda rms_norm: need m >= 0 and d > 0, found m = ", p.m, ", d = ", p.d);
+    CHECK(p.ldx >= p.d && p.ldy >= p.d, "cuda rms_norm: ldx ", p.ldx, " / ldy ", p.ldy, " < d ", p.d);
     if (p.m == 0) return;
     CHECK(p.x && p.y && p.weight, "cuda rms_norm: null pointer");
     DeviceScope ds(device_);
@@ -519,10 +507,8 @@ class CudaBackend final : public Backend {
   }
 
   void layer_norm(const LayerNormParams& p) override {
-    CHECK(p.m >= 0 && p.d > 0, "cuda layer_norm: need m >= 0 and d > 0, found m = ", p.m,
-          ", d = ", p.d);
-    CHECK(p.ldx >= p.d && p.ldy >= p.d, "cuda layer_norm: ldx ", p.ldx, " / ldy ", p.ldy, " < d ",
-          p.d);
+    CHECK(p.m >= 0 && p.d > 0, "cuda layer_norm: need m >= 0 and d > 0, found m = ", p.m, ", d = ", p.d);
+    CHECK(p.ldx >= p.d && p.ldy >= p.d, "cuda layer_norm: ldx ", p.ldx, " / ldy ", p.ldy, " < d ", p.d);
     if (p.m == 0) return;
     CHECK(p.x && p.y && p.weight && p.bias, "cuda layer_norm: null pointer");
     DeviceScope ds(device_);
@@ -530,10 +516,9 @@ class CudaBackend final : public Backend {
   }
 
   void rope(const RopeParams& p) override {
-    CHECK(p.rope_dim > 0 && p.rope_dim % 2 == 0, "cuda rope: rope_dim must be even and > 0, found ",
-          p.rope_dim);
-    CHECK(p.m >= 0 && p.n_heads >= 0 && p.offset >= 0, "cuda rope: negative m = ", p.m,
-          ", n_heads = ", p.n_heads, " or offset = ", p.offset);
+    CHECK(p.rope_dim > 0 && p.rope_dim % 2 == 0, "cuda rope: rope_dim must be even and > 0, found ", p.rope_dim);
+    CHECK(p.m >= 0 && p.n_heads >= 0 && p.offset >= 0, "cuda rope: negative m = ", p.m, ", n_heads = ", p.n_heads,
+          " or offset = ", p.offset);
     if (p.m == 0 || p.n_heads == 0) return;
     CHECK(p.x && p.positions && p.inv_freq, "cuda rope: null pointer");
     DeviceScope ds(device_);
@@ -542,8 +527,8 @@ class CudaBackend final : public Backend {
 
   void indexer_scores(const IndexerScoresParams& p) override {
     CHECK(p.s >= 0 && p.t >= 0 && p.n_heads > 0 && p.head_dim > 0,
-          "cuda indexer_scores: need s, t >= 0 and n_heads, head_dim > 0, found s = ", p.s,
-          ", t = ", p.t, ", n_heads = ", p.n_heads, ", head_dim = ", p.head_dim);
+          "cuda indexer_scores: need s, t >= 0 and n_heads, head_dim > 0, found s = ", p.s, ", t = ", p.t,
+          ", n_heads = ", p.n_heads, ", head_dim = ", p.head_dim);
     CHECK(p.ld_scores >= p.t, "cuda indexer_scores: ld_scores ", p.ld_scores, " < t ", p.t);
     if (p.s == 0 || p.t == 0) return;
     CHECK(p.q && p.weights && p.q_pos && p.scores && p.k, "cuda indexer_scores: null pointer");
@@ -555,11 +540,11 @@ class CudaBackend final : public Backend {
   }
 
   void topk(const TopkParams& p) override {
-    CHECK(p.rows >= 0 && p.cols >= 0 && p.k >= 0, "cuda topk: negative rows = ", p.rows,
-          ", cols = ", p.cols, " or k = ", p.k);
+    CHECK(p.rows >= 0 && p.cols >= 0 && p.k >= 0, "cuda topk: negative rows = ", p.rows, ", cols = ", p.cols,
+          " or k = ", p.k);
     CHECK(p.ld >= p.cols, "cuda topk: ld ", p.ld, " < cols ", p.cols);
-    CHECK(p.rows < (int64_t(1) << 31) && p.k < (int64_t(1) << 31), "cuda topk: rows = ", p.rows,
-          " or k = ", p.k, " too large for one launch");
+    CHECK(p.rows < (int64_t(1) << 31) && p.k < (int64_t(1) << 31), "cuda topk: rows = ", p.rows, " or k = ", p.k,
+          " too large for one launch");
     if (p.rows == 0 || p.k == 0) return;
     CHECK(p.indices && (p.cols == 0 || p.scores), "cuda topk: null pointer");
     DeviceScope ds(device_);
@@ -575,18 +560,17 @@ class CudaBackend final : public Backend {
   }
 
   void mla_prefill(const MlaPrefillParams& p) override {
-    CHECK(p.s >= 0 && p.t >= 0 && p.n_heads > 0 && p.qk_nope_head_dim >= 0 &&
-              p.qk_rope_head_dim >= 0 && p.v_head_dim > 0,
-          "cuda mla_prefill: bad sizes s = ", p.s, ", t = ", p.t, ", n_heads = ", p.n_heads,
-          ", qk_nope_head_dim = ", p.qk_nope_head_dim, ", qk_rope_head_dim = ", p.qk_rope_head_dim,
-          ", v_head_dim = ", p.v_head_dim);
-    CHECK(p.qk_rope_head_dim == 0 || p.ld_k_pe >= p.qk_rope_head_dim, "cuda mla_prefill: ld_k_pe ",
-          p.ld_k_pe, " < qk_rope_head_dim ", p.qk_rope_head_dim);
+    CHECK(
+        p.s >= 0 && p.t >= 0 && p.n_heads > 0 && p.qk_nope_head_dim >= 0 && p.qk_rope_head_dim >= 0 && p.v_head_dim > 0,
+        "cuda mla_prefill: bad sizes s = ", p.s, ", t = ", p.t, ", n_heads = ", p.n_heads,
+        ", qk_nope_head_dim = ", p.qk_nope_head_dim, ", qk_rope_head_dim = ", p.qk_rope_head_dim,
+        ", v_head_dim = ", p.v_head_dim);
+    CHECK(p.qk_rope_head_dim == 0 || p.ld_k_pe >= p.qk_rope_head_dim, "cuda mla_prefill: ld_k_pe ", p.ld_k_pe,
+          " < qk_rope_head_dim ", p.qk_rope_head_dim);
     CHECK(!p.topk || p.topk_len >= 0, "cuda mla_prefill: topk_len ", p.topk_len, " < 0");
     if (p.s == 0) return;
     CHECK(p.q && p.q_pos && p.out, "cuda mla_prefill: null pointer");
-    CHECK(p.t == 0 || (p.kv && (p.qk_rope_head_dim == 0 || p.k_pe)),
-          "cuda mla_prefill: null kv or k_pe");
+    CHECK(p.t == 0 || (p.kv && (p.qk_rope_head_dim == 0 || p.k_pe)), "cuda mla_prefill: null kv or k_pe");
     DeviceScope ds(device_);
     cuda::launch_mla_prefill(p, key_scratch(p.s, p.topk_len, p.topk), error_word_, stream_);
   }
@@ -618,17 +602,15 @@ class CudaBackend final : public Backend {
   }
 
   void router(const RouterParams& p) override {
-    CHECK(p.m >= 0 && p.n_experts > 0,
-          "cuda router: need m >= 0 and n_experts > 0, found m = ", p.m,
+    CHECK(p.m >= 0 && p.n_experts > 0, "cuda router: need m >= 0 and n_experts > 0, found m = ", p.m,
           ", n_experts = ", p.n_experts);
     CHECK(p.n_group >= 1 && p.n_experts % p.n_group == 0, "cuda router: n_experts ", p.n_experts,
           " is not divisible by n_group ", p.n_group);
     CHECK(p.topk_group >= 1 && p.topk_group <= p.n_group, "cuda router: topk_group ", p.topk_group,
           " not in [1, n_group = ", p.n_group, "]");
-    const int64_t selectable =
-        p.n_group > 1 ? p.topk_group * (p.n_experts / p.n_group) : p.n_experts;
-    CHECK(p.top_k >= 1 && p.top_k <= selectable, "cuda router: top_k ", p.top_k, " not in [1, ",
-          selectable, "] (experts in the kept groups)");
+    const int64_t selectable = p.n_group > 1 ? p.topk_group * (p.n_experts / p.n_group) : p.n_experts;
+    CHECK(p.top_k >= 1 && p.top_k <= selectable, "cuda router: top_k ", p.top_k, " not in [1, ", selectable,
+          "] (experts in the kept groups)");
     CHECK(p.top_k <= 64, "cuda router: top_k ", p.top_k, " > 64 is not supported");
     if (p.m == 0) return;
     CHECK(p.logits && p.expert_ids && p.expert_weights, "cuda router: null pointer");
@@ -638,8 +620,7 @@ class CudaBackend final : public Backend {
 
   void swiglu(const SwigluParams& p) override {
     CHECK(p.m >= 0 && p.n >= 0, "cuda swiglu: negative m = ", p.m, " or n = ", p.n);
-    CHECK(p.ld_in >= p.n && p.ld_out >= p.n, "cuda swiglu: ld_in ", p.ld_in, " / ld_out ", p.ld_out,
-          " < n ", p.n);
+    CHECK(p.ld_in >= p.n && p.ld_out >= p.n, "cuda swiglu: ld_in ", p.ld_in, " / ld_out ", p.ld_out, " < n ", p.n);
     if (p.m == 0 || p.n == 0) return;
     CHECK(p.gate && p.up && p.out, "cuda swiglu: null pointer");
     DeviceScope ds(device_);
@@ -647,13 +628,10 @@ class CudaBackend final : public Backend {
   }
 
   void embedding(const EmbeddingParams& p) override {
-    CHECK(
-        p.table.dtype == DType::BF16 || p.table.dtype == DType::F16 || p.table.dtype == DType::F32,
-        "cuda embedding: table dtype ", dtype_name(p.table.dtype),
-        " is not supported (BF16, F16, F32)");
+    CHECK(p.table.dtype == DType::BF16 || p.table.dtype == DType::F16 || p.table.dtype == DType::F32,
+          "cuda embedding: table dtype ", dtype_name(p.table.dtype), " is not supported (BF16, F16, F32)");
     CHECK(p.m >= 0, "cuda embedding: negative m = ", p.m);
-    CHECK(p.table.ld >= p.table.cols, "cuda embedding: table ld ", p.table.ld, " < cols ",
-          p.table.cols);
+    CHECK(p.table.ld >= p.table.cols, "cuda embedding: table ld ", p.table.ld, " < cols ", p.table.cols);
     if (p.m == 0 || p.table.cols == 0) return;
     CHECK(p.ids && p.out && p.table.data, "cuda embedding: null pointer");
     DeviceScope ds(device_);
@@ -669,11 +647,10 @@ class CudaBackend final : public Backend {
   }
 
   void moe_combine(const MoeCombineParams& p) override {
-    CHECK(p.m >= 0 && p.top_k >= 0 && p.d >= 0, "cuda moe_combine: negative m = ", p.m,
-          ", top_k = ", p.top_k, " or d = ", p.d);
+    CHECK(p.m >= 0 && p.top_k >= 0 && p.d >= 0, "cuda moe_combine: negative m = ", p.m, ", top_k = ", p.top_k,
+          " or d = ", p.d);
     if (p.m == 0 || p.d == 0) return;
-    CHECK(p.out && (p.top_k == 0 || (p.slots && p.weights && p.expert_out)),
-          "cuda moe_combine: null pointer");
+    CHECK(p.out && (p.top_k == 0 || (p.slots && p.weights && p.expert_out)), "cuda moe_combine: null pointer");
     DeviceScope ds(device_);
     cuda::launch_moe_combine(p, error_word_, stream_);
   }
@@ -687,10 +664,9 @@ class CudaBackend final : public Backend {
   }
 
   void copy_2d(const Copy2dParams& p) override {
-    CHECK(p.rows >= 0 && p.cols >= 0, "cuda copy_2d: negative rows = ", p.rows,
-          " or cols = ", p.cols);
-    CHECK(p.ld_src >= p.cols && p.ld_dst >= p.cols, "cuda copy_2d: ld_src ", p.ld_src, " / ld_dst ",
-          p.ld_dst, " < cols ", p.cols);
+    CHECK(p.rows >= 0 && p.cols >= 0, "cuda copy_2d: negative rows = ", p.rows, " or cols = ", p.cols);
+    CHECK(p.ld_src >= p.cols && p.ld_dst >= p.cols, "cuda copy_2d: ld_src ", p.ld_src, " / ld_dst ", p.ld_dst,
+          " < cols ", p.cols);
     if (p.rows == 0 || p.cols == 0) return;
     CHECK(p.src && p.dst, "cuda copy_2d: null pointer");
     for (DType t : {p.src_dtype, p.dst_dtype})
@@ -700,7 +676,8 @@ class CudaBackend final : public Backend {
     const size_t es = dtype_size(p.src_dtype);
     // One run: a 1-D copy (a 4 GiB 2-D copy moved only 1.7 TB/s read + written on an H200).
     if (p.ld_src == p.cols && p.ld_dst == p.cols) {
-      CUDA_CHECK(cudaMemcpyAsync(p.dst, p.src, size_t(p.rows) * size_t(p.cols) * es, cudaMemcpyDeviceToDevice, stream_));
+      CUDA_CHECK(
+          cudaMemcpyAsync(p.dst, p.src, size_t(p.rows) * size_t(p.cols) * es, cudaMemcpyDeviceToDevice, stream_));
       return;
     }
     CUDA_CHECK(cudaMemcpy2DAsync(p.dst, size_t(p.ld_dst) * es, p.src, size_t(p.ld_src) * es, size_t(p.cols) * es,
@@ -708,8 +685,8 @@ class CudaBackend final : public Backend {
   }
 
   void paged_write(const PagedWriteParams& p) override {
-    CHECK(p.n >= 0 && p.width >= 0 && p.ld_src >= p.width, "cuda paged_write: bad sizes n = ", p.n, ", width = ",
-          p.width, ", ld_src = ", p.ld_src);
+    CHECK(p.n >= 0 && p.width >= 0 && p.ld_src >= p.width, "cuda paged_write: bad sizes n = ", p.n,
+          ", width = ", p.width, ", ld_src = ", p.ld_src);
     if (p.n == 0 || p.width == 0) return;
     CHECK(p.src && p.pos && p.pool && p.pages.block_table && p.pages.block_size > 0,
           "cuda paged_write: null pointer or no block table");
@@ -764,9 +741,8 @@ class CudaBackend final : public Backend {
   [[noreturn]] void fail_out_of_memory(size_t bytes, const char* what) {
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) cudaGetLastError();
-    GLM5_FAIL("backend cuda: cannot ", what, " ", bytes, " bytes on device ", device_, " (", free_b, " of ",
-              total_b, " bytes free after returning this backend's cached blocks): ",
-              cudaGetErrorString(last_alloc_error_));
+    GLM5_FAIL("backend cuda: cannot ", what, " ", bytes, " bytes on device ", device_, " (", free_b, " of ", total_b,
+              " bytes free after returning this backend's cached blocks): ", cudaGetErrorString(last_alloc_error_));
   }
 
   std::string kernel_ran(const std::string& op) const override {
@@ -826,8 +802,7 @@ class CudaBackend final : public Backend {
 
   // BF16 / F16 / F32 weights (validated).
   void gemm_plain(const GemmParams& p) {
-    const bool use_cublas =
-        gemm_terms_ > 0 && p.k > 0 && (p.w.dtype == DType::BF16 || p.w.dtype == DType::F32);
+    const bool use_cublas = gemm_terms_ > 0 && p.k > 0 && (p.w.dtype == DType::BF16 || p.w.dtype == DType::F32);
     if (!use_cublas) return cuda::launch_gemm_simt(p, stream_);  // F16 weights, GLM5_CUDA_GEMM_TERMS=0, k = 0
     const bool f32 = p.w.dtype == DType::F32;
     const int terms = f32 ? 0 : gemm_terms_;  // 0: one fp32 copy of x
@@ -915,12 +890,15 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = kLtWorkspaceBytes;
     const uint32_t align_w = key.align, align_own = 256;
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    cublasStatus_t st =
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_w, sizeof(align_w));
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_w,
+                                                sizeof(align_w));
     for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align_own, sizeof(align_own));
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align_own, sizeof(align_own));
     cublasLtMatmulHeuristicResult_t found[kLtCandidates] = {};
     int n_found = 0;
     if (st == CUBLAS_STATUS_SUCCESS) {
@@ -928,9 +906,9 @@ class CudaBackend final : public Backend {
       st = cublasLtMatmulAlgoGetHeuristic(lt_, plan->op, plan->w, *x, *c, *c, pref, kLtCandidates, found, &n_found);
     }
     cublasLtMatmulPreferenceDestroy(pref);
-    std::string why = st == CUBLAS_STATUS_SUCCESS ? "no candidate without split-K that runs at m = 1 and m = " +
-                                                         std::to_string(max_rows)
-                                                   : std::string("heuristic failed: ") + cublasGetStatusName(st);
+    std::string why = st == CUBLAS_STATUS_SUCCESS
+                          ? "no candidate without split-K that runs at m = 1 and m = " + std::to_string(max_rows)
+                          : std::string("heuristic failed: ") + cublasGetStatusName(st);
     for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < n_found && !plan->ok; ++i) {
       if (found[i].state != CUBLAS_STATUS_SUCCESS) continue;
       const cublasLtMatmulAlgo_t& algo = found[i].algo;
@@ -969,8 +947,10 @@ class CudaBackend final : public Backend {
                                            sizeof(reduction), &got);
       cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof(swizzle),
                                            &got);
-      cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof(custom), &got);
-      cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, &inner, sizeof(inner), &got);
+      cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof(custom),
+                                           &got);
+      cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, &inner, sizeof(inner),
+                                           &got);
       cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster),
                                            &got);
       desc = "cuBLASLt algo " + std::to_string(id) + " tile " + std::to_string(tile) + " stages " +
@@ -978,9 +958,9 @@ class CudaBackend final : public Backend {
              " swizzle " + std::to_string(swizzle) + " custom " + std::to_string(custom) + " inner " +
              std::to_string(inner) + " cluster " + std::to_string(cluster);
     }
-    std::fprintf(stderr, "glm5 cuda gemm: %s n=%lld k=%lld ld=%lld%s terms=%d align=%u: %s\n",
-                 key.f32 ? "F32" : "BF16", (long long)key.n, (long long)key.k, (long long)key.ldw,
-                 key.trans ? " trans_w" : "", key.terms, key.align, desc.c_str());
+    std::fprintf(stderr, "glm5 cuda gemm: %s n=%lld k=%lld ld=%lld%s terms=%d align=%u: %s\n", key.f32 ? "F32" : "BF16",
+                 (long long)key.n, (long long)key.k, (long long)key.ldw, key.trans ? " trans_w" : "", key.terms,
+                 key.align, desc.c_str());
   }
 
   // Once per weight shape, on its first call's weights: the pinned algorithm must give each row
@@ -1035,9 +1015,10 @@ class CudaBackend final : public Backend {
     plan.probed = true;
     if (!same && plan.ok) {
       plan.ok = false;
-      std::fprintf(stderr, "glm5 cuda gemm: the pinned cuBLASLt algorithm for n=%lld k=%lld%s gives rows that "
-                   "change with m; this shape uses the chunked path\n", (long long)key.n, (long long)key.k,
-                   key.trans ? " trans_w" : "");
+      std::fprintf(stderr,
+                   "glm5 cuda gemm: the pinned cuBLASLt algorithm for n=%lld k=%lld%s gives rows that "
+                   "change with m; this shape uses the chunked path\n",
+                   (long long)key.n, (long long)key.k, key.trans ? " trans_w" : "");
     }
   }
 
@@ -1067,10 +1048,12 @@ class CudaBackend final : public Backend {
       if (st != CUBLAS_STATUS_SUCCESS) {
         // The algorithm was checked at m = 1 and the largest block only: this shape goes chunked
         // from here on (the rest of this call too), said once.
-        std::fprintf(stderr, "glm5 cuda gemm: cublasLtMatmul with the pinned algorithm failed at m = %lld (n = %lld, "
-                     "k = %lld%s): %s; this weight shape uses the chunked path from now on (this call's later rows already "
-                     "do, so its rows mix the two paths once)\n", (long long)rows,
-                     (long long)p.n, (long long)p.k, p.trans_w ? ", trans_w" : "", cublasGetStatusName(st));
+        std::fprintf(
+            stderr,
+            "glm5 cuda gemm: cublasLtMatmul with the pinned algorithm failed at m = %lld (n = %lld, "
+            "k = %lld%s): %s; this weight shape uses the chunked path from now on (this call's later rows already "
+            "do, so its rows mix the two paths once)\n",
+            (long long)rows, (long long)p.n, (long long)p.k, p.trans_w ? ", trans_w" : "", cublasGetStatusName(st));
         plan.ok = false;
         GemmParams rest = p;
         rest.x = p.x + r0 * p.ldx, rest.y = p.y + r0 * p.ldy, rest.m = p.m - r0;
@@ -1088,11 +1071,9 @@ class CudaBackend final : public Backend {
     const int64_t t_rows = (terms == 0 ? 1 : terms) * kChunkRows;
     const size_t x_elem = f32 ? sizeof(float) : 2;
     const int64_t ldk = round_up(p.k, 8), ldc = round_up(p.n, 4);
-    CHECK(p.n < (int64_t(1) << 31) && ldk < (int64_t(1) << 31) && p.w.ld < (int64_t(1) << 31),
-          "cuda gemm: n = ", p.n, ", k = ", p.k, " or weight ld = ", p.w.ld,
-          " exceed cuBLAS's 32-bit sizes");
-    const size_t chunk_bytes =
-        size_t(t_rows) * (size_t(ldk) * x_elem + size_t(ldc) * sizeof(float));
+    CHECK(p.n < (int64_t(1) << 31) && ldk < (int64_t(1) << 31) && p.w.ld < (int64_t(1) << 31), "cuda gemm: n = ", p.n,
+          ", k = ", p.k, " or weight ld = ", p.w.ld, " exceed cuBLAS's 32-bit sizes");
+    const size_t chunk_bytes = size_t(t_rows) * (size_t(ldk) * x_elem + size_t(ldc) * sizeof(float));
     const int64_t chunks = (p.m + kChunkRows - 1) / kChunkRows;
     const int64_t group = std::clamp<int64_t>(int64_t(kGemmScratchBytes / chunk_bytes), 1, chunks);
     reserve(&xs_, &xs_cap_, size_t(group) * size_t(t_rows) * size_t(ldk) * x_elem);
@@ -1108,12 +1089,12 @@ class CudaBackend final : public Backend {
         const char* xs = static_cast<const char*>(xs_) + size_t(c) * t_rows * ldk * x_elem;
         float* cs = static_cast<float*>(cs_) + size_t(c) * t_rows * ldc;
         // Column-major view: C[n, t_rows] = op(W)[n, k] * X[k, t_rows].
-        CUBLAS_CHECK(cublasGemmEx(cublas_, op_w, CUBLAS_OP_N, int(p.n), int(t_rows), int(p.k), &one,
-                                  p.w.data, dt, int(p.w.ld), xs, dt, int(ldk), &zero, cs,
-                                  CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CUBLAS_CHECK(cublasGemmEx(cublas_, op_w, CUBLAS_OP_N, int(p.n), int(t_rows), int(p.k), &one, p.w.data, dt,
+                                  int(p.w.ld), xs, dt, int(ldk), &zero, cs, CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
       }
-      launch_gemm_combine(static_cast<const float*>(cs_), ldc, rows, p.n, terms, kChunkRows,
-                          p.y + r0 * p.ldy, p.ldy, p.accumulate, stream_);
+      launch_gemm_combine(static_cast<const float*>(cs_), ldc, rows, p.n, terms, kChunkRows, p.y + r0 * p.ldy, p.ldy,
+                          p.accumulate, stream_);
     }
   }
 
@@ -1128,14 +1109,14 @@ class CudaBackend final : public Backend {
   uint64_t exact_allocs_ = 0, upload_allocs_ = 0;
   int gemm_terms_ = 3;
   GemmMode gemm_mode_ = GemmMode::kLt;
-  bool tensor_decode_ = false;   // GLM5_CUDA_MLA_DECODE=tensor
-  bool tensor_indexer_ = false;  // GLM5_CUDA_INDEXER=tensor
+  bool tensor_decode_ = false;    // GLM5_CUDA_MLA_DECODE=tensor
+  bool tensor_indexer_ = false;   // GLM5_CUDA_INDEXER=tensor
   bool topk_multiblock_ = false;  // GLM5_CUDA_TOPK=multiblock
   int sm_count_ = 0;
   int64_t lt_ref_rows_ = 512;
   bool gemm_log_ = false;
-  bool attention_log_ = false;          // GLM5_CUDA_ATTENTION_LOG
-  std::set<std::string> logged_kernels_;  // "op/kernel" lines printed
+  bool attention_log_ = false;                      // GLM5_CUDA_ATTENTION_LOG
+  std::set<std::string> logged_kernels_;            // "op/kernel" lines printed
   std::map<std::string, std::string> last_kernel_;  // op -> the kernel it ran last (kernel_ran)
   QuantGemmMode quant_mode_ = QuantGemmMode::kFused;
   size_t dequant_scratch_ = size_t(256) << 20;
@@ -1173,8 +1154,8 @@ class CudaBackend final : public Backend {
 // precision: 0 kExact, 1 kFast. (Named for its signature: a plugin from a build before the precision
 // argument lacks it, and the loader says so instead of calling it with an argument it drops.)
 extern "C" glm5::kernels::Backend* glm5_cuda_make_backend_p(int device, int precision) {
-  return new glm5::kernels::CudaBackend(device, precision == 1 ? glm5::kernels::Precision::kFast
-                                                               : glm5::kernels::Precision::kExact);
+  return new glm5::kernels::CudaBackend(
+      device, precision == 1 ? glm5::kernels::Precision::kFast : glm5::kernels::Precision::kExact);
 }
 
 // True when a device is visible and this build has kernels for it; never throws.

@@ -41,11 +41,8 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162f
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 
 // Records the first bad input of a launch in the backend's error word (see kernels.cuh).
-__device__ __forceinline__ void report_error(int* err, int code, int64_t value, int64_t row,
-                                             int64_t bound) {
-  auto clamp = [](int64_t v) {
-    return int(v > 0x7fffffff ? 0x7fffffff : v < -0x7fffffff ? -0x7fffffff : v);
-  };
+__device__ __forceinline__ void report_error(int* err, int code, int64_t value, int64_t row, int64_t bound) {
+  auto clamp = [](int64_t v) { return int(v > 0x7fffffff ? 0x7fffffff : v < -0x7fffffff ? -0x7fffffff : v); };
   if (atomicCAS(err, 0, code) == 0) {
     err[1] = clamp(value);
     err[2] = clamp(row);

@@ -39,12 +39,11 @@ void launch_paged_write(const PagedWriteParams& p, cudaStream_t st);
 // GEMM helpers for the cuBLAS path: split rows [0, rows) of x (fp32, row stride ldx) into `terms`
 // bf16 parts (x = hi + mid + lo) into xs laid out [chunk][term][chunk_rows][ldk]; rows past `rows`
 // up to a whole chunk are zero. With terms == 0 the rows are copied as fp32 (F32 weights).
-void launch_gemm_split_x(const float* x, int64_t ldx, int64_t rows, int64_t k, int terms,
-                         int64_t chunk_rows, void* xs, int64_t ldk, cudaStream_t st);
+void launch_gemm_split_x(const float* x, int64_t ldx, int64_t rows, int64_t k, int terms, int64_t chunk_rows, void* xs,
+                         int64_t ldk, cudaStream_t st);
 // y[r, :] (+)= sum over terms of cs[chunk][term][r % chunk_rows][:] (smallest term first).
-void launch_gemm_combine(const float* cs, int64_t ldc, int64_t rows, int64_t n, int terms,
-                         int64_t chunk_rows, float* y, int64_t ldy, bool accumulate,
-                         cudaStream_t st);
+void launch_gemm_combine(const float* cs, int64_t ldc, int64_t rows, int64_t n, int terms, int64_t chunk_rows, float* y,
+                         int64_t ldy, bool accumulate, cudaStream_t st);
 // Plain tiled fp32 GEMM that widens weights of any dtype in shared memory; k in ascending order
 // for every output. Used for F16 weights and when cuBLAS is switched off.
 void launch_gemm_simt(const GemmParams& p, cudaStream_t st);
@@ -59,8 +58,7 @@ void launch_gemm_quant_fused(const GemmParams& p, cudaStream_t st);
 DType dequantized_dtype(const Weight& w);
 // Rows [r0, r0 + rows) of the quantized w, dequantized, into out [rows, ldo] of
 // dequantized_dtype(w).
-void launch_dequantize_rows(const Weight& w, int64_t r0, int64_t rows, void* out, int64_t ldo,
-                            cudaStream_t st);
+void launch_dequantize_rows(const Weight& w, int64_t r0, int64_t rows, void* out, int64_t ldo, cudaStream_t st);
 
 // ops_attention.cu
 // Whether the tensor-core indexer kernel applies: BF16 keys stored by rows, head_dim a multiple of
@@ -74,15 +72,13 @@ void launch_topk(const TopkParams& p, cudaStream_t st);
 int64_t topk_multiblock_scratch_bytes(const TopkParams& p);
 void launch_topk_multiblock(const TopkParams& p, void* scratch, cudaStream_t st);
 // With a top-k list, `scratch` holds s * (topk_len + 1) ints (the per-row key sets).
-void launch_mla_prefill(const MlaPrefillParams& p, int32_t* scratch, int* error_word,
-                        cudaStream_t st);
+void launch_mla_prefill(const MlaPrefillParams& p, int32_t* scratch, int* error_word, cudaStream_t st);
 // The tensor-core kernel applies to top-k lists over a BF16 cache of GLM-5's latent width
 // (kv_lora_rank 512, dk % 64 == 0) on compute capability >= 8: mla_decode_partial_floats(p) is
 // then > 0, and launch_mla_decode runs it when given `partials` of that many floats; with
 // partials null (or 0 from the function) the SIMT kernel runs.
 int64_t mla_decode_partial_floats(const MlaDecodeParams& p);
-void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, float* partials, int* error_word,
-                       cudaStream_t st);
+void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, float* partials, int* error_word, cudaStream_t st);
 
 // A kernel whose presence proves the module has code for the current device (cuda_available()).
 const void* probe_kernel();

@@ -27,15 +27,15 @@ __device__ __forceinline__ float cached(const float* base, int64_t i, bool bf16)
 
 // Four BF16 values (two little-endian words, element 2i in the low half) widened exactly.
 __device__ __forceinline__ float4 bf16x4_to_float4(uint2 u) {
-  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
-                     __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                     __uint_as_float(u.y & 0xffff0000u));
 }
 
 // One warp copies cached row `row` (dk elements of F32 or BF16 at `base`) into dst[0:dk) as floats.
 // `vec`: dk % 4 == 0 and `base` 16-byte (F32) / 8-byte (BF16) aligned, so every row is too; dst
 // is 16-byte aligned. Coalesced: consecutive lanes read consecutive elements.
-__device__ __forceinline__ void load_row_warp(const void* base, int64_t row, int64_t dk, bool bf16,
-                                              bool vec, float* dst, int lane) {
+__device__ __forceinline__ void load_row_warp(const void* base, int64_t row, int64_t dk, bool bf16, bool vec,
+                                              float* dst, int lane) {
   if (vec) {
     const int64_t n4 = dk / 4;
     float4* d4 = reinterpret_cast<float4*>(dst);
@@ -144,8 +144,7 @@ __global__ void __launch_bounds__(kIdxThreads) indexer_scores_kernel(IndexerArgs
   }
   for (int i = tid; i < nh; i += blockDim.x) w_s[i] = p.weights[s * nh + i];
   if (d4 > hd)
-    for (int i = tid; i < kIdxTile * (d4 - hd); i += blockDim.x)
-      k_s[(i / (d4 - hd)) * P + hd + i % (d4 - hd)] = 0.0f;
+    for (int i = tid; i < kIdxTile * (d4 - hd); i += blockDim.x) k_s[(i / (d4 - hd)) * P + hd + i % (d4 - hd)] = 0.0f;
   // Keys t0 .. last are read (at least one: t0 <= qpos and t0 < T); the rest of the tile is never
   // written out as a score, so its rows stay unread.
   const int64_t last = qpos < p.t - 1 ? qpos : p.t - 1;
@@ -448,8 +447,8 @@ constexpr int kMaxTopkLen = 16384;  // the sort of one row's list lives in share
 // list in shared memory (bitonic), then writes each key once, ascending, if 0 <= t <= q_pos and
 // t < T: keys[s, 0:counts[s]]. Entries outside [-1, T) are reported as errors and skipped.
 __global__ void __launch_bounds__(kSelectThreads)
-    select_keys_kernel(const int32_t* topk, int64_t len, const int32_t* q_pos, int64_t t_count,
-                       int n_pow2, int32_t* keys, int32_t* counts, int* err) {
+    select_keys_kernel(const int32_t* topk, int64_t len, const int32_t* q_pos, int64_t t_count, int n_pow2,
+                       int32_t* keys, int32_t* counts, int* err) {
   extern __shared__ int32_t list[];  // [n_pow2], then 33 ints of scan scratch
   int* scan = list + n_pow2;
   const int64_t s = blockIdx.x;
@@ -577,8 +576,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) mla_attention_kernel(AttnArgs
 // s * (topk_len + 1) ints: keys [s, topk_len], then counts [s].
 void launch_select_keys(const int32_t* topk, int64_t topk_len, const int32_t* q_pos, int64_t s, int64_t t,
                         int32_t* scratch, int* err, cudaStream_t st, const char* op) {
-  CHECK(topk_len <= kMaxTopkLen, "cuda ", op, ": topk_len ", topk_len, " > ", kMaxTopkLen,
-        " is not supported");
+  CHECK(topk_len <= kMaxTopkLen, "cuda ", op, ": topk_len ", topk_len, " > ", kMaxTopkLen, " is not supported");
   CHECK(s < (int64_t(1) << 31), "cuda ", op, ": s = ", s, " too large for one launch");
   int n_pow2 = 1;
   while (n_pow2 < topk_len) n_pow2 <<= 1;
@@ -590,8 +588,8 @@ void launch_select_keys(const int32_t* topk, int64_t topk_len, const int32_t* q_
 }
 
 // Prefill: the key selection when a top-k list is given, then the attention.
-void launch_attention(AttnArgs a, const int32_t* topk, int64_t topk_len, int32_t* scratch, int* err,
-                      cudaStream_t st, const char* op) {
+void launch_attention(AttnArgs a, const int32_t* topk, int64_t topk_len, int32_t* scratch, int* err, cudaStream_t st,
+                      const char* op) {
   if (a.s == 0 || a.n_heads == 0) return;
   CHECK(a.s < (int64_t(1) << 31) / (a.n_heads > 0 ? a.n_heads : 1), "cuda ", op, ": s = ", a.s,
         " x n_heads = ", a.n_heads, " too large for one launch");
@@ -626,25 +624,25 @@ void launch_attention(AttnArgs a, const int32_t* topk, int64_t topk_len, int32_t
 // Padding q / key columns [dk, d4) are zero and add nothing; heads of a group past H compute on
 // zero q and are not written.
 constexpr int kDecThreads = 256, kDecWarps = kDecThreads / 32;
-constexpr int kDecMaxHeads = 64;      // G <= 64
-constexpr int kDecHeadsPerWarp = 8;   // values phase: a warp's head block
-constexpr int kDecColsPerLane = 16;   // values phase: 16 x 32 lanes = 512 columns per warp
+constexpr int kDecMaxHeads = 64;                    // G <= 64
+constexpr int kDecHeadsPerWarp = 8;                 // values phase: a warp's head block
+constexpr int kDecColsPerLane = 16;                 // values phase: 16 x 32 lanes = 512 columns per warp
 constexpr int kDecColChunk = kDecColsPerLane * 32;  // output columns per block (grid z)
 static_assert(kDecMaxHeads == kDecHeadsPerWarp * kDecWarps, "8 warps x 8 heads cover G <= 64");
 
 struct DecodeArgs {
   const float* q;
-  const void* cache;     // F32 or BF16 rows of dk elements, addressed through `pages`
+  const void* cache;  // F32 or BF16 rows of dk elements, addressed through `pages`
   KeyPages pages;
-  bool bf16, vec;        // vec: aligned_rows(cache, dk)
+  bool bf16, vec;  // vec: aligned_rows(cache, dk)
   const int32_t* q_pos;
-  const int32_t* keys;   // select_keys_kernel output [s, keys_ld], or nullptr: dense causal
-  const int32_t* counts; // [s]
+  const int32_t* keys;    // select_keys_kernel output [s, keys_ld], or nullptr: dense causal
+  const int32_t* counts;  // [s]
   int64_t keys_ld;
   float* out;
   int64_t s, t, n_heads, r, dk;
-  int g, tk;             // heads per block, keys per tile (even)
-  int d4, pitch, ts;     // round_up4(dk); q_s / k_s row pitch; p_s / c_s row pitch (tk + 1)
+  int g, tk;          // heads per block, keys per tile (even)
+  int d4, pitch, ts;  // round_up4(dk); q_s / k_s row pitch; p_s / c_s row pitch (tk + 1)
   float scale;
 };
 
@@ -657,12 +655,12 @@ __global__ void __launch_bounds__(kDecThreads, 1) mla_decode_kernel(DecodeArgs a
   extern __shared__ float4 dec_smem4[];
   float* smem = reinterpret_cast<float*>(dec_smem4);
   const int G = a.g, TK = a.tk, P = a.pitch, TS = a.ts, d4 = a.d4;
-  float* q_s = smem;           // [G][P]   this block's heads of q, zero padded
-  float* k_s = q_s + G * P;    // [TK][P]  the tile's key rows (value = first R columns)
-  float* p_s = k_s + TK * P;   // [G][TS]  scores, then p_j
-  float* c_s = p_s + G * TS;   // [G][TS]  c_j
-  float* m_s = c_s + G * TS;   // [G]      running max
-  float* l_s = m_s + G;        // [G]      running sum
+  float* q_s = smem;          // [G][P]   this block's heads of q, zero padded
+  float* k_s = q_s + G * P;   // [TK][P]  the tile's key rows (value = first R columns)
+  float* p_s = k_s + TK * P;  // [G][TS]  scores, then p_j
+  float* c_s = p_s + G * TS;  // [G][TS]  c_j
+  float* m_s = c_s + G * TS;  // [G]      running max
+  float* l_s = m_s + G;       // [G]      running sum
   const int64_t s = blockIdx.x, h0 = int64_t(blockIdx.y) * G;
   const int heads = int(a.n_heads - h0 < G ? a.n_heads - h0 : G);  // heads of this block that exist
   const int64_t c0 = int64_t(blockIdx.z) * kDecColChunk;
@@ -817,12 +815,12 @@ __global__ void __launch_bounds__(kDecThreads, 1) mla_decode_kernel(DecodeArgs a
 // a row's splits in split order. The splits of a row depend only on its own key count, so a row's
 // bits never depend on the other rows of the call.
 constexpr int kMmaThreads = 256;
-constexpr int kMmaHeads = 16;    // the MMA's M
-constexpr int kMmaTile = 32;     // keys per tile
-constexpr int kMmaSplit = 256;   // keys per split (one block)
-constexpr int kMmaR = 512;       // kv_lora_rank: 8 warps x 64 value columns
+constexpr int kMmaHeads = 16;   // the MMA's M
+constexpr int kMmaTile = 32;    // keys per tile
+constexpr int kMmaSplit = 256;  // keys per split (one block)
+constexpr int kMmaR = 512;      // kv_lora_rank: 8 warps x 64 value columns
 constexpr int kMmaTerms = 3;
-constexpr int64_t kMmaRowChunk = 128;  // rows per launch: bounds the partials (1.05 MB a row at GLM-5 dims)
+constexpr int64_t kMmaRowChunk = 128;     // rows per launch: bounds the partials (1.05 MB a row at GLM-5 dims)
 constexpr int kMmaSPitch = kMmaTile + 4;  // scores row pitch (floats)
 constexpr int kMmaPPitch = kMmaTile + 8;  // p row pitch (bf16): 20 words, conflict-free A fragments
 
@@ -833,10 +831,10 @@ struct MmaDecodeArgs {
   const int32_t* keys;    // select_keys_kernel output [s, keys_ld]
   const int32_t* counts;  // [s]
   int64_t keys_ld;
-  int64_t s0;             // this launch's first row (rows s0 .. s0 + gridDim.x / (splits * groups) - 1)
-  float* part;            // [rows of the launch, n_heads, splits, kMmaR + 2]: O, then m, l
+  int64_t s0;   // this launch's first row (rows s0 .. s0 + gridDim.x / (splits * groups) - 1)
+  float* part;  // [rows of the launch, n_heads, splits, kMmaR + 2]: O, then m, l
   int64_t n_heads, dk, splits;
-  int pitch;              // q_s / k_s row pitch in bf16: dk + 8 (= 4 words mod 32 when dk % 64 == 0)
+  int pitch;  // q_s / k_s row pitch in bf16: dk + 8 (= 4 words mod 32 when dk % 64 == 0)
   float scale;
 };
 
@@ -872,8 +870,8 @@ __device__ __forceinline__ void split3(float v, uint16_t* t0, int64_t stride) {
 
 // The block copies key rows row_s[0 .. rows) (BF16, `width` elements each, 16-byte aligned) of
 // `cache` into dst [rows][pitch], 16 bytes per thread step; rows from nk on are zeros.
-__device__ __forceinline__ void load_bf16_rows(const uint16_t* cache, const int64_t* row_s, int rows, int nk,
-                                               int width, uint16_t* dst, int pitch) {
+__device__ __forceinline__ void load_bf16_rows(const uint16_t* cache, const int64_t* row_s, int rows, int nk, int width,
+                                               uint16_t* dst, int pitch) {
   const int n16 = width / 8;  // 16-byte chunks per row
 #pragma unroll 4
   for (int i = threadIdx.x; i < rows * n16; i += blockDim.x) {
@@ -887,14 +885,14 @@ __device__ __forceinline__ void load_bf16_rows(const uint16_t* cache, const int6
 __global__ void __launch_bounds__(kMmaThreads, 2) mla_decode_mma_kernel(MmaDecodeArgs a) {
   extern __shared__ float4 mma_smem4[];
   const int P = a.pitch, dk = int(a.dk);
-  uint16_t* q_s = reinterpret_cast<uint16_t*>(mma_smem4);   // [3][16][P] q's terms
-  uint16_t* k_s = q_s + kMmaTerms * kMmaHeads * P;           // [32][P] the tile's key rows
-  float* s_s = reinterpret_cast<float*>(k_s + kMmaTile * P);  // [2][16][kMmaSPitch] score halves
+  uint16_t* q_s = reinterpret_cast<uint16_t*>(mma_smem4);                         // [3][16][P] q's terms
+  uint16_t* k_s = q_s + kMmaTerms * kMmaHeads * P;                                // [32][P] the tile's key rows
+  float* s_s = reinterpret_cast<float*>(k_s + kMmaTile * P);                      // [2][16][kMmaSPitch] score halves
   uint16_t* p_s = reinterpret_cast<uint16_t*>(s_s + 2 * kMmaHeads * kMmaSPitch);  // [3][16][kMmaPPitch]
   int64_t* row_s = reinterpret_cast<int64_t*>(p_s + kMmaTerms * kMmaHeads * kMmaPPitch);  // [32]
-  float* m_s = reinterpret_cast<float*>(row_s + kMmaTile);   // [16] running max
-  float* l_s = m_s + kMmaHeads;                              // [16] running sum
-  float* c_s = l_s + kMmaHeads;                              // [16] this tile's rescale
+  float* m_s = reinterpret_cast<float*>(row_s + kMmaTile);                                // [16] running max
+  float* l_s = m_s + kMmaHeads;                                                           // [16] running sum
+  float* c_s = l_s + kMmaHeads;                                                           // [16] this tile's rescale
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
   // blockIdx.x = (s * splits + split) * groups + group: the head groups of a split run side by
   // side and share its key rows in the L2.
@@ -1065,8 +1063,8 @@ bool device_has_bf16_mma() {
   int major = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   cudaFuncAttributes attr{};
-  const bool yes = major >= 8 && cudaFuncGetAttributes(&attr, mla_decode_mma_kernel) == cudaSuccess &&
-                   attr.ptxVersion >= 80;
+  const bool yes =
+      major >= 8 && cudaFuncGetAttributes(&attr, mla_decode_mma_kernel) == cudaSuccess && attr.ptxVersion >= 80;
   if (k) k->store(yes ? 2 : 1, std::memory_order_relaxed);
   return yes;
 }
@@ -1106,8 +1104,8 @@ __global__ void __launch_bounds__(kIdxMmaThreads, 2) indexer_mma_kernel(IdxMmaAr
     return;
   }
   const int D = int(p.head_dim), H = int(p.n_heads), P = a.pitch, HP = MT * 16;
-  uint16_t* q_s = reinterpret_cast<uint16_t*>(idx_mma_smem4);  // [3][HP][P] q's terms
-  uint16_t* k_s = q_s + kMmaTerms * HP * P;                     // [kIdxMmaKeys][P] key rows
+  uint16_t* q_s = reinterpret_cast<uint16_t*>(idx_mma_smem4);    // [3][HP][P] q's terms
+  uint16_t* k_s = q_s + kMmaTerms * HP * P;                      // [kIdxMmaKeys][P] key rows
   float* w_s = reinterpret_cast<float*>(k_s + kIdxMmaKeys * P);  // [HP] head weights (0 past H)
   int64_t* row_s = reinterpret_cast<int64_t*>(w_s + HP);         // [kIdxMmaKeys] cache rows
   for (int i = tid; i < HP * D; i += kIdxMmaThreads) {
@@ -1193,10 +1191,18 @@ void launch_indexer_scores(const IndexerScoresParams& p, bool tensor_cores, cuda
       kernel<<<unsigned(blocks), kIdxMmaThreads, smem, st>>>(m);
     };
     switch (mt) {
-      case 1: launch(indexer_mma_kernel<1>); break;
-      case 2: launch(indexer_mma_kernel<2>); break;
-      case 3: launch(indexer_mma_kernel<3>); break;
-      default: launch(indexer_mma_kernel<4>); break;
+      case 1:
+        launch(indexer_mma_kernel<1>);
+        break;
+      case 2:
+        launch(indexer_mma_kernel<2>);
+        break;
+      case 3:
+        launch(indexer_mma_kernel<3>);
+        break;
+      default:
+        launch(indexer_mma_kernel<4>);
+        break;
     }
     CUDA_CHECK_LAUNCH("indexer_scores");
     return;
@@ -1210,8 +1216,7 @@ void launch_indexer_scores(const IndexerScoresParams& p, bool tensor_cores, cuda
                                        size_t(kIdxTile) * size_t(a.pitch) + size_t(kIdxGroups) * kIdxTile);
   reserve_smem(indexer_scores_kernel, smem, "indexer_scores", "n_heads * head_dim");
   const int64_t blocks = p.s * ((p.t + kIdxTile - 1) / kIdxTile);
-  CHECK(blocks < (int64_t(1) << 31), "cuda indexer_scores: s = ", p.s, ", t = ", p.t,
-        " too large for one launch");
+  CHECK(blocks < (int64_t(1) << 31), "cuda indexer_scores: s = ", p.s, ", t = ", p.t, " too large for one launch");
   indexer_scores_kernel<<<unsigned(blocks), kIdxThreads, smem, st>>>(a);
   CUDA_CHECK_LAUNCH("indexer_scores");
 }
@@ -1245,8 +1250,7 @@ void launch_topk(const TopkParams& p, cudaStream_t st) {
   CUDA_CHECK_LAUNCH("topk");
 }
 
-void launch_mla_prefill(const MlaPrefillParams& p, int32_t* scratch, int* error_word,
-                        cudaStream_t st) {
+void launch_mla_prefill(const MlaPrefillParams& p, int32_t* scratch, int* error_word, cudaStream_t st) {
   const int64_t kv_row = p.qk_nope_head_dim + p.v_head_dim;
   const int64_t dq = p.qk_nope_head_dim + p.qk_rope_head_dim;
   AttnArgs a{};
@@ -1264,15 +1268,13 @@ void launch_mla_prefill(const MlaPrefillParams& p, int32_t* scratch, int* error_
 int64_t mla_decode_partial_floats(const MlaDecodeParams& p) {
   const int64_t dk = p.kv_lora_rank + p.qk_rope_head_dim;
   const bool mma = p.topk && p.topk_len > 0 && p.pages.dtype == DType::BF16 && !p.pages.tiled &&
-                   p.kv_lora_rank == kMmaR && dk % 64 == 0 &&
-                   reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 &&
+                   p.kv_lora_rank == kMmaR && dk % 64 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 &&
                    mma_decode_smem_bytes(int(dk + 8)) <= size_t(max_dynamic_smem()) && device_has_bf16_mma();
   if (!mma) return 0;
   return std::min(p.s, kMmaRowChunk) * p.n_heads * ((p.topk_len + kMmaSplit - 1) / kMmaSplit) * (kMmaR + 2);
 }
 
-void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, float* partials, int* error_word,
-                       cudaStream_t st) {
+void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, float* partials, int* error_word, cudaStream_t st) {
   if (p.s == 0) return;
   const int64_t dk = p.kv_lora_rank + p.qk_rope_head_dim;
   DecodeArgs a{};
@@ -1296,13 +1298,13 @@ void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, float* partia
           "cuda mla_decode: n_heads = ", p.n_heads, " and topk_len = ", p.topk_len, " too large for one launch");
     const size_t smem = mma_decode_smem_bytes(m.pitch);
     reserve_smem(mla_decode_mma_kernel, smem, "mla_decode", "kv_lora_rank + qk_rope_head_dim");
-    for (int64_t s0 = 0; s0 < p.s; s0 += kMmaRowChunk) {  // rows in launches of kMmaRowChunk: a row's
+    for (int64_t s0 = 0; s0 < p.s; s0 += kMmaRowChunk) {      // rows in launches of kMmaRowChunk: a row's
       const int64_t rows = std::min(kMmaRowChunk, p.s - s0);  // work does not depend on its launch
       m.s0 = s0;
       mla_decode_mma_kernel<<<unsigned(rows * m.splits * groups), kMmaThreads, smem, st>>>(m);
       CUDA_CHECK_LAUNCH("mla_decode");
       mla_decode_combine_kernel<<<unsigned(rows * p.n_heads), 128, 0, st>>>(partials, m.splits,
-                                                                           p.out_lat + s0 * p.n_heads * kMmaR);
+                                                                            p.out_lat + s0 * p.n_heads * kMmaR);
       CUDA_CHECK_LAUNCH("mla_decode combine");
     }
     return;
@@ -1313,8 +1315,7 @@ void launch_mla_decode(const MlaDecodeParams& p, int32_t* scratch, float* partia
   // fewer heads per block so that about one block per SM still runs (the results do not change,
   // see mla_decode_kernel; only how often a key row is read from global memory does).
   const int64_t per_row = (int64_t(multiprocessor_count()) + p.s - 1) / p.s;
-  int64_t g = std::clamp<int64_t>((p.n_heads + per_row - 1) / per_row, 1,
-                                  std::min<int64_t>(p.n_heads, kDecMaxHeads));
+  int64_t g = std::clamp<int64_t>((p.n_heads + per_row - 1) / per_row, 1, std::min<int64_t>(p.n_heads, kDecMaxHeads));
   // Keys per tile: 32, or 16 where 32 does not fit (GLM-5's 64 heads x 576: 190 KB with 16).
   const size_t limit = size_t(max_dynamic_smem());
   int tk = 0;

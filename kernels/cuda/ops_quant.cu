@@ -39,12 +39,12 @@ constexpr int kQuantWarps = 8;        // warps per block
 constexpr int kQuantRowsPerWarp = 2;  // weight rows per warp (each x value read from smem is used twice)
 constexpr int kQuantTileM = 8;        // rows of x per block
 constexpr int kQuantRowsPerBlock = kQuantWarps * kQuantRowsPerWarp;
-constexpr int kPitch = 33;            // smem pitch of the staged x chunk: conflict-free lane reads
+constexpr int kPitch = 33;  // smem pitch of the staged x chunk: conflict-free lane reads
 
 // E4M3 (fn) code -> float32: exact for every code, NaN for 0x7f / 0xff (like fp8_e4m3_to_f32).
 __device__ __forceinline__ float fp8_e4m3(uint32_t v) {
   const uint32_t e = (v >> 3) & 0xfu, m = v & 7u;
-  float r = e == 0 ? float(m) * (1.0f / 512.0f)                    // subnormal: m/8 * 2^-6
+  float r = e == 0 ? float(m) * (1.0f / 512.0f)                        // subnormal: m/8 * 2^-6
                    : __uint_as_float(((e + 120u) << 23) | (m << 20));  // (1 + m/8) * 2^(e-7)
   if ((v & 0x7fu) == 0x7fu) r = __uint_as_float(0x7fc00000u);
   return (v & 0x80u) ? -r : r;
@@ -122,8 +122,8 @@ struct QuantGemmArgs {
   float* y = nullptr;
   int64_t ldy = 0;
   int64_t m = 0, n = 0, k = 0;
-  int align = 1;         // 16, 4 or 1: alignment of rows and chunks (see load_chunk)
-  bool uniform = true;   // group % chunk elements == 0: one scale per lane chunk
+  int align = 1;        // 16, 4 or 1: alignment of rows and chunks (see load_chunk)
+  bool uniform = true;  // group % chunk elements == 0: one scale per lane chunk
   bool accumulate = false;
 };
 
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kQuantWarps * 32, 2) quant_gemm_kernel(QuantGe
   load_rows<K>(a, j_base, int64_t(lane) * E, wd);
   for (int64_t c0 = 0; c0 < a.k; c0 += KC) {
     const int64_t col0 = c0 + int64_t(lane) * E;  // this lane's first column of the chunk
-    __syncthreads();  // everyone is done with the previous chunk of xs
+    __syncthreads();                              // everyone is done with the previous chunk of xs
     for (int idx = threadIdx.x; idx < rows_m * KC; idx += blockDim.x) {
       const int i = idx / KC, cc = idx % KC;
       const int64_t col = c0 + cc;
@@ -257,10 +257,8 @@ __global__ void dequant_kernel(DequantArgs a) {
     const int64_t rr = a.r0 + r;
     const uint8_t* row = a.w + rr * a.row_bytes;
     const int64_t srow = (K == QKind::kFp8 ? rr / a.scale_block_rows : rr) * a.scale_ld;
-    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < a.cols;
-         c += int64_t(gridDim.x) * blockDim.x) {
-      const uint32_t code = K == QKind::kQ4 ? (uint32_t(row[c >> 1]) >> (4 * (c & 1))) & 0xfu
-                                            : uint32_t(row[c]);
+    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < a.cols; c += int64_t(gridDim.x) * blockDim.x) {
+      const uint32_t code = K == QKind::kQ4 ? (uint32_t(row[c >> 1]) >> (4 * (c & 1))) & 0xfu : uint32_t(row[c]);
       const float v = dequant<K, S>(code, to_float(scale[srow + c / a.group]));
       if constexpr (std::is_same_v<O, __nv_bfloat16>)
         out[r * a.ldo + c] = __float2bfloat16_rn(v);  // exact: v is a bf16 value
@@ -286,8 +284,7 @@ int alignment_of(const void* p, int64_t row_bytes) {
 }  // namespace
 
 DType dequantized_dtype(const Weight& w) {
-  return (w.dtype == DType::Q4 || w.dtype == DType::Q8) && w.scale_dtype == DType::BF16 ? DType::BF16
-                                                                                          : DType::F32;
+  return (w.dtype == DType::Q4 || w.dtype == DType::Q8) && w.scale_dtype == DType::BF16 ? DType::BF16 : DType::F32;
 }
 
 void launch_gemm_quant_fused(const GemmParams& p, cudaStream_t st) {
@@ -318,8 +315,7 @@ void launch_gemm_quant_fused(const GemmParams& p, cudaStream_t st) {
   }
 }
 
-void launch_dequantize_rows(const Weight& w, int64_t r0, int64_t rows, void* out, int64_t ldo,
-                            cudaStream_t st) {
+void launch_dequantize_rows(const Weight& w, int64_t r0, int64_t rows, void* out, int64_t ldo, cudaStream_t st) {
   if (rows <= 0 || w.cols <= 0) return;
   DequantArgs a;
   a.w = static_cast<const uint8_t*>(w.data);

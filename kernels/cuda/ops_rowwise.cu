@@ -42,8 +42,7 @@ __global__ void layer_norm_kernel(LayerNormParams p) {
     v = fmaf(c, c, v);
   }
   const float inv = 1.0f / sqrtf(block_sum(v, sh) / float(p.d) + p.eps);
-  for (int64_t j = threadIdx.x; j < p.d; j += blockDim.x)
-    y[j] = (x[j] - mean) * inv * p.weight[j] + p.bias[j];
+  for (int64_t j = threadIdx.x; j < p.d; j += blockDim.x) y[j] = (x[j] - mean) * inv * p.weight[j] + p.bias[j];
 }
 
 // ---- RoPE --------------------------------------------------------------------------------------
@@ -76,8 +75,7 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
 
 // Block-wide argmax over vals[0, n) skipping taken[e] != 0; NaN counts as -inf. Every thread
 // gets the winner's index (-1 only if all are taken).
-__device__ int block_argmax(const float* vals, const unsigned char* taken, int n, float* shv,
-                            int* shi) {
+__device__ int block_argmax(const float* vals, const unsigned char* taken, int n, float* shv, int* shi) {
   float bv = -INFINITY;
   int bi = -1;
   for (int e = threadIdx.x; e < n; e += blockDim.x) {
@@ -240,8 +238,7 @@ __global__ void moe_combine_kernel(MoeCombineParams p, int* err) {
 }
 
 __global__ void add_kernel(AddParams p) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < p.n;
-       i += int64_t(gridDim.x) * blockDim.x)
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < p.n; i += int64_t(gridDim.x) * blockDim.x)
     p.y[i] += p.x[i];
 }
 
@@ -287,8 +284,8 @@ __global__ void paged_write_kernel(PagedWriteParams p) {
 // ---- GEMM helpers ------------------------------------------------------------------------------
 
 // x = hi + mid + lo exactly (each step's remainder is exact in fp32 and fits the next bf16).
-__global__ void gemm_split_x_kernel(const float* x, int64_t ldx, int64_t rows, int64_t k, int terms,
-                                    int64_t chunk_rows, void* xs, int64_t ldk) {
+__global__ void gemm_split_x_kernel(const float* x, int64_t ldx, int64_t rows, int64_t k, int terms, int64_t chunk_rows,
+                                    void* xs, int64_t ldk) {
   const int64_t rows_pad = (rows + chunk_rows - 1) / chunk_rows * chunk_rows, total = rows_pad * k;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
@@ -308,9 +305,8 @@ __global__ void gemm_split_x_kernel(const float* x, int64_t ldx, int64_t rows, i
   }
 }
 
-__global__ void gemm_combine_kernel(const float* cs, int64_t ldc, int64_t rows, int64_t n,
-                                    int terms, int64_t chunk_rows, float* y, int64_t ldy,
-                                    bool accumulate) {
+__global__ void gemm_combine_kernel(const float* cs, int64_t ldc, int64_t rows, int64_t n, int terms,
+                                    int64_t chunk_rows, float* y, int64_t ldy, bool accumulate) {
   const int t_count = terms < 1 ? 1 : terms;
   const int64_t total = rows * n;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -404,11 +400,9 @@ void launch_rope(const RopeParams& p, cudaStream_t st) {
 }
 
 void launch_router(const RouterParams& p, cudaStream_t st) {
-  const size_t smem =
-      size_t(p.n_experts) * (2 * sizeof(float) + 1) + size_t(p.n_group) * (sizeof(float) + 1) + 16;
+  const size_t smem = size_t(p.n_experts) * (2 * sizeof(float) + 1) + size_t(p.n_group) * (sizeof(float) + 1) + 16;
   if (smem > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(router_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(smem)));
+    CUDA_CHECK(cudaFuncSetAttribute(router_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   router_kernel<<<unsigned(p.m), kRowThreads, smem, st>>>(p);
   CUDA_CHECK_LAUNCH("router");
 }
@@ -461,19 +455,16 @@ void launch_convert_2d(const Copy2dParams& p, cudaStream_t st) {
   CUDA_CHECK_LAUNCH("copy_2d (convert)");
 }
 
-void launch_gemm_split_x(const float* x, int64_t ldx, int64_t rows, int64_t k, int terms,
-                         int64_t chunk_rows, void* xs, int64_t ldk, cudaStream_t st) {
+void launch_gemm_split_x(const float* x, int64_t ldx, int64_t rows, int64_t k, int terms, int64_t chunk_rows, void* xs,
+                         int64_t ldk, cudaStream_t st) {
   const int64_t rows_pad = (rows + chunk_rows - 1) / chunk_rows * chunk_rows;
-  gemm_split_x_kernel<<<grid_for(rows_pad * k, 256), 256, 0, st>>>(x, ldx, rows, k, terms,
-                                                                   chunk_rows, xs, ldk);
+  gemm_split_x_kernel<<<grid_for(rows_pad * k, 256), 256, 0, st>>>(x, ldx, rows, k, terms, chunk_rows, xs, ldk);
   CUDA_CHECK_LAUNCH("gemm split");
 }
 
-void launch_gemm_combine(const float* cs, int64_t ldc, int64_t rows, int64_t n, int terms,
-                         int64_t chunk_rows, float* y, int64_t ldy, bool accumulate,
-                         cudaStream_t st) {
-  gemm_combine_kernel<<<grid_for(rows * n, 256), 256, 0, st>>>(cs, ldc, rows, n, terms, chunk_rows,
-                                                               y, ldy, accumulate);
+void launch_gemm_combine(const float* cs, int64_t ldc, int64_t rows, int64_t n, int terms, int64_t chunk_rows, float* y,
+                         int64_t ldy, bool accumulate, cudaStream_t st) {
+  gemm_combine_kernel<<<grid_for(rows * n, 256), 256, 0, st>>>(cs, ldc, rows, n, terms, chunk_rows, y, ldy, accumulate);
   CUDA_CHECK_LAUNCH("gemm combine");
 }
 

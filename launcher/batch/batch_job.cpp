@@ -28,8 +28,8 @@
 
 #include "core/check.h"
 #include "cpu/device_like.h"
-#include "launcher/cluster/cluster_config.h"
 #include "launcher/cli/commands.h"
+#include "launcher/cluster/cluster_config.h"
 #include "launcher/report/moe_monitor.h"
 #include "launcher/serve/serve_signals.h"
 #include "runtime/chat.h"
@@ -40,7 +40,6 @@ namespace glm5::launcher {
 
 using json = nlohmann::json;
 
-
 std::vector<std::string> finished_keys(const std::string& path) {
   std::vector<std::string> keys;
   std::ifstream f(path);
@@ -49,14 +48,13 @@ std::vector<std::string> finished_keys(const std::string& path) {
     try {  // a line cut short by a kill is ignored (its request runs again)
       json j = json::parse(line);
       // A repeated custom_id is answered by its line: the id itself belongs to its first line.
-      const bool duplicate = j.contains("error") && j["error"].is_object() &&
-                             j["error"].value("code", "") == "duplicate_custom_id";
+      const bool duplicate =
+          j.contains("error") && j["error"].is_object() && j["error"].value("code", "") == "duplicate_custom_id";
       if (j.contains("custom_id") && j["custom_id"].is_string() && !duplicate)
         keys.push_back("id:" + j["custom_id"].get<std::string>());
       else if (j.contains("line"))
         keys.push_back("line:" + std::to_string(j["line"].get<int64_t>()));
-    } catch (...) {
-    }
+    } catch (...) {}
   }
   return keys;
 }
@@ -99,8 +97,7 @@ void end_with_whole_record(const std::string& path) {
   try {
     json j = json::parse(tail);
     whole = j.is_object() && j.contains("line");
-  } catch (const json::exception&) {
-  }
+  } catch (const json::exception&) {}
   if (whole) {
     std::ofstream f(path, std::ios::app);
     f << '\n';
@@ -160,7 +157,8 @@ class KeySet {
     std::vector<uint64_t> old(std::max<size_t>(64, slots_.size() * 2), 0);
     old.swap(slots_);
     count_ = 0;
-    for (uint64_t h : old) if (h) insert_hash(h);
+    for (uint64_t h : old)
+      if (h) insert_hash(h);
   }
   std::vector<uint64_t> slots_;
   size_t count_ = 0;
@@ -333,8 +331,7 @@ class LineReader {
         duplicate = true;
       }
     } catch (const json::exception&) {  // malformed: parse_batch_line's error record, by line
-    } catch (const JsonTooDeep&) {
-    }
+    } catch (const JsonTooDeep&) {}
     return "line:" + std::to_string(line_no);
   }
 
@@ -406,8 +403,10 @@ class BatchSource final : public runtime::RequestSource {
     if (stopping_ && r.finish_reason == "cancelled") h.cut = true;  // only a stop cancels in a batch
     h.results[size_t(j)] = std::move(r);
     if (--h.missing > 0) return;
-    if (h.cut) ++cut_;
-    else out_.write_record(batch_record(h.line, h.results, tok_, seq_no_++));
+    if (h.cut)
+      ++cut_;
+    else
+      out_.write_record(batch_record(h.line, h.results, tok_, seq_no_++));
     held_.erase(line);
   }
   void set_total_lines(int64_t n) { total_lines_ = n; }
@@ -449,7 +448,7 @@ class BatchSource final : public runtime::RequestSource {
     int64_t missing = 0;
     bool cut = false;  // a choice was cancelled by the stop: no record
   };
-  std::map<int64_t, Held> held_;                               // by line number
+  std::map<int64_t, Held> held_;                              // by line number
   std::map<int64_t, std::pair<int64_t, int64_t>> choice_of_;  // request index -> (line, choice)
   std::deque<runtime::Request> expand_;                       // choices of the line just taken
 };
@@ -485,9 +484,12 @@ void write_trace(Job& job, const std::string& path, const runtime::Profiler& pro
   };
   for (const json& r : ranks) {
     const int rank = r.at("rank").get<int>();
-    emit(json({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
-               {"args", {{"name", "rank " + std::to_string(rank) + " (stage " + std::to_string(r.at("stage").get<int>()) +
-                                      ", column " + std::to_string(r.at("column").get<int>()) + ")"}}}})
+    emit(json({{"name", "process_name"},
+               {"ph", "M"},
+               {"pid", rank},
+               {"args",
+                {{"name", "rank " + std::to_string(rank) + " (stage " + std::to_string(r.at("stage").get<int>()) +
+                              ", column " + std::to_string(r.at("column").get<int>()) + ")"}}}})
              .dump());
   }
   emit(mine);
@@ -514,8 +516,8 @@ json transport(const Job& job) {
             {"moe_bytes_sent", job.model->moe_bytes_sent()},
             {"moe_payload_bytes_sent", job.model->moe_payload_bytes_sent()}};
   if (const auto* c = kernels::device_like_counters(*job.backend))
-    t["host_transfers"] = {{"to_host_bytes", c->to_host_bytes}, {"to_device_bytes", c->to_device_bytes},
-                           {"raw_allocs", c->raw_allocs}};
+    t["host_transfers"] = {
+        {"to_host_bytes", c->to_host_bytes}, {"to_device_bytes", c->to_device_bytes}, {"raw_allocs", c->raw_allocs}};
   return t;
 }
 
@@ -526,22 +528,36 @@ void write_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
   json router = json::array();
   for (const auto& l : job.model->router_load())
     router.push_back({{"layer", l.layer}, {"rows", l.rows}, {"picks", l.picks}});
-  json mine = {{"rank", st.rank}, {"stage", st.stage}, {"column", st.column}, {"wall_s", st.wall_s},
-               {"compute_s", st.compute_s}, {"comm_s", st.comm_s}, {"idle_s", st.idle_s},
-               {"bytes_sent", st.bytes_sent}, {"tokens_generated", st.tokens_generated},
-               {"prompt_tokens", st.prompt_tokens}, {"ticks", st.ticks},
-               {"max_step_rows", st.max_step_rows}, {"kv_blocks", st.kv_blocks},
-               {"kv_blocks_peak", st.kv_blocks_peak}, {"preemptions", st.preemptions},
-               {"prefix_hit_tokens", st.prefix_hit_tokens},
-               {"spec_verify_steps", st.spec_steps}, {"spec_draft_tokens", st.spec_drafted},
-               {"spec_accepted_tokens", st.spec_accepted}, {"spec_accepted_at", st.spec_accepted_at},
-               {"spec_mean_acceptance_length",
-                st.spec_steps > 0 ? 1.0 + double(st.spec_accepted) / double(st.spec_steps) : 0.0},
-               {"expert_tokens", st.expert_tokens}, {"peak_rss_kb", st.peak_rss_kb},
-               {"weight_bytes", job.model->weight_bytes()}, {"router", router},
-               {"rows_not_k", job.model->rows_not_k()},
-               {"backend", job.backend->name()}, {"transport", transport(job)},
-               {"tokens_per_s", st.wall_s > 0 ? double(st.tokens_generated) / st.wall_s : 0.0}};
+  json mine = {
+      {"rank", st.rank},
+      {"stage", st.stage},
+      {"column", st.column},
+      {"wall_s", st.wall_s},
+      {"compute_s", st.compute_s},
+      {"comm_s", st.comm_s},
+      {"idle_s", st.idle_s},
+      {"bytes_sent", st.bytes_sent},
+      {"tokens_generated", st.tokens_generated},
+      {"prompt_tokens", st.prompt_tokens},
+      {"ticks", st.ticks},
+      {"max_step_rows", st.max_step_rows},
+      {"kv_blocks", st.kv_blocks},
+      {"kv_blocks_peak", st.kv_blocks_peak},
+      {"preemptions", st.preemptions},
+      {"prefix_hit_tokens", st.prefix_hit_tokens},
+      {"spec_verify_steps", st.spec_steps},
+      {"spec_draft_tokens", st.spec_drafted},
+      {"spec_accepted_tokens", st.spec_accepted},
+      {"spec_accepted_at", st.spec_accepted_at},
+      {"spec_mean_acceptance_length", st.spec_steps > 0 ? 1.0 + double(st.spec_accepted) / double(st.spec_steps) : 0.0},
+      {"expert_tokens", st.expert_tokens},
+      {"peak_rss_kb", st.peak_rss_kb},
+      {"weight_bytes", job.model->weight_bytes()},
+      {"router", router},
+      {"rows_not_k", job.model->rows_not_k()},
+      {"backend", job.backend->name()},
+      {"transport", transport(job)},
+      {"tokens_per_s", st.wall_s > 0 ? double(st.tokens_generated) / st.wall_s : 0.0}};
   if (prof) mine["profile"] = prof->totals();
   if (prof && !a.trace.empty()) mine["trace_dropped"] = prof->dropped_events();
   std::string s = mine.dump();
@@ -580,20 +596,22 @@ void write_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
                  r["peak_rss_kb"].get<double>() / 1024.0, r["weight_bytes"].get<double>() / 1048576.0);
     if (r.value("spec_verify_steps", int64_t(0)) > 0) {
       std::string at;
-      for (const json& x : r["spec_accepted_at"])
-        at += (at.empty() ? "" : ", ") + std::to_string(x.get<int64_t>());
+      for (const json& x : r["spec_accepted_at"]) at += (at.empty() ? "" : ", ") + std::to_string(x.get<int64_t>());
       std::fprintf(stderr,
                    "[glm5] rank %d: speculative decoding: %lld verify steps, %lld drafts, %lld accepted (per position: "
                    "%s), mean acceptance length %.2f\n",
                    r["rank"].get<int>(), (long long)r["spec_verify_steps"].get<int64_t>(),
-                   (long long)r["spec_draft_tokens"].get<int64_t>(), (long long)r["spec_accepted_tokens"].get<int64_t>(),
-                   at.c_str(), r["spec_mean_acceptance_length"].get<double>());
+                   (long long)r["spec_draft_tokens"].get<int64_t>(),
+                   (long long)r["spec_accepted_tokens"].get<int64_t>(), at.c_str(),
+                   r["spec_mean_acceptance_length"].get<double>());
     }
     if (r.value("trace_dropped", int64_t(0)) > 0)
-      std::fprintf(stderr, "[glm5] warning: rank %d: the trace kept its first phase calls only (%lld later ones dropped)\n",
+      std::fprintf(stderr,
+                   "[glm5] warning: rank %d: the trace kept its first phase calls only (%lld later ones dropped)\n",
                    r["rank"].get<int>(), (long long)r["trace_dropped"].get<int64_t>());
   }
-  if (prof && !a.trace.empty()) write_trace(job, a.trace, *prof, ranks);  // last: the report is written whatever happens
+  if (prof && !a.trace.empty())
+    write_trace(job, a.trace, *prof, ranks);  // last: the report is written whatever happens
 }
 
 }  // namespace
@@ -649,9 +667,11 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
   job->engine->run(&src, [&](runtime::Result&& r) { src.write(std::move(r)); });
   out.close();
   if (src.stopped_early()) {
-    std::fprintf(stderr, "glm5: stopped by %s after %lld of %lld records (%lld in this run); the output holds "
-                 "whole records only: rerun the same command to finish\n", stop_what.c_str(),
-                 (long long)(int64_t(answered) + out.written()), (long long)lines, (long long)out.written());
+    std::fprintf(stderr,
+                 "glm5: stopped by %s after %lld of %lld records (%lld in this run); the output holds "
+                 "whole records only: rerun the same command to finish\n",
+                 stop_what.c_str(), (long long)(int64_t(answered) + out.written()), (long long)lines,
+                 (long long)out.written());
     std::fflush(stderr);
     write_report(*job, a, prof.get());
     return kExitStopped;
@@ -679,8 +699,8 @@ int run_tokenize(const std::string& path, bool decode, bool literal_special) {
       CHECK(j.contains("ids") && j["ids"].is_array(), "stdin line ", n, ": expected {\"ids\": [...]}");
       std::vector<int32_t> ids;
       for (auto& x : j["ids"]) {
-        CHECK(x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() < tok.vocab_size(),
-              "stdin line ", n, ": token id ", describe(x), " outside [0, ", tok.vocab_size(), ")");
+        CHECK(x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() < tok.vocab_size(), "stdin line ", n,
+              ": token id ", describe(x), " outside [0, ", tok.vocab_size(), ")");
         ids.push_back(x.get<int32_t>());
       }
       std::cout << json({{"text", tok.decode(ids)}}).dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
@@ -726,7 +746,8 @@ int run_draining(std::vector<char*>& av) {
         std::fprintf(stderr, "[glm5] launch: signal %d: asking the job to stop (SIGUSR1 to mpirun)\n", sig);
         kill(pid, SIGUSR1);
       } else {
-        std::fprintf(stderr, "[glm5] launch: signal %d, the third: SIGTERM to mpirun (Open MPI ends every rank)\n", sig);
+        std::fprintf(stderr, "[glm5] launch: signal %d, the third: SIGTERM to mpirun (Open MPI ends every rank)\n",
+                     sig);
         kill(pid, SIGTERM);
       }
       continue;
@@ -740,8 +761,8 @@ int run_draining(std::vector<char*>& av) {
 
 }  // namespace
 
-int run_launch(const std::string& cluster, const std::vector<std::string>& args, bool run,
-               const std::string& argv0, const std::string& slurm, bool srun) {
+int run_launch(const std::string& cluster, const std::vector<std::string>& args, bool run, const std::string& argv0,
+               const std::string& slurm, bool srun) {
   ClusterConfig cc = load_cluster_config(cluster);
   std::string self = argv0;
   std::error_code ec;

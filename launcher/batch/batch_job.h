@@ -9,18 +9,21 @@
 #include <string>
 #include <vector>
 
-#include "parallel/comm.h"
 #include "launcher/cluster/cluster_config.h"
 #include "launcher/openai/openai_format.h"
+#include "parallel/comm.h"
 #include "runtime/engine.h"
 
-namespace glm5::runtime { class Tokenizer; struct ModelConfig; }
+namespace glm5::runtime {
+class Tokenizer;
+struct ModelConfig;
+}  // namespace glm5::runtime
 
 namespace glm5::launcher {
 
 struct BatchArgs {
   std::string model, cluster, input, output, report;
-  std::string metrics;         // Prometheus text file of the run's counters (empty: none)
+  std::string metrics;          // Prometheus text file of the run's counters (empty: none)
   double imbalance_warn = 1.5;  // warn when an MoE layer's busiest EP rank gets this x the mean load
   bool profile = false;         // time the forward pass's phases per layer into the report
   std::string trace;            // Chrome trace JSON of every phase call, one track per rank (implies profile)
@@ -38,7 +41,7 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world);
 // Tokenizes as prompts are tokenized: special tokens written in the text become their ids (as HF
 // `tokenizers` encodes them); literal_special keeps them as plain text.
 int run_tokenize(const std::string& tokenizer, bool decode, bool literal_special);
-int run_launch(const std::string& cluster, const std::vector<std::string>& args, bool run,
-               const std::string& argv0, const std::string& slurm = "", bool srun = false);
+int run_launch(const std::string& cluster, const std::vector<std::string>& args, bool run, const std::string& argv0,
+               const std::string& slurm = "", bool srun = false);
 
 }  // namespace glm5::launcher

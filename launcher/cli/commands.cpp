@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "cpu/device_like.h"
 #include "launcher/batch/batch_job.h"
 #include "launcher/cluster/gpu_binding.h"
 #include "launcher/convert/convert.h"
@@ -26,7 +27,6 @@
 #include "launcher/report/report.h"
 #include "launcher/serve/serve.h"
 #include "launcher/simulate/simulate.h"
-#include "cpu/device_like.h"
 #include "parallel/device_comm.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"
@@ -93,8 +93,7 @@ void warn_on_mixed_gemm_paths(parallel::Comm& world, bool fast) {
 }  // namespace
 
 std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& cluster_file,
-                              std::unique_ptr<parallel::Comm> world, bool progress,
-                              const ClusterOverrides& overrides) {
+                              std::unique_ptr<parallel::Comm> world, bool progress, const ClusterOverrides& overrides) {
   auto job = std::make_unique<Job>();
   job->world = std::move(world);
   job->cluster = cluster_file.empty() ? default_cluster_config() : load_cluster_config(cluster_file);
@@ -108,9 +107,11 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
             ? "indexer_types entry " + std::to_string(mtp_layer) + " makes the MTP layer \"shared\""
             : std::string("index_share_for_mtp_iteration leaves the MTP layer no indexer"),
         ", which speculative decoding does not run yet: set speculative_tokens to 0");
-  CHECK(job->cluster.speculative_tokens <= 1 || !job->config.index_share_for_mtp_iteration, model_dir,
-        "/config.json sets index_share_for_mtp_iteration (GLM-5.2: the MTP layer's draft steps may share top-k indices, "
-        "which glm5 does not run yet): speculative_tokens must be 0 or 1, found ", job->cluster.speculative_tokens);
+  CHECK(
+      job->cluster.speculative_tokens <= 1 || !job->config.index_share_for_mtp_iteration, model_dir,
+      "/config.json sets index_share_for_mtp_iteration (GLM-5.2: the MTP layer's draft steps may share top-k indices, "
+      "which glm5 does not run yet): speculative_tokens must be 0 or 1, found ",
+      job->cluster.speculative_tokens);
   job->stages = plan_stages(job->cluster, job->config, job->world->size());
   const parallel::Grid grid = job->cluster.grid();
   const int rank = job->world->rank(), stage = grid.stage_of(rank), column = grid.column_of(rank);
@@ -138,8 +139,8 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   make_payload_comms(*job, device);
 
   const runtime::ModelShard shard = rank_shard(job->cluster, job->stages, rank);
-  job->model = std::make_unique<runtime::Model>(job->config, *job->checkpoint, *job->backend, shard,
-                                                *job->stage_comm, job->moe_payload.get());
+  job->model = std::make_unique<runtime::Model>(job->config, *job->checkpoint, *job->backend, shard, *job->stage_comm,
+                                                job->moe_payload.get());
   runtime::EngineOptions opt;
   opt.micro_batches = job->cluster.micro_batches;
   opt.max_batch = job->cluster.max_batch;
@@ -152,15 +153,15 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   // MTP layer's rows when speculating).
   for (size_t s = 0; s < job->stages.size(); ++s) {
     const bool mtp = s + 1 == job->stages.size() && job->cluster.speculative_tokens > 0;
-    opt.kv_bytes_per_token = std::max(opt.kv_bytes_per_token,
-                                      runtime::KvPool::bytes_per_token(job->config, job->stages[s].first,
-                                                                       job->stages[s].last + (mtp ? 1 : 0), opt.kv_dtype));
+    opt.kv_bytes_per_token = std::max(
+        opt.kv_bytes_per_token, runtime::KvPool::bytes_per_token(job->config, job->stages[s].first,
+                                                                 job->stages[s].last + (mtp ? 1 : 0), opt.kv_dtype));
   }
   opt.speculative_tokens = job->cluster.speculative_tokens;
   opt.speculative_max_batch = job->cluster.speculative_max_batch;
   opt.progress = progress;
-  job->engine = std::make_unique<runtime::Engine>(*job->model, *job->world, *job->stage_comm, grid, opt,
-                                                  job->hidden.get());
+  job->engine =
+      std::make_unique<runtime::Engine>(*job->model, *job->world, *job->stage_comm, grid, opt, job->hidden.get());
   return job;
 }
 
@@ -175,8 +176,9 @@ namespace {
 // The cluster-config overrides a running command takes (speculation only where it decodes).
 void add_override_options(CLI::App* cmd, ClusterOverrides& o, bool decodes) {
   if (decodes)
-    cmd->add_option("--speculative-tokens", o.speculative_tokens,
-                    "MTP draft tokens per decode step, 0..8 (0: off; replaces the cluster config's speculative_tokens)");
+    cmd->add_option(
+        "--speculative-tokens", o.speculative_tokens,
+        "MTP draft tokens per decode step, 0..8 (0: off; replaces the cluster config's speculative_tokens)");
   cmd->add_option("--precision", o.precision,
                   "exact | fast: fast rounds every gemm's inputs to bf16 (replaces the cluster config's precision)");
 }
@@ -251,7 +253,10 @@ int run_generate(const GenerateArgs& a, std::unique_ptr<parallel::Comm> world) {
   bool got = false;
   job->engine->set_tokenizer(tok.get());
   job->start_watchdog();
-  job->engine->run(reqs, [&](runtime::Result&& r) { result = std::move(r); got = true; });
+  job->engine->run(reqs, [&](runtime::Result&& r) {
+    result = std::move(r);
+    got = true;
+  });
   if (!root) return 0;
   CHECK(got, "internal: no result for the request");
   CHECK(result.error.empty(), result.error);
@@ -260,10 +265,9 @@ int run_generate(const GenerateArgs& a, std::unique_ptr<parallel::Comm> world) {
     const int64_t N = int64_t(result.tokens.size());
     CHECK(int64_t(result.prompt_logits.size()) == P * V && int64_t(result.decode_logits.size()) == N * V,
           "internal: logits dump has the wrong size");
-    runtime::write_safetensors(a.dump_logits,
-                               {{"prefill_logits", DType::F32, {P, V}, result.prompt_logits.data()},
-                                {"decode_tokens", DType::I32, {N}, result.tokens.data()},
-                                {"decode_logits", DType::F32, {N, V}, result.decode_logits.data()}});
+    runtime::write_safetensors(a.dump_logits, {{"prefill_logits", DType::F32, {P, V}, result.prompt_logits.data()},
+                                               {"decode_tokens", DType::I32, {N}, result.tokens.data()},
+                                               {"decode_logits", DType::F32, {N, V}, result.decode_logits.data()}});
   }
   json out = {{"token_ids", result.tokens}, {"finish_reason", result.finish_reason}};
   if (tok) out["text"] = tok->decode(result.tokens, true);
@@ -325,8 +329,9 @@ CLI::App* add_batch(CLI::App& app, BatchArgs& a) {
   add_override_options(c, a.overrides, true);
   c->add_option("--metrics", a.metrics, "write the run's counters as a Prometheus text file");
   c->add_flag("--profile", a.profile, "time the forward pass's phases per layer on every rank (into --report)");
-  c->add_option("--trace", a.trace,
-                "write the phase calls as a Chrome trace (opens in Perfetto; the first 2^19 per rank); implies --profile");
+  c->add_option(
+      "--trace", a.trace,
+      "write the phase calls as a Chrome trace (opens in Perfetto; the first 2^19 per rank); implies --profile");
   c->add_option("--imbalance-warn", a.imbalance_warn,
                 "warn when an MoE layer's busiest expert-parallel rank gets more than this x the mean load")
       ->capture_default_str()
@@ -336,15 +341,19 @@ CLI::App* add_batch(CLI::App& app, BatchArgs& a) {
 
 // `glm5 perplexity`: a text file's perplexity, KL divergence against a base run.
 CLI::App* add_perplexity(CLI::App& app, PerplexityArgs& a) {
-  CLI::App* c = app.add_subcommand("perplexity", "perplexity of a text file (llama-perplexity windows), KL divergence against a base run");
+  CLI::App* c = app.add_subcommand(
+      "perplexity", "perplexity of a text file (llama-perplexity windows), KL divergence against a base run");
   c->add_option("--model", a.model)->required();
   c->add_option("--cluster", a.cluster, "cluster config YAML (run under mpirun)");
   c->add_option("--file", a.file, "the text (tokenized whole, no special tokens)")->required();
   c->add_option("--ctx", a.ctx, "tokens per window")->capture_default_str();
-  c->add_option("--stride", a.stride, "tokens between window starts (default --ctx); each window scores its last min(stride, ctx/2)");
+  c->add_option("--stride", a.stride,
+                "tokens between window starts (default --ctx); each window scores its last min(stride, ctx/2)");
   c->add_option("--chunks", a.chunks, "score only the first N windows (0: all)")->capture_default_str();
-  auto* save = c->add_option("--save-logits", a.save_logits, "write the scored rows' log-softmax (F32 safetensors) for --kl-base");
-  c->add_option("--kl-base", a.kl_base, "a --save-logits file of a base run: KL divergence and top-1 agreement against it")
+  auto* save = c->add_option("--save-logits", a.save_logits,
+                             "write the scored rows' log-softmax (F32 safetensors) for --kl-base");
+  c->add_option("--kl-base", a.kl_base,
+                "a --save-logits file of a base run: KL divergence and top-1 agreement against it")
       ->excludes(save);
   c->add_flag("--json", a.json, "print one JSON object instead of the table");
   add_override_options(c, a.overrides, false);
@@ -358,8 +367,8 @@ CLI::App* add_inspect(CLI::App& app, InspectArgs& a) {
       ->required();
   c->add_option("--cluster", a.cluster, "cluster config YAML");
   auto* quant = c->add_option("--quant", a.quant,
-                                  "plan the checkpoint as `glm5 convert --quant` would write it: int4 | int8 | "
-                                  "fp8 | bf16 | f32");
+                              "plan the checkpoint as `glm5 convert --quant` would write it: int4 | int8 | "
+                              "fp8 | bf16 | f32");
   c->add_option("--group-size", a.group_size, "int4 / int8: columns per scale (32, 64, 128)")
       ->capture_default_str()
       ->needs(quant);
@@ -373,27 +382,30 @@ CLI::App* add_inspect(CLI::App& app, InspectArgs& a) {
 
 // `glm5 convert`: a checkpoint rewritten in another storage format.
 CLI::App* add_convert(CLI::App& app, ConvertArgs& a) {
-  CLI::App* c = app.add_subcommand("convert", "rewrite a checkpoint as int4 / int8 / fp8 / bf16 / f32, tensor by tensor");
+  CLI::App* c =
+      app.add_subcommand("convert", "rewrite a checkpoint as int4 / int8 / fp8 / bf16 / f32, tensor by tensor");
   c->add_option("--model", a.model, "input checkpoint (BF16, FP8 or pack-quantized)")->required();
   c->add_option("--out", a.out, "output directory (created; a rerun resumes an interrupted conversion)")->required();
   c->add_option("--quant", a.quant, "int4 | int8 | fp8 | bf16 | f32")->capture_default_str();
   c->add_option("--group-size", a.group_size, "int4 / int8: columns per scale (32, 64, 128)")->capture_default_str();
   c->add_option("--scale-dtype", a.scale_dtype,
-                 "int4 / int8 scales: bf16 (the default; llm-compressor's bytes) | f32 (2 more bytes per group; "
-                 "weights q * scale need no rounding, so int8 decodes faster on CPUs: BENCHMARKS.md). Without "
-                 "it, int tensors already in the target format and group keep their scales");
+                "int4 / int8 scales: bf16 (the default; llm-compressor's bytes) | f32 (2 more bytes per group; "
+                "weights q * scale need no rounding, so int8 decodes faster on CPUs: BENCHMARKS.md). Without "
+                "it, int tensors already in the target format and group keep their scales");
   c->add_option("--quantize", a.quantize,
-                 "roles to quantize, comma list of experts, shared, dense, attention, indexer, lm_head, all "
-                 "(default experts,shared)");
+                "roles to quantize, comma list of experts, shared, dense, attention, indexer, lm_head, all "
+                "(default experts,shared)");
   c->add_option("--cluster", a.cluster, "write one file set per rank of this cluster config");
   c->add_option("--shard-size-mb", a.shard_size_mb, "largest output file")->capture_default_str();
-  c->add_flag_callback("--no-progress", [&a] { a.progress = false; }, "no progress bar on stderr");
+  c->add_flag_callback(
+      "--no-progress", [&a] { a.progress = false; }, "no progress bar on stderr");
   return c;
 }
 
 // `glm5 simulate`: the analytic model of a run.
 CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
-  CLI::App* c = app.add_subcommand("simulate", "predict tokens/s, utilisation and the bottleneck of a layout (analytic model)");
+  CLI::App* c =
+      app.add_subcommand("simulate", "predict tokens/s, utilisation and the bottleneck of a layout (analytic model)");
   c->add_option("--model", a.model, "model directory or config.json (required unless --calibrate)");
   auto* cluster = c->add_option("--cluster", a.cluster, "cluster config YAML");
   c->add_option("--workload", a.workload, "prompts=N,in=TOKENS,out=TOKENS[,prefix=TOKENS]");
@@ -410,10 +422,12 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
                 "were all accepted, j = 1..k, e.g. 0.86,0.66,0.52 (a report's spec_accepted_at / spec_verify_steps "
                 "reads low where steps verified fewer than k drafts, near max_tokens)");
   c->add_flag("--published-kernels", a.published_kernels,
-              "what-if: the hardware file's published-kernel efficiencies (FlashMLA, DeepGEMM) instead of glm5's measured ones");
+              "what-if: the hardware file's published-kernel efficiencies (FlashMLA, DeepGEMM) instead of glm5's "
+              "measured ones");
   c->add_flag("--overlap", a.overlap, "what-if: MoE exchange hidden behind compute (two micro-batches alternating)");
   auto* calibrate = c->add_flag("--calibrate", a.calibrate, "measure this machine and write a hardware file (--out)");
-  c->add_option("--out", a.out, "with --calibrate: the hardware YAML to write (with --model: its expert shape)")->needs(calibrate);
+  c->add_option("--out", a.out, "with --calibrate: the hardware YAML to write (with --model: its expert shape)")
+      ->needs(calibrate);
   calibrate->excludes(cluster);
   return c;
 }
@@ -432,7 +446,8 @@ CLI::App* add_serve(CLI::App& app, ServeArgs& a) {
   c->add_option("--max-queue", a.max_queue, "requests waiting for the engine beyond which new ones get 429")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 30));
-  c->add_option("--drain-timeout", a.drain_timeout_s, "seconds SIGTERM waits for accepted requests before cancelling them")
+  c->add_option("--drain-timeout", a.drain_timeout_s,
+                "seconds SIGTERM waits for accepted requests before cancelling them")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e6));
   c->add_option("--read-timeout", a.limits.read_timeout_s, "seconds a client has to send a whole request")
@@ -487,8 +502,8 @@ CLI::App* add_launch(CLI::App& app, LaunchArgs& a) {
   CLI::App* c = app.add_subcommand("launch", "print (or --run) the mpirun command for a cluster config");
   c->add_option("--cluster", a.cluster)->required();
   auto* run = c->add_flag("--run", a.run, "execute it");
-  auto* slurm = c->add_option("--slurm", a.slurm, "write a Slurm batch script (sbatch FILE) instead of printing")
-                    ->excludes(run);
+  auto* slurm =
+      c->add_option("--slurm", a.slurm, "write a Slurm batch script (sbatch FILE) instead of printing")->excludes(run);
   c->add_flag("--srun", a.srun, "with --slurm: start the ranks with srun --mpi=pmix instead of mpirun")->needs(slurm);
   c->add_option("args", a.args, "glm5 subcommand and arguments (after --)");
   return c;
@@ -509,9 +524,15 @@ struct Commands {
   CLI::App *gen, *bat, *ppl, *rep, *ins, *conv, *tok, *sim, *srv, *lau;
 
   explicit Commands(CLI::App& app)
-      : gen(add_generate(app, generate)), bat(add_batch(app, batch)), ppl(add_perplexity(app, perplexity)),
-        rep(add_report(app, report)), ins(add_inspect(app, inspect)), conv(add_convert(app, convert)),
-        tok(add_tokenize(app, tokenize)), sim(add_simulate(app, simulate)), srv(add_serve(app, serve)),
+      : gen(add_generate(app, generate)),
+        bat(add_batch(app, batch)),
+        ppl(add_perplexity(app, perplexity)),
+        rep(add_report(app, report)),
+        ins(add_inspect(app, inspect)),
+        conv(add_convert(app, convert)),
+        tok(add_tokenize(app, tokenize)),
+        sim(add_simulate(app, simulate)),
+        srv(add_serve(app, serve)),
         lau(add_launch(app, launch)) {}
 
   // The cluster config of the command that runs (empty: one process).

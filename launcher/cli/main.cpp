@@ -7,9 +7,7 @@
 #include <iostream>
 #include <memory>
 
-#include "launcher/cli/commands.h"
 #include "core/check.h"
+#include "launcher/cli/commands.h"
 
-int main(int argc, char** argv) {
-  return glm5::launcher::main_entry(argc, argv);
-}
+int main(int argc, char** argv) { return glm5::launcher::main_entry(argc, argv); }

@@ -5,13 +5,13 @@
 #include "launcher/cluster/cluster_config.h"
 
 #include <algorithm>
-#include <numeric>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <numeric>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -24,10 +24,10 @@ namespace glm5::launcher {
 namespace {
 
 const char* const kAllowedKeys[] = {
-    "stages",        "expert_parallel", "micro_batches",   "backend", "comm",
-    "kv_budget_gb",  "max_batch",       "prefill_chunk",   "hosts",   "mpirun_args",
-    "env",           "device_memory_gb", "max_step_tokens", "watchdog_s", "prefix_caching", "kv_dtype",
-    "speculative_tokens", "speculative_max_batch", "precision"};
+    "stages",       "expert_parallel",    "micro_batches",         "backend",    "comm",
+    "kv_budget_gb", "max_batch",          "prefill_chunk",         "hosts",      "mpirun_args",
+    "env",          "device_memory_gb",   "max_step_tokens",       "watchdog_s", "prefix_caching",
+    "kv_dtype",     "speculative_tokens", "speculative_max_batch", "precision"};
 
 std::string where(const std::string& source) {
   return "cluster config " + (source.empty() ? std::string("(built-in default)") : source);
@@ -55,13 +55,11 @@ struct Reader {
 
   [[noreturn]] void bad(const YAML::Node& n, const std::string& key, const std::string& expected,
                         const std::string& found) const {
-    std::string line = n.IsDefined() && n.Mark().line >= 0
-                           ? ", line " + std::to_string(n.Mark().line + 1)
-                           : std::string();
+    std::string line =
+        n.IsDefined() && n.Mark().line >= 0 ? ", line " + std::to_string(n.Mark().line + 1) : std::string();
     GLM5_FAIL(where(source), line, ": key '", key, "': expected ", expected, ", found ", found);
   }
-  [[noreturn]] void bad(const YAML::Node& n, const std::string& key,
-                        const std::string& expected) const {
+  [[noreturn]] void bad(const YAML::Node& n, const std::string& key, const std::string& expected) const {
     bad(n, key, expected, show(n));
   }
 
@@ -79,8 +77,7 @@ struct Reader {
     std::ostringstream expected;
     expected << "a number >= " << min_value;
     double x = 0;
-    if (!n.IsScalar() || !YAML::convert<double>::decode(n, x) || !std::isfinite(x))
-      bad(n, key, expected.str());
+    if (!n.IsScalar() || !YAML::convert<double>::decode(n, x) || !std::isfinite(x)) bad(n, key, expected.str());
     if (x < min_value) bad(n, key, expected.str());
     return x;
   }
@@ -93,11 +90,9 @@ struct Reader {
     if (!n.IsScalar() || n.Scalar().empty()) bad(n, key, expected);
     return n.Scalar();
   }
-  std::string one_of(const YAML::Node& n, const std::string& key,
-                     std::initializer_list<const char*> choices) const {
+  std::string one_of(const YAML::Node& n, const std::string& key, std::initializer_list<const char*> choices) const {
     std::string expected;
-    for (const char* c : choices)
-      expected += (expected.empty() ? "one of " : ", ") + std::string(c);
+    for (const char* c : choices) expected += (expected.empty() ? "one of " : ", ") + std::string(c);
     std::string s = text(n, key, expected);
     for (const char* c : choices)
       if (s == c) return s;
@@ -143,8 +138,7 @@ struct Reader {
       if (h.IsMap()) {
         for (auto it = h.begin(); it != h.end(); ++it) {
           std::string k = it->first.as<std::string>("");
-          if (k != "host" && k != "slots")
-            bad(it->first, key, "only the keys host, slots", "key '" + k + "'");
+          if (k != "host" && k != "slots") bad(it->first, key, "only the keys host, slots", "key '" + k + "'");
         }
         if (!h["host"]) bad(h, key + ".host", "a host name", "no 'host' key");
         hs.host = text(h["host"], key + ".host", "a host name");
@@ -157,8 +151,7 @@ struct Reader {
         if (colon != std::string::npos) {
           long long slots = 0;
           YAML::Node num(s.substr(colon + 1));
-          if (!YAML::convert<long long>::decode(num, slots) || slots < 1 ||
-              slots > std::numeric_limits<int>::max())
+          if (!YAML::convert<long long>::decode(num, slots) || slots < 1 || slots > std::numeric_limits<int>::max())
             bad(h, key, "NAME or NAME:SLOTS with SLOTS an integer >= 1");
           hs.slots = int(slots);
         }
@@ -166,15 +159,13 @@ struct Reader {
         bad(h, key, "{host: NAME, slots: N} or \"NAME:SLOTS\"");
       }
       bool name_ok = !hs.host.empty() && hs.host.find_first_of(" \t,:=") == std::string::npos;
-      if (!name_ok)
-        bad(h, key + ".host", "a host name without spaces, ',', ':' or '='", "'" + hs.host + "'");
+      if (!name_ok) bad(h, key + ".host", "a host name without spaces, ',', ':' or '='", "'" + hs.host + "'");
       cc.hosts.push_back(hs);
     }
   }
 
   void mpirun_args(const YAML::Node& n, ClusterConfig& cc) const {
-    if (!n.IsSequence())
-      bad(n, "mpirun_args", "a list of strings, e.g. [\"--mca\", \"pml\", \"ucx\"]");
+    if (!n.IsSequence()) bad(n, "mpirun_args", "a list of strings, e.g. [\"--mca\", \"pml\", \"ucx\"]");
     for (size_t i = 0; i < n.size(); ++i)
       cc.mpirun_args.push_back(text(n[i], "mpirun_args[" + std::to_string(i) + "]", "a string"));
   }
@@ -218,8 +209,7 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
   try {
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
-    GLM5_FAIL(where(source), ", line ", e.mark.line + 1, ", column ", e.mark.column + 1,
-              ": not valid YAML: ", e.msg);
+    GLM5_FAIL(where(source), ", line ", e.mark.line + 1, ", column ", e.mark.column + 1, ": not valid YAML: ", e.msg);
   }
   if (!root.IsDefined() || root.IsNull()) return cc;  // an empty file: the 1 x 1 cpu default
   if (!root.IsMap()) rd.bad(root, "(top level)", "a map of keys (" + allowed_keys_list() + ")");
@@ -270,14 +260,12 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
       else if (key == "env")
         rd.env(v, cc);
       else
-        rd.bad(it->first, key, "one of the keys (" + allowed_keys_list() + ")",
-               "unknown key '" + key + "'");
+        rd.bad(it->first, key, "one of the keys (" + allowed_keys_list() + ")", "unknown key '" + key + "'");
     }
     if (cc.max_step_tokens < cc.max_batch) {
       const YAML::Node n = root["max_step_tokens"] ? root["max_step_tokens"] : root["max_batch"];
       rd.bad(n, "max_step_tokens",
-             "at least max_batch (" + std::to_string(cc.max_batch) +
-                 ": every running sequence decodes in one step)",
+             "at least max_batch (" + std::to_string(cc.max_batch) + ": every running sequence decodes in one step)",
              std::to_string(cc.max_step_tokens));
     }
     if (cc.comm == "nccl" && cc.backend == "cpu")
@@ -300,8 +288,8 @@ ClusterConfig load_cluster_config(const std::string& path) {
 
 double layer_parameters(const runtime::ModelConfig& mc, int layer) {
   const int64_t n_layers = mc.num_hidden_layers + mc.num_nextn_predict_layers;
-  CHECK(layer >= 0 && layer < n_layers, "layer_parameters: layer ", layer, " is outside [0, ",
-        n_layers, ") of model config ", mc.source);
+  CHECK(layer >= 0 && layer < n_layers, "layer_parameters: layer ", layer, " is outside [0, ", n_layers,
+        ") of model config ", mc.source);
   const double H = double(mc.hidden_size);
   const double heads = double(mc.num_attention_heads);
   // Attention (MLA), spec §2.1: q_a [q_lora, H] + q_a_layernorm, q_b [heads*qk_head_dim, q_lora]
@@ -309,8 +297,8 @@ double layer_parameters(const runtime::ModelConfig& mc, int layer) {
   // kv_b [heads*(nope + v), kv_lora], o [H, heads*v]; input and post-attention RMSNorms.
   double attn = 0;
   if (mc.q_lora_rank > 0)
-    attn += double(mc.q_lora_rank) * H + double(mc.q_lora_rank) +
-            heads * double(mc.qk_head_dim()) * double(mc.q_lora_rank);
+    attn +=
+        double(mc.q_lora_rank) * H + double(mc.q_lora_rank) + heads * double(mc.qk_head_dim()) * double(mc.q_lora_rank);
   else
     attn += heads * double(mc.qk_head_dim()) * H;
   attn += double(mc.kv_lora_rank + mc.qk_rope_head_dim) * H + double(mc.kv_lora_rank);
@@ -335,26 +323,22 @@ double layer_parameters(const runtime::ModelConfig& mc, int layer) {
   return attn + indexer + mlp + mtp;
 }
 
-std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc,
-                                              const runtime::ModelConfig& mc, int world_size) {
+std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc, const runtime::ModelConfig& mc, int world_size) {
   const std::string cfg = where(cc.source);
   const int P = cc.stages, E = cc.expert_parallel;
-  CHECK(P >= 1 && E >= 1, cfg, ": stages (", P, ") and expert_parallel (", E,
-        ") must both be >= 1");
+  CHECK(P >= 1 && E >= 1, cfg, ": stages (", P, ") and expert_parallel (", E, ") must both be >= 1");
   CHECK(world_size == P * E, cfg, ": stages (", P, ") x expert_parallel (", E, ") = ", P * E,
         " ranks, but the job has ", world_size, " ranks (mpirun -np)");
   if (mc.n_routed_experts % E != 0) {
     std::string divisors;
     for (int64_t d = 1; d <= mc.n_routed_experts; ++d)
-      if (mc.n_routed_experts % d == 0)
-        divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
-    GLM5_FAIL(cfg, ": key 'expert_parallel': expected a divisor of n_routed_experts (",
-              mc.n_routed_experts, ") of model config ", mc.source, " (one of ", divisors,
-              "), found ", E);
+      if (mc.n_routed_experts % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+    GLM5_FAIL(cfg, ": key 'expert_parallel': expected a divisor of n_routed_experts (", mc.n_routed_experts,
+              ") of model config ", mc.source, " (one of ", divisors, "), found ", E);
   }
   const int L = int(mc.num_hidden_layers);
-  CHECK(P <= L, cfg, ": key 'stages': expected at most num_hidden_layers (", L,
-        ") of model config ", mc.source, " (every stage needs a layer), found ", P);
+  CHECK(P <= L, cfg, ": key 'stages': expected at most num_hidden_layers (", L, ") of model config ", mc.source,
+        " (every stage needs a layer), found ", P);
 
   if (!cc.layer_ranges.empty()) {
     CHECK(int(cc.layer_ranges.size()) == P, cfg, ": key 'stages': ", cc.layer_ranges.size(),
@@ -363,13 +347,12 @@ std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc,
     for (int s = 0; s < P; ++s) {
       const parallel::LayerRange& r = cc.layer_ranges[s];
       CHECK(r.first == next && r.last > r.first, cfg, ": key 'stages[", s,
-            "]': expected a non-empty range starting at layer ", next,
-            s == 0 ? "" : " (the previous range's last)", ", found [", r.first, ", ", r.last, "]");
+            "]': expected a non-empty range starting at layer ", next, s == 0 ? "" : " (the previous range's last)",
+            ", found [", r.first, ", ", r.last, "]");
       next = r.last;
     }
-    CHECK(next == L, cfg, ": key 'stages': expected layer ranges covering layers [0, ", L,
-          ") of model config ", mc.source, " (num_hidden_layers = ", L,
-          "), found ranges ending at ", next);
+    CHECK(next == L, cfg, ": key 'stages': expected layer ranges covering layers [0, ", L, ") of model config ",
+          mc.source, " (num_hidden_layers = ", L, "), found ranges ending at ", next);
     return cc.layer_ranges;
   }
 
@@ -406,8 +389,9 @@ std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc,
 // CPUs per rank, or PE=N in --map-by, which binds to cores).
 static bool user_binds(const std::vector<std::string>& args) {
   for (const std::string& a : args)
-    if (a.rfind("--bind-to", 0) == 0 || a.rfind("-bind-to", 0) == 0 || a.find("hwloc_base_binding_policy") != std::string::npos ||
-        a.rfind("--cpu-set", 0) == 0 || a.rfind("--cpus-per-", 0) == 0 || a.find("PE=") != std::string::npos)
+    if (a.rfind("--bind-to", 0) == 0 || a.rfind("-bind-to", 0) == 0 ||
+        a.find("hwloc_base_binding_policy") != std::string::npos || a.rfind("--cpu-set", 0) == 0 ||
+        a.rfind("--cpus-per-", 0) == 0 || a.find("PE=") != std::string::npos)
       return true;
   return false;
 }
@@ -458,8 +442,7 @@ std::vector<std::string> launch_command(const ClusterConfig& cc, const std::stri
 
   if (!cc.hosts.empty()) {
     std::string list;
-    for (const HostSlots& h : cc.hosts)
-      list += (list.empty() ? "" : ",") + h.host + ":" + std::to_string(h.slots);
+    for (const HostSlots& h : cc.hosts) list += (list.empty() ? "" : ",") + h.host + ":" + std::to_string(h.slots);
     cmd.push_back("--host");
     cmd.push_back(list);
   }
@@ -478,8 +461,8 @@ std::vector<std::string> launch_command(const ClusterConfig& cc, const std::stri
   return cmd;
 }
 
-std::string slurm_script(const ClusterConfig& cc, const std::string& glm5_path, const std::vector<std::string>& glm5_args,
-                         bool srun) {
+std::string slurm_script(const ClusterConfig& cc, const std::string& glm5_path,
+                         const std::vector<std::string>& glm5_args, bool srun) {
   const std::vector<std::string> mpirun = launch_command(cc, glm5_path, glm5_args, false);  // checks the args
   const int n = cc.world_size();
   std::string out = "#!/bin/bash\n# glm5 on " + (cc.source.empty() ? std::string("the default cluster") : cc.source) +
@@ -495,8 +478,8 @@ std::string slurm_script(const ClusterConfig& cc, const std::string& glm5_path, 
       most = std::max(most, h.slots);
       list += (list.empty() ? "" : ",") + h.host;
     }
-    out += "#SBATCH --nodes=" + std::to_string(cc.hosts.size()) + "\n#SBATCH --ntasks-per-node=" +
-           std::to_string(most) + "\n#SBATCH --nodelist=" + list + "\n";
+    out += "#SBATCH --nodes=" + std::to_string(cc.hosts.size()) +
+           "\n#SBATCH --ntasks-per-node=" + std::to_string(most) + "\n#SBATCH --nodelist=" + list + "\n";
   }
   out += "set -euo pipefail\n";
   for (const auto& [k, v] : cc.env) out += "export " + shell_join({k + "=" + v}) + "\n";
@@ -521,8 +504,7 @@ std::string shell_join(const std::vector<std::string>& argv) {
     if (!out.empty()) out += ' ';
     bool plain = !a.empty();
     for (char c : a)
-      plain = plain && (std::isalnum(static_cast<unsigned char>(c)) ||
-                        (c != '\0' && std::strchr("_@%+=:,./-", c)));
+      plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || (c != '\0' && std::strchr("_@%+=:,./-", c)));
     if (plain) {
       out += a;
       continue;

@@ -57,9 +57,9 @@ struct ClusterConfig {
   double watchdog_s = 300;
   bool prefix_caching = true;
   std::string kv_dtype = "f32";
-  std::string precision = "exact";   // exact | fast (kernels::Precision)
-  int speculative_tokens = 0;        // MTP draft tokens per decode step (0: off; at most 8)
-  int speculative_max_batch = 4;     // decoding sequences of a step beyond which it decodes plainly
+  std::string precision = "exact";  // exact | fast (kernels::Precision)
+  int speculative_tokens = 0;       // MTP draft tokens per decode step (0: off; at most 8)
+  int speculative_max_batch = 4;    // decoding sequences of a step beyond which it decodes plainly
   std::vector<HostSlots> hosts;
   std::vector<std::string> mpirun_args;
   std::map<std::string, std::string> env;
@@ -85,8 +85,7 @@ ClusterConfig default_cluster_config();
 // Checks the config against the model and the world: world_size == stages * E,
 // n_routed_experts % E == 0, stages <= num_hidden_layers, explicit ranges contiguous and covering
 // all layers. Returns the layer range of every stage (balanced by parameter count when not given).
-std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc,
-                                              const runtime::ModelConfig& mc, int world_size);
+std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc, const runtime::ModelConfig& mc, int world_size);
 
 // What rank `rank` of this layout holds: its stage's layers (`stages` from plan_stages), its
 // column's 1/E of the routed experts, the embedding on stage 0, final norm + lm_head on the last.
@@ -108,7 +107,7 @@ std::string shell_join(const std::vector<std::string>& argv);
 // #SBATCH --ntasks = world size, --nodes / --ntasks-per-node / --nodelist from `hosts` (else one
 // node), the env exported, then `srun --mpi=pmix` (srun = true) or mpirun with mpirun_args inside
 // the allocation (which gives mpirun its hosts).
-std::string slurm_script(const ClusterConfig& cc, const std::string& glm5_path, const std::vector<std::string>& glm5_args,
-                         bool srun);
+std::string slurm_script(const ClusterConfig& cc, const std::string& glm5_path,
+                         const std::vector<std::string>& glm5_args, bool srun);
 
 }  // namespace glm5::launcher

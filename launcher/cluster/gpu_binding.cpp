@@ -55,8 +55,10 @@ int cuda_device_for(const GpuBindingEnv& env) {
     return d;
   }
   if (env.visible_devices <= 0 || env.local_rank < env.visible_devices) return env.local_rank;
-  GLM5_FAIL("backend cuda: local rank ", env.local_rank, " (", env.local_rank_from, ") has no GPU of its own: the "
-            "CUDA driver shows ", env.visible_devices, " device(s) on this node (", visible_text(env),
+  GLM5_FAIL("backend cuda: local rank ", env.local_rank, " (", env.local_rank_from,
+            ") has no GPU of its own: the "
+            "CUDA driver shows ",
+            env.visible_devices, " device(s) on this node (", visible_text(env),
             "; device indices are relative to it); run at most ", env.visible_devices,
             " rank(s) per node, one per GPU, or set GLM5_CUDA_DEVICE to choose a device (e.g. 0 when the "
             "launcher gives every rank its own CUDA_VISIBLE_DEVICES)");

@@ -11,12 +11,12 @@
 namespace glm5::launcher {
 
 struct GpuBindingEnv {
-  int local_rank = 0;                  // this rank's index on its node
-  std::string local_rank_from;         // "OMPI_COMM_WORLD_LOCAL_RANK", ..., or "single process"
-  int visible_devices = -1;            // devices the driver shows; -1 = unknown (no driver loaded)
-  bool cuda_visible_set = false;       // CUDA_VISIBLE_DEVICES is set ...
-  std::string cuda_visible_devices;    // ... to this
-  std::string device_override;         // GLM5_CUDA_DEVICE, "" when unset
+  int local_rank = 0;                // this rank's index on its node
+  std::string local_rank_from;       // "OMPI_COMM_WORLD_LOCAL_RANK", ..., or "single process"
+  int visible_devices = -1;          // devices the driver shows; -1 = unknown (no driver loaded)
+  bool cuda_visible_set = false;     // CUDA_VISIBLE_DEVICES is set ...
+  std::string cuda_visible_devices;  // ... to this
+  std::string device_override;       // GLM5_CUDA_DEVICE, "" when unset
 };
 
 // The device index for `env` (pure). With an unknown or zero device count it returns the local

@@ -73,7 +73,8 @@ std::vector<TensorHeader> stored_parts(const StoredTensor& st, const TensorSpec&
 std::vector<TensorHeader> converted_parts(const TensorSpec& s, DType out, int64_t group, DType scale_dtype) {
   const int64_t rows = s.shape[0], cols = s.shape[1];
   switch (out) {
-    case DType::Q4: case DType::Q8: {
+    case DType::Q4:
+    case DType::Q8: {
       const int64_t per = out == DType::Q4 ? 8 : 4;
       return {{runtime::packed_name(s.name, "packed"), DType::I32, {rows, (cols + per - 1) / per}},
               {runtime::packed_name(s.name, "scale"), scale_dtype, {rows, cols / group}},
@@ -84,7 +85,8 @@ std::vector<TensorHeader> converted_parts(const TensorSpec& s, DType out, int64_
       return {{s.name, DType::F8_E4M3, {rows, cols}},
               {runtime::fp8_scale_name(s.name), DType::F32, {(rows + b - 1) / b, (cols + b - 1) / b}}};
     }
-    default: return {{s.name, out, s.shape}};
+    default:
+      return {{s.name, out, s.shape}};
   }
 }
 
@@ -185,7 +187,6 @@ std::vector<Shard> make_shards(const std::vector<Item>& items, size_t limit) {
   return shards;
 }
 
-
 // Rows of a converted matrix at a time, so only the output and one block of float32 rows are held
 // (128 rows: FP8's scale blocks); the input rows' pages are dropped as soon as they are used.
 constexpr int64_t kBlockRows = quant::kFp8Block;
@@ -232,7 +233,8 @@ std::vector<Part> produce(const Item& it) {
       kernels::weight_rows(w, r0, n, f, w.cols);
       Checkpoint::release_bytes(static_cast<const uint8_t*>(w.data) + size_t(r0) * in_row, size_t(n) * in_row);
       switch (it.out) {
-        case DType::Q4: case DType::Q8: {
+        case DType::Q4:
+        case DType::Q8: {
           const int64_t words = it.outputs[0].shape[1], groups = it.outputs[1].shape[1];
           const DType sd = it.outputs[1].dtype;
           runtime::quantize_int_group(f, n, cols, quant::bits(it.out), cols / groups,
@@ -249,7 +251,8 @@ std::vector<Part> produce(const Item& it) {
           for (int64_t i = 0; i < n * cols; ++i) o[i] = f32_to_bf16(f[i]);
           break;
         }
-        default: break;  // F32: dequantized in place
+        default:
+          break;  // F32: dequantized in place
       }
     }
   }
@@ -284,17 +287,25 @@ json quantization_config(const std::vector<Item>& items) {
     const DType form = first_int->out == DType::Unknown ? first_int->in.dtype : first_int->out;
     const int64_t group = first_int->out == DType::Unknown ? first_int->in.group
                                                            : first_int->spec.shape[1] / first_int->outputs[1].shape[1];
-    json weights = {{"num_bits", quant::bits(form)}, {"type", "int"}, {"symmetric", true}, {"strategy", "group"},
-                    {"group_size", group}, {"dynamic", false}, {"actorder", nullptr}, {"observer", "minmax"}};
-    return {{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"},
+    json weights = {{"num_bits", quant::bits(form)}, {"type", "int"},    {"symmetric", true},   {"strategy", "group"},
+                    {"group_size", group},           {"dynamic", false}, {"actorder", nullptr}, {"observer", "minmax"}};
+    return {{"quant_method", "compressed-tensors"},
+            {"format", "pack-quantized"},
             {"quantization_status", "compressed"},
-            {"config_groups", {{"group_0", {{"targets", {"Linear"}}, {"weights", weights},
-                                            {"input_activations", nullptr}, {"format", "pack-quantized"}}}}},
+            {"config_groups",
+             {{"group_0",
+               {{"targets", {"Linear"}},
+                {"weights", weights},
+                {"input_activations", nullptr},
+                {"format", "pack-quantized"}}}}},
             {"ignore", not_int}};
   }
   if (fp8)
-    return {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
-            {"weight_block_size", {128, 128}}, {"modules_to_not_convert", not_fp8}};
+    return {{"quant_method", "fp8"},
+            {"fmt", "e4m3"},
+            {"activation_scheme", "dynamic"},
+            {"weight_block_size", {128, 128}},
+            {"modules_to_not_convert", not_fp8}};
   return nullptr;
 }
 
@@ -324,8 +335,7 @@ struct Progress {
     const double s = std::chrono::duration<double>(now - start).count();
     const int decile = total ? int(10 * done / total) : 10;
     const bool tty = ::isatty(2);
-    if (tty ? std::chrono::duration<double>(now - shown).count() < 0.5 && done < total : decile == last_decile)
-      return;
+    if (tty ? std::chrono::duration<double>(now - shown).count() < 0.5 && done < total : decile == last_decile) return;
     shown = now;
     last_decile = decile;
     const double frac = total ? double(done) / double(total) : 1.0;
@@ -389,10 +399,14 @@ int run_convert(const ConvertArgs& a) {
   for (const auto& e : fs::directory_iterator(a.model))
     if (e.is_regular_file() && (e.path().extension() == ".safetensors" || e.path().filename() == "config.json"))
       inputs[e.path().filename().string()] = e.file_size();
-  json ident = {{"format", 1}, {"source", fs::absolute(a.model).lexically_normal().string()}, {"inputs", inputs},
-                {"plan", runtime::describe(plan)}, {"shard_size_mb", a.shard_size_mb},
-                {"cluster", cc ? json{{"stages", cc->stages}, {"expert_parallel", cc->expert_parallel}} : json(nullptr)},
-                {"files", json::array()}};
+  json ident = {
+      {"format", 1},
+      {"source", fs::absolute(a.model).lexically_normal().string()},
+      {"inputs", inputs},
+      {"plan", runtime::describe(plan)},
+      {"shard_size_mb", a.shard_size_mb},
+      {"cluster", cc ? json{{"stages", cc->stages}, {"expert_parallel", cc->expert_parallel}} : json(nullptr)},
+      {"files", json::array()}};
   for (const Shard& sh : shards) {
     json f = {{"file", sh.file}, {"bytes", sh.bytes}, {"tensors", json::array()}};
     for (size_t i : sh.items)
@@ -422,7 +436,8 @@ int run_convert(const ConvertArgs& a) {
     for (const auto& e : fs::directory_iterator(out)) {
       const std::string n = e.path().filename().string();
       if (n == ".glm5-convert.lock" || n == std::string(kPlanFile) + ".tmp") continue;  // ours
-      CHECK(false, a.out, ": not empty and not an interrupted conversion (found ", n, "); choose an empty or new --out");
+      CHECK(false, a.out, ": not empty and not an interrupted conversion (found ", n,
+            "); choose an empty or new --out");
     }
     write_text(plan_path, ident.dump(1));
   }
@@ -471,8 +486,10 @@ int run_convert(const ConvertArgs& a) {
     json conf = json::parse(in);
     const json q = quantization_config(items);
     conf.erase("quantization_config");
-    if (!q.is_null()) conf["quantization_config"] = q;
-    else conf[conf.contains("dtype") ? "dtype" : "torch_dtype"] = plan.target == DType::F32 ? "float32" : "bfloat16";
+    if (!q.is_null())
+      conf["quantization_config"] = q;
+    else
+      conf[conf.contains("dtype") ? "dtype" : "torch_dtype"] = plan.target == DType::F32 ? "float32" : "bfloat16";
     write_text(out / "config.json", conf.dump(2) + "\n");
   }
   for (const auto& e : fs::directory_iterator(a.model)) {
@@ -497,8 +514,10 @@ int run_convert(const ConvertArgs& a) {
                    std::find(plan.roles.begin(), plan.roles.end(), it.spec.role) != plan.roles.end();
   }
   if (indivisible)
-    std::fprintf(stderr, "[convert] %zu matrices of the quantized roles kept as stored: their column count is not a "
-                         "multiple of --group-size %lld\n", indivisible, (long long)plan.group_size);
+    std::fprintf(stderr,
+                 "[convert] %zu matrices of the quantized roles kept as stored: their column count is not a "
+                 "multiple of --group-size %lld\n",
+                 indivisible, (long long)plan.group_size);
   std::fprintf(stderr, "[convert] %s: %zu of %zu tensors converted (%s), %zu file(s), %.3f GB -> %.3f GB\n",
                a.out.c_str(), converted, items.size(), runtime::describe(plan).c_str(), shards.size(),
                double(total) / 1e9, double(total_size) / 1e9);

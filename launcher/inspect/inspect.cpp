@@ -20,7 +20,10 @@ std::string human_bytes(double b) {
   char buf[64];
   const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
-  while (b >= 1024 && u < 4) { b /= 1024; ++u; }
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
   std::snprintf(buf, sizeof buf, "%.2f %s", b, unit[u]);
   return buf;
 }
@@ -30,9 +33,12 @@ namespace {
 // Decimal units (device_memory_gb and kv_budget_gb are 1e9 bytes), no space: one table column.
 std::string dec(double b) {
   char buf[32];
-  if (std::abs(b) >= 1e9 || b == 0) std::snprintf(buf, sizeof buf, "%.2fGB", b / 1e9);
-  else if (std::abs(b) >= 1e6) std::snprintf(buf, sizeof buf, "%.2fMB", b / 1e6);
-  else std::snprintf(buf, sizeof buf, "%.1fKB", b / 1e3);
+  if (std::abs(b) >= 1e9 || b == 0)
+    std::snprintf(buf, sizeof buf, "%.2fGB", b / 1e9);
+  else if (std::abs(b) >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fMB", b / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.1fKB", b / 1e3);
   return buf;
 }
 
@@ -50,9 +56,9 @@ void print_model(const runtime::ModelConfig& mc) {
               (long long)mc.index_head_dim, (long long)mc.index_topk,
               mc.indexer_rope_interleave ? "interleaved" : "half-split");
   std::printf("moe        %lld experts top-%lld, %lld shared, groups %lld keep %lld, scale %g, dense layers %lld\n",
-              (long long)mc.n_routed_experts, (long long)mc.num_experts_per_tok,
-              (long long)mc.n_shared_experts, (long long)mc.n_group, (long long)mc.topk_group,
-              mc.routed_scaling_factor, (long long)mc.first_k_dense_replace);
+              (long long)mc.n_routed_experts, (long long)mc.num_experts_per_tok, (long long)mc.n_shared_experts,
+              (long long)mc.n_group, (long long)mc.topk_group, mc.routed_scaling_factor,
+              (long long)mc.first_k_dense_replace);
   double total = 2.0 * double(V * H) + double(H);
   for (int l = 0; l < mc.num_hidden_layers; ++l) total += layer_parameters(mc, l);
   std::printf("parameters %.4g (%s in bf16)\n", total, human_bytes(total * 2.0).c_str());
@@ -74,12 +80,15 @@ void print_storage(const runtime::WeightPlan& wp, bool converted) {
     std::printf("           then --quant %s, as `glm5 convert` would write it: %zu tensor(s) change form\n",
                 wp.plan.c_str(), wp.converted);
   if (wp.missing)
-    std::printf("warning    %zu schema tensor(s) are not in the index (first: %s); planned in the config dtype, "
-                "but this checkpoint will not load as it is\n", wp.missing, wp.first_missing.c_str());
-  std::printf("resident   %s for one copy of everything: matrices in their stored form, %zu quantized "
-              "kv_b_proj / embed_tokens held dequantized (BF16 from int, F32 from FP8), indexer weights_proj F32, "
-              "norms and biases F32\n",
-              dec(double(all_bytes)).c_str(), wp.dequantized_f32);
+    std::printf(
+        "warning    %zu schema tensor(s) are not in the index (first: %s); planned in the config dtype, "
+        "but this checkpoint will not load as it is\n",
+        wp.missing, wp.first_missing.c_str());
+  std::printf(
+      "resident   %s for one copy of everything: matrices in their stored form, %zu quantized "
+      "kv_b_proj / embed_tokens held dequantized (BF16 from int, F32 from FP8), indexer weights_proj F32, "
+      "norms and biases F32\n",
+      dec(double(all_bytes)).c_str(), wp.dequantized_f32);
 }
 
 // The KV cache per token, the layout, the precision and (with device memory) the activation reserve.
@@ -89,14 +98,15 @@ void print_run(const runtime::ModelConfig& mc, const ClusterConfig& cc, const ru
   const double kv_token = double(runtime::KvPool::bytes_per_token(mc, 0, L, kv_dtype));
   int full = 0;
   for (int l = 0; l < L; ++l) full += mc.has_indexer(l);
-  std::printf("kv cache   %s per token (%s: latent %lld values x %d layers + indexer key %lld values x %d layers with "
-              "an indexer%s), paged in blocks of %lld tokens\n",
-              human_bytes(kv_token).c_str(), cc.kv_dtype.c_str(), (long long)(mc.kv_lora_rank + mc.qk_rope_head_dim), L,
-              (long long)mc.index_head_dim, full, full < L ? ": the others share one (IndexShare)" : "",
-              (long long)runtime::kBlockTokens);
+  std::printf(
+      "kv cache   %s per token (%s: latent %lld values x %d layers + indexer key %lld values x %d layers with "
+      "an indexer%s), paged in blocks of %lld tokens\n",
+      human_bytes(kv_token).c_str(), cc.kv_dtype.c_str(), (long long)(mc.kv_lora_rank + mc.qk_rope_head_dim), L,
+      (long long)mc.index_head_dim, full, full < L ? ": the others share one (IndexShare)" : "",
+      (long long)runtime::kBlockTokens);
   std::printf("cluster    %s: %d stage(s) x %d expert-parallel = %d rank(s), backend %s, comm %s\n",
-              cc.source.empty() ? "(single process)" : cc.source.c_str(), cc.stages,
-              cc.expert_parallel, cc.world_size(), cc.backend.c_str(), cc.comm.c_str());
+              cc.source.empty() ? "(single process)" : cc.source.c_str(), cc.stages, cc.expert_parallel,
+              cc.world_size(), cc.backend.c_str(), cc.comm.c_str());
   std::printf("precision  %s: %s\n", cc.precision.c_str(),
               cc.precision == "fast"
                   ? "gemm inputs rounded to bf16, float32 accumulation (the cpu backend holds F16 / F32 gemm matrices "
@@ -104,12 +114,13 @@ void print_run(const runtime::ModelConfig& mc, const ClusterConfig& cc, const ru
                   : "float32 activations, exact weight values (the goldens' 1e-4; bitwise across layouts and "
                     "batches)");
   if (cc.device_memory_gb > 0)
-    std::printf("reserve    %.2f GB per rank for activations: estimated peak of one step at max_step_tokens %d, "
-                "float32, balanced routing = hidden states %.2f + max(attention %.2f, %s %.2f, logits %.2f) + "
-                "%s %.2f GB\n",
-                act.total() / 1e9, cc.max_step_tokens, act.residual / 1e9, act.attention / 1e9,
-                mc.n_routed_experts > 0 ? "moe" : "mlp", act.mlp / 1e9, act.logits / 1e9,
-                cc.backend == "cuda" ? "CUDA context/cuBLAS/allocator" : "no device overhead", act.fixed / 1e9);
+    std::printf(
+        "reserve    %.2f GB per rank for activations: estimated peak of one step at max_step_tokens %d, "
+        "float32, balanced routing = hidden states %.2f + max(attention %.2f, %s %.2f, logits %.2f) + "
+        "%s %.2f GB\n",
+        act.total() / 1e9, cc.max_step_tokens, act.residual / 1e9, act.attention / 1e9,
+        mc.n_routed_experts > 0 ? "moe" : "mlp", act.mlp / 1e9, act.logits / 1e9,
+        cc.backend == "cuda" ? "CUDA context/cuBLAS/allocator" : "no device overhead", act.fixed / 1e9);
 }
 
 // The per-rank table's inputs: the KV pool's blocks are sized by the budget over the largest
@@ -160,7 +171,8 @@ void print_rank(const Ranks& in, int r, int64_t budget_blocks, Verdict& v) {
   const double room = in.cc.device_memory_gb * 1e9 - w - in.reserve;
   const int64_t tokens =
       room > 0 ? int64_t(room / (per_token * double(runtime::kBlockTokens))) * runtime::kBlockTokens : 0;
-  if (g.column_of(r) == 0 && (v.column_tokens < 0 || tokens < v.column_tokens)) v.column_tokens = tokens, v.limit_stage = s;
+  if (g.column_of(r) == 0 && (v.column_tokens < 0 || tokens < v.column_tokens))
+    v.column_tokens = tokens, v.limit_stage = s;
   const std::string btxt = in.cc.kv_budget_gb > 0 ? dec(pool) + (pool <= room ? ":fits" : ":NO") : std::string("none");
   std::printf("%-5d %-6d %-6d %-9s %-12s %-12s %-12s %-13lld %s\n", r, s, shard.column, layers, dec(w).c_str(),
               dec(per_token).c_str(), dec(room).c_str(), (long long)tokens, btxt.c_str());
@@ -172,19 +184,22 @@ void print_rank(const Ranks& in, int r, int64_t budget_blocks, Verdict& v) {
 void print_verdict(const Ranks& in, int64_t budget_blocks, const Verdict& v) {
   const ClusterConfig& cc = in.cc;
   if (cc.kv_budget_gb > 0)
-    std::printf("kv room    a column has room for %lld tokens of KV (stage %d is the limit); kv_budget_gb %g "
-                "allocates %lld tokens per column\n",
-                (long long)v.column_tokens, v.limit_stage, cc.kv_budget_gb,
-                (long long)(budget_blocks * runtime::kBlockTokens));
+    std::printf(
+        "kv room    a column has room for %lld tokens of KV (stage %d is the limit); kv_budget_gb %g "
+        "allocates %lld tokens per column\n",
+        (long long)v.column_tokens, v.limit_stage, cc.kv_budget_gb, (long long)(budget_blocks * runtime::kBlockTokens));
   else
     std::printf("kv room    a column has room for %lld tokens of KV (stage %d is the limit); no kv_budget_gb set\n",
                 (long long)v.column_tokens, v.limit_stage);
   char verdict[96];
-  if (v.short_by <= 0) std::snprintf(verdict, sizeof verdict, "fits, %.2f GB to spare", -v.short_by / 1e9);
-  else std::snprintf(verdict, sizeof verdict, "DOES NOT FIT by %.2f GB", v.short_by / 1e9);
-  std::printf("memory     worst rank %d needs %.2f GB (weights %.2f + activation reserve %.2f + KV pool %.2f) "
-              "of %.1f GB device memory: %s\n",
-              v.rank, v.need / 1e9, v.weights / 1e9, in.reserve / 1e9, v.kv / 1e9, cc.device_memory_gb, verdict);
+  if (v.short_by <= 0)
+    std::snprintf(verdict, sizeof verdict, "fits, %.2f GB to spare", -v.short_by / 1e9);
+  else
+    std::snprintf(verdict, sizeof verdict, "DOES NOT FIT by %.2f GB", v.short_by / 1e9);
+  std::printf(
+      "memory     worst rank %d needs %.2f GB (weights %.2f + activation reserve %.2f + KV pool %.2f) "
+      "of %.1f GB device memory: %s\n",
+      v.rank, v.need / 1e9, v.weights / 1e9, in.reserve / 1e9, v.kv / 1e9, cc.device_memory_gb, verdict);
 }
 
 void print_ranks(const Ranks& in) {
@@ -205,7 +220,8 @@ void print_ranks(const Ranks& in) {
 int run_inspect(const InspectArgs& a) {
   std::unique_ptr<runtime::QuantPlan> plan;
   if (!a.quant.empty())
-    plan = std::make_unique<runtime::QuantPlan>(runtime::parse_quant_plan(a.quant, a.group_size, a.quantize, a.scale_dtype));
+    plan = std::make_unique<runtime::QuantPlan>(
+        runtime::parse_quant_plan(a.quant, a.group_size, a.quantize, a.scale_dtype));
   const runtime::ModelConfig mc = runtime::load_config(a.model);
   const ClusterConfig cc = a.cluster.empty() ? default_cluster_config() : load_cluster_config(a.cluster);
   const std::vector<parallel::LayerRange> stages = plan_stages(cc, mc, cc.world_size());

@@ -75,9 +75,12 @@ std::string describe(const json& v) {
   if (out.size() <= kDescribeChars) return out;
   out.resize(kDescribeChars);
   out += "...";
-  if (v.is_array()) out += " (an array of " + std::to_string(v.size()) + " elements)";
-  else if (v.is_object()) out += " (an object of " + std::to_string(v.size()) + " fields)";
-  else if (v.is_string()) out += " (" + std::to_string(v.get_ref<const std::string&>().size()) + " bytes)";
+  if (v.is_array())
+    out += " (an array of " + std::to_string(v.size()) + " elements)";
+  else if (v.is_object())
+    out += " (an object of " + std::to_string(v.size()) + " fields)";
+  else if (v.is_string())
+    out += " (" + std::to_string(v.get_ref<const std::string&>().size()) + " bytes)";
   return out;
 }
 
@@ -102,8 +105,8 @@ bool read_number(const json& body, const char* key, T& out, std::string& err) {
       fits = x < 0 ? std::is_signed_v<T> && x >= int64_t(lim::min()) : uint64_t(x) <= uint64_t(lim::max());
     }
     if (!v.is_number_integer() || !fits) {
-      err = std::string("field '") + key + "': expected an integer in [" +
-            std::to_string(lim::min()) + ", " + std::to_string(lim::max()) + "], found " + describe(v);
+      err = std::string("field '") + key + "': expected an integer in [" + std::to_string(lim::min()) + ", " +
+            std::to_string(lim::max()) + "], found " + describe(v);
       return false;
     }
   }
@@ -115,8 +118,8 @@ std::vector<int32_t> ids_from_json(const json& v, const char* field, int64_t voc
   CHECK(v.is_array(), "field '", field, "': expected a list of token ids, found ", describe(v));
   std::vector<int32_t> ids;
   for (const json& x : v) {
-    CHECK(x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() < vocab, "field '",
-          field, "': expected token ids in [0, ", vocab, "), found ", describe(x));
+    CHECK(x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() < vocab, "field '", field,
+          "': expected token ids in [0, ", vocab, "), found ", describe(x));
     ids.push_back(x.get<int32_t>());
   }
   return ids;
@@ -125,11 +128,31 @@ std::vector<int32_t> ids_from_json(const json& v, const char* field, int64_t voc
 // Fields the request body may carry: what we implement, metadata we may ignore, and OpenAI
 // fields we accept only at their default value. Anything else is an error, never ignored.
 void check_supported_fields(const json& body, BodyForm form) {
-  static const std::set<std::string> implemented = {
-      "model", "prompt", "prompt_ids", "messages", "max_tokens", "max_completion_tokens", "temperature",
-      "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
-      "stop", "logprobs", "top_logprobs", "ignore_eos", "chat_template_kwargs", "user", "metadata", "n",
-      "best_of", "echo", "speculative"};
+  static const std::set<std::string> implemented = {"model",
+                                                    "prompt",
+                                                    "prompt_ids",
+                                                    "messages",
+                                                    "max_tokens",
+                                                    "max_completion_tokens",
+                                                    "temperature",
+                                                    "top_p",
+                                                    "top_k",
+                                                    "min_p",
+                                                    "repetition_penalty",
+                                                    "presence_penalty",
+                                                    "frequency_penalty",
+                                                    "seed",
+                                                    "stop",
+                                                    "logprobs",
+                                                    "top_logprobs",
+                                                    "ignore_eos",
+                                                    "chat_template_kwargs",
+                                                    "user",
+                                                    "metadata",
+                                                    "n",
+                                                    "best_of",
+                                                    "echo",
+                                                    "speculative"};
   static const std::map<std::string, json> only_default = {
       {"stream", false}, {"suffix", nullptr}, {"logit_bias", json::object()}, {"stream_options", nullptr}};
   for (auto& [key, v] : body.items()) {
@@ -141,7 +164,6 @@ void check_supported_fields(const json& body, BodyForm form) {
           describe(v));
   }
 }
-
 
 // stream (true/false) and stream_options.include_usage, which only a server takes.
 void read_stream_fields(const json& body, BatchLine& b) {
@@ -184,8 +206,7 @@ std::string chat_text(const json& body, bool add_generation_prompt, const runtim
   bool thinking = true;
   if (body.contains("chat_template_kwargs") && body["chat_template_kwargs"].contains("enable_thinking")) {
     const json& t = body["chat_template_kwargs"]["enable_thinking"];
-    CHECK(t.is_boolean(), "field 'chat_template_kwargs.enable_thinking': expected true or false, found ",
-          describe(t));
+    CHECK(t.is_boolean(), "field 'chat_template_kwargs.enable_thinking': expected true or false, found ", describe(t));
     thinking = t.get<bool>();
   }
   return runtime::format_chat(mc.model_type, msgs, add_generation_prompt, thinking);
@@ -198,8 +219,10 @@ std::vector<int32_t> one_prompt(const json& p, const char* field, const runtime:
   if (p.is_array()) return ids_from_json(p, field, mc.vocab_size);
   CHECK(p.is_string(), "field '", field, "': expected a string, a list of token ids or a list of those, found ",
         describe(p));
-  CHECK(tok, "text prompts need a tokenizer, but the model directory has no tokenizer.json; "
-             "give '", field, "' as a list of token ids");
+  CHECK(tok,
+        "text prompts need a tokenizer, but the model directory has no tokenizer.json; "
+        "give '",
+        field, "' as a list of token ids");
   return tok->encode(p.get<std::string>(), true);
 }
 
@@ -216,8 +239,10 @@ std::vector<std::vector<int32_t>> read_prompts(const json& body, const runtime::
     const bool list = p.is_array() && !p.empty() && (p[0].is_array() || p[0].is_string());
     if (!list) out.push_back(one_prompt(p, "prompt", mc, tok));
     for (size_t i = 0; list && i < p.size(); ++i) {
-      CHECK(p[i].is_array() || p[i].is_string(), "field 'prompt': a list of prompts holds strings or lists of "
-            "token ids, found ", describe(p[i]), " at index ", i);
+      CHECK(p[i].is_array() || p[i].is_string(),
+            "field 'prompt': a list of prompts holds strings or lists of "
+            "token ids, found ",
+            describe(p[i]), " at index ", i);
       out.push_back(one_prompt(p[i], "prompt", mc, tok));
     }
   }
@@ -251,26 +276,24 @@ void read_sampling(const json& body, BatchLine& b, uint64_t default_seed, const 
   std::string err;
   bool ok = read_number(body, "max_tokens", s.max_tokens, err) &&
             read_number(body, "max_completion_tokens", s.max_tokens, err) &&
-            read_number(body, "temperature", s.temperature, err) &&
-            read_number(body, "top_p", s.top_p, err) && read_number(body, "top_k", s.top_k, err) &&
-            read_number(body, "min_p", s.min_p, err) &&
+            read_number(body, "temperature", s.temperature, err) && read_number(body, "top_p", s.top_p, err) &&
+            read_number(body, "top_k", s.top_k, err) && read_number(body, "min_p", s.min_p, err) &&
             read_number(body, "repetition_penalty", s.repetition_penalty, err) &&
             read_number(body, "presence_penalty", s.presence_penalty, err) &&
-            read_number(body, "frequency_penalty", s.frequency_penalty, err) &&
-            read_number(body, "seed", s.seed, err);
+            read_number(body, "frequency_penalty", s.frequency_penalty, err) && read_number(body, "seed", s.seed, err);
   CHECK(ok, err);
   if (!body.contains("seed")) s.seed = default_seed;  // reproducible per line (batch)
   int64_t best_of = -1;
   CHECK(read_number(body, "n", b.n, err) && read_number(body, "best_of", best_of, err), err);
   CHECK(b.n >= 1 && b.n <= kMaxChoices, "field 'n': expected an integer in [1, ", kMaxChoices, "], found ", b.n);
-  CHECK(best_of < 0 || best_of == b.n, "field 'best_of': only best_of = n (", b.n,
-        ") is supported, found ", best_of);
+  CHECK(best_of < 0 || best_of == b.n, "field 'best_of': only best_of = n (", b.n, ") is supported, found ", best_of);
   read_logprobs(body, s);
   s.ignore_eos = read_bool(body, "ignore_eos", s.ignore_eos);
   b.request.speculative = read_bool(body, "speculative", true);  // false: no MTP drafts for it
   if (body.contains("stop") && !body["stop"].is_null()) {
     const json& st = body["stop"];
-    if (st.is_string()) s.stop.push_back(st);
+    if (st.is_string())
+      s.stop.push_back(st);
     else {
       CHECK(st.is_array(), "field 'stop': expected a string or a list of strings");
       for (const json& x : st) {
@@ -354,9 +377,8 @@ void parse_request_body(const json& body, BatchLine& b, BodyForm form, uint64_t 
   const int64_t need = int64_t(longest) + s.max_tokens;
   if (need > mc.max_position_embeddings) {
     b.error_code = "context_length_exceeded";
-    b.error = where + "prompt of " + std::to_string(longest) +
-              " tokens + max_tokens " + std::to_string(s.max_tokens) + " exceeds the model's context of " +
-              std::to_string(mc.max_position_embeddings) + " tokens";
+    b.error = where + "prompt of " + std::to_string(longest) + " tokens + max_tokens " + std::to_string(s.max_tokens) +
+              " exceeds the model's context of " + std::to_string(mc.max_position_embeddings) + " tokens";
   }
 }
 
@@ -491,8 +513,10 @@ json choice_json(const BatchLine& in, const runtime::Result& res, const runtime:
   const size_t p = in.prompts.empty() ? 0 : size_t(index / in.n);
   const std::vector<int32_t>& prompt = p < in.prompts.size() ? in.prompts[p] : in.request.prompt;
   json choice = {{"index", index}, {"finish_reason", finish}, {"token_ids", tokens}};
-  if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
-  else choice["text"] = in.echo && tok ? tok->decode(prompt, false) + text : text;
+  if (chat)
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else
+    choice["text"] = in.echo && tok ? tok->decode(prompt, false) + text : text;
   if (in.echo) choice["prompt_token_ids"] = prompt;
   choice["logprobs"] = nullptr;
   if (in.request.sampling.logprobs < 0) return choice;
@@ -523,7 +547,8 @@ json completion_json(const BatchLine& in, const std::vector<runtime::Result>& re
 }
 
 json usage_json(size_t prompt_tokens, size_t completion_tokens) {
-  return {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
           {"total_tokens", prompt_tokens + completion_tokens}};
 }
 
@@ -553,8 +578,7 @@ namespace {
 
 // Refuses a body field outside `known` (the project's rule: never silently ignored).
 void check_known_fields(const json& body, const std::set<std::string>& known) {
-  for (auto& [key, v] : body.items())
-    CHECK(known.count(key), "field '", key, "' is not supported by this runtime");
+  for (auto& [key, v] : body.items()) CHECK(known.count(key), "field '", key, "' is not supported by this runtime");
 }
 
 // A special-token field of tokenizer_config.json as text: a string, or an AddedToken object's content.
@@ -571,16 +595,15 @@ json tokenize_json(const json& body, const runtime::ModelConfig& mc, const runti
   if (chat) {
     check_known_fields(body, {"model", "messages", "add_generation_prompt", "continue_final_message",
                               "add_special_tokens", "return_token_strs", "chat_template_kwargs"});
-    CHECK(!read_bool(body, "continue_final_message", false),
-          "field 'continue_final_message': only false is supported");
+    CHECK(!read_bool(body, "continue_final_message", false), "field 'continue_final_message': only false is supported");
   } else {
     check_known_fields(body, {"model", "prompt", "add_special_tokens", "return_token_strs"});
     CHECK(body.contains("prompt"), "missing field 'prompt' (or 'messages')");
     CHECK(body["prompt"].is_string(), "field 'prompt': expected a string, found ", describe(body["prompt"]));
   }
   read_bool(body, "add_special_tokens", !chat);  // checked; adds nothing (no post-processor)
-  const std::string text = chat ? chat_text(body, read_bool(body, "add_generation_prompt", true), mc)
-                                : body["prompt"].get<std::string>();
+  const std::string text =
+      chat ? chat_text(body, read_bool(body, "add_generation_prompt", true), mc) : body["prompt"].get<std::string>();
   const std::vector<int32_t> ids = tok.encode(text, true);
   json strs = nullptr;
   if (read_bool(body, "return_token_strs", false)) {

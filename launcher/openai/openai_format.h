@@ -14,28 +14,31 @@
 
 #include "runtime/engine.h"
 
-namespace glm5::runtime { class Tokenizer; struct ModelConfig; }
+namespace glm5::runtime {
+class Tokenizer;
+struct ModelConfig;
+}  // namespace glm5::runtime
 
 namespace glm5::launcher {
 
 // One parsed request (a batch input line or a server body): a request to run, or an error.
 struct BatchLine {
-  int64_t line = 0;        // 1-based line number in the input (batch)
-  std::string key;         // custom_id, or "line:<n>" when the line has none
-  std::string custom_id;   // as given (may be empty)
-  std::string url;         // "/v1/completions" or "/v1/chat/completions"
-  std::string model_name;  // body.model if given
+  int64_t line = 0;          // 1-based line number in the input (batch)
+  std::string key;           // custom_id, or "line:<n>" when the line has none
+  std::string custom_id;     // as given (may be empty)
+  std::string url;           // "/v1/completions" or "/v1/chat/completions"
+  std::string model_name;    // body.model if given
   runtime::Request request;  // what every choice runs; request.prompt is prompts[0]
   // Every prompt (a completions `prompt` may be a list of them; chat: the one chat prompt). The
   // engine runs n choices of each: choice i * n + j is prompt i's j-th sample.
   std::vector<std::vector<int32_t>> prompts;
-  int64_t n = 1;           // choices (OpenAI `n`): n samples of each prompt, one record
-  bool echo = false;         // completions: the prompt before the completion (text, logprobs)
-  bool prompt_only = false;  // echo with max_tokens 0: the engine runs 1 token, the answer drops it
-  bool stream = false;         // server only: answer as server-sent events
-  bool include_usage = false;  // server only: stream_options.include_usage
-  bool default_length = false; // server only: no max_tokens given, so up to the end of the context
-  std::string error;       // non-empty: answer with this error
+  int64_t n = 1;                // choices (OpenAI `n`): n samples of each prompt, one record
+  bool echo = false;            // completions: the prompt before the completion (text, logprobs)
+  bool prompt_only = false;     // echo with max_tokens 0: the engine runs 1 token, the answer drops it
+  bool stream = false;          // server only: answer as server-sent events
+  bool include_usage = false;   // server only: stream_options.include_usage
+  bool default_length = false;  // server only: no max_tokens given, so up to the end of the context
+  std::string error;            // non-empty: answer with this error
   std::string error_code;
 
   int64_t choices() const { return n * int64_t(std::max<size_t>(1, prompts.size())); }

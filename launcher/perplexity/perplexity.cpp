@@ -78,7 +78,8 @@ class LogprobFile {
     const uint64_t len = text.size();
     f.write_at(0, &len, 8);
     f.write_at(8, text.data(), text.size());
-    CHECK(::ftruncate(f.fd_, f.base_ + 4 * n + 4 * n * vocab) == 0, path, ": cannot size the file: ", std::strerror(errno));
+    CHECK(::ftruncate(f.fd_, f.base_ + 4 * n + 4 * n * vocab) == 0, path,
+          ": cannot size the file: ", std::strerror(errno));
     return f;
   }
   static LogprobFile open(const std::string& path) {
@@ -86,7 +87,8 @@ class LogprobFile {
     CHECK(in, "--kl-base: cannot open ", path);
     uint64_t len = 0;
     in.read(reinterpret_cast<char*>(&len), 8);
-    CHECK(in && len < (1u << 26), "--kl-base ", path, ": not a safetensors file written by glm5 perplexity --save-logits");
+    CHECK(in && len < (1u << 26), "--kl-base ", path,
+          ": not a safetensors file written by glm5 perplexity --save-logits");
     std::string text(len, '\0');
     in.read(text.data(), std::streamsize(len));
     const json h = json::parse(text, nullptr, false);
@@ -98,7 +100,8 @@ class LogprobFile {
     f.meta_ = h.value("__metadata__", json::object());
     return f;
   }
-  LogprobFile(LogprobFile&& o) noexcept : path_(o.path_), final_(o.final_), fd_(o.fd_), n_(o.n_), vocab_(o.vocab_), base_(o.base_), meta_(o.meta_) {
+  LogprobFile(LogprobFile&& o) noexcept
+      : path_(o.path_), final_(o.final_), fd_(o.fd_), n_(o.n_), vocab_(o.vocab_), base_(o.base_), meta_(o.meta_) {
     o.fd_ = -1;
   }
   ~LogprobFile() {
@@ -119,7 +122,8 @@ class LogprobFile {
   void close_checked() {
     CHECK(::fsync(fd_) == 0 && ::close(fd_) == 0, path_, ": write failed: ", std::strerror(errno));
     fd_ = -1;
-    CHECK(::rename(path_.c_str(), final_.c_str()) == 0, final_, ": cannot rename from ", path_, ": ", std::strerror(errno));
+    CHECK(::rename(path_.c_str(), final_.c_str()) == 0, final_, ": cannot rename from ", path_, ": ",
+          std::strerror(errno));
   }
 
  private:
@@ -285,14 +289,17 @@ int run_perplexity(const PerplexityArgs& args, std::unique_ptr<parallel::Comm> w
     }
   }
   const int64_t V = job->config.vocab_size;
-  Scorer sc{.tokens = tokens, .windows = windows, .vocab = V, .save = nullptr, .base = nullptr, .row_of = {}, .scores = {}};
+  Scorer sc{
+      .tokens = tokens, .windows = windows, .vocab = V, .save = nullptr, .base = nullptr, .row_of = {}, .scores = {}};
   sc.scores.resize(windows.size());
   int64_t n_rows = 0;
   for (const Window& w : windows) sc.row_of.push_back(n_rows), n_rows += w.len - w.first;
   std::unique_ptr<LogprobFile> save, base;
   if (root && !a.save_logits.empty()) {
-    const json meta = {{"producer", "glm5 perplexity --save-logits"}, {"file", a.file},
-                       {"ctx", std::to_string(a.ctx)}, {"stride", std::to_string(a.stride)}};
+    const json meta = {{"producer", "glm5 perplexity --save-logits"},
+                       {"file", a.file},
+                       {"ctx", std::to_string(a.ctx)},
+                       {"stride", std::to_string(a.stride)}};
     save = std::make_unique<LogprobFile>(LogprobFile::create(a.save_logits, n_rows, V, meta));
     sc.save = save.get();
   }

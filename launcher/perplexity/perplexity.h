@@ -35,7 +35,7 @@ struct PerplexityArgs {
   int64_t ctx = 512, stride = 0;  // stride 0: ctx
   int64_t chunks = 0;             // only the first `chunks` windows (0: all), as llama-perplexity's --chunks
   std::string save_logits, kl_base;
-  bool json = false;  // one JSON object on stdout instead of the table
+  bool json = false;           // one JSON object on stdout instead of the table
   ClusterOverrides overrides;  // --precision
 };
 

@@ -79,10 +79,10 @@ MoeHealth moe_health(const json& ranks, int n_experts, int top_k, int expert_par
     m.rank_max_over_mean = split ? max_over_mean(m.rank_picks) : 0.0;
     if (h.expert_parallel > 1 && m.rank_max_over_mean > rank_warn &&
         double(total) / h.expert_parallel >= kMinPicksPerRankToWarn)
-      h.warnings.push_back("MoE layer " + std::to_string(layer) + ": the busiest of " + std::to_string(h.expert_parallel) +
-                           " EP ranks gets " + fmt(m.rank_max_over_mean) + "x the mean load (warning above " +
-                           fmt(rank_warn) + "x; expert loads: max " + fmt(m.load_max_over_mean) + "x mean, CV " +
-                           fmt(m.load_cv) + ")");
+      h.warnings.push_back("MoE layer " + std::to_string(layer) + ": the busiest of " +
+                           std::to_string(h.expert_parallel) + " EP ranks gets " + fmt(m.rank_max_over_mean) +
+                           "x the mean load (warning above " + fmt(rank_warn) + "x; expert loads: max " +
+                           fmt(m.load_max_over_mean) + "x mean, CV " + fmt(m.load_cv) + ")");
     h.layers.push_back(m);
   }
   if (h.rows_not_k > 0)
@@ -94,14 +94,23 @@ MoeHealth moe_health(const json& ranks, int n_experts, int top_k, int expert_par
 json to_json(const MoeHealth& h) {
   json layers = json::array();
   for (const MoeLayerHealth& m : h.layers)
-    layers.push_back({{"layer", m.layer}, {"rows", m.rows}, {"expert_tokens", m.picks},
-                      {"rank_tokens", m.rank_picks}, {"activation_ratio", m.activation_ratio},
+    layers.push_back({{"layer", m.layer},
+                      {"rows", m.rows},
+                      {"expert_tokens", m.picks},
+                      {"rank_tokens", m.rank_picks},
+                      {"activation_ratio", m.activation_ratio},
                       {"expected_activation_ratio", double(h.top_k) / std::max(h.n_experts, 1)},
-                      {"experts_active", m.experts_active}, {"experts_idle", h.n_experts - m.experts_active},
-                      {"expert_load_cv", m.load_cv}, {"expert_load_max_over_mean", m.load_max_over_mean},
+                      {"experts_active", m.experts_active},
+                      {"experts_idle", h.n_experts - m.experts_active},
+                      {"expert_load_cv", m.load_cv},
+                      {"expert_load_max_over_mean", m.load_max_over_mean},
                       {"rank_load_max_over_mean", m.rank_max_over_mean}});
-  return {{"n_routed_experts", h.n_experts}, {"num_experts_per_tok", h.top_k}, {"expert_parallel", h.expert_parallel},
-          {"rows_not_k", h.rows_not_k}, {"layers", layers}, {"warnings", h.warnings}};
+  return {{"n_routed_experts", h.n_experts},
+          {"num_experts_per_tok", h.top_k},
+          {"expert_parallel", h.expert_parallel},
+          {"rows_not_k", h.rows_not_k},
+          {"layers", layers},
+          {"warnings", h.warnings}};
 }
 
 std::string prometheus_text(const json& report) {

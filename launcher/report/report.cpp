@@ -59,10 +59,12 @@ void print_profile(const json& r) {
 }
 
 void print_report(const std::string& path, const json& rep) {
-  CHECK(rep.contains("ranks") && rep.at("ranks").is_array(), path, ": no \"ranks\" array (not a glm5 batch --report file)");
-  std::printf("%s: %d rank(s)\n\n| rank | stage | column | wall s | compute | comm | idle | tokens/s | peak RSS MiB |\n"
-              "|---|---|---|---|---|---|---|---|---|\n",
-              path.c_str(), rep.value("world_size", 0));
+  CHECK(rep.contains("ranks") && rep.at("ranks").is_array(), path,
+        ": no \"ranks\" array (not a glm5 batch --report file)");
+  std::printf(
+      "%s: %d rank(s)\n\n| rank | stage | column | wall s | compute | comm | idle | tokens/s | peak RSS MiB |\n"
+      "|---|---|---|---|---|---|---|---|---|\n",
+      path.c_str(), rep.value("world_size", 0));
   for (const json& r : rep.at("ranks")) {
     const double wall = r.value("wall_s", 0.0), pct = wall > 0 ? 100 / wall : 0;
     std::printf("| %d | %d | %d | %.3f | %.1f %% | %.1f %% | %.1f %% | %.1f | %.1f |\n", r.value("rank", 0),
@@ -72,11 +74,12 @@ void print_report(const std::string& path, const json& rep) {
   }
   for (const json& r : rep.at("ranks"))
     if (r.value("spec_verify_steps", int64_t(0)) > 0)
-      std::printf("\nrank %d speculative decoding: %lld verify steps, %lld drafts, %lld accepted, per position %s, "
-                  "mean acceptance length %.2f\n",
-                  r.value("rank", 0), (long long)r.value("spec_verify_steps", int64_t(0)),
-                  (long long)r.value("spec_draft_tokens", int64_t(0)), (long long)r.value("spec_accepted_tokens", int64_t(0)),
-                  r.value("spec_accepted_at", json::array()).dump().c_str(), r.value("spec_mean_acceptance_length", 0.0));
+      std::printf(
+          "\nrank %d speculative decoding: %lld verify steps, %lld drafts, %lld accepted, per position %s, "
+          "mean acceptance length %.2f\n",
+          r.value("rank", 0), (long long)r.value("spec_verify_steps", int64_t(0)),
+          (long long)r.value("spec_draft_tokens", int64_t(0)), (long long)r.value("spec_accepted_tokens", int64_t(0)),
+          r.value("spec_accepted_at", json::array()).dump().c_str(), r.value("spec_mean_acceptance_length", 0.0));
   for (const json& r : rep.at("ranks"))
     if (r.contains("profile")) {
       std::printf("\nrank %d profile (wall %.3f s):\n", r.value("rank", 0), r.value("wall_s", 0.0));
@@ -87,15 +90,17 @@ void print_report(const std::string& path, const json& rep) {
     std::printf("\nMoE routing (%d experts, k = %d, %d EP ranks): rows not picking k experts: %lld\n\n",
                 moe.value("n_routed_experts", 0), moe.value("num_experts_per_tok", 0), moe.value("expert_parallel", 1),
                 (long long)moe.value("rows_not_k", int64_t(0)));
-    std::printf("| layer | rows | activation ratio (k/E = %.4f) | experts active | expert load CV | expert max/mean | "
-                "EP rank max/mean |\n|---|---|---|---|---|---|---|\n",
-                moe.at("layers").empty() ? 0.0 : moe.at("layers")[0].value("expected_activation_ratio", 0.0));
+    std::printf(
+        "| layer | rows | activation ratio (k/E = %.4f) | experts active | expert load CV | expert max/mean | "
+        "EP rank max/mean |\n|---|---|---|---|---|---|---|\n",
+        moe.at("layers").empty() ? 0.0 : moe.at("layers")[0].value("expected_activation_ratio", 0.0));
     for (const json& l : moe.at("layers"))
       std::printf("| %d | %lld | %.4f | %d | %.3f | %.3f | %.3f |\n", l.value("layer", 0),
-                  (long long)l.value("rows", int64_t(0)), l.value("activation_ratio", 0.0), l.value("experts_active", 0),
-                  l.value("expert_load_cv", 0.0),
+                  (long long)l.value("rows", int64_t(0)), l.value("activation_ratio", 0.0),
+                  l.value("experts_active", 0), l.value("expert_load_cv", 0.0),
                   l.value("expert_load_max_over_mean", 0.0), l.value("rank_load_max_over_mean", 0.0));
-    for (const json& w : moe.value("warnings", json::array())) std::printf("warning: %s\n", w.get<std::string>().c_str());
+    for (const json& w : moe.value("warnings", json::array()))
+      std::printf("warning: %s\n", w.get<std::string>().c_str());
   }
 }
 

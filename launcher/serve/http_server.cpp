@@ -49,7 +49,9 @@ namespace {
 class Session : public std::enable_shared_from_this<Session>, public Exchange {
  public:
   Session(tcp::socket&& socket, std::shared_ptr<HttpServer::Shared> shared, bool over_capacity)
-      : stream_(std::move(socket)), timer_(stream_.get_executor()), shared_(std::move(shared)),
+      : stream_(std::move(socket)),
+        timer_(stream_.get_executor()),
+        shared_(std::move(shared)),
         over_capacity_(over_capacity) {
     ++shared_->connections;
   }
@@ -126,7 +128,8 @@ class Session : public std::enable_shared_from_this<Session>, public Exchange {
     parser_->header_limit(std::uint32_t(shared_->limits.header_bytes));
     parser_->body_limit(shared_->limits.body_bytes);
     stream_.expires_after(seconds(shared_->limits.read_timeout_s));
-    http::async_read_header(stream_, buffer_, *parser_, beast::bind_front_handler(&Session::on_header, shared_from_this()));
+    http::async_read_header(stream_, buffer_, *parser_,
+                            beast::bind_front_handler(&Session::on_header, shared_from_this()));
   }
 
   // A client that asks "Expect: 100-continue" (curl does for bodies over 1 KiB) waits for the
@@ -188,7 +191,8 @@ class Session : public std::enable_shared_from_this<Session>, public Exchange {
   void watch() {
     if (buffer_.size() >= 64 * 1024) return;  // enough kept; a gone client shows at the next write
     watching_ = true;
-    stream_.socket().async_read_some(buffer_.prepare(4096), beast::bind_front_handler(&Session::on_watch, shared_from_this()));
+    stream_.socket().async_read_some(buffer_.prepare(4096),
+                                     beast::bind_front_handler(&Session::on_watch, shared_from_this()));
   }
   void on_watch(beast::error_code ec, size_t n) {
     watching_ = false;
@@ -231,7 +235,8 @@ class Session : public std::enable_shared_from_this<Session>, public Exchange {
       (*h)->sr.emplace((*h)->res);
       return http::async_write_header(stream_, *(*h)->sr, std::move(done));
     }
-    if (auto* c = std::get_if<Chunk>(&o.v)) return net::async_write(stream_, http::make_chunk(net::buffer(**c)), std::move(done));
+    if (auto* c = std::get_if<Chunk>(&o.v))
+      return net::async_write(stream_, http::make_chunk(net::buffer(**c)), std::move(done));
     net::async_write(stream_, http::make_chunk_last(), std::move(done));
   }
 
@@ -304,7 +309,9 @@ class Session : public std::enable_shared_from_this<Session>, public Exchange {
 
 HttpServer::HttpServer(net::io_context& ioc, const std::string& host, int port, const HttpLimits& limits,
                        HttpHandler handler, ErrorBody error_body)
-    : ioc_(ioc), shared_(std::make_shared<Shared>()), acceptor_(net::make_strand(ioc)),
+    : ioc_(ioc),
+      shared_(std::make_shared<Shared>()),
+      acceptor_(net::make_strand(ioc)),
       retry_(acceptor_.get_executor()) {
   shared_->limits = limits;
   shared_->handler = std::move(handler);

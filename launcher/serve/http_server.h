@@ -38,7 +38,7 @@ class Exchange {
   virtual ~Exchange() = default;
   virtual boost::asio::any_io_executor executor() = 0;
   virtual void reply(int status, std::string body, const std::string& content_type = "application/json") = 0;
-  virtual void begin_stream() = 0;                   // 200, text/event-stream, chunked
+  virtual void begin_stream() = 0;                  // 200, text/event-stream, chunked
   virtual void stream_data(std::string bytes) = 0;  // one chunk of the stream
   virtual void end_stream() = 0;
   // Called once if the client goes away before the answer is complete.

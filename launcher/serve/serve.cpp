@@ -13,8 +13,8 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/strand.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 
 #include "core/check.h"
 #include "launcher/cli/commands.h"
@@ -35,7 +35,11 @@ namespace {
 class Drain {
  public:
   Drain(net::io_context& ioc, HttpServer& server, ServeQueue& queue, double timeout_s)
-      : strand_(net::make_strand(ioc)), timer_(strand_), server_(server), queue_(queue), timeout_s_(timeout_s),
+      : strand_(net::make_strand(ioc)),
+        timer_(strand_),
+        server_(server),
+        queue_(queue),
+        timeout_s_(timeout_s),
         signals_([this](const StopEvent& e) { net::post(strand_, [this, e] { on_stop(e); }); }) {}
 
   // When the launcher's SIGKILL is due, if a signal said (max() otherwise).
@@ -62,10 +66,13 @@ class Drain {
     cancel_at_ = now + std::chrono::duration_cast<StopClock::duration>(std::chrono::duration<double>(timeout_s_));
     const double limit = std::chrono::duration<double>(arm() - now).count();
     if (e.kill_at)
-      std::fprintf(stderr, "[glm5] serve: signal %d: draining (%s; no new requests; up to %.1f s for the accepted "
-                   "ones: mpirun's SIGKILL is due in %.1f s)\n", e.sig, e.what().c_str(), limit, kill_in);
+      std::fprintf(stderr,
+                   "[glm5] serve: signal %d: draining (%s; no new requests; up to %.1f s for the accepted "
+                   "ones: mpirun's SIGKILL is due in %.1f s)\n",
+                   e.sig, e.what().c_str(), limit, kill_in);
     else
-      std::fprintf(stderr, "[glm5] serve: signal %d: draining (%s; no new requests; up to %.0f s for the accepted ones)\n",
+      std::fprintf(stderr,
+                   "[glm5] serve: signal %d: draining (%s; no new requests; up to %.0f s for the accepted ones)\n",
                    e.sig, e.what().c_str(), limit);
     queue_.drain();  // first: a request read from now on gets 503
     server_.drain();
@@ -145,7 +152,8 @@ int run_serve(const ServeArgs& a, std::unique_ptr<parallel::Comm> world) {
   ServeApi api(queue, metrics, job->config, tok.get(), {a.api_key, name});
   net::io_context ioc;
   HttpServer server(
-      ioc, a.host, a.port, a.limits, [&api](HttpRequest&& req, std::shared_ptr<Exchange> ex) { api.handle(std::move(req), std::move(ex)); },
+      ioc, a.host, a.port, a.limits,
+      [&api](HttpRequest&& req, std::shared_ptr<Exchange> ex) { api.handle(std::move(req), std::move(ex)); },
       [](int status, const std::string& message) { return error_for_status(status, message); });
   Drain drain(ioc, server, queue, a.drain_timeout_s);
   server.start();

@@ -18,13 +18,13 @@ namespace glm5::launcher {
 struct ServeArgs {
   std::string model, cluster;
   std::string host = "127.0.0.1";
-  int port = 8000;           // 0: a free port (printed)
-  std::string api_key;       // empty: no auth
-  std::string model_name;    // the id clients name; default: the model directory's name
-  int max_queue = 256;       // requests waiting for the engine beyond which new ones get 429
+  int port = 8000;              // 0: a free port (printed)
+  std::string api_key;          // empty: no auth
+  std::string model_name;       // the id clients name; default: the model directory's name
+  int max_queue = 256;          // requests waiting for the engine beyond which new ones get 429
   double drain_timeout_s = 25;  // under Slurm's default KillWait (30 s) between SIGTERM and SIGKILL
   int http_threads = 2;
-  ClusterOverrides overrides;   // --speculative-tokens, --precision
+  ClusterOverrides overrides;  // --speculative-tokens, --precision
   HttpLimits limits;
 };
 

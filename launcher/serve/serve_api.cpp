@@ -27,7 +27,8 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 // glm5::Error messages end in " [file:line]": a client needs the message, not our source lines.
 std::string client_message(const std::string& what) {
   const size_t at = what.rfind(" [");
-  if (at != std::string::npos && what.back() == ']' && what.find(':', at) != std::string::npos) return what.substr(0, at);
+  if (at != std::string::npos && what.back() == ']' && what.find(':', at) != std::string::npos)
+    return what.substr(0, at);
   return what;
 }
 
@@ -71,10 +72,19 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
  public:
   Call(std::shared_ptr<Exchange> ex, BatchLine line, const runtime::Tokenizer* tok, ServeMetrics& metrics,
        ServeQueue& queue, std::string model, std::string id)
-      : ex_(std::move(ex)), line_(std::move(line)), tok_(tok), metrics_(metrics), queue_(queue),
-        model_(std::move(model)), id_(std::move(id)), created_(int64_t(std::time(nullptr))),
-        received_(ServeClock::now()), chat_(line_.url == "/v1/chat/completions"),
-        choices_(size_t(line_.choices())), first_at_(choices_.size()), last_at_(choices_.size()),
+      : ex_(std::move(ex)),
+        line_(std::move(line)),
+        tok_(tok),
+        metrics_(metrics),
+        queue_(queue),
+        model_(std::move(model)),
+        id_(std::move(id)),
+        created_(int64_t(std::time(nullptr))),
+        received_(ServeClock::now()),
+        chat_(line_.url == "/v1/chat/completions"),
+        choices_(size_t(line_.choices())),
+        first_at_(choices_.size()),
+        last_at_(choices_.size()),
         remaining_(int(choices_.size())) {}
 
   // After the queue accepted it (strand).
@@ -103,9 +113,8 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
     if (first == ServeClock::time_point{}) first = at;
     last = at;
     if (!line_.stream) return;
-    boost::asio::post(ex_->executor(), [self = shared_from_this(), choice, t = std::move(t)]() mutable {
-      self->on_tokens(choice, t);
-    });
+    boost::asio::post(ex_->executor(),
+                      [self = shared_from_this(), choice, t = std::move(t)]() mutable { self->on_tokens(choice, t); });
   }
   void result(int choice, runtime::Result r) override {
     metrics_.generation_tokens += int64_t(r.tokens.size());
@@ -126,16 +135,23 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
   };
 
   json chunk(json choices) const {
-    return {{"id", id_}, {"object", chat_ ? "chat.completion.chunk" : "text_completion"}, {"created", created_},
-            {"model", model_}, {"choices", std::move(choices)}};
+    return {{"id", id_},
+            {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
+            {"created", created_},
+            {"model", model_},
+            {"choices", std::move(choices)}};
   }
   json choice_delta(int64_t j, const json& delta, const std::vector<int32_t>& ids, const json& finish) const {
     json c = {{"index", j}, {"logprobs", nullptr}, {"finish_reason", finish}, {"token_ids", ids}};
-    if (chat_) c["delta"] = delta;
-    else c["text"] = delta.value("content", "");
+    if (chat_)
+      c["delta"] = delta;
+    else
+      c["text"] = delta.value("content", "");
     return c;
   }
-  json text_delta(const std::string& text) const { return text.empty() && chat_ ? json::object() : json{{"content", text}}; }
+  json text_delta(const std::string& text) const {
+    return text.empty() && chat_ ? json::object() : json{{"content", text}};
+  }
 
   void on_tokens(int choice, const std::vector<int32_t>& t) {
     Choice& c = choices_[size_t(choice)];
@@ -178,10 +194,12 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
       failed_ = true;
     } else if (!failed_) {
       const json fin = choice_json(line_, r, tok_, choice);
-      const std::string final_text = chat_ ? fin["message"]["content"].get<std::string>() : fin["text"].get<std::string>();
+      const std::string final_text =
+          chat_ ? fin["message"]["content"].get<std::string>() : fin["text"].get<std::string>();
       // What was sent is a prefix of the final text (held-back text never went out).
       const std::string rest = final_text.size() > c.sent && final_text.compare(0, c.sent, c.text, 0, c.sent) == 0
-                                   ? final_text.substr(c.sent) : "";
+                                   ? final_text.substr(c.sent)
+                                   : "";
       std::vector<int32_t> ids(r.tokens.begin() + int64_t(std::min(c.ids_sent, r.tokens.size())), r.tokens.end());
       ex_->stream_data(sse(chunk({choice_delta(choice, text_delta(rest), ids, fin["finish_reason"])})));
     }
@@ -220,8 +238,8 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
   const int64_t created_;
   const ServeClock::time_point received_;
   const bool chat_;
-  std::vector<Choice> choices_;                                   // strand
-  std::vector<ServeClock::time_point> first_at_, last_at_;        // engine thread
+  std::vector<Choice> choices_;                             // strand
+  std::vector<ServeClock::time_point> first_at_, last_at_;  // engine thread
   std::vector<int64_t> indexes_;
   int remaining_;
   bool failed_ = false;
@@ -232,21 +250,32 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
 std::string error_json(const std::string& message, const std::string& type, const std::string& param,
                        const std::string& code) {
   return dump({{"error",
-                {{"message", message}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)},
+                {{"message", message},
+                 {"type", type},
+                 {"param", param.empty() ? json(nullptr) : json(param)},
                  {"code", code.empty() ? json(nullptr) : json(code)}}}});
 }
 
 std::string error_for_status(int status, const std::string& message) {
   switch (status) {
-    case 401: return error_json(message, "invalid_request_error", "", "invalid_api_key");
-    case 404: return error_json(message, "invalid_request_error", "", "not_found");
-    case 405: return error_json(message, "invalid_request_error", "", "method_not_allowed");
-    case 413: return error_json(message, "invalid_request_error", "", "request_too_large");
-    case 429: return error_json(message, "rate_limit_error", "", "queue_full");
-    case 431: return error_json(message, "invalid_request_error", "", "header_too_large");
-    case 500: return error_json(message, "server_error", "", "internal_error");
-    case 503: return error_json(message, "server_error", "", "unavailable");
-    default: return error_json(message, "invalid_request_error", field_of(message), "");
+    case 401:
+      return error_json(message, "invalid_request_error", "", "invalid_api_key");
+    case 404:
+      return error_json(message, "invalid_request_error", "", "not_found");
+    case 405:
+      return error_json(message, "invalid_request_error", "", "method_not_allowed");
+    case 413:
+      return error_json(message, "invalid_request_error", "", "request_too_large");
+    case 429:
+      return error_json(message, "rate_limit_error", "", "queue_full");
+    case 431:
+      return error_json(message, "invalid_request_error", "", "header_too_large");
+    case 500:
+      return error_json(message, "server_error", "", "internal_error");
+    case 503:
+      return error_json(message, "server_error", "", "unavailable");
+    default:
+      return error_json(message, "invalid_request_error", field_of(message), "");
   }
 }
 
@@ -274,10 +303,13 @@ void ServeApi::handle(HttpRequest&& req, std::shared_ptr<Exchange> ex) {
     const char* path;
     http::verb method;
   };
-  static const Route routes[] = {{"/health", http::verb::get},          {"/metrics", http::verb::get},
-                                 {"/v1/models", http::verb::get},       {"/v1/completions", http::verb::post},
+  static const Route routes[] = {{"/health", http::verb::get},
+                                 {"/metrics", http::verb::get},
+                                 {"/v1/models", http::verb::get},
+                                 {"/v1/completions", http::verb::post},
                                  {"/v1/chat/completions", http::verb::post},
-                                 {"/tokenize", http::verb::post},       {"/detokenize", http::verb::post},
+                                 {"/tokenize", http::verb::post},
+                                 {"/detokenize", http::verb::post},
                                  {"/tokenizer_info", http::verb::get}};
   const Route* route = nullptr;
   for (const Route& r : routes)
@@ -293,8 +325,8 @@ void ServeApi::handle(HttpRequest&& req, std::shared_ptr<Exchange> ex) {
     return send(401, error_for_status(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'"));
   if (!route) return send(404, error_for_status(404, "no such endpoint: " + path));
   if (req.method() != route->method)
-    return send(405, error_for_status(405, std::string(req.method_string()) + " is not allowed on " + path +
-                                               "; use " + std::string(http::to_string(route->method))));
+    return send(405, error_for_status(405, std::string(req.method_string()) + " is not allowed on " + path + "; use " +
+                                               std::string(http::to_string(route->method))));
   if (path == "/metrics") return send(200, metrics_.text() + queue_.engine_metrics(), "text/plain; version=0.0.4");
   if (path == "/v1/models") return models(ex);
   if (path == "/health") return;
@@ -303,8 +335,11 @@ void ServeApi::handle(HttpRequest&& req, std::shared_ptr<Exchange> ex) {
 }
 
 void ServeApi::models(const std::shared_ptr<Exchange>& ex) {
-  const json m = {{"id", opt_.model_id}, {"object", "model"}, {"created", int64_t(std::time(nullptr))},
-                  {"owned_by", "glm5"}, {"max_model_len", mc_.max_position_embeddings}};
+  const json m = {{"id", opt_.model_id},
+                  {"object", "model"},
+                  {"created", int64_t(std::time(nullptr))},
+                  {"owned_by", "glm5"},
+                  {"max_model_len", mc_.max_position_embeddings}};
   metrics_.count_request("/v1/models", 200);
   ex->reply(200, dump({{"object", "list"}, {"data", json::array({m})}}));
 }
@@ -315,17 +350,20 @@ void ServeApi::tokenizer(const HttpRequest& req, const std::shared_ptr<Exchange>
     metrics_.count_request(path, status);
     ex->reply(status, body);
   };
-  if (!tok_) return reply(400, error_json(path + " needs a tokenizer, but the model directory has no tokenizer.json",
-                                          "invalid_request_error", "", ""));
+  if (!tok_)
+    return reply(400, error_json(path + " needs a tokenizer, but the model directory has no tokenizer.json",
+                                 "invalid_request_error", "", ""));
   try {
     if (path == "/tokenizer_info") return reply(200, dump(tokenizer_info_json(mc_, *tok_)));
     const json body = parse_client_json(req.body());
     if (body.is_object() && body.contains("model") && body["model"] != opt_.model_id)
       return reply(404, error_json("model " + describe(body["model"]) + " does not exist; this server serves '" +
-                                       opt_.model_id + "'", "invalid_request_error", "model", "model_not_found"));
+                                       opt_.model_id + "'",
+                                   "invalid_request_error", "model", "model_not_found"));
     reply(200, dump(path == "/tokenize" ? tokenize_json(body, mc_, *tok_) : detokenize_json(body, mc_, *tok_)));
   } catch (const json::parse_error& e) {
-    reply(400, error_json(std::string("malformed JSON body: ") + e.what(), "invalid_request_error", "", "invalid_json"));
+    reply(400,
+          error_json(std::string("malformed JSON body: ") + e.what(), "invalid_request_error", "", "invalid_json"));
   } catch (const JsonTooDeep& e) {
     reply(400, error_json(std::string("request body: ") + e.what(), "invalid_request_error", "", "invalid_json"));
   } catch (const std::exception& e) {
@@ -372,12 +410,15 @@ void ServeApi::completion(const HttpRequest& req, const std::shared_ptr<Exchange
   if (!b.model_name.empty() && b.model_name != opt_.model_id) {
     metrics_.count_request(url, 404);
     return ex->reply(404, error_json("model " + describe(json(b.model_name)) + " does not exist; this server serves '" +
-                                         opt_.model_id + "'", "invalid_request_error", "model", "model_not_found"));
+                                         opt_.model_id + "'",
+                                     "invalid_request_error", "model", "model_not_found"));
   }
   // More choices than the queue holds could never be accepted: not a retryable 429.
   if (size_t(b.choices()) > queue_.max_queue())
-    return fail(400, "field 'n': expected at most " + std::to_string(queue_.max_queue()) +
-                         " (--max-queue) choices over all prompts, found " + std::to_string(b.choices()), "n");
+    return fail(400,
+                "field 'n': expected at most " + std::to_string(queue_.max_queue()) +
+                    " (--max-queue) choices over all prompts, found " + std::to_string(b.choices()),
+                "n");
   cap_default_length(b);
   if (b.stream && b.request.sampling.logprobs >= 0)
     return fail(400, "field 'logprobs': not supported with stream true", "logprobs");
@@ -398,7 +439,8 @@ void ServeApi::completion(const HttpRequest& req, const std::shared_ptr<Exchange
     case ServeQueue::Admit::draining:
       metrics_.prompt_tokens -= prompt_rows;
       return fail(503, "the server is shutting down");
-    case ServeQueue::Admit::ok: break;
+    case ServeQueue::Admit::ok:
+      break;
   }
   if (b.stream) metrics_.count_request(url, 200);
   call->start(std::move(indexes));

@@ -10,12 +10,15 @@
 #include <memory>
 #include <string>
 
-#include "launcher/serve/http_server.h"
 #include "launcher/openai/openai_format.h"
+#include "launcher/serve/http_server.h"
 #include "launcher/serve/serve_metrics.h"
 #include "launcher/serve/serve_queue.h"
 
-namespace glm5::runtime { class Tokenizer; struct ModelConfig; }
+namespace glm5::runtime {
+class Tokenizer;
+struct ModelConfig;
+}  // namespace glm5::runtime
 
 namespace glm5::launcher {
 

@@ -77,10 +77,10 @@ class ServeQueue final : public runtime::RequestSource {
   const size_t max_queue_;
   ServeMetrics& metrics_;
   mutable std::mutex mu_;
-  std::condition_variable work_;            // a submit, a cancel or the drain wakes an idle engine
-  std::deque<runtime::Request> pending_;   // accepted choices, not yet taken by the engine
-  std::map<int64_t, Waiter> waiters_;       // by Request::index, until its result
-  std::vector<int64_t> cancels_;           // for the engine's next tick
+  std::condition_variable work_;          // a submit, a cancel or the drain wakes an idle engine
+  std::deque<runtime::Request> pending_;  // accepted choices, not yet taken by the engine
+  std::map<int64_t, Waiter> waiters_;     // by Request::index, until its result
+  std::vector<int64_t> cancels_;          // for the engine's next tick
   int64_t next_index_ = 0;
   bool draining_ = false;
   const runtime::Engine* engine_ = nullptr;

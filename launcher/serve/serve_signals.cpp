@@ -64,12 +64,18 @@ pid_t open_mpi_daemon() {
 
 const char* StopSignals::name(int sig) {
   switch (sig) {
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGCONT: return "SIGCONT";
-    case SIGHUP: return "SIGHUP";
-    default: return "a signal";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGCONT:
+      return "SIGCONT";
+    case SIGHUP:
+      return "SIGHUP";
+    default:
+      return "a signal";
   }
 }
 
@@ -117,8 +123,7 @@ StopSignals::StopSignals(std::function<void(const StopEvent&)> on_stop) : on_sto
 StopSignals::~StopSignals() {
   for (size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &g_previous[i], nullptr);
   Record quit;
-  while (::write(pipe_[1], &quit, sizeof quit) < 0 && errno == EINTR) {
-  }
+  while (::write(pipe_[1], &quit, sizeof quit) < 0 && errno == EINTR) {}
   thread_.join();
   g_write_fd.store(-1);
   ::close(pipe_[0]);
@@ -131,7 +136,8 @@ StopSignals::~StopSignals() {
 void StopSignals::watch() {
   const double step = launcher_kill_step_s();
   const pid_t parent = ::getppid(), daemon = open_mpi_daemon();
-  const auto step_d = std::chrono::duration_cast<StopClock::duration>(std::chrono::duration<double>(std::max(step, 0.0)));
+  const auto step_d =
+      std::chrono::duration_cast<StopClock::duration>(std::chrono::duration<double>(std::max(step, 0.0)));
   auto last = StopClock::now();
   auto resumed = last - std::chrono::hours(1);  // never (min() would overflow the subtraction)
   bool seen = false;

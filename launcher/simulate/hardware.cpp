@@ -110,7 +110,8 @@ Hardware parse_hardware(const std::string& text, const std::string& source) {
     if (!g.IsMap()) bad(source, g, "glm5", "a map of measured_by and efficiency keys");
     hw.has_measured = true;
     const std::pair<const char*, double Hardware::Measured::*> keys[] = {
-        {"gemm_efficiency", &Hardware::Measured::gemm}, {"attention_efficiency", &Hardware::Measured::attention},
+        {"gemm_efficiency", &Hardware::Measured::gemm},
+        {"attention_efficiency", &Hardware::Measured::attention},
         {"mem_bw_efficiency", &Hardware::Measured::mem_bw},
         {"attention_mem_efficiency", &Hardware::Measured::attention_mem}};
     for (const auto& kv : g) {

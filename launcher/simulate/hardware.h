@@ -66,7 +66,9 @@ struct Hardware {
   bool has_measured = false;
   Measured measured;
   bool gpu() const { return kind == "gpu"; }
-  double attention_mem_eff() const { return attention_mem_efficiency > 0 ? attention_mem_efficiency : mem_bw_efficiency; }
+  double attention_mem_eff() const {
+    return attention_mem_efficiency > 0 ? attention_mem_efficiency : mem_bw_efficiency;
+  }
   // The efficiencies glm5's own kernels reach (the `glm5:` map over the top level).
   Hardware as_measured() const;
 };

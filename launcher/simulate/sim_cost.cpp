@@ -60,7 +60,8 @@ void StepCost::attention(int l, const std::vector<SimSeq>& seqs, const Rates& r,
   const double iid = indexer ? ID : 0, iih = indexer ? IH : 0;
   Work proj;  // q_a, kv_a, indexer wk and weights_proj of a; then q_b and wq_b of c_q; norms, ropes
   proj.flops = 2 * m * H * (QR + LAT + iid + iih) + 2 * m * QR * (NH * DQ + iih * iid);
-  for (const char* w : {"q_a_proj", "kv_a_proj_with_mqa", "indexer.wk", "indexer.weights_proj", "q_b_proj", "indexer.wq_b"})
+  for (const char* w :
+       {"q_a_proj", "kv_a_proj_with_mqa", "indexer.wk", "indexer.weights_proj", "q_b_proj", "indexer.wq_b"})
     proj.bytes += bytes(l, std::string("self_attn.") + w + ".weight");
   proj.bytes += m * (H + 2 * QR + NH * DQ + iih * iid + LAT) * 4;
   proj.calls = indexer ? 10 : 6;
@@ -205,8 +206,8 @@ double StepCost::active_expert_bytes(int l, int column, int64_t rows) const {
     const double p = std::min(1.0, k * share(l, e));
     const double active = 1 - std::pow(1 - p, double(rows));
     const std::string pre = "mlp.experts." + std::to_string(e) + ".";
-    b += active * (bytes(l, pre + "gate_proj.weight") + bytes(l, pre + "up_proj.weight") +
-                   bytes(l, pre + "down_proj.weight"));
+    b += active *
+         (bytes(l, pre + "gate_proj.weight") + bytes(l, pre + "up_proj.weight") + bytes(l, pre + "down_proj.weight"));
   }
   return b;
 }

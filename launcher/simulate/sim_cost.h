@@ -39,7 +39,7 @@ using PhaseTimes = std::map<std::string, double>;
 // The work of one phase and its time at `r`.
 struct Work {
   double flops = 0, bytes = 0, scanned = 0, calls = 0;
-  double rows = 256;  // rows of the GEMM's input (decode-sized GEMMs run at a lower rate)
+  double rows = 256;            // rows of the GEMM's input (decode-sized GEMMs run at a lower rate)
   bool attention_unit = false;  // indexer / attention kernels (attention_flops), else GEMM rate
   double seconds(const Rates& r) const;
 };

@@ -19,8 +19,11 @@ Workload parse_workload(const std::string& text) {
   for (std::string item; std::getline(ss, item, ',');) {
     const size_t eq = item.find('=');
     const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
-    int64_t* field = key == "prompts" ? &w.prompts : key == "in" ? &w.in : key == "out" ? &w.out
-                     : key == "prefix"  ? &w.prefix : nullptr;
+    int64_t* field = key == "prompts"  ? &w.prompts
+                     : key == "in"     ? &w.in
+                     : key == "out"    ? &w.out
+                     : key == "prefix" ? &w.prefix
+                                       : nullptr;
     CHECK(field, "--workload: unknown field '", key, "' in '", text, "': expected prompts=N,in=T,out=T[,prefix=T]");
     size_t used = 0;
     long long x = -1;
@@ -34,7 +37,8 @@ Workload parse_workload(const std::string& text) {
     *field = x;
     seen[key == "prompts" ? 0 : key == "in" ? 1 : key == "out" ? 2 : 3] = true;
   }
-  CHECK(seen[0] && seen[1] && seen[2], "--workload '", text, "': prompts, in and out are required (e.g. prompts=64,in=2048,out=512)");
+  CHECK(seen[0] && seen[1] && seen[2], "--workload '", text,
+        "': prompts, in and out are required (e.g. prompts=64,in=2048,out=512)");
   CHECK(w.prompts >= 1 && w.in >= 1 && w.out >= 1, "--workload '", text, "': prompts, in and out must be >= 1");
   CHECK(w.prefix <= w.in, "--workload '", text, "': prefix (", w.prefix, ") must be <= in (", w.in, ")");
   return w;
@@ -219,8 +223,8 @@ std::vector<SimSeq> Replay::build(Column& c, int g, std::vector<Seq*>& members) 
   const ClusterConfig& cc = *s_.cluster;
   const Workload& w = s_.work;
   const size_t work_now = c.live.size() + c.waiting.size();
-  const int cap = int(std::min<size_t>((size_t(cc.max_batch) + size_t(G_) - 1) / size_t(G_),
-                                       (work_now + size_t(G_) - 1) / size_t(G_)));
+  const int cap = int(
+      std::min<size_t>((size_t(cc.max_batch) + size_t(G_) - 1) / size_t(G_), (work_now + size_t(G_) - 1) / size_t(G_)));
   while (!c.waiting.empty() && int(c.live.size()) < cc.max_batch && c.group_size[size_t(g)] < cap) {
     Seq q = c.waiting.front();
     c.waiting.pop_front();
@@ -307,7 +311,8 @@ double Replay::stage_time(int stage, const std::vector<std::vector<SimSeq>>& ste
     double best_s = -1;
     for (int c = 0; c < E_; ++c) {
       const Rates& r = rates_[size_t(stage * E_ + c)];
-      if (memo && c > 0 && steps[size_t(c)] == steps[size_t(c - 1)] && r == rates_[size_t(stage * E_ + c - 1)]) continue;
+      if (memo && c > 0 && steps[size_t(c)] == steps[size_t(c - 1)] && r == rates_[size_t(stage * E_ + c - 1)])
+        continue;
       PhaseTimes t;
       part(c, r, t);
       double sum = 0;
@@ -323,8 +328,10 @@ double Replay::stage_time(int stage, const std::vector<std::vector<SimSeq>>& ste
     const bool moe = cfg.is_moe_layer(l);
     const double block = slowest([&](int c, const Rates& r, PhaseTimes& t) {
       cost.attention(l, steps[size_t(c)], r, t);
-      if (moe) cost.router(l, rows[size_t(c)], r, t);
-      else cost.dense_mlp(l, rows[size_t(c)], r, t);
+      if (moe)
+        cost.router(l, rows[size_t(c)], r, t);
+      else
+        cost.dense_mlp(l, rows[size_t(c)], r, t);
     });
     if (!moe) {
       T += block;
@@ -358,8 +365,7 @@ double Replay::stage_time(int stage, const std::vector<std::vector<SimSeq>>& ste
     // behind the other micro-batch's compute; the engine itself runs them in sequence.
     T += s_.overlap ? std::max(block + experts, ex) : block + ex + experts;
   }
-  if (stage == P_ - 1)
-    T += slowest([&](int c, const Rates& r, PhaseTimes& t) { cost.head(sampled[size_t(c)], r, t); });
+  if (stage == P_ - 1) T += slowest([&](int c, const Rates& r, PhaseTimes& t) { cost.head(sampled[size_t(c)], r, t); });
   if (stage == P_ - 1 && s_.cluster->speculative_tokens > 0) T += mtp_time(steps, out);
   return T;
 }
@@ -381,7 +387,7 @@ double Replay::mtp_time(const std::vector<std::vector<SimSeq>>& steps, StagePred
       for (const SimSeq& e : steps[size_t(c)]) {
         const bool decode = e.start >= e.prompt_len;
         if ((decode && e.drafts == 0) || (pass > 0 && !e.sample)) continue;  // a plainly decoding step: no MTP
-        const int64_t known = decode ? 1 + e.accepted : e.n;  // rows whose next token is known
+        const int64_t known = decode ? 1 + e.accepted : e.n;                 // rows whose next token is known
         SimSeq r = e;
         r.n = pass == 0 ? known : 1;
         r.start = pass == 0 ? e.start : e.start + known + pass - 1;
@@ -420,13 +426,16 @@ Prediction Replay::run() {
   const Workload& w = s_.work;
   Prediction pred;
   pred.stages.resize(size_t(P_));
-  for (int s = 0; s < P_; ++s) pred.stages[size_t(s)].first_layer = s_.stages[size_t(s)].first,
-                               pred.stages[size_t(s)].last_layer = s_.stages[size_t(s)].last;
+  for (int s = 0; s < P_; ++s)
+    pred.stages[size_t(s)].first_layer = s_.stages[size_t(s)].first,
+    pred.stages[size_t(s)].last_layer = s_.stages[size_t(s)].last;
   std::vector<double> stage_free(size_t(P_), 0), back_at(size_t(G_), 0);
   std::vector<bool> inflight(size_t(G_), false);
   // Per group in flight: each column's entries and their sequences (applied when it returns).
-  std::vector<std::vector<std::vector<SimSeq>>> pending(static_cast<size_t>(G_), std::vector<std::vector<SimSeq>>(static_cast<size_t>(E_)));
-  std::vector<std::vector<std::vector<Seq*>>> pending_seqs(static_cast<size_t>(G_), std::vector<std::vector<Seq*>>(static_cast<size_t>(E_)));
+  std::vector<std::vector<std::vector<SimSeq>>> pending(static_cast<size_t>(G_),
+                                                        std::vector<std::vector<SimSeq>>(static_cast<size_t>(E_)));
+  std::vector<std::vector<std::vector<Seq*>>> pending_seqs(static_cast<size_t>(G_),
+                                                           std::vector<std::vector<Seq*>>(static_cast<size_t>(E_)));
   double now = 0, end = 0, last_tick = 0, decode_s = 0;
   int64_t decode_tokens = 0;
   const double tick_sync = E_ > 1 ? 3 * link_latency(0, 1 % (P_ * E_)) : 0;  // all_gather + broadcasts
@@ -435,14 +444,16 @@ Prediction Replay::run() {
     const int g = int(tick % G_);
     if (P_ > 1 && inflight[size_t(g)]) {
       now = std::max(now, back_at[size_t(g)]);
-      for (int c = 0; c < E_; ++c) apply(cols_[size_t(c)], pending_seqs[size_t(g)][size_t(c)], pending[size_t(g)][size_t(c)], now);
+      for (int c = 0; c < E_; ++c)
+        apply(cols_[size_t(c)], pending_seqs[size_t(g)][size_t(c)], pending[size_t(g)][size_t(c)], now);
       inflight[size_t(g)] = false;
       end = std::max(end, now);
     }
     if (finished_ == w.prompts) break;
-    CHECK(tick < 100'000'000, "simulate: the workload needs more than 10^8 engine steps to replay; simulate a "
-                              "smaller one (fewer prompts) and scale: throughput does not depend on the count once the "
-                              "columns are full");
+    CHECK(tick < 100'000'000,
+          "simulate: the workload needs more than 10^8 engine steps to replay; simulate a "
+          "smaller one (fewer prompts) and scale: throughput does not depend on the count once the "
+          "columns are full");
     hand_out(now);
     now += tick_sync;
     ++pred.ticks;
@@ -476,7 +487,8 @@ Prediction Replay::run() {
         const int a = s * E_, b = (s + 1) * E_;
         double bytes = double(m_max) * H * 4 + 256;
         // A next stage that begins with a "shared" layer (IndexShare) gets the top-k of its rows too.
-        if (!cfg.has_indexer(s_.stages[size_t(s + 1)].first)) bytes += double(absorbed_max) * double(cfg.index_topk) * 4;
+        if (!cfg.has_indexer(s_.stages[size_t(s + 1)].first))
+          bytes += double(absorbed_max) * double(cfg.index_topk) * 4;
         const double hop = link_latency(a, b) + bytes / link_bw(a, b);
         sp.comm_s += hop;
         hop_bytes_ += bytes;

@@ -32,20 +32,20 @@ std::vector<double> parse_acceptance(const std::string& text, int k);
 
 struct StagePrediction {
   int first_layer = 0, last_layer = 0;
-  double busy_s = 0;   // computing (the slowest column's share of each step), exchange included
-  double comm_s = 0;   // MoE exchange and pipeline hops out of this stage
-  PhaseTimes phases;   // seconds per phase over the run (the slowest column of each segment)
+  double busy_s = 0;  // computing (the slowest column's share of each step), exchange included
+  double comm_s = 0;  // MoE exchange and pipeline hops out of this stage
+  PhaseTimes phases;  // seconds per phase over the run (the slowest column of each segment)
 };
 
 struct Prediction {
   double makespan_s = 0, generated_per_s = 0, tokens_per_s = 0;  // generated / all (prompt + generated)
-  double mean_ttft_s = 0;     // request handed out -> first token back at stage 0
-  double decode_per_s = 0;    // tokens/s over the ticks that only decode (the steady state)
+  double mean_ttft_s = 0;                                        // request handed out -> first token back at stage 0
+  double decode_per_s = 0;  // tokens/s over the ticks that only decode (the steady state)
   int64_t ticks = 0, generated = 0;
   std::vector<StagePrediction> stages;
-  double exchange_bytes_per_layer = 0;  // mean bytes one rank sends per MoE layer per step
+  double exchange_bytes_per_layer = 0;       // mean bytes one rank sends per MoE layer per step
   double exchange_plan_bytes_per_layer = 0;  // of which the plan (count headers, slot entries)
-  double pipeline_bytes_per_step = 0;   // mean hidden-state bytes per stage hop
+  double pipeline_bytes_per_step = 0;        // mean hidden-state bytes per stage hop
   std::vector<double> rank_utilisation;
 };
 

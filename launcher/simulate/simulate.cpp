@@ -113,8 +113,8 @@ std::vector<RankMemory> plan_memory(const runtime::ModelConfig& cfg, const Clust
                                                    kv_dtype));
     m.activations = act;
     m.room = cc.device_memory_gb > 0 ? cc.device_memory_gb * 1e9
-             : hw.gpu()               ? hw.memory_gb * 1e9
-                                      : hw.memory_gb * 1e9 / double(std::count(host.begin(), host.end(), host[size_t(r)]));
+             : hw.gpu()              ? hw.memory_gb * 1e9
+                        : hw.memory_gb * 1e9 / double(std::count(host.begin(), host.end(), host[size_t(r)]));
     out.push_back(m);
   }
   return out;
@@ -139,7 +139,8 @@ Hardware calibrate_for(const std::string& model) {
   if (model.empty()) return calibrate_cpu();
   std::string dir;
   const runtime::ModelConfig cfg = read_model(model, dir);
-  return calibrate_cpu(cfg.hidden_size, cfg.moe_intermediate_size > 0 ? cfg.moe_intermediate_size : cfg.intermediate_size);
+  return calibrate_cpu(cfg.hidden_size,
+                       cfg.moe_intermediate_size > 0 ? cfg.moe_intermediate_size : cfg.intermediate_size);
 }
 
 int write_calibration(const SimulateArgs& a) {
@@ -148,8 +149,9 @@ int write_calibration(const SimulateArgs& a) {
   const Hardware hw = calibrate_for(a.model);
   const std::string text =
       hardware_yaml(hw, "This machine, measured by `glm5 simulate --calibrate` with the CPU backend's kernels" +
-                            std::string(a.model.empty() ? "" : " (experts shaped as " + a.model + "'s)") + ".\n"
-                        "intra_node_latency_us and the inter_node values are assumptions, not measurements.");
+                            std::string(a.model.empty() ? "" : " (experts shaped as " + a.model + "'s)") +
+                            ".\n"
+                            "intra_node_latency_us and the inter_node values are assumptions, not measurements.");
   std::ofstream f(a.out);
   CHECK(f, "simulate --calibrate: cannot write ", a.out);
   f << text;
@@ -182,8 +184,8 @@ int run_simulate(const SimulateArgs& a) {
     std::fprintf(stderr, "[glm5] simulate: no --hardware; calibrating this CPU first (see --calibrate)\n");
     hw = calibrate_for(a.model);
   }
-  CHECK(hw.gpu() == (cc.backend == "cuda"), "simulate: hardware ", hw.source.empty() ? hw.name : hw.source,
-        " is kind ", hw.kind, " but the cluster config's backend is ", cc.backend);
+  CHECK(hw.gpu() == (cc.backend == "cuda"), "simulate: hardware ", hw.source.empty() ? hw.name : hw.source, " is kind ",
+        hw.kind, " but the cluster config's backend is ", cc.backend);
   // glm5 as it runs (its kernels' measured efficiencies) unless the published kernels' what-if is asked.
   const bool measured = hw.has_measured && !a.published_kernels;
   if (measured) hw = hw.as_measured();
@@ -193,7 +195,8 @@ int run_simulate(const SimulateArgs& a) {
                       cc.kv_dtype == "bf16" ? 2 : 4);
   SimSetup setup{&cfg, &cc, stages, &hw, &cost, work, a.exchange_bytes, a.overlap, {}};
   CHECK(cc.speculative_tokens == 0 || !a.acceptance.empty(), "simulate: ", cc.source, " sets speculative_tokens ",
-        cc.speculative_tokens, ": give --acceptance (the fraction of verify steps whose drafts 1..j were all accepted, "
+        cc.speculative_tokens,
+        ": give --acceptance (the fraction of verify steps whose drafts 1..j were all accepted, "
         "j = 1..k, e.g. a batch report's spec_accepted_at / spec_verify_steps)");
   if (cc.speculative_tokens > 0) setup.acceptance = parse_acceptance(a.acceptance, cc.speculative_tokens);
   const Prediction p = simulate_run(setup);
@@ -202,9 +205,10 @@ int run_simulate(const SimulateArgs& a) {
   std::printf("model      %s: %lld layers, %lld routed experts (top %lld), index_topk %lld\n", cfg.source.c_str(),
               (long long)cfg.num_hidden_layers, (long long)cfg.n_routed_experts, (long long)cfg.num_experts_per_tok,
               (long long)cfg.index_topk);
-  std::printf("layout     %d stage(s) x %d expert-parallel = %d rank(s), micro_batches %d, max_batch %d, "
-              "prefill_chunk %d\n", cc.stages, cc.expert_parallel, cc.world_size(), cc.micro_batches, cc.max_batch,
-              cc.prefill_chunk);
+  std::printf(
+      "layout     %d stage(s) x %d expert-parallel = %d rank(s), micro_batches %d, max_batch %d, "
+      "prefill_chunk %d\n",
+      cc.stages, cc.expert_parallel, cc.world_size(), cc.micro_batches, cc.max_batch, cc.prefill_chunk);
   std::printf("hardware   %s (%s%s)\n", hw.name.c_str(), hw.kind.c_str(),
               a.hardware.empty() ? ", calibrated now" : (", " + a.hardware).c_str());
   std::printf("precision  %s: GEMMs at %.3g FLOP/s%s\n", cc.precision.c_str(),
@@ -216,14 +220,19 @@ int run_simulate(const SimulateArgs& a) {
     return f.dtype == DType::F8_E4M3 || f.dtype == DType::Q4 || f.dtype == DType::Q8;
   });
   if (quantized && hw.exact_gemm_cost > 1)
-    std::printf("note       the checkpoint has quantized matrices, whose GEMMs run the same kernels in both precisions: "
-                "exact's extra cost is applied to every GEMM here, so exact is predicted slower than it runs\n");
+    std::printf(
+        "note       the checkpoint has quantized matrices, whose GEMMs run the same kernels in both precisions: "
+        "exact's extra cost is applied to every GEMM here, so exact is predicted slower than it runs\n");
   if (measured)
-    std::printf("kernels    glm5's, at the efficiencies measured by %s (--published-kernels: the what-if of the "
-                "best published kernels)\n", hw.measured.by.c_str());
+    std::printf(
+        "kernels    glm5's, at the efficiencies measured by %s (--published-kernels: the what-if of the "
+        "best published kernels)\n",
+        hw.measured.by.c_str());
   else if (hw.has_measured)
-    std::printf("what-if    kernels at the best published efficiencies (the hardware file's top level), not glm5's "
-                "(measured by %s)\n", hw.measured.by.c_str());
+    std::printf(
+        "what-if    kernels at the best published efficiencies (the hardware file's top level), not glm5's "
+        "(measured by %s)\n",
+        hw.measured.by.c_str());
   if (a.overlap || a.exchange_bytes != 4)
     std::printf("what-if    MoE exchange of %g byte(s) per value%s (glm5 itself sends f32, not overlapped)\n",
                 a.exchange_bytes, a.overlap ? ", overlapped with compute" : "");
@@ -231,10 +240,12 @@ int run_simulate(const SimulateArgs& a) {
               (long long)work.in, (long long)work.out,
               work.prefix ? (", shared prefix " + std::to_string(work.prefix)).c_str() : "",
               a.routing.empty() ? "uniform" : a.routing.c_str());
-  std::printf("predicted  %.1f generated tokens/s (%.1f tokens/s prompt + generated), %.4g s for the run, "
-              "mean time to first token %.4g s, %lld ticks\n",
-              p.generated_per_s, p.tokens_per_s, p.makespan_s, p.mean_ttft_s, (long long)p.ticks);
-  if (p.decode_per_s > 0) std::printf("           %.1f tokens/s in the decode-only steps (steady state)\n", p.decode_per_s);
+  std::printf(
+      "predicted  %.1f generated tokens/s (%.1f tokens/s prompt + generated), %.4g s for the run, "
+      "mean time to first token %.4g s, %lld ticks\n",
+      p.generated_per_s, p.tokens_per_s, p.makespan_s, p.mean_ttft_s, (long long)p.ticks);
+  if (p.decode_per_s > 0)
+    std::printf("           %.1f tokens/s in the decode-only steps (steady state)\n", p.decode_per_s);
   std::printf("\n| stage | layers | busy s | utilisation | comm s | heaviest phases |\n|---|---|---|---|---|---|\n");
   int bottleneck = 0;
   for (size_t s = 0; s < p.stages.size(); ++s) {
@@ -247,14 +258,17 @@ int run_simulate(const SimulateArgs& a) {
   std::printf("\nbottleneck stage %d (%.0f %% busy): %s\n", bottleneck, 100 * b.busy_s / std::max(p.makespan_s, 1e-12),
               top_phases(b, 2).c_str());
   if (cc.expert_parallel > 1)
-    std::printf("moe        %.1f KB sent per rank per MoE layer per step (mean): %.1f KB payload (rows out, "
-                "results back) over %s, %.2f KB plan (count headers, slot entries) over MPI\n",
-                p.exchange_bytes_per_layer / 1e3, (p.exchange_bytes_per_layer - p.exchange_plan_bytes_per_layer) / 1e3,
-                hw.gpu() ? "NVLink / the network (comm: nccl)" : "MPI", p.exchange_plan_bytes_per_layer / 1e3);
+    std::printf(
+        "moe        %.1f KB sent per rank per MoE layer per step (mean): %.1f KB payload (rows out, "
+        "results back) over %s, %.2f KB plan (count headers, slot entries) over MPI\n",
+        p.exchange_bytes_per_layer / 1e3, (p.exchange_bytes_per_layer - p.exchange_plan_bytes_per_layer) / 1e3,
+        hw.gpu() ? "NVLink / the network (comm: nccl)" : "MPI", p.exchange_plan_bytes_per_layer / 1e3);
   if (work.prefix > 0 && cc.expert_parallel > 1)
-    std::printf("note       the replay does not keep requests with a shared prefix on one column (the engine's "
-                "distributor prefers the column holding it): prefix hits are underestimated\n");
-  if (cc.stages > 1) std::printf("pipeline   %.1f KB of hidden states per stage hop (mean)\n", p.pipeline_bytes_per_step / 1e3);
+    std::printf(
+        "note       the replay does not keep requests with a shared prefix on one column (the engine's "
+        "distributor prefers the column holding it): prefix hits are underestimated\n");
+  if (cc.stages > 1)
+    std::printf("pipeline   %.1f KB of hidden states per stage hop (mean)\n", p.pipeline_bytes_per_step / 1e3);
   double worst = 0;
   int worst_rank = 0;
   for (size_t r = 0; r < mem.size(); ++r)
@@ -285,8 +299,11 @@ int run_simulate(const SimulateArgs& a) {
     j["kernels"] = measured ? "glm5 measured" : hw.has_measured ? "published what-if" : "hardware file";
     j["precision"] = cc.precision;
     for (const StagePrediction& sp : p.stages)
-      j["stages"].push_back({{"first_layer", sp.first_layer}, {"last_layer", sp.last_layer}, {"busy_s", sp.busy_s},
-                             {"comm_s", sp.comm_s}, {"phases", sp.phases}});
+      j["stages"].push_back({{"first_layer", sp.first_layer},
+                             {"last_layer", sp.last_layer},
+                             {"busy_s", sp.busy_s},
+                             {"comm_s", sp.comm_s},
+                             {"phases", sp.phases}});
     for (const RankMemory& r : mem)
       j["memory"].push_back({{"weights", r.weights}, {"kv", r.kv}, {"activations", r.activations}, {"room", r.room}});
     std::ofstream f(a.json);

@@ -40,9 +40,7 @@ std::vector<int64_t> parse_list(const std::string& s) {
   return v;
 }
 
-double seconds(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+double seconds(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 double max_over_ranks(double x) {
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
@@ -81,28 +79,33 @@ int main(int argc, char** argv) {
         CHECK(i + 1 < argc, "bench_alltoall: ", a, " needs a value");
         return argv[++i];
       };
-      if (a == "--tokens") tokens = parse_list(next());
-      else if (a == "--hidden") hidden = parse_list(next());
-      else if (a == "--top-k") top_k = std::stoll(next());
-      else if (a == "--experts") n_experts = std::stoll(next());
-      else if (a == "--reps") reps = std::stoi(next());
-      else if (a == "--min-time") min_time = std::stod(next());
-      else GLM5_FAIL("bench_alltoall: unknown option ", a);
+      if (a == "--tokens")
+        tokens = parse_list(next());
+      else if (a == "--hidden")
+        hidden = parse_list(next());
+      else if (a == "--top-k")
+        top_k = std::stoll(next());
+      else if (a == "--experts")
+        n_experts = std::stoll(next());
+      else if (a == "--reps")
+        reps = std::stoi(next());
+      else if (a == "--min-time")
+        min_time = std::stod(next());
+      else
+        GLM5_FAIL("bench_alltoall: unknown option ", a);
     }
-    CHECK(n_experts % P == 0, "bench_alltoall: --experts ", n_experts,
-          " must be a multiple of the rank count ", P);
-    CHECK(top_k >= 1 && top_k <= n_experts, "bench_alltoall: --top-k ", top_k, " must be in [1, ",
-          n_experts, "]");
+    CHECK(n_experts % P == 0, "bench_alltoall: --experts ", n_experts, " must be a multiple of the rank count ", P);
+    CHECK(top_k >= 1 && top_k <= n_experts, "bench_alltoall: --top-k ", top_k, " must be in [1, ", n_experts, "]");
     CHECK(reps >= 1, "bench_alltoall: --reps must be >= 1, got ", reps);
     const int64_t per = n_experts / P;
 
     if (me == 0) {
-      std::printf("# bench_alltoall: %d ranks, top_k %lld of %lld experts (uniform), %d reps, "
-                  "median; GB/s = off-rank row bytes (dispatch + combine, all ranks) / time\n",
-                  P, (long long)top_k, (long long)n_experts, reps);
-      std::printf("%5s %7s %6s %10s %9s %9s %9s %9s %9s %9s %6s\n", "ranks", "tokens", "hidden",
-                  "slot_MB", "wire_MB", "moe_ms", "mpi_ms", "wire_ms", "moe_GB/s", "mpi_GB/s",
-                  "ratio");
+      std::printf(
+          "# bench_alltoall: %d ranks, top_k %lld of %lld experts (uniform), %d reps, "
+          "median; GB/s = off-rank row bytes (dispatch + combine, all ranks) / time\n",
+          P, (long long)top_k, (long long)n_experts, reps);
+      std::printf("%5s %7s %6s %10s %9s %9s %9s %9s %9s %9s %6s\n", "ranks", "tokens", "hidden", "slot_MB", "wire_MB",
+                  "moe_ms", "mpi_ms", "wire_ms", "moe_GB/s", "mpi_GB/s", "ratio");
     }
 
     for (int64_t d : hidden) {
@@ -128,16 +131,14 @@ int main(int argc, char** argv) {
         // Per-pair row counts for the plain reference, packed the same way (by destination).
         std::vector<int64_t> send_rows(size_t(P), 0), recv_rows(size_t(P), 0);
         for (int32_t r : dest) ++send_rows[size_t(r)];
-        MPI_CHECK(MPI_Alltoall(send_rows.data(), 1, MPI_INT64_T, recv_rows.data(), 1, MPI_INT64_T,
-                               MPI_COMM_WORLD));
+        MPI_CHECK(MPI_Alltoall(send_rows.data(), 1, MPI_INT64_T, recv_rows.data(), 1, MPI_INT64_T, MPI_COMM_WORLD));
         std::vector<int> sc(static_cast<size_t>(P)), sd(sc), rc_(sc), rd(sc);
         int64_t n_send = 0, n_recv = 0;
         double offrank = 0;
         for (int r = 0; r < P; ++r) {
           const int64_t sb = send_rows[size_t(r)] * d * 4, rb = recv_rows[size_t(r)] * d * 4;
-          CHECK(n_send * d * 4 + sb <= INT32_MAX && n_recv * d * 4 + rb <= INT32_MAX,
-                "bench_alltoall: ", m, " tokens x hidden ", d,
-                " is too large for int MPI counts in the reference");
+          CHECK(n_send * d * 4 + sb <= INT32_MAX && n_recv * d * 4 + rb <= INT32_MAX, "bench_alltoall: ", m,
+                " tokens x hidden ", d, " is too large for int MPI counts in the reference");
           sc[size_t(r)] = int(sb);
           sd[size_t(r)] = int(n_send * d * 4);
           rc_[size_t(r)] = int(rb);
@@ -162,17 +163,17 @@ int main(int argc, char** argv) {
           ex.combine();
         };
         auto mpi_once = [&]() {
-          MPI_CHECK(MPI_Alltoallv(ref_send.data(), sc.data(), sd.data(), MPI_BYTE, ref_recv.data(),
-                                  rc_.data(), rd.data(), MPI_BYTE, MPI_COMM_WORLD));
-          MPI_CHECK(MPI_Alltoallv(ref_recv.data(), rc_.data(), rd.data(), MPI_BYTE, ref_back.data(),
-                                  sc.data(), sd.data(), MPI_BYTE, MPI_COMM_WORLD));
+          MPI_CHECK(MPI_Alltoallv(ref_send.data(), sc.data(), sd.data(), MPI_BYTE, ref_recv.data(), rc_.data(),
+                                  rd.data(), MPI_BYTE, MPI_COMM_WORLD));
+          MPI_CHECK(MPI_Alltoallv(ref_recv.data(), rc_.data(), rd.data(), MPI_BYTE, ref_back.data(), sc.data(),
+                                  sd.data(), MPI_BYTE, MPI_COMM_WORLD));
         };
 
         // MoeExchange's wire bytes per pair: dispatch blocks (distinct tokens + entries, packed as
         // moe_exchange.cpp packs them) and results, sent as two plain Alltoallv calls. The total is
         // checked against the exchange's own byte counter below.
-        std::vector<int> wsc(static_cast<size_t>(P)), wsd(wsc), wrc(wsc), wrd(wsc), bsc(wsc),
-            bsd(wsc), brc(wsc), brd(wsc);
+        std::vector<int> wsc(static_cast<size_t>(P)), wsd(wsc), wrc(wsc), wrd(wsc), bsc(wsc), bsd(wsc), brc(wsc),
+            brd(wsc);
         {
           // Distinct (token, destination) pairs and slot entries, as moe_exchange.cpp packs them.
           std::vector<int64_t> toks(static_cast<size_t>(P), 0), slots(static_cast<size_t>(P), 0);
@@ -187,8 +188,7 @@ int main(int argc, char** argv) {
           std::vector<int64_t> wsend(static_cast<size_t>(P)), wrecv(static_cast<size_t>(P));
           for (int r = 0; r < P; ++r)
             wsend[size_t(r)] = r == me ? 0 : (toks[size_t(r)] + (2 * slots[size_t(r)] + d - 1) / d) * d * 4;
-          MPI_CHECK(MPI_Alltoall(wsend.data(), 1, MPI_INT64_T, wrecv.data(), 1, MPI_INT64_T,
-                                 MPI_COMM_WORLD));
+          MPI_CHECK(MPI_Alltoall(wsend.data(), 1, MPI_INT64_T, wrecv.data(), 1, MPI_INT64_T, MPI_COMM_WORLD));
           int64_t so = 0, ro = 0, bso = 0, bro = 0;
           for (int r = 0; r < P; ++r) {
             wsc[size_t(r)] = int(wsend[size_t(r)]);
@@ -211,12 +211,10 @@ int main(int argc, char** argv) {
           wire_recv.assign(size_t(std::max<int64_t>(ro, 1)), 0);
         }
         auto wire_once = [&]() {
-          MPI_CHECK(MPI_Alltoallv(wire_send.data(), wsc.data(), wsd.data(), MPI_BYTE,
-                                  wire_recv.data(), wrc.data(), wrd.data(), MPI_BYTE,
-                                  MPI_COMM_WORLD));
-          MPI_CHECK(MPI_Alltoallv(ref_recv.data(), bsc.data(), bsd.data(), MPI_BYTE,
-                                  ref_back.data(), brc.data(), brd.data(), MPI_BYTE,
-                                  MPI_COMM_WORLD));
+          MPI_CHECK(MPI_Alltoallv(wire_send.data(), wsc.data(), wsd.data(), MPI_BYTE, wire_recv.data(), wrc.data(),
+                                  wrd.data(), MPI_BYTE, MPI_COMM_WORLD));
+          MPI_CHECK(MPI_Alltoallv(ref_recv.data(), bsc.data(), bsd.data(), MPI_BYTE, ref_back.data(), brc.data(),
+                                  brd.data(), MPI_BYTE, MPI_COMM_WORLD));
         };
 
         // Warm-up and check: every slot comes back as its own token's row.
@@ -224,15 +222,17 @@ int main(int argc, char** argv) {
         moe_once(true);
         // The wire reference moves what the exchange moved, apart from its 32-byte count headers.
         CHECK(ex.bytes_sent() - sent_before == uint64_t(wire_mine) + 32 * uint64_t(P - 1),
-              "bench_alltoall: the wire reference (", wire_mine, " bytes) does not match what "
-              "MoeExchange sent (", ex.bytes_sent() - sent_before, " bytes incl. headers)");
+              "bench_alltoall: the wire reference (", wire_mine,
+              " bytes) does not match what "
+              "MoeExchange sent (",
+              ex.bytes_sent() - sent_before, " bytes incl. headers)");
         mpi_once();
         wire_once();
         int bad = 0;
         for (int64_t s = 0; s < m * top_k && !bad; ++s) {
           const int32_t row = ex.slot_row()[s];
-          if (row < 0 || std::memcmp(ex.result_rows() + int64_t(row) * d,
-                                     x.data() + (s / top_k) * d, size_t(d) * 4) != 0)
+          if (row < 0 ||
+              std::memcmp(ex.result_rows() + int64_t(row) * d, x.data() + (s / top_k) * d, size_t(d) * 4) != 0)
             bad = 1;
         }
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
@@ -262,9 +262,9 @@ int main(int argc, char** argv) {
         }
         const double a = median(t_moe), c = median(t_wire), b = median(t_mpi);
         if (me == 0)
-          std::printf("%5d %7lld %6lld %10.2f %9.2f %9.3f %9.3f %9.3f %9.2f %9.2f %6.2f\n", P,
-                      (long long)m, (long long)d, offrank_all / 1e6, wire_all / 1e6, a * 1e3,
-                      b * 1e3, c * 1e3, offrank_all / a / 1e9, offrank_all / b / 1e9, b / a);
+          std::printf("%5d %7lld %6lld %10.2f %9.2f %9.3f %9.3f %9.3f %9.2f %9.2f %6.2f\n", P, (long long)m,
+                      (long long)d, offrank_all / 1e6, wire_all / 1e6, a * 1e3, b * 1e3, c * 1e3, offrank_all / a / 1e9,
+                      offrank_all / b / 1e9, b / a);
         std::fflush(stdout);
       }
     }

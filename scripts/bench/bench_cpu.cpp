@@ -36,8 +36,8 @@
 
 #include "cpu/amx_gemm.h"
 #include "cpu/fast_ops.h"
-#include "read_probe.h"
 #include "parallel/comm.h"
+#include "read_probe.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
 #include "runtime/name_table.h"
@@ -63,19 +63,29 @@ int main(int argc, char** argv) {
   std::string precision = "exact";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--model" && i + 1 < argc) model_dir = argv[++i];
-    else if (a == "--prompt" && i + 1 < argc) prompt = std::stoi(argv[++i]);
-    else if (a == "--decode" && i + 1 < argc) decode = std::stoi(argv[++i]);
-    else if (a == "--decode-tokens" && i + 1 < argc) decode_tokens = argv[++i];
-    else if (a == "--chunk" && i + 1 < argc) chunk = std::stoi(argv[++i]);
-    else if (a == "--beside" && i + 1 < argc) beside = std::stoi(argv[++i]);
-    else if (a == "--prefill-reps" && i + 1 < argc) prefill_reps = std::stoi(argv[++i]);
-    else if (a == "--precision" && i + 1 < argc) precision = argv[++i];
+    if (a == "--model" && i + 1 < argc)
+      model_dir = argv[++i];
+    else if (a == "--prompt" && i + 1 < argc)
+      prompt = std::stoi(argv[++i]);
+    else if (a == "--decode" && i + 1 < argc)
+      decode = std::stoi(argv[++i]);
+    else if (a == "--decode-tokens" && i + 1 < argc)
+      decode_tokens = argv[++i];
+    else if (a == "--chunk" && i + 1 < argc)
+      chunk = std::stoi(argv[++i]);
+    else if (a == "--beside" && i + 1 < argc)
+      beside = std::stoi(argv[++i]);
+    else if (a == "--prefill-reps" && i + 1 < argc)
+      prefill_reps = std::stoi(argv[++i]);
+    else if (a == "--precision" && i + 1 < argc)
+      precision = argv[++i];
   }
   if (model_dir.empty() || prompt < 1 || decode < 1 || chunk < 1 || beside < 0 || prefill_reps < 0 ||
       (decode_tokens != "random" && decode_tokens != "greedy") || (precision != "exact" && precision != "fast")) {
-    std::fprintf(stderr, "usage: bench_cpu --model DIR [--prompt 512] [--decode 32] [--decode-tokens random|greedy]"
-                         " [--chunk 512] [--beside N] [--prefill-reps 1] [--precision exact|fast]  (prompt, decode, chunk >= 1; N, reps >= 0)\n");
+    std::fprintf(stderr,
+                 "usage: bench_cpu --model DIR [--prompt 512] [--decode 32] [--decode-tokens random|greedy]"
+                 " [--chunk 512] [--beside N] [--prefill-reps 1] [--precision exact|fast]  (prompt, decode, chunk >= "
+                 "1; N, reps >= 0)\n");
     return 2;
   }
   const int threads = omp_get_max_threads();
@@ -196,8 +206,7 @@ int main(int argc, char** argv) {
   const double NH = double(cfg.num_attention_heads), S = double(prompt);
   const double pairs = S * (S + 1) / 2;
   double flops = 2.0 * S * (touched_params - lm_head_params);
-  flops += double(cfg.num_hidden_layers) *
-           (2.0 * pairs * NH * double(cfg.qk_head_dim() + cfg.v_head_dim));
+  flops += double(cfg.num_hidden_layers) * (2.0 * pairs * NH * double(cfg.qk_head_dim() + cfg.v_head_dim));
   int64_t indexers = 0;  // layers that score keys (GLM-5.2's shared layers do not)
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) indexers += cfg.has_indexer(l);
   if (S > double(cfg.index_topk))
@@ -265,21 +274,24 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::printf("machine: %d threads, read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s; BF16 gemm path %s\n",
-              threads, read_gbs, fma_gflops,
+  std::printf("machine: %d threads, read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s; BF16 gemm path %s\n", threads,
+              read_gbs, fma_gflops,
               (prec == kernels::Precision::kFast ? glm5::kernels::cpu::fast::fast_gemm_path()
-                                                 : glm5::kernels::cpu::fast::gemm_path()).c_str());
+                                                 : glm5::kernels::cpu::fast::gemm_path())
+                  .c_str());
   std::printf("precision: %s; int8 BF16-scale decode sequence %s\n", precision.c_str(),
               glm5::kernels::cpu::fast::q8_bf16_sequence().c_str());
   std::printf("model: %s, %.3f GB of weights, loaded in %.2f s; RSS after load %.3f GB (%.2fx weights)\n",
               model_dir.c_str(), weight_bytes / 1e9, load_s, rss_load / 1e9, rss_load / weight_bytes);
-  std::printf("decode  batch 1 (%s tokens): %.2f tok/s (%.1f ms/token); %.3f GB of weights per token -> "
-              "bandwidth bound %.2f tok/s; achieved %.0f%% of bound\n",
-              decode_tokens.c_str(), 1 / decode_s, decode_s * 1e3, touched / 1e9, bound_tps, 100.0 / decode_s / bound_tps);
-  std::printf("decode  windows of %d tokens against the read bandwidth probed around each: median %.0f%% "
-              "(quartiles %.0f%% %.0f%%, %zu windows)\n",
-              kWindow, 100 * window_ratio[window_ratio.size() / 2], 100 * window_ratio[window_ratio.size() / 4],
-              100 * window_ratio[window_ratio.size() * 3 / 4], window_ratio.size());
+  std::printf(
+      "decode  batch 1 (%s tokens): %.2f tok/s (%.1f ms/token); %.3f GB of weights per token -> "
+      "bandwidth bound %.2f tok/s; achieved %.0f%% of bound\n",
+      decode_tokens.c_str(), 1 / decode_s, decode_s * 1e3, touched / 1e9, bound_tps, 100.0 / decode_s / bound_tps);
+  std::printf(
+      "decode  windows of %d tokens against the read bandwidth probed around each: median %.0f%% "
+      "(quartiles %.0f%% %.0f%%, %zu windows)\n",
+      kWindow, 100 * window_ratio[window_ratio.size() / 2], 100 * window_ratio[window_ratio.size() / 4],
+      100 * window_ratio[window_ratio.size() * 3 / 4], window_ratio.size());
   std::printf("prefill %d tokens: %.1f tok/s, %.1f GFLOP/s = %.0f%% of the FMA peak", prompt, S / prefill_s,
               prefill_gflops, 100.0 * prefill_gflops / fma_gflops);
   if (prec == kernels::Precision::kFast && glm5::kernels::cpu::fast::fast_gemm_path() == "avx512bf16")
@@ -288,11 +300,14 @@ int main(int argc, char** argv) {
   if (amx_gflops > 0)
     std::printf(", %.0f%% of the AMX tile peak (%.0f GFLOP/s of fp32 activations as 3 bf16 terms)",
                 100.0 * prefill_gflops / amx_gflops, amx_gflops);
-  if (prefill_reps == 1) std::printf(" (warm: after one untimed pass)\n");
-  else if (prefill_reps > 1) std::printf(" (warm: median of %d after one untimed pass)\n", prefill_reps);
-  else std::printf(" (one pass from cold)\n");
-  std::printf("RSS after prefill + decode: %.3f GB = %.2fx the weights (each weight held once)\n",
-              rss_run / 1e9, rss_run / weight_bytes);
+  if (prefill_reps == 1)
+    std::printf(" (warm: after one untimed pass)\n");
+  else if (prefill_reps > 1)
+    std::printf(" (warm: median of %d after one untimed pass)\n", prefill_reps);
+  else
+    std::printf(" (one pass from cold)\n");
+  std::printf("RSS after prefill + decode: %.3f GB = %.2fx the weights (each weight held once)\n", rss_run / 1e9,
+              rss_run / weight_bytes);
   if (beside > 0) {  // medians of the paired steps, and the median of their per-pair ratios
     std::vector<double> ratio;
     for (size_t i = 0; i < t_long.size(); ++i) ratio.push_back(t_short[i] / t_long[i]);
@@ -300,10 +315,11 @@ int main(int argc, char** argv) {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    std::printf("decode after %d tokens of context / after %d, interleaved step by step (%d pairs): %.3f "
-                "(median step %.2f / %.2f ms; median of the pairs' ratios %.3f)\n",
-                prompt, beside, decode, median(t_short) / median(t_long), median(t_long) * 1e3,
-                median(t_short) * 1e3, median(ratio));
+    std::printf(
+        "decode after %d tokens of context / after %d, interleaved step by step (%d pairs): %.3f "
+        "(median step %.2f / %.2f ms; median of the pairs' ratios %.3f)\n",
+        prompt, beside, decode, median(t_short) / median(t_long), median(t_long) * 1e3, median(t_short) * 1e3,
+        median(ratio));
   }
   return 0;
 }

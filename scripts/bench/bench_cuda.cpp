@@ -92,8 +92,10 @@ double hbm_gbs(Backend& be) {
 // never labelled "tensor" when a SIMT fallback computed it.
 void bench_mla_decode(Backend& be, double hbm, const char* kernel) {
   const int64_t H = 64, R = 512, dr = 64, LAT = R + dr, T = 32768, topk = 2048, B = 64;
-  std::printf("\n| mla_decode (asked: %s) rows | kernel that ran | us per call | key bytes | GB/s | of HBM | as bf16 MMA "
-              "TFLOP/s (3 terms) |\n|---|---|---|---|---|---|---|\n", kernel);
+  std::printf(
+      "\n| mla_decode (asked: %s) rows | kernel that ran | us per call | key bytes | GB/s | of HBM | as bf16 MMA "
+      "TFLOP/s (3 terms) |\n|---|---|---|---|---|---|---|\n",
+      kernel);
   for (int64_t s : {1, 8, 32, 128}) {
     const int64_t per = T / B;  // blocks per row: each row its own sequence
     uint16_t* pool = device_fill<uint16_t>(be, size_t(s * T * LAT));
@@ -109,14 +111,15 @@ void bench_mla_decode(Backend& be, double hbm, const char* kernel) {
     int32_t *d_table = up(table), *d_qpos = up(qpos), *d_sel = up(sel);
     float* q = device_fill<float>(be, size_t(s * H * LAT));
     float* out = static_cast<float*>(be.alloc(size_t(s * H * R) * 4));
-    const MlaDecodeParams p{q, reinterpret_cast<const float*>(pool), d_qpos, d_sel, topk, out, s, T, H, R, dr, 0.05f,
-                            KeyPages{d_table, per, B, DType::BF16}};
+    const MlaDecodeParams p{q,     reinterpret_cast<const float*>(pool),  d_qpos, d_sel, topk, out, s, T, H, R, dr,
+                            0.05f, KeyPages{d_table, per, B, DType::BF16}};
     const double t = seconds_per_call(be, [&] { be.mla_decode(p); });
     const double bytes = double(s * topk * LAT * 2);
     // q k^T over dk and p V over R, each with q / p split into 3 bf16 terms (the tensor-core kernel)
     const double flops = 3.0 * 2.0 * double(s * topk * H) * double(LAT + R);
-    std::printf("| %lld | %s | %.1f | %.1f MB | %.0f | %.0f %% | %.0f |\n", (long long)s, be.kernel_ran("mla_decode").c_str(),
-                t * 1e6, bytes / 1e6, bytes / t / 1e9, 100 * bytes / t / 1e9 / hbm, flops / t / 1e12);
+    std::printf("| %lld | %s | %.1f | %.1f MB | %.0f | %.0f %% | %.0f |\n", (long long)s,
+                be.kernel_ran("mla_decode").c_str(), t * 1e6, bytes / 1e6, bytes / t / 1e9, 100 * bytes / t / 1e9 / hbm,
+                flops / t / 1e12);
     for (void* v : {static_cast<void*>(pool), static_cast<void*>(d_table), static_cast<void*>(d_qpos),
                     static_cast<void*>(d_sel), static_cast<void*>(q), static_cast<void*>(out)})
       be.free(v);
@@ -126,9 +129,10 @@ void bench_mla_decode(Backend& be, double hbm, const char* kernel) {
 // keys: F32 or BF16 (then `kernel` says which kernel the backend was made with).
 void bench_indexer(Backend& be, double hbm, DType keys, const char* kernel) {
   const int64_t IH = 32, ID = 128, topk = 2048, es = keys == DType::BF16 ? 2 : 4;
-  std::printf("\n| indexer (%s keys, asked: %s) + top-k keys | rows | kernel that ran | us per call | bytes | GB/s | of HBM | "
-              "indexer alone us | top-k alone us |\n|---|---|---|---|---|---|---|---|---|\n",
-              keys == DType::BF16 ? "bf16" : "f32", kernel);
+  std::printf(
+      "\n| indexer (%s keys, asked: %s) + top-k keys | rows | kernel that ran | us per call | bytes | GB/s | of HBM | "
+      "indexer alone us | top-k alone us |\n|---|---|---|---|---|---|---|---|---|\n",
+      keys == DType::BF16 ? "bf16" : "f32", kernel);
   const std::pair<int64_t, int64_t> shapes[] = {{4, 32768}, {4, 131072}, {64, 32768}};  // rows, keys
   for (const auto& [S, T] : shapes) {
     void* k = keys == DType::BF16 ? static_cast<void*>(device_fill<uint16_t>(be, size_t(T * ID)))
@@ -140,8 +144,8 @@ void bench_indexer(Backend& be, double hbm, DType keys, const char* kernel) {
     be.to_device(d_qpos, qpos.data(), qpos.size() * 4);
     float* scores = static_cast<float*>(be.alloc(size_t(S * T) * 4));
     int32_t* idx = static_cast<int32_t*>(be.alloc(size_t(S * topk) * 4));
-    const IndexerScoresParams ip{q, w, static_cast<const float*>(k), d_qpos, scores, S, T, IH, ID, T,
-                                 KeyPages{nullptr, 0, 0, keys}};
+    const IndexerScoresParams ip{q,  w, static_cast<const float*>(k), d_qpos, scores, S, T, IH,
+                                 ID, T, KeyPages{nullptr, 0, 0, keys}};
     const double t = seconds_per_call(be, [&] {
       be.indexer_scores(ip);
       be.topk({scores, S, T, T, topk, idx});
@@ -150,8 +154,8 @@ void bench_indexer(Backend& be, double hbm, DType keys, const char* kernel) {
     const double t_topk = seconds_per_call(be, [&] { be.topk({scores, S, T, T, topk, idx}); });
     const double bytes = double(T * ID * es) + 2.0 * double(S * T * 4);  // keys, scores written and read
     std::printf("| %lld | %lld | %s | %.1f | %.1f MB | %.0f | %.0f %% | %.1f | %.1f |\n", (long long)T, (long long)S,
-                be.kernel_ran("indexer_scores").c_str(), t * 1e6, bytes / 1e6, bytes / t / 1e9, 100 * bytes / t / 1e9 / hbm,
-                t_idx * 1e6, t_topk * 1e6);
+                be.kernel_ran("indexer_scores").c_str(), t * 1e6, bytes / 1e6, bytes / t / 1e9,
+                100 * bytes / t / 1e9 / hbm, t_idx * 1e6, t_topk * 1e6);
     for (void* v : {k, static_cast<void*>(q), static_cast<void*>(w), static_cast<void*>(d_qpos),
                     static_cast<void*>(scores), static_cast<void*>(idx)})
       be.free(v);
@@ -177,8 +181,9 @@ double gemm_seconds(const char* mode, const char* terms, int64_t m, const char* 
 }
 
 void bench_expert_gemm() {
-  std::printf("\n| expert GEMM m | exact (3 terms) us | one bf16 term us | one term / exact | chunked (3 terms) us "
-              "| GFLOP/s exact | exact, algorithm pinned at m = 16 us | at m = 64 us |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n| expert GEMM m | exact (3 terms) us | one bf16 term us | one term / exact | chunked (3 terms) us "
+      "| GFLOP/s exact | exact, algorithm pinned at m = 16 us | at m = 64 us |\n|---|---|---|---|---|---|---|---|\n");
   for (int64_t m : {1, 16, 128, 1024, 4096}) {
     const double exact = gemm_seconds("lt", "3", m), one = gemm_seconds("lt", "1", m),
                  chunked = gemm_seconds("chunked", "3", m), at16 = gemm_seconds("lt", "3", m, "16"),

@@ -55,16 +55,17 @@ int32_t old_argmax(const float* x, int64_t n) {
   return int32_t(best);
 }
 Sampled old_sort_sampler(const float* logits, int64_t vocab, const SamplingParams& p,
-                         const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated,
-                         int64_t step) {
+                         const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated, int64_t step) {
   std::vector<float> x(logits, logits + vocab);
   if (p.repetition_penalty != 1.0f) {
     std::vector<char> seen(static_cast<size_t>(vocab), 0);
-    for (int32_t t : prompt) if (t >= 0 && t < vocab) seen[size_t(t)] = 1;
-    for (int32_t t : generated) if (t >= 0 && t < vocab) seen[size_t(t)] = 1;
+    for (int32_t t : prompt)
+      if (t >= 0 && t < vocab) seen[size_t(t)] = 1;
+    for (int32_t t : generated)
+      if (t >= 0 && t < vocab) seen[size_t(t)] = 1;
     for (int64_t i = 0; i < vocab; ++i)
-      if (seen[size_t(i)]) x[size_t(i)] = x[size_t(i)] > 0 ? x[size_t(i)] / p.repetition_penalty
-                                                           : x[size_t(i)] * p.repetition_penalty;
+      if (seen[size_t(i)])
+        x[size_t(i)] = x[size_t(i)] > 0 ? x[size_t(i)] / p.repetition_penalty : x[size_t(i)] * p.repetition_penalty;
   }
   if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
     std::unordered_map<int32_t, int> count;
@@ -127,7 +128,10 @@ Sampled old_sort_sampler(const float* logits, int64_t vocab, const SamplingParam
   size_t pick = n - 1;
   for (size_t i = 0; i < n; ++i) {
     acc += prob[i];
-    if (u < acc) { pick = i; break; }
+    if (u < acc) {
+      pick = i;
+      break;
+    }
   }
   return finish(idx[pick], x);
 }
@@ -161,8 +165,10 @@ struct Case {
 int main(int argc, char** argv) {
   int calls = 2000, old_calls = 30;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--calls")) calls = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--old-calls")) old_calls = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--calls"))
+      calls = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--old-calls"))
+      old_calls = std::atoi(argv[i + 1]);
   }
   const int64_t vocab = 154880;
   std::mt19937_64 rng(2024);
@@ -187,12 +193,12 @@ int main(int argc, char** argv) {
   add("temperature 0.8 + top_p 0.95", [](SamplingParams& p) { p.temperature = 0.8f, p.top_p = 0.95f; });
   add("top_k 50 (temperature 1)", [](SamplingParams& p) { p.top_k = 50; });
   add("greedy + top_logprobs 20", [](SamplingParams& p) { p.temperature = 0.0f, p.logprobs = 20; });
-  add("T 0.8 + top_p 0.95 + repetition 1.1 + top_logprobs 20 (1000-token history)",
-      [](SamplingParams& p) {
-        p.temperature = 0.8f, p.top_p = 0.95f, p.repetition_penalty = 1.1f, p.logprobs = 20;
-      },
+  add(
+      "T 0.8 + top_p 0.95 + repetition 1.1 + top_logprobs 20 (1000-token history)",
+      [](SamplingParams& p) { p.temperature = 0.8f, p.top_p = 0.95f, p.repetition_penalty = 1.1f, p.logprobs = 20; },
       true);
-  add("extra: flat logits, temperature 0.8 + top_p 0.95",
+  add(
+      "extra: flat logits, temperature 0.8 + top_p 0.95",
       [](SamplingParams& p) { p.temperature = 0.8f, p.top_p = 0.95f; }, false, true);
   add("extra: temperature 1, nothing truncated", [](SamplingParams&) {});
 
@@ -203,9 +209,10 @@ int main(int argc, char** argv) {
     asm volatile("" : : "r"(copy.data()) : "memory");
   });
 
-  std::printf("vocab %lld; logits N(0, 2.5) + 10 boosted tokens (+10 .. +14.5); %d calls per case "
-              "(old: %d); thread CPU time per call\n\n",
-              (long long)vocab, calls, old_calls);
+  std::printf(
+      "vocab %lld; logits N(0, 2.5) + 10 boosted tokens (+10 .. +14.5); %d calls per case "
+      "(old: %d); thread CPU time per call\n\n",
+      (long long)vocab, calls, old_calls);
   std::printf("reference pass (memcpy of %lld floats, %.0f KB): median %.1f us\n\n", (long long)vocab,
               double(vocab) * 4 / 1024, pass.median_us);
   std::printf("| case | us / token (median) | p90 | x memcpy | old full-sort us | old / new | distinct draws* |\n");
@@ -216,12 +223,9 @@ int main(int argc, char** argv) {
     const std::vector<int32_t>& gen = c.history ? history : none;
     const float* x = c.flat ? flat.data() : logits.data();
     int64_t sink = 0;
-    const Stats fast = time_calls(calls, [&](int i) {
-      sink += glm5::runtime::sample(x, vocab, c.p, pr, gen, i).token;
-    });
-    const Stats old = time_calls(old_calls, [&](int i) {
-      sink += old_sort_sampler(x, vocab, c.p, pr, gen, i).token;
-    });
+    const Stats fast =
+        time_calls(calls, [&](int i) { sink += glm5::runtime::sample(x, vocab, c.p, pr, gen, i).token; });
+    const Stats old = time_calls(old_calls, [&](int i) { sink += old_sort_sampler(x, vocab, c.p, pr, gen, i).token; });
     // *distinct tokens drawn over the timed calls: how wide the kept set is
     std::vector<int32_t> drawn;
     for (int i = 0; i < std::min(calls, 500); ++i)
@@ -229,11 +233,13 @@ int main(int argc, char** argv) {
     std::sort(drawn.begin(), drawn.end());
     const auto distinct = std::unique(drawn.begin(), drawn.end()) - drawn.begin();
     met = met && fast.median_us <= 1000.0;
-    std::printf("| %s | %.1f | %.1f | %.1f | %.0f | %.0f | %lld |%s\n", c.name.c_str(), fast.median_us,
-                fast.p90_us, fast.median_us / pass.median_us, old.median_us, old.median_us / fast.median_us,
-                (long long)distinct, sink == 42 ? " " : "");
+    std::printf("| %s | %.1f | %.1f | %.1f | %.0f | %.0f | %lld |%s\n", c.name.c_str(), fast.median_us, fast.p90_us,
+                fast.median_us / pass.median_us, old.median_us, old.median_us / fast.median_us, (long long)distinct,
+                sink == 42 ? " " : "");
   }
-  std::printf("\n*distinct tokens among the first 500 draws. Target <= 1000 us per sampled token "
-              "for every case: %s\n", met ? "met" : "NOT met");
+  std::printf(
+      "\n*distinct tokens among the first 500 draws. Target <= 1000 us per sampled token "
+      "for every case: %s\n",
+      met ? "met" : "NOT met");
   return 0;
 }

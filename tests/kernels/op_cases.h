@@ -22,16 +22,15 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 inline std::string dtype_str(DType t) { return std::string(dtype_name(t)); }
 
 // gemm: x [m, ldx], W in `dtype` ([n, ld] or [k, ld] when trans), y [m, ldy] (+)= x W^T.
-inline OpCase gemm_case(int64_t m, int64_t n, int64_t k, DType dtype, bool trans, bool accumulate,
-                        int64_t pad = 0, uint64_t seed = 1) {
+inline OpCase gemm_case(int64_t m, int64_t n, int64_t k, DType dtype, bool trans, bool accumulate, int64_t pad = 0,
+                        uint64_t seed = 1) {
   const int64_t ldx = k + pad, ldy = n + 2 * pad;
   const int64_t rows = trans ? k : n, cols = trans ? n : k, ldw = cols + pad;
   auto x = random_floats(size_t(m * ldx), seed);
   auto w = weight_bytes(random_floats(size_t(rows * ldw), seed + 1), dtype);
   auto y0 = random_floats(size_t(m * ldy), seed + 2);
-  std::string name = "gemm_m" + std::to_string(m) + "_n" + std::to_string(n) + "_k" +
-                     std::to_string(k) + "_" + dtype_str(dtype) + (trans ? "_trans" : "") +
-                     (accumulate ? "_acc" : "") + (pad ? "_pad" : "");
+  std::string name = "gemm_m" + std::to_string(m) + "_n" + std::to_string(n) + "_k" + std::to_string(k) + "_" +
+                     dtype_str(dtype) + (trans ? "_trans" : "") + (accumulate ? "_acc" : "") + (pad ? "_pad" : "");
   return {name, [=](Buffers& b) {
             GemmParams p;
             p.x = b.in(x);
@@ -49,8 +48,7 @@ inline OpCase gemm_case(int64_t m, int64_t n, int64_t k, DType dtype, bool trans
 inline OpCase rms_norm_case(int64_t m, int64_t d, bool in_place, uint64_t seed) {
   auto x = random_floats(size_t(m * (d + 3)), seed, -3.0f, 3.0f);
   auto w = random_floats(size_t(d), seed + 1, 0.5f, 1.5f);
-  return {"rms_norm_m" + std::to_string(m) + "_d" + std::to_string(d) + (in_place ? "_inplace" : ""),
-          [=](Buffers& b) {
+  return {"rms_norm_m" + std::to_string(m) + "_d" + std::to_string(d) + (in_place ? "_inplace" : ""), [=](Buffers& b) {
             RmsNormParams p;
             p.weight = b.in(w);
             p.m = m, p.d = d, p.eps = 1e-5f;
@@ -86,16 +84,14 @@ inline OpCase layer_norm_case(int64_t m, int64_t d, bool in_place, uint64_t seed
 }
 
 // rope on x [m, token_stride]: n_heads heads of head_stride, slice at offset.
-inline OpCase rope_case(int64_t m, int64_t n_heads, int64_t rope_dim, bool interleaved, float mscale,
-                        uint64_t seed) {
+inline OpCase rope_case(int64_t m, int64_t n_heads, int64_t rope_dim, bool interleaved, float mscale, uint64_t seed) {
   const int64_t offset = 5, head_stride = offset + rope_dim + 3, token_stride = n_heads * head_stride + 2;
   auto x = random_floats(size_t(m * token_stride), seed);
   auto pos = random_ints(size_t(m), seed + 1, 0, 5000);
   std::vector<float> inv_freq(size_t(rope_dim / 2));
-  for (size_t i = 0; i < inv_freq.size(); ++i)
-    inv_freq[i] = std::pow(10000.0f, -2.0f * float(i) / float(rope_dim));
-  return {"rope_m" + std::to_string(m) + "_h" + std::to_string(n_heads) + "_d" +
-              std::to_string(rope_dim) + (interleaved ? "_interleaved" : "_half"),
+  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * float(i) / float(rope_dim));
+  return {"rope_m" + std::to_string(m) + "_h" + std::to_string(n_heads) + "_d" + std::to_string(rope_dim) +
+              (interleaved ? "_interleaved" : "_half"),
           [=](Buffers& b) {
             RopeParams p;
             p.x = b.out("x", x);
@@ -121,9 +117,9 @@ inline std::string paging_str(Paging g) {
 // plus spare blocks that hold garbage) and the block tables, such that every row reads exactly
 // the contiguous cache. Returns the pool; `tables` / `ld` get the tables and their stride.
 // `tiled`: each block stored transposed, [row][bs] (KeyPages::tiled).
-inline std::vector<float> paged_pool(const std::vector<float>& cache, int64_t t, int64_t row, int64_t s,
-                                     Paging g, int64_t bs, uint64_t seed, std::vector<int32_t>& tables,
-                                     int64_t& ld, bool tiled = false) {
+inline std::vector<float> paged_pool(const std::vector<float>& cache, int64_t t, int64_t row, int64_t s, Paging g,
+                                     int64_t bs, uint64_t seed, std::vector<int32_t>& tables, int64_t& ld,
+                                     bool tiled = false) {
   const int64_t nb = std::max<int64_t>(1, (t + bs - 1) / bs), n_tables = g == Paging::PerRow ? s : 1;
   const int64_t pool_blocks = nb * n_tables + 3;
   std::vector<float> pool = random_floats(size_t(pool_blocks * bs * row), seed, -50.0f, 50.0f);
@@ -162,8 +158,8 @@ inline std::vector<float> pack_bf16(const std::vector<float>& v) {
 
 // tile: 0 for keys by rows, else KeyPages::tiled with blocks of `tile` keys (64: the fast cpu
 // backend's own tiles, read in place; others go through its gather path).
-inline OpCase indexer_case(int64_t s, int64_t t, int64_t heads, int64_t dim, uint64_t seed,
-                           Paging g = Paging::None, bool bf16 = false, int64_t tile = 0) {
+inline OpCase indexer_case(int64_t s, int64_t t, int64_t heads, int64_t dim, uint64_t seed, Paging g = Paging::None,
+                           bool bf16 = false, int64_t tile = 0) {
   auto q = random_floats(size_t(s * heads * dim), seed);
   auto w = random_floats(size_t(s * heads), seed + 1, -0.3f, 0.5f);
   auto k = random_floats(size_t(t * dim), seed + 2);
@@ -178,8 +174,8 @@ inline OpCase indexer_case(int64_t s, int64_t t, int64_t heads, int64_t dim, uin
   if (g != Paging::None) k = paged_pool(k, t, dim, s, g, bs, seed + 5, tables, ld_table, tile > 0);
   const bool packed = bf16 && g != Paging::None;  // a bf16 pool (the contiguous twin stays f32)
   if (packed) k = pack_bf16(k);
-  return {"indexer_scores_s" + std::to_string(s) + "_t" + std::to_string(t) + "_h" +
-              std::to_string(heads) + "_d" + std::to_string(dim) + paging_str(g) + (bf16 ? "_bf16" : "") +
+  return {"indexer_scores_s" + std::to_string(s) + "_t" + std::to_string(t) + "_h" + std::to_string(heads) + "_d" +
+              std::to_string(dim) + paging_str(g) + (bf16 ? "_bf16" : "") +
               (tile > 0 ? "_tiles" + std::to_string(tile) : ""),
           [=](Buffers& b) {
             IndexerScoresParams p;
@@ -204,8 +200,7 @@ inline OpCase topk_case(int64_t rows, int64_t cols, int64_t k, uint64_t seed) {
   }
   if (rows > 1)  // the last row: nothing finite (a single row keeps its values: long decode rows)
     for (int64_t c = 0; c < cols; ++c) v[size_t((rows - 1) * (cols + 1) + c)] = -kInf;
-  return {"topk_r" + std::to_string(rows) + "_c" + std::to_string(cols) + "_k" + std::to_string(k),
-          [=](Buffers& b) {
+  return {"topk_r" + std::to_string(rows) + "_c" + std::to_string(cols) + "_k" + std::to_string(k), [=](Buffers& b) {
             TopkParams p;
             p.scores = b.in(v);
             p.rows = rows, p.cols = cols, p.ld = cols + 1, p.k = k;
@@ -221,8 +216,8 @@ inline std::vector<int32_t> attention_topk(int64_t s, int64_t t, int64_t len, ui
   return v;
 }
 
-inline OpCase mla_prefill_case(int64_t s, int64_t t, int64_t heads, int64_t nope, int64_t rope,
-                               int64_t vdim, int64_t topk_len, uint64_t seed, float scale = 0.0f) {
+inline OpCase mla_prefill_case(int64_t s, int64_t t, int64_t heads, int64_t nope, int64_t rope, int64_t vdim,
+                               int64_t topk_len, uint64_t seed, float scale = 0.0f) {
   const int64_t dq = nope + rope, dkv = nope + vdim, ld_k_pe = rope + 4;
   auto q = random_floats(size_t(s * heads * dq), seed);
   auto kv = random_floats(size_t(t * heads * dkv), seed + 1);
@@ -231,10 +226,9 @@ inline OpCase mla_prefill_case(int64_t s, int64_t t, int64_t heads, int64_t nope
   if (s > 1) q_pos[1] = -1;  // a fully masked row
   auto topk = topk_len ? attention_topk(s, t, topk_len, seed + 4) : std::vector<int32_t>{};
   if (scale == 0.0f) scale = 1.0f / std::sqrt(float(dq));
-  return {"mla_prefill_s" + std::to_string(s) + "_t" + std::to_string(t) + "_h" +
-              std::to_string(heads) + "_" + std::to_string(nope) + "_" + std::to_string(rope) + "_" +
-              std::to_string(vdim) + "_topk" + std::to_string(topk_len) + "_scale" +
-              std::to_string(int(scale * 1000)),
+  return {"mla_prefill_s" + std::to_string(s) + "_t" + std::to_string(t) + "_h" + std::to_string(heads) + "_" +
+              std::to_string(nope) + "_" + std::to_string(rope) + "_" + std::to_string(vdim) + "_topk" +
+              std::to_string(topk_len) + "_scale" + std::to_string(int(scale * 1000)),
           [=](Buffers& b) {
             MlaPrefillParams p;
             p.q = b.in(q), p.kv = b.in(kv), p.k_pe = b.in(k_pe), p.ld_k_pe = ld_k_pe;
@@ -247,9 +241,8 @@ inline OpCase mla_prefill_case(int64_t s, int64_t t, int64_t heads, int64_t nope
           }};
 }
 
-inline OpCase mla_decode_case(int64_t s, int64_t t, int64_t heads, int64_t rank, int64_t rope,
-                              int64_t topk_len, uint64_t seed, float scale = 0.3f, Paging g = Paging::None,
-                              bool bf16 = false) {
+inline OpCase mla_decode_case(int64_t s, int64_t t, int64_t heads, int64_t rank, int64_t rope, int64_t topk_len,
+                              uint64_t seed, float scale = 0.3f, Paging g = Paging::None, bool bf16 = false) {
   const int64_t dk = rank + rope, bs = 4;
   auto q = random_floats(size_t(s * heads * dk), seed, -0.5f, 0.5f);
   auto cache = random_floats(size_t(t * dk), seed + 1);
@@ -264,10 +257,9 @@ inline OpCase mla_decode_case(int64_t s, int64_t t, int64_t heads, int64_t rank,
   if (s > 1) q_pos[1] = -1;
   auto topk = topk_len ? attention_topk(s, t, topk_len, seed + 4) : std::vector<int32_t>{};
   if (topk_len && s == 1) topk[0] = 0;  // keep the single row from being empty
-  return {"mla_decode_s" + std::to_string(s) + "_t" + std::to_string(t) + "_h" +
-              std::to_string(heads) + "_" + std::to_string(rank) + "_" + std::to_string(rope) +
-              "_topk" + std::to_string(topk_len) + "_scale" + std::to_string(int(scale * 1000)) + paging_str(g) +
-              (bf16 ? "_bf16" : ""),
+  return {"mla_decode_s" + std::to_string(s) + "_t" + std::to_string(t) + "_h" + std::to_string(heads) + "_" +
+              std::to_string(rank) + "_" + std::to_string(rope) + "_topk" + std::to_string(topk_len) + "_scale" +
+              std::to_string(int(scale * 1000)) + paging_str(g) + (bf16 ? "_bf16" : ""),
           [=](Buffers& b) {
             MlaDecodeParams p;
             p.q_lat = b.in(q), p.cache = b.in(cache), p.q_pos = b.in(q_pos);
@@ -280,13 +272,13 @@ inline OpCase mla_decode_case(int64_t s, int64_t t, int64_t heads, int64_t rank,
           }};
 }
 
-inline OpCase router_case(int64_t m, int64_t experts, int64_t top_k, int64_t n_group,
-                          int64_t topk_group, bool with_bias, bool norm, uint64_t seed) {
+inline OpCase router_case(int64_t m, int64_t experts, int64_t top_k, int64_t n_group, int64_t topk_group,
+                          bool with_bias, bool norm, uint64_t seed) {
   auto logits = random_floats(size_t(m * experts), seed, -4.0f, 4.0f);
   auto bias = random_floats(size_t(experts), seed + 1, -0.2f, 0.2f);
-  return {"router_m" + std::to_string(m) + "_e" + std::to_string(experts) + "_k" +
-              std::to_string(top_k) + "_g" + std::to_string(n_group) + "_" +
-              std::to_string(topk_group) + (with_bias ? "_bias" : "") + (norm ? "_norm" : ""),
+  return {"router_m" + std::to_string(m) + "_e" + std::to_string(experts) + "_k" + std::to_string(top_k) + "_g" +
+              std::to_string(n_group) + "_" + std::to_string(topk_group) + (with_bias ? "_bias" : "") +
+              (norm ? "_norm" : ""),
           [=](Buffers& b) {
             RouterParams p;
             p.logits = b.in(logits);
@@ -340,8 +332,8 @@ inline OpCase moe_combine_case(int64_t m, int64_t top_k, int64_t d, bool accumul
   auto slots = random_ints(size_t(m * top_k), seed + 1, -1, int32_t(slots_n) - 1);
   auto w = random_floats(size_t(m * top_k), seed + 2, 0.0f, 1.0f);
   auto out0 = random_floats(size_t(m * d), seed + 3);
-  return {"moe_combine_m" + std::to_string(m) + "_k" + std::to_string(top_k) + "_d" +
-              std::to_string(d) + (accumulate ? "_acc" : ""),
+  return {"moe_combine_m" + std::to_string(m) + "_k" + std::to_string(top_k) + "_d" + std::to_string(d) +
+              (accumulate ? "_acc" : ""),
           [=](Buffers& b) {
             MoeCombineParams p;
             p.expert_out = b.in(expert_out), p.slots = b.in(slots), p.weights = b.in(w);
@@ -441,11 +433,13 @@ inline std::vector<std::pair<OpCase, OpCase>> paging_pairs() {
     // Indexer keys in tiles, f32 and bf16, one row and several (decode and prefill): of 64 (the
     // runtime's blocks on the fast cpu backend, read in place; 150 keys end in a partial tile),
     // speed-a's 8 x 64, GLM-5's 32 x 128 and 6 heads; then tiles of 4 and 128 (its gather path).
-    struct Shape { int64_t t, heads, dim, tile; };
+    struct Shape {
+      int64_t t, heads, dim, tile;
+    };
     for (bool bf16 : {false, true})
       for (int64_t rows : {1, 9})
-        for (Shape h : {Shape{150, 8, 64, 64}, Shape{150, 32, 128, 64}, Shape{150, 6, 64, 64},
-                        Shape{70, 32, 128, 4}, Shape{300, 8, 64, 128}})
+        for (Shape h : {Shape{150, 8, 64, 64}, Shape{150, 32, 128, 64}, Shape{150, 6, 64, 64}, Shape{70, 32, 128, 4},
+                        Shape{300, 8, 64, 128}})
           v.push_back({indexer_case(rows, h.t, h.heads, h.dim, 909, Paging::None, bf16),
                        indexer_case(rows, h.t, h.heads, h.dim, 909, g, bf16, h.tile)});
   }
@@ -465,9 +459,9 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(gemm_case(9, 70, 1100, DType::BF16, false, false, 1, seed++));  // k chunks + tail
   v.push_back(gemm_case(5, 200, 2048, DType::BF16, false, true, 0, seed++));
   v.push_back(gemm_case(2, 1030, 64, DType::BF16, false, false, 0, seed++));  // many column blocks
-  v.push_back(gemm_case(6, 70, 0, DType::BF16, false, true, 0, seed++));    // k = 0
+  v.push_back(gemm_case(6, 70, 0, DType::BF16, false, true, 0, seed++));      // k = 0
   v.push_back(gemm_case(6, 70, 0, DType::F32, false, false, 0, seed++));
-  v.push_back(gemm_case(0, 70, 20, DType::BF16, false, false, 0, seed++));  // m = 0
+  v.push_back(gemm_case(0, 70, 20, DType::BF16, false, false, 0, seed++));   // m = 0
   v.push_back(gemm_case(5, 517, 192, DType::BF16, true, false, 2, seed++));  // q absorption shape
   for (int64_t m : {1, 5})
     for (int64_t d : {7, 100, 6144}) {
@@ -552,20 +546,20 @@ inline std::vector<RowCase> row_cases() {
     const int64_t wr = trans ? k : n, wc = trans ? n : k;
     auto w = weight_bytes(random_floats(size_t(wr * wc), 7), dtype);
     auto xp = random_floats(size_t(k), 8);
-    return RowCase{"gemm_" + dtype_str(dtype) + (trans ? "_trans" : "") + "_n" + std::to_string(n) +
-                       "_k" + std::to_string(k),
-                   [=](Buffers& b, int64_t rows, int64_t probe) {
-                     auto x = random_floats(size_t(rows * k), 1000 + uint64_t(rows));
-                     std::copy(xp.begin(), xp.end(), x.begin() + probe * k);
-                     GemmParams p;
-                     p.x = b.in(x), p.ldx = k;
-                     p.w = Weight{b.in_bytes(w), dtype, wr, wc, wc};
-                     p.trans_w = trans;
-                     p.y = b.out("y", size_t(rows * n)), p.ldy = n;
-                     p.m = rows, p.n = n, p.k = k;
-                     b.backend().gemm(p);
-                     return std::pair<size_t, size_t>(size_t(probe * n), size_t(n));
-                   }};
+    return RowCase{
+        "gemm_" + dtype_str(dtype) + (trans ? "_trans" : "") + "_n" + std::to_string(n) + "_k" + std::to_string(k),
+        [=](Buffers& b, int64_t rows, int64_t probe) {
+          auto x = random_floats(size_t(rows * k), 1000 + uint64_t(rows));
+          std::copy(xp.begin(), xp.end(), x.begin() + probe * k);
+          GemmParams p;
+          p.x = b.in(x), p.ldx = k;
+          p.w = Weight{b.in_bytes(w), dtype, wr, wc, wc};
+          p.trans_w = trans;
+          p.y = b.out("y", size_t(rows * n)), p.ldy = n;
+          p.m = rows, p.n = n, p.k = k;
+          b.backend().gemm(p);
+          return std::pair<size_t, size_t>(size_t(probe * n), size_t(n));
+        }};
   };
   v.push_back(gemm_probe(DType::BF16, false, 77, 1100));
   v.push_back(gemm_probe(DType::BF16, false, 300, 2048));
@@ -593,8 +587,7 @@ inline std::vector<RowCase> row_cases() {
     auto k_pe = random_floats(size_t(T * rope), 12);
     auto qp = random_floats(size_t(H * dq), 13);
     auto sel = random_ints(size_t(len), 14, -1, int32_t(T) - 1);
-    v.push_back(RowCase{"mla_prefill_topk" + std::to_string(len),
-                        [=](Buffers& b, int64_t rows, int64_t probe) {
+    v.push_back(RowCase{"mla_prefill_topk" + std::to_string(len), [=](Buffers& b, int64_t rows, int64_t probe) {
                           auto q = random_floats(size_t(rows * H * dq), 4000 + uint64_t(rows));
                           std::copy(qp.begin(), qp.end(), q.begin() + probe * H * dq);
                           auto q_pos = qpos_rows(rows, probe, 60);
@@ -615,8 +608,7 @@ inline std::vector<RowCase> row_cases() {
     auto cache = random_floats(size_t(T * dk), 21);
     auto qp = random_floats(size_t(H * dk), 22, -0.5f, 0.5f);
     auto sel = random_ints(size_t(len), 24, -1, int32_t(T) - 1);
-    v.push_back(RowCase{"mla_decode_topk" + std::to_string(len),
-                        [=](Buffers& b, int64_t rows, int64_t probe) {
+    v.push_back(RowCase{"mla_decode_topk" + std::to_string(len), [=](Buffers& b, int64_t rows, int64_t probe) {
                           auto q = random_floats(size_t(rows * H * dk), 5000 + uint64_t(rows));
                           std::copy(qp.begin(), qp.end(), q.begin() + probe * H * dk);
                           auto q_pos = qpos_rows(rows, probe, int32_t(T) - 1);
@@ -671,8 +663,8 @@ inline std::vector<RowCase> row_cases() {
     auto sp = std::vector<int32_t>{17, -1, 3, 250};
     auto wp = random_floats(size_t(top_k), 52, 0.0f, 1.0f);
     v.push_back(RowCase{"moe_combine", [=](Buffers& b, int64_t rows, int64_t probe) {
-                          auto slots = random_ints(size_t(rows * top_k), 9000 + uint64_t(rows), -1,
-                                                   int32_t(n_slots) - 1);
+                          auto slots =
+                              random_ints(size_t(rows * top_k), 9000 + uint64_t(rows), -1, int32_t(n_slots) - 1);
                           auto w = random_floats(size_t(rows * top_k), 9500 + uint64_t(rows));
                           std::copy(sp.begin(), sp.end(), slots.begin() + probe * top_k);
                           std::copy(wp.begin(), wp.end(), w.begin() + probe * top_k);

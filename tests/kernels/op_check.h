@@ -11,8 +11,8 @@
 #include <cstring>
 #include <functional>
 #include <limits>
-#include <ostream>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <sstream>
 #include <string>
@@ -98,9 +98,7 @@ class Buffers {
   const void* in_bytes(const std::vector<uint8_t>& v) { return copy_in(v.data(), v.size()); }
 
   // An output of n floats, initially the sentinel (so unwritten elements show as NaN).
-  float* out(const std::string& name, size_t n) {
-    return out(name, std::vector<float>(n, float_sentinel()));
-  }
+  float* out(const std::string& name, size_t n) { return out(name, std::vector<float>(n, float_sentinel())); }
   // An in/out buffer (accumulate, in-place ops) starting at `init`.
   float* out(const std::string& name, const std::vector<float>& init) {
     std::vector<float> host(init);
@@ -126,8 +124,8 @@ class Buffers {
         uint32_t bits;
         std::memcpy(&bits, &host[f.n + g], 4);
         if (bits != kFloatSentinel)
-          o.guard_errors.push_back(f.name + ": guard " + std::to_string(g) + " after " +
-                                   std::to_string(f.n) + " elements was overwritten");
+          o.guard_errors.push_back(f.name + ": guard " + std::to_string(g) + " after " + std::to_string(f.n) +
+                                   " elements was overwritten");
       }
       host.resize(f.n);
       o.float_names.push_back(f.name);
@@ -138,8 +136,8 @@ class Buffers {
       b_.to_host(host.data(), f.p, host.size() * 4);
       for (size_t g = 0; g < kGuard; ++g)
         if (host[f.n + g] != kIntSentinel)
-          o.guard_errors.push_back(f.name + ": guard " + std::to_string(g) + " after " +
-                                   std::to_string(f.n) + " elements was overwritten");
+          o.guard_errors.push_back(f.name + ": guard " + std::to_string(g) + " after " + std::to_string(f.n) +
+                                   " elements was overwritten");
       host.resize(f.n);
       o.int_names.push_back(f.name);
       o.ints.push_back(std::move(host));
@@ -193,8 +191,8 @@ inline ::testing::AssertionResult compare_floats(const std::string& what, const 
   for (size_t i = 0; i < a.size(); ++i) {
     bool fa = std::isfinite(a[i]), fr = std::isfinite(ref[i]);
     if (fa != fr || (!fa && !(std::isnan(a[i]) ? std::isnan(ref[i]) : a[i] == ref[i])))
-      return ::testing::AssertionFailure() << what << "[" << i << "]: " << a[i] << " vs reference "
-                                           << ref[i] << " (NaN/inf parity)";
+      return ::testing::AssertionFailure()
+             << what << "[" << i << "]: " << a[i] << " vs reference " << ref[i] << " (NaN/inf parity)";
     if (!fr) continue;
     max_ref = std::max(max_ref, std::fabs(double(ref[i])));
     double e = std::fabs(double(a[i]) - double(ref[i]));
@@ -202,9 +200,9 @@ inline ::testing::AssertionResult compare_floats(const std::string& what, const 
   }
   double nerr = max_err / (max_ref > 0.0 ? max_ref : 1.0);
   if (nerr > tol)
-    return ::testing::AssertionFailure() << what << ": normalised max error " << nerr << " > " << tol
-                                         << " at [" << worst << "]: " << a[worst] << " vs reference "
-                                         << ref[worst] << " (max |reference| " << max_ref << ")";
+    return ::testing::AssertionFailure() << what << ": normalised max error " << nerr << " > " << tol << " at ["
+                                         << worst << "]: " << a[worst] << " vs reference " << ref[worst]
+                                         << " (max |reference| " << max_ref << ")";
   return ::testing::AssertionSuccess();
 }
 
@@ -224,9 +222,8 @@ inline ::testing::AssertionResult compare(Backend& b, Backend& ref, const OpCase
   for (size_t i = 0; i < ob.ints.size(); ++i)
     for (size_t j = 0; j < ob.ints[i].size(); ++j)
       if (ob.ints[i][j] != orf.ints[i][j])
-        return ::testing::AssertionFailure()
-               << c.name << " " << ob.int_names[i] << "[" << j << "]: " << ob.ints[i][j]
-               << " vs reference " << orf.ints[i][j];
+        return ::testing::AssertionFailure() << c.name << " " << ob.int_names[i] << "[" << j << "]: " << ob.ints[i][j]
+                                             << " vs reference " << orf.ints[i][j];
   return ::testing::AssertionSuccess();
 }
 

@@ -158,8 +158,8 @@ std::vector<float> run_rows(const Problem& p, bool emulated, int64_t rows, bool 
   const std::vector<uint16_t> w = tiled ? tile16_of(p, ld) : p.w;
   if (rows == 0) rows = p.n;
   for (int64_t j0 = 0; j0 < p.n; j0 += rows)
-    cpu::amx::gemm_rows(px, w.data() + j0 * ld, ld, tiled, std::min(rows, p.n - j0), y.data() + j0, p.ldy,
-                        accumulate, emulated);
+    cpu::amx::gemm_rows(px, w.data() + j0 * ld, ld, tiled, std::min(rows, p.n - j0), y.data() + j0, p.ldy, accumulate,
+                        emulated);
   return y;
 }
 
@@ -249,10 +249,10 @@ void check_one_hot(bool emulated) {
 }
 
 // The hardware tests' first line: skip, saying why, where this machine cannot run AMX.
-#define SKIP_WITHOUT_AMX()                                                      \
-  do {                                                                          \
-    std::string why;                                                            \
-    if (!cpu::amx::available(&why)) GTEST_SKIP() << "no AMX here: " << why;    \
+#define SKIP_WITHOUT_AMX()                                                  \
+  do {                                                                      \
+    std::string why;                                                        \
+    if (!cpu::amx::available(&why)) GTEST_SKIP() << "no AMX here: " << why; \
   } while (0)
 
 TEST(AmxGemm, EmulatedTilesExactOnOneHotWeights) { check_one_hot(true); }
@@ -462,7 +462,8 @@ TEST(AmxGemm, BackendHoldsBf16InTiles) {
         cpu_b->gemm_batch(batch);
         omp_set_num_threads(saved);
         for (int64_t b = 0; b < 20; ++b)
-          ASSERT_EQ(0, std::memcmp(alone.data() + b * 2 * nn, together.data() + b * 2 * nn, size_t((b < 16 ? 1 : 2) * nn) * 4))
+          ASSERT_EQ(0, std::memcmp(alone.data() + b * 2 * nn, together.data() + b * 2 * nn,
+                                   size_t((b < 16 ? 1 : 2) * nn) * 4))
               << "gemm " << b << " in a decode batch, call " << rep;
       }
     }
@@ -475,8 +476,8 @@ TEST(AmxGemm, BackendHoldsBf16InTiles) {
       }
       return std::string("no error");
     };
-    EXPECT_NE(message({x.data(), 70, Weight{t.data, DType::BF16, 70, 100, 128, nullptr, DType::F32, 0, 0, 1,
-                                            WeightLayout::kTile16},
+    EXPECT_NE(message({x.data(), 70,
+                       Weight{t.data, DType::BF16, 70, 100, 128, nullptr, DType::F32, 0, 0, 1, WeightLayout::kTile16},
                        true, y.data(), 100, 1, 100, 70})
                   .find("kTile16"),
               std::string::npos);

@@ -64,8 +64,8 @@ TEST(CachingAllocator, ReusesFreedBlocksWithoutRawCalls) {
 }
 
 TEST(CachingAllocator, SizeClassesBoundTheWaste) {
-  for (size_t n : {size_t(1), size_t(511), size_t(513), size_t(1) << 20, (size_t(1) << 20) + 1,
-                   size_t(3) << 20, size_t(5000000), size_t(1) << 30}) {
+  for (size_t n : {size_t(1), size_t(511), size_t(513), size_t(1) << 20, (size_t(1) << 20) + 1, size_t(3) << 20,
+                   size_t(5000000), size_t(1) << 30}) {
     const size_t c = CachingAllocator::size_class(n);
     EXPECT_GE(c, n);
     EXPECT_LE(c, std::max<size_t>(512, n + n / 4)) << n;

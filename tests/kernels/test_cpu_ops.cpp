@@ -61,11 +61,10 @@ TEST(CpuBackend, PagedCacheBitsEqualContiguous) {
       for (size_t i = 0; i < x.floats.size(); ++i) {
         ASSERT_EQ(x.floats[i].size(), y.floats[i].size()) << paged.name;
         size_t first = 0;
-        while (first < x.floats[i].size() &&
-               std::memcmp(&x.floats[i][first], &y.floats[i][first], 4) == 0) ++first;
+        while (first < x.floats[i].size() && std::memcmp(&x.floats[i][first], &y.floats[i][first], 4) == 0) ++first;
         EXPECT_EQ(first, x.floats[i].size())
-            << paged.name << " differs from " << plain.name << " on " << b->name() << " at element " << first
-            << ": " << (first < x.floats[i].size() ? x.floats[i][first] : 0.0f) << " vs "
+            << paged.name << " differs from " << plain.name << " on " << b->name() << " at element " << first << ": "
+            << (first < x.floats[i].size() ? x.floats[i][first] : 0.0f) << " vs "
             << (first < y.floats[i].size() ? y.floats[i][first] : 0.0f);
       }
     }
@@ -84,8 +83,7 @@ TEST(CpuBackend, GemmBitsIndependentOfThreadCount) {
     Outputs many = run_case(*cpu, c);
     omp_set_num_threads(saved);
     ASSERT_EQ(one.floats[0].size(), many.floats[0].size());
-    EXPECT_EQ(0, std::memcmp(one.floats[0].data(), many.floats[0].data(), one.floats[0].size() * 4))
-        << "m = " << m;
+    EXPECT_EQ(0, std::memcmp(one.floats[0].data(), many.floats[0].data(), one.floats[0].size() * 4)) << "m = " << m;
   }
 }
 
@@ -111,7 +109,8 @@ TEST(CpuBackend, SingleRowPrefetchDoesNotChangeBits) {
       y[on].assign(size_t(n), -1.0f);
       cpu->gemm({x.data(), k, w, false, y[on].data(), n, 1, n, k});
     }
-    EXPECT_EQ(0, std::memcmp(y[0].data(), y[1].data(), size_t(n) * 4)) << (w.layout == WeightLayout::kQuad16 ? "quads" : "rows");
+    EXPECT_EQ(0, std::memcmp(y[0].data(), y[1].data(), size_t(n) * 4))
+        << (w.layout == WeightLayout::kQuad16 ? "quads" : "rows");
   }
   cpu::set_single_row_prefetch(saved);
 }
@@ -188,7 +187,8 @@ TEST(CpuBackend, GemmBatchBitsEqualSingleGemms) {
       for (size_t i = 0; i < qs.size(); ++i) qs[i].y = ys[i].data();
       const int saved = omp_get_max_threads();
       omp_set_num_threads(threads);
-      if (batched) cpu->gemm_batch(qs);
+      if (batched)
+        cpu->gemm_batch(qs);
       else
         for (const GemmParams& q : qs) cpu->gemm(q);
       omp_set_num_threads(saved);
@@ -295,13 +295,13 @@ TEST(CpuBackend, LongDecodeRowsOnTwoThreads) {
   auto ref = make_reference_backend();
   const int saved = omp_get_max_threads();
   omp_set_num_threads(2);
-  for (const OpCase& c : {cases::topk_case(1, 70000, 256, 76), cases::topk_case(1, 70000, 9000, 77),
-                          cases::topk_case(3, 9000, 64, 78), cases::topk_case(1, 2048, 256, 79),
-                          cases::topk_case(1, 20000, 256, 71), cases::topk_case(1, 10000, 5000, 72),
-                          cases::topk_case(1, 9000, 1, 73), cases::indexer_case(1, 3000, 8, 64, 74, cases::Paging::PerRow),
-                          cases::indexer_case(1, 3000, 8, 64, 75, cases::Paging::PerRow, true),
-                          cases::mla_decode_case(1, 5000, 16, 64, 16, 256, 80),
-                          cases::mla_decode_case(3, 5000, 9, 64, 16, 300, 81, 0.3f, cases::Paging::PerRow)})
+  for (const OpCase& c :
+       {cases::topk_case(1, 70000, 256, 76), cases::topk_case(1, 70000, 9000, 77), cases::topk_case(3, 9000, 64, 78),
+        cases::topk_case(1, 2048, 256, 79), cases::topk_case(1, 20000, 256, 71), cases::topk_case(1, 10000, 5000, 72),
+        cases::topk_case(1, 9000, 1, 73), cases::indexer_case(1, 3000, 8, 64, 74, cases::Paging::PerRow),
+        cases::indexer_case(1, 3000, 8, 64, 75, cases::Paging::PerRow, true),
+        cases::mla_decode_case(1, 5000, 16, 64, 16, 256, 80),
+        cases::mla_decode_case(3, 5000, 9, 64, 16, 300, 81, 0.3f, cases::Paging::PerRow)})
     EXPECT_TRUE(compare(*cpu, *ref, c)) << c.name;
   omp_set_num_threads(saved);
 }
@@ -315,11 +315,14 @@ TEST(CpuBackend, LongDecodeRowsOnTwoThreads) {
 TEST(CpuBackend, DecodeRowAloneEqualsRowInBatch) {
   auto cpu = make_cpu_backend();
   const int saved = omp_get_max_threads();
-  struct Shape { int64_t t, heads, rank, rope, topk_len; bool paged, bf16 = false; };
-  for (const Shape& sh : {Shape{600, 16, 256, 32, 256, false}, Shape{600, 9, 80, 16, 0, false},
-                          Shape{700, 5, 72, 9, 0, false}, Shape{3000, 7, 64, 16, 301, true},
-                          Shape{900, 16, 128, 32, 2048, true}, Shape{3000, 16, 256, 32, 256, true, true},
-                          Shape{700, 5, 72, 9, 0, true, true}}) {
+  struct Shape {
+    int64_t t, heads, rank, rope, topk_len;
+    bool paged, bf16 = false;
+  };
+  for (const Shape& sh :
+       {Shape{600, 16, 256, 32, 256, false}, Shape{600, 9, 80, 16, 0, false}, Shape{700, 5, 72, 9, 0, false},
+        Shape{3000, 7, 64, 16, 301, true}, Shape{900, 16, 128, 32, 2048, true},
+        Shape{3000, 16, 256, 32, 256, true, true}, Shape{700, 5, 72, 9, 0, true, true}}) {
     const int64_t S = 6, dk = sh.rank + sh.rope, bs = 64;
     const auto q = random_floats(size_t(S * sh.heads * dk), 50, -0.5f, 0.5f);
     const auto cache = random_floats(size_t(sh.t * dk), 51);
@@ -375,10 +378,11 @@ TEST(CpuBackend, TopkSignedZerosAreTies) {
   auto ref = make_reference_backend();
   const int saved = omp_get_max_threads();
   omp_set_num_threads(2);
-  for (const auto& [rows, cols, k, every] : {std::tuple<int64_t, int64_t, int64_t, size_t>{1, 20000, 256, 101},
-                                             {1, 20000, 2048, 13}, {3, 300, 40, 13}}) {
+  for (const auto& [rows, cols, k, every] :
+       {std::tuple<int64_t, int64_t, int64_t, size_t>{1, 20000, 256, 101}, {1, 20000, 2048, 13}, {3, 300, 40, 13}}) {
     std::vector<float> v(size_t(rows * cols));
-    for (size_t i = 0; i < v.size(); ++i) v[i] = (i * 7919) % every == 0 ? 1.0f + float(i % 97) : (i % 3 ? -0.0f : 0.0f);
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = (i * 7919) % every == 0 ? 1.0f + float(i % 97) : (i % 3 ? -0.0f : 0.0f);
     std::vector<int32_t> got(size_t(rows * k)), want(got.size());
     cpu->topk({v.data(), rows, cols, cols, k, got.data()});
     ref->topk({v.data(), rows, cols, cols, k, want.data()});
@@ -447,9 +451,7 @@ TEST(CpuBackend, AttentionKeyBlocksDoNotChangeBits) {
 // Both CPU backends reject bad parameters with a message naming the op and the value.
 class CpuBackendErrors : public ::testing::TestWithParam<std::string> {
  protected:
-  std::unique_ptr<Backend> backend() {
-    return GetParam() == "cpu" ? make_cpu_backend() : make_reference_backend();
-  }
+  std::unique_ptr<Backend> backend() { return GetParam() == "cpu" ? make_cpu_backend() : make_reference_backend(); }
 };
 
 template <class F>

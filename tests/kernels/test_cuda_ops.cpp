@@ -74,8 +74,7 @@ class Dev {
     const T guard = guard_value<T>();
     for (size_t i = n_; i < v.size(); ++i)
       if (std::memcmp(&v[i], &guard, sizeof(T)) != 0) {
-        ADD_FAILURE() << what << ": write past the end of the buffer at element " << i << " (size "
-                      << n_ << ")";
+        ADD_FAILURE() << what << ": write past the end of the buffer at element " << i << " (size " << n_ << ")";
         break;
       }
     v.resize(n_);
@@ -91,9 +90,7 @@ class Dev {
 struct Rng {
   std::mt19937 gen;
   explicit Rng(uint32_t seed) : gen(seed) {}
-  float uniform(float lo = -1.0f, float hi = 1.0f) {
-    return std::uniform_real_distribution<float>(lo, hi)(gen);
-  }
+  float uniform(float lo = -1.0f, float hi = 1.0f) { return std::uniform_real_distribution<float>(lo, hi)(gen); }
   int integer(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); }
   std::vector<float> floats(size_t n, float lo = -1.0f, float hi = 1.0f) {
     std::vector<float> v(n);
@@ -105,8 +102,8 @@ struct Rng {
 std::vector<float> nan_vec(size_t n) { return std::vector<float>(n, std::nanf("")); }
 
 // |got - want| <= atol + rtol * |want| elementwise; NaN and infinities must match exactly.
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, float atol,
-                  float rtol, const std::string& what) {
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, float atol, float rtol,
+                  const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   size_t bad = 0;
   double worst = 0.0;
@@ -125,8 +122,8 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
     }
     if (!ok && bad++ < 5) first << "\n  [" << i << "] got " << g << ", want " << w;
   }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size()
-                     << " elements differ (worst error " << worst << " x tolerance)" << first.str();
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ (worst error " << worst
+                     << " x tolerance)" << first.str();
 }
 
 template <class T>
@@ -137,8 +134,7 @@ void expect_equal(const std::vector<T>& got, const std::vector<T>& want, const s
   for (size_t i = 0; i < got.size(); ++i)
     if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0 && bad++ < 5)
       first << "\n  [" << i << "] got " << got[i] << ", want " << want[i];
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ"
-                     << first.str();
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ" << first.str();
 }
 
 // Raw weight bytes of a [rows, ld] matrix with random values in about [-1, 1].
@@ -153,8 +149,7 @@ std::vector<uint8_t> random_weight(Rng& rng, DType dt, int64_t rows, int64_t ld)
       const uint16_t v = f32_to_bf16(rng.uniform());
       std::memcpy(&bytes[i * 2], &v, 2);
     } else {  // F16: sign, exponent 10..15 (2^-5 .. 1.99), random mantissa
-      const uint16_t v =
-          uint16_t((rng.integer(0, 1) << 15) | (rng.integer(10, 15) << 10) | rng.integer(0, 1023));
+      const uint16_t v = uint16_t((rng.integer(0, 1) << 15) | (rng.integer(10, 15) << 10) | rng.integer(0, 1023));
       std::memcpy(&bytes[i * 2], &v, 2);
     }
   }
@@ -313,9 +308,9 @@ void check_gemm(Backend& gpu, const GemmCase& c, float rel_tol, uint32_t seed,
   const auto wbytes = random_weight(rng, c.dt, w_rows + 1, w_ld);
   auto x = rng.floats(size_t(c.m * ldx));
   auto y0 = rng.floats(size_t(c.m * ldy));
-  const std::string what = "gemm m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
-                           " k=" + std::to_string(c.k) + " dtype=" + std::string(dtype_name(c.dt)) +
-                           (c.trans ? " trans_w" : "") + (c.accumulate ? " accumulate" : "");
+  const std::string what = "gemm m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+                           " dtype=" + std::string(dtype_name(c.dt)) + (c.trans ? " trans_w" : "") +
+                           (c.accumulate ? " accumulate" : "");
 
   auto ref = make_reference_backend(ref_precision);
   Weight wh{wbytes.data(), c.dt, w_rows + 1, w_cols, w_ld};
@@ -347,8 +342,8 @@ void check_gemm(Backend& gpu, const GemmCase& c, float rel_tol, uint32_t seed,
       }
       const double err = std::fabs(double(got[i * ldy + j]) - double(want[i * ldy + j]));
       if (!(err <= rel_tol * bound + 1e-6) && bad++ < 5)
-        first << "\n  [" << i << ", " << j << "] got " << got[i * ldy + j] << ", want "
-              << want[i * ldy + j] << " (sum |x w| " << bound << ")";
+        first << "\n  [" << i << ", " << j << "] got " << got[i * ldy + j] << ", want " << want[i * ldy + j]
+              << " (sum |x w| " << bound << ")";
     }
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " outputs out of tolerance" << first.str();
 }
@@ -438,9 +433,9 @@ TEST(CudaOps, GemmRowsAreBatchInvariant) {
         gpu->gemm(q);
         const auto part = dy1.host("gemm part");
         const std::vector<float> want(all.begin() + r0 * n, all.begin() + (r0 + rows) * n);
-        expect_equal(part, want,
-                     "rows " + std::to_string(r0) + ".." + std::to_string(r0 + rows - 1) +
-                         " alone vs in a batch of 150");
+        expect_equal(
+            part, want,
+            "rows " + std::to_string(r0) + ".." + std::to_string(r0 + rows - 1) + " alone vs in a batch of 150");
       }
     }
   }
@@ -473,8 +468,8 @@ struct QuantMatrix {
   }
 };
 
-QuantMatrix random_quant_matrix(Rng& rng, DType dt, DType sdt, int64_t rows, int64_t cols,
-                                int64_t group, int64_t ld_extra) {
+QuantMatrix random_quant_matrix(Rng& rng, DType dt, DType sdt, int64_t rows, int64_t cols, int64_t group,
+                                int64_t ld_extra) {
   QuantMatrix q;
   const bool fp8 = dt == DType::F8_E4M3;
   q.dt = dt, q.sdt = fp8 ? DType::F32 : sdt, q.rows = rows, q.cols = cols;
@@ -501,7 +496,7 @@ QuantMatrix random_quant_matrix(Rng& rng, DType dt, DType sdt, int64_t rows, int
   const size_t es = dtype_size(q.sdt);
   q.scale.resize(size_t(scale_rows * q.scale_ld) * es);
   for (int64_t i = 0; i < scale_rows * q.scale_ld; ++i) {
-    const float v = fp8                 ? rng.uniform(0.5f, 2.0f) / 256.0f
+    const float v = fp8               ? rng.uniform(0.5f, 2.0f) / 256.0f
                     : dt == DType::Q4 ? rng.uniform(0.02f, 0.3f)
                                       : rng.uniform(0.002f, 0.03f);
     if (q.sdt == DType::F32) {
@@ -523,11 +518,10 @@ struct QuantGemmCase {
 };
 
 std::string quant_case_name(const QuantGemmCase& c) {
-  return "gemm m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
-         " " + std::string(dtype_name(c.dt)) +
+  return "gemm m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) + " " +
+         std::string(dtype_name(c.dt)) +
          (c.dt == DType::F8_E4M3 ? std::string()
-                                 : " scales " + std::string(dtype_name(c.sdt)) + " group " +
-                                       std::to_string(c.group)) +
+                                 : " scales " + std::string(dtype_name(c.sdt)) + " group " + std::to_string(c.group)) +
          (c.ld_extra ? " ld+" + std::to_string(c.ld_extra) : "") + (c.trans ? " trans_w" : "") +
          (c.accumulate ? " accumulate" : "");
 }
@@ -571,12 +565,11 @@ void check_quant_gemm(Backend& gpu, const QuantGemmCase& c, float rel_tol, uint3
   for (int64_t i = 0; i < c.m; ++i)
     for (int64_t j = 0; j < c.n; ++j) {
       double bound = 0.0;
-      for (int64_t kk = 0; kk < c.k; ++kk)
-        bound += std::fabs(double(x[i * ldx + kk])) * wabs[size_t(j * c.k + kk)];
+      for (int64_t kk = 0; kk < c.k; ++kk) bound += std::fabs(double(x[i * ldx + kk])) * wabs[size_t(j * c.k + kk)];
       const double err = std::fabs(double(got[i * ldy + j]) - double(want[i * ldy + j]));
       if (!(err <= rel_tol * bound + 1e-6) && bad++ < 5)
-        first << "\n  [" << i << ", " << j << "] got " << got[i * ldy + j] << ", want "
-              << want[i * ldy + j] << " (sum |x w| " << bound << ")";
+        first << "\n  [" << i << ", " << j << "] got " << got[i * ldy + j] << ", want " << want[i * ldy + j]
+              << " (sum |x w| " << bound << ")";
     }
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " outputs out of tolerance" << first.str();
   for (size_t i = 0; i < got.size(); ++i)  // the padding columns of y keep their values too
@@ -588,12 +581,11 @@ void check_quant_gemm(Backend& gpu, const QuantGemmCase& c, float rel_tol, uint3
 
 const std::vector<QuantGemmCase>& quant_gemm_cases() {
   static const std::vector<QuantGemmCase> cases = [] {
-    const DType F8 = DType::F8_E4M3, Q4 = DType::Q4, Q8 = DType::Q8, BF16 = DType::BF16,
-                F16 = DType::F16, F32 = DType::F32;
+    const DType F8 = DType::F8_E4M3, Q4 = DType::Q4, Q8 = DType::Q8, BF16 = DType::BF16, F16 = DType::F16,
+                F32 = DType::F32;
     std::vector<QuantGemmCase> v;
     // FP8: 200 x 300 has a partial 128-block both ways; m = 1, 3 (one x tile), 17, 300.
-    for (int64_t m : {1, 3, 17, 300})
-      v.push_back({m, 200, 300, F8, F32, 128, false, m == 3, m == 17 ? 2 : 0});
+    for (int64_t m : {1, 3, 17, 300}) v.push_back({m, 200, 300, F8, F32, 128, false, m == 3, m == 17 ? 2 : 0});
     v.push_back({5, 130, 1100, F8, F32, 128, false, false, 16});  // several k chunks
     v.push_back({2, 64, 512, F8, F32, 128, false, false, 0});     // 16-byte aligned rows
     v.push_back({17, 96, 200, F8, F32, 128, true, false, 0});     // trans_w: W [200, 96]
@@ -617,9 +609,9 @@ const std::vector<QuantGemmCase>& quant_gemm_cases() {
     v.push_back({17, 65, 200, Q4, BF16, 32, true, false, 0});  // trans_w
     v.push_back({3, 40, 96, Q8, F32, 64, true, true, 0});
     v.push_back({9, 70, 130, Q4, F16, 128, true, false, 0});
-    v.push_back({2, 3, 0, Q4, BF16, 32, false, false, 8});     // k = 0: y = 0
-    v.push_back({2, 3, 0, F8, F32, 128, false, true, 4});      // k = 0, accumulate: y unchanged
-    v.push_back({0, 4, 64, Q8, BF16, 32, false, false, 0});    // m = 0
+    v.push_back({2, 3, 0, Q4, BF16, 32, false, false, 8});   // k = 0: y = 0
+    v.push_back({2, 3, 0, F8, F32, 128, false, true, 4});    // k = 0, accumulate: y unchanged
+    v.push_back({0, 4, 64, Q8, BF16, 32, false, false, 0});  // m = 0
     return v;
   }();
   return cases;
@@ -680,8 +672,8 @@ TEST(CudaOps, QuantGemmRowsAreBatchInvariant) {
     ScopedEnv env("GLM5_CUDA_QUANT_GEMM", mode);
     auto gpu = make_cuda_backend(0);
     for (const Fmt& f : fmts) {
-      SCOPED_TRACE(std::string("mode ") + mode + " dtype " + std::string(dtype_name(f.dt)) +
-                   " scales " + std::string(dtype_name(f.sdt)));
+      SCOPED_TRACE(std::string("mode ") + mode + " dtype " + std::string(dtype_name(f.dt)) + " scales " +
+                   std::string(dtype_name(f.sdt)));
       Rng rng(9);
       const int64_t m = 150, n = 96, k = 333;
       const QuantMatrix qm = random_quant_matrix(rng, f.dt, f.sdt, n, k, f.group, 0);
@@ -699,9 +691,9 @@ TEST(CudaOps, QuantGemmRowsAreBatchInvariant) {
         gpu->gemm(q);
         const auto part = dy1.host("quantized gemm part");
         const std::vector<float> want(all.begin() + r0 * n, all.begin() + (r0 + rows) * n);
-        expect_equal(part, want,
-                     "rows " + std::to_string(r0) + ".." + std::to_string(r0 + rows - 1) +
-                         " alone vs in a batch of 150");
+        expect_equal(
+            part, want,
+            "rows " + std::to_string(r0) + ".." + std::to_string(r0 + rows - 1) + " alone vs in a batch of 150");
       }
     }
   }
@@ -709,8 +701,8 @@ TEST(CudaOps, QuantGemmRowsAreBatchInvariant) {
 
 // y rows of an m-row GEMM whose rows m / 2 and m - 1 are `probe` (row 0 when m = 1) and whose
 // other rows are random: the probe's output rows, in that order.
-std::vector<std::vector<float>> gemm_probe_rows(Backend& gpu, const Weight& w, bool trans, int64_t n,
-                                                int64_t k, int64_t m, const std::vector<float>& probe) {
+std::vector<std::vector<float>> gemm_probe_rows(Backend& gpu, const Weight& w, bool trans, int64_t n, int64_t k,
+                                                int64_t m, const std::vector<float>& probe) {
   Rng rng(uint32_t(1000 + m));
   auto x = rng.floats(size_t(m * k));
   const std::vector<int64_t> at = m == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{m / 2, m - 1};
@@ -745,9 +737,8 @@ TEST(CudaOps, GemmRowsBatchInvariantAcrossM) {
     for (bool trans : {false, true}) {
       for (const char* terms : {"3", "2", "1", "0"})
         routes.push_back({gemm, terms, nullptr, DType::BF16, DType::F32, 0, trans});
-      for (const char* terms : {"3", "0"})
-        routes.push_back({gemm, terms, nullptr, DType::F32, DType::F32, 0, trans});
-      routes.push_back({gemm, "3", "dequant", DType::Q4, DType::BF16, 32, trans});  // bf16-exact rows
+      for (const char* terms : {"3", "0"}) routes.push_back({gemm, terms, nullptr, DType::F32, DType::F32, 0, trans});
+      routes.push_back({gemm, "3", "dequant", DType::Q4, DType::BF16, 32, trans});       // bf16-exact rows
       routes.push_back({gemm, "3", "dequant", DType::F8_E4M3, DType::F32, 128, trans});  // fp32 rows
     }
   for (bool trans : {false, true}) routes.push_back({"lt", "3", nullptr, DType::F16, DType::F32, 0, trans});
@@ -776,8 +767,10 @@ TEST(CudaOps, GemmRowsBatchInvariantAcrossM) {
     const auto alone = gemm_probe_rows(*gpu, w, r.trans, n, k, 1, probe).front();
     for (int64_t m : {7, 64, 65, 300, 2048}) {
       const auto rows = gemm_probe_rows(*gpu, w, r.trans, n, k, m, probe);
-      expect_equal(rows[0], alone, what + ": row " + std::to_string(m / 2) + " of m = " + std::to_string(m) + " vs m = 1");
-      expect_equal(rows[1], alone, what + ": row " + std::to_string(m - 1) + " of m = " + std::to_string(m) + " vs m = 1");
+      expect_equal(rows[0], alone,
+                   what + ": row " + std::to_string(m / 2) + " of m = " + std::to_string(m) + " vs m = 1");
+      expect_equal(rows[1], alone,
+                   what + ": row " + std::to_string(m - 1) + " of m = " + std::to_string(m) + " vs m = 1");
     }
   }
 }
@@ -820,8 +813,7 @@ TEST(CudaOps, QuantGemmRejectsBadWeights) {
       gpu->gemm(p);
       ADD_FAILURE() << "expected an error mentioning '" << needles.front() << "'";
     } catch (const Error& e) {
-      for (const auto& s : needles)
-        EXPECT_NE(std::string(e.what()).find(s), std::string::npos) << e.what();
+      for (const auto& s : needles) EXPECT_NE(std::string(e.what()).find(s), std::string::npos) << e.what();
     }
   };
   const Weight q4{bytes.data(), DType::Q4, 4, 8, 8, bytes.data(), DType::BF16, 1, 8, 1};
@@ -857,8 +849,8 @@ TEST(CudaOps, RmsNormAndLayerNorm) {
     int64_t m, d;
     bool in_place;
   };
-  for (const Case c : {Case{1, 1, false}, Case{3, 7, true}, Case{37, 256, false},
-                       Case{5, 1000, true}, Case{2, 6144, false}}) {
+  for (const Case c :
+       {Case{1, 1, false}, Case{3, 7, true}, Case{37, 256, false}, Case{5, 1000, true}, Case{2, 6144, false}}) {
     const int64_t ld = c.d + 3;
     const std::string what = "m=" + std::to_string(c.m) + " d=" + std::to_string(c.d);
     auto x = rng.floats(size_t(c.m * ld), -3.0f, 3.0f);
@@ -887,8 +879,7 @@ TEST(CudaOps, RmsNormAndLayerNorm) {
       ref->layer_norm(p);
       Dev<float> dx(*gpu, x), dy(*gpu, nan_vec(x.size()));
       LayerNormParams q = p;
-      q.x = dx.get(), q.weight = dw.get(), q.bias = db.get(),
-      q.y = c.in_place ? dx.get() : dy.get();
+      q.x = dx.get(), q.weight = dw.get(), q.bias = db.get(), q.y = c.in_place ? dx.get() : dy.get();
       gpu->layer_norm(q);
       auto got = (c.in_place ? dx : dy).host("layer_norm");
       expect_close(got, want, 2e-5f, 2e-5f, "layer_norm " + what);
@@ -906,8 +897,8 @@ TEST(CudaOps, RopeBothLayouts) {
     float mscale;
   };
   // GLM-5 q: 64 heads of 256 with the rope slice at 192; indexer q: rope slice first.
-  for (const Case c : {Case{1, 1, 2, 0, 2, 1.0f}, Case{3, 4, 48, 32, 16, 1.0f},
-                       Case{5, 64, 256, 192, 64, 1.0f}, Case{7, 32, 128, 0, 64, 1.3689f}}) {
+  for (const Case c : {Case{1, 1, 2, 0, 2, 1.0f}, Case{3, 4, 48, 32, 16, 1.0f}, Case{5, 64, 256, 192, 64, 1.0f},
+                       Case{7, 32, 128, 0, 64, 1.3689f}}) {
     for (bool interleaved : {true, false}) {
       const int64_t token_stride = c.heads * c.head_stride + 5;
       auto x = rng.floats(size_t(c.m * token_stride));
@@ -915,8 +906,7 @@ TEST(CudaOps, RopeBothLayouts) {
       for (auto& v : pos) v = rng.integer(0, 131071);
       pos[0] = 0;
       std::vector<float> inv_freq(size_t(c.rope_dim / 2));
-      for (size_t i = 0; i < inv_freq.size(); ++i)
-        inv_freq[i] = std::pow(1e6f, -2.0f * float(i) / float(c.rope_dim));
+      for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(1e6f, -2.0f * float(i) / float(c.rope_dim));
       std::vector<float> want = x;
       RopeParams p;
       p.x = want.data(), p.m = c.m, p.n_heads = c.heads, p.token_stride = token_stride;
@@ -1030,8 +1020,7 @@ TEST(CudaOps, MoeCombine) {
   auto gpu = make_cuda_backend(0);
   auto ref = make_reference_backend();
   Rng rng(15);
-  for (auto [m, top_k, d] :
-       {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {5, 4, 33}, {17, 8, 6144}}) {
+  for (auto [m, top_k, d] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {5, 4, 33}, {17, 8, 6144}}) {
     for (bool accumulate : {false, true}) {
       const int64_t n_slots = m * top_k + 2;
       auto expert_out = rng.floats(size_t(n_slots * d));
@@ -1044,15 +1033,14 @@ TEST(CudaOps, MoeCombine) {
       p.expert_out = expert_out.data(), p.slots = slots.data(), p.weights = weights.data();
       p.out = want.data(), p.m = m, p.top_k = top_k, p.d = d, p.accumulate = accumulate;
       ref->moe_combine(p);
-      Dev<float> de(*gpu, expert_out), dw(*gpu, weights),
-          dout(*gpu, accumulate ? out0 : nan_vec(out0.size()));
+      Dev<float> de(*gpu, expert_out), dw(*gpu, weights), dout(*gpu, accumulate ? out0 : nan_vec(out0.size()));
       Dev<int32_t> ds(*gpu, slots);
       MoeCombineParams q = p;
       q.expert_out = de.get(), q.slots = ds.get(), q.weights = dw.get(), q.out = dout.get();
       gpu->moe_combine(q);
-      expect_close(dout.host("moe_combine"), want, 1e-6f, 1e-6f,
-                   "moe_combine m=" + std::to_string(m) + " top_k=" + std::to_string(top_k) +
-                       (accumulate ? " accumulate" : ""));
+      expect_close(
+          dout.host("moe_combine"), want, 1e-6f, 1e-6f,
+          "moe_combine m=" + std::to_string(m) + " top_k=" + std::to_string(top_k) + (accumulate ? " accumulate" : ""));
     }
   }
 }
@@ -1069,14 +1057,12 @@ TEST(CudaOps, RouterMatchesReferenceIncludingTies) {
     bool bias, norm, ties;
   };
   // GLM-5, DeepSeek-V3.2, tiny-a, odd sizes; `ties` draws logits from 8 levels only.
-  for (const Case c :
-       {Case{9, 256, 8, 1, 1, true, true, false}, Case{9, 256, 8, 8, 4, true, true, false},
-        Case{33, 16, 4, 4, 2, true, true, false}, Case{1, 7, 1, 1, 1, false, false, false},
-        Case{20, 64, 6, 4, 2, true, true, true}, Case{20, 48, 5, 1, 1, false, true, true}}) {
+  for (const Case c : {Case{9, 256, 8, 1, 1, true, true, false}, Case{9, 256, 8, 8, 4, true, true, false},
+                       Case{33, 16, 4, 4, 2, true, true, false}, Case{1, 7, 1, 1, 1, false, false, false},
+                       Case{20, 64, 6, 4, 2, true, true, true}, Case{20, 48, 5, 1, 1, false, true, true}}) {
     // Logits on a 0.01 grid (distinct sigmoids stay far apart in float), bias on a 0.125 grid.
     std::vector<float> logits(size_t(c.m * c.n_experts));
-    for (auto& v : logits)
-      v = c.ties ? 0.5f * float(rng.integer(-4, 3)) : 0.01f * float(rng.integer(-400, 400));
+    for (auto& v : logits) v = c.ties ? 0.5f * float(rng.integer(-4, 3)) : 0.01f * float(rng.integer(-400, 400));
     std::vector<float> bias(size_t(c.n_experts));
     for (auto& v : bias) v = 0.125f * float(rng.integer(-2, 2));
     RouterParams p;
@@ -1093,8 +1079,7 @@ TEST(CudaOps, RouterMatchesReferenceIncludingTies) {
     q.logits = dl.get(), q.bias = c.bias ? db.get() : nullptr, q.expert_ids = di.get();
     q.expert_weights = dw.get();
     gpu->router(q);
-    const std::string what = "router n_experts=" + std::to_string(c.n_experts) +
-                             " top_k=" + std::to_string(c.top_k) +
+    const std::string what = "router n_experts=" + std::to_string(c.n_experts) + " top_k=" + std::to_string(c.top_k) +
                              " groups=" + std::to_string(c.n_group) + (c.ties ? " ties" : "");
     expect_equal(di.host("router ids"), want_ids, what + " ids");
     expect_close(dw.host("router weights"), want_w, 1e-6f, 1e-5f, what + " weights");
@@ -1112,15 +1097,15 @@ TEST(CudaOps, IndexerScores) {
     int64_t s, t, heads, dim;
   };
   // GLM-5: 32 heads x 128; DeepSeek-V3.2: 64 x 128; head_dim 300 takes the no-register path.
-  for (const Case c : {Case{1, 1, 1, 1}, Case{3, 17, 2, 5}, Case{5, 300, 8, 32},
-                       Case{4, 1000, 32, 128}, Case{2, 513, 64, 128}, Case{2, 700, 3, 300}}) {
+  for (const Case c : {Case{1, 1, 1, 1}, Case{3, 17, 2, 5}, Case{5, 300, 8, 32}, Case{4, 1000, 32, 128},
+                       Case{2, 513, 64, 128}, Case{2, 700, 3, 300}}) {
     const int64_t ld = c.t + 3;
     auto q = rng.floats(size_t(c.s * c.heads * c.dim));
     auto k = rng.floats(size_t(c.t * c.dim));
     auto w = rng.floats(size_t(c.s * c.heads), -0.3f, 0.3f);  // signed: applied after the ReLU
     std::vector<int32_t> qpos(size_t(c.s));
     for (int64_t i = 0; i < c.s; ++i) qpos[size_t(i)] = int32_t(c.t - c.s + i);  // causal tail
-    if (c.s >= 3) qpos[0] = -1, qpos[1] = int32_t(c.t + 5);  // fully masked; all keys allowed
+    if (c.s >= 3) qpos[0] = -1, qpos[1] = int32_t(c.t + 5);                      // fully masked; all keys allowed
     std::vector<float> want = nan_vec(size_t(c.s * ld));
     IndexerScoresParams p;
     p.q = q.data(), p.weights = w.data(), p.k = k.data(), p.q_pos = qpos.data();
@@ -1207,13 +1192,14 @@ TEST(CudaOps, IndexerScoresBf16TensorCores) {
     const std::string err = capture.take();
     EXPECT_NE(err.find(attention_log_line("indexer_scores", kernel)), std::string::npos) << err;
     EXPECT_EQ(err.find(attention_log_line("indexer_scores", kernel == std::string("tensor") ? "simt" : "tensor")),
-              std::string::npos) << err;
+              std::string::npos)
+        << err;
   }
 }
 
 // Runs topk on both backends over the same scores; the selections must be identical.
-void check_topk(Backend& gpu, const std::vector<float>& scores, int64_t rows, int64_t cols,
-                int64_t ld, int64_t k, const std::string& what) {
+void check_topk(Backend& gpu, const std::vector<float>& scores, int64_t rows, int64_t cols, int64_t ld, int64_t k,
+                const std::string& what) {
   auto ref = make_reference_backend();
   std::vector<int32_t> want(size_t(rows * k), -7);
   TopkParams p;
@@ -1372,21 +1358,18 @@ TEST(CudaOps, IndexerThenTopkPipeline) {
 
 // Top-k lists as the indexer makes them: sorted ascending, -1 padded (reference topk of random
 // causal scores), and optionally shuffled (order must not matter).
-std::vector<int32_t> make_topk_lists(Rng& rng, const std::vector<int32_t>& qpos, int64_t t,
-                                     int64_t len, bool shuffle) {
+std::vector<int32_t> make_topk_lists(Rng& rng, const std::vector<int32_t>& qpos, int64_t t, int64_t len, bool shuffle) {
   const int64_t s = int64_t(qpos.size());
   std::vector<float> scores(size_t(s * t));
   for (int64_t i = 0; i < s; ++i)
-    for (int64_t j = 0; j < t; ++j)
-      scores[size_t(i * t + j)] = j <= qpos[size_t(i)] ? rng.uniform() : -kInf;
+    for (int64_t j = 0; j < t; ++j) scores[size_t(i * t + j)] = j <= qpos[size_t(i)] ? rng.uniform() : -kInf;
   std::vector<int32_t> out(size_t(s * len));
   auto ref = make_reference_backend();
   TopkParams p;
   p.scores = scores.data(), p.rows = s, p.cols = t, p.ld = t, p.k = len, p.indices = out.data();
   ref->topk(p);
   if (shuffle)
-    for (int64_t i = 0; i < s; ++i)
-      std::shuffle(out.begin() + i * len, out.begin() + (i + 1) * len, rng.gen);
+    for (int64_t i = 0; i < s; ++i) std::shuffle(out.begin() + i * len, out.begin() + (i + 1) * len, rng.gen);
   return out;
 }
 
@@ -1464,21 +1447,21 @@ void check_mla_decode(Backend& gpu, const MlaCase& c, uint32_t seed, DType cache
   g.topk = c.topk_len ? dtk.get() : nullptr, g.out_lat = dout.get();
   gpu.mla_decode(g);
   expect_close(dout.host("mla_decode"), want, 2e-6f, 1e-4f,
-               "mla_decode " + std::string(dtype_name(cache_dtype)) + " cache s=" + std::to_string(c.s) + " t=" + std::to_string(c.t) +
-                   " heads=" + std::to_string(c.heads) + " topk_len=" + std::to_string(c.topk_len) +
-                   (c.shuffle ? " shuffled" : ""));
+               "mla_decode " + std::string(dtype_name(cache_dtype)) + " cache s=" + std::to_string(c.s) +
+                   " t=" + std::to_string(c.t) + " heads=" + std::to_string(c.heads) +
+                   " topk_len=" + std::to_string(c.topk_len) + (c.shuffle ? " shuffled" : ""));
 }
 
 TEST(CudaOps, MlaPrefillDenseAndSparse) {
   if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
   auto gpu = make_cuda_backend(0);
   uint32_t seed = 30;
-  for (const MlaCase& c : {MlaCase{1, 1, 1, 1, 1, 1, 0, false}, MlaCase{3, 7, 2, 5, 3, 4, 0, false},
-                           MlaCase{3, 7, 2, 5, 3, 4, 16, false},  // top-k wider than the context
-                           MlaCase{64, 64, 4, 32, 16, 32, 16, false},  // tiny-a prefill
-                           MlaCase{6, 300, 8, 192, 64, 256, 64, true},
-                           MlaCase{4, 400, 64, 192, 64, 256, 2048, false},  // GLM-5 heads
-                           MlaCase{5, 50, 3, 0, 16, 8, 0, false}})          // no nope part
+  for (const MlaCase& c :
+       {MlaCase{1, 1, 1, 1, 1, 1, 0, false}, MlaCase{3, 7, 2, 5, 3, 4, 0, false},
+        MlaCase{3, 7, 2, 5, 3, 4, 16, false},       // top-k wider than the context
+        MlaCase{64, 64, 4, 32, 16, 32, 16, false},  // tiny-a prefill
+        MlaCase{6, 300, 8, 192, 64, 256, 64, true}, MlaCase{4, 400, 64, 192, 64, 256, 2048, false},  // GLM-5 heads
+        MlaCase{5, 50, 3, 0, 16, 8, 0, false}})                                                      // no nope part
     check_mla_prefill(*gpu, c, seed++);
 }
 
@@ -1518,7 +1501,8 @@ TEST(CudaOps, MlaDecodeBf16CacheTensorCores) {
     const std::string err = capture.take();
     EXPECT_NE(err.find(attention_log_line("mla_decode", kernel)), std::string::npos) << err;
     EXPECT_EQ(err.find(attention_log_line("mla_decode", kernel == std::string("tensor") ? "simt" : "tensor")),
-              std::string::npos) << err;
+              std::string::npos)
+        << err;
   }
 }
 
@@ -1565,8 +1549,8 @@ void rows_independent_of_row_count(const char* kernel) {
     SCOPED_TRACE(std::string("cache ") + std::string(dtype_name(cache)));
     const void* lat = cache == DType::F32 ? gpu->upload(latent.data(), latent.size() * 4)
                                           : gpu->upload(to_bf16(latent).data(), latent.size() * 2);
-    const void* idk = cache == DType::F32 ? gpu->upload(ik.data(), ik.size() * 4)
-                                          : gpu->upload(to_bf16(ik).data(), ik.size() * 2);
+    const void* idk =
+        cache == DType::F32 ? gpu->upload(ik.data(), ik.size() * 4) : gpu->upload(to_bf16(ik).data(), ik.size() * 2);
     // Rows [first, first + n) in one call; outputs on the host.
     auto decode = [&](int64_t first, int64_t n) {
       Dev<float> out(*gpu, nan_vec(size_t(n * H * R)));

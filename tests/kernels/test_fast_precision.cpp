@@ -45,8 +45,8 @@ bool has_path(const std::string& p) {
 
 struct Case {
   int64_t m, n, k;
-  std::vector<float> x;      // [m, k]
-  std::vector<uint16_t> w;   // [n, k] BF16, row stride k
+  std::vector<float> x;     // [m, k]
+  std::vector<uint16_t> w;  // [n, k] BF16, row stride k
 };
 
 // Normal values with a sprinkle of zeros, signed zeros, ties, denormals and tiny values (the
@@ -58,13 +58,20 @@ Case make_case(int64_t m, int64_t n, int64_t k, uint32_t seed) {
   std::uniform_int_distribution<int> pick(0, 60);
   const auto value = [&](float scale) {
     switch (pick(rng)) {
-      case 0: return 0.0f;
-      case 1: return -0.0f;
-      case 2: return 1e-39f;   // a float32 denormal
-      case 3: return -3e-39f;
-      case 4: return 1.00390625f;  // a bf16 rounding tie (1 + 2^-8)
-      case 5: return 0x1p-125f * d(rng);  // products underflow
-      default: return scale * d(rng);
+      case 0:
+        return 0.0f;
+      case 1:
+        return -0.0f;
+      case 2:
+        return 1e-39f;  // a float32 denormal
+      case 3:
+        return -3e-39f;
+      case 4:
+        return 1.00390625f;  // a bf16 rounding tie (1 + 2^-8)
+      case 5:
+        return 0x1p-125f * d(rng);  // products underflow
+      default:
+        return scale * d(rng);
     }
   };
   c.x.resize(size_t(m * k));
@@ -114,18 +121,18 @@ float amx_chain(const Case& c, int64_t i, int64_t j) {
 void expect_bits(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t e = 0; e < got.size(); ++e)
-    ASSERT_EQ(0, std::memcmp(&got[e], &want[e], 4)) << what << ": element " << e << " got " << got[e] << " want "
-                                                    << want[e];
+    ASSERT_EQ(0, std::memcmp(&got[e], &want[e], 4))
+        << what << ": element " << e << " got " << got[e] << " want " << want[e];
 }
 
-const std::vector<std::vector<int64_t>> kShapes = {
-    {1, 1, 1},   {1, 17, 2},   {3, 16, 33},  {4, 64, 64},  {5, 65, 100}, {1, 300, 1030},
-    {7, 40, 513}, {33, 130, 600}, {70, 20, 64}, {2, 3, 0}};
+const std::vector<std::vector<int64_t>> kShapes = {{1, 1, 1},    {1, 17, 2},     {3, 16, 33},  {4, 64, 64},
+                                                   {5, 65, 100}, {1, 300, 1030}, {7, 40, 513}, {33, 130, 600},
+                                                   {70, 20, 64}, {2, 3, 0}};
 
 TEST(FastGemm, PackPairsRoundsLikeF32ToBf16) {
-  const uint32_t edge[] = {0x00000001u, 0x80000001u, 0x007fffffu, 0x00008000u, 0x00018000u, 0x3f808000u,
-                           0x3f818000u, 0x80000000u, 0x7f7f7fffu, 0xff7fffffu, 0x7f800000u, 0x7fc00001u,
-                           0xff800001u, 0x3f80ffffu, 0x33333333u};
+  const uint32_t edge[] = {0x00000001u, 0x80000001u, 0x007fffffu, 0x00008000u, 0x00018000u,
+                           0x3f808000u, 0x3f818000u, 0x80000000u, 0x7f7f7fffu, 0xff7fffffu,
+                           0x7f800000u, 0x7fc00001u, 0xff800001u, 0x3f80ffffu, 0x33333333u};
   for (int64_t k : {1, 15, 31, 32, 33, 70}) {
     std::vector<float> x(size_t(2 * k));
     std::mt19937 rng{uint32_t(k)};
@@ -350,7 +357,8 @@ TEST(FastAttention, OpsTakeBf16Inputs) {
   std::vector<float> want(size_t(2 * 64 * LAT), 0.0f);
   const std::vector<int32_t> table = {1};  // (one sequence in block 1 of a 2-block pool)
   for (int64_t i = 0; i < S; ++i)
-    for (int64_t j = 0; j < LAT; ++j) want[size_t((64 + pos[size_t(i)]) * LAT + j)] = bf16_round(rows[size_t(i * LAT + j)]);
+    for (int64_t j = 0; j < LAT; ++j)
+      want[size_t((64 + pos[size_t(i)]) * LAT + j)] = bf16_round(rows[size_t(i * LAT + j)]);
   for (Backend* be : {fast.get(), ref.get()}) {
     std::vector<float> pool(want.size(), 0.0f);
     be->paged_write({rows.data(), LAT, pos.data(), pool.data(), S, LAT, KeyPages{table.data(), 0, 64}});
@@ -385,10 +393,12 @@ TEST(FastAttention, OpsTakeBf16Inputs) {
   const auto prefill = [&](Backend& be, const std::vector<float>& a, const std::vector<float>& b,
                            const std::vector<float>& c) {
     std::vector<float> out(size_t(S * H * DV));
-    be.mla_prefill({a.data(), b.data(), c.data() + R, LAT, qpos.data(), nullptr, 0, out.data(), S, T, H, DN, DR, DV, 0.1f});
+    be.mla_prefill(
+        {a.data(), b.data(), c.data() + R, LAT, qpos.data(), nullptr, 0, out.data(), S, T, H, DN, DR, DV, 0.1f});
     return out;
   };
-  expect_bits(prefill(*fast, pq, kv, kpe), prefill(*exact, round_all(pq), round_all(kv), round_all(kpe)), "mla_prefill");
+  expect_bits(prefill(*fast, pq, kv, kpe), prefill(*exact, round_all(pq), round_all(kv), round_all(kpe)),
+              "mla_prefill");
   near(prefill(*ref, pq, kv, kpe), prefill(*fast, pq, kv, kpe), "mla_prefill, reference");
 }
 
@@ -410,8 +420,11 @@ TEST(FastAttention, IndexerOnAvx512Bf16IsTheLaneChain) {
     for (int64_t s = 0; s < S; ++s) pos[size_t(s)] = int32_t(T - 1 - 37 * s);
     for (DType dt : {DType::F32, DType::BF16}) {
       std::vector<float> got(size_t(S * T));
-      IndexerScoresParams p{c.x.data(), w.data(), dt == DType::F32 ? keys.data() : reinterpret_cast<const float*>(keys16.data()),
-                            pos.data(), got.data(), S, T, H, D, T, {}};
+      IndexerScoresParams p{
+          c.x.data(), w.data(),   dt == DType::F32 ? keys.data() : reinterpret_cast<const float*>(keys16.data()),
+          pos.data(), got.data(), S,
+          T,          H,          D,
+          T,          {}};
       p.pages.dtype = dt;
       fast->indexer_scores(p);
       for (int64_t s = 0; s < S; ++s)
@@ -424,16 +437,18 @@ TEST(FastAttention, IndexerOnAvx512Bf16IsTheLaneChain) {
               const float* q = &c.x[size_t((s * H + h) * D)];
               for (int64_t pr = 0; pr < D / 2; ++pr) {
                 const uint32_t qp = uint32_t(f32_to_bf16(q[2 * pr])) | uint32_t(f32_to_bf16(q[2 * pr + 1])) << 16;
-                const uint16_t k0 = dt == DType::F32 ? f32_to_bf16(keys[size_t(t * D + 2 * pr)]) : keys16[size_t(t * D + 2 * pr)];
-                const uint16_t k1 = dt == DType::F32 ? f32_to_bf16(keys[size_t(t * D + 2 * pr + 1)]) : keys16[size_t(t * D + 2 * pr + 1)];
+                const uint16_t k0 =
+                    dt == DType::F32 ? f32_to_bf16(keys[size_t(t * D + 2 * pr)]) : keys16[size_t(t * D + 2 * pr)];
+                const uint16_t k1 = dt == DType::F32 ? f32_to_bf16(keys[size_t(t * D + 2 * pr + 1)])
+                                                     : keys16[size_t(t * D + 2 * pr + 1)];
                 dot = cpu::bf16::dp_lane(dot, qp, uint32_t(k0) | uint32_t(k1) << 16);
               }
               want = std::fma(w[size_t(s * H + h)], dot > 0.0f ? dot : 0.0f, want);
             }
           }
           const float g = got[size_t(s * T + t)];
-          ASSERT_EQ(0, std::memcmp(&g, &want, 4)) << "rows " << S << " " << dtype_name(dt) << " row " << s << " key " << t
-                                                  << ": got " << g << " want " << want;
+          ASSERT_EQ(0, std::memcmp(&g, &want, 4)) << "rows " << S << " " << dtype_name(dt) << " row " << s << " key "
+                                                  << t << ": got " << g << " want " << want;
         }
     }
   }
@@ -547,13 +562,14 @@ TEST(FastAttention, MlaPrefillOnAvx512Bf16IsTheDpRecipe) {
                            selected ? K : 0, out.data(), S, T, H, N, P, V, scale});
         return out;
       };
-      const std::string what = std::string("mla_prefill") + (selected ? " selected" : " dense") +
-                               (bf16_values ? ", bf16 values" : "");
+      const std::string what =
+          std::string("mla_prefill") + (selected ? " selected" : " dense") + (bf16_values ? ", bf16 values" : "");
       const std::vector<float> got = on_1_and_2_threads(run_prefill, what);
       const MlaRecipe recipe{N, P, V};
       for (int64_t s = 0; s < S; ++s)
         for (int64_t h = 0; h < H; ++h) {
-          const std::vector<int32_t> keys = allowed_keys(selected ? &sel[size_t(s * K)] : nullptr, K, pos[size_t(s)], T);
+          const std::vector<int32_t> keys =
+              allowed_keys(selected ? &sel[size_t(s * K)] : nullptr, K, pos[size_t(s)], T);
           const auto k1 = [&](int64_t i) { return &kv[size_t((keys[size_t(i)] * H + h) * DKV)]; };
           const auto k2 = [&](int64_t i) { return &kpe[size_t(keys[size_t(i)] * LDP)]; };
           const auto v = [&](int64_t i) { return &kv[size_t((keys[size_t(i)] * H + h) * DKV + N)]; };
@@ -575,7 +591,7 @@ TEST(FastAttention, MlaDecodeOnAvx512Bf16IsTheDpRecipe) {
   auto fast = make_cpu_backend(Precision::kFast);
   const int64_t H = 12, T = 90, R = 40, P = 12, LAT = R + P, B = 16, K = 33;
   const float scale = 0.15f;
-  const std::vector<int32_t> table = {3, 0, 5, 1, 4, 2};  // positions 16 b + j at row 16 table[b] + j
+  const std::vector<int32_t> table = {3, 0, 5, 1, 4, 2};              // positions 16 b + j at row 16 table[b] + j
   const std::vector<float> cache32 = make_case(T + 6, 1, LAT, 82).x;  // [96 rows][LAT] (6 spare rows)
   std::vector<uint16_t> cache16(cache32.size());
   for (size_t i = 0; i < cache32.size(); ++i) cache16[i] = f32_to_bf16(cache32[i]);
@@ -589,9 +605,19 @@ TEST(FastAttention, MlaDecodeOnAvx512Bf16IsTheDpRecipe) {
       for (const int cache_kind : {0, 1, 2}) {  // float32, bf16 values in float32, bf16
         const DType dt = cache_kind == 2 ? DType::BF16 : DType::F32;
         const std::vector<float> cache = cache_kind == 1 ? rounded(cache32) : cache32;
-        const MlaDecodeParams params{qc.x.data(), dt == DType::F32 ? cache.data() : reinterpret_cast<const float*>(cache16.data()),
-                                     pos.data(), selected ? sel.data() : nullptr, selected ? K : 0, nullptr, S, T, H, R, P,
-                                     scale, KeyPages{table.data(), 0, B, dt}};
+        const MlaDecodeParams params{qc.x.data(),
+                                     dt == DType::F32 ? cache.data() : reinterpret_cast<const float*>(cache16.data()),
+                                     pos.data(),
+                                     selected ? sel.data() : nullptr,
+                                     selected ? K : 0,
+                                     nullptr,
+                                     S,
+                                     T,
+                                     H,
+                                     R,
+                                     P,
+                                     scale,
+                                     KeyPages{table.data(), 0, B, dt}};
         const auto run_decode = [&] {
           std::vector<float> out(size_t(S * H * R), NAN);
           MlaDecodeParams p = params;
@@ -606,13 +632,15 @@ TEST(FastAttention, MlaDecodeOnAvx512Bf16IsTheDpRecipe) {
         size_t at_score = 0;
         const MlaRecipe recipe{R, P, R};
         for (int64_t s = 0; s < S; ++s) {
-          const std::vector<int32_t> keys = allowed_keys(selected ? &sel[size_t(s * K)] : nullptr, K, pos[size_t(s)], T);
+          const std::vector<int32_t> keys =
+              allowed_keys(selected ? &sel[size_t(s * K)] : nullptr, K, pos[size_t(s)], T);
           std::vector<std::vector<float>> rows;  // the keys' cache rows, as the op reads them
           for (int32_t t : keys) {
             const int64_t at = int64_t(table[size_t(t / B)]) * B + t % B;
             std::vector<float> r(static_cast<size_t>(LAT));
             for (int64_t d = 0; d < LAT; ++d)
-              r[size_t(d)] = dt == DType::F32 ? cache[size_t(at * LAT + d)] : bf16_to_f32(cache16[size_t(at * LAT + d)]);
+              r[size_t(d)] =
+                  dt == DType::F32 ? cache[size_t(at * LAT + d)] : bf16_to_f32(cache16[size_t(at * LAT + d)]);
             rows.push_back(r);
           }
           const auto k1 = [&](int64_t i) { return rows[size_t(i)].data(); };

@@ -50,10 +50,10 @@ Pair make_pair(cpu::WeightArena& arena, DType dt, int64_t rows, int64_t cols, in
 // with it is what GemmBitsEqualRowMajor checks against the row-major results.)
 // The arena copies nothing under GLM5_CPU_WEIGHTS=mmap, nor where memory is short (a cgroup limit
 // well under the host's RAM): then there is no interleaved weight to test.
-#define SKIP_WITHOUT_ARENA(arena)                                                                \
-  do {                                                                                           \
-    std::vector<uint8_t> mib(size_t(1) << 20);                                                   \
-    if (!(arena).copy(mib.data(), mib.size()))                                                   \
+#define SKIP_WITHOUT_ARENA(arena)                                                                     \
+  do {                                                                                                \
+    std::vector<uint8_t> mib(size_t(1) << 20);                                                        \
+    if (!(arena).copy(mib.data(), mib.size()))                                                        \
       GTEST_SKIP() << "the weight arena copies nothing here (GLM5_CPU_WEIGHTS=mmap or memory short)"; \
   } while (0)
 
@@ -74,7 +74,8 @@ TEST(Quad16, ArenaCopyPlacesEveryElementAndZeroesThePadding) {
             const size_t at = size_t(quad16_offset(r, c, ld)) * dtype_size(dt);
             std::vector<uint8_t> zero(dtype_size(dt), 0);
             if (r < rows && c < cols) {
-              ASSERT_EQ(weight_at(p.quad, r, c), want) << dtype_name(dt) << " [" << rows << ", " << cols << "] (" << r << ", " << c << ")";
+              ASSERT_EQ(weight_at(p.quad, r, c), want)
+                  << dtype_name(dt) << " [" << rows << ", " << cols << "] (" << r << ", " << c << ")";
             } else {
               ASSERT_EQ(0, std::memcmp(static_cast<const uint8_t*>(p.quad.data) + at, zero.data(), zero.size()))
                   << "padding (" << r << ", " << c << ") of [" << rows << ", " << cols << "] is not zero";
@@ -193,10 +194,10 @@ TEST(Quad16, BackendUploadsPlainGemmMatricesInterleaved) {
     if (dt == DType::Q8) w = Weight{bytes.data(), dt, rows, cols, cols, scales.data(), DType::BF16, cols / 32, 32, 1};
     const Weight up = cpu->upload_gemm_matrix(w, bytes.size());
     const bool tiles = dt == DType::BF16 && cpu::fast::gemm_path() != "fp32";
-    const WeightLayout want = dt == DType::Q8 ? (cpu::fast::quant_path() == "avx512" ? WeightLayout::kQuantQuad
-                                                                                      : WeightLayout::kRowMajor)
-                              : tiles     ? WeightLayout::kTile16
-                                          : WeightLayout::kQuad16;
+    const WeightLayout want =
+        dt == DType::Q8 ? (cpu::fast::quant_path() == "avx512" ? WeightLayout::kQuantQuad : WeightLayout::kRowMajor)
+        : tiles         ? WeightLayout::kTile16
+                        : WeightLayout::kQuad16;
     if (up.data == w.data) {  // not copied: GLM5_CPU_WEIGHTS=mmap, or memory short
       EXPECT_EQ(up.layout, WeightLayout::kRowMajor) << dtype_name(dt);
     } else {

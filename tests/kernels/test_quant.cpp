@@ -26,8 +26,10 @@ TEST(Quant, Fp8DecodeEncodeRoundTrip) {
     if ((c & 0x7f) == 0x7f) continue;  // NaN
     const float v = fp8_e4m3_to_f32(uint8_t(c));
     const uint8_t back = quant::f32_to_fp8_e4m3(v);
-    if (v == 0.0f) EXPECT_EQ(back & 0x7f, 0) << c;
-    else EXPECT_EQ(back, c) << "code " << c << " value " << v;
+    if (v == 0.0f)
+      EXPECT_EQ(back & 0x7f, 0) << c;
+    else
+      EXPECT_EQ(back, c) << "code " << c << " value " << v;
   }
   EXPECT_EQ(fp8_e4m3_to_f32(0x7e), 448.0f);
   EXPECT_EQ(fp8_e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
@@ -114,12 +116,14 @@ QWeight random_weight(DType dt, DType scale_dt, int64_t n, int64_t k, int64_t gr
   q.scale.resize(size_t(srows * scols) * dtype_size(scale_dt));
   for (int64_t i = 0; i < srows * scols; ++i) {
     const float s = u(rng);
-    if (scale_dt == DType::F32) std::memcpy(q.scale.data() + 4 * i, &s, 4);
-    else if (scale_dt == DType::BF16) reinterpret_cast<uint16_t*>(q.scale.data())[i] = f32_to_bf16(s);
-    else reinterpret_cast<uint16_t*>(q.scale.data())[i] = quant::f32_to_f16(s);
+    if (scale_dt == DType::F32)
+      std::memcpy(q.scale.data() + 4 * i, &s, 4);
+    else if (scale_dt == DType::BF16)
+      reinterpret_cast<uint16_t*>(q.scale.data())[i] = f32_to_bf16(s);
+    else
+      reinterpret_cast<uint16_t*>(q.scale.data())[i] = quant::f32_to_f16(s);
   }
-  q.w = Weight{q.data.data(), dt, n, k, ld, q.scale.data(), scale_dt, scols, group,
-               dt == DType::F8_E4M3 ? 128 : 1};
+  q.w = Weight{q.data.data(), dt, n, k, ld, q.scale.data(), scale_dt, scols, group, dt == DType::F8_E4M3 ? 128 : 1};
   return q;
 }
 
@@ -162,13 +166,13 @@ std::vector<QCase> cases() {
       c.push_back({DType::Q4, s, 70, 256, g});
       c.push_back({DType::Q8, s, 33, 384, g});
     }
-  c.push_back({DType::Q4, DType::BF16, 9, 8, 8});      // group not a multiple of 16: portable code
-  c.push_back({DType::Q4, DType::BF16, 7, 36, 12});    // ld 40 > cols 36 (rows padded to whole int32s)
-  c.push_back({DType::Q8, DType::F32, 5, 26, 13});     // ld 28 > cols 26
-  c.push_back({DType::Q4, DType::BF16, 512, 256, 32});  // many column blocks, the fused path's row items
-  c.push_back({DType::Q4, DType::BF16, 37, 768, 256});  // groups of two 128-column blocks
-  c.push_back({DType::Q8, DType::F32, 38, 320, 32});     // quads: 5 chunks of 64 bytes, 2 padding rows
-  c.push_back({DType::Q8, DType::BF16, 9, 192, 16});     // groups of 16: not the decode tile's 32-column pairs
+  c.push_back({DType::Q4, DType::BF16, 9, 8, 8});          // group not a multiple of 16: portable code
+  c.push_back({DType::Q4, DType::BF16, 7, 36, 12});        // ld 40 > cols 36 (rows padded to whole int32s)
+  c.push_back({DType::Q8, DType::F32, 5, 26, 13});         // ld 28 > cols 26
+  c.push_back({DType::Q4, DType::BF16, 512, 256, 32});     // many column blocks, the fused path's row items
+  c.push_back({DType::Q4, DType::BF16, 37, 768, 256});     // groups of two 128-column blocks
+  c.push_back({DType::Q8, DType::F32, 38, 320, 32});       // quads: 5 chunks of 64 bytes, 2 padding rows
+  c.push_back({DType::Q8, DType::BF16, 9, 192, 16});       // groups of 16: not the decode tile's 32-column pairs
   for (DType s : {DType::BF16, DType::F32, DType::F16}) {  // 80 / 34 groups: blocks of 32 groups and tails
     c.push_back({DType::Q4, s, 35, 1280, 16});             // (35 rows: a last tile of 3)
     c.push_back({DType::Q8, s, 35, 1088, 32});

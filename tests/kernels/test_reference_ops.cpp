@@ -14,9 +14,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 class Oracle : public ::testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override {
-    backend_ = GetParam() == "cpu" ? make_cpu_backend() : make_reference_backend();
-  }
+  void SetUp() override { backend_ = GetParam() == "cpu" ? make_cpu_backend() : make_reference_backend(); }
   // Runs `call` and returns its outputs, failing on overwritten guards.
   Outputs run(const std::function<void(Buffers&)>& call) {
     Outputs o = run_case(*backend_, OpCase{"oracle", call});
@@ -166,8 +164,8 @@ TEST_P(Oracle, TopkTiesInfNanAndWideK) {
   // row 1: all equal -> the lowest indices [0, 1, 2]
   // row 2: +inf and -inf are not finite; 1@1 and 0@5 -> [1, 5, -1]
   // row 3: nothing finite -> [-1, -1, -1]
-  std::vector<float> s = {3, -kInf, 5, 5, nan, 1,     2, 2, 2, 2, 2, 2,
-                          kInf, 1, -kInf, nan, -kInf, 0, -kInf, -kInf, nan, kInf, -kInf, -kInf};
+  std::vector<float> s = {3,    -kInf, 5,     5,   nan,   1, 2,     2,     2,   2,    2,     2,
+                          kInf, 1,     -kInf, nan, -kInf, 0, -kInf, -kInf, nan, kInf, -kInf, -kInf};
   Outputs o = run([&](Buffers& b) {
     TopkParams p;
     p.scores = b.in(s), p.rows = 4, p.cols = 6, p.ld = 6, p.k = 3;
@@ -193,7 +191,7 @@ TEST_P(Oracle, TopkTiesInfNanAndWideK) {
 // (Experts 1 and 4 have the best scores but their groups are dropped -- group 2 by its weak
 // second member; expert 6 wins by bias only.)
 TEST_P(Oracle, RouterGroupsBiasAndNormalisation) {
-  const std::vector<float> logits = {0.0f,        2.19722458f, -1.09861229f, 1.09861229f,
+  const std::vector<float> logits = {0.0f,        2.19722458f,  -1.09861229f, 1.09861229f,
                                      2.19722458f, -2.19722458f, -2.19722458f, 1.38629436f};
   Outputs o = run([&](Buffers& b) {
     RouterParams p;

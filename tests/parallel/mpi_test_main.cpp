@@ -16,9 +16,7 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
   // The name is kept here: UnitTest::current_test_info() would take the lock that gtest holds
   // while it reports a part result.
-  void OnTestStart(const ::testing::TestInfo& t) override {
-    test_ = std::string(t.test_suite_name()) + "." + t.name();
-  }
+  void OnTestStart(const ::testing::TestInfo& t) override { test_ = std::string(t.test_suite_name()) + "." + t.name(); }
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (!r.failed()) return;
     std::fprintf(stderr, "[rank %d] %s: %s:%d: Failure\n%s\n", rank_, test_.c_str(),

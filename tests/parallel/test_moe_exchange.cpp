@@ -105,8 +105,8 @@ std::vector<Expected> naive_dispatch(Comm& comm, const Inputs& in) {
         comm.recv(rows.data(), n * in.d * sizeof(float), src, 24);
       }
       for (int64_t k = 0; k < n; ++k)
-        got.push_back({tags[k], src, slots[k],
-                       std::vector<float>(rows.begin() + k * in.d, rows.begin() + (k + 1) * in.d)});
+        got.push_back(
+            {tags[k], src, slots[k], std::vector<float>(rows.begin() + k * in.d, rows.begin() + (k + 1) * in.d)});
     }
   // The documented order, written as a full sort key.
   std::sort(got.begin(), got.end(), [](const Expected& a, const Expected& b) {
@@ -131,11 +131,9 @@ void run_round(Comm& comm, MoeExchange& ex, int round, int64_t d, int64_t top_k,
       ASSERT_GE(ex.recv_row()[i], 0);
       ASSERT_LT(ex.recv_row()[i], ex.recv_table_rows());
       ASSERT_EQ(std::memcmp(ex.recv_row_data(i), want[i].row.data(), d * sizeof(float)), 0)
-          << "round " << round << " row " << i << " from rank " << want[i].src << " slot "
-          << want[i].slot;
+          << "round " << round << " row " << i << " from rank " << want[i].src << " slot " << want[i].slot;
       if (i > 0) {  // the order rule itself
-        ASSERT_LE(std::tie(ex.recv_tag()[i - 1], ex.recv_src()[i - 1]),
-                  std::tie(ex.recv_tag()[i], ex.recv_src()[i]));
+        ASSERT_LE(std::tie(ex.recv_tag()[i - 1], ex.recv_src()[i - 1]), std::tie(ex.recv_tag()[i], ex.recv_src()[i]));
       }
     }
   }();
@@ -286,7 +284,8 @@ void device_rounds(Comm& comm, bool staged) {
       ASSERT_TRUE(std::equal(sr.begin(), sr.end(), host.slot_row()));
       for (int64_t i = 0; i < n; ++i) {
         be->to_host(&rows[i * d], dev.recv_table() + int64_t(dev.recv_row()[i]) * d, d * sizeof(float));
-        ASSERT_EQ(std::memcmp(&rows[i * d], host.recv_row_data(i), d * sizeof(float)), 0) << "round " << round << " row " << i;
+        ASSERT_EQ(std::memcmp(&rows[i * d], host.recv_row_data(i), d * sizeof(float)), 0)
+            << "round " << round << " row " << i;
       }
     }();
     for (int64_t i = 0; i < n; ++i)

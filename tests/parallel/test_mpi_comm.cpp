@@ -64,8 +64,7 @@ TEST_F(MpiCommTest, RingSendRecv) {
     }
     [&] {  // ASSERT leaves only this lambda: every rank must still reach the next collective
       for (size_t i = 0; i < in.size(); ++i)
-        ASSERT_EQ(in[i], byte_of(prev, me, i))
-            << "byte " << i << " from rank " << prev << ", limit " << limit;
+        ASSERT_EQ(in[i], byte_of(prev, me, i)) << "byte " << i << " from rank " << prev << ", limit " << limit;
     }();
   }
 }
@@ -144,8 +143,7 @@ TEST_F(MpiCommTest, AllToAllVPathAgreesWhenOnlySomeRanksAreLarge) {
   LimitGuard guard(16);
   const int p = world->size();
   check_all_to_all_v(
-      *world, [p](int src, int dst) { return (src == 0 && dst == p - 1) ? size_t(20) : size_t(1); },
-      false);
+      *world, [p](int src, int dst) { return (src == 0 && dst == p - 1) ? size_t(20) : size_t(1); }, false);
 }
 
 TEST_F(MpiCommTest, AllToAllVAllEmpty) {

@@ -39,8 +39,7 @@ std::string local_skip_reason(int world_size) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) return "cudaGetDeviceCount failed";
   if (n < world_size)
-    return "NCCL needs one GPU per rank: " + std::to_string(world_size) + " ranks, " +
-           std::to_string(n) + " GPU(s)";
+    return "NCCL needs one GPU per rank: " + std::to_string(world_size) + " ranks, " + std::to_string(n) + " GPU(s)";
   return "";
 }
 
@@ -138,9 +137,7 @@ TEST_F(NcclCommTest, AllReduceAllGatherBroadcastBarrier) {
 }
 
 // Elements `src` sends to `dst`: uneven, and zero for some pairs (both sides agree).
-size_t pair_count(int src, int dst) {
-  return (src + dst) % 3 == 2 ? 0 : size_t((src + 1) * (dst + 1));
-}
+size_t pair_count(int src, int dst) { return (src + dst) % 3 == 2 ? 0 : size_t((src + 1) * (dst + 1)); }
 int32_t tag(int src, int dst, size_t j) { return src * 10000 + dst * 100 + int32_t(j); }
 
 TEST_F(NcclCommTest, AllToAllVWithEmptyPairs) {
@@ -229,7 +226,8 @@ TEST_F(NcclCommTest, StreamOrderedMoeExchangeMatchesHost) {
   MoeExchange host(*world), dev(*world, *gpu, *stream_nccl);
   host.dispatch(x.data(), m, d, k, dest.data(), tag.data());
   for (int64_t i = 0; i < host.recv_count(); ++i)
-    for (int64_t c = 0; c < d; ++c) host.results()[i * d + c] = 2 * host.recv_row_data(i)[c] + float(host.recv_tag()[i]);
+    for (int64_t c = 0; c < d; ++c)
+      host.results()[i * d + c] = 2 * host.recv_row_data(i)[c] + float(host.recv_tag()[i]);
   host.combine();
   dev.dispatch(to_dev(x), m, d, k, dest.data(), tag.data());
   const int64_t n = dev.recv_count();

@@ -60,7 +60,7 @@ TEST(SelfComm, MoeExchangeOrdersByTagThenSlot) {
     EXPECT_EQ(ex.recv_row_data(i)[0], want_x0[i]) << i;
     EXPECT_EQ(ex.recv_row_data(i)[1], want_x0[i] + 1) << i;
   }
-  EXPECT_EQ(ex.recv_table(), x);  // one rank: the table is x itself, nothing is copied
+  EXPECT_EQ(ex.recv_table(), x);   // one rank: the table is x itself, nothing is copied
   EXPECT_EQ(ex.bytes_sent(), 0u);  // nothing left this rank
 
   for (int i = 0; i < 10; ++i) ex.results()[i] = float(100 + i);

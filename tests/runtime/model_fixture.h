@@ -46,8 +46,7 @@ struct OneProcessModel {
   }
 
   // Runs the requests through the engine (one process) and returns results by request index.
-  std::map<int64_t, runtime::Result> run(const std::vector<runtime::Request>& reqs,
-                                         runtime::EngineOptions opt = {}) {
+  std::map<int64_t, runtime::Result> run(const std::vector<runtime::Request>& reqs, runtime::EngineOptions opt = {}) {
     runtime::Engine engine(*model, *world, *stage, parallel::Grid{1, 1}, opt);
     std::map<int64_t, runtime::Result> out;
     engine.run(reqs, [&](runtime::Result&& r) { out[r.index] = std::move(r); });

@@ -15,17 +15,12 @@ namespace {
 
 using Msgs = std::vector<ChatMessage>;
 
-std::string glm(const Msgs& m, bool gen = true, bool think = true) {
-  return format_chat("glm_moe_dsa", m, gen, think);
-}
-std::string dsv32(const Msgs& m, bool think = true) {
-  return format_chat("deepseek_v32", m, true, think);
-}
+std::string glm(const Msgs& m, bool gen = true, bool think = true) { return format_chat("glm_moe_dsa", m, gen, think); }
+std::string dsv32(const Msgs& m, bool think = true) { return format_chat("deepseek_v32", m, true, think); }
 
 TEST(ChatGlm, SingleUserTurn) {
   EXPECT_EQ(glm({{"user", "Hello", ""}}), "[gMASK]<sop><|user|>Hello<|assistant|><think>");
-  EXPECT_EQ(glm({{"user", "Hello", ""}}, true, false),
-            "[gMASK]<sop><|user|>Hello<|assistant|></think>");
+  EXPECT_EQ(glm({{"user", "Hello", ""}}, true, false), "[gMASK]<sop><|user|>Hello<|assistant|></think>");
   EXPECT_EQ(glm({{"user", " spaced \n", ""}}, false), "[gMASK]<sop><|user|> spaced \n");
   EXPECT_EQ(glm({}), "[gMASK]<sop><|assistant|><think>");
 }
@@ -37,8 +32,7 @@ TEST(ChatGlm, SystemPrompt) {
 
 TEST(ChatGlm, ReasoningKeptOnlyAfterLastUserTurn) {
   Msgs m = {{"user", "1+1?", ""}, {"assistant", "2", "add"}, {"user", "and 2+2?", ""}};
-  EXPECT_EQ(glm(m),
-            "[gMASK]<sop><|user|>1+1?<|assistant|></think>2<|user|>and 2+2?<|assistant|><think>");
+  EXPECT_EQ(glm(m), "[gMASK]<sop><|user|>1+1?<|assistant|></think>2<|user|>and 2+2?<|assistant|><think>");
   // The last turn's reasoning and content are stripped.
   EXPECT_EQ(glm({{"user", "1+1?", ""}, {"assistant", "  2  ", " add \n"}}, false),
             "[gMASK]<sop><|user|>1+1?<|assistant|><think>add</think>2");
@@ -48,9 +42,8 @@ TEST(ChatGlm, ReasoningKeptOnlyAfterLastUserTurn) {
 }
 
 TEST(ChatGlm, ThinkBlockInsideContentIsSplitOut) {
-  EXPECT_EQ(
-      glm({{"user", "q", ""}, {"assistant", "<think>\nhmm\n</think>\n\nanswer\n", ""}}, false),
-      "[gMASK]<sop><|user|>q<|assistant|><think>hmm</think>answer");
+  EXPECT_EQ(glm({{"user", "q", ""}, {"assistant", "<think>\nhmm\n</think>\n\nanswer\n", ""}}, false),
+            "[gMASK]<sop><|user|>q<|assistant|><think>hmm</think>answer");
   // strip() removes Unicode whitespace as Python's does (no-break and ideographic spaces).
   EXPECT_EQ(glm({{"user", "q", ""}, {"assistant", "\u00a0ok\u3000", ""}}, false),
             "[gMASK]<sop><|user|>q<|assistant|></think>ok");
@@ -64,10 +57,8 @@ TEST(ChatGlm, ToolResultsShareOneObservation) {
 }
 
 TEST(ChatDeepSeekV32, Turns) {
-  EXPECT_EQ(dsv32({{"user", "Hello", ""}}),
-            "<｜begin▁of▁sentence｜><｜User｜>Hello<｜Assistant｜><think>");
-  EXPECT_EQ(dsv32({{"user", "Hello", ""}}, false),
-            "<｜begin▁of▁sentence｜><｜User｜>Hello<｜Assistant｜></think>");
+  EXPECT_EQ(dsv32({{"user", "Hello", ""}}), "<｜begin▁of▁sentence｜><｜User｜>Hello<｜Assistant｜><think>");
+  EXPECT_EQ(dsv32({{"user", "Hello", ""}}, false), "<｜begin▁of▁sentence｜><｜User｜>Hello<｜Assistant｜></think>");
   EXPECT_EQ(dsv32({{"system", "You are helpful.", ""}, {"user", "Hi", ""}}),
             "<｜begin▁of▁sentence｜>You are helpful.<｜User｜>Hi<｜Assistant｜><think>");
   Msgs multi = {{"user", "1+1?", ""}, {"assistant", "2", "add"}, {"user", "and 2+2?", ""}};
@@ -81,14 +72,12 @@ TEST(ChatDeepSeekV32, Turns) {
   EXPECT_EQ(dsv32(last),
             "<｜begin▁of▁sentence｜><｜User｜>1+1?<｜Assistant｜><think>add</"
             "think>2<｜end▁of▁sentence｜>");
-  EXPECT_EQ(dsv32(last, false),
-            "<｜begin▁of▁sentence｜><｜User｜>1+1?<｜Assistant｜></think>2<｜end▁of▁sentence｜>");
+  EXPECT_EQ(dsv32(last, false), "<｜begin▁of▁sentence｜><｜User｜>1+1?<｜Assistant｜></think>2<｜end▁of▁sentence｜>");
   EXPECT_EQ(dsv32({{"developer", "be brief", ""}}),
             "<｜begin▁of▁sentence｜><｜User｜>\n\n# The user's message is: be "
             "brief<｜Assistant｜><think>");
   // add_generation_prompt does not change this format.
-  EXPECT_EQ(format_chat("deepseek_v32", {{"user", "Hello", ""}}, false, true),
-            dsv32({{"user", "Hello", ""}}));
+  EXPECT_EQ(format_chat("deepseek_v32", {{"user", "Hello", ""}}, false, true), dsv32({{"user", "Hello", ""}}));
 }
 
 TEST(Chat, ErrorsNameTheProblem) {

@@ -209,8 +209,8 @@ TEST(ConfigTest, RopeScalingErrors) {
                     {"'rope_scaling.type'", "\"yarn\"", "\"linear\""}, "tiny-v32");
   expect_edit_error([](json& j) { j["rope_scaling"]["factor"] = "4"; },
                     {"'rope_scaling.factor'", "a positive number", "\"4\""}, "tiny-v32");
-  expect_edit_error([](json& j) { j["rope_scaling"]["factor"] = 0.5; },
-                    {"'rope_scaling.factor'", ">= 1", "0.5"}, "tiny-v32");
+  expect_edit_error([](json& j) { j["rope_scaling"]["factor"] = 0.5; }, {"'rope_scaling.factor'", ">= 1", "0.5"},
+                    "tiny-v32");
 }
 
 TEST(ConfigTest, YarnMscaleDifferentFromMscaleAllDimScalesCosSin) {
@@ -233,24 +233,20 @@ TEST(ConfigTest, InterleaveDefaultsAndOverrides) {
   EXPECT_TRUE(v32.indexer_rope_interleave);
   ModelConfig glm_off = parse_edited([](json& j) { j["indexer_rope_interleave"] = false; });
   EXPECT_FALSE(glm_off.indexer_rope_interleave);
-  expect_edit_error([](json& j) { j["rope_interleave"] = "yes"; },
-                    {"'rope_interleave'", "true or false", "\"yes\""});
+  expect_edit_error([](json& j) { j["rope_interleave"] = "yes"; }, {"'rope_interleave'", "true or false", "\"yes\""});
 }
 
 TEST(ConfigTest, EosTokenIdIntOrList) {
-  EXPECT_EQ(parse_edited([](json& j) { j["eos_token_id"] = 7; }).eos_token_id,
-            (std::vector<int32_t>{7}));
+  EXPECT_EQ(parse_edited([](json& j) { j["eos_token_id"] = 7; }).eos_token_id, (std::vector<int32_t>{7}));
   EXPECT_TRUE(parse_edited([](json& j) { j.erase("eos_token_id"); }).eos_token_id.empty());
   expect_edit_error([](json& j) { j["eos_token_id"] = "</s>"; }, {"'eos_token_id'", "\"</s>\""});
-  expect_edit_error([](json& j) { j["eos_token_id"] = json::array({1, 512}); },
-                    {"'eos_token_id'", "[0, 512)", "512"});
+  expect_edit_error([](json& j) { j["eos_token_id"] = json::array({1, 512}); }, {"'eos_token_id'", "[0, 512)", "512"});
 }
 
 TEST(ConfigTest, MissingRequiredField) {
   expect_edit_error([](json& j) { j.erase("kv_lora_rank"); },
                     {"field 'kv_lora_rank': expected a positive integer, found", "missing"});
-  expect_edit_error([](json& j) { j["index_topk"] = nullptr; },
-                    {"field 'index_topk': expected a positive integer"});
+  expect_edit_error([](json& j) { j["index_topk"] = nullptr; }, {"field 'index_topk': expected a positive integer"});
   std::string err;
   try {
     load_config(kData + "/no-such-model");
@@ -271,10 +267,8 @@ TEST(ConfigTest, WrongType) {
                     {"field 'num_hidden_layers': expected a positive integer, found 0"});
   expect_edit_error([](json& j) { j["first_k_dense_replace"] = -1; },
                     {"'first_k_dense_replace': expected a non-negative integer, found -1"});
-  expect_edit_error([](json& j) { j["rms_norm_eps"] = "1e-5"; },
-                    {"'rms_norm_eps'", "a positive number", "\"1e-5\""});
-  expect_edit_error([](json& j) { j["tie_word_embeddings"] = 0; },
-                    {"'tie_word_embeddings'", "true or false", "0"});
+  expect_edit_error([](json& j) { j["rms_norm_eps"] = "1e-5"; }, {"'rms_norm_eps'", "a positive number", "\"1e-5\""});
+  expect_edit_error([](json& j) { j["tie_word_embeddings"] = 0; }, {"'tie_word_embeddings'", "true or false", "0"});
 }
 
 TEST(ConfigTest, BadModelType) {
@@ -290,21 +284,17 @@ TEST(ConfigTest, NotJson) {
 }
 
 TEST(ConfigTest, ConsistencyErrors) {
-  expect_edit_error([](json& j) { j["scoring_func"] = "softmax"; },
-                    {"'scoring_func'", "\"sigmoid\"", "\"softmax\""});
-  expect_edit_error([](json& j) { j["topk_method"] = "greedy"; },
-                    {"'topk_method'", "\"noaux_tc\"", "\"greedy\""});
+  expect_edit_error([](json& j) { j["scoring_func"] = "softmax"; }, {"'scoring_func'", "\"sigmoid\"", "\"softmax\""});
+  expect_edit_error([](json& j) { j["topk_method"] = "greedy"; }, {"'topk_method'", "\"noaux_tc\"", "\"greedy\""});
   EXPECT_EQ(parse_edited([](json& j) { j.erase("topk_method"); }).topk_method, "noaux_tc");
   expect_edit_error([](json& j) { j["hidden_act"] = "gelu"; }, {"'hidden_act'", "\"silu\"", "\"gelu\""});
-  expect_edit_error([](json& j) { j["n_group"] = 3; },
-                    {"'n_group'", "divisor of n_routed_experts = 16", "found 3"});
+  expect_edit_error([](json& j) { j["n_group"] = 3; }, {"'n_group'", "divisor of n_routed_experts = 16", "found 3"});
   expect_edit_error([](json& j) { j["topk_group"] = 5; }, {"'topk_group'", "at most n_group = 4", "found 5"});
   expect_edit_error([](json& j) { j["num_experts_per_tok"] = 17; },
                     {"'num_experts_per_tok'", "at most n_routed_experts = 16", "found 17"});
   expect_edit_error([](json& j) { j["num_experts_per_tok"] = 9; },
                     {"'num_experts_per_tok'", "topk_group * n_routed_experts / n_group = 8", "found 9"});
-  expect_edit_error([](json& j) { j["qk_rope_head_dim"] = 15; },
-                    {"'qk_rope_head_dim'", "even", "found 15"});
+  expect_edit_error([](json& j) { j["qk_rope_head_dim"] = 15; }, {"'qk_rope_head_dim'", "even", "found 15"});
   expect_edit_error([](json& j) { j["qk_head_dim"] = 64; },
                     {"'qk_head_dim'", "qk_nope_head_dim + qk_rope_head_dim = 48", "found 64"});
   expect_edit_error([](json& j) { j["index_topk"] = 0; }, {"'index_topk'", "positive integer", "found 0"});
@@ -312,7 +302,6 @@ TEST(ConfigTest, ConsistencyErrors) {
   // head_dim is present in GLM-5's config and means nothing for MLA: any value is accepted.
   EXPECT_EQ(parse_edited([](json& j) { j["head_dim"] = 64; }).qk_head_dim(), 48);
 }
-
 
 // Every key is read, known to be ignorable (listed by name), or refused by name.
 TEST(ConfigTest, UnknownFieldsRefusedIgnorableOnesListed) {
@@ -344,7 +333,9 @@ TEST(ConfigTest, RopeFieldsThatWouldBeUnused) {
 // GLM-5.x indexer types, as transformers derives them (GLM-5.2's IndexShare: "shared" layers).
 TEST(ConfigTest, IndexerTypes) {
   EXPECT_EQ(parse_edited([](json&) {}).indexer_full, std::vector<char>(4, 1));
-  EXPECT_EQ(parse_edited([](json& j) { j["indexer_types"] = {"full", "full", "full", "full"}; }).indexer_full,
+  EXPECT_EQ(parse_edited([](json& j) {
+              j["indexer_types"] = {"full", "full", "full", "full"};
+            }).indexer_full,
             std::vector<char>(4, 1));
   EXPECT_EQ(parse_edited([](json& j) { j["index_topk_pattern"] = "FFFF"; }).indexer_full, std::vector<char>(4, 1));
   const ModelConfig fsff = parse_edited([](json& j) { j["indexer_types"] = {"full", "shared", "full", "full"}; });
@@ -354,13 +345,19 @@ TEST(ConfigTest, IndexerTypes) {
   EXPECT_EQ(fsff.indexer_donor(3), 3);
   EXPECT_TRUE(fsff.has_indexer(4));  // the MTP layer keeps its own unless index_share_for_mtp_iteration
   // GLM-5.2 lists its MTP layer too (num_hidden_layers + num_nextn_predict_layers entries).
-  EXPECT_FALSE(parse_edited([](json& j) { j["indexer_types"] = {"full", "full", "full", "full", "shared"}; })
-                   .has_indexer(4));
+  EXPECT_FALSE(parse_edited([](json& j) {
+                 j["indexer_types"] = {"full", "full", "full", "full", "shared"};
+               }).has_indexer(4));
   // GLM-5.2's schedule: freq 4, offset 3 gives full layers 0, 1, 2, 6, ... (layer 3 shared).
   EXPECT_EQ(parse_edited([](json& j) { j["index_topk_freq"] = 4, j["index_skip_topk_offset"] = 3; }).indexer_full,
             (std::vector<char>{1, 1, 1, 0}));
-  EXPECT_EQ(parse_edited([](json& j) { j["index_topk_pattern"] = "FSSF"; }).indexer_full, (std::vector<char>{1, 0, 0, 1}));
-  expect_edit_error([](json& j) { j["indexer_types"] = {"full", "full"}; }, {"'indexer_types'", "one entry per layer", "2"});
+  EXPECT_EQ(parse_edited([](json& j) { j["index_topk_pattern"] = "FSSF"; }).indexer_full,
+            (std::vector<char>{1, 0, 0, 1}));
+  expect_edit_error(
+      [](json& j) {
+        j["indexer_types"] = {"full", "full"};
+      },
+      {"'indexer_types'", "one entry per layer", "2"});
   expect_edit_error([](json& j) { j["index_topk_pattern"] = "FFXF"; }, {"'index_topk_pattern' entry 2", "X"});
   expect_edit_error([](json& j) { j["indexer_types"] = {"shared", "full", "full", "full"}; }, {"layer 0", "full"});
   const ModelConfig share = parse_edited([](json& j) { j["index_share_for_mtp_iteration"] = true; });
@@ -370,9 +367,13 @@ TEST(ConfigTest, IndexerTypes) {
 
 TEST(ConfigTest, MlpAndLayerTypesAgreeWithFirstKDense) {
   EXPECT_NO_THROW(parse_edited([](json& j) { j["mlp_layer_types"] = {"dense", "sparse", "sparse", "sparse"}; }));
-  expect_edit_error([](json& j) { j["mlp_layer_types"] = {"dense", "dense", "sparse", "sparse"}; },
-                    {"'mlp_layer_types' entry 1", "\"sparse\"", "first_k_dense_replace = 1"});
-  expect_edit_error([](json& j) { j["layer_types"] = {"full_attention"}; }, {"'layer_types'", "deepseek_sparse_attention"});
+  expect_edit_error(
+      [](json& j) {
+        j["mlp_layer_types"] = {"dense", "dense", "sparse", "sparse"};
+      },
+      {"'mlp_layer_types' entry 1", "\"sparse\"", "first_k_dense_replace = 1"});
+  expect_edit_error([](json& j) { j["layer_types"] = {"full_attention"}; },
+                    {"'layer_types'", "deepseek_sparse_attention"});
 }
 
 }  // namespace

@@ -28,7 +28,8 @@ runtime::Request greedy(std::vector<int32_t> prompt, int max_tokens, int64_t ind
 
 TEST(Engine, KvBudgetRefusesWhatCanNeverFitAndQueuesTheRest) {
   OneProcessModel m(std::string(GLM5_TEST_DATA) + "/tiny-a");
-  const double per_block = double((runtime::KvPool::bytes_per_token(m.cfg, 0, int(m.cfg.num_hidden_layers)) * runtime::kBlockTokens));
+  const double per_block =
+      double((runtime::KvPool::bytes_per_token(m.cfg, 0, int(m.cfg.num_hidden_layers)) * runtime::kBlockTokens));
   std::vector<runtime::Request> reqs = {greedy({1, 2, 3, 4, 5, 6, 7, 8}, 4, 0),
                                         greedy({9, 10, 11, 12, 13, 14, 15, 16}, 4, 1),
                                         greedy(std::vector<int32_t>(70, 3), 4, 2)};
@@ -42,7 +43,8 @@ TEST(Engine, KvBudgetRefusesWhatCanNeverFitAndQueuesTheRest) {
   EXPECT_EQ(res[1].tokens.size(), 4u);
   EXPECT_EQ(res[2].finish_reason, "error");
   EXPECT_NE(res[2].error.find("request needs 2 KV blocks of 64 tokens (prompt + max_tokens), more than the 1 blocks"),
-            std::string::npos) << res[2].error;
+            std::string::npos)
+      << res[2].error;
   // Queued behind the budget, the answers equal those of an unlimited run.
   auto free_run = m.run(reqs);
   EXPECT_EQ(res[0].tokens, free_run[0].tokens);
@@ -69,9 +71,7 @@ TEST(Engine, StepTokenBudgetBoundsEveryStep) {
     m.run(reqs, opt);
     ADD_FAILURE() << "max_step_tokens 3 < max_batch 4 was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("max_step_tokens must be >= max_batch (4)"),
-              std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_step_tokens must be >= max_batch (4)"), std::string::npos) << e.what();
   }
 }
 
@@ -124,7 +124,9 @@ TEST(Engine, PreemptionUnderATinyPoolChangesNoBit) {
     auto free_run = m.run(reqs);
     EXPECT_EQ(m.last_stats.preemptions, 0);
     runtime::EngineOptions opt;
-    opt.kv_budget_bytes = 3.5 * double((runtime::KvPool::bytes_per_token(m.cfg, 0, int(m.cfg.num_hidden_layers)) * runtime::kBlockTokens));
+    opt.kv_budget_bytes =
+        3.5 *
+        double((runtime::KvPool::bytes_per_token(m.cfg, 0, int(m.cfg.num_hidden_layers)) * runtime::kBlockTokens));
     opt.prefill_chunk = 16;
     auto tight = m.run(reqs, opt);
     EXPECT_GT(m.last_stats.preemptions, 0);
@@ -135,7 +137,8 @@ TEST(Engine, PreemptionUnderATinyPoolChangesNoBit) {
       EXPECT_EQ(tight[i].logprobs, free_run[i].logprobs) << i;
       ASSERT_EQ(tight[i].decode_logits.size(), free_run[i].decode_logits.size()) << i;
       EXPECT_EQ(0, std::memcmp(tight[i].decode_logits.data(), free_run[i].decode_logits.data(),
-                               tight[i].decode_logits.size() * sizeof(float))) << i;
+                               tight[i].decode_logits.size() * sizeof(float)))
+          << i;
     }
   }
 }
@@ -167,9 +170,11 @@ TEST(Engine, PrefixSharingChangesNoBit) {
     EXPECT_EQ(shared[i].tokens, plain[i].tokens) << i;
     ASSERT_EQ(shared[i].decode_logits.size(), plain[i].decode_logits.size());
     EXPECT_EQ(0, std::memcmp(shared[i].decode_logits.data(), plain[i].decode_logits.data(),
-                             plain[i].decode_logits.size() * sizeof(float))) << i;
+                             plain[i].decode_logits.size() * sizeof(float)))
+        << i;
   }
-  on.kv_budget_bytes = 6.5 * double((runtime::KvPool::bytes_per_token(m.cfg, 0, int(m.cfg.num_hidden_layers)) * runtime::kBlockTokens));
+  on.kv_budget_bytes =
+      6.5 * double((runtime::KvPool::bytes_per_token(m.cfg, 0, int(m.cfg.num_hidden_layers)) * runtime::kBlockTokens));
   auto tight = m.run(reqs, on);
   EXPECT_GT(m.last_stats.prefix_hit_tokens, 0);
   for (int i = 0; i < 6; ++i) EXPECT_EQ(tight[i].tokens, plain[i].tokens) << i;
@@ -183,7 +188,8 @@ TEST(Engine, PrefixSharingChangesNoBit) {
   for (int i = 0; i < 6; ++i) {
     EXPECT_EQ(progressive[i].tokens, plain[i].tokens) << i;
     EXPECT_EQ(0, std::memcmp(progressive[i].decode_logits.data(), plain[i].decode_logits.data(),
-                             plain[i].decode_logits.size() * sizeof(float))) << i;
+                             plain[i].decode_logits.size() * sizeof(float)))
+        << i;
   }
 }
 
@@ -208,7 +214,8 @@ TEST(Engine, PromptLogprobsAreTheLogSoftmaxOfThePromptRows) {
     EXPECT_EQ(r.tokens, dump[0].tokens);
     ASSERT_EQ(r.prompt_logprobs.size(), prompt.size() - 1);
     for (size_t t = 1; t < prompt.size(); ++t) {
-      const runtime::Sampled want = runtime::token_logprob(&dump[0].prompt_logits[(t - 1) * size_t(V)], V, prompt[t], 3);
+      const runtime::Sampled want =
+          runtime::token_logprob(&dump[0].prompt_logits[(t - 1) * size_t(V)], V, prompt[t], 3);
       const runtime::Sampled& got = r.prompt_logprobs[t - 1];
       ASSERT_EQ(got.token, prompt[t]) << t;
       ASSERT_EQ(got.logprob, want.logprob) << t;
@@ -232,7 +239,8 @@ TEST(Engine, PromptLogprobsAreTheLogSoftmaxOfThePromptRows) {
   runtime::EngineOptions tight;
   tight.prefill_chunk = 16;
   tight.max_batch = 3;
-  tight.kv_budget_bytes = 5.5 * double((runtime::KvPool::bytes_per_token(m.cfg, 0, int(m.cfg.num_hidden_layers)) * runtime::kBlockTokens));
+  tight.kv_budget_bytes =
+      5.5 * double((runtime::KvPool::bytes_per_token(m.cfg, 0, int(m.cfg.num_hidden_layers)) * runtime::kBlockTokens));
   auto b = m.run(crowd, tight);
   check(b[0], "a pool of 5 blocks");
   EXPECT_GT(m.last_stats.preemptions, 0);

@@ -44,8 +44,7 @@ void check_golden_internals(const std::string& dir) {
   const int64_t L = m.cfg.num_hidden_layers;
   std::vector<float> layers(size_t(L * P * H)), final_hidden;
   std::vector<int32_t> topk(size_t(L * P * K), -2), experts;
-  m.model->set_debug_hook([&](const std::string& name, int layer, const void* data, DType,
-                              int64_t rows, int64_t cols) {
+  m.model->set_debug_hook([&](const std::string& name, int layer, const void* data, DType, int64_t rows, int64_t cols) {
     if (name == "layer_output") {
       std::memcpy(layers.data() + layer * P * H, data, size_t(rows * cols) * sizeof(float));
     } else if (name == "indexer_topk") {

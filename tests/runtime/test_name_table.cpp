@@ -231,8 +231,10 @@ TEST(NameTableTest, MtpNamesAllowedAndF16Accepted) {
     ts.push_back({"model.layers.2.eh_proj.weight", DType::BF16, {256, 512}, nullptr});
     ts.push_back({"model.layers.2.embed_tokens.weight", DType::BF16, {512, 256}, nullptr});
     for (TensorToWrite& t : ts)
-      if (t.name == "model.norm.weight") t.dtype = DType::F16;
-      else if (t.name == "model.layers.1.mlp.gate.e_score_correction_bias") t.dtype = DType::BF16;
+      if (t.name == "model.norm.weight")
+        t.dtype = DType::F16;
+      else if (t.name == "model.layers.1.mlp.gate.e_score_correction_bias")
+        t.dtype = DType::BF16;
   });
   EXPECT_NO_THROW(s.check());
 }
@@ -261,8 +263,7 @@ TEST(NameTableTest, MissingTensor) {
   Synthetic s([&](std::vector<TensorToWrite>& ts) {
     std::erase_if(ts, [&](const TensorToWrite& t) { return t.name == gone; });
   });
-  expect_error([&] { s.check(); },
-               {s.dir.string(), "tensor '" + gone + "' not found (expected shape [64, 256]"});
+  expect_error([&] { s.check(); }, {s.dir.string(), "tensor '" + gone + "' not found (expected shape [64, 256]"});
 }
 
 TEST(NameTableTest, MisshapedTensor) {
@@ -280,8 +281,8 @@ TEST(NameTableTest, Fp8WithoutScalesAndIntegerDtypesRefused) {
     for (TensorToWrite& t : ts)
       if (t.name == name) t.dtype = DType::F8_E4M3;
   });
-  expect_error([&] { fp8.check(); },
-               {"tensor " + name, "model.safetensors", "is F8_E4M3", "block scales '" + name + "_scale_inv' are missing"});
+  expect_error([&] { fp8.check(); }, {"tensor " + name, "model.safetensors", "is F8_E4M3",
+                                      "block scales '" + name + "_scale_inv' are missing"});
   Synthetic i32([&](std::vector<TensorToWrite>& ts) {
     for (TensorToWrite& t : ts)
       if (t.name == name) t.dtype = DType::I32;

@@ -151,8 +151,11 @@ TEST(SafetensorsTest, TruncatedShard) {
   const std::string shard = d.shard_of("lm_head.weight");
   fs::resize_file(d.file(shard), fs::file_size(d.file(shard)) / 2);
   Checkpoint ck(d.str());  // shards are opened lazily: construction still succeeds
-  expect_error([&] { ck.get("lm_head.weight", {512, 256}); },
-               {shard, "truncated", "while loading tensor 'lm_head.weight'"});
+  expect_error(
+      [&] {
+        ck.get("lm_head.weight", {512, 256});
+      },
+      {shard, "truncated", "while loading tensor 'lm_head.weight'"});
   expect_error([&] { SafetensorsFile f(d.file(shard)); }, {shard, "truncated", "tensor '"});
 }
 
@@ -215,14 +218,16 @@ TEST(SafetensorsTest, BadIndex) {
 
 TEST(SafetensorsTest, NoCheckpointInDirectory) {
   TempDir d;
-  expect_error([&] { Checkpoint ck(d.str()); },
-               {d.str(), "model.safetensors.index.json", "model.safetensors"});
+  expect_error([&] { Checkpoint ck(d.str()); }, {d.str(), "model.safetensors.index.json", "model.safetensors"});
 }
 
 TEST(SafetensorsTest, MissingTensor) {
   Checkpoint ck(kTinyA);
-  expect_error([&] { ck.get("model.layers.0.self_attn.q_proj.weight", {192, 256}); },
-               {kTinyA + ": tensor 'model.layers.0.self_attn.q_proj.weight' not found (expected shape [192, 256])"});
+  expect_error(
+      [&] {
+        ck.get("model.layers.0.self_attn.q_proj.weight", {192, 256});
+      },
+      {kTinyA + ": tensor 'model.layers.0.self_attn.q_proj.weight' not found (expected shape [192, 256])"});
 }
 
 TEST(SafetensorsTest, TensorListedInIndexButNotInShard) {
@@ -275,7 +280,11 @@ TEST(SafetensorsTest, Fp8WithoutScalesRefused) {
   });
   Checkpoint ck(d.str());
   const std::string where = "tensor " + name + " in " + d.file(shard) + " is F8_E4M3";
-  expect_error([&] { ck.get(name, {64, 256}); }, {where, "where a plain BF16, F16 or F32 tensor [64, 256] is expected"});
+  expect_error(
+      [&] {
+        ck.get(name, {64, 256});
+      },
+      {where, "where a plain BF16, F16 or F32 tensor [64, 256] is expected"});
   ModelConfig cfg = load_config(d.str());
   expect_error([&] { check_checkpoint(ck, cfg); }, {where, "'" + name + "_scale_inv' are missing"});
 }
@@ -361,13 +370,18 @@ TEST(SafetensorsTest, WriteReadRoundTrip) {
 TEST(SafetensorsTest, WriteErrors) {
   TempDir d;
   const float x[2] = {1, 2};
-  expect_error([&] { write_safetensors(d.file("dup.safetensors"), {{"x", DType::F32, {2}, x}, {"x", DType::F32, {2}, x}}); },
-               {"dup.safetensors", "'x'", "twice"});
-  expect_error([&] { write_safetensors(d.file("no/such/dir/out.safetensors"), {{"x", DType::F32, {2}, x}}); },
-               {"no/such/dir/out.safetensors"});
+  expect_error(
+      [&] {
+        write_safetensors(d.file("dup.safetensors"), {{"x", DType::F32, {2}, x}, {"x", DType::F32, {2}, x}});
+      },
+      {"dup.safetensors", "'x'", "twice"});
+  expect_error(
+      [&] {
+        write_safetensors(d.file("no/such/dir/out.safetensors"), {{"x", DType::F32, {2}, x}});
+      },
+      {"no/such/dir/out.safetensors"});
   EXPECT_FALSE(fs::exists(d.file("dup.safetensors")));
 }
-
 
 // SafetensorsWriter: a writer opened over the .partial of an interrupted one keeps its whole
 // tensors (a partial one is cut off), starts over when the header differs, and the finished file
@@ -386,7 +400,11 @@ TEST(SafetensorsTest, WriterResumesAfterTheLastWholeTensor) {
     w.finish();
   }
   EXPECT_EQ(fs::file_size(whole), safetensors_size(hs));
-  { SafetensorsWriter w(cut, hs); w.write(a, 16); w.write(b, 12); }  // killed before c
+  {
+    SafetensorsWriter w(cut, hs);
+    w.write(a, 16);
+    w.write(b, 12);
+  }                                                                        // killed before c
   fs::resize_file(cut + ".partial", fs::file_size(cut + ".partial") - 5);  // and b half-written
   {
     SafetensorsWriter w(cut, hs);
@@ -402,7 +420,10 @@ TEST(SafetensorsTest, WriterResumesAfterTheLastWholeTensor) {
   std::memcpy(&c1, static_cast<const char*>(f.find("c")->data) + 8, 8);
   EXPECT_EQ(c1, 8);
   // Another header over the same .partial: nothing is kept.
-  { SafetensorsWriter w(cut, hs); w.write(a, 16); }
+  {
+    SafetensorsWriter w(cut, hs);
+    w.write(a, 16);
+  }
   const std::vector<TensorHeader> other{{"a", DType::F32, {2, 2}}, {"b", DType::BF16, {3, 2}}, {"c", DType::I64, {2}}};
   SafetensorsWriter w(cut, other);
   EXPECT_EQ(w.next(), 0u);

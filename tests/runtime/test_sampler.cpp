@@ -34,8 +34,8 @@ std::vector<float> penalised(const float* logits, int64_t vocab, const SamplingP
     for (int32_t t : prompt) seen.insert(t);
     for (int32_t t : generated) seen.insert(t);
     for (int32_t t : seen)
-      if (t >= 0 && t < vocab) x[size_t(t)] = x[size_t(t)] > 0 ? x[size_t(t)] / p.repetition_penalty
-                                                                : x[size_t(t)] * p.repetition_penalty;
+      if (t >= 0 && t < vocab)
+        x[size_t(t)] = x[size_t(t)] > 0 ? x[size_t(t)] / p.repetition_penalty : x[size_t(t)] * p.repetition_penalty;
   }
   if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
     std::map<int32_t, int> count;
@@ -49,8 +49,7 @@ std::vector<float> penalised(const float* logits, int64_t vocab, const SamplingP
 }
 
 Sampled reference_sample(const float* logits, int64_t vocab, const SamplingParams& p,
-                         const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated,
-                         int64_t step) {
+                         const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated, int64_t step) {
   const std::vector<float> x = penalised(logits, vocab, p, prompt, generated);
   std::vector<int32_t> order(static_cast<size_t>(vocab));  // rank order: x descending, id ascending
   std::iota(order.begin(), order.end(), 0);
@@ -131,10 +130,17 @@ std::vector<float> random_logits(std::mt19937_64& rng, int64_t vocab) {
   const int shape = int(rng() % 4);
   for (float& f : x) {
     switch (shape) {
-      case 0: f = gauss(rng); break;
-      case 1: f = 0.5f * float(small(rng)); break;
-      case 2: f = gauss(rng); break;
-      default: f = rng() % 5 == 0 ? -1e4f * float(1 + rng() % 3) : (rng() % 7 == 0 ? -0.0f : gauss(rng));
+      case 0:
+        f = gauss(rng);
+        break;
+      case 1:
+        f = 0.5f * float(small(rng));
+        break;
+      case 2:
+        f = gauss(rng);
+        break;
+      default:
+        f = rng() % 5 == 0 ? -1e4f * float(1 + rng() % 3) : (rng() % 7 == 0 ? -0.0f : gauss(rng));
     }
   }
   if (shape == 2)
@@ -147,7 +153,7 @@ SamplingParams random_params(std::mt19937_64& rng, int64_t vocab) {
   SamplingParams p;
   p.temperature = float(pick({0.0, 0.3, 0.8, 1.0, 1.0, 1.7}));
   p.top_k = int32_t(pick({0.0, 0.0, -1.0, 1.0, 2.0, 5.0, 50.0, 128.0, 129.0, 200.0, 1000.0, double(vocab - 1),
-                            double(vocab), double(vocab + 3)}));
+                          double(vocab), double(vocab + 3)}));
   p.top_p = float(pick({1.0, 1.0, 0.95, 0.9, 0.5, 0.1, 1e-6}));
   p.min_p = float(pick({0.0, 0.0, 0.0, 0.01, 0.1, 0.5, 1.0}));
   p.repetition_penalty = float(pick({1.0, 1.0, 1.1, 1.5, 0.8}));
@@ -181,10 +187,9 @@ void expect_same(const Sampled& fast, const Sampled& ref, const SamplingParams& 
 
 std::string describe(int64_t vocab, const SamplingParams& p, int64_t step) {
   std::ostringstream os;
-  os << "vocab " << vocab << " T " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p
-     << " min_p " << p.min_p << " rep " << p.repetition_penalty << " pres " << p.presence_penalty
-     << " freq " << p.frequency_penalty << " logprobs " << p.logprobs << " seed " << p.seed
-     << " step " << step;
+  os << "vocab " << vocab << " T " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p << " min_p "
+     << p.min_p << " rep " << p.repetition_penalty << " pres " << p.presence_penalty << " freq " << p.frequency_penalty
+     << " logprobs " << p.logprobs << " seed " << p.seed << " step " << step;
   return os.str();
 }
 
@@ -211,9 +216,7 @@ TEST(Sampler, MatchesReferenceOnSmallVocabularies) {
   check_against_reference(1, {1, 2, 3, 7, 15, 16, 17, 33, 100}, 6000);
 }
 
-TEST(Sampler, MatchesReferenceOnMediumVocabularies) {
-  check_against_reference(2, {1000, 4097, 20000}, 300);
-}
+TEST(Sampler, MatchesReferenceOnMediumVocabularies) { check_against_reference(2, {1000, 4097, 20000}, 300); }
 
 TEST(Sampler, MatchesReferenceAtGlm5Vocabulary) { check_against_reference(3, {154880}, 24); }
 
@@ -330,7 +333,7 @@ TEST(Sampler, RepetitionPenaltyDemotesASeenToken) {
   EXPECT_EQ(sample(x.data(), 7, p, {}, {}, 0).token, 3);
   p.repetition_penalty = 1.5f;  // 5 / 1.5 = 3.33 < 4: the runner-up wins
   EXPECT_EQ(sample(x.data(), 7, p, {3}, {}, 0).token, 5);
-  EXPECT_EQ(sample(x.data(), 7, p, {}, {3}, 0).token, 5);  // generated tokens count as seen
+  EXPECT_EQ(sample(x.data(), 7, p, {}, {3}, 0).token, 5);     // generated tokens count as seen
   EXPECT_EQ(sample(x.data(), 7, p, {3, 5}, {}, 0).token, 3);  // both penalised: 3.33 > 2.67
 
   // Exact amounts through logprobs: positive divided, negative multiplied, once per distinct token.
@@ -471,12 +474,15 @@ TEST(Sampler, TokenLogprobIsTheLogSoftmaxAndGreedySamplesAgree) {
   for (int64_t vocab : {1, 7, 1000, 154880}) {
     std::mt19937_64 rng{uint64_t(vocab)};
     const std::vector<float> x = random_logits(rng, vocab);
-    const Sampled ref = reference_sample(x.data(), vocab, [] {
-      SamplingParams p;
-      p.temperature = 0;
-      p.logprobs = 5;
-      return p;
-    }(), {}, {}, 0);
+    const Sampled ref = reference_sample(
+        x.data(), vocab,
+        [] {
+          SamplingParams p;
+          p.temperature = 0;
+          p.logprobs = 5;
+          return p;
+        }(),
+        {}, {}, 0);
     double mx = x[0], z = 0;
     for (float v : x) mx = std::max(mx, double(v));
     for (float v : x) z += std::exp(double(v) - mx);

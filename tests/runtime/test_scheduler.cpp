@@ -70,8 +70,9 @@ TEST(Scheduler, RefusesWhatCanNeverRun) {
   EXPECT_NE(s.refuse_reason(req(0, 50, 50 - 1)).find("exceeds"), std::string::npos);
   EXPECT_NE(s.refuse_reason(req(0, 61, 4)).find("exceeds"), std::string::npos);
   // 40 + 24 + 1 positions need 2 blocks
-  EXPECT_NE(s.refuse_reason(req(0, 40, 24)).find("request needs 2 KV blocks of 64 tokens (prompt + max_tokens), "
-                                                 "more than the 1 blocks"),
+  EXPECT_NE(s.refuse_reason(req(0, 40, 24))
+                .find("request needs 2 KV blocks of 64 tokens (prompt + max_tokens), "
+                      "more than the 1 blocks"),
             std::string::npos);
   EXPECT_EQ(s.refuse_reason(req(0, 40, 23)), "");
   Request bad = req(0, 3, 3);
@@ -90,8 +91,8 @@ TEST(Scheduler, StepsPutDecodeFirstAndCutPrefillToTheRowBudget) {
   std::vector<int32_t> tokens;
   Step a = s.next_step(0, tokens);
   ASSERT_EQ(a.seqs.size(), 2u);
-  EXPECT_EQ(a.seqs[0].n, 5);   // a full chunk
-  EXPECT_EQ(a.seqs[1].n, 3);   // the rest of the row budget (8), all of request 1's prompt
+  EXPECT_EQ(a.seqs[0].n, 5);  // a full chunk
+  EXPECT_EQ(a.seqs[1].n, 3);  // the rest of the row budget (8), all of request 1's prompt
   EXPECT_FALSE(a.seqs[0].sample);
   EXPECT_TRUE(a.seqs[1].sample);
   EXPECT_EQ(a.rows(), 8);
@@ -102,11 +103,11 @@ TEST(Scheduler, StepsPutDecodeFirstAndCutPrefillToTheRowBudget) {
   ASSERT_EQ(b.seqs.size(), 2u);
   EXPECT_TRUE(b.seqs[0].decode);  // request 1 decodes first
   EXPECT_EQ(b.seqs[0].req, 1);
-  EXPECT_EQ(tokens[0], 5);        // feeding back the sampled token
+  EXPECT_EQ(tokens[0], 5);  // feeding back the sampled token
   EXPECT_EQ(b.seqs[1].req, 0);
   EXPECT_EQ(b.seqs[1].start, 5);
   EXPECT_EQ(b.seqs[1].n, 5);
-  EXPECT_TRUE(b.added.empty());   // announced once
+  EXPECT_TRUE(b.added.empty());  // announced once
   EXPECT_EQ(s.prompt_rows(), 13);
 }
 
@@ -121,7 +122,7 @@ TEST(Scheduler, MaxBatchAndEvenGroups) {
   Step g0 = s.next_step(0, tokens), g1 = s.next_step(1, tokens);
   EXPECT_EQ(g0.seqs.size(), 2u);  // each group takes its share of max_batch
   EXPECT_EQ(g1.seqs.size(), 2u);
-  EXPECT_EQ(g0.seqs[0].req, 0);   // in arrival order
+  EXPECT_EQ(g0.seqs[0].req, 0);  // in arrival order
   EXPECT_EQ(g1.seqs[0].req, 2);
 }
 

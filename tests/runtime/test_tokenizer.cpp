@@ -4,13 +4,13 @@
 // including invalid UTF-8, and the error messages for missing, corrupt or unsupported files.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "kernels/core/check.h"
@@ -57,14 +57,12 @@ const Tokenizer& deepseek() {
 }
 
 // Checks every reference line against `tok`; reports at most a few failing lines in full.
-void check_reference(const Tokenizer& tok, const std::vector<json>& lines,
-                     const std::string& what) {
+void check_reference(const Tokenizer& tok, const std::vector<json>& lines, const std::string& what) {
   int failures = 0;
   for (const json& r : lines) {
     std::string text = r["text"];
     std::vector<int32_t> want = r["ids"];
-    std::vector<int32_t> want_plain =
-        r.contains("ids_plain") ? r["ids_plain"].get<std::vector<int32_t>>() : want;
+    std::vector<int32_t> want_plain = r.contains("ids_plain") ? r["ids_plain"].get<std::vector<int32_t>>() : want;
     std::vector<int32_t> got = tok.encode(text);
     std::vector<int32_t> got_plain = tok.encode(text, /*parse_special=*/false);
     // HF's decode output; it differs from the text only where a normalizer, a Removed split or
@@ -75,9 +73,9 @@ void check_reference(const Tokenizer& tok, const std::vector<json>& lines,
     bool ok = got == want && got_plain == want_plain && round == want_decoded &&
               tok.decode(want, /*skip_special=*/true) == want_skip;
     if (!ok && ++failures <= 5) {
-      ADD_FAILURE() << what << " text " << show(text) << "\n  want " << show(want) << "\n  got  "
-                    << show(got) << "\n  plain want " << show(want_plain) << " got "
-                    << show(got_plain) << "\n  decode " << show(round);
+      ADD_FAILURE() << what << " text " << show(text) << "\n  want " << show(want) << "\n  got  " << show(got)
+                    << "\n  plain want " << show(want_plain) << " got " << show(got_plain) << "\n  decode "
+                    << show(round);
     }
   }
   EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << lines.size() << " lines differ";
@@ -103,17 +101,15 @@ TEST(Tokenizer, VariantsMatchHuggingFaceReference) {
 // The four strings recorded in the toolchain notes (HF tokenizers and a JS port agree on them).
 TEST(Tokenizer, DeepSeekLiteralCases) {
   const Tokenizer& tok = deepseek();
-  EXPECT_EQ(tok.encode("Hello, 世界! 12345 tokens 😀🚀 naïve café"),
-            (std::vector<int32_t>{19923, 14, 223, 3427, 3, 223, 6895, 1883, 35977, 53769, 225,
-                                  74287, 225, 112752, 57664}));
+  EXPECT_EQ(
+      tok.encode("Hello, 世界! 12345 tokens 😀🚀 naïve café"),
+      (std::vector<int32_t>{19923, 14, 223, 3427, 3, 223, 6895, 1883, 35977, 53769, 225, 74287, 225, 112752, 57664}));
   EXPECT_EQ(tok.encode("DeepSeek-V3 是一个混合专家模型，参数量为671B。"),
-            (std::vector<int32_t>{53091, 4374, 1465, 13582, 21, 223, 6715, 14769, 10756, 8842, 303,
-                                  2294, 9853, 545, 26612, 36, 320}));
+            (std::vector<int32_t>{53091, 4374, 1465, 13582, 21, 223, 6715, 14769, 10756, 8842, 303, 2294, 9853, 545,
+                                  26612, 36, 320}));
   EXPECT_EQ(tok.encode("  leading spaces\n\nnewlines\ttabs 3.14159 "),
-            (std::vector<int32_t>{223, 6646, 13564, 271, 2839, 12678, 17299, 10284, 223, 21, 16,
-                                  9926, 3318, 223}));
-  EXPECT_EQ(tok.encode("<｜begin▁of▁sentence｜>hi<｜end▁of▁sentence｜>"),
-            (std::vector<int32_t>{0, 6366, 1}));
+            (std::vector<int32_t>{223, 6646, 13564, 271, 2839, 12678, 17299, 10284, 223, 21, 16, 9926, 3318, 223}));
+  EXPECT_EQ(tok.encode("<｜begin▁of▁sentence｜>hi<｜end▁of▁sentence｜>"), (std::vector<int32_t>{0, 6366, 1}));
   // Without special-token parsing the markers are spelled out as text.
   EXPECT_GT(tok.encode("<｜begin▁of▁sentence｜>hi", false).size(), 3u);
   EXPECT_EQ(tok.decode({0, 6366, 1}), "<｜begin▁of▁sentence｜>hi<｜end▁of▁sentence｜>");
@@ -195,9 +191,8 @@ TEST(Tokenizer, TinyTokenizerLayout) {
   Tokenizer tok = Tokenizer::load(kData + "/tiny-tokenizer");  // a directory works too
   EXPECT_EQ(tok.vocab_size(), 512);
   const std::vector<std::pair<std::string, int32_t>> specials = {
-      {"[gMASK]", 503},       {"<sop>", 504},    {"<|system|>", 505},
-      {"<|assistant|>", 506}, {"<think>", 507},  {"</think>", 508},
-      {"<|endoftext|>", 509}, {"<|user|>", 510}, {"<|observation|>", 511}};
+      {"[gMASK]", 503},  {"<sop>", 504},         {"<|system|>", 505}, {"<|assistant|>", 506},  {"<think>", 507},
+      {"</think>", 508}, {"<|endoftext|>", 509}, {"<|user|>", 510},   {"<|observation|>", 511}};
   for (const auto& [text, id] : specials) {
     EXPECT_EQ(tok.token_id(text), id) << text;
     EXPECT_TRUE(tok.is_special(id)) << text;
@@ -205,8 +200,7 @@ TEST(Tokenizer, TinyTokenizerLayout) {
   }
   std::vector<int32_t> ids = tok.encode("[gMASK]<sop><|user|>hello<|assistant|><think>");
   ASSERT_GE(ids.size(), 5u);
-  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.begin() + 3),
-            (std::vector<int32_t>{503, 504, 510}));
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.begin() + 3), (std::vector<int32_t>{503, 504, 510}));
   EXPECT_EQ(std::vector<int32_t>(ids.end() - 2, ids.end()), (std::vector<int32_t>{506, 507}));
   for (int32_t id : ids) EXPECT_LT(id, 512);
   EXPECT_EQ(tok.decode(ids, /*skip_special=*/true), "hello");
@@ -221,9 +215,7 @@ TEST(Tokenizer, ConcurrentEncodeGivesSameIds) {
   for (int t = 0; t < 4; ++t)
     threads.emplace_back([&, t] {
       for (size_t i = t; i < lines.size(); i += 2)  // overlapping halves: shared cache entries
-        if (tok.encode(lines[i]["text"].get<std::string>()) !=
-            lines[i]["ids"].get<std::vector<int32_t>>())
-          ++bad[t];
+        if (tok.encode(lines[i]["text"].get<std::string>()) != lines[i]["ids"].get<std::vector<int32_t>>()) ++bad[t];
     });
   for (auto& th : threads) th.join();
   for (int t = 0; t < 4; ++t) EXPECT_EQ(bad[t], 0) << "thread " << t;
@@ -234,9 +226,8 @@ TEST(Tokenizer, ConcurrentEncodeGivesSameIds) {
 class TokenizerErrors : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           ("glm5_tok_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::path(::testing::TempDir()) / ("glm5_tok_" + std::to_string(::getpid()) + "_" +
+                                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }

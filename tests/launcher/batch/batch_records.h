@@ -20,8 +20,8 @@ inline std::map<std::string, nlohmann::json> read_records(const std::filesystem:
   std::string line;
   while (std::getline(f, line)) {
     nlohmann::json j = nlohmann::json::parse(line);
-    const std::string key = j["custom_id"].is_string() ? j["custom_id"].get<std::string>()
-                                                       : "line:" + std::to_string(j["line"].get<int>());
+    const std::string key =
+        j["custom_id"].is_string() ? j["custom_id"].get<std::string>() : "line:" + std::to_string(j["line"].get<int>());
     EXPECT_EQ(out.count(key), 0u) << "duplicate record for " << key << " in " << p;
     j.erase("id");
     if (j["response"].is_object()) {

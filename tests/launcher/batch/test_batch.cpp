@@ -32,8 +32,8 @@ using json = nlohmann::json;
 namespace {
 
 using glm5::testing::kBin;
-using glm5::testing::kSrc;
 using glm5::testing::kData;
+using glm5::testing::kSrc;
 const std::string kModel = kData + "/tiny-a";
 const std::string kRequests = kData + "/batch/requests-200.jsonl";
 const std::string kCluster22 = kSrc + "/cluster-configs/cpu-pp2-ep2.yaml";
@@ -52,8 +52,8 @@ std::string batch_cmd(const std::string& model, const fs::path& in, const fs::pa
 // Runs `glm5 batch` to completion (1x1, or 2x2 under mpirun) and asserts exit code 0.
 void run_batch(const std::string& model, const fs::path& in, const fs::path& out, bool distributed) {
   const fs::path log = out.string() + ".log";
-  const std::string cmd = distributed ? mpirun(4) + batch_cmd(model, in, out) + " --cluster " + kCluster22
-                                      : batch_cmd(model, in, out);
+  const std::string cmd =
+      distributed ? mpirun(4) + batch_cmd(model, in, out) + " --cluster " + kCluster22 : batch_cmd(model, in, out);
   ASSERT_EQ(0, sh(cmd, log)) << cmd << "\n" << slurp(log);
 }
 
@@ -77,8 +77,7 @@ std::vector<InputLine> read_input(const fs::path& p) {
       try {
         l.j = json::parse(text);
         l.parsed = l.j.is_object();
-      } catch (const json::exception&) {
-      }
+      } catch (const json::exception&) {}
     }
     out.push_back(std::move(l));
   }
@@ -116,10 +115,7 @@ std::map<int64_t, json> read_records(const fs::path& p) {
 
 const json& body_of(const InputLine& l) { return l.j.contains("body") ? l.j["body"] : l.j; }
 const json& choice_of(const json& rec) { return rec["response"]["body"]["choices"][0]; }
-std::vector<int32_t> tokens_of(const json& rec) {
-  return choice_of(rec)["token_ids"].get<std::vector<int32_t>>();
-}
-
+std::vector<int32_t> tokens_of(const json& rec) { return choice_of(rec)["token_ids"].get<std::vector<int32_t>>(); }
 
 // The uninterrupted single-process run of the 200-line file, made once per test process.
 const fs::path& reference_output() {
@@ -188,8 +184,7 @@ void check_records_against_input(const std::map<int64_t, json>& recs) {
       } else {
         const WantError& w = kWantErrors.at(cid);
         EXPECT_EQ(rec["error"]["code"], w.code) << msg;
-        for (const std::string& word : w.words)
-          EXPECT_TRUE(contains(msg, word)) << "'" << word << "' in " << msg;
+        for (const std::string& word : w.words) EXPECT_TRUE(contains(msg, word)) << "'" << word << "' in " << msg;
       }
       continue;
     }
@@ -221,16 +216,14 @@ void check_records_against_input(const std::map<int64_t, json>& recs) {
     if (toks.size() < size_t(max_tokens)) {
       EXPECT_EQ(finish, "stop") << "ended early";
     }
-    const std::string text =
-        chat ? ch["message"]["content"].get<std::string>() : ch["text"].get<std::string>();
+    const std::string text = chat ? ch["message"]["content"].get<std::string>() : ch["text"].get<std::string>();
     if (b.contains("stop")) {
-      std::vector<std::string> stops = b["stop"].is_string() ? std::vector<std::string>{b["stop"]}
-                                                             : b["stop"].get<std::vector<std::string>>();
+      std::vector<std::string> stops =
+          b["stop"].is_string() ? std::vector<std::string>{b["stop"]} : b["stop"].get<std::vector<std::string>>();
       for (const std::string& s : stops) EXPECT_FALSE(contains(text, s)) << "stop '" << s << "' in " << text;
       stopped += finish == "stop";
     }
-    const bool want_lp =
-        b.contains("logprobs") && !(b["logprobs"].is_boolean() && !b["logprobs"].get<bool>());
+    const bool want_lp = b.contains("logprobs") && !(b["logprobs"].is_boolean() && !b["logprobs"].get<bool>());
     if (want_lp) {
       ++with_logprobs;
       ASSERT_TRUE(ch["logprobs"].is_object()) << rec.dump();
@@ -344,11 +337,7 @@ TEST(Batch, ModelWithoutTokenizerServesTokenIdPrompts) {
   const fs::path in = scratch("tiny-b.jsonl");
   {
     std::ofstream f(in);
-    f << json({{"custom_id", "ids"},
-               {"prompt_ids", ids},
-               {"max_tokens", 5},
-               {"temperature", 0},
-               {"logprobs", 2}})
+    f << json({{"custom_id", "ids"}, {"prompt_ids", ids}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", 2}})
              .dump()
       << "\n";
     f << json({{"custom_id", "list"},
@@ -369,8 +358,7 @@ TEST(Batch, ModelWithoutTokenizerServesTokenIdPrompts) {
                {"body", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 3}}}})
              .dump()
       << "\n";
-    f << json({{"custom_id", "stop"}, {"prompt_ids", {4, 5}}, {"max_tokens", 3}, {"stop", "x"}}).dump()
-      << "\n";
+    f << json({{"custom_id", "stop"}, {"prompt_ids", {4, 5}}, {"max_tokens", 3}, {"stop", "x"}}).dump() << "\n";
   }
   const fs::path out = scratch("tiny-b-out.jsonl");
   fs::remove(out);
@@ -403,8 +391,7 @@ TEST(Batch, ModelWithoutTokenizerServesTokenIdPrompts) {
   std::string csv;
   for (int x : ids) csv += (csv.empty() ? "" : ",") + std::to_string(x);
   const fs::path log = scratch("tiny-b-generate.out"), err = scratch("tiny-b-generate.err");
-  ASSERT_EQ(0, sh(kBin + " generate --model " + model + " --prompt-ids " + csv +
-                      " --max-new-tokens 5 --temperature 0",
+  ASSERT_EQ(0, sh(kBin + " generate --model " + model + " --prompt-ids " + csv + " --max-new-tokens 5 --temperature 0",
                   log, err))
       << slurp(err);
   const json gen = json::parse(slurp(log));
@@ -415,9 +402,8 @@ TEST(Batch, ModelWithoutTokenizerServesTokenIdPrompts) {
 json probe_request(const std::string& id, uint64_t seed) {
   std::vector<int> prompt;
   for (int i = 0; i < 30; ++i) prompt.push_back((i * 37 + 11) % 503);
-  return {{"custom_id", id},    {"prompt_ids", prompt}, {"max_tokens", 12},
-          {"temperature", 0.9}, {"top_p", 0.95},        {"top_k", 40},
-          {"seed", seed},       {"ignore_eos", true},   {"logprobs", 1}};
+  return {{"custom_id", id}, {"prompt_ids", prompt}, {"max_tokens", 12},   {"temperature", 0.9}, {"top_p", 0.95},
+          {"top_k", 40},     {"seed", seed},         {"ignore_eos", true}, {"logprobs", 1}};
 }
 
 TEST(Batch, SeededRequestSamplesTheSameWhateverElseIsInTheFile) {
@@ -511,8 +497,7 @@ TEST(BatchLines, FieldErrorsNameTheLineAndTheField) {
            "chat_template_kwargs": {"enable_thinking": "no"}})",
        {"enable_thinking"}},
       {R"({"custom_id": "a", "messages": [{"role": "user"}]})", {"messages", "content"}},
-      {R"({"custom_id": "a", "method": "GET", "url": "/v1/completions", "body": {"prompt": "x"}})",
-       {"method", "GET"}},
+      {R"({"custom_id": "a", "method": "GET", "url": "/v1/completions", "body": {"prompt": "x"}})", {"method", "GET"}},
       {R"([1, 2, 3])", {"JSON object"}},
   };
   for (const auto& [text, words] : bad) {
@@ -522,8 +507,7 @@ TEST(BatchLines, FieldErrorsNameTheLineAndTheField) {
     EXPECT_TRUE(contains(b.error, "line 3: ")) << b.error;
     for (const std::string& w : words) EXPECT_TRUE(contains(b.error, w)) << "'" << w << "' in " << b.error;
   }
-  const glm5::launcher::BatchLine cut =
-      glm5::launcher::parse_batch_line(R"({"custom_id": "a", "pro)", 4, mc, &tok);
+  const glm5::launcher::BatchLine cut = glm5::launcher::parse_batch_line(R"({"custom_id": "a", "pro)", 4, mc, &tok);
   EXPECT_EQ(cut.error_code, "invalid_json");
   EXPECT_TRUE(contains(cut.error, "line 4: malformed JSON")) << cut.error;
 
@@ -552,7 +536,8 @@ TEST(BatchLines, FieldErrorsNameTheLineAndTheField) {
 TEST(BatchLines, DeepOrHugeValuesGiveBoundedErrors) {
   const glm5::runtime::ModelConfig mc = glm5::runtime::load_config(kModel);
   const glm5::runtime::Tokenizer tok = glm5::runtime::Tokenizer::load(kModel);
-  const std::string deep = R"({"custom_id": "d", "prompt": )" + std::string(200000, '[') + std::string(200000, ']') + "}";
+  const std::string deep =
+      R"({"custom_id": "d", "prompt": )" + std::string(200000, '[') + std::string(200000, ']') + "}";
   const glm5::launcher::BatchLine b = glm5::launcher::parse_batch_line(deep, 5, mc, &tok);
   EXPECT_EQ(b.error_code, "invalid_json");
   EXPECT_TRUE(contains(b.error, "line 5: ")) << b.error;
@@ -564,8 +549,8 @@ TEST(BatchLines, DeepOrHugeValuesGiveBoundedErrors) {
   const glm5::launcher::BatchLine l = glm5::launcher::parse_batch_line(at_limit, 6, mc, &tok);
   EXPECT_EQ(l.error_code, "invalid_request") << l.error;  // parsed; the prompt is still wrong
 
-  const glm5::launcher::BatchLine h = glm5::launcher::parse_batch_line(R"({"prompt": {"text": ")" +
-                                                                          std::string(100000, 'x') + "\"}}", 7, mc, &tok);
+  const glm5::launcher::BatchLine h =
+      glm5::launcher::parse_batch_line(R"({"prompt": {"text": ")" + std::string(100000, 'x') + "\"}}", 7, mc, &tok);
   EXPECT_EQ(h.error_code, "invalid_request");
   EXPECT_TRUE(contains(h.error, "prompt")) << h.error;
   EXPECT_LT(h.error.size(), 400u) << h.error.size();
@@ -586,7 +571,9 @@ TEST(BatchLines, DeepOrHugeValuesGiveBoundedErrors) {
 TEST(Batch, TooDeepLineGetsAnErrorRecordAndIsNotRunAgain) {
   const fs::path in = scratch("deep.jsonl"), out = scratch("deep.out.jsonl"), log = scratch("deep.log");
   std::ofstream(in) << R"({"custom_id": "deep", "prompt": )" << std::string(200000, '[') << std::string(200000, ']')
-                    << "}\n" << R"({"custom_id": "ok", "prompt_ids": [1, 2, 3], "max_tokens": 2})" << "\n";
+                    << "}\n"
+                    << R"({"custom_id": "ok", "prompt_ids": [1, 2, 3], "max_tokens": 2})"
+                    << "\n";
   fs::remove(out);
   ASSERT_EQ(0, sh(batch_cmd(kModel, in, out), log)) << slurp(log);
   const std::string first = slurp(out);
@@ -607,8 +594,7 @@ TEST(BatchLines, FinishedKeys) {
                      << R"({"custom_id": "a", "line": 5, "error": {"code": "duplicate_custom_id"}})"
                      << "\n"
                      << R"({"custom_id": "b", "line": 6, "err)";
-  EXPECT_EQ(glm5::launcher::finished_keys(out.string()),
-            (std::vector<std::string>{"id:a", "line:2", "line:5"}));
+  EXPECT_EQ(glm5::launcher::finished_keys(out.string()), (std::vector<std::string>{"id:a", "line:2", "line:5"}));
 }
 
 // A kill between a record and its newline: the rerun keeps the record, ends its line and adds
@@ -618,8 +604,7 @@ TEST(Batch, WholeLastRecordWithoutItsNewlineIsKept) {
   {
     std::ofstream f(in);
     for (int i = 0; i < 3; ++i)
-      f << json({{"custom_id", "r" + std::to_string(i)}, {"prompt_ids", {1 + i, 2, 3}}, {"max_tokens", 2}})
-               .dump()
+      f << json({{"custom_id", "r" + std::to_string(i)}, {"prompt_ids", {1 + i, 2, 3}}, {"max_tokens", 2}}).dump()
         << "\n";
   }
   fs::remove(out);

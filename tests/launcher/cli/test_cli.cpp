@@ -26,8 +26,8 @@ using json = nlohmann::json;
 namespace {
 
 using glm5::testing::kBin;
-using glm5::testing::kSrc;
 using glm5::testing::kData;
+using glm5::testing::kSrc;
 const std::string kTinyA = kData + "/tiny-a";
 const std::string kCluster22 = kSrc + "/cluster-configs/cpu-pp2-ep2.yaml";
 
@@ -106,8 +106,7 @@ TEST(CliErrors, TruncatedShard) {
   const std::string shard = "model-00002-of-00002.safetensors";
   const fs::path dir = copy_of_tiny_a("truncated", {shard});
   fs::resize_file(dir / shard, fs::file_size(dir / shard) * 2 / 3);
-  expect_clean_failure(run(generate(dir.string(), "--prompt-ids 1,2")),
-                       {(dir / shard).string(), "truncated"});
+  expect_clean_failure(run(generate(dir.string(), "--prompt-ids 1,2")), {(dir / shard).string(), "truncated"});
 }
 
 TEST(CliErrors, MissingShard) {
@@ -147,8 +146,7 @@ TEST(CliErrors, TextPromptWithoutTokenizer) {
 }
 
 TEST(CliErrors, UsageErrorsExitWith2) {
-  expect_clean_failure(run(generate(kTinyA, "--prompt-ids 1 --max-new-tokens abc")),
-                       {"--max-new-tokens", "abc"}, 2);
+  expect_clean_failure(run(generate(kTinyA, "--prompt-ids 1 --max-new-tokens abc")), {"--max-new-tokens", "abc"}, 2);
   expect_clean_failure(run(kBin + " generate --prompt-ids 1"), {"--model"}, 2);
   expect_clean_failure(run(generate(kTinyA, "--prompt-ids 1 --no-such-flag")), {"--no-such-flag"}, 2);
   expect_clean_failure(run(kBin), {"subcommand"}, 2);
@@ -164,15 +162,14 @@ TEST(CliErrors, BatchFilesThatCannotBeOpened) {
       {"--input", in});
   const std::string out = scratch("no-such-dir/o.jsonl").string();
   fs::remove_all(scratch("no-such-dir"));
-  expect_clean_failure(run(kBin + " batch --model " + kTinyA + " --input " + kData +
-                           "/batch/requests-200.jsonl --output " + out),
-                       {"--output", out});
+  expect_clean_failure(
+      run(kBin + " batch --model " + kTinyA + " --input " + kData + "/batch/requests-200.jsonl --output " + out),
+      {"--output", out});
 }
 
 TEST(CliErrors, WorldSizeDoesNotMatchTheClusterConfig) {
   // Every rank must stop (no hang: `timeout` would exit 124) with a non-zero code and say why.
-  const Proc p =
-      run("timeout 120 " + mpirun(2) + generate(kTinyA, "--prompt-ids 1,2 --cluster " + kCluster22));
+  const Proc p = run("timeout 120 " + mpirun(2) + generate(kTinyA, "--prompt-ids 1,2 --cluster " + kCluster22));
   EXPECT_NE(p.code, 0) << p.err;
   EXPECT_NE(p.code, 124) << "the job hung:\n" << p.err;
   EXPECT_LT(p.code, 128) << p.err;
@@ -196,8 +193,7 @@ TEST(CliErrors, TokenizeBadInput) {
   std::ofstream(in, std::ios::trunc) << "{\"ids\": [1, 999]}\n";
   expect_clean_failure(run(kBin + " tokenize --decode --tokenizer " + kTinyA + " < " + in.string()),
                        {"stdin line 1", "999", "[0, 512)"});
-  expect_clean_failure(run(kBin + " tokenize --tokenizer " + kData + "/tiny-b < /dev/null"),
-                       {"tiny-b/tokenizer.json"});
+  expect_clean_failure(run(kBin + " tokenize --tokenizer " + kData + "/tiny-b < /dev/null"), {"tiny-b/tokenizer.json"});
 }
 
 // The words a POSIX shell reads from `line`.
@@ -243,12 +239,11 @@ TEST(Cli, OneRankClusterConfigWithoutMpirun) {
 }
 
 TEST(CliErrors, CudaBackendWithoutItsPlugin) {
-  Proc p = run("env GLM5_CUDA_PLUGIN=/nonexistent/libglm5_cuda.so " + kBin + " generate --model " +
-               kTinyA + " --prompt-ids 1,2,3 --max-new-tokens 2 --cluster " + kSrc +
-               "/cluster-configs/cuda-1.yaml");
+  Proc p = run("env GLM5_CUDA_PLUGIN=/nonexistent/libglm5_cuda.so " + kBin + " generate --model " + kTinyA +
+               " --prompt-ids 1,2,3 --max-new-tokens 2 --cluster " + kSrc + "/cluster-configs/cuda-1.yaml");
 #ifdef GLM5_HAVE_CUDA
-  expect_clean_failure(p, {"libglm5_cuda.so could not be loaded", "GLM5_CUDA_PLUGIN",
-                           "/nonexistent/libglm5_cuda.so: no such file"});
+  expect_clean_failure(
+      p, {"libglm5_cuda.so could not be loaded", "GLM5_CUDA_PLUGIN", "/nonexistent/libglm5_cuda.so: no such file"});
 #else
   expect_clean_failure(p, {"backend: cuda", "no CUDA support"});
 #endif
@@ -307,13 +302,14 @@ TEST(Cli, LaunchRunGivesWhatOneProcessGives) {
 TEST(Cli, LaunchWritesASlurmScript) {
   const fs::path script = fs::temp_directory_path() / ("glm5_slurm_" + std::to_string(getpid()) + ".sbatch");
   Proc p = run("cd " + kSrc + " && " + kBin + " launch --cluster cluster-configs/h100x16-2nodes.yaml --slurm " +
-               script.string() + " -- batch --model /m --input 'in put.jsonl' --output o.jsonl", false);
+                   script.string() + " -- batch --model /m --input 'in put.jsonl' --output o.jsonl",
+               false);
   ASSERT_EQ(p.code, 0) << p.err;
   std::string text = slurp(script);
   for (const char* want : {"#!/bin/bash\n", "\n#SBATCH --ntasks=16\n", "\n#SBATCH --nodes=2\n",
                            "\n#SBATCH --ntasks-per-node=8\n", "\n#SBATCH --nodelist=node1,node2\n",
-                           "\nexport UCX_TLS=rc,sm,self\n", "\nmpirun -np 16 --mca pml ucx",
-                           " -x UCX_TLS ", " batch --model /m --input 'in put.jsonl' --output o.jsonl --cluster "
+                           "\nexport UCX_TLS=rc,sm,self\n", "\nmpirun -np 16 --mca pml ucx", " -x UCX_TLS ",
+                           " batch --model /m --input 'in put.jsonl' --output o.jsonl --cluster "
                            "cluster-configs/h100x16-2nodes.yaml\n"})
     EXPECT_NE(text.find(want), std::string::npos) << want << " not in:\n" << text;
   EXPECT_EQ(text.find("--host"), std::string::npos) << text;  // the allocation gives mpirun its hosts
@@ -330,14 +326,15 @@ TEST(Cli, LaunchWritesASlurmScript) {
       "generate --model " + kTinyA + " --prompt-ids 3,1,4,1,5,9,2,6 --max-new-tokens 4 --temperature 0";
   const Proc one = run(kBin + " " + gen_args);
   ASSERT_EQ(one.code, 0) << one.err;
-  p = run("cd " + kSrc + " && " + kBin + " launch --cluster cluster-configs/cpu-pp2-ep2.yaml --slurm " + script.string() +
-              " -- " + gen_args,
+  p = run("cd " + kSrc + " && " + kBin + " launch --cluster cluster-configs/cpu-pp2-ep2.yaml --slurm " +
+              script.string() + " -- " + gen_args,
           false);
   ASSERT_EQ(p.code, 0) << p.err;
   const std::string path = fs::path(GLM5_MPIRUN).parent_path().string() + ":" + std::getenv("PATH");
   const Proc four = run("cd " + kSrc + " && PATH='" + path +
                             "' OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-                            "OMPI_MCA_rmaps_base_oversubscribe=1 timeout 120 bash " + script.string(),
+                            "OMPI_MCA_rmaps_base_oversubscribe=1 timeout 120 bash " +
+                            script.string(),
                         false);
   ASSERT_EQ(four.code, 0) << four.err << slurp(script);
   EXPECT_EQ(json::parse(four.out), json::parse(one.out));
@@ -383,8 +380,7 @@ TEST(Cli, InspectPrintsOneRowPerRank) {
 
 TEST(Cli, TokenizeRoundTrip) {
   const std::vector<std::string> texts = {"hello", "Hello, world! The capital of France is",
-                                          "h\u00e9llo \u4e16\u754c\ttabs\nand newlines", "  spaces  ",
-                                          "<|user|>hi"};
+                                          "h\u00e9llo \u4e16\u754c\ttabs\nand newlines", "  spaces  ", "<|user|>hi"};
   const fs::path in = scratch("tok-in.jsonl");
   {
     std::ofstream f(in);
@@ -423,25 +419,39 @@ TEST(Cli, TokenizeRoundTrip) {
 TEST(Cli, InspectChecksTheDeviceMemoryPlan) {
   const fs::path dir = scratch("glm5-config/config.json").parent_path();
   json cfg = json::parse(slurp(kTinyA + "/config.json"));
-  for (auto [k, v] : std::map<std::string, int64_t>{
-           {"vocab_size", 154880}, {"hidden_size", 6144}, {"num_hidden_layers", 78},
-           {"num_attention_heads", 64}, {"num_key_value_heads", 64}, {"head_dim", 64},
-           {"qk_head_dim", 256}, {"q_lora_rank", 2048}, {"kv_lora_rank", 512},
-           {"qk_nope_head_dim", 192}, {"qk_rope_head_dim", 64}, {"v_head_dim", 256},
-           {"index_n_heads", 32}, {"index_head_dim", 128}, {"index_topk", 2048},
-           {"intermediate_size", 12288}, {"moe_intermediate_size", 2048}, {"n_routed_experts", 256},
-           {"num_experts_per_tok", 8}, {"n_group", 1}, {"topk_group", 1}, {"first_k_dense_replace", 3},
-           {"max_position_embeddings", 202752}, {"pad_token_id", 154820}})
+  for (auto [k, v] : std::map<std::string, int64_t>{{"vocab_size", 154880},
+                                                    {"hidden_size", 6144},
+                                                    {"num_hidden_layers", 78},
+                                                    {"num_attention_heads", 64},
+                                                    {"num_key_value_heads", 64},
+                                                    {"head_dim", 64},
+                                                    {"qk_head_dim", 256},
+                                                    {"q_lora_rank", 2048},
+                                                    {"kv_lora_rank", 512},
+                                                    {"qk_nope_head_dim", 192},
+                                                    {"qk_rope_head_dim", 64},
+                                                    {"v_head_dim", 256},
+                                                    {"index_n_heads", 32},
+                                                    {"index_head_dim", 128},
+                                                    {"index_topk", 2048},
+                                                    {"intermediate_size", 12288},
+                                                    {"moe_intermediate_size", 2048},
+                                                    {"n_routed_experts", 256},
+                                                    {"num_experts_per_tok", 8},
+                                                    {"n_group", 1},
+                                                    {"topk_group", 1},
+                                                    {"first_k_dense_replace", 3},
+                                                    {"max_position_embeddings", 202752},
+                                                    {"pad_token_id", 154820}})
     cfg[k] = v;
   cfg["eos_token_id"] = {154820, 154827, 154829};
   std::ofstream(dir / "config.json") << cfg.dump(1);
-  const Proc big = run(kBin + " inspect --model " + dir.string() + " --cluster " + kSrc +
-                       "/cluster-configs/h100x8.yaml");
+  const Proc big =
+      run(kBin + " inspect --model " + dir.string() + " --cluster " + kSrc + "/cluster-configs/h100x8.yaml");
   ASSERT_EQ(big.code, 0) << big.err;
   EXPECT_TRUE(contains(big.out, "parameters 7.439e+11")) << big.out;
   EXPECT_TRUE(contains(big.out, "of 80.0 GB device memory: DOES NOT FIT")) << big.out;
-  const Proc tiny = run(kBin + " inspect --model " + kTinyA + " --cluster " + kSrc +
-                        "/cluster-configs/h100x8.yaml");
+  const Proc tiny = run(kBin + " inspect --model " + kTinyA + " --cluster " + kSrc + "/cluster-configs/h100x8.yaml");
   ASSERT_EQ(tiny.code, 0) << tiny.err;
   EXPECT_TRUE(contains(tiny.out, "of 80.0 GB device memory: fits")) << tiny.out;
   const fs::path yaml = scratch("fits.yaml");

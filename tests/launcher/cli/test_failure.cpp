@@ -74,13 +74,15 @@ std::string mpirun(int np) { return glm5::testing::mpirun(np) + GLM5_BINARY; }
 // fails with an error naming the cause, the log names rank 1, and the job ends non-zero at once.
 TEST(Failure, NanOnLastStageFailsTheRequestNamingTheRank) {
   fs::path model = model_with_nan("model.norm.weight");
-  JobRun r = run_job(mpirun(2) + " generate --model " + model.string() + " --prompt-ids 1,2,3,4 " +
+  JobRun r =
+      run_job(mpirun(2) + " generate --model " + model.string() + " --prompt-ids 1,2,3,4 " +
               "--max-new-tokens 4 --temperature 0 --cluster " + GLM5_SOURCE_DIR + "/cluster-configs/cpu-pp2.yaml");
   EXPECT_NE(r.rc, 0) << r.output;
   EXPECT_NE(r.rc, 124) << "timed out (hang): " << r.output;
   EXPECT_LT(r.seconds, 30.0);
   EXPECT_NE(r.output.find("[glm5] rank 1: request 0: non-finite logits (NaN or inf) at positions 0..3"),
-            std::string::npos) << r.output;
+            std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("error on rank 0 of 2: non-finite logits"), std::string::npos) << r.output;
   fs::remove_all(model);
 }
@@ -96,8 +98,13 @@ TEST(Failure, NanInOneRequestLeavesTheOthersAnswered) {
     std::ofstream f(in);
     for (int i = 0; i < 24; ++i) {
       json prompt = json::array({1 + i % 4, 2, i % 3 == 0 ? poisoned : 9, 3});
-      f << json({{"custom_id", "r" + std::to_string(i)}, {"prompt", prompt}, {"max_tokens", 4},
-                 {"temperature", 0}, {"ignore_eos", true}}).dump() << "\n";
+      f << json({{"custom_id", "r" + std::to_string(i)},
+                 {"prompt", prompt},
+                 {"max_tokens", 4},
+                 {"temperature", 0},
+                 {"ignore_eos", true}})
+               .dump()
+        << "\n";
     }
   }
   auto records = [](const fs::path& p) {
@@ -113,15 +120,17 @@ TEST(Failure, NanInOneRequestLeavesTheOthersAnswered) {
   const fs::path clean = scratch("nan_clean.jsonl");
   fs::remove(clean);
   ASSERT_EQ(0, run_job(std::string(GLM5_BINARY) + " batch --model " + GLM5_TEST_DATA + "/tiny-a --input " +
-                       in.string() + " --output " + clean.string()).rc);
+                       in.string() + " --output " + clean.string())
+                   .rc);
   const auto want = records(clean);
   for (const std::string cluster : {"", "cpu-pp2.yaml"}) {
     SCOPED_TRACE(cluster.empty() ? "one process" : cluster);
     const fs::path out = scratch("nan_out.jsonl");
     fs::remove(out);
-    const std::string cmd = (cluster.empty() ? std::string(GLM5_BINARY) : mpirun(2)) + " batch --model " +
-                            model.string() + " --input " + in.string() + " --output " + out.string() +
-                            (cluster.empty() ? "" : " --cluster " + std::string(GLM5_SOURCE_DIR) + "/cluster-configs/" + cluster);
+    const std::string cmd =
+        (cluster.empty() ? std::string(GLM5_BINARY) : mpirun(2)) + " batch --model " + model.string() + " --input " +
+        in.string() + " --output " + out.string() +
+        (cluster.empty() ? "" : " --cluster " + std::string(GLM5_SOURCE_DIR) + "/cluster-configs/" + cluster);
     JobRun r = run_job(cmd);
     ASSERT_EQ(r.rc, 0) << r.output;
     const auto got = records(out);
@@ -131,12 +140,13 @@ TEST(Failure, NanInOneRequestLeavesTheOthersAnswered) {
       const json& g = got.at(id);
       if (i % 3 == 0) {
         ASSERT_TRUE(g["error"].is_object()) << g.dump();
-        EXPECT_NE(g["error"]["message"].get<std::string>().find("non-finite logits (NaN or inf)"),
-                  std::string::npos) << g.dump();
+        EXPECT_NE(g["error"]["message"].get<std::string>().find("non-finite logits (NaN or inf)"), std::string::npos)
+            << g.dump();
       } else {
         ASSERT_TRUE(g["error"].is_null()) << g.dump();
         EXPECT_EQ(g["response"]["body"]["choices"][0]["token_ids"],
-                  want.at(id)["response"]["body"]["choices"][0]["token_ids"]) << id;
+                  want.at(id)["response"]["body"]["choices"][0]["token_ids"])
+            << id;
       }
     }
   }
@@ -148,7 +158,8 @@ TEST(Failure, MissingShardEndsTheJob) {
   fs::path model = model_with_nan("model.norm.weight");
   json index = json::parse(std::ifstream(model / "model.safetensors.index.json"));
   fs::remove(model / index["weight_map"]["lm_head.weight"].get<std::string>());
-  JobRun r = run_job(mpirun(4) + " generate --model " + model.string() + " --prompt-ids 1,2,3 " +
+  JobRun r =
+      run_job(mpirun(4) + " generate --model " + model.string() + " --prompt-ids 1,2,3 " +
               "--max-new-tokens 2 --temperature 0 --cluster " + GLM5_SOURCE_DIR + "/cluster-configs/cpu-pp2-ep2.yaml");
   EXPECT_NE(r.rc, 0) << r.output;
   EXPECT_NE(r.rc, 124) << "timed out (hang): " << r.output;

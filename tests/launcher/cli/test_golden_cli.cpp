@@ -39,8 +39,8 @@ TEST_P(GoldenCli, GenerateDumpMatchesGolden) {
   const fs::path out = scratch(GetParam() + ".safetensors");
   const fs::path log = scratch(GetParam() + ".log");
   const std::string cmd = std::string(GLM5_BINARY) + " generate --model " + dir + " --prompt-ids " + ids +
-                          " --max-new-tokens " + std::to_string(tokens.size()) +
-                          " --temperature 0 --dump-logits " + out.string();
+                          " --max-new-tokens " + std::to_string(tokens.size()) + " --temperature 0 --dump-logits " +
+                          out.string();
   ASSERT_EQ(0, glm5::testing::sh(cmd, log)) << cmd << "\n" << glm5::testing::slurp(log);
   SafetensorsFile got(out.string());
   EXPECT_EQ(tensor<int32_t>(got, "decode_tokens"), tokens);

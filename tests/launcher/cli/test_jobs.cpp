@@ -47,8 +47,11 @@ std::string batch(const fs::path& in, const fs::path& out, const std::string& cl
 void write_requests(const fs::path& p, int n, int max_tokens, bool logprobs = true) {
   std::ofstream f(p);
   for (int i = 0; i < n; ++i) {
-    json body = {{"custom_id", "r" + std::to_string(i)}, {"prompt", {1 + i % 97, 2 + i % 13, 3}},
-                 {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}};
+    json body = {{"custom_id", "r" + std::to_string(i)},
+                 {"prompt", {1 + i % 97, 2 + i % 13, 3}},
+                 {"max_tokens", max_tokens},
+                 {"temperature", 0},
+                 {"ignore_eos", true}};
     if (logprobs) body["logprobs"] = true, body["top_logprobs"] = 20;
     f << body.dump() << "\n";
   }
@@ -126,8 +129,13 @@ TEST(Jobs, RequestsGoToTheLeastLoadedColumn) {
   {
     std::ofstream f(in);
     for (int i = 0; i < 40; ++i)
-      f << json({{"custom_id", "s" + std::to_string(i)}, {"prompt", {1, 2, 3}}, {"max_tokens", i % 2 ? 1 : 32},
-                 {"temperature", 0}, {"ignore_eos", true}}).dump() << "\n";
+      f << json({{"custom_id", "s" + std::to_string(i)},
+                 {"prompt", {1, 2, 3}},
+                 {"max_tokens", i % 2 ? 1 : 32},
+                 {"temperature", 0},
+                 {"ignore_eos", true}})
+               .dump()
+        << "\n";
   }
   fs::remove(out);
   Job j = run(glm5::testing::mpirun(2) + kBin + batch(in, out, kSrc + "/cluster-configs/cpu-ep2.yaml", rep.string()));
@@ -164,7 +172,8 @@ TEST(Jobs, DiskFullStopsCleanlyAndARerunCompletes) {
   EXPECT_NE(full.rc, 0) << full.log;
   EXPECT_NE(full.rc, 124) << full.log;
   EXPECT_NE(full.log.find("cannot write --output " + on_small.string() + ": No space left on device"),
-            std::string::npos) << full.log;
+            std::string::npos)
+      << full.log;
   const std::string text = glm5::testing::slurp(kept);
   ASSERT_FALSE(text.empty());
   EXPECT_EQ(text.back(), '\n') << "a partial record was left behind";
@@ -203,11 +212,12 @@ TEST(Jobs, UnsupportedFieldsGetAnErrorRecord) {
   auto got = records(out);
   ASSERT_EQ(got.size(), 6u);
   EXPECT_TRUE(got["n1"]["error"].is_null()) << got["n1"].dump();
-  const std::map<std::string, std::string> expect = {{"n2", "field 'n': expected an integer in [1, 64], found 100"},
-                                                     {"best_of", "field 'best_of': only best_of = n (1) is supported, found 3"},
-                                                     {"tools", "field 'tools' is not supported"},
-                                                     {"bias", "field 'logit_bias'"},
-                                                     {"stream", "field 'stream': only false"}};
+  const std::map<std::string, std::string> expect = {
+      {"n2", "field 'n': expected an integer in [1, 64], found 100"},
+      {"best_of", "field 'best_of': only best_of = n (1) is supported, found 3"},
+      {"tools", "field 'tools' is not supported"},
+      {"bias", "field 'logit_bias'"},
+      {"stream", "field 'stream': only false"}};
   for (auto& [id, msg] : expect) {
     ASSERT_TRUE(got[id]["error"].is_object()) << id << ": " << got[id].dump();
     EXPECT_NE(got[id]["error"]["message"].get<std::string>().find(msg), std::string::npos) << got[id].dump();
@@ -218,8 +228,10 @@ TEST(Jobs, UnsupportedFieldsGetAnErrorRecord) {
 // the one that completes the stop string), and text is their decoding cut before it.
 TEST(Jobs, StopStringKeepsTextTokensLogprobsAndUsageTogether) {
   const fs::path free_in = scratch("stop_free.jsonl"), free_out = scratch("stop_free_out.jsonl");
-  std::ofstream(free_in) << json({{"custom_id", "a"}, {"prompt", "Hello"}, {"max_tokens", 24}, {"temperature", 0},
-                                  {"ignore_eos", true}}).dump() << "\n";
+  std::ofstream(free_in)
+      << json({{"custom_id", "a"}, {"prompt", "Hello"}, {"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}})
+             .dump()
+      << "\n";
   fs::remove(free_out);
   ASSERT_EQ(run(kBin + batch(free_in, free_out)).rc, 0);
   const json free_rec = records(free_out)["a"];
@@ -229,8 +241,15 @@ TEST(Jobs, StopStringKeepsTextTokensLogprobsAndUsageTogether) {
   const size_t at = text.find(stop);
 
   const fs::path in = scratch("stop.jsonl"), out = scratch("stop_out.jsonl");
-  std::ofstream(in) << json({{"custom_id", "a"}, {"prompt", "Hello"}, {"max_tokens", 24}, {"temperature", 0},
-                             {"ignore_eos", true}, {"stop", {stop}}, {"logprobs", 1}}).dump() << "\n";
+  std::ofstream(in) << json({{"custom_id", "a"},
+                             {"prompt", "Hello"},
+                             {"max_tokens", 24},
+                             {"temperature", 0},
+                             {"ignore_eos", true},
+                             {"stop", {stop}},
+                             {"logprobs", 1}})
+                           .dump()
+                    << "\n";
   fs::remove(out);
   ASSERT_EQ(run(kBin + batch(in, out)).rc, 0);
   const json rec = records(out)["a"];
@@ -253,14 +272,28 @@ TEST(Jobs, NChoicesShareThePromptAndMatchLoneRequests) {
   json prompt = json::array();
   for (int t = 0; t < 140; ++t) prompt.push_back((t * 37 + 11) % 500);
   const fs::path in = scratch("n_in.jsonl"), out = scratch("n_out.jsonl"), rep = scratch("n_rep.json");
-  std::ofstream(in) << json({{"custom_id", "multi"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0.9},
-                             {"seed", 5}, {"n", 4}, {"ignore_eos", true}, {"logprobs", 0}}).dump() << "\n";
+  std::ofstream(in) << json({{"custom_id", "multi"},
+                             {"prompt", prompt},
+                             {"max_tokens", 6},
+                             {"temperature", 0.9},
+                             {"seed", 5},
+                             {"n", 4},
+                             {"ignore_eos", true},
+                             {"logprobs", 0}})
+                           .dump()
+                    << "\n";
   const fs::path lone_in = scratch("n_lone.jsonl"), lone_out = scratch("n_lone_out.jsonl");
   {
     std::ofstream f(lone_in);
     for (uint64_t j = 0; j < 4; ++j)
-      f << json({{"custom_id", "c" + std::to_string(j)}, {"prompt", prompt}, {"max_tokens", 6},
-                 {"temperature", 0.9}, {"seed", 5 + j * 0x9e3779b97f4a7c15ull}, {"ignore_eos", true}}).dump() << "\n";
+      f << json({{"custom_id", "c" + std::to_string(j)},
+                 {"prompt", prompt},
+                 {"max_tokens", 6},
+                 {"temperature", 0.9},
+                 {"seed", 5 + j * 0x9e3779b97f4a7c15ull},
+                 {"ignore_eos", true}})
+               .dump()
+        << "\n";
   }
   fs::remove(lone_out);
   ASSERT_EQ(run(kBin + batch(lone_in, lone_out)).rc, 0);

@@ -21,9 +21,9 @@ using json = nlohmann::json;
 namespace {
 
 using glm5::testing::kBin;
-using glm5::testing::read_records;
-using glm5::testing::kSrc;
 using glm5::testing::kData;
+using glm5::testing::kSrc;
+using glm5::testing::read_records;
 
 using glm5::testing::mpirun;
 using glm5::testing::slurp;
@@ -52,9 +52,8 @@ struct Layout {
   int np;
 };
 
-const Layout kLayouts[] = {{"cpu-1.yaml", 1},  {"cpu-pp2.yaml", 2},   {"cpu-ep2.yaml", 2},
-                           {"cpu-pp2-ep2.yaml", 4}, {"cpu-ep4.yaml", 4}, {"cpu-pp4.yaml", 4},
-                           {"uneven", 2}, {"shared-start", 3}};
+const Layout kLayouts[] = {{"cpu-1.yaml", 1},   {"cpu-pp2.yaml", 2}, {"cpu-ep2.yaml", 2}, {"cpu-pp2-ep2.yaml", 4},
+                           {"cpu-ep4.yaml", 4}, {"cpu-pp4.yaml", 4}, {"uneven", 2},       {"shared-start", 3}};
 
 std::string prompt_ids(int n, int vocab, int seed) {
   std::string s;
@@ -69,16 +68,23 @@ std::string prompt_ids(int n, int vocab, int seed) {
 void write_batch_file(const fs::path& p, int vocab) {
   std::ofstream f(p);
   for (int i = 0; i < 7; ++i) {
-    json body = {{"prompt", json::array()}, {"max_tokens", 3 + i % 4}, {"temperature", i % 2 ? 0.0 : 0.8},
-                 {"seed", 100 + i}, {"logprobs", 2}};
+    json body = {{"prompt", json::array()},
+                 {"max_tokens", 3 + i % 4},
+                 {"temperature", i % 2 ? 0.0 : 0.8},
+                 {"seed", 100 + i},
+                 {"logprobs", 2}};
     int n = 5 + 11 * i;  // mixed lengths, some above index_topk
     unsigned x = unsigned(i) * 7919u + 3;
     for (int t = 0; t < n; ++t) {
       x = x * 1664525u + 1013904223u;
       body["prompt"].push_back(int((x >> 8) % unsigned(vocab)));
     }
-    f << json({{"custom_id", "req-" + std::to_string(i)}, {"method", "POST"}, {"url", "/v1/completions"},
-               {"body", body}}).dump() << "\n";
+    f << json({{"custom_id", "req-" + std::to_string(i)},
+               {"method", "POST"},
+               {"url", "/v1/completions"},
+               {"body", body}})
+             .dump()
+      << "\n";
   }
   f << "{not json\n";
 }
@@ -100,7 +106,8 @@ TEST_P(LayoutTest, GenerateAndBatchMatchSingleProcess) {
   write_batch_file(batch_in, vocab);
   const fs::path batch_ref = scratch(GetParam() + "_batch_ref.jsonl");
   ASSERT_EQ(0, sh(kBin + " batch --model " + model + " --precision " + test_precision() + " --input " +
-                  batch_in.string() + " --output " + batch_ref.string())) << last_log();
+                  batch_in.string() + " --output " + batch_ref.string()))
+      << last_log();
   auto want = read_records(batch_ref);
   ASSERT_EQ(want.size(), 8u);
 
@@ -121,8 +128,8 @@ TEST_P(LayoutTest, GenerateAndBatchMatchSingleProcess) {
     ASSERT_EQ(0, sh(mpirun(l.np) + kBin + gen + out.string() + " --cluster " + cluster)) << last_log();
     expect_same_tensors(ref, out);
     const fs::path bout = scratch(GetParam() + "_" + l.config + ".jsonl");
-    ASSERT_EQ(0, sh(mpirun(l.np) + kBin + " batch --model " + model + " --precision " + test_precision() +
-                    " --input " + batch_in.string() + " --output " + bout.string() + " --cluster " + cluster))
+    ASSERT_EQ(0, sh(mpirun(l.np) + kBin + " batch --model " + model + " --precision " + test_precision() + " --input " +
+                    batch_in.string() + " --output " + bout.string() + " --cluster " + cluster))
         << last_log();
     EXPECT_EQ(read_records(bout), want);
   }
@@ -145,8 +152,9 @@ TEST(DeviceLikeLayouts, MatchSingleCpuProcessOverBothTransports) {
                  batch_ref = scratch("dl_batch_ref.jsonl");
   ASSERT_EQ(0, sh(kBin + gen + ref.string())) << last_log();
   write_batch_file(batch_in, vocab);
-  ASSERT_EQ(0, sh(kBin + " batch --model " + model + " --input " + batch_in.string() + " --output " +
-                  batch_ref.string())) << last_log();
+  ASSERT_EQ(0,
+            sh(kBin + " batch --model " + model + " --input " + batch_in.string() + " --output " + batch_ref.string()))
+      << last_log();
   const auto want = read_records(batch_ref);
   struct Case {
     int stages, ep;
@@ -163,9 +171,9 @@ TEST(DeviceLikeLayouts, MatchSingleCpuProcessOverBothTransports) {
       const int np = c.stages * c.ep;
       ASSERT_EQ(0, sh(mpirun(np) + kBin + gen + out.string() + " --cluster " + cluster.string())) << last_log();
       expect_same_tensors(ref, out);
-      ASSERT_EQ(0, sh(mpirun(np) + kBin + " batch --model " + model + " --input " + batch_in.string() +
-                      " --output " + bout.string() + " --cluster " + cluster.string() + " --report " +
-                      rep.string())) << last_log();
+      ASSERT_EQ(0, sh(mpirun(np) + kBin + " batch --model " + model + " --input " + batch_in.string() + " --output " +
+                      bout.string() + " --cluster " + cluster.string() + " --report " + rep.string()))
+          << last_log();
       EXPECT_EQ(read_records(bout), want);
       reports[comm] = json::parse(std::ifstream(rep));
       for (const json& r : reports[comm]["ranks"]) {
@@ -175,8 +183,10 @@ TEST(DeviceLikeLayouts, MatchSingleCpuProcessOverBothTransports) {
         const std::string moved = comm == "nccl" ? "device-like" : "mpi-staged";
         EXPECT_EQ(t["moe"], c.ep > 1 ? moved : "none");
         EXPECT_EQ(t["hidden"], c.stages > 1 ? moved : "none");
-        if (comm == "nccl") EXPECT_EQ(t["staged_bytes"], 0) << r.dump();
-        else EXPECT_GT(t["staged_bytes"].get<uint64_t>(), 0u) << r.dump();
+        if (comm == "nccl")
+          EXPECT_EQ(t["staged_bytes"], 0) << r.dump();
+        else
+          EXPECT_GT(t["staged_bytes"].get<uint64_t>(), 0u) << r.dump();
       }
     }
     // With nccl a stage-0 rank reads back only expert ids and a later stage's rank receives its
@@ -221,8 +231,8 @@ TEST(DeviceLikeLayouts, SharedIndexerTopkCrossesHopsInDeviceMemory) {
 TEST(GemmPaths, MixedRanksWarnUniformRanksDoNot) {
   const std::string gen = kBin + " generate --model " + kData + "/tiny-a --prompt-ids 1,5,9 --max-new-tokens 2" +
                           " --temperature 0 --cluster " + kSrc + "/cluster-configs/cpu-ep2.yaml";
-  const std::string mpi = std::string(GLM5_MPIRUN) +
-                          " --allow-run-as-root --oversubscribe --mca btl self,vader,tcp -x OMP_NUM_THREADS=1 ";
+  const std::string mpi =
+      std::string(GLM5_MPIRUN) + " --allow-run-as-root --oversubscribe --mca btl self,vader,tcp -x OMP_NUM_THREADS=1 ";
   ASSERT_EQ(sh(mpi + "-np 1 -x GLM5_CPU_GEMM=fp32 " + gen + " : -np 1 -x GLM5_CPU_GEMM=amx-emulated " + gen), 0)
       << last_log();
   EXPECT_NE(last_log().find("ranks run different BF16 gemm paths (rank 0 fp32, rank 1 amx-emulated)"),

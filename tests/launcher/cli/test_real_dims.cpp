@@ -173,14 +173,14 @@ TEST(RealDims, IndexerSetsMatchFloat64Reference) {
 
   std::vector<int32_t> sel(size_t(L * R * K), -2);
   std::vector<int64_t> seen(size_t(L), 0);
-  m.model->set_debug_hook([&](const std::string& name, int layer, const void* data, glm5::DType, int64_t n,
-                              int64_t cols) {
-    if (name != "indexer_topk") return;
-    ASSERT_EQ(cols, K);
-    ASSERT_EQ(n, R) << "expected the indexer rows of the whole prompt in one call";
-    std::memcpy(sel.data() + layer * R * K, data, size_t(n * K) * sizeof(int32_t));
-    ++seen[size_t(layer)];
-  });
+  m.model->set_debug_hook(
+      [&](const std::string& name, int layer, const void* data, glm5::DType, int64_t n, int64_t cols) {
+        if (name != "indexer_topk") return;
+        ASSERT_EQ(cols, K);
+        ASSERT_EQ(n, R) << "expected the indexer rows of the whole prompt in one call";
+        std::memcpy(sel.data() + layer * R * K, data, size_t(n * K) * sizeof(int32_t));
+        ++seen[size_t(layer)];
+      });
   glm5::runtime::KvPool pool(m.model->backend(), m.cfg, 0, int(L), glm5::runtime::blocks_for(P));
   std::vector<int32_t> table(size_t(glm5::runtime::blocks_for(P)));
   for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
@@ -206,8 +206,8 @@ TEST(RealDims, IndexerSetsMatchFloat64Reference) {
       if (firm[size_t(l * R + r)]) {
         ++n_firm;
         firm_equal += equal;
-        EXPECT_TRUE(equal) << "layer " << l << " row " << rows[size_t(r)] << ": indexer set differs (margin "
-                           << margin << ")";
+        EXPECT_TRUE(equal) << "layer " << l << " row " << rows[size_t(r)] << ": indexer set differs (margin " << margin
+                           << ")";
       } else {
         ++other;
         other_equal += equal;

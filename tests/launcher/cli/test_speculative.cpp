@@ -21,10 +21,10 @@ using json = nlohmann::json;
 namespace {
 
 using glm5::testing::kBin;
-using glm5::testing::read_records;
 using glm5::testing::kData;
 using glm5::testing::kSrc;
 using glm5::testing::mpirun;
+using glm5::testing::read_records;
 using glm5::testing::slurp;
 
 const glm5::testing::ScratchDir scratch("glm5_speculative");
@@ -46,8 +46,10 @@ void write_requests(const fs::path& p, const std::string& model, int n, int max_
   }
   std::ofstream f(p);
   for (int i = 0; i < n; ++i) {
-    json body = {{"max_tokens", max_tokens - i % 5}, {"temperature", i % 3 == 1 ? 0.8 : 0.0},
-                 {"seed", 1000 + i}, {"logprobs", 2}};
+    json body = {{"max_tokens", max_tokens - i % 5},
+                 {"temperature", i % 3 == 1 ? 0.8 : 0.0},
+                 {"seed", 1000 + i},
+                 {"logprobs", 2}};
     if (text) {
       body["prompt"] = lines.at(size_t(i));
       if (i % 4 == 3) body["stop"] = {" LORD"};
@@ -60,15 +62,19 @@ void write_requests(const fs::path& p, const std::string& model, int n, int max_
       }
     }
     if (i == 2) body["n"] = 2;
-    f << json({{"custom_id", "req-" + std::to_string(i)}, {"method", "POST"}, {"url", "/v1/completions"},
-               {"body", body}}).dump() << "\n";
+    f << json({{"custom_id", "req-" + std::to_string(i)},
+               {"method", "POST"},
+               {"url", "/v1/completions"},
+               {"body", body}})
+             .dump()
+      << "\n";
   }
 }
 
 struct SpecRun {
   const char* layout;  // cluster-configs file
   int np;
-  int k;               // --speculative-tokens
+  int k;  // --speculative-tokens
   int max_batch;
 };
 
@@ -85,20 +91,20 @@ TEST_P(Speculative, RecordsAreBitwiseThoseOfPlainDecodingOnEveryLayout) {
   const auto want = read_records(ref);
   ASSERT_EQ(want.size(), 12u);
 
-  const SpecRun runs[] = {{"cpu-1.yaml", 1, 1, 1},      {"cpu-1.yaml", 1, 2, 1},      {"cpu-1.yaml", 1, 3, 1},
-                      {"cpu-1.yaml", 1, 4, 1},      {"cpu-1.yaml", 1, 3, 8},      {"cpu-pp2.yaml", 2, 3, 8},
-                      {"cpu-ep2.yaml", 2, 2, 8},    {"cpu-pp2-ep2.yaml", 4, 4, 8}};
+  const SpecRun runs[] = {{"cpu-1.yaml", 1, 1, 1},   {"cpu-1.yaml", 1, 2, 1},      {"cpu-1.yaml", 1, 3, 1},
+                          {"cpu-1.yaml", 1, 4, 1},   {"cpu-1.yaml", 1, 3, 8},      {"cpu-pp2.yaml", 2, 3, 8},
+                          {"cpu-ep2.yaml", 2, 2, 8}, {"cpu-pp2-ep2.yaml", 4, 4, 8}};
   for (const SpecRun& r : runs) {
-    const std::string name = GetParam() + "_" + r.layout + "_k" + std::to_string(r.k) + "_b" +
-                             std::to_string(r.max_batch);
+    const std::string name =
+        GetParam() + "_" + r.layout + "_k" + std::to_string(r.k) + "_b" + std::to_string(r.max_batch);
     SCOPED_TRACE(name);
     // The layout, with speculation allowed at every batch size of the run.
     const fs::path cluster = scratch(name + ".yaml");
     std::ofstream(cluster) << slurp(kSrc + "/cluster-configs/" + r.layout) << "\nmax_batch: " << r.max_batch
                            << "\nspeculative_max_batch: 64\n";
     const fs::path out = scratch(name + ".jsonl"), report = scratch(name + ".report.json");
-    const std::string cmd = kBin + " batch --model " + model + " --input " + in.string() + " --output " +
-                            out.string() + " --report " + report.string() + " --cluster " + cluster.string() +
+    const std::string cmd = kBin + " batch --model " + model + " --input " + in.string() + " --output " + out.string() +
+                            " --report " + report.string() + " --cluster " + cluster.string() +
                             " --speculative-tokens " + std::to_string(r.k);
     ASSERT_EQ(0, sh((r.np > 1 ? mpirun(r.np) : std::string()) + cmd)) << last_log();
     EXPECT_EQ(read_records(out), want);
@@ -135,8 +141,11 @@ TEST(SpeculativeUnderLoad, PreemptionPrefixSharingAndThePolicyKeepTheRecords) {
     for (int i = 0; i < 16; ++i)
       f << json({{"custom_id", "r" + std::to_string(i)},
                  {"prompt", text.substr(0, 600) + " " + std::to_string(i)},
-                 {"max_tokens", 70 + 10 * (i % 4)}, {"temperature", i % 2 ? 0.7 : 0.0}, {"seed", i}, {"logprobs", 1}})
-                  .dump()
+                 {"max_tokens", 70 + 10 * (i % 4)},
+                 {"temperature", i % 2 ? 0.7 : 0.0},
+                 {"seed", i},
+                 {"logprobs", 1}})
+               .dump()
         << "\n";
   }
   const fs::path ref = scratch("load_ref.jsonl");
@@ -159,13 +168,13 @@ TEST(SpeculativeUnderLoad, PreemptionPrefixSharingAndThePolicyKeepTheRecords) {
 TEST(SpeculativeErrors, AModelWithoutAnMtpLayerIsRefusedByName) {
   const std::string model = kData + "/real-dims";
   ASSERT_TRUE(fs::exists(model));
-  EXPECT_NE(0, sh(kBin + " generate --model " + model + " --prompt-ids 1,2,3 --max-new-tokens 2 --temperature 0 "
+  EXPECT_NE(0, sh(kBin + " generate --model " + model +
+                  " --prompt-ids 1,2,3 --max-new-tokens 2 --temperature 0 "
                   "--speculative-tokens 2"));
   EXPECT_TRUE(glm5::testing::contains(last_log(), "MTP layer")) << last_log();
   EXPECT_TRUE(glm5::testing::contains(last_log(), "eh_proj")) << last_log();
   EXPECT_NE(0, sh(kBin + " generate --model " + kData + "/tiny-a --prompt-ids 1,2,3 --speculative-tokens 9"));
-  EXPECT_TRUE(glm5::testing::contains(last_log(), "--speculative-tokens: expected an integer in [0, 8]"))
-      << last_log();
+  EXPECT_TRUE(glm5::testing::contains(last_log(), "--speculative-tokens: expected an integer in [0, 8]")) << last_log();
 }
 
 }  // namespace

@@ -100,8 +100,8 @@ TEST(ClusterConfigFiles, DetailsOfSpecialFiles) {
   EXPECT_EQ(pairs(uneven.layer_ranges), (std::vector<std::pair<int, int>>{{0, 1}, {1, 4}}));
 
   ClusterConfig ucx = load_cluster_config(kConfigs + "/cpu-pp2-ep2-ucx.yaml");
-  const std::vector<std::string> ucx_args = {
-      "--mca", "pml", "ucx", "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any"};
+  const std::vector<std::string> ucx_args = {"--mca",           "pml", "ucx", "--mca", "pml_ucx_tls", "any", "--mca",
+                                             "pml_ucx_devices", "any"};
   EXPECT_EQ(ucx.mpirun_args, ucx_args);
 
   ClusterConfig two = load_cluster_config(kConfigs + "/h100x16-2nodes.yaml");
@@ -200,14 +200,11 @@ TEST(ClusterConfigErrors, WrongTypes) {
   // A step must hold one decode token of every running sequence.
   expect_yaml_error("max_batch: 64\nmax_step_tokens: 32\n",
                     {"key 'max_step_tokens'", "line 2", "at least max_batch (64", "found 32"});
-  expect_yaml_error("max_batch: 9000\n", {"key 'max_step_tokens'", "at least max_batch (9000",
-                                           "found 8192"});
+  expect_yaml_error("max_batch: 9000\n", {"key 'max_step_tokens'", "at least max_batch (9000", "found 8192"});
   expect_yaml_error("kv_budget_gb: lots\n", {"key 'kv_budget_gb'", "a number >= 0", "'lots'"});
   expect_yaml_error("backend: [cpu]\n", {"key 'backend'", "one of cpu, cuda", "a list"});
-  expect_yaml_error("hosts: node1\n",
-                    {"key 'hosts'", "a list of {host: NAME, slots: N}", "'node1'"});
-  expect_yaml_error("mpirun_args: --oversubscribe\n",
-                    {"key 'mpirun_args'", "a list of strings", "'--oversubscribe'"});
+  expect_yaml_error("hosts: node1\n", {"key 'hosts'", "a list of {host: NAME, slots: N}", "'node1'"});
+  expect_yaml_error("mpirun_args: --oversubscribe\n", {"key 'mpirun_args'", "a list of strings", "'--oversubscribe'"});
   expect_yaml_error("mpirun_args: [[a]]\n", {"key 'mpirun_args[0]'", "a string", "a list"});
   expect_yaml_error("env: [A=1]\n", {"key 'env'", "a map of NAME: value", "a list"});
   expect_yaml_error("env: {A: [1, 2]}\n", {"key 'env.A'", "a string", "a list"});
@@ -218,8 +215,7 @@ TEST(ClusterConfigErrors, CountsBelowOne) {
   expect_yaml_error("stages: 0\n", {"key 'stages'", "an integer >= 1", "found '0'"});
   expect_yaml_error("stages: -2\n", {"key 'stages'", "an integer >= 1", "found '-2'"});
   expect_yaml_error("stages: []\n", {"key 'stages'", "layer ranges", "a list of 0"});
-  expect_yaml_error("expert_parallel: 0\n",
-                    {"key 'expert_parallel'", "an integer >= 1", "found '0'"});
+  expect_yaml_error("expert_parallel: 0\n", {"key 'expert_parallel'", "an integer >= 1", "found '0'"});
   expect_yaml_error("micro_batches: 0\n", {"key 'micro_batches'", "an integer >= 1", "found '0'"});
   expect_yaml_error("max_batch: 0\n", {"key 'max_batch'", "an integer >= 1", "found '0'"});
 }
@@ -227,8 +223,8 @@ TEST(ClusterConfigErrors, CountsBelowOne) {
 TEST(ClusterConfigErrors, BackendAndComm) {
   expect_yaml_error("backend: tpu\n", {"key 'backend'", "one of cpu, cuda", "found 'tpu'"});
   expect_yaml_error("comm: gloo\n", {"key 'comm'", "one of mpi, nccl", "found 'gloo'"});
-  expect_yaml_error("backend: cpu\ncomm: nccl\n", {"key 'comm'", "mpi with backend cpu",
-                                                   "nccl needs device memory", "found 'nccl'"});
+  expect_yaml_error("backend: cpu\ncomm: nccl\n",
+                    {"key 'comm'", "mpi with backend cpu", "nccl needs device memory", "found 'nccl'"});
   // The default backend is cpu, so nccl alone is the same mistake.
   expect_yaml_error("comm: nccl\n", {"key 'comm'", "nccl needs device memory", "found 'nccl'"});
   EXPECT_NO_THROW(parse_cluster_config("backend: cuda\ncomm: mpi\n", "ok.yaml"));
@@ -242,18 +238,14 @@ TEST(ClusterConfigErrors, NegativeKvBudget) {
 }
 
 TEST(ClusterConfigErrors, MalformedHosts) {
-  expect_yaml_error("hosts: [{host: a, slots: 0}]\n",
-                    {"key 'hosts[0].slots'", "an integer >= 1", "'0'"});
+  expect_yaml_error("hosts: [{host: a, slots: 0}]\n", {"key 'hosts[0].slots'", "an integer >= 1", "'0'"});
   expect_yaml_error("hosts: [{host: a, slots: many}]\n", {"key 'hosts[0].slots'", "'many'"});
-  expect_yaml_error("hosts: [{host: a}, {slots: 2}]\n",
-                    {"key 'hosts[1].host'", "a host name", "no 'host' key"});
-  expect_yaml_error("hosts: [{host: a, name: b}]\n",
-                    {"key 'hosts[0]'", "only the keys host, slots", "'name'"});
+  expect_yaml_error("hosts: [{host: a}, {slots: 2}]\n", {"key 'hosts[1].host'", "a host name", "no 'host' key"});
+  expect_yaml_error("hosts: [{host: a, name: b}]\n", {"key 'hosts[0]'", "only the keys host, slots", "'name'"});
   expect_yaml_error("hosts: [\"a:x\"]\n", {"key 'hosts[0]'", "NAME:SLOTS", "'a:x'"});
   expect_yaml_error("hosts: [\"a:0\"]\n", {"key 'hosts[0]'", "SLOTS an integer >= 1", "'a:0'"});
   expect_yaml_error("hosts: [[a, 2]]\n", {"key 'hosts[0]'", "{host: NAME, slots: N}", "a list"});
-  expect_yaml_error("hosts: [{host: \"a b\"}]\n",
-                    {"key 'hosts[0].host'", "without spaces", "'a b'"});
+  expect_yaml_error("hosts: [{host: \"a b\"}]\n", {"key 'hosts[0].host'", "without spaces", "'a b'"});
   expect_yaml_error("hosts: [{host: \"\"}]\n", {"key 'hosts[0].host'", "a host name", "''"});
 }
 
@@ -261,10 +253,8 @@ TEST(ClusterConfigErrors, ExplicitRangesShape) {
   expect_yaml_error("stages: [[0, 2], [3, 4]]\n",
                     {"key 'stages[1]'", "contiguous from layer 0", "first = 2", "found first = 3"});
   expect_yaml_error("stages: [[1, 4]]\n", {"key 'stages[0]'", "first = 0", "found first = 1"});
-  expect_yaml_error("stages: [[0, 2], [2, 2]]\n",
-                    {"key 'stages[1]'", "non-empty range", "found [2, 2]"});
-  expect_yaml_error("stages: [[0, 1, 2]]\n",
-                    {"key 'stages[0]'", "[first, last) pair", "a list of 3"});
+  expect_yaml_error("stages: [[0, 2], [2, 2]]\n", {"key 'stages[1]'", "non-empty range", "found [2, 2]"});
+  expect_yaml_error("stages: [[0, 1, 2]]\n", {"key 'stages[0]'", "[first, last) pair", "a list of 3"});
   expect_yaml_error("stages: [[0, x]]\n", {"key 'stages[0][1]'", "an integer >= 0", "'x'"});
   expect_yaml_error("stages: [3]\n", {"key 'stages[0]'", "[first, last) pair", "'3'"});
 }
@@ -303,8 +293,7 @@ TEST(LayerParameters, MatchesTinyACheckpoint) {
   }
   // 4 decoder layers + the MTP layer (stored as layer 4).
   ASSERT_EQ(per_layer.size(), size_t(mc.num_hidden_layers + mc.num_nextn_predict_layers));
-  for (const auto& [layer, count] : per_layer)
-    EXPECT_EQ(layer_parameters(mc, layer), count) << "layer " << layer;
+  for (const auto& [layer, count] : per_layer) EXPECT_EQ(layer_parameters(mc, layer), count) << "layer " << layer;
   // Hand-computed from the spec shapes: dense layer 0 and MoE layers 1..3.
   EXPECT_EQ(layer_parameters(mc, 0), 305824.0);
   EXPECT_EQ(layer_parameters(mc, 1), 948912.0);
@@ -353,15 +342,13 @@ TEST(PlanStages, IndexShareStagesBeginAtFullLayersWhenThatBalances) {
 
 TEST(PlanStages, TinyAExplicitUneven) {
   ClusterConfig cc = load_cluster_config(kConfigs + "/cpu-uneven.yaml");
-  EXPECT_EQ(pairs(plan_stages(cc, tiny_a(), 2)),
-            (std::vector<std::pair<int, int>>{{0, 1}, {1, 4}}));
+  EXPECT_EQ(pairs(plan_stages(cc, tiny_a(), 2)), (std::vector<std::pair<int, int>>{{0, 1}, {1, 4}}));
 }
 
 TEST(PlanStages, ExplicitRangesMustCoverAllLayers) {
   ClusterConfig cc = parse_cluster_config("stages: [[0, 1], [1, 3]]\n", kBad);
   expect_error([&] { plan_stages(cc, tiny_a(), 2); },
-               {kBad, "key 'stages'", "covering layers [0, 4)", "num_hidden_layers = 4",
-                "ending at 3", "tiny-a"});
+               {kBad, "key 'stages'", "covering layers [0, 4)", "num_hidden_layers = 4", "ending at 3", "tiny-a"});
   cc = parse_cluster_config("stages: [[0, 2], [2, 5]]\n", kBad);
   expect_error([&] { plan_stages(cc, tiny_a(), 2); }, {kBad, "[0, 4)", "ending at 5"});
   // Ranges built in code (not from YAML) are checked for gaps too.
@@ -382,9 +369,9 @@ TEST(PlanStages, WorldSizeMismatch) {
 
 TEST(PlanStages, ExpertsNotDivisible) {
   ClusterConfig cc = parse_cluster_config("expert_parallel: 3\n", kBad);
-  expect_error([&] { plan_stages(cc, tiny_a(), 3); },
-               {kBad, "key 'expert_parallel'", "divisor of n_routed_experts (16)", "1, 2, 4, 8, 16",
-                "found 3", "tiny-a"});
+  expect_error(
+      [&] { plan_stages(cc, tiny_a(), 3); },
+      {kBad, "key 'expert_parallel'", "divisor of n_routed_experts (16)", "1, 2, 4, 8, 16", "found 3", "tiny-a"});
   cc.expert_parallel = 16;
   EXPECT_NO_THROW(plan_stages(cc, tiny_a(), 16));
 }
@@ -438,18 +425,16 @@ env: {UCX_TLS: "tcp,self", B: "x y"}
                                            "--cluster",
                                            "conf/c.yaml"};
   EXPECT_EQ(cmd, expect);  // slots (4) cover the world: no --oversubscribe
-  EXPECT_EQ(
-      shell_join(cmd),
-      "mpirun -np 4 --allow-run-as-root --host n1:2,n2:2 --mca pml ucx --bind-to none -x 'B=x y' -x "
-      "UCX_TLS=tcp,self /opt/glm5 generate --model m --prompt 'hi there' --cluster conf/c.yaml");
+  EXPECT_EQ(shell_join(cmd),
+            "mpirun -np 4 --allow-run-as-root --host n1:2,n2:2 --mca pml ucx --bind-to none -x 'B=x y' -x "
+            "UCX_TLS=tcp,self /opt/glm5 generate --model m --prompt 'hi there' --cluster conf/c.yaml");
 }
 
 TEST(LaunchCommand, RootFlagAndOversubscription) {
   ClusterConfig cc = parse_cluster_config("stages: 2\nexpert_parallel: 2\n", "c.yaml");
   auto cmd = launch_command(cc, "glm5", {"inspect"}, false);
   EXPECT_EQ(index_of(cmd, "--allow-run-as-root"), -1);
-  EXPECT_EQ(std::vector<std::string>(cmd.begin(), cmd.begin() + 3),
-            (std::vector<std::string>{"mpirun", "-np", "4"}));
+  EXPECT_EQ(std::vector<std::string>(cmd.begin(), cmd.begin() + 3), (std::vector<std::string>{"mpirun", "-np", "4"}));
   EXPECT_EQ(index_of(cmd, "--host"), -1);
   EXPECT_EQ(index_of(cmd, "-x"), -1);
   // Without hosts, oversubscription follows the local CPU count.
@@ -481,7 +466,8 @@ TEST(LaunchCommand, RanksUnboundUnlessTheConfigBinds) {
   const auto at = index_of(cmd, "--bind-to");
   ASSERT_GE(at, 0);
   EXPECT_EQ(cmd[size_t(at) + 1], "none");
-  cc = parse_cluster_config("stages: 1\nmpirun_args: [\"--bind-to\", \"core\", \"--map-by\", \"slot:PE=4\"]\n", "c.yaml");
+  cc = parse_cluster_config("stages: 1\nmpirun_args: [\"--bind-to\", \"core\", \"--map-by\", \"slot:PE=4\"]\n",
+                            "c.yaml");
   cmd = launch_command(cc, "glm5", {"inspect"}, false);
   EXPECT_EQ(std::count(cmd.begin(), cmd.end(), "--bind-to"), 1);
   EXPECT_EQ(cmd[size_t(index_of(cmd, "--bind-to")) + 1], "core");
@@ -508,11 +494,7 @@ TEST(LaunchCommand, RefusesASecondCluster) {
         launch_command(cc, "glm5", {"generate", "--cluster", "x.yaml"}, false);
       },
       {"--cluster", "c.yaml"});
-  expect_error(
-      [&] {
-        launch_command(cc, "glm5", {"generate", "--cluster=x.yaml"}, false);
-      },
-      {"--cluster=x.yaml"});
+  expect_error([&] { launch_command(cc, "glm5", {"generate", "--cluster=x.yaml"}, false); }, {"--cluster=x.yaml"});
 }
 
 TEST(LaunchCommand, ShippedUcxConfig) {

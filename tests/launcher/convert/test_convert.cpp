@@ -17,13 +17,13 @@
 namespace {
 
 namespace fs = std::filesystem;
+using glm5::runtime::Checkpoint;
 using glm5::testing::contains;
 using glm5::testing::slurp;
-using glm5::runtime::Checkpoint;
 
 using glm5::testing::kBin;
-using glm5::testing::kSrc;
 using glm5::testing::kData;
+using glm5::testing::kSrc;
 const glm5::testing::ScratchDir scratch("glm5_convert");
 
 glm5::testing::Proc run(const std::string& cmd, const std::string& tag) {
@@ -34,7 +34,8 @@ glm5::testing::Proc run(const std::string& cmd, const std::string& tag) {
 std::string convert(const std::string& in, const std::string& name, const std::string& flags) {
   const fs::path out = scratch(name);
   if (!fs::exists(out / "model.safetensors.index.json")) {
-    auto p = run(kBin + " convert --no-progress --model " + in + " --out " + out.string() + " " + flags, "conv-" + name);
+    auto p =
+        run(kBin + " convert --no-progress --model " + in + " --out " + out.string() + " " + flags, "conv-" + name);
     EXPECT_EQ(p.code, 0) << p.err;
   }
   return out.string();
@@ -167,10 +168,12 @@ TEST(Convert, InterruptedConversionResumesToIdenticalBytes) {
   fs::create_directories(cut);
   for (const auto& [n, b] : want) {
     if (contains(n, "00001-of")) std::ofstream(cut / n, std::ios::binary) << b;
-    if (contains(n, "00002-of")) std::ofstream(cut / (n + ".partial"), std::ios::binary) << b.substr(0, b.size() / 2 + 3);
+    if (contains(n, "00002-of"))
+      std::ofstream(cut / (n + ".partial"), std::ios::binary) << b.substr(0, b.size() / 2 + 3);
     if (n == ".glm5-convert.json") std::ofstream(cut / n, std::ios::binary) << b;
   }
-  auto p = run(kBin + " convert --no-progress --model " + kData + "/tiny-a --out " + cut.string() + " " + flags, "resume");
+  auto p =
+      run(kBin + " convert --no-progress --model " + kData + "/tiny-a --out " + cut.string() + " " + flags, "resume");
   ASSERT_EQ(p.code, 0) << p.err;
   EXPECT_EQ(files(cut), want);
   // A rerun over a finished output changes nothing.
@@ -181,7 +184,8 @@ TEST(Convert, InterruptedConversionResumesToIdenticalBytes) {
 
 TEST(Convert, ClusterWritesOneFileSetPerRank) {
   const std::string out =
-      convert(kData + "/tiny-a", "cluster", "--quant int4 --group-size 32 --cluster " + kSrc + "/cluster-configs/cpu-pp2-ep2.yaml");
+      convert(kData + "/tiny-a", "cluster",
+              "--quant int4 --group-size 32 --cluster " + kSrc + "/cluster-configs/cpu-pp2-ep2.yaml");
   const auto index = nlohmann::json::parse(slurp(fs::path(out) / "model.safetensors.index.json"));
   // tiny-a: 4 layers on 2 stages, 16 experts over 2 columns.
   const auto& wm = index["weight_map"];
@@ -201,12 +205,14 @@ TEST(Convert, BadFlagsAndFoldersGetOneMessage) {
   EXPECT_TRUE(contains(p.err, "--quant: expected int4, int8, fp8, bf16 or f32, found 'int3'")) << p.err;
   p = run(kBin + " convert --no-progress" + in + " --out " + scratch("bad2").string() + " --group-size 48", "bad2");
   EXPECT_TRUE(contains(p.err, "--group-size: expected 32, 64 or 128, found 48")) << p.err;
-  p = run(kBin + " convert --no-progress" + in + " --out " + scratch("bad3").string() + " --quantize experts,router", "bad3");
+  p = run(kBin + " convert --no-progress" + in + " --out " + scratch("bad3").string() + " --quantize experts,router",
+          "bad3");
   EXPECT_TRUE(contains(p.err, "'router' is not a quantizable role")) << p.err;
   p = run(kBin + " convert --no-progress" + in + " --out " + scratch("bad6").string() + " --scale-dtype f16", "bad6");
   EXPECT_TRUE(contains(p.err, "--scale-dtype: expected bf16 or f32, found 'f16'")) << p.err;
-  p = run(kBin + " convert --no-progress" + in + " --out " + scratch("bad7").string() + " --quant fp8 --scale-dtype f32",
-          "bad7");
+  p = run(
+      kBin + " convert --no-progress" + in + " --out " + scratch("bad7").string() + " --quant fp8 --scale-dtype f32",
+      "bad7");
   EXPECT_NE(p.code, 0);
   EXPECT_TRUE(contains(p.err, "only int4 and int8 have group scales")) << p.err;
   const fs::path full = scratch("bad4");
@@ -228,7 +234,8 @@ TEST(Convert, BadFlagsAndFoldersGetOneMessage) {
 // An int checkpoint converted again to its own format and group keeps its scales byte for byte
 // unless --scale-dtype asks for others.
 TEST(Convert, ScaleDtypeKeptUnlessGiven) {
-  const std::string f32s = convert(kData + "/tiny-a", "int8-f32-scales", "--quant int8 --group-size 32 --scale-dtype f32");
+  const std::string f32s =
+      convert(kData + "/tiny-a", "int8-f32-scales", "--quant int8 --group-size 32 --scale-dtype f32");
   const std::string kept = convert(f32s, "int8-f32-scales-again", "--quant int8 --group-size 32");
   const std::string bf16 = convert(f32s, "int8-bf16-scales", "--quant int8 --group-size 32 --scale-dtype bf16");
   Checkpoint a(f32s), b(kept), c(bf16);

@@ -31,8 +31,8 @@ using json = nlohmann::json;
 namespace {
 
 using glm5::testing::kBin;
-using glm5::testing::kSrc;
 using glm5::testing::kData;
+using glm5::testing::kSrc;
 const std::string kTinyA = kData + "/tiny-a";
 const std::string kTinyCt = kData + "/tiny-a-w4a16-ct";
 const std::string kGlm5 = kData + "/glm5-config";
@@ -73,9 +73,12 @@ std::vector<Row> rows(const std::string& out) {
     std::vector<std::string> cols;
     for (std::string c; ls >> c;) cols.push_back(c);
     if (cols.empty()) continue;
-    if (cols[0] == "rank") table = true;
-    else if (table && std::isdigit(static_cast<unsigned char>(cols[0][0]))) r.push_back({cols});
-    else if (table) break;
+    if (cols[0] == "rank")
+      table = true;
+    else if (table && std::isdigit(static_cast<unsigned char>(cols[0][0])))
+      r.push_back({cols});
+    else if (table)
+      break;
   }
   return r;
 }
@@ -118,14 +121,17 @@ TEST(Inspect, Glm5Bf16DoesNotFitTwoNodes) {
   EXPECT_TRUE(contains(line_starting(p.out, "stored"), "59079 tensors: BF16 59004, F32 75")) << p.out;
   EXPECT_TRUE(contains(p.out, "dtype bfloat16, no index")) << p.out;
   // bf16 KV: 1408 B per layer and token, as the config now says.
-  EXPECT_TRUE(contains(line_starting(p.out, "kv cache"), "107.25 KiB per token (bf16: latent 576 values x 78 layers + indexer key 128 values x 78 layers")) << p.out;
+  EXPECT_TRUE(
+      contains(line_starting(p.out, "kv cache"),
+               "107.25 KiB per token (bf16: latent 576 values x 78 layers + indexer key 128 values x 78 layers"))
+      << p.out;
   const auto r = rows(p.out);
   ASSERT_EQ(r.size(), 16u) << p.out;
   for (const Row& row : r) {
     ASSERT_EQ(row.cols.size(), 9u) << p.out;
     EXPECT_GT(row.gb(4), 100.0) << p.out;  // ~110 GB of BF16 weights per rank
     EXPECT_LT(row.gb(4), 120.0) << p.out;
-    EXPECT_LT(row.gb(6), 0.0) << p.out;    // no room left for KV
+    EXPECT_LT(row.gb(6), 0.0) << p.out;  // no room left for KV
     EXPECT_EQ(row.cols[7], "0") << p.out;
     EXPECT_TRUE(contains(row.cols[8], ":NO")) << p.out;
   }
@@ -147,13 +153,14 @@ TEST(Inspect, Glm5Fp8FitsTwoNodes) {
   // BF16; every attention / indexer / MLP / expert matrix FP8.
   EXPECT_TRUE(contains(stored, "59079 tensors: BF16 624, F32 75, FP8 58380")) << p.out;
   EXPECT_TRUE(contains(p.out, "quantization_config fp8, no index")) << p.out;
-  EXPECT_TRUE(contains(p.out, "78 quantized kv_b_proj / embed_tokens held dequantized (BF16 from int, F32 from FP8)")) << p.out;
+  EXPECT_TRUE(contains(p.out, "78 quantized kv_b_proj / embed_tokens held dequantized (BF16 from int, F32 from FP8)"))
+      << p.out;
   const auto r = rows(p.out);
   ASSERT_EQ(r.size(), 16u) << p.out;
   for (const Row& row : r) {
     EXPECT_GT(row.gb(4), 50.0) << p.out;
     EXPECT_LT(row.gb(4), 65.0) << p.out;
-    EXPECT_GT(row.gb(6), 12.0) << p.out;              // KV room beyond the 12 GB budget
+    EXPECT_GT(row.gb(6), 12.0) << p.out;                  // KV room beyond the 12 GB budget
     EXPECT_GT(std::stoll(row.cols[7]), 200000) << p.out;  // tokens of KV that fit in it
     EXPECT_TRUE(contains(row.cols[8], ":fits")) << p.out;
   }
@@ -217,7 +224,9 @@ TEST(Inspect, CpuConfigPrintsWeightsAndKvPerTokenOnly) {
   for (const Row& row : r) EXPECT_EQ(row.cols.size(), 6u) << p.out;
   EXPECT_EQ(line_starting(p.out, "memory"), "") << p.out;
   EXPECT_EQ(line_starting(p.out, "reserve"), "") << p.out;
-  EXPECT_TRUE(contains(line_starting(p.out, "kv cache"), "(f32: latent 576 values x 78 layers + indexer key 128 values x 78 layers with an indexer)")) << p.out;
+  EXPECT_TRUE(contains(line_starting(p.out, "kv cache"),
+                       "(f32: latent 576 values x 78 layers + indexer key 128 values x 78 layers with an indexer)"))
+      << p.out;
 }
 
 // GLM-5.2's config (IndexShare): 21 of 78 layers keep index keys, so a token costs 93.00 KiB of bf16
@@ -268,8 +277,8 @@ TEST(Inspect, BadQuantIsOneClearError) {
                          {"glm5: error: --quant", "int4, int8, fp8, bf16 or f32", "'int3'"}, 1);
   expect_one_clear_error(inspect(kGlm5, kH100x8, "--quant int4 --quantize experts,router"),
                          {"glm5: error: --quantize", "'router'"}, 1);
-  expect_one_clear_error(inspect(kGlm5, kH100x8, "--quant int4 --group-size 48"),
-                         {"glm5: error: --group-size", "48"}, 1);
+  expect_one_clear_error(inspect(kGlm5, kH100x8, "--quant int4 --group-size 48"), {"glm5: error: --group-size", "48"},
+                         1);
   // --quantize / --group-size without --quant: a usage error.
   const Proc p = inspect(kGlm5, kH100x8, "--quantize all");
   EXPECT_EQ(p.code, 2) << p.err;
@@ -328,9 +337,9 @@ size_t loaded_bytes(const std::string& dir, const glm5::runtime::ModelShard& sha
 std::vector<glm5::runtime::ModelShard> shards_of(const glm5::runtime::ModelConfig& cfg) {
   const int L = int(cfg.num_hidden_layers);
   std::vector<glm5::runtime::ModelShard> s;
-  s.push_back({0, L, true, true, 1, 0});                                   // the whole model
-  s.push_back({0, 1, true, false, 2, 0});                                  // stage 0 of 2, column 0 of 2
-  s.push_back({1, L, false, true, 2, 1});                                  // last stage, column 1 of 2
+  s.push_back({0, L, true, true, 1, 0});   // the whole model
+  s.push_back({0, 1, true, false, 2, 0});  // stage 0 of 2, column 0 of 2
+  s.push_back({1, L, false, true, 2, 1});  // last stage, column 1 of 2
   if (L >= 3 && cfg.n_routed_experts % 4 == 0) s.push_back({1, L - 1, false, false, 4, 3});  // middle, column 3 of 4
   return s;
 }
@@ -349,7 +358,8 @@ void expect_plan_matches_loader(const std::string& dir, const glm5::runtime::Qua
 }
 
 TEST(MemoryPlan, MatchesWhatTheLoaderUploadsBf16) {
-  for (const char* m : {"tiny-a", "tiny-b", "tiny-moe", "tiny-v32", "real-dims"}) expect_plan_matches_loader(kData + "/" + m);
+  for (const char* m : {"tiny-a", "tiny-b", "tiny-moe", "tiny-v32", "real-dims"})
+    expect_plan_matches_loader(kData + "/" + m);
 }
 
 // tie_word_embeddings: the last stage uploads the embedding matrix again as lm_head.
@@ -365,7 +375,8 @@ TEST(MemoryPlan, MatchesWhatTheLoaderUploadsTied) {
   }
   fs::copy_file(kTinyA + "/model.safetensors.index.json", dir / "model.safetensors.index.json",
                 fs::copy_options::overwrite_existing);
-  const glm5::runtime::WeightPlan wp = glm5::runtime::plan_weights(glm5::runtime::load_config(dir.string()), dir.string());
+  const glm5::runtime::WeightPlan wp =
+      glm5::runtime::plan_weights(glm5::runtime::load_config(dir.string()), dir.string());
   EXPECT_GT(wp.tied_head_bytes, 0u);
   expect_plan_matches_loader(dir.string());
 }
@@ -410,7 +421,8 @@ TEST(MemoryPlan, MatchesWhatTheLoaderUploadsF32Scales) {
                         " --quant int8 --group-size 32 --quantize all --scale-dtype f32");
   ASSERT_EQ(conv.code, 0) << conv.err;
   expect_plan_matches_loader(out.string());
-  const glm5::runtime::WeightPlan wp = glm5::runtime::plan_weights(glm5::runtime::load_config(out.string()), out.string());
+  const glm5::runtime::WeightPlan wp =
+      glm5::runtime::plan_weights(glm5::runtime::load_config(out.string()), out.string());
   size_t f32s = 0;
   for (const auto& f : wp.stored) f32s += f.dtype == glm5::DType::Q8 && f.scale_dtype == glm5::DType::F32;
   EXPECT_GT(f32s, 10u);
@@ -419,26 +431,26 @@ TEST(MemoryPlan, MatchesWhatTheLoaderUploadsF32Scales) {
 
 TEST(MemoryPlan, ResidentRules) {
   using glm5::DType;
-  using glm5::runtime::Role;
   using glm5::runtime::resident_bytes;
-  const glm5::runtime::TensorSpec kvb{"model.layers.3.self_attn.kv_b_proj.weight", {28672, 512}, 3, -1,
-                                      Role::Attention};
+  using glm5::runtime::Role;
+  const glm5::runtime::TensorSpec kvb{
+      "model.layers.3.self_attn.kv_b_proj.weight", {28672, 512}, 3, -1, Role::Attention};
   EXPECT_EQ(resident_bytes(kvb, {DType::BF16, 0}), 28672u * 512 * 2);
   EXPECT_EQ(resident_bytes(kvb, {DType::F8_E4M3, 128}), 28672u * 512 * 4);  // dequantized
-  EXPECT_EQ(resident_bytes(kvb, {DType::Q4, 128}), 28672u * 512 * 2);  // dequantized, bf16-exact
-  const glm5::runtime::TensorSpec q_b{"model.layers.3.self_attn.q_b_proj.weight", {16384, 2048}, 3, -1,
-                                      Role::Attention};
+  EXPECT_EQ(resident_bytes(kvb, {DType::Q4, 128}), 28672u * 512 * 2);       // dequantized, bf16-exact
+  const glm5::runtime::TensorSpec q_b{
+      "model.layers.3.self_attn.q_b_proj.weight", {16384, 2048}, 3, -1, Role::Attention};
   EXPECT_EQ(resident_bytes(q_b, {DType::F8_E4M3, 128}), 16384u * 2048 + 128u * 16 * 4);
-  const glm5::runtime::TensorSpec kva{"model.layers.3.self_attn.kv_a_proj_with_mqa.weight", {576, 6144}, 3, -1,
-                                      Role::Attention};
+  const glm5::runtime::TensorSpec kva{
+      "model.layers.3.self_attn.kv_a_proj_with_mqa.weight", {576, 6144}, 3, -1, Role::Attention};
   EXPECT_EQ(resident_bytes(kva, {DType::F8_E4M3, 128}), 576u * 6144 + 5u * 48 * 4);  // partial edge block
   const glm5::runtime::TensorSpec up{"model.layers.3.mlp.experts.7.up_proj.weight", {2048, 6144}, 3, 7, Role::Expert};
   EXPECT_EQ(resident_bytes(up, {DType::Q4, 128}), 2048u * 6144 / 2 + 2048u * 48 * 2);
   EXPECT_EQ(resident_bytes(up, {DType::Q8, 32}), 2048u * 6144 + 2048u * 192 * 2);
   EXPECT_EQ(resident_bytes(up, {DType::Q8, 32, DType::F32}), 2048u * 6144 + 2048u * 192 * 4);  // F32 scales
   EXPECT_EQ(resident_bytes(kvb, {DType::Q8, 128, DType::F32}), 28672u * 512 * 4);  // dequantized, F32 values
-  const glm5::runtime::TensorSpec wp{"model.layers.3.self_attn.indexer.weights_proj.weight", {32, 6144}, 3, -1,
-                                     Role::IndexerWeights};
+  const glm5::runtime::TensorSpec wp{
+      "model.layers.3.self_attn.indexer.weights_proj.weight", {32, 6144}, 3, -1, Role::IndexerWeights};
   EXPECT_EQ(resident_bytes(wp, {DType::BF16, 0}), 32u * 6144 * 4);
   const glm5::runtime::TensorSpec norm{"model.norm.weight", {6144}, -1, -1, Role::Norm};
   EXPECT_EQ(resident_bytes(norm, {DType::BF16, 0}), 6144u * 4);
@@ -467,9 +479,9 @@ TEST(MemoryPlan, IndexNamesDecideTheStoredForm) {
   index["weight_map"].erase("model.layers.2.self_attn.q_a_proj.weight");
   index["weight_map"]["model.layers.2.self_attn.q_a_proj.weight_packed"] = "x.safetensors";
   std::ofstream(dir / "model.safetensors.index.json") << index.dump();
-  glm5::testing::expect_error([&] { glm5::runtime::plan_weights(cfg, dir.string()); },
-                              {"model.safetensors.index.json", "q_a_proj.weight_packed",
-                               "no compressed-tensors quantization_config"});
+  glm5::testing::expect_error(
+      [&] { glm5::runtime::plan_weights(cfg, dir.string()); },
+      {"model.safetensors.index.json", "q_a_proj.weight_packed", "no compressed-tensors quantization_config"});
   index["weight_map"].erase("model.layers.2.self_attn.q_a_proj.weight_packed");
   std::ofstream(dir / "model.safetensors.index.json") << index.dump();
   wp = glm5::runtime::plan_weights(cfg, dir.string());
@@ -512,17 +524,31 @@ TEST(GpuBinding, LocalRankPicksTheDevice) {
 TEST(GpuBinding, MoreLocalRanksThanDevicesIsAnError) {
   using glm5::launcher::cuda_device_for;
   glm5::testing::expect_error(
-      [] { cuda_device_for(env_of({{"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"CUDA_VISIBLE_DEVICES", "0,1"}}, 2)); },
+      [] {
+        cuda_device_for(env_of({{"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"CUDA_VISIBLE_DEVICES", "0,1"}}, 2));
+      },
       {"local rank 2", "OMPI_COMM_WORLD_LOCAL_RANK", "shows 2 device(s)", "CUDA_VISIBLE_DEVICES=0,1",
        "GLM5_CUDA_DEVICE"});
-  glm5::testing::expect_error([] { cuda_device_for(env_of({{"SLURM_LOCALID", "8"}}, 8)); },
-                              {"local rank 8", "SLURM_LOCALID", "shows 8 device(s)", "CUDA_VISIBLE_DEVICES unset"});
-  glm5::testing::expect_error([] { cuda_device_for(env_of({{"GLM5_CUDA_DEVICE", "2"}}, 2)); },
-                              {"GLM5_CUDA_DEVICE=2", "shows 2 device(s)"});
-  glm5::testing::expect_error([] { cuda_device_for(env_of({{"GLM5_CUDA_DEVICE", "gpu1"}}, 2)); },
-                              {"GLM5_CUDA_DEVICE", "'gpu1'"});
-  glm5::testing::expect_error([] { env_of({{"OMPI_COMM_WORLD_LOCAL_RANK", "-1"}}, 2); },
-                              {"OMPI_COMM_WORLD_LOCAL_RANK", "'-1'"});
+  glm5::testing::expect_error(
+      [] {
+        cuda_device_for(env_of({{"SLURM_LOCALID", "8"}}, 8));
+      },
+      {"local rank 8", "SLURM_LOCALID", "shows 8 device(s)", "CUDA_VISIBLE_DEVICES unset"});
+  glm5::testing::expect_error(
+      [] {
+        cuda_device_for(env_of({{"GLM5_CUDA_DEVICE", "2"}}, 2));
+      },
+      {"GLM5_CUDA_DEVICE=2", "shows 2 device(s)"});
+  glm5::testing::expect_error(
+      [] {
+        cuda_device_for(env_of({{"GLM5_CUDA_DEVICE", "gpu1"}}, 2));
+      },
+      {"GLM5_CUDA_DEVICE", "'gpu1'"});
+  glm5::testing::expect_error(
+      [] {
+        env_of({{"OMPI_COMM_WORLD_LOCAL_RANK", "-1"}}, 2);
+      },
+      {"OMPI_COMM_WORLD_LOCAL_RANK", "'-1'"});
 }
 
 }  // namespace

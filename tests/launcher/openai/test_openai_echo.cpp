@@ -67,8 +67,7 @@ glm5::runtime::Result fake_result(const std::vector<int32_t>& prompt, const std:
     r.logprobs.push_back(-0.5f * float(i + 1));
     r.top_logprobs.push_back({{generated[i], -0.5f * float(i + 1)}});
   }
-  for (size_t t = 1; t < prompt.size(); ++t)
-    r.prompt_logprobs.push_back({prompt[t], -float(t) / 10, {{7, -0.01f}}});
+  for (size_t t = 1; t < prompt.size(); ++t) r.prompt_logprobs.push_back({prompt[t], -float(t) / 10, {{7, -0.01f}}});
   return r;
 }
 
@@ -194,8 +193,8 @@ TEST(OpenAiEcho, ChoicePutsThePromptBeforeTheCompletion) {
   }
   ASSERT_GE(partials.size(), 2u);
   const int32_t partial = partials[0], other = partials[1];
-  const BatchLine cut = parse(json({{"prompt", {partial, prompt[0], partial}}, {"echo", true}, {"logprobs", 0},
-                                    {"max_tokens", 0}}).dump());
+  const BatchLine cut = parse(
+      json({{"prompt", {partial, prompt[0], partial}}, {"echo", true}, {"logprobs", 0}, {"max_tokens", 0}}).dump());
   const json cj = glm5::launcher::choice_json(cut, fake_result({partial, prompt[0], partial}, {}), &tok, 0);
   const int64_t first = chars(tok.decode({prompt[0]}));
   EXPECT_EQ(cj["logprobs"]["text_offset"], json({0, 1, 1 + first}));
@@ -203,9 +202,9 @@ TEST(OpenAiEcho, ChoicePutsThePromptBeforeTheCompletion) {
   // Another partial byte as the best alternative reads the same: one key, the token's own value.
   glm5::runtime::Result clash = fake_result({other, other}, {});
   clash.prompt_logprobs[0].top = {{partial, -0.25f}};
-  const json kj = glm5::launcher::choice_json(parse(json({{"prompt", {other, other}}, {"echo", true},
-                                                         {"logprobs", 1}, {"max_tokens", 0}}).dump()),
-                                              clash, &tok, 0);
+  const json kj = glm5::launcher::choice_json(
+      parse(json({{"prompt", {other, other}}, {"echo", true}, {"logprobs", 1}, {"max_tokens", 0}}).dump()), clash, &tok,
+      0);
   EXPECT_EQ(kj["logprobs"]["top_logprobs"][1], json({{"\xEF\xBF\xBD", clash.prompt_logprobs[0].logprob}}));
 
   // A list of prompts: choice i answers prompt i.
@@ -234,8 +233,10 @@ TEST(OpenAiTokenize, TokenizeDetokenizeAndTheirErrors) {
 
   const json msgs = json::array({{{"role", "user"}, {"content", "Hi"}}});
   const json chat = glm5::launcher::tokenize_json({{"messages", msgs}}, t.mc, t.tok);
-  EXPECT_EQ(chat["tokens"], json(t.tok.encode(glm5::runtime::format_chat(t.mc.model_type, {{"user", "Hi", ""}}, true, true))));
-  const json no_gen = glm5::launcher::tokenize_json({{"messages", msgs}, {"add_generation_prompt", false}}, t.mc, t.tok);
+  EXPECT_EQ(chat["tokens"],
+            json(t.tok.encode(glm5::runtime::format_chat(t.mc.model_type, {{"user", "Hi", ""}}, true, true))));
+  const json no_gen =
+      glm5::launcher::tokenize_json({{"messages", msgs}, {"add_generation_prompt", false}}, t.mc, t.tok);
   EXPECT_LT(no_gen["count"].get<int>(), chat["count"].get<int>());
 
   using glm5::testing::expect_error;
@@ -333,17 +334,28 @@ TEST(BatchEcho, PromptLogprobsAreTheDumpedLogitsLogSoftmaxOnEveryLayout) {
   const fs::path in = scratch("echo.jsonl");
   {
     std::ofstream f(in);
-    f << json({{"custom_id", "ids"}, {"prompt", p1}, {"echo", true}, {"logprobs", 1}, {"max_tokens", 0}}).dump() << "\n";
-    f << json({{"custom_id", "lm-eval"}, {"method", "POST"}, {"url", "/v1/completions"},
-               {"body", {{"prompt", {p2, p1}}, {"echo", true}, {"logprobs", 1}, {"max_tokens", 1}, {"temperature", 0},
-                         {"seed", 1234}}}}).dump() << "\n";
+    f << json({{"custom_id", "ids"}, {"prompt", p1}, {"echo", true}, {"logprobs", 1}, {"max_tokens", 0}}).dump()
+      << "\n";
+    f << json({{"custom_id", "lm-eval"},
+               {"method", "POST"},
+               {"url", "/v1/completions"},
+               {"body",
+                {{"prompt", {p2, p1}},
+                 {"echo", true},
+                 {"logprobs", 1},
+                 {"max_tokens", 1},
+                 {"temperature", 0},
+                 {"seed", 1234}}}})
+             .dump()
+      << "\n";
     f << json({{"custom_id", "chat"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"echo", true}}).dump()
       << "\n";
     f << json({{"custom_id", "text"}, {"prompt", "Hello"}, {"echo", true}, {"max_tokens", 3}}).dump() << "\n";
   }
   const fs::path out1 = scratch("echo.1x1.jsonl"), out4 = scratch("echo.2x2.jsonl");
   ASSERT_EQ(0, sh(kBin + " batch --model " + kModel + " --input " + in.string() + " --output " + out1.string(),
-                  scratch("echo.1x1.log"))) << slurp(scratch("echo.1x1.log"));
+                  scratch("echo.1x1.log")))
+      << slurp(scratch("echo.1x1.log"));
   const auto recs = records(out1);
   ASSERT_EQ(recs.size(), 4u);
 

@@ -91,13 +91,14 @@ TEST(PerplexityCli, SameNumbersOnEveryLayoutAndZeroKlAgainstItself) {
   ASSERT_FALSE(one.is_discarded());
   EXPECT_GT(one["tokens_scored"].get<int64_t>(), 100);
   EXPECT_GT(one["perplexity"].get<double>(), 1.0);
-  const json four = run_json(mpirun(4) + kBin + args + " --cluster " + kSrc + "/cluster-configs/cpu-pp2-ep2.yaml" +
-                                 " --kl-base " + base,
-                             "four");
+  const json four = run_json(
+      mpirun(4) + kBin + args + " --cluster " + kSrc + "/cluster-configs/cpu-pp2-ep2.yaml" + " --kl-base " + base,
+      "four");
   ASSERT_FALSE(four.is_discarded());
   EXPECT_EQ(four["perplexity"].get<double>(), one["perplexity"].get<double>());  // bitwise
   // Without a logprob file the last stage scores the tokens (no logits travel): the same numbers.
-  const json plain = run_json(mpirun(4) + kBin + args + " --cluster " + kSrc + "/cluster-configs/cpu-pp2-ep2.yaml", "plain");
+  const json plain =
+      run_json(mpirun(4) + kBin + args + " --cluster " + kSrc + "/cluster-configs/cpu-pp2-ep2.yaml", "plain");
   ASSERT_FALSE(plain.is_discarded());
   EXPECT_EQ(plain["perplexity"].get<double>(), one["perplexity"].get<double>());
   EXPECT_FALSE(plain.contains("kld_mean"));
@@ -105,12 +106,14 @@ TEST(PerplexityCli, SameNumbersOnEveryLayoutAndZeroKlAgainstItself) {
   EXPECT_EQ(four["top1_agreement"].get<double>(), 1.0);
   // Another model on the same tokens (tiny-a's int4 conversion would do too): KL divergence > 0.
   const std::string conv = scratch("tiny-a-int4").string();
-  ASSERT_EQ(sh(kBin + " convert --model " + kData + "/tiny-a --out " + conv + " --quant int4 --group-size 32 --no-progress",
-               scratch("convert.log")),
-            0);
+  ASSERT_EQ(
+      sh(kBin + " convert --model " + kData + "/tiny-a --out " + conv + " --quant int4 --group-size 32 --no-progress",
+         scratch("convert.log")),
+      0);
   std::filesystem::copy_file(kData + "/tiny-a/tokenizer.json", conv + "/tokenizer.json",
                              std::filesystem::copy_options::overwrite_existing);
-  const json q = run_json(kBin + " perplexity --model " + conv + " --file " + text + " --ctx 64 --json --kl-base " + base, "q");
+  const json q =
+      run_json(kBin + " perplexity --model " + conv + " --file " + text + " --ctx 64 --json --kl-base " + base, "q");
   ASSERT_FALSE(q.is_discarded());
   EXPECT_GT(q["kld_mean"].get<double>(), 0.0);
   EXPECT_LT(q["top1_agreement"].get<double>(), 1.0);

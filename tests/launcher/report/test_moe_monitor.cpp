@@ -27,16 +27,19 @@ namespace glm5::launcher {
 namespace {
 
 using glm5::testing::kBin;
-using glm5::testing::kSrc;
 using glm5::testing::kData;
+using glm5::testing::kSrc;
 const glm5::testing::ScratchDir scratch("glm5_moe_monitor");
 
 TEST(MoeMonitor, HealthFromCounts) {
   // 4 experts, k = 2, EP 2 (experts 0-1 on rank 0); layer 3 counted on two ranks, layer 5 on one.
-  const json ranks = json::array(
-      {{{"rank", 0}, {"rows_not_k", 0}, {"router", {{{"layer", 3}, {"rows", 6}, {"picks", {3, 3, 3, 3}}}}}},
-       {{"rank", 1}, {"rows_not_k", 0},
-        {"router", {{{"layer", 3}, {"rows", 2}, {"picks", {1, 1, 1, 1}}}, {{"layer", 5}, {"rows", 400}, {"picks", {400, 400, 0, 0}}}}}}});
+  const json ranks =
+      json::array({{{"rank", 0}, {"rows_not_k", 0}, {"router", {{{"layer", 3}, {"rows", 6}, {"picks", {3, 3, 3, 3}}}}}},
+                   {{"rank", 1},
+                    {"rows_not_k", 0},
+                    {"router",
+                     {{{"layer", 3}, {"rows", 2}, {"picks", {1, 1, 1, 1}}},
+                      {{"layer", 5}, {"rows", 400}, {"picks", {400, 400, 0, 0}}}}}}});
   const MoeHealth h = moe_health(ranks, 4, 2, 2, 1.5);
   ASSERT_EQ(h.layers.size(), 2u);
   EXPECT_EQ(h.layers[0].layer, 3);
@@ -57,7 +60,7 @@ TEST(MoeMonitor, HealthFromCounts) {
   few[1]["router"][1]["rows"] = 4;
   few[1]["router"][1]["picks"] = {4, 4, 0, 0};
   EXPECT_TRUE(moe_health(few, 4, 2, 2, 1.5).warnings.empty());
-  EXPECT_TRUE(moe_health(ranks, 4, 2, 1, 1.5).warnings.empty());  // one EP rank: nothing to balance
+  EXPECT_TRUE(moe_health(ranks, 4, 2, 1, 1.5).warnings.empty());              // one EP rank: nothing to balance
   EXPECT_TRUE(moe_health(ranks, 4, 2, 3, 1.5).layers[1].rank_picks.empty());  // 4 experts do not split over 3
 
   json bad = ranks;
@@ -71,7 +74,10 @@ TEST(MoeMonitor, HealthFromCounts) {
 
 // Every sample line is `name{labels} value`, every name has HELP and TYPE lines before it.
 TEST(MoeMonitor, PrometheusText) {
-  const json ranks = json::array({{{"rank", 0}, {"tokens_generated", 12}, {"compute_s", 0.25}, {"rows_not_k", 0},
+  const json ranks = json::array({{{"rank", 0},
+                                   {"tokens_generated", 12},
+                                   {"compute_s", 0.25},
+                                   {"rows_not_k", 0},
                                    {"router", {{{"layer", 1}, {"rows", 2}, {"picks", {1, 1, 2, 0}}}}}}});
   json report = {{"world_size", 1}, {"ranks", ranks}};
   report["moe"] = to_json(moe_health(ranks, 4, 2, 1, 1.5));
@@ -79,7 +85,8 @@ TEST(MoeMonitor, PrometheusText) {
   std::istringstream in(text);
   std::string line;
   std::set<std::string> typed;
-  const std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? (-?[0-9.]+(e[+-]?[0-9]+)?)$)");
+  const std::regex sample(
+      R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? (-?[0-9.]+(e[+-]?[0-9]+)?)$)");
   int samples = 0;
   while (std::getline(in, line)) {
     std::smatch m;
@@ -110,8 +117,8 @@ fs::path write_requests(const std::string& name) {
   return p;
 }
 
-json run_with_report(const std::string& model, const std::string& tag, const std::string& launch, const std::string& cluster,
-                std::string* log_text = nullptr) {
+json run_with_report(const std::string& model, const std::string& tag, const std::string& launch,
+                     const std::string& cluster, std::string* log_text = nullptr) {
   const fs::path in = write_requests(tag + ".jsonl"), out = scratch(tag + ".out.jsonl");
   const fs::path rep = scratch(tag + ".report.json"), log = scratch(tag + ".log"), met = scratch(tag + ".prom");
   const std::string cmd = launch + kBin + " batch --model " + model + " --input " + in.string() + " --output " +
@@ -150,12 +157,14 @@ TEST(MoeMonitor, EveryModelPicksKExperts) {
   for (const char* name : {"tiny-b", "tiny-v32", "tiny-a-fp8", "tiny-a-w4a16-ct", "tiny-moe"}) {
     const json config = json::parse(slurp(kData + "/" + name + "/config.json"));
     const int64_t E = config.at("n_routed_experts"), K = config.at("num_experts_per_tok");
-    const int64_t moe_layers = config.at("num_hidden_layers").get<int64_t>() - config.at("first_k_dense_replace").get<int64_t>();
+    const int64_t moe_layers =
+        config.at("num_hidden_layers").get<int64_t>() - config.at("first_k_dense_replace").get<int64_t>();
     const json r = run_with_report(kData + "/" + name, name, "", "");
     const json& moe = r.at("moe");
     EXPECT_EQ(moe.at("rows_not_k").get<int64_t>(), 0) << name;
     ASSERT_EQ(int64_t(moe.at("layers").size()), moe_layers) << name;
-    for (const json& l : moe.at("layers")) EXPECT_EQ(l.at("activation_ratio").get<double>(), double(K) / double(E)) << name;
+    for (const json& l : moe.at("layers"))
+      EXPECT_EQ(l.at("activation_ratio").get<double>(), double(K) / double(E)) << name;
   }
 }
 

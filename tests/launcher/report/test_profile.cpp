@@ -4,15 +4,15 @@
 // `glm5 report` prints it (and refuses a file that is not a report, naming it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
-#include <algorithm>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
-#include <string>
 
 #include "tests/test_support.h"
 
@@ -25,8 +25,8 @@ using glm5::testing::slurp;
 namespace {
 
 using glm5::testing::kBin;
-using glm5::testing::kSrc;
 using glm5::testing::kData;
+using glm5::testing::kSrc;
 const glm5::testing::ScratchDir scratch("glm5_profile");
 
 void check_run(const std::string& tag, const std::string& launch, const std::string& cluster, int ranks) {
@@ -34,7 +34,8 @@ void check_run(const std::string& tag, const std::string& launch, const std::str
   const fs::path trace = scratch(tag + ".trace.json"), log = scratch(tag + ".log");
   {
     std::ofstream f(in);
-    for (int r = 0; r < 4; ++r) f << "{\"custom_id\":\"r" << r << "\",\"body\":{\"max_tokens\":4,\"prompt\":[3,1,4,1,5," << r << "]}}\n";
+    for (int r = 0; r < 4; ++r)
+      f << "{\"custom_id\":\"r" << r << "\",\"body\":{\"max_tokens\":4,\"prompt\":[3,1,4,1,5," << r << "]}}\n";
   }
   const std::string cmd = launch + kBin + " batch --model " + kData + "/tiny-a --input " + in.string() + " --output " +
                           out.string() + " --report " + rep.string() + " --trace " + trace.string() +

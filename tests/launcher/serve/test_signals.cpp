@@ -171,11 +171,15 @@ struct Stream {
 Stream start_stream(const Server& s, int max_tokens, const std::string& name) {
   Stream st;
   st.body = scratch(name + ".sse");
-  const std::string req = json({{"model", "tiny-a"}, {"prompt", {1, 2, 3}}, {"max_tokens", max_tokens},
-                                {"ignore_eos", true}, {"temperature", 0}, {"stream", true}})
+  const std::string req = json({{"model", "tiny-a"},
+                                {"prompt", {1, 2, 3}},
+                                {"max_tokens", max_tokens},
+                                {"ignore_eos", true},
+                                {"temperature", 0},
+                                {"stream", true}})
                               .dump();
-  st.curl = std::make_unique<Background>("curl -sN -m 120 -o " + st.body.string() + " http://127.0.0.1:" +
-                                             std::to_string(s.port) +
+  st.curl = std::make_unique<Background>("curl -sN -m 120 -o " + st.body.string() +
+                                             " http://127.0.0.1:" + std::to_string(s.port) +
                                              "/v1/completions -H 'Content-Type: application/json' -d '" + req + "'",
                                          scratch(name + ".curl"));
   return st;
@@ -219,8 +223,8 @@ StreamResult finish_stream(Stream& st) {
 // The HTTP status of GET /health (0: no answer).
 int health(const Server& s) {
   const fs::path out = scratch("health.txt");
-  glm5::testing::sh("curl -s -m 5 -o /dev/null -w '%{http_code}' http://127.0.0.1:" + std::to_string(s.port) + "/health",
-                    out);
+  glm5::testing::sh(
+      "curl -s -m 5 -o /dev/null -w '%{http_code}' http://127.0.0.1:" + std::to_string(s.port) + "/health", out);
   const std::string code = slurp(out);
   return code.empty() ? 0 : std::atoi(code.c_str());
 }
@@ -398,8 +402,11 @@ fs::path batch_input() {
   for (int i = 0; i < 300; ++i) {
     char id[16];
     std::snprintf(id, sizeof id, "r%03d", i);
-    f << json({{"custom_id", id}, {"prompt_ids", {1 + i % 50, 2, 3, 4 + i % 7}}, {"max_tokens", 96},
-               {"temperature", 0}, {"ignore_eos", true}})
+    f << json({{"custom_id", id},
+               {"prompt_ids", {1 + i % 50, 2, 3, 4 + i % 7}},
+               {"max_tokens", 96},
+               {"temperature", 0},
+               {"ignore_eos", true}})
              .dump()
       << "\n";
   }
@@ -409,8 +416,8 @@ fs::path batch_input() {
 fs::path batch_config() { return launch_config("batch-2x2.yaml", "max_batch: 8\n"); }
 
 std::string batch_args(const fs::path& cfg, const fs::path& in, const fs::path& out) {
-  return kBin + " batch --model " + kTinyA + " --cluster " + cfg.string() + " --input " + in.string() +
-         " --output " + out.string();
+  return kBin + " batch --model " + kTinyA + " --cluster " + cfg.string() + " --input " + in.string() + " --output " +
+         out.string();
 }
 
 size_t lines_in(const fs::path& p) {
@@ -491,9 +498,9 @@ TEST(Signals, BatchStopsAtRecordBoundaryAndRerunFinishes) {
 
   // 3. Again through glm5 launch --run: SIGTERM becomes SIGUSR1 to mpirun; 75 again.
   before = n;
-  auto [s3, log3] = stop_batch(launch(cfg, "batch --model " + kTinyA + " --input " + in.string() + " --output " +
-                                                out.string()),
-                               out, before + 40, false, "stop_launch");
+  auto [s3, log3] =
+      stop_batch(launch(cfg, "batch --model " + kTinyA + " --input " + in.string() + " --output " + out.string()), out,
+                 before + 40, false, "stop_launch");
   EXPECT_EQ(s3.code, 75) << log3;
   EXPECT_TRUE(contains(log3, "glm5: stopped by SIGUSR1 after")) << log3;
   records(out, n);

@@ -48,8 +48,13 @@ struct Sim {
   Prediction run(const std::string& workload, std::vector<std::vector<double>> share = {}) {
     cc.backend = hw.gpu() ? "cuda" : "cpu";
     const StepCost cost(cfg, plan, cc.expert_parallel, std::move(share));
-    const SimSetup s{.cfg = &cfg, .cluster = &cc, .stages = plan_stages(cc, cfg, cc.world_size()), .hw = &hw,
-                     .cost = &cost, .work = parse_workload(workload), .acceptance = acceptance};
+    const SimSetup s{.cfg = &cfg,
+                     .cluster = &cc,
+                     .stages = plan_stages(cc, cfg, cc.world_size()),
+                     .hw = &hw,
+                     .cost = &cost,
+                     .work = parse_workload(workload),
+                     .acceptance = acceptance};
     return simulate_run(s);
   }
 };
@@ -86,7 +91,8 @@ TEST(Simulate, HardwareFiles) {
   EXPECT_NEAR(again.gemm_efficiency, h100.gemm_efficiency, 1e-12);
   EXPECT_NEAR(again.op_overhead_s, h100.op_overhead_s, 1e-12);
   const std::string text = slurp(kSrc + "/cluster-configs/hardware/h100-sxm.yaml");
-  expect_error([&] { parse_hardware(text + "gemm_flop: 3\n", "f.yaml"); }, {"f.yaml", "'gemm_flop'", "one of the keys"});
+  expect_error([&] { parse_hardware(text + "gemm_flop: 3\n", "f.yaml"); },
+               {"f.yaml", "'gemm_flop'", "one of the keys"});
   expect_error([&] { parse_hardware("name: x\nkind: tpu\n", "f.yaml"); }, {"key 'kind'", "cpu or gpu", "'tpu'"});
   std::string no_bw = text;
   const size_t at = no_bw.find("\nmem_bw: ");
@@ -106,7 +112,7 @@ TEST(Simulate, HardwareFiles) {
   EXPECT_DOUBLE_EQ(h200.exact_gemm_cost, 3);     // (published kernels: three times the tensor-core work)
   EXPECT_DOUBLE_EQ(ours.attention_mem_eff(), 0.008);
   EXPECT_DOUBLE_EQ(h200.gemm_efficiency, 0.75);
-  EXPECT_DOUBLE_EQ(h200.attention_mem_eff(), 0.9);  // (mem_bw_efficiency when not given)
+  EXPECT_DOUBLE_EQ(h200.attention_mem_eff(), 0.9);                   // (mem_bw_efficiency when not given)
   const std::string top = text.substr(0, text.find("\nglm5:") + 1);  // the file without its glm5 map
   EXPECT_FALSE(parse_hardware(top, "f.yaml").has_measured);
   expect_error([&] { parse_hardware(top + "glm5: {measured_by: x, gemm_eff: 0.1}\n", "f.yaml"); },
@@ -126,10 +132,12 @@ TEST(Simulate, GpuPredictionsUseGlm5sMeasuredKernelsUnlessAskedForTheWhatIf) {
   Proc ours = run_captured(cmd + scratch("ours.json").string(), scratch("o5"), scratch("e5"));
   ASSERT_EQ(ours.code, 0) << ours.err;
   EXPECT_TRUE(contains(ours.out, "kernels    glm5's, at the efficiencies measured by")) << ours.out;
-  Proc what_if = run_captured(cmd + scratch("pub.json").string() + " --published-kernels", scratch("o6"), scratch("e6"));
+  Proc what_if =
+      run_captured(cmd + scratch("pub.json").string() + " --published-kernels", scratch("o6"), scratch("e6"));
   ASSERT_EQ(what_if.code, 0) << what_if.err;
   EXPECT_TRUE(contains(what_if.out, "what-if    kernels at the best published efficiencies")) << what_if.out;
-  const auto a = nlohmann::json::parse(slurp(scratch("ours.json"))), b = nlohmann::json::parse(slurp(scratch("pub.json")));
+  const auto a = nlohmann::json::parse(slurp(scratch("ours.json"))),
+             b = nlohmann::json::parse(slurp(scratch("pub.json")));
   EXPECT_EQ(a.at("kernels"), "glm5 measured");
   EXPECT_EQ(b.at("kernels"), "published what-if");
   EXPECT_GT(b.at("generated_tokens_per_s").get<double>(), 2 * a.at("generated_tokens_per_s").get<double>());
@@ -226,7 +234,7 @@ TEST(Simulate, RooflineOfOnePhase) {
   EXPECT_NEAR(w.seconds(r), std::sqrt(0.75 * 0.75 + 16.0) + 2e-6, 1e-9);  // 256 rows: the large rate
   w.rows = 16;
   EXPECT_NEAR(w.seconds(r), 5.0 + 2e-6, 1e-9);  // 3 s of compute at the small rate, 4 s of memory
-  w.rows = 64;  // halfway (geometrically): 2e12 FLOP/s
+  w.rows = 64;                                  // halfway (geometrically): 2e12 FLOP/s
   EXPECT_NEAR(w.seconds(r), std::sqrt(1.5 * 1.5 + 16.0) + 2e-6, 1e-9);
 }
 
@@ -381,8 +389,9 @@ TEST(Simulate, CommandLine) {
   p = run_captured(cmd + hw.string() + " --routing " + rep.string(), scratch("o3"), scratch("e3"));
   EXPECT_EQ(p.code, 1);
   EXPECT_TRUE(contains(p.err, rep.string()) && contains(p.err, "3 expert counts")) << p.err;
-  p = run_captured(kBin + " simulate --model " + kMoe + "/config.json --workload prompts=1,in=2048,out=1 --hardware " +
-                       hw.string(), scratch("o5"), scratch("e5"));
+  p = run_captured(
+      kBin + " simulate --model " + kMoe + "/config.json --workload prompts=1,in=2048,out=1 --hardware " + hw.string(),
+      scratch("o5"), scratch("e5"));
   EXPECT_EQ(p.code, 1);
   EXPECT_TRUE(contains(p.err, "in + out = 2049 tokens exceeds the model's max_position_embeddings (2048")) << p.err;
   p = run_captured(kBin + " simulate --model " + kMoe + " --workload prompts=1,in=8", scratch("o4"), scratch("e4"));
