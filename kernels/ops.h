@@ -485,7 +485,8 @@ std::unique_ptr<Backend> make_reference_backend(Precision precision = Precision:
 // as the reference up to float32 reassociation, and batch-invariant.
 std::unique_ptr<Backend> make_cpu_backend(Precision precision = Precision::kExact);
 // Rows [r0, r0 + n) of a host weight as float32 into out (row stride ldo): weight_at's values, the
-// quantized formats through the CPU backend's vectorised dequantization, rows on all threads. For
+// quantized formats through the CPU backend's vectorised dequantization, rows on all threads
+// (from 64 Ki values). For
 // host-side readers (the model's embedding and norms at load, checkpoint conversion).
 void weight_rows(const Weight& w, int64_t r0, int64_t n, float* out, int64_t ldo);
 // The CPU backend's BF16 gemm path in use for a precision (cpu/fast_ops.h): ranks of one job compare it.

@@ -12,7 +12,6 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -30,7 +29,6 @@
 #include "parallel/device_comm.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"
-#include "runtime/memory_plan.h"
 #include "runtime/name_table.h"
 #include "runtime/tokenizer.h"
 
@@ -398,7 +396,7 @@ CLI::App* add_convert(CLI::App& app, ConvertArgs& a) {
   c->add_option("--cluster", a.cluster, "write one file set per rank of this cluster config");
   c->add_option("--shard-size-mb", a.shard_size_mb, "largest output file")->capture_default_str();
   c->add_flag_callback(
-      "--no-progress", [&a] { a.progress = false; }, "no progress bar on stderr");
+      "--no-progress", [progress = &a.progress] { *progress = false; }, "no progress bar on stderr");
   return c;
 }
 
@@ -554,7 +552,8 @@ struct Commands {
     if (tok->parsed()) return run_tokenize(tokenize.tokenizer, tokenize.decode, tokenize.literal_special);
     if (rep->parsed()) return run_report(report);
     if (sim->parsed()) return run_simulate(simulate);
-    return run_launch(launch.cluster, launch.args, launch.run, argv0, launch.slurm, launch.srun);
+    if (lau->parsed()) return run_launch(launch.cluster, launch.args, launch.run, argv0, launch.slurm, launch.srun);
+    return 0;
   }
 };
 

@@ -16,6 +16,9 @@
 
 namespace glm5::launcher {
 
+namespace {
+
+// Bytes as "1.23 GiB".
 std::string human_bytes(double b) {
   char buf[64];
   const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -27,8 +30,6 @@ std::string human_bytes(double b) {
   std::snprintf(buf, sizeof buf, "%.2f %s", b, unit[u]);
   return buf;
 }
-
-namespace {
 
 // Decimal units (device_memory_gb and kv_budget_gb are 1e9 bytes), no space: one table column.
 std::string dec(double b) {

@@ -16,7 +16,4 @@ struct InspectArgs {
 // returns 0.
 int run_inspect(const InspectArgs& a);
 
-// Bytes as "1.23 GiB".
-std::string human_bytes(double b);
-
 }  // namespace glm5::launcher

@@ -1,7 +1,7 @@
 // The OpenAI-compatible endpoints of `glm5 serve`: POST /v1/completions and /v1/chat/completions
 // (whole answers or server-sent events), GET /v1/models, /health and /metrics, vLLM's POST
 // /tokenize and /detokenize and GET /tokenizer_info, Bearer auth, and OpenAI-style error objects.
-// Request bodies are parsed as batch lines are (openai_format.h); the requests go to the engine
+// Request bodies are parsed as batch lines are (launcher/openai/openai_format.h); the requests go to the engine
 // through the ServeQueue. Runs on the HTTP threads.
 #pragma once
 
