@@ -888,9 +888,7 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
   kernels::Backend& be = model_.backend();
   SchedulerOptions so;
   so.micro_batches = G;
-  so.max_batch = opt_.max_batch;
-  so.prefill_chunk = opt_.prefill_chunk;
-  so.max_step_tokens = opt_.max_step_tokens;
+  so.limits() = opt_.limits();
   so.kv_blocks = kv_blocks_;
   so.prefix_sharing = opt_.prefix_sharing;
   so.speculative_tokens = opt_.speculative_tokens;

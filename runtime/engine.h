@@ -27,6 +27,7 @@
 
 #include "parallel/comm.h"
 #include "parallel/grid.h"
+#include "runtime/batch_limits.h"
 #include "runtime/model.h"
 #include "runtime/request.h"
 #include "runtime/sampler.h"
@@ -69,14 +70,8 @@ class RequestSource {
 
 class Tokenizer;
 
-struct EngineOptions {
+struct EngineOptions : BatchLimits {
   int micro_batches = 1;                 // micro-batches in flight per column (>= stages keeps all busy)
-  int max_batch = 64;                    // running sequences per column
-  int64_t prefill_chunk = 256;           // prompt tokens per sequence per step (fixed: results never
-                                         // depend on what else is scheduled)
-  int64_t max_step_tokens = 8192;        // rows one micro-batch forwards in a step (decode tokens +
-                                         // prefill chunks, the last chunk cut to fit): bounds the
-                                         // activation memory; >= max_batch
   double kv_budget_bytes = 0;            // per rank: sizes the paged KV pool; 0 = max_batch full contexts
   size_t kv_bytes_per_token = 0;         // of the stage whose position costs most (budget accounting); 0 = this rank's
   bool progress = false;                 // progress line on stderr of rank 0

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "runtime/batch_limits.h"
 #include "runtime/config.h"
 #include "runtime/model.h"
 #include "runtime/name_table.h"
@@ -67,10 +68,7 @@ size_t shard_weight_bytes(const WeightPlan& w, const ModelConfig& cfg, const Mod
 
 // Peak device memory of one step beyond weights and KV pool, estimated from the buffers the
 // forward pass allocates (runtime/glm5.cpp, engine.cpp), float32 activations, balanced routing.
-struct StepShape {
-  int64_t max_step_tokens = 8192;  // rows of one micro-batch step
-  int64_t max_batch = 64;          // sequences per column (decode rows, logits rows)
-  int64_t prefill_chunk = 256;     // prompt rows per sequence per step
+struct StepShape : BatchLimits {
   int expert_parallel = 1;
   bool device = false;  // a CUDA backend: add its fixed overhead
 };

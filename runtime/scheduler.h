@@ -41,6 +41,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/batch_limits.h"
 #include "runtime/config.h"
 #include "runtime/kv_cache.h"
 #include "runtime/request.h"
@@ -50,11 +51,8 @@ namespace glm5::runtime {
 
 class Tokenizer;
 
-struct SchedulerOptions {
+struct SchedulerOptions : BatchLimits {
   int micro_batches = 1;              // groups that take turns (1 on a one-stage pipeline)
-  int max_batch = 64;                 // running sequences per column, over all groups
-  int64_t prefill_chunk = 256;        // prompt tokens per sequence per step
-  int64_t max_step_tokens = 8192;     // rows per step (the last prefill chunk is cut to fit)
   int64_t kv_blocks = 1 << 20;        // blocks in the column's KV pools
   bool prefix_sharing = true;         // share full prompt blocks between sequences
   int speculative_tokens = 0;         // MTP draft tokens verified per decode step (0: off)

@@ -141,9 +141,7 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
                                                 job->moe_payload.get());
   runtime::EngineOptions opt;
   opt.micro_batches = job->cluster.micro_batches;
-  opt.max_batch = job->cluster.max_batch;
-  opt.prefill_chunk = job->cluster.prefill_chunk;
-  opt.max_step_tokens = job->cluster.max_step_tokens;
+  opt.limits() = job->cluster.limits();
   opt.kv_budget_bytes = job->cluster.kv_budget_gb * 1e9;
   opt.prefix_sharing = job->cluster.prefix_caching;
   opt.kv_dtype = job->cluster.kv_dtype == "bf16" ? DType::BF16 : DType::F32;

@@ -236,11 +236,11 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
       else if (key == "device_memory_gb")
         cc.device_memory_gb = rd.number(v, key, 0.0);
       else if (key == "max_batch")
-        cc.max_batch = int(rd.integer(v, key, 1));
+        cc.max_batch = rd.integer(v, key, 1);
       else if (key == "prefill_chunk")
-        cc.prefill_chunk = int(rd.integer(v, key, 1));
+        cc.prefill_chunk = rd.integer(v, key, 1);
       else if (key == "max_step_tokens")
-        cc.max_step_tokens = int(rd.integer(v, key, 1));
+        cc.max_step_tokens = rd.integer(v, key, 1);
       else if (key == "watchdog_s")
         cc.watchdog_s = rd.number(v, key, 0.0);
       else if (key == "prefix_caching")

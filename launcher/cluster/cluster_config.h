@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "parallel/grid.h"
+#include "runtime/batch_limits.h"
 #include "runtime/config.h"
 #include "runtime/model.h"
 
@@ -41,7 +42,7 @@ struct HostSlots {
 
 constexpr int kMaxSpeculativeTokens = 8;
 
-struct ClusterConfig {
+struct ClusterConfig : runtime::BatchLimits {
   std::string source;  // file path, for messages
   int stages = 1;
   std::vector<parallel::LayerRange> layer_ranges;  // explicit ranges, or empty = balanced
@@ -51,9 +52,6 @@ struct ClusterConfig {
   std::string comm = "mpi";
   double kv_budget_gb = 0;
   double device_memory_gb = 0;  // memory of one rank's device (e.g. 80 for H100); 0 = unchecked
-  int max_batch = 64;
-  int prefill_chunk = 256;
-  int max_step_tokens = 8192;
   double watchdog_s = 300;
   bool prefix_caching = true;
   std::string kv_dtype = "f32";

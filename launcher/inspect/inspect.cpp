@@ -116,10 +116,10 @@ void print_run(const runtime::ModelConfig& mc, const ClusterConfig& cc, const ru
                     "batches)");
   if (cc.device_memory_gb > 0)
     std::printf(
-        "reserve    %.2f GB per rank for activations: estimated peak of one step at max_step_tokens %d, "
+        "reserve    %.2f GB per rank for activations: estimated peak of one step at max_step_tokens %lld, "
         "float32, balanced routing = hidden states %.2f + max(attention %.2f, %s %.2f, logits %.2f) + "
         "%s %.2f GB\n",
-        act.total() / 1e9, cc.max_step_tokens, act.residual / 1e9, act.attention / 1e9,
+        act.total() / 1e9, (long long)cc.max_step_tokens, act.residual / 1e9, act.attention / 1e9,
         mc.n_routed_experts > 0 ? "moe" : "mlp", act.mlp / 1e9, act.logits / 1e9,
         cc.backend == "cuda" ? "CUDA context/cuBLAS/allocator" : "no device overhead", act.fixed / 1e9);
 }
@@ -229,8 +229,8 @@ int run_inspect(const InspectArgs& a) {
   print_model(mc);
   const runtime::WeightPlan wp = runtime::plan_weights(mc, a.model, plan.get());
   print_storage(wp, plan != nullptr);
-  const runtime::ActivationEstimate act = runtime::estimate_activations(
-      mc, {cc.max_step_tokens, cc.max_batch, cc.prefill_chunk, cc.expert_parallel, cc.backend == "cuda"});
+  const runtime::ActivationEstimate act =
+      runtime::estimate_activations(mc, {cc.limits(), cc.expert_parallel, cc.backend == "cuda"});
   print_run(mc, cc, act);
   print_ranks(Ranks{mc, cc, stages, wp, act.total()});
   return 0;

@@ -95,9 +95,7 @@ std::vector<RankMemory> plan_memory(const runtime::ModelConfig& cfg, const Clust
   const int64_t live = std::min<int64_t>(cc.max_batch, per_column);
   const int64_t blocks = (w.in + w.out + runtime::kBlockTokens - 1) / runtime::kBlockTokens;
   runtime::StepShape shape;
-  shape.max_step_tokens = cc.max_step_tokens;
-  shape.max_batch = cc.max_batch;
-  shape.prefill_chunk = cc.prefill_chunk;
+  shape.limits() = cc.limits();
   shape.expert_parallel = cc.expert_parallel;
   shape.device = hw.gpu();
   const double act = runtime::estimate_activations(cfg, shape).total();
@@ -206,9 +204,10 @@ int run_simulate(const SimulateArgs& a) {
               (long long)cfg.num_hidden_layers, (long long)cfg.n_routed_experts, (long long)cfg.num_experts_per_tok,
               (long long)cfg.index_topk);
   std::printf(
-      "layout     %d stage(s) x %d expert-parallel = %d rank(s), micro_batches %d, max_batch %d, "
-      "prefill_chunk %d\n",
-      cc.stages, cc.expert_parallel, cc.world_size(), cc.micro_batches, cc.max_batch, cc.prefill_chunk);
+      "layout     %d stage(s) x %d expert-parallel = %d rank(s), micro_batches %d, max_batch %lld, "
+      "prefill_chunk %lld\n",
+      cc.stages, cc.expert_parallel, cc.world_size(), cc.micro_batches, (long long)cc.max_batch,
+      (long long)cc.prefill_chunk);
   std::printf("hardware   %s (%s%s)\n", hw.name.c_str(), hw.kind.c_str(),
               a.hardware.empty() ? ", calibrated now" : (", " + a.hardware).c_str());
   std::printf("precision  %s: GEMMs at %.3g FLOP/s%s\n", cc.precision.c_str(),
