@@ -161,18 +161,10 @@ int write_calibration(const SimulateArgs& a) {
 
 }  // namespace
 
-int run_simulate(const SimulateArgs& a) {
-  if (a.calibrate) return write_calibration(a);
-  CHECK(!a.model.empty(), "simulate: --model DIR (or its config.json) is required");
-  CHECK(!a.workload.empty(), "simulate: --workload prompts=N,in=T,out=T is required");
-  const Workload work = parse_workload(a.workload);
-  std::string dir;
-  const runtime::ModelConfig cfg = read_model(a.model, dir);
-  CHECK(cfg.max_position_embeddings <= 0 || work.in + work.out <= cfg.max_position_embeddings, "--workload '",
-        a.workload, "': in + out = ", work.in + work.out, " tokens exceeds the model's max_position_embeddings (",
-        cfg.max_position_embeddings, ", ", cfg.source, "): the engine would refuse these requests");
-  const ClusterConfig cc = a.cluster.empty() ? default_cluster_config() : load_cluster_config(a.cluster);
-  const std::vector<parallel::LayerRange> stages = plan_stages(cc, cfg, cc.world_size());
+namespace {
+
+// The hardware file, or this CPU calibrated now; its kind must be the cluster config's backend.
+Hardware hardware_for(const SimulateArgs& a, const ClusterConfig& cc) {
   Hardware hw;
   if (!a.hardware.empty()) {
     hw = load_hardware(a.hardware);
@@ -184,22 +176,17 @@ int run_simulate(const SimulateArgs& a) {
   }
   CHECK(hw.gpu() == (cc.backend == "cuda"), "simulate: hardware ", hw.source.empty() ? hw.name : hw.source, " is kind ",
         hw.kind, " but the cluster config's backend is ", cc.backend);
-  // glm5 as it runs (its kernels' measured efficiencies) unless the published kernels' what-if is asked.
-  const bool measured = hw.has_measured && !a.published_kernels;
-  if (measured) hw = hw.as_measured();
-  const runtime::WeightPlan wp = runtime::plan_weights(cfg, dir);
-  const StepCost cost(cfg, wp, cc.expert_parallel,
-                      a.routing.empty() ? std::vector<std::vector<double>>{} : read_routing(a.routing, cfg),
-                      cc.kv_dtype == "bf16" ? 2 : 4);
-  SimSetup setup{&cfg, &cc, stages, &hw, &cost, work, a.exchange_bytes, a.overlap, {}};
-  CHECK(cc.speculative_tokens == 0 || !a.acceptance.empty(), "simulate: ", cc.source, " sets speculative_tokens ",
-        cc.speculative_tokens,
-        ": give --acceptance (the fraction of verify steps whose drafts 1..j were all accepted, "
-        "j = 1..k, e.g. a batch report's spec_accepted_at / spec_verify_steps)");
-  if (cc.speculative_tokens > 0) setup.acceptance = parse_acceptance(a.acceptance, cc.speculative_tokens);
-  const Prediction p = simulate_run(setup);
-  const std::vector<RankMemory> mem = plan_memory(cfg, cc, hw, stages, wp, work);
+  CHECK(hw.gpu() == (cc.backend == "cuda"), "simulate: hardware ", hw.source.empty() ? hw.name : hw.source, " is kind ",
+        hw.kind, " but the cluster config's backend is ", cc.backend);
+  return hw;
+}
 
+// What is simulated: the model, layout, hardware, precision, kernels and workload.
+void print_setup(const SimulateArgs& a, const SimSetup& setup, const runtime::WeightPlan& wp, bool measured) {
+  const runtime::ModelConfig& cfg = *setup.cfg;
+  const ClusterConfig& cc = *setup.cluster;
+  const Hardware& hw = *setup.hw;
+  const Workload& work = setup.work;
   std::printf("model      %s: %lld layers, %lld routed experts (top %lld), index_topk %lld\n", cfg.source.c_str(),
               (long long)cfg.num_hidden_layers, (long long)cfg.n_routed_experts, (long long)cfg.num_experts_per_tok,
               (long long)cfg.index_topk);
@@ -239,6 +226,11 @@ int run_simulate(const SimulateArgs& a) {
               (long long)work.in, (long long)work.out,
               work.prefix ? (", shared prefix " + std::to_string(work.prefix)).c_str() : "",
               a.routing.empty() ? "uniform" : a.routing.c_str());
+}
+
+// The prediction: rates, the per-stage table, the bottleneck and the traffic. Returns the
+// bottleneck stage.
+int print_prediction(const Prediction& p, const ClusterConfig& cc, const Hardware& hw, const Workload& work) {
   std::printf(
       "predicted  %.1f generated tokens/s (%.1f tokens/s prompt + generated), %.4g s for the run, "
       "mean time to first token %.4g s, %lld ticks\n",
@@ -268,6 +260,11 @@ int run_simulate(const SimulateArgs& a) {
         "distributor prefers the column holding it): prefix hits are underestimated\n");
   if (cc.stages > 1)
     std::printf("pipeline   %.1f KB of hidden states per stage hop (mean)\n", p.pipeline_bytes_per_step / 1e3);
+  return bottleneck;
+}
+
+// The rank that needs the most memory, and whether it fits.
+void print_memory(const std::vector<RankMemory>& mem) {
   double worst = 0;
   int worst_rank = 0;
   for (size_t r = 0; r < mem.size(); ++r)
@@ -279,38 +276,78 @@ int run_simulate(const SimulateArgs& a) {
     std::printf(" of %s: %s\n", gb(m.room).c_str(), m.total() <= m.room ? "fits" : "DOES NOT FIT");
   else
     std::printf("\n");
+}
 
-  if (!a.json.empty()) {
-    json j;
-    j["generated_tokens_per_s"] = p.generated_per_s;
-    j["tokens_per_s"] = p.tokens_per_s;
-    j["makespan_s"] = p.makespan_s;
-    j["mean_ttft_s"] = p.mean_ttft_s;
-    j["decode_tokens_per_s"] = p.decode_per_s;
-    j["ticks"] = p.ticks;
-    j["bottleneck_stage"] = bottleneck;
-    j["exchange_bytes_per_layer"] = p.exchange_bytes_per_layer;
-    j["exchange_plan_bytes_per_layer"] = p.exchange_plan_bytes_per_layer;
-    j["pipeline_bytes_per_step"] = p.pipeline_bytes_per_step;
-    j["layout"] = {{"stages", cc.stages}, {"expert_parallel", cc.expert_parallel}, {"micro_batches", cc.micro_batches}};
-    j["workload"] = {{"prompts", work.prompts}, {"in", work.in}, {"out", work.out}, {"prefix", work.prefix}};
-    j["hardware"] = hw.name;
-    j["kernels"] = measured ? "glm5 measured" : hw.has_measured ? "published what-if" : "hardware file";
-    j["precision"] = cc.precision;
-    for (const StagePrediction& sp : p.stages)
-      j["stages"].push_back({{"first_layer", sp.first_layer},
-                             {"last_layer", sp.last_layer},
-                             {"busy_s", sp.busy_s},
-                             {"comm_s", sp.comm_s},
-                             {"phases", sp.phases}});
-    for (const RankMemory& r : mem)
-      j["memory"].push_back({{"weights", r.weights}, {"kv", r.kv}, {"activations", r.activations}, {"room", r.room}});
-    std::ofstream f(a.json);
-    CHECK(f, "simulate: cannot write ", a.json);
-    f << j.dump(2) << "\n";
-    f.close();
-    CHECK(f, "simulate: writing ", a.json, " failed (disk full?)");
-  }
+void write_json(const SimulateArgs& a, const SimSetup& setup, const Prediction& p, const std::vector<RankMemory>& mem,
+                bool measured, int bottleneck) {
+  const ClusterConfig& cc = *setup.cluster;
+  const Hardware& hw = *setup.hw;
+  const Workload& work = setup.work;
+  json j;
+  j["generated_tokens_per_s"] = p.generated_per_s;
+  j["tokens_per_s"] = p.tokens_per_s;
+  j["makespan_s"] = p.makespan_s;
+  j["mean_ttft_s"] = p.mean_ttft_s;
+  j["decode_tokens_per_s"] = p.decode_per_s;
+  j["ticks"] = p.ticks;
+  j["bottleneck_stage"] = bottleneck;
+  j["exchange_bytes_per_layer"] = p.exchange_bytes_per_layer;
+  j["exchange_plan_bytes_per_layer"] = p.exchange_plan_bytes_per_layer;
+  j["pipeline_bytes_per_step"] = p.pipeline_bytes_per_step;
+  j["layout"] = {{"stages", cc.stages}, {"expert_parallel", cc.expert_parallel}, {"micro_batches", cc.micro_batches}};
+  j["workload"] = {{"prompts", work.prompts}, {"in", work.in}, {"out", work.out}, {"prefix", work.prefix}};
+  j["hardware"] = hw.name;
+  j["kernels"] = measured ? "glm5 measured" : hw.has_measured ? "published what-if" : "hardware file";
+  j["precision"] = cc.precision;
+  for (const StagePrediction& sp : p.stages)
+    j["stages"].push_back({{"first_layer", sp.first_layer},
+                           {"last_layer", sp.last_layer},
+                           {"busy_s", sp.busy_s},
+                           {"comm_s", sp.comm_s},
+                           {"phases", sp.phases}});
+  for (const RankMemory& r : mem)
+    j["memory"].push_back({{"weights", r.weights}, {"kv", r.kv}, {"activations", r.activations}, {"room", r.room}});
+  std::ofstream f(a.json);
+  CHECK(f, "simulate: cannot write ", a.json);
+  f << j.dump(2) << "\n";
+  f.close();
+  CHECK(f, "simulate: writing ", a.json, " failed (disk full?)");
+}
+
+}  // namespace
+
+int run_simulate(const SimulateArgs& a) {
+  if (a.calibrate) return write_calibration(a);
+  CHECK(!a.model.empty(), "simulate: --model DIR (or its config.json) is required");
+  CHECK(!a.workload.empty(), "simulate: --workload prompts=N,in=T,out=T is required");
+  const Workload work = parse_workload(a.workload);
+  std::string dir;
+  const runtime::ModelConfig cfg = read_model(a.model, dir);
+  CHECK(cfg.max_position_embeddings <= 0 || work.in + work.out <= cfg.max_position_embeddings, "--workload '",
+        a.workload, "': in + out = ", work.in + work.out, " tokens exceeds the model's max_position_embeddings (",
+        cfg.max_position_embeddings, ", ", cfg.source, "): the engine would refuse these requests");
+  const ClusterConfig cc = a.cluster.empty() ? default_cluster_config() : load_cluster_config(a.cluster);
+  const std::vector<parallel::LayerRange> stages = plan_stages(cc, cfg, cc.world_size());
+  Hardware hw = hardware_for(a, cc);
+  // glm5 as it runs (its kernels' measured efficiencies) unless the published kernels' what-if is asked.
+  const bool measured = hw.has_measured && !a.published_kernels;
+  if (measured) hw = hw.as_measured();
+  const runtime::WeightPlan wp = runtime::plan_weights(cfg, dir);
+  const StepCost cost(cfg, wp, cc.expert_parallel,
+                      a.routing.empty() ? std::vector<std::vector<double>>{} : read_routing(a.routing, cfg),
+                      cc.kv_dtype == "bf16" ? 2 : 4);
+  SimSetup setup{&cfg, &cc, stages, &hw, &cost, work, a.exchange_bytes, a.overlap, {}};
+  CHECK(cc.speculative_tokens == 0 || !a.acceptance.empty(), "simulate: ", cc.source, " sets speculative_tokens ",
+        cc.speculative_tokens,
+        ": give --acceptance (the fraction of verify steps whose drafts 1..j were all accepted, "
+        "j = 1..k, e.g. a batch report's spec_accepted_at / spec_verify_steps)");
+  if (cc.speculative_tokens > 0) setup.acceptance = parse_acceptance(a.acceptance, cc.speculative_tokens);
+  const Prediction p = simulate_run(setup);
+  const std::vector<RankMemory> mem = plan_memory(cfg, cc, hw, stages, wp, work);
+  print_setup(a, setup, wp, measured);
+  const int bottleneck = print_prediction(p, cc, hw, work);
+  print_memory(mem);
+  if (!a.json.empty()) write_json(a, setup, p, mem, measured, bottleneck);
   return 0;
 }
 
