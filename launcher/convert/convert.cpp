@@ -350,24 +350,11 @@ struct Progress {
   }
 };
 
-}  // namespace
-
-int run_convert(const ConvertArgs& a) {
-  const runtime::QuantPlan plan = runtime::parse_quant_plan(a.quant, a.group_size, a.quantize, a.scale_dtype);
-  const runtime::ModelConfig cfg = runtime::load_config(a.model);
-  Checkpoint ckpt(a.model);
-  runtime::check_checkpoint(ckpt, cfg);
-  std::unique_ptr<ClusterConfig> cc;
-  std::vector<parallel::LayerRange> stages;
-  if (!a.cluster.empty()) {
-    cc = std::make_unique<ClusterConfig>(load_cluster_config(a.cluster));
-    stages = plan_stages(*cc, cfg, cc->world_size());
-    CHECK(cfg.n_routed_experts % cc->expert_parallel == 0, a.cluster, ": expert_parallel ", cc->expert_parallel,
-          " does not divide n_routed_experts = ", cfg.n_routed_experts);
-  }
-
-  // 1. Plan: the schema's tensors, then the MTP layers' (index >= num_hidden_layers: the layers'
-  // schema, so the same rules), then whatever else the checkpoint holds (MTP extras: eh_proj, ...).
+// 1. The plan: the schema's tensors, then the MTP layers' (index >= num_hidden_layers: the
+// layers' schema, so the same rules), then whatever else the checkpoint holds (MTP extras:
+// eh_proj, ...). cc: the layout whose ranks get file sets, or null.
+std::vector<Item> plan_items(Checkpoint& ckpt, const runtime::ModelConfig& cfg, const runtime::QuantPlan& plan,
+                             const ClusterConfig* cc, const std::vector<parallel::LayerRange>& stages) {
   std::vector<Item> items;
   std::set<std::string> taken;
   auto add = [&](const TensorSpec& s, bool in_schema) {
@@ -375,7 +362,7 @@ int run_convert(const ConvertArgs& a) {
     it.spec = s;
     it.in = runtime::resolve_tensor(ckpt, s);
     decide(it, plan, in_schema);
-    it.group = file_group(s, cfg, cc.get(), stages);
+    it.group = file_group(s, cfg, cc, stages);
     for (const TensorHeader& h : stored_parts(it.in, s)) taken.insert(h.name);
     items.push_back(std::move(it));
   };
@@ -389,12 +376,14 @@ int run_convert(const ConvertArgs& a) {
     s.layer = int(cfg.num_hidden_layers);  // with the last stage
     add(s, false);
   }
-  const size_t shard_limit = size_t(std::max<int64_t>(1, a.shard_size_mb)) << 20;
-  const std::vector<Shard> shards = make_shards(items, shard_limit);
+  return items;
+}
 
-  // The plan's identity (a rerun over the same --out must be the same conversion): the input's
-  // files and sizes and each tensor's stored dtype (a re-downloaded or edited source under the same
-  // path is another input), with the flags that shape the output.
+// The plan's identity (a rerun over the same --out must be the same conversion): the input's
+// files and sizes and each tensor's stored dtype (a re-downloaded or edited source under the same
+// path is another input), with the flags that shape the output.
+json plan_identity(const ConvertArgs& a, const runtime::QuantPlan& plan, const ClusterConfig* cc,
+                   const std::vector<Item>& items, const std::vector<Shard>& shards) {
   json inputs = json::object();
   for (const auto& e : fs::directory_iterator(a.model))
     if (e.is_regular_file() && (e.path().extension() == ".safetensors" || e.path().filename() == "config.json"))
@@ -415,7 +404,12 @@ int run_convert(const ConvertArgs& a) {
                                std::string(dtype_name(items[i].in.dtype)));
     ident["files"].push_back(f);
   }
-  const fs::path out(a.out);
+  return ident;
+}
+
+// Claims the output folder: created, locked against a second conversion into it (the lock is held
+// until the process ends), and either new or an interrupted run of this same plan.
+void claim_output(const ConvertArgs& a, const fs::path& out, const json& ident) {
   std::error_code ec;
   fs::create_directories(out, ec);
   CHECK(!ec, a.out, ": cannot create the output directory: ", ec.message());
@@ -441,12 +435,12 @@ int run_convert(const ConvertArgs& a) {
     }
     write_text(plan_path, ident.dump(1));
   }
+}
 
-  // 2. Write, shard by shard.
-  size_t total = 0;
-  for (const Item& it : items) total += it.in.nbytes();
-  Progress progress{a.progress, total};
-  std::map<std::string, std::string> weight_map;
+// 2. The shards, each written whole unless an earlier run finished it. Returns the total size of
+// the files; weight_map gets every output tensor's file.
+size_t write_shards(Checkpoint& ckpt, const std::vector<Item>& items, const std::vector<Shard>& shards,
+                    const fs::path& out, Progress& progress, std::map<std::string, std::string>& weight_map) {
   size_t total_size = 0;
   for (const Shard& sh : shards) {
     std::vector<TensorHeader> headers;
@@ -480,7 +474,15 @@ int run_convert(const ConvertArgs& a) {
     w.finish();
   }
 
-  // 3. Index, config, the other files; then the loader's checks on the result.
+  return total_size;
+}
+
+// 3. The config (with the quantization_config of what was written), the model's other files, and
+// the index last: its presence says the conversion is complete.
+void write_metadata(const ConvertArgs& a, const fs::path& out, const std::vector<Item>& items,
+                    const runtime::QuantPlan& plan, const std::map<std::string, std::string>& weight_map,
+                    size_t total_size) {
+  std::error_code ec;
   {
     std::ifstream in(fs::path(a.model) / "config.json");
     json conf = json::parse(in);
@@ -500,12 +502,13 @@ int run_convert(const ConvertArgs& a) {
     fs::copy_file(e.path(), out / n, fs::copy_options::overwrite_existing, ec);
     CHECK(!ec, (out / n).string(), ": cannot copy from ", e.path().string(), ": ", ec.message());
   }
-  // The index last: its presence says the conversion is complete.
   json index = {{"metadata", {{"total_size", total_size}, {"glm5_convert", runtime::describe(plan)}}},
                 {"weight_map", weight_map}};
   write_text(out / "model.safetensors.index.json", index.dump(2));
-  Checkpoint result(a.out);
-  runtime::check_checkpoint(result, runtime::load_config(a.out));
+}
+
+void print_summary(const ConvertArgs& a, const std::vector<Item>& items, const runtime::QuantPlan& plan, size_t files,
+                   size_t total, size_t total_size) {
   size_t converted = 0, indivisible = 0;
   for (const Item& it : items) {
     converted += it.out != DType::Unknown;
@@ -519,8 +522,39 @@ int run_convert(const ConvertArgs& a) {
                  "multiple of --group-size %lld\n",
                  indivisible, (long long)plan.group_size);
   std::fprintf(stderr, "[convert] %s: %zu of %zu tensors converted (%s), %zu file(s), %.3f GB -> %.3f GB\n",
-               a.out.c_str(), converted, items.size(), runtime::describe(plan).c_str(), shards.size(),
-               double(total) / 1e9, double(total_size) / 1e9);
+               a.out.c_str(), converted, items.size(), runtime::describe(plan).c_str(), files, double(total) / 1e9,
+               double(total_size) / 1e9);
+}
+
+}  // namespace
+
+int run_convert(const ConvertArgs& a) {
+  const runtime::QuantPlan plan = runtime::parse_quant_plan(a.quant, a.group_size, a.quantize, a.scale_dtype);
+  const runtime::ModelConfig cfg = runtime::load_config(a.model);
+  Checkpoint ckpt(a.model);
+  runtime::check_checkpoint(ckpt, cfg);
+  std::unique_ptr<ClusterConfig> cc;
+  std::vector<parallel::LayerRange> stages;
+  if (!a.cluster.empty()) {
+    cc = std::make_unique<ClusterConfig>(load_cluster_config(a.cluster));
+    stages = plan_stages(*cc, cfg, cc->world_size());
+    CHECK(cfg.n_routed_experts % cc->expert_parallel == 0, a.cluster, ": expert_parallel ", cc->expert_parallel,
+          " does not divide n_routed_experts = ", cfg.n_routed_experts);
+  }
+  const std::vector<Item> items = plan_items(ckpt, cfg, plan, cc.get(), stages);
+  const size_t shard_limit = size_t(std::max<int64_t>(1, a.shard_size_mb)) << 20;
+  const std::vector<Shard> shards = make_shards(items, shard_limit);
+  const fs::path out(a.out);
+  claim_output(a, out, plan_identity(a, plan, cc.get(), items, shards));
+  size_t total = 0;
+  for (const Item& it : items) total += it.in.nbytes();
+  Progress progress{a.progress, total};
+  std::map<std::string, std::string> weight_map;
+  const size_t total_size = write_shards(ckpt, items, shards, out, progress, weight_map);
+  write_metadata(a, out, items, plan, weight_map, total_size);
+  Checkpoint result(a.out);  // the loader's checks on the result
+  runtime::check_checkpoint(result, runtime::load_config(a.out));
+  print_summary(a, items, plan, shards.size(), total, total_size);
   return 0;
 }
 
