@@ -523,7 +523,9 @@ json transport(const Job& job) {
 
 // Gathers every rank's counters on rank 0 (collective): the report file, the metrics file, one line
 // per rank on stderr, then the trace file.
-void write_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
+// This rank's part of the report: its engine's counters, routing, memory and (with --profile)
+// phase totals.
+json rank_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
   const auto& st = job.engine->stats();
   json router = json::array();
   for (const auto& l : job.model->router_load())
@@ -560,37 +562,12 @@ void write_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
       {"tokens_per_s", st.wall_s > 0 ? double(st.tokens_generated) / st.wall_s : 0.0}};
   if (prof) mine["profile"] = prof->totals();
   if (prof && !a.trace.empty()) mine["trace_dropped"] = prof->dropped_events();
-  std::string s = mine.dump();
-  const int n = job.world->size();
-  std::vector<int64_t> sizes(static_cast<size_t>(n));
-  int64_t my = int64_t(s.size());
-  job.world->all_gather(&my, sizeof my, sizes.data());
-  if (job.rank() != 0) {
-    job.world->send(s.data(), s.size(), 0, parallel::kTagReport);
-    if (prof && !a.trace.empty()) write_trace(job, a.trace, *prof, json());
-    return;
-  }
-  json ranks = json::array({std::move(mine)});
-  for (int r = 1; r < n; ++r) {
-    std::string b(size_t(sizes[size_t(r)]), '\0');
-    job.world->recv(b.data(), b.size(), r, parallel::kTagReport);
-    ranks.push_back(json::parse(b));
-  }
-  json full = {{"world_size", n}, {"ranks", ranks}};
-  add_moe_health(job, full, ranks, a.imbalance_warn);
-  if (!a.report.empty()) {
-    std::ofstream rep(a.report);
-    rep << full.dump(1) << '\n';
-    rep.close();
-    CHECK(rep, "cannot write --report ", a.report);
-  }
-  if (!a.metrics.empty()) {
-    std::ofstream met(a.metrics);
-    met << prometheus_text(full);
-    met.close();
-    CHECK(met, "cannot write --metrics ", a.metrics);
-  }
-  for (auto& r : ranks) {
+  return mine;
+}
+
+// The per-rank lines on rank 0's stderr: memory, speculative decoding, a truncated trace.
+void print_rank_lines(const json& ranks) {
+  for (const json& r : ranks) {
     std::fprintf(stderr, "[glm5] rank %d (stage %d, column %d): peak RSS %.1f MiB, weights %.1f MiB\n",
                  r["rank"].get<int>(), r["stage"].get<int>(), r["column"].get<int>(),
                  r["peak_rss_kb"].get<double>() / 1024.0, r["weight_bytes"].get<double>() / 1048576.0);
@@ -610,8 +587,50 @@ void write_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
                    "[glm5] warning: rank %d: the trace kept its first phase calls only (%lld later ones dropped)\n",
                    r["rank"].get<int>(), (long long)r["trace_dropped"].get<int64_t>());
   }
-  if (prof && !a.trace.empty())
-    write_trace(job, a.trace, *prof, ranks);  // last: the report is written whatever happens
+}
+
+// --report (the JSON) and --metrics (Prometheus text) on rank 0.
+void write_report_files(const BatchArgs& a, const json& full) {
+  if (!a.report.empty()) {
+    std::ofstream rep(a.report);
+    rep << full.dump(1) << '\n';
+    rep.close();
+    CHECK(rep, "cannot write --report ", a.report);
+  }
+  if (!a.metrics.empty()) {
+    std::ofstream met(a.metrics);
+    met << prometheus_text(full);
+    met.close();
+    CHECK(met, "cannot write --metrics ", a.metrics);
+  }
+}
+
+// The run report (collective): every rank sends rank 0 its part; rank 0 adds the MoE health,
+// writes the files and prints the per-rank lines; then the trace, last, so that the report is
+// written whatever happens to it.
+void write_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
+  json mine = rank_report(job, a, prof);
+  std::string s = mine.dump();
+  const int n = job.world->size();
+  std::vector<int64_t> sizes(static_cast<size_t>(n));
+  int64_t my = int64_t(s.size());
+  job.world->all_gather(&my, sizeof my, sizes.data());
+  if (job.rank() != 0) {
+    job.world->send(s.data(), s.size(), 0, parallel::kTagReport);
+    if (prof && !a.trace.empty()) write_trace(job, a.trace, *prof, json());
+    return;
+  }
+  json ranks = json::array({std::move(mine)});
+  for (int r = 1; r < n; ++r) {
+    std::string b(size_t(sizes[size_t(r)]), '\0');
+    job.world->recv(b.data(), b.size(), r, parallel::kTagReport);
+    ranks.push_back(json::parse(b));
+  }
+  json full = {{"world_size", n}, {"ranks", ranks}};
+  add_moe_health(job, full, ranks, a.imbalance_warn);
+  write_report_files(a, full);
+  print_rank_lines(ranks);
+  if (prof && !a.trace.empty()) write_trace(job, a.trace, *prof, ranks);
 }
 
 }  // namespace
