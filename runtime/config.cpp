@@ -466,28 +466,10 @@ float ModelConfig::rope_cos_sin_scale() const {
   return float(yarn_mscale(r.factor, r.mscale) / yarn_mscale(r.factor, r.mscale_all_dim));
 }
 
-ModelConfig parse_config(const std::string& json_text, const std::string& source) {
-  json root;
-  try {
-    root = json::parse(json_text);
-  } catch (const json::exception& e) {
-    GLM5_FAIL(source, ": not valid JSON: ", e.what());
-  }
-  if (!root.is_object()) GLM5_FAIL(source, ": expected a JSON object, found ", show(&root));
+namespace {
 
-  ModelConfig c;
-  c.source = source;
-  Fields f{root, source, ""};
-
-  const json* mt = f.value("model_type");
-  if (!mt || !mt->is_string() || (mt->get<std::string>() != "glm_moe_dsa" && mt->get<std::string>() != "deepseek_v32"))
-    f.bad("model_type", "\"glm_moe_dsa\" or \"deepseek_v32\"", mt);
-  c.model_type = mt->get<std::string>();
-  c.ignored_fields = check_keys(root, source);  // after model_type: another model gets that message
-
-  // `dtype` (transformers v5) wins over the older `torch_dtype`.
-  c.dtype = f.value("dtype") ? f.optional_string("dtype", "") : f.optional_string("torch_dtype", "bfloat16");
-
+// The sizes: vocabulary, layers (bounded before anything is sized by them), attention, indexer.
+void read_sizes(const Fields& f, ModelConfig& c) {
   c.vocab_size = f.required_int("vocab_size");
   c.hidden_size = f.required_int("hidden_size");
   c.num_hidden_layers = f.required_int("num_hidden_layers");
@@ -506,6 +488,10 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   c.index_topk = f.required_int("index_topk");
   c.intermediate_size = f.required_int("intermediate_size");
   c.max_position_embeddings = f.required_int("max_position_embeddings");
+}
+
+// The MoE's sizes and grouping; without routed experts their sizes may be absent.
+void read_moe(const Fields& f, ModelConfig& c) {
   c.n_routed_experts = f.required_int("n_routed_experts", 0);
   if (c.n_routed_experts > 0) {
     c.moe_intermediate_size = f.required_int("moe_intermediate_size");
@@ -521,18 +507,20 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   c.first_k_dense_replace = f.optional_int("first_k_dense_replace", 0, 0);
   c.moe_layer_freq = f.optional_int("moe_layer_freq", 1, 1);
   c.num_nextn_predict_layers = f.optional_int("num_nextn_predict_layers", 0, 0);
+}
 
+// Scalars and flags with their defaults.
+void read_scalars(const Fields& f, ModelConfig& c) {
   c.routed_scaling_factor = f.optional_number("routed_scaling_factor", 1.0, true);
   c.rms_norm_eps = f.optional_number("rms_norm_eps", 1e-6, true);
   c.norm_topk_prob = f.optional_bool("norm_topk_prob", true);
   c.tie_word_embeddings = f.optional_bool("tie_word_embeddings", false);
   c.rope_interleave = f.optional_bool("rope_interleave", true);
   c.indexer_rope_interleave = f.optional_bool("indexer_rope_interleave", c.model_type == "glm_moe_dsa");
-  read_rope(root, source, c);
-  read_quantization(root, source, c);
-  read_indexer_types(root, source, c);
-  read_layer_kinds(root, source, c);
+}
 
+// The fields that name a function glm5 computes one way only.
+void check_supported(const Fields& f, ModelConfig& c) {
   c.scoring_func = f.optional_string("scoring_func", "sigmoid");
   c.topk_method = f.optional_string("topk_method", "noaux_tc");
   if (c.scoring_func != "sigmoid") f.bad("scoring_func", "\"sigmoid\"", f.value("scoring_func"));
@@ -541,8 +529,10 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   if (act != "silu") f.bad("hidden_act", "\"silu\"", f.value("hidden_act"));
   if (f.optional_bool("attention_bias", false))
     f.bad("attention_bias", "false (attention projections have no bias)", f.value("attention_bias"));
+}
 
-  // Token ids: eos may be one id or a list; bos/pad may be absent or null (-1).
+// Token ids: eos may be one id or a list; bos/pad may be absent or null (-1).
+void read_token_ids(const Fields& f, ModelConfig& c) {
   if (const json* eos = f.value("eos_token_id")) {
     if (eos->is_array()) {
       for (const json& e : *eos) c.eos_token_id.push_back(f.token_id("eos_token_id", e, c.vocab_size));
@@ -552,9 +542,11 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   }
   if (const json* v = f.value("bos_token_id")) c.bos_token_id = f.token_id("bos_token_id", *v, c.vocab_size);
   if (const json* v = f.value("pad_token_id")) c.pad_token_id = f.token_id("pad_token_id", *v, c.vocab_size);
+}
 
-  // Cross-field consistency.
-  const std::string& s = source;
+// Cross-field consistency.
+void check_cross_fields(const Fields& f, const ModelConfig& c) {
+  const std::string& s = f.source;
   require(c.qk_rope_head_dim % 2 == 0, s, "qk_rope_head_dim", "an even number (RoPE rotates pairs)",
           std::to_string(c.qk_rope_head_dim));
   if (const json* qk = f.value("qk_head_dim")) {
@@ -578,6 +570,41 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
             "at most topk_group * n_routed_experts / n_group = " + std::to_string(reachable),
             std::to_string(c.num_experts_per_tok));
   }
+}
+
+}  // namespace
+
+ModelConfig parse_config(const std::string& json_text, const std::string& source) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::exception& e) {
+    GLM5_FAIL(source, ": not valid JSON: ", e.what());
+  }
+  if (!root.is_object()) GLM5_FAIL(source, ": expected a JSON object, found ", show(&root));
+
+  ModelConfig c;
+  c.source = source;
+  Fields f{root, source, ""};
+
+  const json* mt = f.value("model_type");
+  if (!mt || !mt->is_string() || (mt->get<std::string>() != "glm_moe_dsa" && mt->get<std::string>() != "deepseek_v32"))
+    f.bad("model_type", "\"glm_moe_dsa\" or \"deepseek_v32\"", mt);
+  c.model_type = mt->get<std::string>();
+  c.ignored_fields = check_keys(root, source);  // after model_type: another model gets that message
+
+  // `dtype` (transformers v5) wins over the older `torch_dtype`.
+  c.dtype = f.value("dtype") ? f.optional_string("dtype", "") : f.optional_string("torch_dtype", "bfloat16");
+  read_sizes(f, c);
+  read_moe(f, c);
+  read_scalars(f, c);
+  read_rope(root, source, c);
+  read_quantization(root, source, c);
+  read_indexer_types(root, source, c);
+  read_layer_kinds(root, source, c);
+  check_supported(f, c);
+  read_token_ids(f, c);
+  check_cross_fields(f, c);
   return c;
 }
 
