@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace glm5::runtime {
 

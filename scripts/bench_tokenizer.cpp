@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference token ids from Hugging Face `tokenizers` for tests/runtime/test_tokenizer.cpp.
+"""Reference token ids from Hugging Face `tokenizers` for tests/runtime/tokenizer/test_tokenizer.cpp.
 
 Writes, under tests/data/tokenizer/:
   deepseek_v3_reference.jsonl  one line per string: {"text", "ids"} plus, where they differ from

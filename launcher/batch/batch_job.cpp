@@ -34,7 +34,7 @@
 #include "launcher/serve/serve_signals.h"
 #include "runtime/chat.h"
 #include "runtime/profile.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace glm5::launcher {
 

@@ -30,7 +30,7 @@
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"
 #include "runtime/name_table.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace glm5::launcher {
 

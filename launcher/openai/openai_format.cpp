@@ -17,7 +17,7 @@
 #include "core/check.h"
 #include "runtime/chat.h"
 #include "runtime/config.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace glm5::launcher {
 

@@ -17,7 +17,7 @@
 #include "core/check.h"
 #include "launcher/cli/commands.h"
 #include "runtime/sampler.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace glm5::launcher {
 

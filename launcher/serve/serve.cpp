@@ -21,7 +21,7 @@
 #include "launcher/serve/serve_api.h"
 #include "launcher/serve/serve_queue.h"
 #include "launcher/serve/serve_signals.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace glm5::launcher {
 

@@ -14,7 +14,7 @@
 #include "core/check.h"
 #include "launcher/openai/openai_format.h"
 #include "runtime/config.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace glm5::launcher {
 

@@ -8,7 +8,7 @@
 
 #include "kernels/core/check.h"
 #include "runtime/chat.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace glm5::runtime {
 namespace {

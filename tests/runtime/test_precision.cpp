@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "model_fixture.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace glm5::testing {
 namespace {

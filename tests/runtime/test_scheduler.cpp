@@ -9,7 +9,7 @@
 
 #include "runtime/config.h"
 #include "runtime/scheduler.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 using namespace glm5;
 using namespace glm5::runtime;

@@ -23,7 +23,7 @@
 
 #include "launcher/batch/batch_job.h"
 #include "runtime/config.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 #include "tests/test_support.h"
 
 namespace fs = std::filesystem;

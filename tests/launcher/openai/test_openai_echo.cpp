@@ -20,7 +20,7 @@
 #include "runtime/chat.h"
 #include "runtime/config.h"
 #include "runtime/safetensors.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 #include "tests/test_support.h"
 
 namespace fs = std::filesystem;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kernels/core/check.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace glm5::runtime {
 namespace {
