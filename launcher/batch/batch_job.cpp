@@ -639,9 +639,7 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
   // Rank 0 decides when the job stops (as serve): a signal to every rank must not end the others.
   if (world->rank() != 0) StopSignals::ignore();
   auto job = make_job(a.model, a.cluster, std::move(world), true, a.overrides);
-  std::unique_ptr<runtime::Tokenizer> tok;
-  if (std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json"))
-    tok = std::make_unique<runtime::Tokenizer>(runtime::Tokenizer::load(a.model));
+  const std::unique_ptr<runtime::Tokenizer> tok = runtime::Tokenizer::load_if_present(a.model);
   job->engine->set_tokenizer(tok.get());
   std::unique_ptr<runtime::Profiler> prof;
   if (a.profile || !a.trace.empty()) {

@@ -198,10 +198,6 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
-bool has_tokenizer(const std::string& model_dir) {
-  return std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json");
-}
-
 struct GenerateArgs {
   std::string model, cluster, prompt, prompt_ids, dump_logits;
   int max_new_tokens = 16;
@@ -216,8 +212,7 @@ int run_generate(const GenerateArgs& a, std::unique_ptr<parallel::Comm> world) {
   auto job = make_job(a.model, a.cluster, std::move(world), false, a.overrides);
   const bool root = job->rank() == 0;
   std::vector<runtime::Request> reqs;
-  std::unique_ptr<runtime::Tokenizer> tok;
-  if (has_tokenizer(a.model)) tok = std::make_unique<runtime::Tokenizer>(runtime::Tokenizer::load(a.model));
+  const std::unique_ptr<runtime::Tokenizer> tok = runtime::Tokenizer::load_if_present(a.model);
   if (root) {
     runtime::Request r;
     CHECK(a.prompt.empty() != a.prompt_ids.empty(), "give exactly one of --prompt and --prompt-ids");

@@ -135,9 +135,7 @@ int run_serve(const ServeArgs& a, std::unique_ptr<parallel::Comm> world) {
   // mpirun forwards SIGUSR1 (not SIGTERM) to every rank: it drains too (glm5 launch --run sends it).
   if (!root) StopSignals::ignore();
   auto job = make_job(a.model, a.cluster, std::move(world), false, a.overrides);
-  std::unique_ptr<runtime::Tokenizer> tok;
-  if (std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json"))
-    tok = std::make_unique<runtime::Tokenizer>(runtime::Tokenizer::load(a.model));
+  const std::unique_ptr<runtime::Tokenizer> tok = runtime::Tokenizer::load_if_present(a.model);
   job->engine->set_tokenizer(tok.get());
   if (!root) {
     job->start_watchdog();

@@ -453,6 +453,12 @@ Tokenizer Tokenizer::load(const std::string& path_or_model_dir) {
   return Tokenizer(std::move(impl));
 }
 
+std::unique_ptr<Tokenizer> Tokenizer::load_if_present(const std::string& model_dir) {
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json", ec)) return nullptr;
+  return std::make_unique<Tokenizer>(load(model_dir));
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
   CHECK(text.size() < (size_t(1) << 32), "tokenizer: text of ", text.size(),
         " bytes is too long to encode at once (limit 4 GiB)");

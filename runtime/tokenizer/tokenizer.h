@@ -19,6 +19,9 @@ class Tokenizer {
   // naming the file when it is missing, is not JSON, or uses a component this class does not
   // implement (the message names the component and its type).
   static Tokenizer load(const std::string& path_or_model_dir);
+  // A model directory's tokenizer.json when it has one, else null: such a model is run on token ids
+  // (prompt_ids) alone. The one rule batch, serve and generate share.
+  static std::unique_ptr<Tokenizer> load_if_present(const std::string& model_dir);
 
   // Text -> ids. With parse_special, added tokens in the text (e.g. "<|user|>") become their ids,
   // honouring their special/lstrip/rstrip/single_word/normalized flags as HF does; without it,
