@@ -44,12 +44,79 @@ double StepCost::share(int layer, int expert) const {
   return 1.0 / double(cfg_.n_routed_experts);
 }
 
+namespace {
+
+// The attention work of one step's sequences: rows below min(prompt_len, index_topk) attend
+// naively (kv_b expands their prefix, then dense causal attention), the rest in the absorbed form
+// (indexer scores and top-k when sparse, attention over the latent cache, the q / v absorptions).
+struct AttentionWork {
+  Work qabs, scores, topk, att, vabs, naive_gemm, naive_att;
+  double n_abs = 0;     // absorbed rows
+  bool sparse = false;  // some row's causal span exceeds index_topk
+};
+
+// kv_b: kv_b_proj's resident bytes; kv_bytes: bytes per cached KV value.
+AttentionWork attention_work(const runtime::ModelConfig& cfg, const std::vector<SimSeq>& seqs, double kv_b,
+                             double kv_bytes) {
+  const double NH = double(cfg.num_attention_heads), R = double(cfg.kv_lora_rank);
+  const double dr = double(cfg.qk_rope_head_dim), dn = double(cfg.qk_nope_head_dim), dv = double(cfg.v_head_dim);
+  const double IH = double(cfg.index_n_heads), ID = double(cfg.index_head_dim);
+  const double LAT = R + dr, DQ = dn + dr, DKV = dn + dv;
+  const int64_t TOPK = cfg.index_topk;
+  AttentionWork w;
+  w.naive_gemm.rows = 0;
+  bool decode_group = false;
+  double decode_rows = 0, decode_t = 0;
+  for (const SimSeq& s : seqs) {
+    const int64_t end = s.start + s.n, cut = std::clamp(std::min(s.prompt_len, TOPK), s.start, end);
+    if (cut > s.start) {  // kv_b expands the whole prefix, then dense causal attention
+      const double T = double(cut), rows = double(cut - s.start);
+      w.naive_gemm.flops += 2 * T * NH * DKV * R;
+      w.naive_gemm.bytes += kv_b + T * LAT * kv_bytes + T * NH * DKV * 4 * 2;
+      w.naive_att.flops += 2 * NH * (DQ + dv) * (rows * (double(s.start) + double(cut) + 1) / 2);
+      w.naive_gemm.calls += 2;
+      w.naive_gemm.rows = std::max(w.naive_gemm.rows, T);
+      w.naive_att.calls += 1;
+    }
+    if (end > cut) {
+      const double rows = double(end - cut);
+      w.n_abs += rows;
+      if (end > TOPK) w.sparse = true;
+      // Per absorbed row at position p: p + 1 indexer keys, min(p + 1, w.topk) attended keys.
+      const double keys_sum = rows * (double(cut) + double(end) + 1) / 2;
+      double att_keys = 0;
+      for (int64_t p = cut; p < end; ++p) att_keys += double(std::min<int64_t>(p + 1, TOPK));
+      w.scores.flops += 2 * keys_sum * IH * ID;  // the kernel skips keys past each row's position
+      w.att.flops += 2 * att_keys * NH * (LAT + R);
+      const bool one_row = s.n == 1;
+      // A decode row reads its own sequence's keys; a prefill chunk's rows share them (cached).
+      w.scores.bytes += (one_row ? keys_sum : double(end)) * ID * kv_bytes;
+      w.att.bytes += (one_row ? att_keys : double(end)) * LAT * kv_bytes;
+      // Top-k scans every column of its call's score block: a chunk's rows x its keys; the decode
+      // rows share one block as wide as the longest of them (runtime/glm5.cpp, Layout groups).
+      if (one_row) {
+        decode_rows += 1, decode_t = std::max(decode_t, double(end));
+      } else {
+        w.topk.scanned += rows * double(end), w.scores.bytes += rows * double(end) * 4;
+        w.scores.calls += 1, w.topk.calls += 1;
+      }
+      decode_group |= one_row;
+    }
+  }
+  if (decode_group) {
+    w.topk.scanned += decode_rows * decode_t, w.scores.bytes += decode_rows * decode_t * 4;
+    w.scores.calls += 1, w.topk.calls += 1;
+  }
+  return w;
+}
+
+}  // namespace
+
 void StepCost::attention(int l, const std::vector<SimSeq>& seqs, const Rates& r, PhaseTimes& t) const {
   const double H = double(cfg_.hidden_size), NH = double(cfg_.num_attention_heads), QR = double(cfg_.q_lora_rank);
   const double R = double(cfg_.kv_lora_rank), dr = double(cfg_.qk_rope_head_dim), dn = double(cfg_.qk_nope_head_dim);
   const double dv = double(cfg_.v_head_dim), IH = double(cfg_.index_n_heads), ID = double(cfg_.index_head_dim);
   const double LAT = R + dr, DQ = dn + dr, DKV = dn + dv;
-  const int64_t TOPK = cfg_.index_topk;
   double m = 0;
   for (const SimSeq& s : seqs) m += double(s.n);
   if (m == 0) return;
@@ -72,75 +139,30 @@ void StepCost::attention(int l, const std::vector<SimSeq>& seqs, const Rates& r,
   write.calls = indexer ? 2 : 1;
   t["kv_write"] += write.seconds(r);
 
-  // Rows below min(prompt_len, index_topk) attend naively, the rest in the absorbed form.
-  Work qabs, scores, topk, att, vabs, naive_gemm, naive_att;
-  naive_gemm.rows = 0;
-  double n_abs = 0;
-  bool sparse = false, decode_group = false;
-  double decode_rows = 0, decode_t = 0;
-  for (const SimSeq& s : seqs) {
-    const int64_t end = s.start + s.n, cut = std::clamp(std::min(s.prompt_len, TOPK), s.start, end);
-    if (cut > s.start) {  // kv_b expands the whole prefix, then dense causal attention
-      const double T = double(cut), rows = double(cut - s.start);
-      naive_gemm.flops += 2 * T * NH * DKV * R;
-      naive_gemm.bytes += kv_b + T * LAT * kv_bytes_ + T * NH * DKV * 4 * 2;
-      naive_att.flops += 2 * NH * (DQ + dv) * (rows * (double(s.start) + double(cut) + 1) / 2);
-      naive_gemm.calls += 2;
-      naive_gemm.rows = std::max(naive_gemm.rows, T);
-      naive_att.calls += 1;
+  AttentionWork w = attention_work(cfg_, seqs, kv_b, kv_bytes_);
+  if (w.n_abs > 0) {
+    w.qabs.flops = 2 * w.n_abs * NH * dn * R;
+    w.qabs.bytes = kv_b * dn / DKV + w.n_abs * NH * (DQ + LAT) * 4;
+    w.qabs.calls = 1 + NH;
+    w.qabs.rows = w.n_abs;
+    t["q_absorb"] += w.qabs.seconds(r);
+    if (w.sparse && indexer) {
+      w.scores.attention_unit = true;
+      t["indexer_scores"] += w.scores.seconds(r);
+      t["topk"] += w.topk.seconds(r);
     }
-    if (end > cut) {
-      const double rows = double(end - cut);
-      n_abs += rows;
-      if (end > TOPK) sparse = true;
-      // Per absorbed row at position p: p + 1 indexer keys, min(p + 1, topk) attended keys.
-      const double keys_sum = rows * (double(cut) + double(end) + 1) / 2;
-      double att_keys = 0;
-      for (int64_t p = cut; p < end; ++p) att_keys += double(std::min<int64_t>(p + 1, TOPK));
-      scores.flops += 2 * keys_sum * IH * ID;  // the kernel skips keys past each row's position
-      att.flops += 2 * att_keys * NH * (LAT + R);
-      const bool one_row = s.n == 1;
-      // A decode row reads its own sequence's keys; a prefill chunk's rows share them (cached).
-      scores.bytes += (one_row ? keys_sum : double(end)) * ID * kv_bytes_;
-      att.bytes += (one_row ? att_keys : double(end)) * LAT * kv_bytes_;
-      // Top-k scans every column of its call's score block: a chunk's rows x its keys; the decode
-      // rows share one block as wide as the longest of them (runtime/glm5.cpp, Layout groups).
-      if (one_row) {
-        decode_rows += 1, decode_t = std::max(decode_t, double(end));
-      } else {
-        topk.scanned += rows * double(end), scores.bytes += rows * double(end) * 4;
-        scores.calls += 1, topk.calls += 1;
-      }
-      decode_group |= one_row;
-    }
+    w.att.attention_unit = true;
+    w.att.calls = 1;
+    t["attention"] += w.att.seconds(r);
+    w.vabs.flops = 2 * w.n_abs * NH * R * dv;
+    w.vabs.bytes = kv_b * dv / DKV + w.n_abs * NH * (R + dv) * 4;
+    w.vabs.calls = 1;
+    w.vabs.rows = w.n_abs;
+    t["v_absorb"] += w.vabs.seconds(r);
   }
-  if (decode_group) {
-    topk.scanned += decode_rows * decode_t, scores.bytes += decode_rows * decode_t * 4;
-    scores.calls += 1, topk.calls += 1;
-  }
-  if (n_abs > 0) {
-    qabs.flops = 2 * n_abs * NH * dn * R;
-    qabs.bytes = kv_b * dn / DKV + n_abs * NH * (DQ + LAT) * 4;
-    qabs.calls = 1 + NH;
-    qabs.rows = n_abs;
-    t["q_absorb"] += qabs.seconds(r);
-    if (sparse && indexer) {
-      scores.attention_unit = true;
-      t["indexer_scores"] += scores.seconds(r);
-      t["topk"] += topk.seconds(r);
-    }
-    att.attention_unit = true;
-    att.calls = 1;
-    t["attention"] += att.seconds(r);
-    vabs.flops = 2 * n_abs * NH * R * dv;
-    vabs.bytes = kv_b * dv / DKV + n_abs * NH * (R + dv) * 4;
-    vabs.calls = 1;
-    vabs.rows = n_abs;
-    t["v_absorb"] += vabs.seconds(r);
-  }
-  if (naive_gemm.calls > 0) {
-    naive_att.attention_unit = true;
-    t["attention_naive"] += naive_gemm.seconds(r) + naive_att.seconds(r);
+  if (w.naive_gemm.calls > 0) {
+    w.naive_att.attention_unit = true;
+    t["attention_naive"] += w.naive_gemm.seconds(r) + w.naive_att.seconds(r);
   }
   Work o;
   o.flops = 2 * m * H * NH * dv;
