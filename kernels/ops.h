@@ -156,12 +156,9 @@ inline float weight_at(const Weight& w, int64_t r, int64_t c) {
         std::memcpy(&v, static_cast<const uint8_t*>(w.data) + 4 * at, 4);
         return v;
       }
-      case DType::BF16:
-        return bf16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
-      case DType::F16:
-        return f16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
-      default:
-        GLM5_FAIL("weight_at: unsupported weight dtype ", dtype_name(w.dtype));
+      case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
+      case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
+      default: GLM5_FAIL("weight_at: unsupported weight dtype ", dtype_name(w.dtype));
     }
   }
   const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * quant::row_bytes(w.dtype, w.ld);
@@ -171,12 +168,9 @@ inline float weight_at(const Weight& w, int64_t r, int64_t c) {
       std::memcpy(&v, row + 4 * c, 4);
       return v;
     }
-    case DType::BF16:
-      return bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]);
-    case DType::F16:
-      return f16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]);
-    default:
-      GLM5_FAIL("weight_at: unsupported weight dtype ", dtype_name(w.dtype));
+    case DType::BF16: return bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]);
+    case DType::F16: return f16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]);
+    default: GLM5_FAIL("weight_at: unsupported weight dtype ", dtype_name(w.dtype));
   }
 }
 

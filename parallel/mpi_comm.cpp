@@ -32,14 +32,10 @@ bool mpi_active() {
 
 MPI_Datatype mpi_type(ReduceDType t) {
   switch (t) {
-    case ReduceDType::F32:
-      return MPI_FLOAT;
-    case ReduceDType::F64:
-      return MPI_DOUBLE;
-    case ReduceDType::I32:
-      return MPI_INT32_T;
-    case ReduceDType::I64:
-      return MPI_INT64_T;
+    case ReduceDType::F32: return MPI_FLOAT;
+    case ReduceDType::F64: return MPI_DOUBLE;
+    case ReduceDType::I32: return MPI_INT32_T;
+    case ReduceDType::I64: return MPI_INT64_T;
   }
   GLM5_FAIL("all_reduce: unknown ReduceDType ", int(t));
 }
@@ -48,12 +44,9 @@ size_t type_bytes(ReduceDType t) { return (t == ReduceDType::F32 || t == ReduceD
 
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum:
-      return MPI_SUM;
-    case ReduceOp::Max:
-      return MPI_MAX;
-    case ReduceOp::Min:
-      return MPI_MIN;
+    case ReduceOp::Sum: return MPI_SUM;
+    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Min: return MPI_MIN;
   }
   GLM5_FAIL("all_reduce: unknown ReduceOp ", int(op));
 }

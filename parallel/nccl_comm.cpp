@@ -56,26 +56,19 @@ int world_rank() {
 
 ncclDataType_t nccl_type(ReduceDType t) {
   switch (t) {
-    case ReduceDType::F32:
-      return ncclFloat32;
-    case ReduceDType::F64:
-      return ncclFloat64;
-    case ReduceDType::I32:
-      return ncclInt32;
-    case ReduceDType::I64:
-      return ncclInt64;
+    case ReduceDType::F32: return ncclFloat32;
+    case ReduceDType::F64: return ncclFloat64;
+    case ReduceDType::I32: return ncclInt32;
+    case ReduceDType::I64: return ncclInt64;
   }
   GLM5_FAIL("nccl all_reduce: unknown dtype ", int(t));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum:
-      return ncclSum;
-    case ReduceOp::Max:
-      return ncclMax;
-    case ReduceOp::Min:
-      return ncclMin;
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
   }
   GLM5_FAIL("nccl all_reduce: unknown op ", int(op));
 }

@@ -82,14 +82,12 @@ std::string with_commas(size_t v) {
 
 std::string form_name(const StoredForm& f) {
   switch (f.dtype) {
-    case DType::F8_E4M3:
-      return "FP8";
+    case DType::F8_E4M3: return "FP8";
     case DType::Q4:
     case DType::Q8:
       return std::string(f.dtype == DType::Q4 ? "int4 g" : "int8 g") + std::to_string(f.group) +
              (f.scale_dtype == DType::F32 ? " f32 scales" : "");
-    default:
-      return std::string(dtype_name(f.dtype));
+    default: return std::string(dtype_name(f.dtype));
   }
 }
 
@@ -102,10 +100,8 @@ size_t as_stored_bytes(const TensorSpec& spec, const StoredForm& form) {
     case DType::Q8:
       return stored_bytes(spec, form.dtype, form.group, int64_t(dtype_size(form.scale_dtype))) -
              16;  // weight_shape stays on the host
-    case DType::F8_E4M3:
-      return stored_bytes(spec, form.dtype, quant::kFp8Block);
-    default:
-      return size_t(numel_of(spec)) * dtype_size(form.dtype);
+    case DType::F8_E4M3: return stored_bytes(spec, form.dtype, quant::kFp8Block);
+    default: return size_t(numel_of(spec)) * dtype_size(form.dtype);
   }
 }
 

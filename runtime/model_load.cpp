@@ -54,17 +54,10 @@ static std::vector<float> to_f32(const TensorInfo& t) {
   std::vector<float> v(size_t(t.numel()));
   for (size_t i = 0; i < v.size(); ++i) {
     switch (t.dtype) {
-      case DType::F32:
-        std::memcpy(&v[i], static_cast<const char*>(t.data) + 4 * i, 4);
-        break;
-      case DType::BF16:
-        v[i] = bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
-        break;
-      case DType::F16:
-        v[i] = f16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
-        break;
-      default:
-        GLM5_FAIL("tensor '", t.name, "' in ", t.file, ": unsupported dtype ", t.dtype_name);
+      case DType::F32: std::memcpy(&v[i], static_cast<const char*>(t.data) + 4 * i, 4); break;
+      case DType::BF16: v[i] = bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]); break;
+      case DType::F16: v[i] = f16_to_f32(static_cast<const uint16_t*>(t.data)[i]); break;
+      default: GLM5_FAIL("tensor '", t.name, "' in ", t.file, ": unsupported dtype ", t.dtype_name);
     }
   }
   return v;

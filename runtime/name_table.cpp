@@ -30,28 +30,17 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 const char* role_name(Role r) {
   switch (r) {
-    case Role::Embedding:
-      return "embedding";
-    case Role::Norm:
-      return "norms";
-    case Role::Attention:
-      return "attention";
-    case Role::Indexer:
-      return "indexer";
-    case Role::IndexerWeights:
-      return "indexer_weights";
-    case Role::Router:
-      return "router";
-    case Role::RouterBias:
-      return "router_bias";
-    case Role::DenseMlp:
-      return "dense";
-    case Role::Expert:
-      return "experts";
-    case Role::SharedExpert:
-      return "shared";
-    case Role::LmHead:
-      return "lm_head";
+    case Role::Embedding: return "embedding";
+    case Role::Norm: return "norms";
+    case Role::Attention: return "attention";
+    case Role::Indexer: return "indexer";
+    case Role::IndexerWeights: return "indexer_weights";
+    case Role::Router: return "router";
+    case Role::RouterBias: return "router_bias";
+    case Role::DenseMlp: return "dense";
+    case Role::Expert: return "experts";
+    case Role::SharedExpert: return "shared";
+    case Role::LmHead: return "lm_head";
   }
   return "?";
 }

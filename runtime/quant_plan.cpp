@@ -78,19 +78,11 @@ QuantPlan parse_quant_plan(const std::string& quant, int64_t group_size, const s
 std::string describe(const QuantPlan& p) {
   std::string s;
   switch (p.target) {
-    case DType::Q4:
-      s = "int4 g" + std::to_string(p.group_size);
-      break;
-    case DType::Q8:
-      s = "int8 g" + std::to_string(p.group_size);
-      break;
-    case DType::F8_E4M3:
-      s = "fp8 (128x128 blocks)";
-      break;
-    case DType::BF16:
-      return "bf16 (every matrix)";
-    default:
-      return "f32 (every matrix)";
+    case DType::Q4: s = "int4 g" + std::to_string(p.group_size); break;
+    case DType::Q8: s = "int8 g" + std::to_string(p.group_size); break;
+    case DType::F8_E4M3: s = "fp8 (128x128 blocks)"; break;
+    case DType::BF16: return "bf16 (every matrix)";
+    default: return "f32 (every matrix)";
   }
   if (p.scale_dtype == DType::F32) s += " f32 scales";
   s += " (";
@@ -104,16 +96,13 @@ size_t stored_bytes(const TensorSpec& spec, DType dtype, int64_t group, int64_t 
   if (spec.shape.size() != 2) return size_t(numel) * dtype_size(dtype);
   const int64_t rows = spec.shape[0], cols = spec.shape[1];
   switch (dtype) {
-    case DType::Q4:
-      return size_t(rows * ((cols + 7) / 8) * 4 + rows * (cols / group) * scale_bytes + 16);
-    case DType::Q8:
-      return size_t(rows * ((cols + 3) / 4) * 4 + rows * (cols / group) * scale_bytes + 16);
+    case DType::Q4: return size_t(rows * ((cols + 7) / 8) * 4 + rows * (cols / group) * scale_bytes + 16);
+    case DType::Q8: return size_t(rows * ((cols + 3) / 4) * 4 + rows * (cols / group) * scale_bytes + 16);
     case DType::F8_E4M3: {
       const int64_t b = quant::kFp8Block;
       return size_t(numel + ((rows + b - 1) / b) * ((cols + b - 1) / b) * 4);
     }
-    default:
-      return size_t(numel) * dtype_size(dtype);
+    default: return size_t(numel) * dtype_size(dtype);
   }
 }
 

@@ -17,26 +17,16 @@ enum class DType : uint8_t { F32, F16, BF16, F8_E4M3, I32, I64, U8, Q4, Q8, Unkn
 // Safetensors spelling ("F32", "BF16", "F8_E4M3", ...).
 inline std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::F32:
-      return "F32";
-    case DType::F16:
-      return "F16";
-    case DType::BF16:
-      return "BF16";
-    case DType::F8_E4M3:
-      return "F8_E4M3";
-    case DType::I32:
-      return "I32";
-    case DType::I64:
-      return "I64";
-    case DType::U8:
-      return "U8";
-    case DType::Q4:
-      return "int4 (pack-quantized)";
-    case DType::Q8:
-      return "int8 (pack-quantized)";
-    default:
-      return "unknown";
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::F8_E4M3: return "F8_E4M3";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::U8: return "U8";
+    case DType::Q4: return "int4 (pack-quantized)";
+    case DType::Q8: return "int8 (pack-quantized)";
+    default: return "unknown";
   }
 }
 
@@ -54,19 +44,14 @@ inline DType dtype_from_name(std::string_view s) {
 inline size_t dtype_size(DType t) {
   switch (t) {
     case DType::F32:
-    case DType::I32:
-      return 4;
+    case DType::I32: return 4;
     case DType::F16:
-    case DType::BF16:
-      return 2;
+    case DType::BF16: return 2;
     case DType::F8_E4M3:
     case DType::U8:
-    case DType::Q8:
-      return 1;
-    case DType::I64:
-      return 8;
-    default:
-      return 0;
+    case DType::Q8: return 1;
+    case DType::I64: return 8;
+    default: return 0;
   }
 }
 

@@ -62,10 +62,8 @@ inline float round_to(DType t, float v) {
 // An element of a scale array of dtype t, widened exactly.
 inline float scale_at(DType t, const void* s, int64_t i) {
   switch (t) {
-    case DType::BF16:
-      return bf16_to_f32(static_cast<const uint16_t*>(s)[i]);
-    case DType::F16:
-      return f16_to_f32(static_cast<const uint16_t*>(s)[i]);
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(s)[i]);
+    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(s)[i]);
     default: {
       float v;
       std::memcpy(&v, static_cast<const char*>(s) + 4 * i, 4);

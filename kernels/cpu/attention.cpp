@@ -100,18 +100,10 @@ template <int MR>
 inline void dot2_tile_n(int nr, const float* const* a1, const float* const* a2, const float* const* b1,
                         const float* const* b2, int64_t d1, int64_t d2, float scale, float* out, int64_t ldo) {
   switch (nr) {
-    case 1:
-      dot2_tile<MR, 1>(a1, a2, b1, b2, d1, d2, scale, out, ldo);
-      break;
-    case 2:
-      dot2_tile<MR, 2>(a1, a2, b1, b2, d1, d2, scale, out, ldo);
-      break;
-    case 3:
-      dot2_tile<MR, 3>(a1, a2, b1, b2, d1, d2, scale, out, ldo);
-      break;
-    default:
-      dot2_tile<MR, 4>(a1, a2, b1, b2, d1, d2, scale, out, ldo);
-      break;
+    case 1: dot2_tile<MR, 1>(a1, a2, b1, b2, d1, d2, scale, out, ldo); break;
+    case 2: dot2_tile<MR, 2>(a1, a2, b1, b2, d1, d2, scale, out, ldo); break;
+    case 3: dot2_tile<MR, 3>(a1, a2, b1, b2, d1, d2, scale, out, ldo); break;
+    default: dot2_tile<MR, 4>(a1, a2, b1, b2, d1, d2, scale, out, ldo); break;
   }
 }
 
@@ -181,18 +173,10 @@ template <int MR>
 void value_tile_n(int nv, const KeyValues& kv, const int32_t* keys, int64_t n, const float* const* w, float* const* out,
                   int64_t d0, int last) {
   switch (nv) {
-    case 1:
-      value_tile<MR, 1>(kv, keys, n, w, out, d0, last);
-      break;
-    case 2:
-      value_tile<MR, 2>(kv, keys, n, w, out, d0, last);
-      break;
-    case 3:
-      value_tile<MR, 3>(kv, keys, n, w, out, d0, last);
-      break;
-    default:
-      value_tile<MR, 4>(kv, keys, n, w, out, d0, last);
-      break;
+    case 1: value_tile<MR, 1>(kv, keys, n, w, out, d0, last); break;
+    case 2: value_tile<MR, 2>(kv, keys, n, w, out, d0, last); break;
+    case 3: value_tile<MR, 3>(kv, keys, n, w, out, d0, last); break;
+    default: value_tile<MR, 4>(kv, keys, n, w, out, d0, last); break;
   }
 }
 
@@ -630,17 +614,10 @@ void score_block(const IndexerScoresParams& p, int64_t s, int64_t t0, int64_t nt
     int64_t h = 0;
     for (; h + 4 <= H; h += 4) indexer_heads<4>(q + h * D, D, w + h, kt, sc);
     switch (H - h) {
-      case 1:
-        indexer_heads<1>(q + h * D, D, w + h, kt, sc);
-        break;
-      case 2:
-        indexer_heads<2>(q + h * D, D, w + h, kt, sc);
-        break;
-      case 3:
-        indexer_heads<3>(q + h * D, D, w + h, kt, sc);
-        break;
-      default:
-        break;
+      case 1: indexer_heads<1>(q + h * D, D, w + h, kt, sc); break;
+      case 2: indexer_heads<2>(q + h * D, D, w + h, kt, sc); break;
+      case 3: indexer_heads<3>(q + h * D, D, w + h, kt, sc); break;
+      default: break;
     }
     alignas(64) float tmp[kIndexerKeys];
     for (int v = 0; v < 4; ++v) simd::store(tmp + 16 * v, sc[v]);

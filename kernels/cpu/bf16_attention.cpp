@@ -241,18 +241,10 @@ template <int MR, bool kMaskSecond>
 GLM5_BF16 void value_span_n(int nv, const uint32_t* const* wp, const Packed& V, int64_t j0, int64_t j1,
                             float* const* out, int64_t d0, int last) {
   switch (nv) {
-    case 1:
-      value_span<MR, 1, kMaskSecond>(wp, V, j0, j1, out, d0, last);
-      break;
-    case 2:
-      value_span<MR, 2, kMaskSecond>(wp, V, j0, j1, out, d0, last);
-      break;
-    case 3:
-      value_span<MR, 3, kMaskSecond>(wp, V, j0, j1, out, d0, last);
-      break;
-    default:
-      value_span<MR, 4, kMaskSecond>(wp, V, j0, j1, out, d0, last);
-      break;
+    case 1: value_span<MR, 1, kMaskSecond>(wp, V, j0, j1, out, d0, last); break;
+    case 2: value_span<MR, 2, kMaskSecond>(wp, V, j0, j1, out, d0, last); break;
+    case 3: value_span<MR, 3, kMaskSecond>(wp, V, j0, j1, out, d0, last); break;
+    default: value_span<MR, 4, kMaskSecond>(wp, V, j0, j1, out, d0, last); break;
   }
 }
 
@@ -368,13 +360,21 @@ GLM5_BF16 void attend_rows(const Packed& K, const Row* rows, int64_t nrows, int6
   values_all(K, rows, nrows, dv, s.weights.data(), ww);
 }
 
+// Where prefill's key t of head h is: its nope part and value in kv_b_proj's expansion, its rope
+// part in k_pe (shared by the heads).
+KeyRow prefill_key(const MlaPrefillParams& p, int64_t h, int32_t t) {
+  const int64_t DKV = p.qk_nope_head_dim + p.v_head_dim;
+  const float* k = p.kv + (t * p.n_heads + h) * DKV;
+  return KeyRow{k, p.qk_rope_head_dim > 0 ? p.k_pe + t * p.ld_k_pe : nullptr, k + p.qk_nope_head_dim};
+}
+
 // Keys per packing item of prefill_dense (even).
 constexpr int64_t kPackKeys = 64;
 
 // Dense causal rows (each sees a prefix of positions 0, 1, ...): one head at a time, its keys
 // packed once by all threads, then its blocks of query rows.
 void prefill_dense(const MlaPrefillParams& p, const AllowedKeys& allowed, const uint32_t* qp, int64_t kw) {
-  const int64_t N = p.qk_nope_head_dim, P = p.qk_rope_head_dim, V = p.v_head_dim, H = p.n_heads, DKV = N + V;
+  const int64_t N = p.qk_nope_head_dim, P = p.qk_rope_head_dim, V = p.v_head_dim, H = p.n_heads;
   const int64_t nk = *std::max_element(allowed.len.begin(), allowed.len.end());
   Packed& K = t_keys;  // the calling thread's, shared: the threads pack disjoint keys of it
   size_keys(K, nk, N, P, V);
@@ -384,10 +384,7 @@ void prefill_dense(const MlaPrefillParams& p, const AllowedKeys& allowed, const 
     Scratch& scratch = t_scratch;
     Row rows[kPrefillRows];
     for (int64_t h = 0; h < H; ++h) {
-      const auto row_of = [&](int32_t t) {
-        const float* k = p.kv + t * H * DKV + h * DKV;
-        return KeyRow{k, P > 0 ? p.k_pe + t * p.ld_k_pe : nullptr, k + N};
-      };
+      const auto row_of = [&](int32_t t) { return prefill_key(p, h, t); };
 #pragma omp for schedule(static)
       for (int64_t c = 0; c < items; ++c)
         pack_keys<float>(K, allowed.ptr[0], c * kPackKeys, std::min(nk, (c + 1) * kPackKeys), N, P, V, row_of);
@@ -406,7 +403,7 @@ void prefill_dense(const MlaPrefillParams& p, const AllowedKeys& allowed, const 
 
 // Rows with their own selections: a task per (head, row), packing the row's keys.
 void prefill_selected(const MlaPrefillParams& p, const AllowedKeys& allowed, const uint32_t* qp, int64_t kw) {
-  const int64_t N = p.qk_nope_head_dim, P = p.qk_rope_head_dim, V = p.v_head_dim, H = p.n_heads, DKV = N + V;
+  const int64_t N = p.qk_nope_head_dim, P = p.qk_rope_head_dim, V = p.v_head_dim, H = p.n_heads;
 #pragma omp parallel if (p.s * p.topk_len * H * (N + P + V) >= fast::kParallelMacs)
   {
     Packed& K = t_keys;
@@ -416,10 +413,7 @@ void prefill_selected(const MlaPrefillParams& p, const AllowedKeys& allowed, con
       for (int64_t s = 0; s < p.s; ++s) {
         const int64_t n = allowed.len[size_t(s)];
         size_keys(K, n, N, P, V);
-        pack_keys<float>(K, allowed.ptr[size_t(s)], 0, n, N, P, V, [&](int32_t t) {
-          const float* k = p.kv + t * H * DKV + h * DKV;
-          return KeyRow{k, P > 0 ? p.k_pe + t * p.ld_k_pe : nullptr, k + N};
-        });
+        pack_keys<float>(K, allowed.ptr[size_t(s)], 0, n, N, P, V, [&](int32_t t) { return prefill_key(p, h, t); });
         const Row row{qp + (s * H + h) * kw, n, p.out + (s * H + h) * V};
         attend_rows(K, &row, 1, V, p.scale, scratch);
       }

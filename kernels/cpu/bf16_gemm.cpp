@@ -207,17 +207,10 @@ void indexer_block(const uint32_t* q, int64_t heads, int64_t pairs, const float*
     int64_t h = 0;
     for (; h + 4 <= heads; h += 4) indexer_heads<4>(q + h * pairs, pairs, w + h, kp, sc);
     switch (heads - h) {
-      case 1:
-        indexer_heads<1>(q + h * pairs, pairs, w + h, kp, sc);
-        break;
-      case 2:
-        indexer_heads<2>(q + h * pairs, pairs, w + h, kp, sc);
-        break;
-      case 3:
-        indexer_heads<3>(q + h * pairs, pairs, w + h, kp, sc);
-        break;
-      default:
-        break;
+      case 1: indexer_heads<1>(q + h * pairs, pairs, w + h, kp, sc); break;
+      case 2: indexer_heads<2>(q + h * pairs, pairs, w + h, kp, sc); break;
+      case 3: indexer_heads<3>(q + h * pairs, pairs, w + h, kp, sc); break;
+      default: break;
     }
     for (int v = 0; v < 4; ++v) _mm512_storeu_ps(out + 16 * v, sc[v]);
   }();

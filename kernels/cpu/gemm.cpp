@@ -436,9 +436,7 @@ struct Job {
 
   void run(int64_t item) const {
     switch (kind) {
-      case kQuant:
-        quant_item(*p, quant, item);
-        return;
+      case kQuant: quant_item(*p, quant, item); return;
       case kAmx: {
         const int64_t j0 = item * amx_rows;
         amx::gemm_rows(px->ready(), static_cast<const uint16_t*>(p->w.data) + j0 * p->w.ld, p->w.ld,
@@ -452,8 +450,7 @@ struct Job {
                         std::min(pair_rows, p->n - j0), p->y + j0, p->ldy, p->accumulate);
         return;
       }
-      case kTn:
-        return typed([&]<class L>() { tn_item<L>(*p, item); });
+      case kTn: return typed([&]<class L>() { tn_item<L>(*p, item); });
       case kPanel:
         if (quad()) return typed([&]<class L>() { panel_item<L, true>(*p, item); });
         return typed([&]<class L>() { panel_item<L, false>(*p, item); });
@@ -468,9 +465,7 @@ struct Job {
   template <class F>
   void typed(F f) const {
     switch (p->w.dtype) {
-      case DType::BF16:
-        f.template operator()<LoadBF16>();
-        break;
+      case DType::BF16: f.template operator()<LoadBF16>(); break;
       case DType::F16:
         if (round_w)
           f.template operator()<LoadRounded<LoadF16>>();
@@ -732,10 +727,8 @@ void gemm_batch(std::span<const GemmParams> ps, Precision precision) {
       case DType::F32:
       case DType::F8_E4M3:
       case DType::Q4:
-      case DType::Q8:
-        break;
-      default:
-        GLM5_FAIL("gemm: weight dtype ", dtype_name(p.w.dtype), " is not supported");
+      case DType::Q8: break;
+      default: GLM5_FAIL("gemm: weight dtype ", dtype_name(p.w.dtype), " is not supported");
     }
     params.push_back(p);
   }

@@ -499,18 +499,10 @@ GLM5_AVX512 void fused_tile(const float* x, int64_t ldx, const Weight& w, int64_
 template <int MR, DType DT, DType SD, bool kQuad>
 GLM5_AVX512 void fused_tile_nr(const GemmParams& p, int64_t j, int nr, bool round) {
   switch (nr) {
-    case 4:
-      fused_tile<MR, 4, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round);
-      break;
-    case 3:
-      fused_tile<MR, 3, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round);
-      break;
-    case 2:
-      fused_tile<MR, 2, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round);
-      break;
-    default:
-      fused_tile<MR, 1, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round);
-      break;
+    case 4: fused_tile<MR, 4, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round); break;
+    case 3: fused_tile<MR, 3, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round); break;
+    case 2: fused_tile<MR, 2, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round); break;
+    default: fused_tile<MR, 1, DT, SD, kQuad>(p.x, p.ldx, p.w, j, p.y, p.ldy, p.accumulate, round); break;
   }
 }
 
@@ -520,18 +512,10 @@ GLM5_AVX512 void fused_rows(const GemmParams& p, int64_t j0, int64_t j1, bool ro
   for (int64_t j = j0; j < j1; j += 4) {
     const int nr = int(std::min<int64_t>(4, j1 - j));
     switch (p.m) {
-      case 1:
-        fused_tile_nr<1, DT, SD, kQuad>(p, j, nr, round);
-        break;
-      case 2:
-        fused_tile_nr<2, DT, SD, kQuad>(p, j, nr, round);
-        break;
-      case 3:
-        fused_tile_nr<3, DT, SD, kQuad>(p, j, nr, round);
-        break;
-      default:
-        fused_tile_nr<4, DT, SD, kQuad>(p, j, nr, round);
-        break;
+      case 1: fused_tile_nr<1, DT, SD, kQuad>(p, j, nr, round); break;
+      case 2: fused_tile_nr<2, DT, SD, kQuad>(p, j, nr, round); break;
+      case 3: fused_tile_nr<3, DT, SD, kQuad>(p, j, nr, round); break;
+      default: fused_tile_nr<4, DT, SD, kQuad>(p, j, nr, round); break;
     }
   }
 }
@@ -642,12 +626,9 @@ std::string q8_bf16_sequence() {
 #if defined(__AVX512F__)
   decide_q8_sequence();
   switch (q8_sequence()) {
-    case Q8Sequence::kPairs:
-      return "pairs";
-    case Q8Sequence::kSplit:
-      return "split";
-    case Q8Sequence::kBits:
-      return "bits";
+    case Q8Sequence::kPairs: return "pairs";
+    case Q8Sequence::kSplit: return "split";
+    case Q8Sequence::kBits: return "bits";
   }
 #endif
   return "none";

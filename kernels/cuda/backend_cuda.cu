@@ -459,14 +459,11 @@ class CudaBackend final : public Backend {
     switch (code) {
       case cuda::kEmbeddingIdOutOfRange:
         GLM5_FAIL("cuda embedding: token id ", value, " (row ", row, ") outside the table's [0, ", bound, ")");
-      case cuda::kGatherRowNegative:
-        GLM5_FAIL("cuda gather_rows: source row ", value, " (entry ", row, ") < 0");
-      case cuda::kMoeSlotInvalid:
-        GLM5_FAIL("cuda moe_combine: slot ", value, " (row ", row, ") < -1");
+      case cuda::kGatherRowNegative: GLM5_FAIL("cuda gather_rows: source row ", value, " (entry ", row, ") < 0");
+      case cuda::kMoeSlotInvalid: GLM5_FAIL("cuda moe_combine: slot ", value, " (row ", row, ") < -1");
       case cuda::kTopkEntryOutOfRange:
         GLM5_FAIL("cuda mla: topk entry ", value, " (query row ", row, ") outside [-1, ", bound, ")");
-      default:
-        GLM5_FAIL("cuda: a kernel reported unknown error code ", code);
+      default: GLM5_FAIL("cuda: a kernel reported unknown error code ", code);
     }
   }
 

@@ -1191,18 +1191,10 @@ void launch_indexer_scores(const IndexerScoresParams& p, bool tensor_cores, cuda
       kernel<<<unsigned(blocks), kIdxMmaThreads, smem, st>>>(m);
     };
     switch (mt) {
-      case 1:
-        launch(indexer_mma_kernel<1>);
-        break;
-      case 2:
-        launch(indexer_mma_kernel<2>);
-        break;
-      case 3:
-        launch(indexer_mma_kernel<3>);
-        break;
-      default:
-        launch(indexer_mma_kernel<4>);
-        break;
+      case 1: launch(indexer_mma_kernel<1>); break;
+      case 2: launch(indexer_mma_kernel<2>); break;
+      case 3: launch(indexer_mma_kernel<3>); break;
+      default: launch(indexer_mma_kernel<4>); break;
     }
     CUDA_CHECK_LAUNCH("indexer_scores");
     return;

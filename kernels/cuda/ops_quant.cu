@@ -300,8 +300,7 @@ void launch_gemm_quant_fused(const GemmParams& p, cudaStream_t st) {
   a.uniform = p.w.group % elems == 0;
   const DType s = p.w.scale_dtype;
   switch (p.w.dtype) {
-    case DType::F8_E4M3:
-      return quant_gemm_typed<QKind::kFp8, float>(a, st);
+    case DType::F8_E4M3: return quant_gemm_typed<QKind::kFp8, float>(a, st);
     case DType::Q4:
       if (s == DType::BF16) return quant_gemm_typed<QKind::kQ4, __nv_bfloat16>(a, st);
       if (s == DType::F16) return quant_gemm_typed<QKind::kQ4, __half>(a, st);
@@ -310,8 +309,7 @@ void launch_gemm_quant_fused(const GemmParams& p, cudaStream_t st) {
       if (s == DType::BF16) return quant_gemm_typed<QKind::kQ8, __nv_bfloat16>(a, st);
       if (s == DType::F16) return quant_gemm_typed<QKind::kQ8, __half>(a, st);
       return quant_gemm_typed<QKind::kQ8, float>(a, st);
-    default:
-      GLM5_FAIL("cuda gemm (quantized): weight dtype ", dtype_name(p.w.dtype), " not supported");
+    default: GLM5_FAIL("cuda gemm (quantized): weight dtype ", dtype_name(p.w.dtype), " not supported");
   }
 }
 
@@ -325,8 +323,7 @@ void launch_dequantize_rows(const Weight& w, int64_t r0, int64_t rows, void* out
   a.r0 = r0, a.rows = rows, a.cols = w.cols, a.out = out, a.ldo = ldo;
   const DType s = w.scale_dtype;
   switch (w.dtype) {
-    case DType::F8_E4M3:
-      return dequant_typed<QKind::kFp8, float, float>(a, st);
+    case DType::F8_E4M3: return dequant_typed<QKind::kFp8, float, float>(a, st);
     case DType::Q4:
       if (s == DType::BF16) return dequant_typed<QKind::kQ4, __nv_bfloat16, __nv_bfloat16>(a, st);
       if (s == DType::F16) return dequant_typed<QKind::kQ4, __half, float>(a, st);
@@ -335,8 +332,7 @@ void launch_dequantize_rows(const Weight& w, int64_t r0, int64_t rows, void* out
       if (s == DType::BF16) return dequant_typed<QKind::kQ8, __nv_bfloat16, __nv_bfloat16>(a, st);
       if (s == DType::F16) return dequant_typed<QKind::kQ8, __half, float>(a, st);
       return dequant_typed<QKind::kQ8, float, float>(a, st);
-    default:
-      GLM5_FAIL("cuda dequantize: weight dtype ", dtype_name(w.dtype), " not supported");
+    default: GLM5_FAIL("cuda dequantize: weight dtype ", dtype_name(w.dtype), " not supported");
   }
 }
 

@@ -415,17 +415,10 @@ void launch_swiglu(const SwigluParams& p, cudaStream_t st) {
 void launch_embedding(const EmbeddingParams& p, int* error_word, cudaStream_t st) {
   const unsigned grid = grid_for(p.m * p.table.cols, 256);
   switch (p.table.dtype) {
-    case DType::F32:
-      embedding_kernel<float><<<grid, 256, 0, st>>>(p, error_word);
-      break;
-    case DType::BF16:
-      embedding_kernel<__nv_bfloat16><<<grid, 256, 0, st>>>(p, error_word);
-      break;
-    case DType::F16:
-      embedding_kernel<__half><<<grid, 256, 0, st>>>(p, error_word);
-      break;
-    default:
-      GLM5_FAIL("cuda embedding: table dtype ", dtype_name(p.table.dtype), " not supported");
+    case DType::F32: embedding_kernel<float><<<grid, 256, 0, st>>>(p, error_word); break;
+    case DType::BF16: embedding_kernel<__nv_bfloat16><<<grid, 256, 0, st>>>(p, error_word); break;
+    case DType::F16: embedding_kernel<__half><<<grid, 256, 0, st>>>(p, error_word); break;
+    default: GLM5_FAIL("cuda embedding: table dtype ", dtype_name(p.table.dtype), " not supported");
   }
   CUDA_CHECK_LAUNCH("embedding");
 }
@@ -471,17 +464,10 @@ void launch_gemm_combine(const float* cs, int64_t ldc, int64_t rows, int64_t n, 
 void launch_gemm_simt(const GemmParams& p, cudaStream_t st) {
   CHECK((p.m + kBM - 1) / kBM <= 65535, "cuda gemm: m = ", p.m, " too large for the plain GEMM");
   switch (p.w.dtype) {
-    case DType::F32:
-      gemm_simt_typed<float>(p, st);
-      break;
-    case DType::BF16:
-      gemm_simt_typed<__nv_bfloat16>(p, st);
-      break;
-    case DType::F16:
-      gemm_simt_typed<__half>(p, st);
-      break;
-    default:
-      GLM5_FAIL("cuda gemm: weight dtype ", dtype_name(p.w.dtype), " not supported");
+    case DType::F32: gemm_simt_typed<float>(p, st); break;
+    case DType::BF16: gemm_simt_typed<__nv_bfloat16>(p, st); break;
+    case DType::F16: gemm_simt_typed<__half>(p, st); break;
+    default: GLM5_FAIL("cuda gemm: weight dtype ", dtype_name(p.w.dtype), " not supported");
   }
   CUDA_CHECK_LAUNCH("gemm (plain)");
 }

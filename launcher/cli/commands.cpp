@@ -144,7 +144,7 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   opt.limits() = job->cluster.limits();
   opt.kv_budget_bytes = job->cluster.kv_budget_gb * 1e9;
   opt.prefix_sharing = job->cluster.prefix_caching;
-  opt.kv_dtype = job->cluster.kv_dtype == "bf16" ? DType::BF16 : DType::F32;
+  opt.kv_dtype = job->cluster.kv_cache_dtype();
   // The budget is shared out by the stage whose position costs most (the last stage also caches the
   // MTP layer's rows when speculating).
   for (size_t s = 0; s < job->stages.size(); ++s) {

@@ -54,7 +54,7 @@ struct ClusterConfig : runtime::BatchLimits {
   double device_memory_gb = 0;  // memory of one rank's device (e.g. 80 for H100); 0 = unchecked
   double watchdog_s = 300;
   bool prefix_caching = true;
-  std::string kv_dtype = "f32";
+  std::string kv_dtype = "f32";     // f32 | bf16: kv_cache_dtype()
   std::string precision = "exact";  // exact | fast (kernels::Precision)
   int speculative_tokens = 0;       // MTP draft tokens per decode step (0: off; at most 8)
   int speculative_max_batch = 4;    // decoding sequences of a step beyond which it decodes plainly
@@ -64,6 +64,7 @@ struct ClusterConfig : runtime::BatchLimits {
 
   parallel::Grid grid() const { return {stages, expert_parallel}; }
   int world_size() const { return stages * expert_parallel; }
+  DType kv_cache_dtype() const { return kv_dtype == "bf16" ? DType::BF16 : DType::F32; }
 };
 
 // What a command line replaces in the cluster config (unset: the config's).

@@ -85,8 +85,7 @@ std::vector<TensorHeader> converted_parts(const TensorSpec& s, DType out, int64_
       return {{s.name, DType::F8_E4M3, {rows, cols}},
               {runtime::fp8_scale_name(s.name), DType::F32, {(rows + b - 1) / b, (cols + b - 1) / b}}};
     }
-    default:
-      return {{s.name, out, s.shape}};
+    default: return {{s.name, out, s.shape}};
   }
 }
 
@@ -251,8 +250,7 @@ std::vector<Part> produce(const Item& it) {
           for (int64_t i = 0; i < n * cols; ++i) o[i] = f32_to_bf16(f[i]);
           break;
         }
-        default:
-          break;  // F32: dequantized in place
+        default: break;  // F32: dequantized in place
       }
     }
   }

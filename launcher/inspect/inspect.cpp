@@ -95,7 +95,7 @@ void print_storage(const runtime::WeightPlan& wp, bool converted) {
 // The KV cache per token, the layout, the precision and (with device memory) the activation reserve.
 void print_run(const runtime::ModelConfig& mc, const ClusterConfig& cc, const runtime::ActivationEstimate& act) {
   const int L = int(mc.num_hidden_layers);
-  const DType kv_dtype = cc.kv_dtype == "bf16" ? DType::BF16 : DType::F32;
+  const DType kv_dtype = cc.kv_cache_dtype();
   const double kv_token = double(runtime::KvPool::bytes_per_token(mc, 0, L, kv_dtype));
   int full = 0;
   for (int l = 0; l < L; ++l) full += mc.has_indexer(l);
@@ -136,7 +136,7 @@ struct Ranks {
 
   size_t kv_per_token(size_t s) const {
     const bool mtp = s + 1 == stages.size() && cc.speculative_tokens > 0;
-    const DType kv_dtype = cc.kv_dtype == "bf16" ? DType::BF16 : DType::F32;
+    const DType kv_dtype = cc.kv_cache_dtype();
     return runtime::KvPool::bytes_per_token(mc, stages[s].first, stages[s].last + (mtp ? 1 : 0), kv_dtype);
   }
   int64_t budget_blocks() const {

@@ -258,24 +258,15 @@ std::string error_json(const std::string& message, const std::string& type, cons
 
 std::string error_for_status(int status, const std::string& message) {
   switch (status) {
-    case 401:
-      return error_json(message, "invalid_request_error", "", "invalid_api_key");
-    case 404:
-      return error_json(message, "invalid_request_error", "", "not_found");
-    case 405:
-      return error_json(message, "invalid_request_error", "", "method_not_allowed");
-    case 413:
-      return error_json(message, "invalid_request_error", "", "request_too_large");
-    case 429:
-      return error_json(message, "rate_limit_error", "", "queue_full");
-    case 431:
-      return error_json(message, "invalid_request_error", "", "header_too_large");
-    case 500:
-      return error_json(message, "server_error", "", "internal_error");
-    case 503:
-      return error_json(message, "server_error", "", "unavailable");
-    default:
-      return error_json(message, "invalid_request_error", field_of(message), "");
+    case 401: return error_json(message, "invalid_request_error", "", "invalid_api_key");
+    case 404: return error_json(message, "invalid_request_error", "", "not_found");
+    case 405: return error_json(message, "invalid_request_error", "", "method_not_allowed");
+    case 413: return error_json(message, "invalid_request_error", "", "request_too_large");
+    case 429: return error_json(message, "rate_limit_error", "", "queue_full");
+    case 431: return error_json(message, "invalid_request_error", "", "header_too_large");
+    case 500: return error_json(message, "server_error", "", "internal_error");
+    case 503: return error_json(message, "server_error", "", "unavailable");
+    default: return error_json(message, "invalid_request_error", field_of(message), "");
   }
 }
 
@@ -439,8 +430,7 @@ void ServeApi::completion(const HttpRequest& req, const std::shared_ptr<Exchange
     case ServeQueue::Admit::draining:
       metrics_.prompt_tokens -= prompt_rows;
       return fail(503, "the server is shutting down");
-    case ServeQueue::Admit::ok:
-      break;
+    case ServeQueue::Admit::ok: break;
   }
   if (b.stream) metrics_.count_request(url, 200);
   call->start(std::move(indexes));

@@ -64,18 +64,12 @@ pid_t open_mpi_daemon() {
 
 const char* StopSignals::name(int sig) {
   switch (sig) {
-    case SIGTERM:
-      return "SIGTERM";
-    case SIGINT:
-      return "SIGINT";
-    case SIGUSR1:
-      return "SIGUSR1";
-    case SIGCONT:
-      return "SIGCONT";
-    case SIGHUP:
-      return "SIGHUP";
-    default:
-      return "a signal";
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGCONT: return "SIGCONT";
+    case SIGHUP: return "SIGHUP";
+    default: return "a signal";
   }
 }
 

@@ -90,7 +90,7 @@ std::vector<RankMemory> plan_memory(const runtime::ModelConfig& cfg, const Clust
                                     const std::vector<parallel::LayerRange>& stages, const runtime::WeightPlan& wp,
                                     const Workload& w) {
   const parallel::Grid g = cc.grid();
-  const DType kv_dtype = cc.kv_dtype == "bf16" ? DType::BF16 : DType::F32;
+  const DType kv_dtype = cc.kv_cache_dtype();
   const int64_t per_column = (w.prompts + cc.expert_parallel - 1) / cc.expert_parallel;
   const int64_t live = std::min<int64_t>(cc.max_batch, per_column);
   const int64_t blocks = (w.in + w.out + runtime::kBlockTokens - 1) / runtime::kBlockTokens;
@@ -335,7 +335,7 @@ int run_simulate(const SimulateArgs& a) {
   const runtime::WeightPlan wp = runtime::plan_weights(cfg, dir);
   const StepCost cost(cfg, wp, cc.expert_parallel,
                       a.routing.empty() ? std::vector<std::vector<double>>{} : read_routing(a.routing, cfg),
-                      cc.kv_dtype == "bf16" ? 2 : 4);
+                      double(dtype_size(cc.kv_cache_dtype())));
   SimSetup setup{&cfg, &cc, stages, &hw, &cost, work, a.exchange_bytes, a.overlap, {}};
   CHECK(cc.speculative_tokens == 0 || !a.acceptance.empty(), "simulate: ", cc.source, " sets speculative_tokens ",
         cc.speculative_tokens,

@@ -68,15 +68,9 @@ inline std::string onig_to_pcre2(const std::string& p) {
     if (c == '\\' && i + 1 < p.size()) {
       char e = p[++i];
       switch (e) {
-        case 's':
-          out += "\\p{White_Space}";
-          break;
-        case 'S':
-          out += "\\P{White_Space}";
-          break;
-        case 'w':
-          out += in_class ? kOnigWord : "[" + std::string(kOnigWord) + "]";
-          break;
+        case 's': out += "\\p{White_Space}"; break;
+        case 'S': out += "\\P{White_Space}"; break;
+        case 'w': out += in_class ? kOnigWord : "[" + std::string(kOnigWord) + "]"; break;
         case 'W':
           if (in_class) {
             out += "\\W";
@@ -86,15 +80,9 @@ inline std::string onig_to_pcre2(const std::string& p) {
             out += ']';
           }
           break;
-        case 'h':
-          out += in_class ? "0-9a-fA-F" : "[0-9a-fA-F]";
-          break;
-        case 'H':
-          out += in_class ? "\\x{0}-/:-@G-`g-\\x{10FFFF}" : "[^0-9a-fA-F]";
-          break;
-        default:
-          out += c;
-          out += e;
+        case 'h': out += in_class ? "0-9a-fA-F" : "[0-9a-fA-F]"; break;
+        case 'H': out += in_class ? "\\x{0}-/:-@G-`g-\\x{10FFFF}" : "[^0-9a-fA-F]"; break;
+        default: out += c; out += e;
       }
       continue;
     }

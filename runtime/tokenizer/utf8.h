@@ -54,14 +54,10 @@ inline size_t utf8_valid_len(const unsigned char* s, size_t n, size_t i) {
 
 inline uint32_t decode_cp(const unsigned char* s, size_t len) {
   switch (len) {
-    case 1:
-      return s[0];
-    case 2:
-      return ((s[0] & 0x1Fu) << 6) | (s[1] & 0x3Fu);
-    case 3:
-      return ((s[0] & 0x0Fu) << 12) | ((s[1] & 0x3Fu) << 6) | (s[2] & 0x3Fu);
-    default:
-      return ((s[0] & 0x07u) << 18) | ((s[1] & 0x3Fu) << 12) | ((s[2] & 0x3Fu) << 6) | (s[3] & 0x3Fu);
+    case 1: return s[0];
+    case 2: return ((s[0] & 0x1Fu) << 6) | (s[1] & 0x3Fu);
+    case 3: return ((s[0] & 0x0Fu) << 12) | ((s[1] & 0x3Fu) << 6) | (s[2] & 0x3Fu);
+    default: return ((s[0] & 0x07u) << 18) | ((s[1] & 0x3Fu) << 12) | ((s[2] & 0x3Fu) << 6) | (s[3] & 0x3Fu);
   }
 }
 

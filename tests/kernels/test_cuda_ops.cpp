@@ -164,12 +164,8 @@ float weight_value(DType dt, const std::vector<uint8_t>& bytes, size_t i) {
       std::memcpy(&f, &bytes[i * 4], 4);
       return f;
     }
-    case DType::BF16:
-      std::memcpy(&h, &bytes[i * 2], 2);
-      return bf16_to_f32(h);
-    default:
-      std::memcpy(&h, &bytes[i * 2], 2);
-      return f16_to_f32(h);
+    case DType::BF16: std::memcpy(&h, &bytes[i * 2], 2); return bf16_to_f32(h);
+    default: std::memcpy(&h, &bytes[i * 2], 2); return f16_to_f32(h);
   }
 }
 

@@ -58,20 +58,13 @@ Case make_case(int64_t m, int64_t n, int64_t k, uint32_t seed) {
   std::uniform_int_distribution<int> pick(0, 60);
   const auto value = [&](float scale) {
     switch (pick(rng)) {
-      case 0:
-        return 0.0f;
-      case 1:
-        return -0.0f;
-      case 2:
-        return 1e-39f;  // a float32 denormal
-      case 3:
-        return -3e-39f;
-      case 4:
-        return 1.00390625f;  // a bf16 rounding tie (1 + 2^-8)
-      case 5:
-        return 0x1p-125f * d(rng);  // products underflow
-      default:
-        return scale * d(rng);
+      case 0: return 0.0f;
+      case 1: return -0.0f;
+      case 2: return 1e-39f;  // a float32 denormal
+      case 3: return -3e-39f;
+      case 4: return 1.00390625f;         // a bf16 rounding tie (1 + 2^-8)
+      case 5: return 0x1p-125f * d(rng);  // products underflow
+      default: return scale * d(rng);
     }
   };
   c.x.resize(size_t(m * k));

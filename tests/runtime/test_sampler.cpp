@@ -130,17 +130,10 @@ std::vector<float> random_logits(std::mt19937_64& rng, int64_t vocab) {
   const int shape = int(rng() % 4);
   for (float& f : x) {
     switch (shape) {
-      case 0:
-        f = gauss(rng);
-        break;
-      case 1:
-        f = 0.5f * float(small(rng));
-        break;
-      case 2:
-        f = gauss(rng);
-        break;
-      default:
-        f = rng() % 5 == 0 ? -1e4f * float(1 + rng() % 3) : (rng() % 7 == 0 ? -0.0f : gauss(rng));
+      case 0: f = gauss(rng); break;
+      case 1: f = 0.5f * float(small(rng)); break;
+      case 2: f = gauss(rng); break;
+      default: f = rng() % 5 == 0 ? -1e4f * float(1 + rng() % 3) : (rng() % 7 == 0 ? -0.0f : gauss(rng));
     }
   }
   if (shape == 2)
