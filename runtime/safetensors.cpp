@@ -150,6 +150,19 @@ const TensorInfo* SafetensorsFile::find(const std::string& name) const {
 
 // ------------------------------------------------------------------------------------------------
 
+namespace {
+
+// A path the index may name: relative, and not climbing out of the checkpoint folder.
+bool inside_folder(const std::string& file) {
+  const fs::path p(file);
+  if (p.is_absolute() || p.has_root_name() || p.has_root_directory()) return false;
+  for (const fs::path& part : p)
+    if (part == "..") return false;
+  return true;
+}
+
+}  // namespace
+
 Checkpoint::Checkpoint(const std::string& model_dir) : dir_(model_dir) {
   const fs::path dir(model_dir), index = dir / kIndexName, single = dir / kSingleName;
   std::error_code ec;
@@ -169,7 +182,10 @@ Checkpoint::Checkpoint(const std::string& model_dir) : dir_(model_dir) {
     for (auto it = wm->begin(); it != wm->end(); ++it) {
       CHECK(it.value().is_string() && !it.value().get<std::string>().empty(), index.string(), ": weight_map['",
             it.key(), "']: expected a shard file name, found ", it.value().dump());
-      weight_map_[it.key()] = it.value().get<std::string>();
+      const std::string file = it.value().get<std::string>();
+      CHECK(inside_folder(file), index.string(), ": weight_map['", it.key(), "']: expected a shard file inside the ",
+            "checkpoint folder, found '", file, "' (an absolute path or one through '..')");
+      weight_map_[it.key()] = file;
     }
     // Every listed shard must exist now (a missing download should fail before any work starts);
     // they are opened and mapped only when a tensor of theirs is asked for.

@@ -15,17 +15,31 @@
 #                   over eth0
 #   --timeout S     kill the run after S seconds (exit 124)
 #   --mpirun-arg A  one more mpirun argument (repeat for several)
+#   --no-mpirun     run PROGRAM itself on h1 instead of under mpirun, for a program that starts
+#                   mpirun (glm5 launch --run): NETNS_TEST_MPIRUN_ARGS names a file with the mpirun
+#                   options that reach the hosts (hostfile, rsh agent, interfaces, transport), one
+#                   per line
+# Faults on the links (each host's eth0; traffic inside a host is untouched):
+#   --loss P        each host drops P % of the packets it sends (tc netem where the kernel has
+#                   it, else an nftables rule `numgen random mod 100 < P drop`)
+#   --delay MS      each host delays what it sends by MS ms (tc netem; exit 77 without it)
+#   --shape RATE    each host sends at most RATE (tc tbf, e.g. 20mbit, 50 ms of queue): bursts
+#                   wait, and what overflows the queue is dropped
+#   --partition-at WHEN   cut host h2 off (every packet in and out of its eth0 dropped) at WHEN:
+#                   S (seconds after mpirun starts) or FILE:N (once FILE has N lines)
+#   --partition-for S     heal the partition after S seconds (default: never)
 # Example: scripts/netns-test.sh --hosts 3 --slots 1 -- \
 #            sh -c 'echo "rank $OMPI_COMM_WORLD_RANK on $(hostname) $(readlink /proc/self/ns/net)"'
 # SC2015: `a && b || die` is meant; SC2054: commas are MCA list values; SC2317: trap functions.
 # shellcheck disable=SC2015,SC2054,SC2317
 set -euo pipefail
 
-usage() { sed -n '8,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '8,32p' "$0" | sed 's/^# \{0,1\}//'; }
 skip() { echo "netns-test: skipped: $*" >&2; exit 77; }
 die() { echo "netns-test: error: $*" >&2; exit 2; }
 
 hosts=2 slots=2 np="" transport=tcp timeout_s=300
+loss="" delay="" shape="" part_at="" part_for="" no_mpirun=0
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -35,6 +49,12 @@ while [ $# -gt 0 ]; do
     --transport) transport=${2:?--transport needs a value}; shift 2 ;;
     --timeout) timeout_s=${2:?--timeout needs a value}; shift 2 ;;
     --mpirun-arg) extra+=("${2?--mpirun-arg needs a value}"); shift 2 ;;
+    --no-mpirun) no_mpirun=1; shift ;;
+    --loss) loss=${2:?--loss needs a value}; shift 2 ;;
+    --delay) delay=${2:?--delay needs a value}; shift 2 ;;
+    --shape) shape=${2:?--shape needs a value}; shift 2 ;;
+    --partition-at) part_at=${2:?--partition-at needs a value}; shift 2 ;;
+    --partition-for) part_for=${2:?--partition-for needs a value}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
     *) usage >&2; die "unknown option '$1' (put the program after --)" ;;
@@ -46,6 +66,10 @@ isnum "$hosts" && [ "$hosts" -ge 1 ] && [ "$hosts" -le 254 ] || die "--hosts: ex
 isnum "$slots" && [ "$slots" -ge 1 ] || die "--slots: expected an integer >= 1, found '$slots'"
 isnum "$timeout_s" && [ "$timeout_s" -ge 1 ] || die "--timeout: expected seconds >= 1, found '$timeout_s'"
 [ -n "$np" ] || np=$((hosts * slots))
+[ -z "$loss" ] || { isnum "$loss" && [ "$loss" -le 100 ]; } || die "--loss: expected a percentage 0..100, found '$loss'"
+[ -z "$delay" ] || isnum "$delay" || die "--delay: expected milliseconds, found '$delay'"
+[ -z "$part_for" ] || isnum "$part_for" || die "--partition-for: expected seconds, found '$part_for'"
+[ -z "$part_at" ] || [ "$hosts" -ge 2 ] || die "--partition-at needs --hosts 2 or more"
 isnum "$np" && [ "$np" -ge 1 ] || die "--np: expected an integer >= 1, found '$np'"
 case "$transport" in
   tcp) tflags=(--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include 10.77.0.0/24) ;;
@@ -139,10 +163,70 @@ exec "$@"
 EOF
 chmod +x "$work/nsrsh" "$work/head"
 
+# Link faults. netem does loss and delay in one qdisc; without it (a kernel built without
+# sch_netem), loss is an nftables rule and delay cannot be had.
+has_netem() { ip netns exec "${prefix}h1" tc qdisc add dev lo root netem delay 0ms 2>/dev/null &&
+  ip netns exec "${prefix}h1" tc qdisc del dev lo root 2>/dev/null; }
+nft_in() { ip netns exec "$1" nft "${@:2}"; }
+faults=()
+if [ -n "$loss$delay$shape" ]; then
+  netem=0
+  has_netem && netem=1
+  [ -z "$delay" ] || [ "$netem" = 1 ] || skip "--delay needs tc netem, which this kernel lacks (sch_netem)"
+  [ -z "$loss" ] || [ "$netem" = 1 ] || command -v nft >/dev/null || skip "--loss needs tc netem or nftables (nft)"
+  for i in $(seq 1 "$hosts"); do
+    ns="${prefix}h$i"
+    if [ "$netem" = 1 ] && [ -n "$loss$delay" ]; then
+      ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: netem ${delay:+delay "${delay}ms"} ${loss:+loss "$loss%"}
+      [ -z "$shape" ] || ip netns exec "$ns" tc qdisc add dev eth0 parent 1: handle 2: tbf rate "$shape" burst 32kbit latency 50ms
+    else
+      [ -z "$shape" ] || ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$shape" burst 32kbit latency 50ms
+      if [ -n "$loss" ]; then
+        nft_in "$ns" add table inet g5loss
+        nft_in "$ns" 'add chain inet g5loss out { type filter hook output priority 0; }'
+        nft_in "$ns" add rule inet g5loss out oifname eth0 numgen random mod 100 '<' "$loss" drop
+      fi
+    fi
+  done
+  faults+=("loss ${loss:-0}% ($([ "$netem" = 1 ] && echo netem || echo nftables))")
+  [ -z "$delay" ] || faults+=("delay ${delay} ms")
+  [ -z "$shape" ] || faults+=("shaped to $shape")
+fi
+if [ -n "$part_at" ]; then
+  command -v nft >/dev/null || skip "--partition-at needs nftables (nft)"
+  faults+=("h2 cut off at $part_at${part_for:+ for ${part_for} s}")
+fi
+
+# Cuts h2 off when $part_at comes, and heals it after $part_for seconds (runs in the background).
+partition() {
+  local ns="${prefix}h2" file n
+  case "$part_at" in
+    *:*) file=${part_at%:*} n=${part_at##*:}
+         until [ -f "$file" ] && [ "$(wc -l <"$file")" -ge "$n" ]; do sleep 0.05; done ;;
+    *) sleep "$part_at" ;;
+  esac
+  nft_in "$ns" add table inet g5cut
+  nft_in "$ns" 'add chain inet g5cut in { type filter hook input priority 0; }'
+  nft_in "$ns" 'add chain inet g5cut out { type filter hook output priority 0; }'
+  nft_in "$ns" add rule inet g5cut in iifname eth0 drop
+  nft_in "$ns" add rule inet g5cut out oifname eth0 drop
+  echo "netns-test: h2 cut off ($(date +%T))" >&2
+  [ -n "$part_for" ] || return 0
+  sleep "$part_for"
+  nft_in "$ns" delete table inet g5cut
+  echo "netns-test: h2 back ($(date +%T))" >&2
+}
+
 cmd=(mpirun --allow-run-as-root -np "$np" --hostfile "$work/hostfile")
 [ "$np" -gt $((hosts * slots)) ] && cmd+=(--oversubscribe)
 cmd+=(--mca plm_rsh_agent "$work/nsrsh" --mca oob_tcp_if_include 10.77.0.0/24 "${tflags[@]}")
-cmd+=("${extra[@]}" "$@")
+cmd+=("${extra[@]}")
+printf '%s\n' "${cmd[@]:4}" >"$work/mpirun_args"  # what follows mpirun --allow-run-as-root -np N
+if [ "$no_mpirun" = 1 ]; then
+  cmd=(env NETNS_TEST_MPIRUN_ARGS="$work/mpirun_args" "$@")
+else
+  cmd+=("$@")
+fi
 
 bridge_bytes() {
   local total=0 i b
@@ -155,6 +239,12 @@ bridge_bytes() {
 
 echo "netns-test: $hosts hosts x $slots slots, -np $np, transport $transport; hosts h1..h$hosts =" \
      "namespaces ${prefix}h1..${prefix}h$hosts (10.77.0.1-$hosts)" >&2
+[ ${#faults[@]} = 0 ] || echo "netns-test: faults: $(IFS=';'; echo "${faults[*]}" | sed 's/;/; /g')" >&2
+part_pid=""
+if [ -n "$part_at" ]; then
+  partition &
+  part_pid=$!
+fi
 before=$(bridge_bytes)
 # In the background and waited for, so that INT/TERM reach the traps (and the teardown) at once;
 # stdin stays the script's.
@@ -162,6 +252,7 @@ rc=0
 timeout --kill-after=10 "$timeout_s" ip netns exec "${prefix}h1" unshare --uts "$work/head" \
   "${cmd[@]}" <&0 &
 wait $! || rc=$?
+[ -z "$part_pid" ] || kill "$part_pid" 2>/dev/null || true
 after=$(bridge_bytes)
 echo "netns-test: mpirun exit status $rc; $((after - before)) bytes crossed the bridge" >&2
 [ "$rc" = 124 ] && echo "netns-test: timed out after ${timeout_s}s" >&2

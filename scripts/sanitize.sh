@@ -1,14 +1,82 @@
 #!/usr/bin/env bash
-# Builds glm5 and its tests with AddressSanitizer + UndefinedBehaviorSanitizer (CPU only) and runs
-# ctest with both set to stop at the first report, so any report fails the test that caused it.
-# Takes about 12 minutes on 2 cores (the build dominates).
-#   scripts/sanitize.sh [BUILD_DIR]        (default: build-asan in the repository)
+# The sanitizer build: clang with AddressSanitizer + UndefinedBehaviorSanitizer (any report ends the
+# process with an error) and libFuzzer's coverage on every library, so that the same build holds the
+# unit tests, glm5 itself and the fuzz targets of tests/fuzz. Runs the tests under it, then replays
+# every fuzz corpus and fuzzes each target briefly (scripts/fuzz.sh).
+#
+# usage: scripts/sanitize.sh [--quick] [--configure-only] [--fuzz-seconds S] [BUILD_DIR]
+#   BUILD_DIR         default build-sanitize in the repository
+#   --quick           what CI runs: every test of the four test binaries (the layouts and signals
+#                     run glm5 under mpirun), the MPI tests (1-4 ranks) and the watchdog job, each
+#                     binary in one process; without ctest's extra suites (the same tests on other
+#                     kernel paths), the Python serve suites and netns
+#   --configure-only  configure BUILD_DIR and stop (scripts/fuzz.sh uses it)
+#   --fuzz-seconds S  fuzz each target S seconds after the replay (default 10; 0: replay only)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=${1:-$root/build-asan}
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGLM5_CUDA=OFF \
-  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer"
-cmake --build "$build" -j"$(nproc)"
-# Leak checking is off: MPI and OpenMP runtimes keep allocations until exit by design.
-export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-cd "$build" && ctest -j"$(nproc)" --timeout 600 --output-on-failure
+build=$root/build-sanitize quick=0 configure_only=0 fuzz_seconds=10
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1; shift ;;
+    --configure-only) configure_only=1; shift ;;
+    --fuzz-seconds) fuzz_seconds=${2:?}; shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "sanitize.sh: unknown option '$1'" >&2; exit 2 ;;
+    *) build=$(realpath -m "$1"); shift ;;
+  esac
+done
+
+# -O1 and line tables only: the build takes half the time of -O2 -g, and reports still name the
+# file and line of every frame.
+flags="-O1 -gline-tables-only -fno-omit-frame-pointer -fsanitize=address,undefined,fuzzer-no-link"
+flags="$flags -fno-sanitize-recover=undefined"
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None -DGLM5_CUDA=OFF -DGLM5_FUZZ=ON \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags"
+fi
+[ "$configure_only" = 0 ] || exit 0
+
+# The quick run: each test binary in one process (a sanitized process takes about 2 s to start,
+# which ctest's process per test pays 700 times), test_launcher in three shards, the MPI tests
+# through ctest, NPROC at a time. Leaves out the test whose timing assumes an optimised build
+# (a 3,000-token stream inside an 8 s kill window).
+run_quick() {
+  local dir=$1/tests logs=$1/quick-logs failed=0 name
+  mkdir -p "$logs"
+  local filter=-Signals.ServeSigtermToMpirunDrains
+  {
+    for i in 0 1 2; do
+      echo "launcher-$i env GTEST_TOTAL_SHARDS=3 GTEST_SHARD_INDEX=$i $dir/test_launcher --gtest_filter=$filter"
+    done
+    echo "kernels $dir/test_kernels"
+    echo "runtime $dir/test_runtime"
+    echo "parallel $dir/parallel/test_parallel"
+    echo "mpi ctest --test-dir $1 --timeout 600 --output-on-failure -R ^(mpi_comm|moe_exchange|watchdog)"
+  } >"$logs/commands"
+  export OMP_NUM_THREADS=1
+  # shellcheck disable=SC2016
+  xargs -P "$(nproc)" -L 1 sh -c 'name=$1; shift; if "$@" >"'"$logs"'/$name.log" 2>&1; then
+      echo "sanitize.sh: $name passed"; else echo "sanitize.sh: $name FAILED"; fi' sh <"$logs/commands" |
+    tee "$logs/summary"
+  for name in $(sed -n 's/^sanitize.sh: \(.*\) FAILED$/\1/p' "$logs/summary"); do
+    failed=1
+    echo "---- $name ($logs/$name.log) ----"
+    grep -E -A15 '^\[  FAILED|ERROR: |runtime error|\*\*\*Failed' "$logs/$name.log" | head -n 80
+  done
+  return $failed
+}
+
+# Leak checking is off in the tests: MPI and OpenMP runtimes keep allocations until exit by design
+# (the fuzz targets check leaks: their parsers own everything they allocate).
+export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+if [ "$quick" = 1 ]; then
+  cmake --build "$build" -j"$(nproc)" --target glm5 test_kernels test_runtime test_launcher test_parallel \
+    test_mpi_comm test_moe_exchange
+  run_quick "$build"
+else
+  cmake --build "$build" -j"$(nproc)"
+  (cd "$build" && ctest -j"$(nproc)" --timeout 900 --output-on-failure)
+fi
+unset ASAN_OPTIONS UBSAN_OPTIONS
+"$root/scripts/fuzz.sh" --build "$build" --replay
+[ "$fuzz_seconds" = 0 ] || "$root/scripts/fuzz.sh" --build "$build" --seconds "$fuzz_seconds"

@@ -11,4 +11,5 @@ $SUDO apt-get install -y -q --no-install-recommends \
   openmpi-bin libopenmpi-dev libucx-dev \
   libyaml-cpp-dev nlohmann-json3-dev libpcre2-dev libcli11-dev libboost-dev \
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev \
-  iproute2 util-linux
+  iproute2 util-linux nftables \
+  clang libclang-rt-14-dev libomp-14-dev

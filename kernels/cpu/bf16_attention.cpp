@@ -21,7 +21,9 @@
 // GCC 12 reports its own AVX-512 headers' "undefined vector" idiom (the casts and masked loads
 // below) as uninitialized use.
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)  // a GCC-only warning
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace glm5::kernels::cpu::bf16 {
 

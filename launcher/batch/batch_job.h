@@ -1,4 +1,4 @@
-// `glm5 batch`, `glm5 tokenize` and `glm5 launch`: JSONL in, JSONL out.
+// `glm5 batch` and `glm5 tokenize`: JSONL in, JSONL out.
 // Batch input lines follow the OpenAI Batch format (custom_id, method, url = /v1/completions or
 // /v1/chat/completions, body) or the plain form {"custom_id", "prompt" | "prompt_ids" |
 // "messages", ...sampling}. Output records follow the OpenAI Batch output format, one per input
@@ -41,7 +41,5 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world);
 // Tokenizes as prompts are tokenized: special tokens written in the text become their ids (as HF
 // `tokenizers` encodes them); literal_special keeps them as plain text.
 int run_tokenize(const std::string& tokenizer, bool decode, bool literal_special);
-int run_launch(const std::string& cluster, const std::vector<std::string>& args, bool run, const std::string& argv0,
-               const std::string& slurm = "", bool srun = false);
 
 }  // namespace glm5::launcher

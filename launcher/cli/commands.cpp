@@ -22,6 +22,7 @@
 #include "launcher/cluster/gpu_binding.h"
 #include "launcher/convert/convert.h"
 #include "launcher/inspect/inspect.h"
+#include "launcher/launch/launch.h"
 #include "launcher/perplexity/perplexity.h"
 #include "launcher/report/report.h"
 #include "launcher/serve/serve.h"

@@ -262,6 +262,13 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
       else
         rd.bad(it->first, key, "one of the keys (" + allowed_keys_list() + ")", "unknown key '" + key + "'");
     }
+    // Ranks are MPI ints; a world past a million ranks is a typo (and stages x E must not overflow).
+    if (int64_t(cc.stages) * cc.expert_parallel > kMaxWorldSize) {
+      const YAML::Node n = root["expert_parallel"] ? root["expert_parallel"] : root["stages"];
+      rd.bad(n, "stages x expert_parallel", "at most " + std::to_string(kMaxWorldSize) + " ranks",
+             std::to_string(cc.stages) + " x " + std::to_string(cc.expert_parallel) + " = " +
+                 std::to_string(int64_t(cc.stages) * cc.expert_parallel));
+    }
     if (cc.max_step_tokens < cc.max_batch) {
       const YAML::Node n = root["max_step_tokens"] ? root["max_step_tokens"] : root["max_batch"];
       rd.bad(n, "max_step_tokens",

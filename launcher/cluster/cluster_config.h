@@ -67,6 +67,9 @@ struct ClusterConfig : runtime::BatchLimits {
   DType kv_cache_dtype() const { return kv_dtype == "bf16" ? DType::BF16 : DType::F32; }
 };
 
+// Most ranks a layout may have (stages x expert_parallel).
+constexpr int64_t kMaxWorldSize = int64_t(1) << 20;
+
 // What a command line replaces in the cluster config (unset: the config's).
 struct ClusterOverrides {
   int speculative_tokens = -1;  // --speculative-tokens: >= 0

@@ -97,7 +97,8 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
     ex_->begin_stream();
     if (chat_)
       for (int64_t j = 0; j < line_.choices(); ++j)
-        ex_->stream_data(sse(chunk({choice_delta(j, json{{"role", "assistant"}, {"content", ""}}, {}, nullptr)})));
+        ex_->stream_data(
+            sse(chunk(json::array({choice_delta(j, json{{"role", "assistant"}, {"content", ""}}, {}, nullptr)}))));
   }
 
   // Engine thread: latency figures, then the tokens to the strand (streams only).
@@ -166,7 +167,7 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
     if (delta.empty() && ids.empty()) return;
     c.sent = end;
     c.ids_sent = c.ids.size();
-    ex_->stream_data(sse(chunk({choice_delta(choice, text_delta(delta), ids, nullptr)})));
+    ex_->stream_data(sse(chunk(json::array({choice_delta(choice, text_delta(delta), ids, nullptr)}))));
   }
 
   void on_result(int choice, runtime::Result r) {
@@ -201,7 +202,7 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
                                    ? final_text.substr(c.sent)
                                    : "";
       std::vector<int32_t> ids(r.tokens.begin() + int64_t(std::min(c.ids_sent, r.tokens.size())), r.tokens.end());
-      ex_->stream_data(sse(chunk({choice_delta(choice, text_delta(rest), ids, fin["finish_reason"])})));
+      ex_->stream_data(sse(chunk(json::array({choice_delta(choice, text_delta(rest), ids, fin["finish_reason"])}))));
     }
     if (remaining_ > 0) return;
     if (!failed_ && line_.include_usage) {

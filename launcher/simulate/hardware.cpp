@@ -168,7 +168,9 @@ std::string hardware_yaml(const Hardware& hw, const std::string& comment) {
   std::ostringstream o;
   std::istringstream c(comment);
   for (std::string line; std::getline(c, line);) o << "# " << line << "\n";
-  o << "name: \"" << hw.name << "\"\nkind: " << hw.kind << "\ncores: " << hw.cores
+  YAML::Emitter name;  // quoted and escaped as YAML reads it back (a name may hold quotes, '#', newlines)
+  name << YAML::DoubleQuoted << hw.name;
+  o << "name: " << name.c_str() << "\nkind: " << hw.kind << "\ncores: " << hw.cores
     << "\ndevices_per_node: " << hw.devices_per_node << "\n";
   o.precision(4);
   for (const Field& f : kNumbers)

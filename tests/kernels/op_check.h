@@ -9,6 +9,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#if defined(__clang__) && __clang_major__ < 15
+#include <immintrin.h>  // _cvtss_sh
+#endif
 #include <functional>
 #include <limits>
 #include <memory>
@@ -60,8 +63,13 @@ inline std::vector<uint8_t> weight_bytes(const std::vector<float>& v, DType dtyp
       uint16_t h = f32_to_bf16(v[i]);
       std::memcpy(out.data() + 2 * i, &h, 2);
     } else if (dtype == DType::F16) {
-      // float -> half via the compiler's _Float16 (round to nearest even).
+      // float -> half by the compiler's _Float16, or F16C where the compiler lacks it on x86
+      // (clang < 15): both round to nearest even, independently of the kernels' own conversion.
+#if defined(__clang__) && __clang_major__ < 15
+      const uint16_t h = _cvtss_sh(v[i], _MM_FROUND_TO_NEAREST_INT);
+#else
       _Float16 h = static_cast<_Float16>(v[i]);
+#endif
       std::memcpy(out.data() + 2 * i, &h, 2);
     } else {
       ADD_FAILURE() << "weight_bytes: no conversion to " << dtype_name(dtype);

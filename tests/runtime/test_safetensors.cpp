@@ -216,6 +216,17 @@ TEST(SafetensorsTest, BadIndex) {
   expect_error([&] { Checkpoint ck(d.str()); }, {"model.safetensors.index.json", "lm_head.weight", "shard file name"});
 }
 
+// The index names files inside the checkpoint folder: a shard outside it (an absolute path, a
+// path through '..', which a hostile download could hold) is refused before anything is opened.
+TEST(SafetensorsTest, IndexShardOutsideTheFolderRefused) {
+  TinyACopy d;
+  for (const std::string& outside : {d.file(kShard2), std::string("../") + kShard2, std::string("sub/../../x")}) {
+    d.write_index(json{{"weight_map", {{"lm_head.weight", outside}}}});
+    expect_error([&] { Checkpoint ck(d.str()); },
+                 {"model.safetensors.index.json", "lm_head.weight", outside, "inside the checkpoint folder"});
+  }
+}
+
 TEST(SafetensorsTest, NoCheckpointInDirectory) {
   TempDir d;
   expect_error([&] { Checkpoint ck(d.str()); }, {d.str(), "model.safetensors.index.json", "model.safetensors"});

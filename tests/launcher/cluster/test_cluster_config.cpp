@@ -220,6 +220,14 @@ TEST(ClusterConfigErrors, CountsBelowOne) {
   expect_yaml_error("max_batch: 0\n", {"key 'max_batch'", "an integer >= 1", "found '0'"});
 }
 
+// A world past kMaxWorldSize ranks (found by fuzzing: stages x expert_parallel overflowed int).
+TEST(ClusterConfigErrors, WorldTooLarge) {
+  expect_yaml_error("stages: 1111111112\nexpert_parallel: 2\n",
+                    {"key 'stages x expert_parallel'", "at most 1048576 ranks", "1111111112 x 2 = 2222222224"});
+  expect_yaml_error("stages: 1024\nexpert_parallel: 1025\n", {"at most 1048576 ranks", "1024 x 1025"});
+  EXPECT_EQ(parse_cluster_config("stages: 1024\nexpert_parallel: 1024\n", "ok.yaml").world_size(), 1 << 20);
+}
+
 TEST(ClusterConfigErrors, BackendAndComm) {
   expect_yaml_error("backend: tpu\n", {"key 'backend'", "one of cpu, cuda", "found 'tpu'"});
   expect_yaml_error("comm: gloo\n", {"key 'comm'", "one of mpi, nccl", "found 'gloo'"});

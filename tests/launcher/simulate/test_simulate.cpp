@@ -90,6 +90,11 @@ TEST(Simulate, HardwareFiles) {
   EXPECT_EQ(again.name, h100.name);
   EXPECT_NEAR(again.gemm_efficiency, h100.gemm_efficiency, 1e-12);
   EXPECT_NEAR(again.op_overhead_s, h100.op_overhead_s, 1e-12);
+  // A name with quotes, '#' and a backslash writes back as the same name (found by fuzzing: it was
+  // written between bare quotes).
+  Hardware odd = h100;
+  odd.name = "V\"NIDIA # H100 \\ 80GB";
+  EXPECT_EQ(parse_hardware(hardware_yaml(odd, ""), "odd name").name, odd.name);
   const std::string text = slurp(kSrc + "/cluster-configs/hardware/h100-sxm.yaml");
   expect_error([&] { parse_hardware(text + "gemm_flop: 3\n", "f.yaml"); },
                {"f.yaml", "'gemm_flop'", "one of the keys"});
