@@ -70,6 +70,11 @@ isnum "$timeout_s" && [ "$timeout_s" -ge 1 ] || die "--timeout: expected seconds
 [ -z "$delay" ] || isnum "$delay" || die "--delay: expected milliseconds, found '$delay'"
 [ -z "$part_for" ] || isnum "$part_for" || die "--partition-for: expected seconds, found '$part_for'"
 [ -z "$part_at" ] || [ "$hosts" -ge 2 ] || die "--partition-at needs --hosts 2 or more"
+case "$part_at" in
+  '') ;;
+  *:*) isnum "${part_at##*:}" || die "--partition-at: expected S or FILE:N (N lines), found '$part_at'" ;;
+  *) isnum "$part_at" || die "--partition-at: expected S (seconds) or FILE:N, found '$part_at'" ;;
+esac
 isnum "$np" && [ "$np" -ge 1 ] || die "--np: expected an integer >= 1, found '$np'"
 case "$transport" in
   tcp) tflags=(--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include 10.77.0.0/24) ;;
@@ -92,8 +97,10 @@ sw="${prefix}sw"
 work=$(mktemp -d "${TMPDIR:-/tmp}/netns-test.XXXXXX")
 created=()
 
+part_pid=""
 teardown() {
   local ns
+  [ -z "$part_pid" ] || kill "$part_pid" 2>/dev/null || true
   for ns in "${created[@]}"; do
     # Stray ranks or daemons of this run (a timeout, a crash) die with their namespace.
     ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
@@ -188,7 +195,7 @@ if [ -n "$loss$delay$shape" ]; then
       fi
     fi
   done
-  faults+=("loss ${loss:-0}% ($([ "$netem" = 1 ] && echo netem || echo nftables))")
+  [ -z "$loss" ] || faults+=("loss $loss% ($([ "$netem" = 1 ] && echo netem || echo nftables))")
   [ -z "$delay" ] || faults+=("delay ${delay} ms")
   [ -z "$shape" ] || faults+=("shaped to $shape")
 fi
@@ -202,7 +209,10 @@ partition() {
   local ns="${prefix}h2" file n
   case "$part_at" in
     *:*) file=${part_at%:*} n=${part_at##*:}
-         until [ -f "$file" ] && [ "$(wc -l <"$file")" -ge "$n" ]; do sleep 0.05; done ;;
+         until [ -f "$file" ] && [ "$(wc -l <"$file")" -ge "$n" ]; do
+           kill -0 $$ 2>/dev/null || return 0  # the test is over
+           sleep 0.05
+         done ;;
     *) sleep "$part_at" ;;
   esac
   nft_in "$ns" add table inet g5cut
@@ -240,7 +250,6 @@ bridge_bytes() {
 echo "netns-test: $hosts hosts x $slots slots, -np $np, transport $transport; hosts h1..h$hosts =" \
      "namespaces ${prefix}h1..${prefix}h$hosts (10.77.0.1-$hosts)" >&2
 [ ${#faults[@]} = 0 ] || echo "netns-test: faults: $(IFS=';'; echo "${faults[*]}" | sed 's/;/; /g')" >&2
-part_pid=""
 if [ -n "$part_at" ]; then
   partition &
   part_pid=$!
@@ -254,6 +263,6 @@ timeout --kill-after=10 "$timeout_s" ip netns exec "${prefix}h1" unshare --uts "
 wait $! || rc=$?
 [ -z "$part_pid" ] || kill "$part_pid" 2>/dev/null || true
 after=$(bridge_bytes)
-echo "netns-test: mpirun exit status $rc; $((after - before)) bytes crossed the bridge" >&2
+echo "netns-test: $([ "$no_mpirun" = 1 ] && echo "$1" || echo mpirun) exit status $rc; $((after - before)) bytes crossed the bridge" >&2
 [ "$rc" = 124 ] && echo "netns-test: timed out after ${timeout_s}s" >&2
 exit "$rc"

@@ -4,36 +4,53 @@
 # unit tests, glm5 itself and the fuzz targets of tests/fuzz. Runs the tests under it, then replays
 # every fuzz corpus and fuzzes each target briefly (scripts/fuzz.sh).
 #
-# usage: scripts/sanitize.sh [--quick] [--configure-only] [--fuzz-seconds S] [BUILD_DIR]
-#   BUILD_DIR         default build-sanitize in the repository
+# usage: scripts/sanitize.sh [--quick | --thread] [--configure-only] [--fuzz-seconds S] [BUILD_DIR]
+#   BUILD_DIR         default build-sanitize in the repository (build-tsan with --thread)
 #   --quick           what CI runs: every test of the four test binaries (the layouts and signals
 #                     run glm5 under mpirun), the MPI tests (1-4 ranks) and the watchdog job, each
 #                     binary in one process; without ctest's extra suites (the same tests on other
 #                     kernel paths), the Python serve suites and netns
+#   --thread          ThreadSanitizer instead, for the threads glm5 runs beside the engine: the
+#                     HTTP server's (the serve_api and serve_load suites: many clients, streams,
+#                     disconnects, drains), the batch input reader and the signal handling of
+#                     serve and batch under mpirun (test_launcher's Signals.*, Batch.*, Jobs.*)
 #   --configure-only  configure BUILD_DIR and stop (scripts/fuzz.sh uses it)
-#   --fuzz-seconds S  fuzz each target S seconds after the replay (default 10; 0: replay only)
+#   --fuzz-seconds S  fuzz each target S seconds after the replay, from a fixed seed so that a run
+#                     repeats (default 10; 0: replay only)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=$root/build-sanitize quick=0 configure_only=0 fuzz_seconds=10
+build="" quick=0 thread=0 configure_only=0 fuzz_seconds=10
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1; shift ;;
+    --thread) thread=1; shift ;;
     --configure-only) configure_only=1; shift ;;
     --fuzz-seconds) fuzz_seconds=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "sanitize.sh: unknown option '$1'" >&2; exit 2 ;;
     *) build=$(realpath -m "$1"); shift ;;
   esac
 done
 
+[ "$quick$thread" != 11 ] || { echo "sanitize.sh: --quick and --thread are two different builds; pick one" >&2; exit 2; }
+[ -n "$build" ] || build=$root/$([ "$thread" = 1 ] && echo build-tsan || echo build-sanitize)
+
 # -O1 and line tables only: the build takes half the time of -O2 -g, and reports still name the
 # file and line of every frame.
 flags="-O1 -gline-tables-only -fno-omit-frame-pointer -fsanitize=address,undefined,fuzzer-no-link"
 flags="$flags -fno-sanitize-recover=undefined"
+fuzz=ON
+if [ "$thread" = 1 ]; then
+  flags="-O1 -gline-tables-only -fno-omit-frame-pointer -fsanitize=thread"
+  fuzz=OFF
+fi
 if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None -DGLM5_CUDA=OFF -DGLM5_FUZZ=ON \
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None -DGLM5_CUDA=OFF -DGLM5_FUZZ=$fuzz \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags"
 fi
+want=$([ "$thread" = 1 ] && echo thread || echo address)
+grep -q "^CMAKE_CXX_FLAGS:.*-fsanitize=$want" "$build/CMakeCache.txt" ||
+  { echo "sanitize.sh: $build is not a -fsanitize=$want build; remove it or name another folder" >&2; exit 2; }
 [ "$configure_only" = 0 ] || exit 0
 
 # The quick run: each test binary in one process (a sanitized process takes about 2 s to start,
@@ -69,6 +86,15 @@ run_quick() {
 # Leak checking is off in the tests: MPI and OpenMP runtimes keep allocations until exit by design
 # (the fuzz targets check leaks: their parsers own everything they allocate).
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+if [ "$thread" = 1 ]; then
+  # One OpenMP thread everywhere: the kernels' parallel regions are not what this run checks, and
+  # the OpenMP runtime is not instrumented (its barriers would read as races).
+  export OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+  cmake --build "$build" -j"$(nproc)" --target glm5 test_launcher
+  (cd "$build" && ctest --timeout 900 --output-on-failure -R '^(serve_venv|serve_api|serve_load)$')
+  "$build/tests/test_launcher" --gtest_filter='Signals.*:Batch.*:Jobs.*:-Signals.ServeSigtermToMpirunDrains'
+  exit 0
+fi
 if [ "$quick" = 1 ]; then
   cmake --build "$build" -j"$(nproc)" --target glm5 test_kernels test_runtime test_launcher test_parallel \
     test_mpi_comm test_moe_exchange
@@ -79,4 +105,4 @@ else
 fi
 unset ASAN_OPTIONS UBSAN_OPTIONS
 "$root/scripts/fuzz.sh" --build "$build" --replay
-[ "$fuzz_seconds" = 0 ] || "$root/scripts/fuzz.sh" --build "$build" --seconds "$fuzz_seconds"
+[ "$fuzz_seconds" = 0 ] || "$root/scripts/fuzz.sh" --build "$build" --seconds "$fuzz_seconds" --seed 1

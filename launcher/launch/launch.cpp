@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <thread>
 
 #include "core/check.h"
@@ -30,54 +31,63 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Copies the job's stderr (a pipe) to ours as it comes and notes when a rank's watchdog aborts the
-// job. Progress lines end in '\r', so both '\r' and '\n' end a line.
+// job. Progress lines end in '\r', so both '\r' and '\n' end a line. The thread's state is shared
+// with it, so that it may outlive this object: a process that outlives mpirun (an rsh client to a
+// host that went away) can hold the pipe open, and then the thread is left to the process's exit.
 class StderrWatch {
  public:
-  explicit StderrWatch(int fd) : fd_(fd), thread_([this] { run(); }) {}
+  explicit StderrWatch(int fd) : state_(std::make_shared<State>()) {
+    state_->fd = fd;
+    thread_ = std::thread([st = state_] { run(*st); });
+  }
   ~StderrWatch() {
-    // Every writer is gone once mpirun has exited, except ranks that outlive it: wait for the
-    // end of the pipe a short while, then leave the thread to the process's exit.
-    for (int i = 0; i < 40 && !done_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (done_)
+    for (int i = 0; i < 40 && !state_->done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (state_->done)
       thread_.join();
     else
       thread_.detach();
   }
   // Seconds since a rank aborted the job, or -1 if none has.
   double since_abort() const {
-    const int64_t t = abort_ns_.load();
+    const int64_t t = state_->abort_ns.load();
     return t == 0 ? -1 : std::chrono::duration<double>(Clock::now().time_since_epoch()).count() - t * 1e-9;
   }
 
  private:
-  void run() {
+  struct State {
+    int fd = -1;
+    std::atomic<int64_t> abort_ns{0};
+    std::atomic<bool> done{false};
+  };
+  static void run(State& st) {
     std::string line;
     char buf[4096];
+    bool out_open = true;  // our stderr still takes bytes (its reader may go away: EPIPE)
     for (;;) {
-      const ssize_t n = read(fd_, buf, sizeof buf);
+      const ssize_t n = read(st.fd, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;
-      for (ssize_t off = 0; off < n;) {
+      for (ssize_t off = 0; out_open && off < n;) {
         const ssize_t w = write(STDERR_FILENO, buf + off, size_t(n - off));
-        if (w <= 0 && errno != EINTR) break;
-        if (w > 0) off += w;
+        if (w > 0)
+          off += w;
+        else if (errno != EINTR)
+          out_open = false;  // keep reading, so that mpirun never blocks on us
       }
       for (ssize_t i = 0; i < n; ++i) {
         if (buf[i] != '\n' && buf[i] != '\r') {
           if (line.size() < 4096) line += buf[i];
           continue;
         }
-        if (abort_ns_ == 0 && is_watchdog_abort(line))
-          abort_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+        if (st.abort_ns == 0 && is_watchdog_abort(line))
+          st.abort_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
         line.clear();
       }
     }
-    close(fd_);
-    done_ = true;
+    close(st.fd);
+    st.done = true;
   }
-  int fd_;
-  std::atomic<int64_t> abort_ns_{0};
-  std::atomic<bool> done_{false};
+  std::shared_ptr<State> state_;
   std::thread thread_;
 };
 
@@ -119,6 +129,10 @@ int run_draining(std::vector<char*>& av) {
   }
   setpgid(pid, pid);  // also here: whichever of the two runs first
   close(err[1]);
+  // Our stderr may be a pipe whose reader goes away (| tee, a log shipper): a write then fails
+  // with EPIPE instead of killing the launcher and orphaning mpirun. Set after the fork: mpirun
+  // keeps the default.
+  signal(SIGPIPE, SIG_IGN);
   StderrWatch watch(err[0]);  // started after the mask: its thread gets none of these signals
   int signals = 0;
   const timespec tick{1, 0};
@@ -132,7 +146,7 @@ int run_draining(std::vector<char*>& av) {
                      "[glm5] launch: a rank aborted the job %d s ago and mpirun is still waiting, most likely for "
                      "the daemon of a host it cannot reach; ending mpirun (SIGKILL)\n",
                      kAbortGraceS);
-        kill(pid, SIGKILL);
+        kill(-pid, SIGKILL);  // mpirun's process group: mpirun and the rsh clients it started
         waitpid(pid, nullptr, 0);
         return 1;
       } else {
@@ -143,7 +157,8 @@ int run_draining(std::vector<char*>& av) {
         std::fprintf(stderr, "[glm5] launch: signal %d: asking the job to stop (SIGUSR1 to mpirun)\n", sig);
         kill(pid, SIGUSR1);
       } else {
-        std::fprintf(stderr, "[glm5] launch: signal %d, the third: SIGTERM to mpirun (Open MPI ends every rank)\n",
+        std::fprintf(stderr,
+                     "[glm5] launch: signal %d, the third or later: SIGTERM to mpirun (Open MPI ends every rank)\n",
                      sig);
         kill(pid, SIGTERM);
       }

@@ -8,10 +8,24 @@
 
 #include "core/check.h"
 #include "launcher/cluster/yaml.h"
+#include "runtime/tokenizer/utf8.h"
 
 namespace glm5::launcher {
 
 namespace {
+
+// A name for tables and plots: valid UTF-8 without control characters, short (it also writes back
+// as YAML exactly: hardware_yaml).
+bool printable_name(const std::string& s) {
+  if (s.empty() || s.size() > 200) return false;
+  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = runtime::tok::utf8_valid_len(b, s.size(), i);
+    if (n == 0 || (n == 1 && (b[i] < 0x20 || b[i] == 0x7f))) return false;
+    i += n;
+  }
+  return true;
+}
 
 // What a key may hold: Amount >= 0 (required), Rate > 0 (required), Fraction in (0, 1] (optional,
 // default 1), Optional >= 0 (0 or absent: the default the parser fills in).
@@ -69,7 +83,9 @@ int count(const std::string& source, const YAML::Node& n, const std::string& key
 
 }  // namespace
 
-Hardware parse_hardware(const std::string& text, const std::string& source) {
+namespace {
+
+Hardware read_hardware(const std::string& text, const std::string& source) {
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -80,7 +96,8 @@ Hardware parse_hardware(const std::string& text, const std::string& source) {
   std::set<std::string> known = {"name", "kind", "cores", "devices_per_node", "glm5"};
   for (const Field& f : kNumbers) known.insert(f.key);
   for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>();
+    if (!kv.first.IsScalar()) bad(source, kv.first, "(top level)", "a key name");
+    const std::string key = kv.first.Scalar();
     if (!known.count(key)) {
       std::string list;
       for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
@@ -89,7 +106,8 @@ Hardware parse_hardware(const std::string& text, const std::string& source) {
   }
   Hardware hw;
   hw.source = source;
-  if (!root["name"].IsScalar()) bad(source, root["name"], "name", "a name");
+  if (!root["name"].IsScalar() || !printable_name(root["name"].Scalar()))
+    bad(source, root["name"], "name", "a name of printable UTF-8 text, at most 200 bytes");
   hw.name = root["name"].Scalar();
   const YAML::Node kind = root["kind"];
   if (!kind.IsScalar() || (kind.Scalar() != "cpu" && kind.Scalar() != "gpu")) bad(source, kind, "kind", "cpu or gpu");
@@ -115,7 +133,8 @@ Hardware parse_hardware(const std::string& text, const std::string& source) {
         {"mem_bw_efficiency", &Hardware::Measured::mem_bw},
         {"attention_mem_efficiency", &Hardware::Measured::attention_mem}};
     for (const auto& kv : g) {
-      const std::string key = kv.first.as<std::string>();
+      if (!kv.first.IsScalar()) bad(source, kv.first, "glm5", "a key name");
+      const std::string key = kv.first.Scalar();
       if (key == "measured_by") {
         hw.measured.by = kv.second.Scalar();
         continue;
@@ -144,6 +163,16 @@ Hardware parse_hardware(const std::string& text, const std::string& source) {
       bad(source, g, "glm5", "at least one efficiency key beside measured_by");
   }
   return hw;
+}
+
+}  // namespace
+
+Hardware parse_hardware(const std::string& text, const std::string& source) {
+  try {
+    return read_hardware(text, source);
+  } catch (const YAML::Exception& e) {  // yaml-cpp throws on odd nodes (e.g. an alias to nothing)
+    GLM5_FAIL("hardware file ", source, ", line ", e.mark.line + 1, ": ", e.msg);
+  }
 }
 
 Hardware Hardware::as_measured() const {

@@ -79,7 +79,7 @@ inline void append_utf8(std::string& out, uint32_t cp) {
   }
 }
 
-const unsigned char* bytes(std::string_view s) { return reinterpret_cast<const unsigned char*>(s.data()); }
+inline const unsigned char* bytes(std::string_view s) { return reinterpret_cast<const unsigned char*>(s.data()); }
 
 // First / last code point of s; false when s is empty or does not start / end with a valid char.
 inline bool first_cp(std::string_view s, uint32_t& cp) {

@@ -10,6 +10,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/parser.hpp>
+#include <nlohmann/json.hpp>
 
 #include "launcher/serve/serve_api.h"
 #include "runtime/config.h"
@@ -26,9 +27,14 @@ struct RecordingExchange : launcher::Exchange {
   int status = 0;
   explicit RecordingExchange(boost::asio::io_context& c) : ioc(c) {}
   boost::asio::any_io_executor executor() override { return ioc.get_executor(); }
-  void reply(int s, std::string, const std::string&) override {
+  void reply(int s, std::string body, const std::string& type) override {
     fuzz::require(status == 0, "one answer per request");
     status = s;
+    if (type != "application/json") return;
+    const auto j = nlohmann::json::parse(body, nullptr, false);
+    fuzz::require(!j.is_discarded(), "a JSON answer parses");
+    fuzz::require(s < 400 || (j.is_object() && j.contains("error") && j["error"].is_object()),
+                  "an error answer carries an OpenAI error object");
   }
   void begin_stream() override { status = 200; }
   void stream_data(std::string) override {}

@@ -44,15 +44,24 @@ inline void require(bool ok, const char* what) {
   std::abort();
 }
 
-// A scratch folder of this process (under $TMPDIR), removed at exit.
+// A scratch folder of this process (under $TMPDIR), removed at exit. The path is never destroyed,
+// so that the exit handler (registered after it, so run before static destructors would be) still
+// has it.
 inline const std::filesystem::path& scratch_dir() {
-  static const std::filesystem::path dir = [] {
+  static const std::filesystem::path* dir = [] {
     std::string tmpl = (std::filesystem::temp_directory_path() / "glm5-fuzz.XXXXXX").string();
     if (!mkdtemp(tmpl.data())) std::abort();
-    std::atexit([] { std::filesystem::remove_all(scratch_dir()); });
-    return std::filesystem::path(tmpl);
+    return new std::filesystem::path(tmpl);
   }();
-  return dir;
+  static const bool cleanup = [] {
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(*dir, ec);
+    });
+    return true;
+  }();
+  (void)cleanup;
+  return *dir;
 }
 
 // Writes bytes to a file in the scratch folder (replacing it) and returns its path.

@@ -1,7 +1,9 @@
 // Text through DeepSeek-V3's byte-level BPE tokenizer (GLM-5's is the same kind): any bytes,
 // valid UTF-8 or not, with and without special-token parsing. The tokenizer promises
 // decode(encode(s)) == s for any byte string, ids inside the vocabulary, and append_decoded id by
-// id joining to decode's bytes (what streaming relies on).
+// id joining to decode's bytes (what streaming relies on). The tokenizer is loaded once, so its word
+// cache carries over between inputs, as in a server (a finding may then need the inputs before it
+// to repeat; run the target over the corpus it was found with).
 #include <cstdint>
 #include <string>
 #include <string_view>

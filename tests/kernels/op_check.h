@@ -9,7 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#if defined(__clang__) && __clang_major__ < 15
+#if defined(__clang__) && __clang_major__ < 15 && defined(__F16C__)
 #include <immintrin.h>  // _cvtss_sh
 #endif
 #include <functional>
@@ -65,7 +65,7 @@ inline std::vector<uint8_t> weight_bytes(const std::vector<float>& v, DType dtyp
     } else if (dtype == DType::F16) {
       // float -> half by the compiler's _Float16, or F16C where the compiler lacks it on x86
       // (clang < 15): both round to nearest even, independently of the kernels' own conversion.
-#if defined(__clang__) && __clang_major__ < 15
+#if defined(__clang__) && __clang_major__ < 15 && defined(__F16C__)
       const uint16_t h = _cvtss_sh(v[i], _MM_FROUND_TO_NEAREST_INT);
 #else
       _Float16 h = static_cast<_Float16>(v[i]);

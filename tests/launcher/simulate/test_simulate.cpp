@@ -95,6 +95,13 @@ TEST(Simulate, HardwareFiles) {
   Hardware odd = h100;
   odd.name = "V\"NIDIA # H100 \\ 80GB";
   EXPECT_EQ(parse_hardware(hardware_yaml(odd, ""), "odd name").name, odd.name);
+  // A name with control characters or invalid UTF-8 is refused (found by fuzzing: one with a byte
+  // 0x9f did not write back as itself).
+  expect_error([] { parse_hardware("name: \"a\\tb\"\nkind: cpu\n", "f.yaml"); }, {"key 'name'", "printable UTF-8"});
+  expect_error([] { parse_hardware("name: \"a\x9f\"\nkind: cpu\n", "f.yaml"); }, {"key 'name'", "printable UTF-8"});
+  // A key that is not a name (a YAML complex key) is refused as such (found by fuzzing: yaml-cpp's
+  // bad-conversion exception escaped).
+  expect_error([] { parse_hardware("? {a: 1}\n: 2\nname: x\n", "f.yaml"); }, {"f.yaml", "(top level)", "a key name"});
   const std::string text = slurp(kSrc + "/cluster-configs/hardware/h100-sxm.yaml");
   expect_error([&] { parse_hardware(text + "gemm_flop: 3\n", "f.yaml"); },
                {"f.yaml", "'gemm_flop'", "one of the keys"});
@@ -125,6 +132,7 @@ TEST(Simulate, HardwareFiles) {
   expect_error([&] { parse_hardware(top + "glm5: {gemm_efficiency: 0.1}\n", "f.yaml"); }, {"glm5.measured_by"});
   expect_error([&] { parse_hardware(top + "glm5: {measured_by: x, gemm_efficiency: 2}\n", "f.yaml"); },
                {"glm5.gemm_efficiency", "(0, 1]"});
+  expect_error([&] { parse_hardware(top + "glm5: {? [1]: 2}\n", "f.yaml"); }, {"f.yaml", "key 'glm5'", "a key name"});
 }
 
 // By default simulate predicts glm5 as its kernels were measured; the published kernels are a
