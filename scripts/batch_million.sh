@@ -28,14 +28,13 @@ if [ "$NP" -gt 1 ]; then
   run=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader,tcp -x OMP_NUM_THREADS=1 -np "$NP" "$BUILD/glm5")
   cl=(--cluster cluster-configs/cpu-pp2-ep2.yaml)
 fi
-job() { "${run[@]}" batch --model tests/data/tiny-a "${cl[@]}" --input "$tmp/in.jsonl" --output "$tmp/out.jsonl" \
-  --report "$tmp/report-$1.json"; }
+job=("${run[@]}" batch --model tests/data/tiny-a "${cl[@]}" --input "$tmp/in.jsonl" --output "$tmp/out.jsonl")
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $N lines, $NP rank(s)" >&2
 
 t0=$(date +%s.%N)
-job 1 2>"$tmp/run1.log" &
+"${job[@]}" --report "$tmp/report-1.json" 2>"$tmp/run1.log" &  # not in a function: $! must be the job itself
 JOB=$!
-until [ "$(wc -l <"$tmp/out.jsonl" 2>/dev/null || echo 0)" -ge $((N / 3)) ]; do
+until [ "$(wc -l 2>/dev/null <"$tmp/out.jsonl" || echo 0)" -ge $((N / 3)) ]; do
   kill -0 "$JOB" 2>/dev/null || { echo "FAIL: the job ended before a third of the records" >&2; exit 1; }
   sleep 0.5
 done
@@ -47,7 +46,7 @@ first=$(wc -l <"$tmp/out.jsonl")
 grep -o 'stopped by SIGTERM.*' "$tmp/run1.log" >&2 || true
 [ "$rc" = 75 ] || [ "$rc" = 1 ] || { echo "FAIL: the stopped run exited $rc, expected 75" >&2; tail "$tmp/run1.log" >&2; exit 1; }
 rc=0
-job 2 2>"$tmp/run2.log" || rc=$?
+"${job[@]}" --report "$tmp/report-2.json" 2>"$tmp/run2.log" || rc=$?
 t2=$(date +%s.%N)
 [ "$rc" = 0 ] || { echo "FAIL: the resumed run exited $rc" >&2; tail "$tmp/run2.log" >&2; exit 1; }
 python3 - "$tmp/out.jsonl" "$N" <<'PY'

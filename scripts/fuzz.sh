@@ -49,7 +49,8 @@ if [ ${#targets[@]} = 0 ]; then
 fi
 
 [ -f "$build/CMakeCache.txt" ] || "$root/scripts/sanitize.sh" --configure-only "$build"
-cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
+# One build at a time: campaigns run several fuzz.sh at once on disjoint targets of one build.
+flock "$build/.fuzz-build.lock" cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 
 # Seeds from the repository's own inputs, so every target starts from what users really write.
 seed() {
