@@ -530,36 +530,13 @@ json rank_report(Job& job, const BatchArgs& a, const runtime::Profiler* prof) {
   json router = json::array();
   for (const auto& l : job.model->router_load())
     router.push_back({{"layer", l.layer}, {"rows", l.rows}, {"picks", l.picks}});
-  json mine = {
-      {"rank", st.rank},
-      {"stage", st.stage},
-      {"column", st.column},
-      {"wall_s", st.wall_s},
-      {"compute_s", st.compute_s},
-      {"comm_s", st.comm_s},
-      {"idle_s", st.idle_s},
-      {"bytes_sent", st.bytes_sent},
-      {"tokens_generated", st.tokens_generated},
-      {"prompt_tokens", st.prompt_tokens},
-      {"ticks", st.ticks},
-      {"max_step_rows", st.max_step_rows},
-      {"kv_blocks", st.kv_blocks},
-      {"kv_blocks_peak", st.kv_blocks_peak},
-      {"preemptions", st.preemptions},
-      {"prefix_hit_tokens", st.prefix_hit_tokens},
-      {"spec_verify_steps", st.spec_steps},
-      {"spec_draft_tokens", st.spec_drafted},
-      {"spec_accepted_tokens", st.spec_accepted},
-      {"spec_accepted_at", st.spec_accepted_at},
-      {"spec_mean_acceptance_length", st.spec_steps > 0 ? 1.0 + double(st.spec_accepted) / double(st.spec_steps) : 0.0},
-      {"expert_tokens", st.expert_tokens},
-      {"peak_rss_kb", st.peak_rss_kb},
-      {"weight_bytes", job.model->weight_bytes()},
-      {"router", router},
-      {"rows_not_k", job.model->rows_not_k()},
-      {"backend", job.backend->name()},
-      {"transport", transport(job)},
-      {"tokens_per_s", st.wall_s > 0 ? double(st.tokens_generated) / st.wall_s : 0.0}};
+  json mine = to_json(st);
+  mine.update({{"weight_bytes", job.model->weight_bytes()},
+               {"router", router},
+               {"rows_not_k", job.model->rows_not_k()},
+               {"backend", job.backend->name()},
+               {"transport", transport(job)},
+               {"tokens_per_s", st.wall_s > 0 ? double(st.tokens_generated) / st.wall_s : 0.0}});
   if (prof) mine["profile"] = prof->totals();
   if (prof && !a.trace.empty()) mine["trace_dropped"] = prof->dropped_events();
   return mine;

@@ -8,6 +8,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "runtime/engine.h"
+
 namespace glm5::launcher {
 
 using nlohmann::json;
@@ -111,6 +113,33 @@ json to_json(const MoeHealth& h) {
           {"rows_not_k", h.rows_not_k},
           {"layers", layers},
           {"warnings", h.warnings}};
+}
+
+json to_json(const runtime::EngineStats& st) {
+  return {
+      {"rank", st.rank},
+      {"stage", st.stage},
+      {"column", st.column},
+      {"wall_s", st.wall_s},
+      {"compute_s", st.compute_s},
+      {"comm_s", st.comm_s},
+      {"idle_s", st.idle_s},
+      {"bytes_sent", st.bytes_sent},
+      {"tokens_generated", st.tokens_generated},
+      {"prompt_tokens", st.prompt_tokens},
+      {"ticks", st.ticks},
+      {"max_step_rows", st.max_step_rows},
+      {"kv_blocks", st.kv_blocks},
+      {"kv_blocks_peak", st.kv_blocks_peak},
+      {"preemptions", st.preemptions},
+      {"prefix_hit_tokens", st.prefix_hit_tokens},
+      {"spec_verify_steps", st.spec_steps},
+      {"spec_draft_tokens", st.spec_drafted},
+      {"spec_accepted_tokens", st.spec_accepted},
+      {"spec_accepted_at", st.spec_accepted_at},
+      {"spec_mean_acceptance_length", st.spec_steps > 0 ? 1.0 + double(st.spec_accepted) / double(st.spec_steps) : 0.0},
+      {"expert_tokens", st.expert_tokens},
+      {"peak_rss_kb", st.peak_rss_kb}};
 }
 
 std::string prometheus_text(const json& report) {

@@ -3,7 +3,8 @@
 // k / E when every row picks k experts), the coefficient of variation and max / mean of the
 // per-expert load, the per-EP-rank load max / mean (what expert placement, EPLB, evens out), and
 // the rows whose picks were not k distinct experts (must be 0). Warnings name the layer and the
-// number. Also the Prometheus text exposition of a report's counters.
+// number. Also a rank's engine counters as JSON and the Prometheus text exposition of a report's
+// counters.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,10 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+namespace glm5::runtime {
+struct EngineStats;
+}
 
 namespace glm5::launcher {
 
@@ -37,6 +42,10 @@ struct MoeHealth {
 // k distinct experts.
 MoeHealth moe_health(const nlohmann::json& ranks, int n_experts, int top_k, int expert_parallel, double rank_warn);
 nlohmann::json to_json(const MoeHealth& h);
+
+// A rank's engine counters as the report writes them (`ranks[]` of --report, the server's /metrics):
+// the keys prometheus_text reads, spelled once for both.
+nlohmann::json to_json(const runtime::EngineStats& st);
 
 // Prometheus text exposition (version 0.0.4) of a report: per-rank counters and, with "moe",
 // per-layer expert loads and the health figures.

@@ -150,21 +150,8 @@ void ServeQueue::on_status(const runtime::EngineStatus& status) {
   if (!engine_ || now - snapshot_at_ < std::chrono::milliseconds(500)) return;
   snapshot_at_ = now;
   const runtime::EngineStats& st = engine_->stats();
-  const nlohmann::json rank0 = {{"rank", st.rank},
-                                {"compute_s", st.compute_s},
-                                {"comm_s", st.comm_s},
-                                {"idle_s", st.idle_s},
-                                {"bytes_sent", st.bytes_sent},
-                                {"tokens_generated", st.tokens_generated},
-                                {"prompt_tokens", st.prompt_tokens},
-                                {"preemptions", st.preemptions},
-                                {"prefix_hit_tokens", st.prefix_hit_tokens},
-                                {"kv_blocks_peak", st.kv_blocks_peak},
-                                {"peak_rss_kb", runtime::peak_rss_kb()},
-                                {"spec_verify_steps", st.spec_steps},
-                                {"spec_draft_tokens", st.spec_drafted},
-                                {"spec_accepted_tokens", st.spec_accepted},
-                                {"spec_accepted_at", st.spec_accepted_at}};
+  nlohmann::json rank0 = to_json(st);
+  rank0["peak_rss_kb"] = runtime::peak_rss_kb();  // the engine's figure is taken at the end of a run
   std::string text = prometheus_text({{"ranks", nlohmann::json::array({rank0})}});
   std::lock_guard<std::mutex> lk(mu_);
   engine_text_ = std::move(text);
