@@ -27,6 +27,11 @@ using namespace tok;  // the parts (this folder's headers)
 
 // ------------------------------------------------------------------------------------------------
 
+// The largest token id model.vocab may hold: the id tables are dense (a string and two flags per id,
+// up to the largest id), so one stray id would otherwise size them; 16x the largest vocabularies in
+// use (GLM-5: 154,880 ids, Gemma: 262,144).
+constexpr int64_t kMaxTokenId = (int64_t(1) << 22) - 1;
+
 struct Tokenizer::Impl {
   std::string path;
   Bpe bpe;
@@ -268,8 +273,12 @@ struct Tokenizer::Impl {
     int32_t max_id = -1;
     bpe.vocab.reserve(vocab.size());
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > INT32_MAX)
+      if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0)
         ctx.fail("model.vocab[\"" + it.key() + "\"]", "expected a non-negative id, found " + it.value().dump());
+      if (it.value().get<int64_t>() > kMaxTokenId)
+        ctx.fail("model.vocab[\"" + it.key() + "\"]", "id " + it.value().dump() + " is above the largest supported, " +
+                                                          std::to_string(kMaxTokenId) +
+                                                          " (the tables are indexed by id)");
       int32_t id = it.value().get<int32_t>();
       bpe.vocab[it.key()] = id;
       max_id = std::max(max_id, id);

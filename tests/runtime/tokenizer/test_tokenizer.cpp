@@ -331,6 +331,14 @@ TEST_F(TokenizerErrors, BadContentIsNamed) {
   EXPECT_CONTAINS(msg, "(unclosed");
   EXPECT_CONTAINS(msg, "does not compile");
 
+  // An id far past the others (found by fuzz_tokenizer_json: the id tables are sized by the
+  // largest id, and 90,522,183 asked for gigabytes).
+  j = tiny();
+  j["model"]["vocab"]["far"] = 90522183;
+  msg = load_error(write("far.json", j.dump()));
+  EXPECT_CONTAINS(msg, "model.vocab[\"far\"]");
+  EXPECT_CONTAINS(msg, "id 90522183 is above the largest supported, 4194303");
+
   j = tiny();
   j["added_tokens"][0]["id"] = -4;
   EXPECT_CONTAINS(load_error(write("added.json", j.dump())), "added_tokens[0].id");
