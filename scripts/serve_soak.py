@@ -188,6 +188,7 @@ async def main():
     samples.append(sample(pids))
     warm = next((s for s in samples if s["t"] - start >= args.warmup_s), samples[0])
     last = samples[-1]
+    mid = min(samples, key=lambda s: abs(s["t"] - (start + deadline) / 2))  # growth that goes on shows here too
     rss_growth = (last["rss_mb"] - warm["rss_mb"]) / max(warm["rss_mb"], 1e-9)
     fd_growth = last["fds"] - warm["fds"]
     alive = all(os.path.exists("/proc/%d" % p) for p in pids)
@@ -200,9 +201,9 @@ async def main():
         "http_5xx": sum(v for k, v in soak.statuses.items() if k.startswith("5")),
         "failures": len(soak.failures),
         "first_failures": soak.failures[:5],
-        "rss_mb": {"start": samples[0]["rss_mb"], "after_warmup": warm["rss_mb"], "end": last["rss_mb"],
+        "rss_mb": {"start": samples[0]["rss_mb"], "after_warmup": warm["rss_mb"], "half_way": mid["rss_mb"], "end": last["rss_mb"],
                    "max": max(s["rss_mb"] for s in samples), "growth_after_warmup": round(rss_growth, 4)},
-        "fds": {"start": samples[0]["fds"], "after_warmup": warm["fds"], "end": last["fds"],
+        "fds": {"start": samples[0]["fds"], "after_warmup": warm["fds"], "half_way": mid["fds"], "end": last["fds"],
                 "max": max(s["fds"] for s in samples)},
         "server_alive": alive,
     }
