@@ -38,13 +38,16 @@ until [ "$(wc -l 2>/dev/null <"$tmp/out.jsonl" || echo 0)" -ge $((N / 3)) ]; do
   kill -0 "$JOB" 2>/dev/null || { echo "FAIL: the job ended before a third of the records" >&2; exit 1; }
   sleep 0.5
 done
-kill -TERM "$JOB"
+kill -TERM "$JOB" || true  # it may have ended just now: its status says how
 rc=0
 wait "$JOB" || rc=$?
+JOB=""
 t1=$(date +%s.%N)
 first=$(wc -l <"$tmp/out.jsonl")
 grep -o 'stopped by SIGTERM.*' "$tmp/run1.log" >&2 || true
-[ "$rc" = 75 ] || [ "$rc" = 1 ] || { echo "FAIL: the stopped run exited $rc, expected 75" >&2; tail "$tmp/run1.log" >&2; exit 1; }
+# 75: glm5's clean stop; under mpirun, Open MPI's own 1 after it forwarded the signal.
+[ "$rc" = 75 ] || { [ "$NP" -gt 1 ] && [ "$rc" = 1 ]; } ||
+  { echo "FAIL: the stopped run exited $rc, expected 75" >&2; tail "$tmp/run1.log" >&2; exit 1; }
 rc=0
 "${job[@]}" --report "$tmp/report-2.json" 2>"$tmp/run2.log" || rc=$?
 t2=$(date +%s.%N)

@@ -12,4 +12,4 @@ $SUDO apt-get install -y -q --no-install-recommends \
   libyaml-cpp-dev nlohmann-json3-dev libpcre2-dev libcli11-dev libboost-dev \
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev \
   iproute2 util-linux nftables \
-  clang libclang-rt-dev libomp-dev
+  clang libclang-rt-dev libomp-dev llvm

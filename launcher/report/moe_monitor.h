@@ -43,8 +43,8 @@ struct MoeHealth {
 MoeHealth moe_health(const nlohmann::json& ranks, int n_experts, int top_k, int expert_parallel, double rank_warn);
 nlohmann::json to_json(const MoeHealth& h);
 
-// A rank's engine counters as the report writes them (`ranks[]` of --report, the server's /metrics):
-// the keys prometheus_text reads, spelled once for both.
+// A rank's engine counters as the report writes them (`ranks[]` of --report; the server's /metrics
+// builds its rank entry from it too, and prometheus_text exports the counters it lists).
 nlohmann::json to_json(const runtime::EngineStats& st);
 
 // Prometheus text exposition (version 0.0.4) of a report: per-rank counters and, with "moe",
