@@ -48,8 +48,11 @@ if [ ${#targets[@]} = 0 ]; then
   for f in "$root"/tests/fuzz/fuzz_*.cpp; do targets+=("$(basename "$f" .cpp)"); done
 fi
 
-[ -f "$build/CMakeCache.txt" ] || "$root/scripts/sanitize.sh" --configure-only "$build"
-# One build at a time: campaigns run several fuzz.sh at once on disjoint targets of one build.
+# One configure and build at a time: campaigns run several fuzz.sh at once on disjoint targets of
+# one build.
+mkdir -p "$build"
+flock "$build/.fuzz-build.lock" sh -c '[ -f "$1/CMakeCache.txt" ] || "$2/scripts/sanitize.sh" --configure-only "$1"' \
+  sh "$build" "$root"
 flock "$build/.fuzz-build.lock" cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 
 # Seeds from the repository's own inputs, so every target starts from what users really write.
