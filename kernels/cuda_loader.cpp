@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "core/check.h"
-#include "cuda_plugin.h"
-#include "ops.h"
+#include "kernels/core/check.h"
+#include "kernels/cuda_plugin.h"
+#include "kernels/ops.h"
 
 namespace glm5::kernels {
 

@@ -1,5 +1,5 @@
 // Built when the CUDA backend is not: the factory exists and says clearly why it cannot work.
-#include "ops.h"
+#include "kernels/ops.h"
 
 namespace glm5::kernels {
 std::unique_ptr<Backend> make_cuda_backend(int, Precision) {

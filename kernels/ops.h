@@ -11,9 +11,9 @@
 #include <memory>
 #include <string>
 
-#include "core/check.h"
-#include "core/dtype.h"
-#include "core/quant.h"
+#include "kernels/core/check.h"
+#include "kernels/core/dtype.h"
+#include "kernels/core/quant.h"
 
 namespace glm5::kernels {
 

@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "core/check.h"
-#include "cpu/device_like.h"
+#include "kernels/core/check.h"
+#include "kernels/cpu/device_like.h"
 
 namespace glm5::parallel {
 

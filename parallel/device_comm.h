@@ -10,7 +10,7 @@
 
 #include <memory>
 
-#include "ops.h"
+#include "kernels/ops.h"
 #include "parallel/comm.h"
 
 namespace glm5::parallel {

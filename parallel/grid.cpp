@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 
 namespace glm5::parallel {
 

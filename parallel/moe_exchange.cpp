@@ -14,7 +14,7 @@
 #include <numeric>
 #include <sstream>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 
 namespace glm5::parallel {
 
@@ -91,10 +91,40 @@ void MoeExchange::exchange(Comm& comm, const void* send, const std::vector<int64
 
 void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k, const int32_t* dest_rank,
                            const int32_t* tag) {
-  const int p = comm_.size(), me = comm_.rank();
   dispatched_ = false;
+  // Validated locally, but reported through the count exchange so that all ranks throw together.
+  const std::string error = count_sends(x, m, d, top_k, dest_rank, tag);
+  const std::vector<int64_t> recv_toks = exchange_counts(d, error);
+  m_ = m;
+  d_ = d;
+  top_k_ = top_k;
+  group_sends(m * top_k, top_k, dest_rank, tag);
 
-  // Validate locally, but report through the header exchange so that all ranks throw together.
+  recv_first_.assign(comm_.size() + 1, 0);
+  for (int r = 0; r < comm_.size(); ++r) recv_first_[r + 1] = recv_first_[r] + recv_slots_[r];
+  n_recv_ = recv_first_[comm_.size()];
+  n_ret_ = comm_.size() > 1 ? send_first_[comm_.size()] : 0;
+
+  // 3-4. Host payload: the rows and the entries together to the table. Device payload: the
+  //      entries alone now over the host comm (the rows move once the plan is complete). On one
+  //      rank x itself is the table.
+  if (device_)
+    exchange_entries(x, recv_toks);
+  else
+    move_rows_host(x, recv_toks);
+  place_slots(recv_toks);
+  if (device_)
+    move_rows_device(x);
+  else
+    results_.reserve(size_t(std::max<int64_t>(n_recv_ + n_ret_, 1) * d));
+  dispatched_ = true;
+}
+
+// Checks the arguments and counts the slots and distinct tokens this rank sends to each rank
+// (send_slots_, send_toks_; all zero on an error). Returns the error, empty when none.
+std::string MoeExchange::count_sends(const float* x, int64_t m, int64_t d, int64_t top_k, const int32_t* dest_rank,
+                                     const int32_t* tag) {
+  const int p = comm_.size(), me = comm_.rank();
   std::string error;
   if (m < 0 || d < 1 || top_k < 1) {
     std::ostringstream os;
@@ -132,42 +162,47 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k, 
     send_slots_.assign(p, 0);
     send_toks_.assign(p, 0);
   }
+  return error;
+}
 
-  // 1. Counts (and d, and the error flag) to every rank; one rank needs no exchange.
+// 1. Counts (and d, and the error flag) to every rank; one rank needs no exchange. Throws when
+//    any rank's arguments were bad. Fills recv_slots_; returns the distinct tokens from each rank.
+std::vector<int64_t> MoeExchange::exchange_counts(int64_t d, const std::string& error) {
+  const int p = comm_.size(), me = comm_.rank();
   recv_slots_.assign(p, 0);
   std::vector<int64_t> recv_toks(p, 0);
   if (p == 1) {
     if (!error.empty()) GLM5_FAIL(error);
     recv_slots_[0] = send_slots_[0];
     recv_toks[0] = send_toks_[0];
-  } else {
-    hdr_send_.resize(p * kHeaderWords);
-    hdr_recv_.resize(p * kHeaderWords);
-    for (int r = 0; r < p; ++r) {
-      hdr_send_[r * kHeaderWords + 0] = send_slots_[r];
-      hdr_send_[r * kHeaderWords + 1] = send_toks_[r];
-      hdr_send_[r * kHeaderWords + 2] = d;
-      hdr_send_[r * kHeaderWords + 3] = error.empty() ? 0 : 1;
-    }
-    std::vector<int64_t> ones(p, 1);
-    exchange(comm_, hdr_send_.data(), ones, sizeof(Header), hdr_recv_.data(), ones, true);
-    if (!error.empty()) GLM5_FAIL(error);
-    for (int r = 0; r < p; ++r) {
-      const int64_t* h = &hdr_recv_[r * kHeaderWords];
-      CHECK(h[3] == 0, "MoE dispatch: rank ", r,
-            " of the stage passed invalid arguments (its own error names them); rank ", me, " stops too");
-      CHECK(h[2] == d, "MoE dispatch: rank ", r, " uses rows of width d = ", h[2], " but rank ", me, " uses d = ", d,
-            " (d must be equal on all ranks)");
-      recv_slots_[r] = h[0];
-      recv_toks[r] = h[1];
-    }
+    return recv_toks;
   }
-  m_ = m;
-  d_ = d;
-  top_k_ = top_k;
+  hdr_send_.resize(p * kHeaderWords);
+  hdr_recv_.resize(p * kHeaderWords);
+  for (int r = 0; r < p; ++r) {
+    const Header h{send_slots_[r], send_toks_[r], d, error.empty() ? 0 : 1};
+    std::memcpy(&hdr_send_[r * kHeaderWords], &h, sizeof(h));
+  }
+  std::vector<int64_t> ones(p, 1);
+  exchange(comm_, hdr_send_.data(), ones, sizeof(Header), hdr_recv_.data(), ones, true);
+  if (!error.empty()) GLM5_FAIL(error);
+  for (int r = 0; r < p; ++r) {
+    Header h;
+    std::memcpy(&h, &hdr_recv_[r * kHeaderWords], sizeof(h));
+    CHECK(h.error == 0, "MoE dispatch: rank ", r,
+          " of the stage passed invalid arguments (its own error names them); rank ", me, " stops too");
+    CHECK(h.d == d, "MoE dispatch: rank ", r, " uses rows of width d = ", h.d, " but rank ", me, " uses d = ", d,
+          " (d must be equal on all ranks)");
+    recv_slots_[r] = h.slots;
+    recv_toks[r] = h.toks;
+  }
+  return recv_toks;
+}
 
-  // 2. Group slots by destination (slot order within one) and give each destination's distinct
-  //    tokens a row in its block (token order); a slot's entry is (that row, its tag).
+// 2. Groups slots by destination (slot order within one) and gives each destination's distinct
+//    tokens a row in its block (token order); a slot's entry is (that row, its tag).
+void MoeExchange::group_sends(int64_t n_slots, int64_t top_k, const int32_t* dest_rank, const int32_t* tag) {
+  const int p = comm_.size();
   send_first_.assign(p + 1, 0);
   send_tok_first_.assign(p + 1, 0);
   for (int r = 0; r < p; ++r) {
@@ -178,40 +213,30 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k, 
   send_slot_.resize(n_send);
   send_entry_.resize(2 * n_send);
   send_tok_.resize(send_tok_first_[p]);
-  {
-    std::vector<int64_t> pos(send_first_.begin(), send_first_.end() - 1);
-    std::vector<int64_t> tpos(send_tok_first_.begin(), send_tok_first_.end() - 1);
-    last_tok.assign(p, -1);
-    for (int64_t s = 0; s < n_slots; ++s) {
-      const int32_t r = dest_rank[s];
-      if (r < 0) continue;
-      const int64_t t = s / top_k;
-      if (last_tok[r] != t) {
-        last_tok[r] = t;
-        send_tok_[tpos[r]++] = int32_t(t);
-      }
-      const int64_t g = pos[r]++;
-      send_slot_[g] = s;
-      send_entry_[2 * g] = int32_t(tpos[r] - 1 - send_tok_first_[r]);
-      send_entry_[2 * g + 1] = tag[s];
+  std::vector<int64_t> pos(send_first_.begin(), send_first_.end() - 1);
+  std::vector<int64_t> tpos(send_tok_first_.begin(), send_tok_first_.end() - 1);
+  std::vector<int64_t> last_tok(p, -1);
+  for (int64_t s = 0; s < n_slots; ++s) {
+    const int32_t r = dest_rank[s];
+    if (r < 0) continue;
+    const int64_t t = s / top_k;
+    if (last_tok[r] != t) {
+      last_tok[r] = t;
+      send_tok_[tpos[r]++] = int32_t(t);
     }
+    const int64_t g = pos[r]++;
+    send_slot_[g] = s;
+    send_entry_[2 * g] = int32_t(tpos[r] - 1 - send_tok_first_[r]);
+    send_entry_[2 * g + 1] = tag[s];
   }
+}
 
-  recv_first_.assign(p + 1, 0);
-  for (int r = 0; r < p; ++r) recv_first_[r + 1] = recv_first_[r] + recv_slots_[r];
-  n_recv_ = recv_first_[p];
-  n_ret_ = p > 1 ? n_send : 0;
-
-  // 3-4. Host payload: the rows and the entries together to the table. Device payload: the
-  //      entries alone now over the host comm (the rows move once the plan is complete). On one
-  //      rank x itself is the table.
-  if (device_)
-    exchange_entries(x, recv_toks);
-  else
-    move_rows_host(x, recv_toks);
-
-  // 5. Arrival order is source-major, slot order within a source; a stable sort by tag gives
-  //    (tag, source, slot).
+// 5. Arrival order is source-major, slot order within a source; a stable sort by tag gives
+//    (tag, source, slot): recv_tag_, recv_src_, recv_row_.
+// 6. Where each of this rank's slots will find its result (slot_row_): its own slots in the
+//    caller's rows, the others in the returns region (grouped by destination).
+void MoeExchange::place_slots(const std::vector<int64_t>& recv_toks) {
+  const int p = comm_.size(), me = comm_.rank();
   raw_tag_.resize(n_recv_);
   raw_row_.resize(n_recv_);
   for (int r = 0; r < p; ++r) {
@@ -223,19 +248,19 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k, 
         raw_row_[k0 + k] = p == 1 ? toks[e[2 * k]] : int32_t(block_first_[me] + e[2 * k]);
         raw_tag_[k0 + k] = e[2 * k + 1];
       }
-    } else {
-      int32_t e[2];
-      // Host path: the entries follow the block's token rows in the table; device path: they
-      // came over the host comm on their own.
-      const char* entries = device_ ? reinterpret_cast<const char*>(recv_entry_.data() + 2 * k0)
-                                    : reinterpret_cast<const char*>(table_ + (block_first_[r] + recv_toks[r]) * d);
-      for (int64_t k = 0; k < n; ++k) {
-        std::memcpy(e, entries + size_t(k) * sizeof(e), sizeof(e));
-        CHECK(e[0] >= 0 && e[0] < recv_toks[r], "MoE dispatch on rank ", me, ": slot entry ", k, " from rank ", r,
-              " names token row ", e[0], " of ", recv_toks[r]);
-        raw_row_[k0 + k] = int32_t(block_first_[r] + e[0]);
-        raw_tag_[k0 + k] = e[1];
-      }
+      continue;
+    }
+    int32_t e[2];
+    // Host path: the entries follow the block's token rows in the table; device path: they
+    // came over the host comm on their own.
+    const char* entries = device_ ? reinterpret_cast<const char*>(recv_entry_.data() + 2 * k0)
+                                  : reinterpret_cast<const char*>(table_ + (block_first_[r] + recv_toks[r]) * d_);
+    for (int64_t k = 0; k < n; ++k) {
+      std::memcpy(e, entries + size_t(k) * sizeof(e), sizeof(e));
+      CHECK(e[0] >= 0 && e[0] < recv_toks[r], "MoE dispatch on rank ", me, ": slot entry ", k, " from rank ", r,
+            " names token row ", e[0], " of ", recv_toks[r]);
+      raw_row_[k0 + k] = int32_t(block_first_[r] + e[0]);
+      raw_tag_[k0 + k] = e[1];
     }
   }
   order_.resize(n_recv_);
@@ -252,18 +277,10 @@ void MoeExchange::dispatch(const float* x, int64_t m, int64_t d, int64_t top_k, 
     recv_src_[i] = int32_t(std::upper_bound(recv_first_.begin(), recv_first_.end(), k) - recv_first_.begin() - 1);
     sorted_pos[k] = i;
   }
-
-  // 6. Where each of this rank's slots will find its result: its own slots in the caller's rows,
-  //    the others in the returns region (grouped by destination).
-  slot_row_.assign(m * top_k, -1);
+  slot_row_.assign(m_ * top_k_, -1);
   for (int r = 0; r < p; ++r)
     for (int64_t g = send_first_[r]; g < send_first_[r + 1]; ++g)
       slot_row_[send_slot_[g]] = int32_t(r == me ? sorted_pos[recv_first_[me] + g - send_first_[me]] : n_recv_ + g);
-  if (device_)
-    move_rows_device(x);
-  else
-    results_.reserve(size_t(std::max<int64_t>(n_recv_ + n_ret_, 1) * d));
-  dispatched_ = true;
 }
 
 // Table and result rows are addressed by int32 indices (recv_row, slot_row).

@@ -20,9 +20,10 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <string>
 #include <vector>
 
-#include "ops.h"
+#include "kernels/ops.h"
 #include "parallel/comm.h"
 
 namespace glm5::parallel {
@@ -117,6 +118,11 @@ class MoeExchange {
   };
   void exchange(Comm& comm, const void* send, const std::vector<int64_t>& send_rows, size_t row_bytes, void* recv,
                 const std::vector<int64_t>& recv_rows, bool include_self = false);
+  std::string count_sends(const float* x, int64_t m, int64_t d, int64_t top_k, const int32_t* dest_rank,
+                          const int32_t* tag);
+  std::vector<int64_t> exchange_counts(int64_t d, const std::string& error);
+  void group_sends(int64_t n_slots, int64_t top_k, const int32_t* dest_rank, const int32_t* tag);
+  void place_slots(const std::vector<int64_t>& recv_toks);
   void move_rows_host(const float* x, const std::vector<int64_t>& recv_toks);
   void exchange_entries(const float* x, const std::vector<int64_t>& recv_toks);
   void check_row_indices(int64_t table_rows) const;

@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "cpu/device_like.h"
+#include "kernels/cpu/device_like.h"
 
 namespace glm5::parallel {
 

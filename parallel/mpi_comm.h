@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "parallel/comm.h"
 
 namespace glm5::parallel {

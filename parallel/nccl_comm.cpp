@@ -21,7 +21,7 @@
 #include <string>
 #include <thread>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "parallel/comm.h"
 
 namespace glm5::parallel {

@@ -2,8 +2,8 @@
 // plugin (kernels/cuda_plugin.h, parallel/nccl_comm.cpp), loaded on first use.
 #include <string>
 
-#include "core/check.h"
-#include "cuda_plugin.h"
+#include "kernels/core/check.h"
+#include "kernels/cuda_plugin.h"
 #include "parallel/nccl_comm.h"
 
 namespace glm5::parallel {

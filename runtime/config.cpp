@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 
 namespace glm5::runtime {
 

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 
 namespace glm5::runtime {
 

@@ -9,8 +9,8 @@
 #include <sstream>
 #include <unordered_set>
 
-#include "core/check.h"
-#include "core/quant.h"
+#include "kernels/core/check.h"
+#include "kernels/core/quant.h"
 #include "runtime/kv_cache.h"
 #include "runtime/safetensors.h"
 
@@ -118,6 +118,26 @@ size_t resident_bytes(const TensorSpec& spec, const StoredForm& form) {
   return as_stored_bytes(spec, form);
 }
 
+// The tensor names of a checkpoint's index (model.safetensors.index.json), and the dtype its
+// int4 / int8 scales are stored in.
+static std::unordered_set<std::string> index_names(const std::filesystem::path& index_path, DType& int_scale_dtype) {
+  std::ifstream f(index_path);
+  CHECK(f, index_path.string(), ": cannot be read");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    GLM5_FAIL(index_path.string(), ": not valid JSON: ", e.what());
+  }
+  CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), index_path.string(),
+        ": field 'weight_map': expected an object of tensor name -> shard file");
+  std::unordered_set<std::string> names;
+  names.reserve(j["weight_map"].size());
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) names.insert(it.key());
+  int_scale_dtype = stored_scale_dtype(index_path.parent_path(), j["weight_map"]);
+  return names;
+}
+
 WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, const QuantPlan* plan) {
   WeightPlan w;
   w.tensors = tensor_table(cfg);
@@ -128,19 +148,7 @@ WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, co
   std::unordered_set<std::string> names;
   DType int_scale_dtype = DType::BF16;
   if (std::filesystem::exists(index_path)) {
-    std::ifstream f(index_path);
-    CHECK(f, index_path.string(), ": cannot be read");
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(f);
-    } catch (const nlohmann::json::exception& e) {
-      GLM5_FAIL(index_path.string(), ": not valid JSON: ", e.what());
-    }
-    CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), index_path.string(),
-          ": field 'weight_map': expected an object of tensor name -> shard file");
-    names.reserve(j["weight_map"].size());
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) names.insert(it.key());
-    int_scale_dtype = stored_scale_dtype(index_path.parent_path(), j["weight_map"]);
+    names = index_names(index_path, int_scale_dtype);
     w.from_index = true;
     w.source = index_path.string() + " (" + with_commas(names.size()) + " names; plain tensors as config dtype " +
                (cfg.dtype.empty() ? "bfloat16" : cfg.dtype) + ")";

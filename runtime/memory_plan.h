@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
+#include "kernels/core/dtype.h"
 #include "runtime/batch_limits.h"
 #include "runtime/config.h"
 #include "runtime/model.h"

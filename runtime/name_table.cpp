@@ -8,8 +8,8 @@
 #include <set>
 #include <unordered_set>
 
-#include "core/check.h"
-#include "core/quant.h"
+#include "kernels/core/check.h"
+#include "kernels/core/quant.h"
 #include "runtime/safetensors.h"
 
 namespace glm5::runtime {

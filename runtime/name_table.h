@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
+#include "kernels/core/dtype.h"
 #include "kernels/ops.h"
 #include "runtime/config.h"
 

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <sstream>
 
-#include "core/check.h"
-#include "core/quant.h"
+#include "kernels/core/check.h"
+#include "kernels/core/quant.h"
 
 namespace glm5::runtime {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
+#include "kernels/core/dtype.h"
 #include "runtime/name_table.h"
 
 namespace glm5::runtime {

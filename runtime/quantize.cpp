@@ -7,8 +7,8 @@
 #include <cstring>
 #include <limits>
 
-#include "core/check.h"
-#include "core/quant.h"
+#include "kernels/core/check.h"
+#include "kernels/core/quant.h"
 
 namespace glm5::runtime {
 

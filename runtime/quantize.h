@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/dtype.h"
+#include "kernels/core/dtype.h"
 
 namespace glm5::runtime {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
+#include "kernels/core/dtype.h"
 
 namespace glm5::runtime {
 

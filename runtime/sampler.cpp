@@ -21,7 +21,7 @@
 #include <cstring>
 #include <limits>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 
 namespace glm5::runtime {
 

@@ -18,13 +18,13 @@
 #include <string>
 #include <vector>
 
-#include "bench/read_probe.h"
-#include "core/quant.h"
-#include "cpu/amx_gemm.h"
-#include "cpu/dot_tile.h"
-#include "cpu/fast_ops.h"
-#include "cpu/weight_arena.h"
-#include "ops.h"
+#include "kernels/core/quant.h"
+#include "kernels/cpu/amx_gemm.h"
+#include "kernels/cpu/dot_tile.h"
+#include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/weight_arena.h"
+#include "kernels/ops.h"
+#include "scripts/bench/read_probe.h"
 
 #ifndef GLM5_NO_BLAS
 #include <cblas.h>

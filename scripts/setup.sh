@@ -7,7 +7,7 @@ if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends \
-  build-essential cmake pkg-config git ca-certificates python3 python3-venv python3-pip \
+  build-essential cmake ninja-build pkg-config git ca-certificates python3 python3-venv python3-pip \
   openmpi-bin libopenmpi-dev libucx-dev \
   libyaml-cpp-dev nlohmann-json3-dev libpcre2-dev libcli11-dev libboost-dev \
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev \

@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release
-cmake --build "$BUILD" -j"$(nproc)"
+generator=()
+if [ ! -f "$BUILD/CMakeCache.txt" ] && command -v ninja >/dev/null; then generator=(-G Ninja); fi
+cmake -S . -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release
+jobs=$(env -u OMP_NUM_THREADS nproc)  # (nproc alone counts OMP_NUM_THREADS)
+cmake --build "$BUILD" -j"$jobs"
 cd "$BUILD"
-ctest --output-on-failure -j"$(nproc)" "$@"
+ctest --output-on-failure -j"$jobs" "$@"

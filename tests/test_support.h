@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 
 namespace glm5::testing {
 

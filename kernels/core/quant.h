@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/dtype.h"
+#include "kernels/core/dtype.h"
 
 namespace glm5::quant {
 

@@ -2,7 +2,7 @@
 // The tile instructions are written as inline assembly (not the compiler's intrinsics, which need
 // a target attribute on every caller and declare no memory operands), so this file builds with any
 // -march; nothing here runs AMX unless amx::available() said so.
-#include "cpu/amx_gemm.h"
+#include "kernels/cpu/amx_gemm.h"
 
 #include <omp.h>
 
@@ -19,9 +19,9 @@
 #include <cerrno>
 #endif
 
-#include "core/check.h"
-#include "core/dtype.h"
-#include "cpu/simd.h"
+#include "kernels/core/check.h"
+#include "kernels/core/dtype.h"
+#include "kernels/cpu/simd.h"
 
 namespace glm5::kernels::cpu::amx {
 

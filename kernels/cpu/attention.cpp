@@ -15,11 +15,11 @@
 #include <numeric>
 #include <vector>
 
-#include "cpu/attention_rows.h"
-#include "cpu/bf16_gemm.h"
-#include "cpu/fast_ops.h"
-#include "cpu/reference.h"
-#include "cpu/simd.h"
+#include "kernels/cpu/attention_rows.h"
+#include "kernels/cpu/bf16_gemm.h"
+#include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/cpu/simd.h"
 
 namespace glm5::kernels::cpu::fast {
 

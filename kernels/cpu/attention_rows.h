@@ -10,7 +10,7 @@
 #include <numeric>
 #include <vector>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 
 namespace glm5::kernels::cpu::fast {
 

@@ -10,12 +10,12 @@
 #include <memory>
 #include <vector>
 
-#include "core/quant.h"
-#include "cpu/bf16_attention.h"
-#include "cpu/fast_ops.h"
-#include "cpu/reference.h"
-#include "cpu/simd.h"
-#include "cpu/weight_arena.h"
+#include "kernels/core/quant.h"
+#include "kernels/cpu/bf16_attention.h"
+#include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/cpu/weight_arena.h"
 
 namespace glm5::kernels::cpu {
 

@@ -4,7 +4,7 @@
 // (or one row over its own selection); in decode, heads of one token over its keys. Each row's
 // arithmetic is the recipe whatever tile computes it: a score is its own lane chain and tree, a
 // value element its own chain over the row's pairs, so rows never depend on their neighbours.
-#include "cpu/bf16_attention.h"
+#include "kernels/cpu/bf16_attention.h"
 
 #include <omp.h>
 
@@ -13,10 +13,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/check.h"
-#include "cpu/attention_rows.h"
-#include "cpu/bf16_gemm.h"
-#include "cpu/bf16_simd.h"
+#include "kernels/core/check.h"
+#include "kernels/cpu/attention_rows.h"
+#include "kernels/cpu/bf16_gemm.h"
+#include "kernels/cpu/bf16_simd.h"
 
 // GCC 12 reports its own AVX-512 headers' "undefined vector" idiom (the casts and masked loads
 // below) as uninitialized use.

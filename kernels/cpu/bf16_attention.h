@@ -19,7 +19,7 @@
 
 #include <vector>
 
-#include "ops.h"
+#include "kernels/ops.h"
 
 namespace glm5::kernels::cpu::bf16 {
 

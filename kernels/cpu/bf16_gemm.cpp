@@ -1,14 +1,14 @@
 // The AVX512-BF16 gemm of cpu/bf16_gemm.h. Its functions carry a target attribute (the build may be
 // for any x86-64); nothing here runs vdpbf16ps unless available() said so.
-#include "cpu/bf16_gemm.h"
+#include "kernels/cpu/bf16_gemm.h"
 
 #include <algorithm>
 #include <array>
 #include <utility>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 
-#include "cpu/bf16_simd.h"
+#include "kernels/cpu/bf16_simd.h"
 
 namespace glm5::kernels::cpu::bf16 {
 

@@ -19,7 +19,7 @@
 #include <cstring>
 #include <vector>
 
-#include "core/dtype.h"
+#include "kernels/core/dtype.h"
 
 namespace glm5::kernels::cpu::bf16 {
 

@@ -4,8 +4,8 @@
 // pointers. Every op checks that the pointers it is given are device memory: a host array passed
 // to an op is the bug that would crash a GPU run, found here on any machine, and the addresses it
 // hands out fault when host code dereferences them.
-#include "cpu/device_like.h"
-#include "cpu/weight_arena.h"
+#include "kernels/cpu/device_like.h"
+#include "kernels/cpu/weight_arena.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/caching_allocator.h"
+#include "kernels/core/caching_allocator.h"
 
 namespace glm5::kernels {
 

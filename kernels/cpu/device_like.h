@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "ops.h"
+#include "kernels/ops.h"
 
 namespace glm5::kernels {
 

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <utility>
 
-#include "cpu/simd.h"
+#include "kernels/cpu/simd.h"
 
 namespace glm5::kernels::cpu {
 

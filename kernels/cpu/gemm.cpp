@@ -22,11 +22,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu/amx_gemm.h"
-#include "cpu/bf16_gemm.h"
-#include "cpu/dot_tile.h"
-#include "cpu/fast_ops.h"
-#include "cpu/panel_block.h"
+#include "kernels/cpu/amx_gemm.h"
+#include "kernels/cpu/bf16_gemm.h"
+#include "kernels/cpu/dot_tile.h"
+#include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/panel_block.h"
 
 namespace glm5::kernels::cpu {
 

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cpu/dot_tile.h"
+#include "kernels/cpu/dot_tile.h"
 
 namespace glm5::kernels::cpu {
 

@@ -17,9 +17,9 @@
 #include <random>
 #include <vector>
 
-#include "cpu/dot_tile.h"
-#include "cpu/fast_ops.h"
-#include "cpu/panel_block.h"
+#include "kernels/cpu/dot_tile.h"
+#include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/panel_block.h"
 
 #if defined(__x86_64__)
 #pragma GCC diagnostic push

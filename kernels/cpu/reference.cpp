@@ -2,7 +2,7 @@
 // read against the comments in ops.h. It is the spec other backends are compared with, so it
 // favours the obvious formula over speed (weights are widened element by element, softmax is
 // three passes, top-k is a full sort). Also the parameter checks shared by the CPU backends.
-#include "cpu/reference.h"
+#include "kernels/cpu/reference.h"
 
 #include <algorithm>
 #include <cmath>

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <vector>
 
-#include "ops.h"
+#include "kernels/ops.h"
 
 namespace glm5::kernels::cpu {
 

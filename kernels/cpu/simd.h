@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/dtype.h"
+#include "kernels/core/dtype.h"
 
 #if defined(__AVX512F__)
 // GCC 12 reports its own AVX-512 headers' "undefined vector" idiom as uninitialized use.

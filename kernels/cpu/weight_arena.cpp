@@ -1,5 +1,5 @@
 // WeightArena: chunks of anonymous memory (madvise MADV_HUGEPAGE), filled by a parallel copy.
-#include "cpu/weight_arena.h"
+#include "kernels/cpu/weight_arena.h"
 
 #include <sys/mman.h>
 

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ops.h"
+#include "kernels/ops.h"
 
 namespace glm5::kernels::cpu {
 

@@ -28,10 +28,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/caching_allocator.h"
-#include "cuda_check.h"
-#include "kernels.cuh"
-#include "ops.h"
+#include "kernels/core/caching_allocator.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kernels.cuh"
+#include "kernels/ops.h"
 
 namespace glm5::kernels {
 namespace {

@@ -6,7 +6,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 
 #define CUDA_CHECK(call)                                                              \
   do {                                                                                \

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "ops.h"
+#include "kernels/ops.h"
 
 namespace glm5::kernels::cuda {
 

@@ -12,9 +12,9 @@
 #include <cfloat>
 #include <cmath>
 
-#include "common.cuh"
-#include "cuda_check.h"
-#include "kernels.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kernels.cuh"
 
 namespace glm5::kernels::cuda {
 namespace {

@@ -22,9 +22,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common.cuh"
-#include "cuda_check.h"
-#include "kernels.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kernels.cuh"
 
 namespace glm5::kernels::cuda {
 namespace {

@@ -26,8 +26,8 @@
 #include <set>
 #include <thread>
 
-#include "core/check.h"
-#include "cpu/device_like.h"
+#include "kernels/core/check.h"
+#include "kernels/cpu/device_like.h"
 #include "launcher/cli/commands.h"
 #include "launcher/cluster/cluster_config.h"
 #include "launcher/report/moe_monitor.h"

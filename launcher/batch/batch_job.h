@@ -12,7 +12,7 @@
 #include "launcher/cluster/cluster_config.h"
 #include "launcher/openai/openai_format.h"
 #include "parallel/comm.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 namespace glm5::runtime {
 class Tokenizer;

@@ -16,8 +16,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/check.h"
-#include "cpu/device_like.h"
+#include "kernels/core/check.h"
+#include "kernels/cpu/device_like.h"
 #include "launcher/batch/batch_job.h"
 #include "launcher/cluster/gpu_binding.h"
 #include "launcher/convert/convert.h"

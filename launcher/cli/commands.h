@@ -8,7 +8,7 @@
 #include "kernels/ops.h"
 #include "launcher/cluster/cluster_config.h"
 #include "parallel/comm.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 #include "runtime/model.h"
 #include "runtime/safetensors.h"
 

@@ -7,7 +7,7 @@
 #include <iostream>
 #include <memory>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "launcher/cli/commands.h"
 
 int main(int argc, char** argv) { return glm5::launcher::main_entry(argc, argv); }

@@ -16,7 +16,7 @@
 #include <sstream>
 #include <thread>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "launcher/cluster/yaml.h"
 
 namespace glm5::launcher {
@@ -200,6 +200,71 @@ void ClusterOverrides::apply(ClusterConfig& cc) const {
 
 ClusterConfig default_cluster_config() { return ClusterConfig{}; }
 
+// One top-level key of the file (key_node: its name's node, for messages) into cc.
+static void read_key(Reader& rd, const YAML::Node& key_node, const YAML::Node& v, ClusterConfig& cc) {
+  const std::string key = key_node.Scalar();
+  if (key == "stages")
+    rd.stages(v, cc);
+  else if (key == "expert_parallel")
+    cc.expert_parallel = int(rd.integer(v, key, 1));
+  else if (key == "micro_batches")
+    cc.micro_batches = int(rd.integer(v, key, 1));
+  else if (key == "backend")
+    cc.backend = rd.one_of(v, key, {"cpu", "cuda", "cpu-devicelike"});
+  else if (key == "comm")
+    cc.comm = rd.one_of(v, key, {"mpi", "nccl"});
+  else if (key == "kv_budget_gb")
+    cc.kv_budget_gb = rd.number(v, key, 0.0);
+  else if (key == "device_memory_gb")
+    cc.device_memory_gb = rd.number(v, key, 0.0);
+  else if (key == "max_batch")
+    cc.max_batch = rd.integer(v, key, 1);
+  else if (key == "prefill_chunk")
+    cc.prefill_chunk = rd.integer(v, key, 1);
+  else if (key == "max_step_tokens")
+    cc.max_step_tokens = rd.integer(v, key, 1);
+  else if (key == "watchdog_s")
+    cc.watchdog_s = rd.number(v, key, 0.0);
+  else if (key == "prefix_caching")
+    cc.prefix_caching = rd.boolean(v, key);
+  else if (key == "kv_dtype")
+    cc.kv_dtype = rd.one_of(v, key, {"f32", "bf16"});
+  else if (key == "precision")
+    cc.precision = rd.one_of(v, key, {"exact", "fast"});
+  else if (key == "speculative_tokens")
+    cc.speculative_tokens = int(rd.integer(v, key, 0, kMaxSpeculativeTokens));
+  else if (key == "speculative_max_batch")
+    cc.speculative_max_batch = int(rd.integer(v, key, 1));
+  else if (key == "hosts")
+    rd.hosts(v, cc);
+  else if (key == "mpirun_args")
+    rd.mpirun_args(v, cc);
+  else if (key == "env")
+    rd.env(v, cc);
+  else
+    rd.bad(key_node, key, "one of the keys (" + allowed_keys_list() + ")", "unknown key '" + key + "'");
+}
+
+// The rules between keys, once every key is read.
+static void check_together(Reader& rd, const YAML::Node& root, const ClusterConfig& cc) {
+  // Ranks are MPI ints; a world past a million ranks is a typo (and stages x E must not overflow).
+  if (int64_t(cc.stages) * cc.expert_parallel > kMaxWorldSize) {
+    const YAML::Node n = root["expert_parallel"] ? root["expert_parallel"] : root["stages"];
+    rd.bad(n, "stages x expert_parallel", "at most " + std::to_string(kMaxWorldSize) + " ranks",
+           std::to_string(cc.stages) + " x " + std::to_string(cc.expert_parallel) + " = " +
+               std::to_string(int64_t(cc.stages) * cc.expert_parallel));
+  }
+  if (cc.max_step_tokens < cc.max_batch) {
+    const YAML::Node n = root["max_step_tokens"] ? root["max_step_tokens"] : root["max_batch"];
+    rd.bad(n, "max_step_tokens",
+           "at least max_batch (" + std::to_string(cc.max_batch) + ": every running sequence decodes in one step)",
+           std::to_string(cc.max_step_tokens));
+  }
+  if (cc.comm == "nccl" && cc.backend == "cpu")
+    rd.bad(root["comm"], "comm",
+           "mpi with backend cpu (comm nccl needs device memory: backend cuda, or cpu-devicelike)", "'nccl'");
+}
+
 ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::string& source) {
   ClusterConfig cc;
   cc.source = source;
@@ -221,63 +286,9 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
       const std::string key = it->first.Scalar();
       const YAML::Node v = it->second;  // a handle: it-> is a temporary proxy
       if (!seen.insert(key).second) rd.bad(it->first, key, "each key once", "it twice");
-      if (key == "stages")
-        rd.stages(v, cc);
-      else if (key == "expert_parallel")
-        cc.expert_parallel = int(rd.integer(v, key, 1));
-      else if (key == "micro_batches")
-        cc.micro_batches = int(rd.integer(v, key, 1));
-      else if (key == "backend")
-        cc.backend = rd.one_of(v, key, {"cpu", "cuda", "cpu-devicelike"});
-      else if (key == "comm")
-        cc.comm = rd.one_of(v, key, {"mpi", "nccl"});
-      else if (key == "kv_budget_gb")
-        cc.kv_budget_gb = rd.number(v, key, 0.0);
-      else if (key == "device_memory_gb")
-        cc.device_memory_gb = rd.number(v, key, 0.0);
-      else if (key == "max_batch")
-        cc.max_batch = rd.integer(v, key, 1);
-      else if (key == "prefill_chunk")
-        cc.prefill_chunk = rd.integer(v, key, 1);
-      else if (key == "max_step_tokens")
-        cc.max_step_tokens = rd.integer(v, key, 1);
-      else if (key == "watchdog_s")
-        cc.watchdog_s = rd.number(v, key, 0.0);
-      else if (key == "prefix_caching")
-        cc.prefix_caching = rd.boolean(v, key);
-      else if (key == "kv_dtype")
-        cc.kv_dtype = rd.one_of(v, key, {"f32", "bf16"});
-      else if (key == "precision")
-        cc.precision = rd.one_of(v, key, {"exact", "fast"});
-      else if (key == "speculative_tokens")
-        cc.speculative_tokens = int(rd.integer(v, key, 0, kMaxSpeculativeTokens));
-      else if (key == "speculative_max_batch")
-        cc.speculative_max_batch = int(rd.integer(v, key, 1));
-      else if (key == "hosts")
-        rd.hosts(v, cc);
-      else if (key == "mpirun_args")
-        rd.mpirun_args(v, cc);
-      else if (key == "env")
-        rd.env(v, cc);
-      else
-        rd.bad(it->first, key, "one of the keys (" + allowed_keys_list() + ")", "unknown key '" + key + "'");
+      read_key(rd, it->first, v, cc);
     }
-    // Ranks are MPI ints; a world past a million ranks is a typo (and stages x E must not overflow).
-    if (int64_t(cc.stages) * cc.expert_parallel > kMaxWorldSize) {
-      const YAML::Node n = root["expert_parallel"] ? root["expert_parallel"] : root["stages"];
-      rd.bad(n, "stages x expert_parallel", "at most " + std::to_string(kMaxWorldSize) + " ranks",
-             std::to_string(cc.stages) + " x " + std::to_string(cc.expert_parallel) + " = " +
-                 std::to_string(int64_t(cc.stages) * cc.expert_parallel));
-    }
-    if (cc.max_step_tokens < cc.max_batch) {
-      const YAML::Node n = root["max_step_tokens"] ? root["max_step_tokens"] : root["max_batch"];
-      rd.bad(n, "max_step_tokens",
-             "at least max_batch (" + std::to_string(cc.max_batch) + ": every running sequence decodes in one step)",
-             std::to_string(cc.max_step_tokens));
-    }
-    if (cc.comm == "nccl" && cc.backend == "cpu")
-      rd.bad(root["comm"], "comm",
-             "mpi with backend cpu (comm nccl needs device memory: backend cuda, or cpu-devicelike)", "'nccl'");
+    check_together(rd, root, cc);
   } catch (const YAML::Exception& e) {
     // yaml-cpp throws on odd nodes (e.g. an alias to nothing); report it as a file error.
     GLM5_FAIL(where(source), ", line ", e.mark.line + 1, ": ", e.msg);

@@ -6,7 +6,7 @@
 
 #include <cstdlib>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 
 namespace glm5::launcher {
 

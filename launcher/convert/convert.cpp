@@ -31,8 +31,8 @@
 #include <set>
 #include <sstream>
 
-#include "core/check.h"
-#include "core/quant.h"
+#include "kernels/core/check.h"
+#include "kernels/core/quant.h"
 #include "launcher/cluster/cluster_config.h"
 #include "runtime/name_table.h"
 #include "runtime/quant_plan.h"

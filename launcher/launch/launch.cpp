@@ -17,7 +17,7 @@
 #include <memory>
 #include <thread>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "launcher/cluster/cluster_config.h"
 
 namespace glm5::launcher {

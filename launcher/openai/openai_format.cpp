@@ -14,7 +14,7 @@
 #include <map>
 #include <set>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "runtime/chat.h"
 #include "runtime/config.h"
 #include "runtime/tokenizer/tokenizer.h"

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 namespace glm5::runtime {
 class Tokenizer;

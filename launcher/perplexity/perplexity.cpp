@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "launcher/cli/commands.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer/tokenizer.h"

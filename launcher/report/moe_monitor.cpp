@@ -8,7 +8,7 @@
 #include <numeric>
 #include <sstream>
 
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 namespace glm5::launcher {
 

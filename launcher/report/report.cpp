@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "launcher/report/report.h"
 
 namespace glm5::launcher {

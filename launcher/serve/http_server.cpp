@@ -18,7 +18,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 
 namespace glm5::launcher {
 

@@ -16,7 +16,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "launcher/cli/commands.h"
 #include "launcher/serve/serve_api.h"
 #include "launcher/serve/serve_queue.h"

@@ -11,7 +11,7 @@
 #include <boost/asio/post.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "launcher/openai/openai_format.h"
 #include "runtime/config.h"
 #include "runtime/tokenizer/tokenizer.h"

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "launcher/serve/serve_metrics.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 namespace glm5::launcher {
 

@@ -14,7 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 
 namespace glm5::launcher {
 

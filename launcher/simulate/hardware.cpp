@@ -6,7 +6,7 @@
 #include <set>
 #include <sstream>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "launcher/cluster/yaml.h"
 #include "runtime/tokenizer/utf8.h"
 

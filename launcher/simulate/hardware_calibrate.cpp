@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "kernels/ops.h"
 #include "launcher/simulate/hardware.h"
 

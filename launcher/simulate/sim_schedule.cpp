@@ -7,7 +7,7 @@
 #include <list>
 #include <sstream>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "runtime/kv_cache.h"
 
 namespace glm5::launcher {
@@ -129,6 +129,16 @@ class Replay {
   std::vector<SimSeq> build(Column& c, int g, std::vector<Seq*>& members);
   void apply(Column& c, const std::vector<Seq*>& members, const std::vector<SimSeq>& step, double now);
   double stage_time(int stage, const std::vector<std::vector<SimSeq>>& steps, StagePrediction& out);
+  // One tick's steps, one per column, and the figures the timing needs.
+  struct Tick {
+    std::vector<std::vector<SimSeq>> steps;  // [E]
+    std::vector<std::vector<Seq*>> members;  // [E] the sequences of each step
+    int64_t m_max = 0, rows = 0, decode_tokens = 0, absorbed_max = 0;
+    bool decode_only = true;
+  };
+  Tick build_tick(int g);
+  double down_the_column(const Tick& t, Prediction& pred, std::vector<double>& stage_free, double& now);
+  void summarise(Prediction& pred, double end, double decode_s, int64_t decode_tokens) const;
   double mtp_time(const std::vector<std::vector<SimSeq>>& steps, StagePrediction& out);
 
   const SimSetup& s_;
@@ -421,9 +431,61 @@ double Replay::mtp_time(const std::vector<std::vector<SimSeq>>& steps, StagePred
   return T;
 }
 
-Prediction Replay::run() {
+// Every column's step for group g, with the largest step's rows (the hop's size), the rows with a
+// top-k, and the decode tokens they carry.
+Replay::Tick Replay::build_tick(int g) {
   const runtime::ModelConfig& cfg = *s_.cfg;
-  const Workload& w = s_.work;
+  Tick t;
+  t.steps.resize(size_t(E_));
+  t.members.resize(size_t(E_));
+  for (int c = 0; c < E_; ++c) {
+    t.steps[size_t(c)] = build(cols_[size_t(c)], g, t.members[size_t(c)]);
+    int64_t m = 0;
+    int64_t absorbed = 0;  // rows past min(prompt, index_topk): the ones with a top-k
+    for (const SimSeq& e : t.steps[size_t(c)]) {
+      absorbed += std::max<int64_t>(0, e.start + e.n - std::max(e.start, std::min(e.prompt_len, cfg.index_topk)));
+      m += e.n;
+      t.decode_only &= e.start >= e.prompt_len;
+      t.decode_tokens += e.start >= e.prompt_len ? 1 + e.accepted : 0;
+    }
+    t.m_max = std::max(t.m_max, m);
+    t.absorbed_max = std::max(t.absorbed_max, absorbed);
+    t.rows += m;
+  }
+  return t;
+}
+
+// Down the column: stage s starts when the step has arrived and it is done with the last one.
+// Returns when the step's last stage is done; `now` becomes the time stage 0 is free to build
+// the next tick (once it has sent this one).
+double Replay::down_the_column(const Tick& t, Prediction& pred, std::vector<double>& stage_free, double& now) {
+  const runtime::ModelConfig& cfg = *s_.cfg;
+  double arrive = now;
+  for (int s = 0; s < P_; ++s) {
+    StagePrediction& sp = pred.stages[size_t(s)];
+    const double start = std::max(arrive, stage_free[size_t(s)]);
+    const double T = stage_time(s, t.steps, sp);
+    sp.busy_s += T;
+    stage_free[size_t(s)] = start + T;
+    arrive = start + T;
+    if (s + 1 < P_) {
+      const int a = s * E_, b = (s + 1) * E_;
+      double bytes = double(t.m_max) * double(cfg.hidden_size) * 4 + 256;
+      // A next stage that begins with a "shared" layer (IndexShare) gets the top-k of its rows too.
+      if (!cfg.has_indexer(s_.stages[size_t(s + 1)].first))
+        bytes += double(t.absorbed_max) * double(cfg.index_topk) * 4;
+      const double hop = link_latency(a, b) + bytes / link_bw(a, b);
+      sp.comm_s += hop;
+      hop_bytes_ += bytes;
+      ++hops_;
+      arrive += hop;
+    }
+    if (s == 0) now = start + T;
+  }
+  return arrive;
+}
+
+Prediction Replay::run() {
   Prediction pred;
   pred.stages.resize(size_t(P_));
   for (int s = 0; s < P_; ++s)
@@ -431,25 +493,20 @@ Prediction Replay::run() {
     pred.stages[size_t(s)].last_layer = s_.stages[size_t(s)].last;
   std::vector<double> stage_free(size_t(P_), 0), back_at(size_t(G_), 0);
   std::vector<bool> inflight(size_t(G_), false);
-  // Per group in flight: each column's entries and their sequences (applied when it returns).
-  std::vector<std::vector<std::vector<SimSeq>>> pending(static_cast<size_t>(G_),
-                                                        std::vector<std::vector<SimSeq>>(static_cast<size_t>(E_)));
-  std::vector<std::vector<std::vector<Seq*>>> pending_seqs(static_cast<size_t>(G_),
-                                                           std::vector<std::vector<Seq*>>(static_cast<size_t>(E_)));
+  std::vector<Tick> pending(static_cast<size_t>(G_));  // per group in flight: its tick (applied when it returns)
   double now = 0, end = 0, last_tick = 0, decode_s = 0;
   int64_t decode_tokens = 0;
   const double tick_sync = E_ > 1 ? 3 * link_latency(0, 1 % (P_ * E_)) : 0;  // all_gather + broadcasts
-  const double H = double(cfg.hidden_size);
   for (int64_t tick = 0;; ++tick) {
     const int g = int(tick % G_);
     if (P_ > 1 && inflight[size_t(g)]) {
       now = std::max(now, back_at[size_t(g)]);
-      for (int c = 0; c < E_; ++c)
-        apply(cols_[size_t(c)], pending_seqs[size_t(g)][size_t(c)], pending[size_t(g)][size_t(c)], now);
+      Tick& back = pending[size_t(g)];
+      for (int c = 0; c < E_; ++c) apply(cols_[size_t(c)], back.members[size_t(c)], back.steps[size_t(c)], now);
       inflight[size_t(g)] = false;
       end = std::max(end, now);
     }
-    if (finished_ == w.prompts) break;
+    if (finished_ == s_.work.prompts) break;
     CHECK(tick < 100'000'000,
           "simulate: the workload needs more than 10^8 engine steps to replay; simulate a "
           "smaller one (fewer prompts) and scale: throughput does not depend on the count once the "
@@ -457,61 +514,26 @@ Prediction Replay::run() {
     hand_out(now);
     now += tick_sync;
     ++pred.ticks;
-    std::vector<std::vector<SimSeq>> steps(static_cast<size_t>(E_));
-    std::vector<std::vector<Seq*>> members(static_cast<size_t>(E_));
-    int64_t m_max = 0, rows = 0, decode_tokens_tick = 0, absorbed_max = 0;
-    bool decode_only = true;
-    for (int c = 0; c < E_; ++c) {
-      steps[size_t(c)] = build(cols_[size_t(c)], g, members[size_t(c)]);
-      int64_t m = 0;
-      int64_t absorbed = 0;  // rows past min(prompt, index_topk): the ones with a top-k
-      for (const SimSeq& e : steps[size_t(c)]) {
-        absorbed += std::max<int64_t>(0, e.start + e.n - std::max(e.start, std::min(e.prompt_len, cfg.index_topk)));
-        m += e.n;
-        decode_only &= e.start >= e.prompt_len;
-        decode_tokens_tick += e.start >= e.prompt_len ? 1 + e.accepted : 0;
-      }
-      m_max = std::max(m_max, m);
-      absorbed_max = std::max(absorbed_max, absorbed);
-      rows += m;
-    }
-    // Down the column: stage s starts when the step has arrived and it is done with the last one.
-    double arrive = now;
-    for (int s = 0; s < P_; ++s) {
-      StagePrediction& sp = pred.stages[size_t(s)];
-      const double start = std::max(arrive, stage_free[size_t(s)]);
-      const double T = stage_time(s, steps, sp);
-      sp.busy_s += T;
-      stage_free[size_t(s)] = start + T;
-      if (s + 1 < P_) {
-        const int a = s * E_, b = (s + 1) * E_;
-        double bytes = double(m_max) * H * 4 + 256;
-        // A next stage that begins with a "shared" layer (IndexShare) gets the top-k of its rows too.
-        if (!cfg.has_indexer(s_.stages[size_t(s + 1)].first))
-          bytes += double(absorbed_max) * double(cfg.index_topk) * 4;
-        const double hop = link_latency(a, b) + bytes / link_bw(a, b);
-        sp.comm_s += hop;
-        hop_bytes_ += bytes;
-        ++hops_;
-        arrive = start + T + hop;
-      } else {
-        arrive = start + T;
-      }
-      if (s == 0) now = start + T;  // stage 0 builds the next tick once it has sent this one
-    }
+    Tick t = build_tick(g);
+    const double arrive = down_the_column(t, pred, stage_free, now);
     // Steady-state decode: the spacing of stage 0's decode-only ticks and the tokens they carry.
-    if (decode_only && rows > 0) decode_s += now - last_tick, decode_tokens += decode_tokens_tick;
+    if (t.decode_only && t.rows > 0) decode_s += now - last_tick, decode_tokens += t.decode_tokens;
     last_tick = now;
     if (P_ == 1) {
-      for (int c = 0; c < E_; ++c) apply(cols_[size_t(c)], members[size_t(c)], steps[size_t(c)], now);
+      for (int c = 0; c < E_; ++c) apply(cols_[size_t(c)], t.members[size_t(c)], t.steps[size_t(c)], now);
       end = now;
     } else {
       back_at[size_t(g)] = arrive + link_latency((P_ - 1) * E_, 0);
       inflight[size_t(g)] = true;
-      pending[size_t(g)] = std::move(steps);
-      pending_seqs[size_t(g)] = std::move(members);
+      pending[size_t(g)] = std::move(t);
     }
   }
+  summarise(pred, end, decode_s, decode_tokens);
+  return pred;
+}
+
+void Replay::summarise(Prediction& pred, double end, double decode_s, int64_t decode_tokens) const {
+  const Workload& w = s_.work;
   pred.makespan_s = end;
   pred.generated = generated_;
   pred.generated_per_s = double(generated_) / std::max(end, 1e-12);
@@ -523,7 +545,6 @@ Prediction Replay::run() {
   pred.pipeline_bytes_per_step = hops_ ? hop_bytes_ / double(hops_) : 0;
   for (int r = 0; r < P_ * E_; ++r)
     pred.rank_utilisation.push_back(std::min(1.0, pred.stages[size_t(r / E_)].busy_s / std::max(end, 1e-12)));
-  return pred;
 }
 
 }  // namespace

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "launcher/cluster/cluster_config.h"
 #include "launcher/simulate/hardware.h"
 #include "launcher/simulate/sim_cost.h"

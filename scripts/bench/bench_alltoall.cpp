@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "parallel/moe_exchange.h"
 #include "parallel/mpi_comm.h"
 

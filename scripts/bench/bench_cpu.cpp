@@ -34,14 +34,14 @@
 #include <string>
 #include <vector>
 
-#include "cpu/amx_gemm.h"
-#include "cpu/fast_ops.h"
+#include "kernels/cpu/amx_gemm.h"
+#include "kernels/cpu/fast_ops.h"
 #include "parallel/comm.h"
-#include "read_probe.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 #include "runtime/model.h"
 #include "runtime/name_table.h"
 #include "runtime/safetensors.h"
+#include "scripts/bench/read_probe.h"
 
 using namespace glm5;
 using Clock = std::chrono::steady_clock;

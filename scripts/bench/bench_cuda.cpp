@@ -28,7 +28,7 @@
 #include <utility>
 #include <vector>
 
-#include "ops.h"
+#include "kernels/ops.h"
 
 using namespace glm5;
 using namespace glm5::kernels;

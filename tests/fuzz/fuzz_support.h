@@ -19,7 +19,7 @@
 #include <string_view>
 #include <typeinfo>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 
 namespace glm5::fuzz {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "op_check.h"
+#include "tests/kernels/op_check.h"
 
 namespace glm5::kernels::test {
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "ops.h"
+#include "kernels/ops.h"
 
 namespace glm5::kernels::test {
 

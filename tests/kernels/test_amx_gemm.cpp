@@ -14,11 +14,11 @@
 #include <random>
 #include <vector>
 
-#include "core/dtype.h"
-#include "cpu/amx_gemm.h"
-#include "cpu/fast_ops.h"
-#include "cpu/weight_arena.h"
-#include "ops.h"
+#include "kernels/core/dtype.h"
+#include "kernels/cpu/amx_gemm.h"
+#include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/weight_arena.h"
+#include "kernels/ops.h"
 
 namespace glm5::kernels::test {
 namespace {

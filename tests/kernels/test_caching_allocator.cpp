@@ -7,7 +7,7 @@
 #include <cstring>
 #include <map>
 
-#include "core/caching_allocator.h"
+#include "kernels/core/caching_allocator.h"
 
 namespace glm5::kernels {
 namespace {

@@ -6,9 +6,9 @@
 #include <cmath>
 #include <tuple>
 
-#include "cpu/dot_tile.h"
-#include "cpu/weight_arena.h"
-#include "op_cases.h"
+#include "kernels/cpu/dot_tile.h"
+#include "kernels/cpu/weight_arena.h"
+#include "tests/kernels/op_cases.h"
 
 namespace glm5::kernels::test {
 namespace {

@@ -10,7 +10,7 @@
 #include <numeric>
 #include <vector>
 
-#include "ops.h"
+#include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "parallel/moe_exchange.h"
 #ifdef GLM5_HAVE_CUDA

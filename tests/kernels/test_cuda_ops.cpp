@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "core/check.h"
-#include "core/dtype.h"
-#include "core/quant.h"
-#include "op_cases.h"
-#include "ops.h"
+#include "kernels/core/check.h"
+#include "kernels/core/dtype.h"
+#include "kernels/core/quant.h"
+#include "kernels/ops.h"
+#include "tests/kernels/op_cases.h"
 
 namespace glm5::kernels {
 namespace {

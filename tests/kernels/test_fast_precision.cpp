@@ -16,15 +16,15 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/quant.h"
-#include "cpu/amx_gemm.h"
-#include "cpu/attention_rows.h"
-#include "cpu/bf16_attention.h"
-#include "cpu/bf16_gemm.h"
-#include "cpu/fast_ops.h"
-#include "cpu/weight_arena.h"
-#include "ops.h"
+#include "kernels/core/dtype.h"
+#include "kernels/core/quant.h"
+#include "kernels/cpu/amx_gemm.h"
+#include "kernels/cpu/attention_rows.h"
+#include "kernels/cpu/bf16_attention.h"
+#include "kernels/cpu/bf16_gemm.h"
+#include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/weight_arena.h"
+#include "kernels/ops.h"
 
 namespace glm5::kernels::test {
 namespace {

@@ -5,9 +5,9 @@
 // refused with a message.
 #include <omp.h>
 
-#include "cpu/fast_ops.h"
-#include "cpu/weight_arena.h"
-#include "op_cases.h"
+#include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/weight_arena.h"
+#include "tests/kernels/op_cases.h"
 
 namespace glm5::kernels::test {
 namespace {

@@ -13,9 +13,9 @@
 #include <random>
 #include <vector>
 
-#include "cpu/dot_tile.h"
-#include "cpu/fast_ops.h"
-#include "ops.h"
+#include "kernels/cpu/dot_tile.h"
+#include "kernels/cpu/fast_ops.h"
+#include "kernels/ops.h"
 
 namespace glm5::kernels::test {
 namespace {

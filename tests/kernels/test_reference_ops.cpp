@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cpu/reference.h"
-#include "op_check.h"
+#include "kernels/cpu/reference.h"
+#include "tests/kernels/op_check.h"
 
 namespace glm5::kernels::test {
 namespace {

@@ -7,7 +7,7 @@
 #include <limits>
 #include <numeric>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "parallel/grid.h"
 
 namespace glm5::parallel {

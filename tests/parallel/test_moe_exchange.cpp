@@ -12,7 +12,7 @@
 #include <tuple>
 #include <vector>
 
-#include "cpu/device_like.h"
+#include "kernels/cpu/device_like.h"
 #include "parallel/device_comm.h"
 #include "parallel/moe_exchange.h"
 #include "parallel/mpi_comm.h"

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "core/check.h"
-#include "ops.h"
+#include "kernels/core/check.h"
+#include "kernels/ops.h"
 #include "parallel/moe_exchange.h"
 #include "parallel/mpi_comm.h"
 #ifdef GLM5_HAVE_CUDA

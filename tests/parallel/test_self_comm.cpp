@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "parallel/moe_exchange.h"
 
 namespace glm5::parallel {

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "cpu/device_like.h"
+#include "kernels/cpu/device_like.h"
 #include "parallel/comm.h"
 #include "parallel/grid.h"
 #include "runtime/config.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 #include "runtime/model.h"
 #include "runtime/safetensors.h"
 #include "tests/test_support.h"

@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "runtime/config.h"
 #include "tests/test_support.h"
 

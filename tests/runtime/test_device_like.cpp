@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "model_fixture.h"
+#include "tests/runtime/model_fixture.h"
 
 namespace glm5::testing {
 namespace {

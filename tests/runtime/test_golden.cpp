@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "model_fixture.h"
+#include "tests/runtime/model_fixture.h"
 
 using namespace glm5;
 using namespace glm5::testing;

@@ -9,8 +9,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "model_fixture.h"
 #include "runtime/tokenizer/tokenizer.h"
+#include "tests/runtime/model_fixture.h"
 
 namespace glm5::testing {
 namespace {

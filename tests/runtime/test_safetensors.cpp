@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "runtime/config.h"
 #include "runtime/name_table.h"
 #include "runtime/safetensors.h"

@@ -300,7 +300,7 @@ TEST(Cli, LaunchRunGivesWhatOneProcessGives) {
 // run by bash outside Slurm (Open MPI told by its environment to allow root and oversubscription),
 // gives what one process gives.
 TEST(Cli, LaunchWritesASlurmScript) {
-  const fs::path script = fs::temp_directory_path() / ("glm5_slurm_" + std::to_string(getpid()) + ".sbatch");
+  const fs::path script = scratch("slurm.sbatch");
   Proc p = run("cd " + kSrc + " && " + kBin + " launch --cluster cluster-configs/h100x16-2nodes.yaml --slurm " +
                    script.string() + " -- batch --model /m --input 'in put.jsonl' --output o.jsonl",
                false);

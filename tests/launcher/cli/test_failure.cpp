@@ -39,7 +39,7 @@ JobRun run_job(const std::string& cmd) {
 // Copies tiny-a and overwrites tensor `name` (or only its row `row` when >= 0) with NaNs.
 fs::path model_with_nan(const std::string& name, int64_t row = -1) {
   const fs::path src = fs::path(GLM5_TEST_DATA) / "tiny-a";
-  const fs::path dst = fs::temp_directory_path() / ("glm5_nan_model_" + std::to_string(getpid()));
+  const fs::path dst = scratch("nan-model");
   fs::remove_all(dst);
   fs::copy(src, dst, fs::copy_options::recursive);
   for (auto& e : fs::directory_iterator(dst)) fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);

@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "launcher/cluster/cluster_config.h"
 #include "tests/test_support.h"
 

@@ -124,8 +124,15 @@ class Engine {
 
  private:
   struct Stage0;
+  struct ColumnState;
+  struct Handout;
   void run_stage0(RequestSource* source, const std::function<void(Result&&)>& on_result);
   bool exchange(Stage0& s);
+  void deliver(Stage0& s, Result&& r);
+  void receive_results(Stage0& s, const std::vector<ColumnState>& cols);
+  void hand_out(Stage0& s, const std::vector<ColumnState>& cols, Handout& h);
+  void share_handout(Handout& h);
+  void receive_back(Stage0& s, int g, int last);
   void show_progress(Stage0& s, bool end);
   void run_later_stage();
 

@@ -5,9 +5,9 @@
 
 #include <cstring>
 
-#include "model_fixture.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
+#include "tests/runtime/model_fixture.h"
 
 using namespace glm5;
 using namespace glm5::testing;
