@@ -26,7 +26,7 @@ for inc in /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas 
 done
 
 "$CXX" -std=gnu++20 -O3 -march=native -ffp-contract=off -fopenmp -I"$ROOT" \
-  "$ROOT/scripts/bench_kernels.cpp" "$ROOT"/kernels/cpu/*.cpp "$ROOT/kernels/cuda_stub.cpp" \
+  "$ROOT/scripts/bench_kernels.cpp" "$ROOT"/kernels/cpu/*.cpp "$ROOT/kernels/validate.cpp" "$ROOT/kernels/cuda_stub.cpp" \
   "${blas[@]}" -o "$BIN"
 echo "bench_kernels: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores" >&2
 OPENBLAS_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} "$BIN" "$@"

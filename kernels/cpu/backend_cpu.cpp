@@ -1,7 +1,8 @@
 // make_cpu_backend(): the fast CPU backend the model runs on. gemm and the attention ops have their
 // own kernels (cpu/gemm.cpp, cpu/attention.cpp); the cheap row-wise ops run the reference code
 // (or a vectorised copy of it) on row ranges in parallel. Every op checks its parameters first
-// with the same cpu::validate() as the reference backend.
+// with every backend's validate() (kernels/validate.h), and its host-memory contents with the
+// reference backend's validate_contents().
 #include <omp.h>
 
 #include <algorithm>
@@ -222,6 +223,7 @@ class CpuBackend final : public HostBackend {
   }
   void embedding(const EmbeddingParams& p) override {
     validate(p);
+    validate_contents(p);
     parallel_rows(p.m, p.table.cols, [&](int64_t b, int64_t e) {
       EmbeddingParams q = p;
       q.ids += b;
@@ -232,12 +234,14 @@ class CpuBackend final : public HostBackend {
   }
   void gather_rows(const GatherRowsParams& p) override {
     validate(p);
+    validate_contents(p);
     parallel_rows(p.n, p.d, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) std::memcpy(p.dst + i * p.d, p.src + p.rows[i] * p.d, size_t(p.d) * 4);
     });
   }
   void moe_combine(const MoeCombineParams& p) override {
     validate(p);
+    validate_contents(p);
     parallel_rows(p.m, p.top_k * p.d, [&](int64_t b, int64_t e) {
       std::vector<float> acc;
       moe_combine_rows(p, b, e, acc);

@@ -1,6 +1,6 @@
 // The ops of the fast CPU backend that have their own kernels (the rest reuse cpu/reference.h on
 // row ranges). All are OpenMP-parallel and batch-invariant: an output row depends only on its own
-// inputs, never on how many other rows share the call. Callers run cpu::validate() first.
+// inputs, never on how many other rows share the call. Callers run validate() (kernels/validate.h) first.
 #pragma once
 
 #include <span>

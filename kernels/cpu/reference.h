@@ -1,5 +1,5 @@
-// The CPU reference ops as free functions (the executable spec of ops.h), the parameter checks
-// every CPU backend runs before an op, and the host-memory part of a Backend.
+// The CPU reference ops as free functions (the executable spec of ops.h), the checks of host
+// memory every CPU backend runs before an op, and the host-memory part of a Backend.
 // The fast CPU backend reuses the reference functions for its cheap ops by calling them on row
 // ranges; nothing here is threaded.
 #pragma once
@@ -13,26 +13,16 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "kernels/validate.h"
 
 namespace glm5::kernels::cpu {
 
-// Parameter checks: throw glm5::Error naming the op, the field, the expected and the found value.
-void validate(const GemmParams& p);
-void validate(const RmsNormParams& p);
-void validate(const LayerNormParams& p);
-void validate(const RopeParams& p);
-void validate(const IndexerScoresParams& p);
-void validate(const TopkParams& p);
-void validate(const MlaPrefillParams& p);
-void validate(const MlaDecodeParams& p);
-void validate(const RouterParams& p);
-void validate(const SwigluParams& p);
-void validate(const EmbeddingParams& p);
-void validate(const GatherRowsParams& p);
-void validate(const MoeCombineParams& p);
-void validate(const AddParams& p);
-void validate(const Copy2dParams& p);
-void validate(const PagedWriteParams& p);
+// The parameter checks are kernels/validate.h (every backend's). The checks of contents in host
+// memory, which CPU backends run after them: token ids inside the table, gather rows >= 0, combine
+// slots >= -1.
+void validate_contents(const EmbeddingParams& p);
+void validate_contents(const GatherRowsParams& p);
+void validate_contents(const MoeCombineParams& p);
 
 // Element i of a cached row array (F32 or BF16; kernels/ops.h KeyPages, Copy2dParams).
 inline float cache_at(DType t, const void* base, int64_t i) {

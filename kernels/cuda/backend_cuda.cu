@@ -32,6 +32,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kernels.cuh"
 #include "kernels/ops.h"
+#include "kernels/validate.h"
 
 namespace glm5::kernels {
 namespace {
@@ -181,25 +182,19 @@ size_t dequant_scratch_from_env() {
   return size_t(positive_from_env("GLM5_CUDA_DEQUANT_SCRATCH", (long long)(size_t(256) << 20)));
 }
 
-// The checks the reference backend makes on a quantized weight, plus what this backend needs
-// (FP8 scales in F32, group scale rows of one weight row each), with messages naming the format.
+// What this backend adds to validate() for a quantized weight: FP8 scales in F32, int4 / int8
+// scales in BF16, F16 or F32 with one scale row per weight row.
 void check_quant_weight(const Weight& w) {
   const std::string_view dt = dtype_name(w.dtype);
-  CHECK(w.group > 0 && w.scale_block_rows > 0, "cuda gemm: ", dt, " weight [", w.rows, ", ", w.cols,
-        "] needs group > 0 and scale_block_rows > 0, found group ", w.group, ", scale_block_rows ", w.scale_block_rows);
-  CHECK(w.scale_ld >= (w.cols + w.group - 1) / w.group, "cuda gemm: ", dt, " weight [", w.rows, ", ", w.cols,
-        "] with group ", w.group, " needs scale_ld >= ", (w.cols + w.group - 1) / w.group, ", found ", w.scale_ld);
   if (w.dtype == DType::F8_E4M3) {
     CHECK(w.scale_dtype == DType::F32, "cuda gemm: F8_E4M3 weight scales must be F32, found ",
           dtype_name(w.scale_dtype));
-  } else {
-    CHECK(w.scale_dtype == DType::BF16 || w.scale_dtype == DType::F16 || w.scale_dtype == DType::F32, "cuda gemm: ", dt,
-          " weight scales must be BF16, F16 or F32, found ", dtype_name(w.scale_dtype));
-    CHECK(w.scale_block_rows == 1, "cuda gemm: ", dt,
-          " weight has one scale row per weight row; found scale_block_rows ", w.scale_block_rows);
-    CHECK(w.dtype != DType::Q4 || w.ld % 2 == 0, "cuda gemm: ", dt, " weight ld ", w.ld,
-          " is odd (two elements per byte, rows start on a byte)");
+    return;
   }
+  CHECK(w.scale_dtype == DType::BF16 || w.scale_dtype == DType::F16 || w.scale_dtype == DType::F32, "cuda gemm: ", dt,
+        " weight scales must be BF16, F16 or F32, found ", dtype_name(w.scale_dtype));
+  CHECK(w.scale_block_rows == 1, "cuda gemm: ", dt, " weight has one scale row per weight row; found scale_block_rows ",
+        w.scale_block_rows);
 }
 
 // Sets the device for the lifetime of a scope and restores the caller's afterwards.
@@ -468,25 +463,12 @@ class CudaBackend final : public Backend {
   }
 
   void gemm(const GemmParams& p) override {
-    CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0, "cuda gemm: negative size m = ", p.m, ", n = ", p.n, ", k = ", p.k);
+    validate(p);
     const bool quantized = quant::is_quantized(p.w.dtype);
-    CHECK(quantized || p.w.dtype == DType::BF16 || p.w.dtype == DType::F16 || p.w.dtype == DType::F32,
-          "cuda gemm: weight dtype ", dtype_name(p.w.dtype),
-          " is not supported (BF16, F16, F32, F8_E4M3, int4 / int8 pack-quantized)");
     if (quantized) check_quant_weight(p.w);
-    const int64_t want_rows = p.trans_w ? p.k : p.n, want_cols = p.trans_w ? p.n : p.k;
-    CHECK(p.w.rows == want_rows && p.w.cols == want_cols, "cuda gemm: weight is [", p.w.rows, ", ", p.w.cols,
-          "] but m = ", p.m, ", n = ", p.n, ", k = ", p.k, ", trans_w = ", p.trans_w, " need [", want_rows, ", ",
-          want_cols, "]");
-    CHECK(p.w.ld >= p.w.cols, "cuda gemm: weight ld ", p.w.ld, " < cols ", p.w.cols);
     CHECK(p.w.layout == WeightLayout::kRowMajor, "cuda gemm: weights are row-major on this backend (layout ",
           int(p.w.layout), " is the cpu backend's)");
-    CHECK(p.ldx >= p.k && p.ldy >= p.n, "cuda gemm: ldx ", p.ldx, " (k ", p.k, ") or ldy ", p.ldy, " (n ", p.n,
-          ") too small");
     if (p.m == 0 || p.n == 0) return;
-    CHECK(p.y && (p.k == 0 || (p.x && p.w.data)), "cuda gemm: null x, y or weight data");
-    CHECK(!quantized || p.k == 0 || p.w.scale, "cuda gemm: ", dtype_name(p.w.dtype),
-          " weight without scales (null scale pointer)");
     DeviceScope ds(device_);
     if (quantized)
       gemm_quantized(p);
@@ -495,40 +477,29 @@ class CudaBackend final : public Backend {
   }
 
   void rms_norm(const RmsNormParams& p) override {
-    CHECK(p.m >= 0 && p.d > 0, "cuda rms_norm: need m >= 0 and d > 0, found m = ", p.m, ", d = ", p.d);
-    CHECK(p.ldx >= p.d && p.ldy >= p.d, "cuda rms_norm: ldx ", p.ldx, " / ldy ", p.ldy, " < d ", p.d);
+    validate(p);
     if (p.m == 0) return;
-    CHECK(p.x && p.y && p.weight, "cuda rms_norm: null pointer");
     DeviceScope ds(device_);
     cuda::launch_rms_norm(p, stream_);
   }
 
   void layer_norm(const LayerNormParams& p) override {
-    CHECK(p.m >= 0 && p.d > 0, "cuda layer_norm: need m >= 0 and d > 0, found m = ", p.m, ", d = ", p.d);
-    CHECK(p.ldx >= p.d && p.ldy >= p.d, "cuda layer_norm: ldx ", p.ldx, " / ldy ", p.ldy, " < d ", p.d);
+    validate(p);
     if (p.m == 0) return;
-    CHECK(p.x && p.y && p.weight && p.bias, "cuda layer_norm: null pointer");
     DeviceScope ds(device_);
     cuda::launch_layer_norm(p, stream_);
   }
 
   void rope(const RopeParams& p) override {
-    CHECK(p.rope_dim > 0 && p.rope_dim % 2 == 0, "cuda rope: rope_dim must be even and > 0, found ", p.rope_dim);
-    CHECK(p.m >= 0 && p.n_heads >= 0 && p.offset >= 0, "cuda rope: negative m = ", p.m, ", n_heads = ", p.n_heads,
-          " or offset = ", p.offset);
+    validate(p);
     if (p.m == 0 || p.n_heads == 0) return;
-    CHECK(p.x && p.positions && p.inv_freq, "cuda rope: null pointer");
     DeviceScope ds(device_);
     cuda::launch_rope(p, stream_);
   }
 
   void indexer_scores(const IndexerScoresParams& p) override {
-    CHECK(p.s >= 0 && p.t >= 0 && p.n_heads > 0 && p.head_dim > 0,
-          "cuda indexer_scores: need s, t >= 0 and n_heads, head_dim > 0, found s = ", p.s, ", t = ", p.t,
-          ", n_heads = ", p.n_heads, ", head_dim = ", p.head_dim);
-    CHECK(p.ld_scores >= p.t, "cuda indexer_scores: ld_scores ", p.ld_scores, " < t ", p.t);
+    validate(p);
     if (p.s == 0 || p.t == 0) return;
-    CHECK(p.q && p.weights && p.q_pos && p.scores && p.k, "cuda indexer_scores: null pointer");
     CHECK(!p.pages.tiled, "cuda indexer_scores: keys must be stored by rows, found tiled pages");
     DeviceScope ds(device_);
     const bool tensor_cores = tensor_indexer_ && cuda::indexer_mma_applies(p);
@@ -537,13 +508,10 @@ class CudaBackend final : public Backend {
   }
 
   void topk(const TopkParams& p) override {
-    CHECK(p.rows >= 0 && p.cols >= 0 && p.k >= 0, "cuda topk: negative rows = ", p.rows, ", cols = ", p.cols,
-          " or k = ", p.k);
-    CHECK(p.ld >= p.cols, "cuda topk: ld ", p.ld, " < cols ", p.cols);
+    validate(p);
     CHECK(p.rows < (int64_t(1) << 31) && p.k < (int64_t(1) << 31), "cuda topk: rows = ", p.rows, " or k = ", p.k,
           " too large for one launch");
     if (p.rows == 0 || p.k == 0) return;
-    CHECK(p.indices && (p.cols == 0 || p.scores), "cuda topk: null pointer");
     DeviceScope ds(device_);
     if (topk_multiblock_ && p.cols > 16384 && p.rows < int64_t(sm_count_) / 2) {
       void* scratch = alloc(size_t(cuda::topk_multiblock_scratch_bytes(p)));  // (rows < SMs / 2: launchable)
@@ -557,30 +525,15 @@ class CudaBackend final : public Backend {
   }
 
   void mla_prefill(const MlaPrefillParams& p) override {
-    CHECK(
-        p.s >= 0 && p.t >= 0 && p.n_heads > 0 && p.qk_nope_head_dim >= 0 && p.qk_rope_head_dim >= 0 && p.v_head_dim > 0,
-        "cuda mla_prefill: bad sizes s = ", p.s, ", t = ", p.t, ", n_heads = ", p.n_heads,
-        ", qk_nope_head_dim = ", p.qk_nope_head_dim, ", qk_rope_head_dim = ", p.qk_rope_head_dim,
-        ", v_head_dim = ", p.v_head_dim);
-    CHECK(p.qk_rope_head_dim == 0 || p.ld_k_pe >= p.qk_rope_head_dim, "cuda mla_prefill: ld_k_pe ", p.ld_k_pe,
-          " < qk_rope_head_dim ", p.qk_rope_head_dim);
-    CHECK(!p.topk || p.topk_len >= 0, "cuda mla_prefill: topk_len ", p.topk_len, " < 0");
+    validate(p);
     if (p.s == 0) return;
-    CHECK(p.q && p.q_pos && p.out, "cuda mla_prefill: null pointer");
-    CHECK(p.t == 0 || (p.kv && (p.qk_rope_head_dim == 0 || p.k_pe)), "cuda mla_prefill: null kv or k_pe");
     DeviceScope ds(device_);
     cuda::launch_mla_prefill(p, key_scratch(p.s, p.topk_len, p.topk), error_word_, stream_);
   }
 
   void mla_decode(const MlaDecodeParams& p) override {
-    CHECK(p.s >= 0 && p.t >= 0 && p.n_heads > 0 && p.kv_lora_rank > 0 && p.qk_rope_head_dim >= 0,
-          "cuda mla_decode: bad sizes s = ", p.s, ", t = ", p.t, ", n_heads = ", p.n_heads,
-          ", kv_lora_rank = ", p.kv_lora_rank, ", qk_rope_head_dim = ", p.qk_rope_head_dim);
-    CHECK(!p.topk || p.topk_len >= 0, "cuda mla_decode: topk_len ", p.topk_len, " < 0");
+    validate(p);  // (the latent cache by rows, never tiled, on every backend)
     if (p.s == 0) return;
-    CHECK(p.q_lat && p.q_pos && p.out_lat, "cuda mla_decode: null pointer");
-    CHECK(p.t == 0 || p.cache, "cuda mla_decode: null cache");
-    CHECK(!p.pages.tiled, "cuda mla_decode: the latent cache is stored by rows, found tiled pages");
     DeviceScope ds(device_);
     int32_t* keys = key_scratch(p.s, p.topk_len, p.topk);
     float* partials = nullptr;
@@ -599,75 +552,53 @@ class CudaBackend final : public Backend {
   }
 
   void router(const RouterParams& p) override {
-    CHECK(p.m >= 0 && p.n_experts > 0, "cuda router: need m >= 0 and n_experts > 0, found m = ", p.m,
-          ", n_experts = ", p.n_experts);
-    CHECK(p.n_group >= 1 && p.n_experts % p.n_group == 0, "cuda router: n_experts ", p.n_experts,
-          " is not divisible by n_group ", p.n_group);
-    CHECK(p.topk_group >= 1 && p.topk_group <= p.n_group, "cuda router: topk_group ", p.topk_group,
-          " not in [1, n_group = ", p.n_group, "]");
-    const int64_t selectable = p.n_group > 1 ? p.topk_group * (p.n_experts / p.n_group) : p.n_experts;
-    CHECK(p.top_k >= 1 && p.top_k <= selectable, "cuda router: top_k ", p.top_k, " not in [1, ", selectable,
-          "] (experts in the kept groups)");
+    validate(p);
     CHECK(p.top_k <= 64, "cuda router: top_k ", p.top_k, " > 64 is not supported");
     if (p.m == 0) return;
-    CHECK(p.logits && p.expert_ids && p.expert_weights, "cuda router: null pointer");
     DeviceScope ds(device_);
     cuda::launch_router(p, stream_);
   }
 
   void swiglu(const SwigluParams& p) override {
-    CHECK(p.m >= 0 && p.n >= 0, "cuda swiglu: negative m = ", p.m, " or n = ", p.n);
-    CHECK(p.ld_in >= p.n && p.ld_out >= p.n, "cuda swiglu: ld_in ", p.ld_in, " / ld_out ", p.ld_out, " < n ", p.n);
+    validate(p);
     if (p.m == 0 || p.n == 0) return;
-    CHECK(p.gate && p.up && p.out, "cuda swiglu: null pointer");
     DeviceScope ds(device_);
     cuda::launch_swiglu(p, stream_);
   }
 
   void embedding(const EmbeddingParams& p) override {
+    validate(p);
     CHECK(p.table.dtype == DType::BF16 || p.table.dtype == DType::F16 || p.table.dtype == DType::F32,
           "cuda embedding: table dtype ", dtype_name(p.table.dtype), " is not supported (BF16, F16, F32)");
-    CHECK(p.m >= 0, "cuda embedding: negative m = ", p.m);
-    CHECK(p.table.ld >= p.table.cols, "cuda embedding: table ld ", p.table.ld, " < cols ", p.table.cols);
     if (p.m == 0 || p.table.cols == 0) return;
-    CHECK(p.ids && p.out && p.table.data, "cuda embedding: null pointer");
     DeviceScope ds(device_);
     cuda::launch_embedding(p, error_word_, stream_);  // ids are checked on the device
   }
 
   void gather_rows(const GatherRowsParams& p) override {
-    CHECK(p.n >= 0 && p.d >= 0, "cuda gather_rows: negative n = ", p.n, " or d = ", p.d);
+    validate(p);
     if (p.n == 0 || p.d == 0) return;
-    CHECK(p.src && p.rows && p.dst, "cuda gather_rows: null pointer");
     DeviceScope ds(device_);
     cuda::launch_gather_rows(p, error_word_, stream_);
   }
 
   void moe_combine(const MoeCombineParams& p) override {
-    CHECK(p.m >= 0 && p.top_k >= 0 && p.d >= 0, "cuda moe_combine: negative m = ", p.m, ", top_k = ", p.top_k,
-          " or d = ", p.d);
+    validate(p);
     if (p.m == 0 || p.d == 0) return;
-    CHECK(p.out && (p.top_k == 0 || (p.slots && p.weights && p.expert_out)), "cuda moe_combine: null pointer");
     DeviceScope ds(device_);
     cuda::launch_moe_combine(p, error_word_, stream_);
   }
 
   void add(const AddParams& p) override {
-    CHECK(p.n >= 0, "cuda add: negative n = ", p.n);
+    validate(p);
     if (p.n == 0) return;
-    CHECK(p.x && p.y, "cuda add: null pointer");
     DeviceScope ds(device_);
     cuda::launch_add(p, stream_);
   }
 
   void copy_2d(const Copy2dParams& p) override {
-    CHECK(p.rows >= 0 && p.cols >= 0, "cuda copy_2d: negative rows = ", p.rows, " or cols = ", p.cols);
-    CHECK(p.ld_src >= p.cols && p.ld_dst >= p.cols, "cuda copy_2d: ld_src ", p.ld_src, " / ld_dst ", p.ld_dst,
-          " < cols ", p.cols);
+    validate(p);
     if (p.rows == 0 || p.cols == 0) return;
-    CHECK(p.src && p.dst, "cuda copy_2d: null pointer");
-    for (DType t : {p.src_dtype, p.dst_dtype})
-      CHECK(t == DType::F32 || t == DType::BF16, "cuda copy_2d: elements must be F32 or BF16, found ", dtype_name(t));
     DeviceScope ds(device_);
     if (p.src_dtype != p.dst_dtype) return cuda::launch_convert_2d(p, stream_);
     const size_t es = dtype_size(p.src_dtype);
@@ -682,13 +613,8 @@ class CudaBackend final : public Backend {
   }
 
   void paged_write(const PagedWriteParams& p) override {
-    CHECK(p.n >= 0 && p.width >= 0 && p.ld_src >= p.width, "cuda paged_write: bad sizes n = ", p.n,
-          ", width = ", p.width, ", ld_src = ", p.ld_src);
+    validate(p);
     if (p.n == 0 || p.width == 0) return;
-    CHECK(p.src && p.pos && p.pool && p.pages.block_table && p.pages.block_size > 0,
-          "cuda paged_write: null pointer or no block table");
-    CHECK(p.pages.dtype == DType::F32 || p.pages.dtype == DType::BF16,
-          "cuda paged_write: pool elements must be F32 or BF16, found ", dtype_name(p.pages.dtype));
     DeviceScope ds(device_);
     cuda::launch_paged_write(p, stream_);
   }

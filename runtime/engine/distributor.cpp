@@ -1,6 +1,6 @@
 #include "runtime/engine/distributor.h"
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "runtime/kv_cache.h"
 
 namespace glm5::runtime {

@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "runtime/profile.h"
 #include "runtime/sampler.h"
 

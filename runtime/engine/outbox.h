@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "ops.h"
+#include "kernels/ops.h"
 #include "parallel/comm.h"
 
 namespace glm5::runtime {

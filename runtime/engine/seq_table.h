@@ -4,7 +4,7 @@
 #include <map>
 #include <vector>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "runtime/request.h"

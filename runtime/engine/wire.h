@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/check.h"
+#include "kernels/core/check.h"
 #include "parallel/comm.h"
 #include "runtime/request.h"
 #include "runtime/scheduler.h"
