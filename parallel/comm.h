@@ -13,7 +13,7 @@ namespace glm5::parallel {
 // Every point-to-point message tag of the tree, in one place, so that no two kinds of message on
 // one communicator can match each other's receives.
 enum Tag : int {
-  // runtime/engine.cpp, between pipeline stages: a step's plan, hidden states forward, results back
+  // runtime/engine/, between pipeline stages: a step's plan, hidden states forward, results back
   kTagStep = 11,
   kTagHidden = 12,
   kTagBack = 13,

@@ -29,4 +29,4 @@ done
   "$ROOT/scripts/bench_kernels.cpp" "$ROOT"/kernels/cpu/*.cpp "$ROOT/kernels/validate.cpp" "$ROOT/kernels/cuda_stub.cpp" \
   "${blas[@]}" -o "$BIN"
 echo "bench_kernels: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores" >&2
-OPENBLAS_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} "$BIN" "$@"
+OPENBLAS_NUM_THREADS=${OMP_NUM_THREADS:-$(env -u OMP_THREAD_LIMIT nproc)} "$BIN" "$@"

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
-cmake --build build -j"$(nproc)"
+cmake --build build -j"$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
 out=$(mktemp -d)/out.jsonl
 ROOT_FLAGS=()
 if [ "$(id -u)" = 0 ]; then ROOT_FLAGS=(--allow-run-as-root); fi

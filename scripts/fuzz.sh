@@ -53,7 +53,7 @@ fi
 mkdir -p "$build"
 flock "$build/.fuzz-build.lock" sh -c '[ -f "$1/CMakeCache.txt" ] || "$2/scripts/sanitize.sh" --configure-only "$1"' \
   sh "$build" "$root"
-flock "$build/.fuzz-build.lock" cmake --build "$build" -j"$(env -u OMP_NUM_THREADS nproc)" --target "${targets[@]}"
+flock "$build/.fuzz-build.lock" cmake --build "$build" -j"$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" --target "${targets[@]}"
 
 # Seeds from the repository's own inputs, so every target starts from what users really write.
 seed() {

@@ -32,8 +32,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-# The cores to use (nproc counts OMP_NUM_THREADS, which the runs below set to 1).
-jobs=$(env -u OMP_NUM_THREADS nproc)
+# The cores to use (nproc counts OMP_NUM_THREADS, which the runs below set to 1, and OMP_THREAD_LIMIT).
+jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 [ "$quick$thread" != 11 ] || { echo "sanitize.sh: --quick and --thread are two different builds; pick one" >&2; exit 2; }
 [ -n "$build" ] || build=$root/$([ "$thread" = 1 ] && echo build-tsan || echo build-sanitize)
 
@@ -41,29 +41,34 @@ jobs=$(env -u OMP_NUM_THREADS nproc)
 # file and line of every frame.
 flags="-O1 -gline-tables-only -fno-omit-frame-pointer -fsanitize=address,undefined,fuzzer-no-link"
 flags="$flags -fno-sanitize-recover=undefined"
-# The kernels' hot loops skip four UBSan checks: with them a model forward runs 5x slower and the
-# two gemm files take 75 s each to compile. ASan already reports what null and object-size would
-# (a bad address, a read past an object); pointer-overflow and alignment are what SIMD loops do by
-# design (pointers past the end never read, unaligned vector loads). Every other check stays.
+# The kernels (kernels/) without four UBSan checks, for speed: with them a model forward in the
+# hot loops runs 5x slower and the two gemm files take 75 s each to compile. What is given up:
+# pointer-overflow (address wraparound, an offset on a null pointer), alignment (typed loads from
+# misaligned addresses), null (a null dereference, which ASan still reports when it reads or
+# writes memory) and object-size (ASan's shadow memory finds those reads past an object too).
+# Shifts, signed overflow, float-to-int conversions (quantization), array bounds and the rest stay.
 kernels_flags="-fno-sanitize=pointer-overflow,alignment,null,object-size"
-# The test drivers (not the code they test) at -O0 and without the fuzzers' coverage: half the
-# build time of the sanitized build goes to them, their own work is comparing and spawning.
+# The test drivers (tests/, not the libraries they test) at -O0 and without the fuzzers' coverage:
+# they were 427 of the build's 1,030 CPU-seconds; their own code compares results, emulates a few
+# kernels in scalar code and starts processes.
 tests_flags="-O0;-fno-sanitize=fuzzer-no-link"
 fuzz=ON
 if [ "$thread" = 1 ]; then
   flags="-O1 -gline-tables-only -fno-omit-frame-pointer -fsanitize=thread"
   fuzz=OFF kernels_flags="" tests_flags="-O0"
 fi
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  generator=()
-  if command -v ninja >/dev/null; then generator=(-G Ninja); fi
-  cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=None -DGLM5_CUDA=OFF -DGLM5_FUZZ=$fuzz \
-    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" \
-    -DGLM5_KERNELS_FLAGS="$kernels_flags" -DGLM5_TESTS_FLAGS="$tests_flags"
-fi
 want=$([ "$thread" = 1 ] && echo thread || echo address)
-grep -q "^CMAKE_CXX_FLAGS:.*-fsanitize=$want" "$build/CMakeCache.txt" ||
-  { echo "sanitize.sh: $build is not a -fsanitize=$want build; remove it or name another folder" >&2; exit 2; }
+generator=()
+if [ -f "$build/CMakeCache.txt" ]; then
+  grep -q "^CMAKE_CXX_FLAGS:.*-fsanitize=$want" "$build/CMakeCache.txt" ||
+    { echo "sanitize.sh: $build is not a -fsanitize=$want build; remove it or name another folder" >&2; exit 2; }
+elif command -v ninja >/dev/null; then
+  generator=(-G Ninja)  # (a folder keeps the generator it was made with)
+fi
+# Every time, so that a folder made before a change of these flags gets them.
+cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=None -DGLM5_CUDA=OFF -DGLM5_FUZZ=$fuzz \
+  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" \
+  -DGLM5_KERNELS_FLAGS="$kernels_flags" -DGLM5_TESTS_FLAGS="$tests_flags" >/dev/null
 [ "$configure_only" = 0 ] || exit 0
 
 # The quick run: each test binary in one process (a sanitized process takes about 2 s to start,

@@ -7,7 +7,7 @@ BUILD=${BUILD:-build}
 generator=()
 if [ ! -f "$BUILD/CMakeCache.txt" ] && command -v ninja >/dev/null; then generator=(-G Ninja); fi
 cmake -S . -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release
-jobs=$(env -u OMP_NUM_THREADS nproc)  # (nproc alone counts OMP_NUM_THREADS)
+jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # (nproc alone counts those two)
 cmake --build "$BUILD" -j"$jobs"
 cd "$BUILD"
 ctest --output-on-failure -j"$jobs" "$@"

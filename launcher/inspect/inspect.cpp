@@ -125,7 +125,7 @@ void print_run(const runtime::ModelConfig& mc, const ClusterConfig& cc, const ru
 }
 
 // The per-rank table's inputs: the KV pool's blocks are sized by the budget over the largest
-// stage's layers, the same count on every stage of a column (runtime/engine.cpp); each rank
+// stage's layers, the same count on every stage of a column (runtime/engine/engine.cpp); each rank
 // allocates them for its own layers (the last stage also caches the MTP layer when speculating).
 struct Ranks {
   const runtime::ModelConfig& mc;

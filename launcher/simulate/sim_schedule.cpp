@@ -380,7 +380,7 @@ double Replay::stage_time(int stage, const std::vector<std::vector<SimSeq>>& ste
   return T;
 }
 
-// The MTP layer on the last stage (runtime/engine.cpp draft()): one pass over the step's rows whose
+// The MTP layer on the last stage (runtime/engine/last_stage.cpp draft()): one pass over the step's rows whose
 // next token is known (prompt rows; a decode entry's accepted rows), then k - 1 chained passes of
 // one row per drafting sequence, and lm_head once per draft. Its cost is the last decoder
 // layer's (GLM-5's MTP layer has its shapes) for those rows.

@@ -33,13 +33,16 @@ struct Writer {
   void put_str(const std::string& s) { put_vec(std::vector<char>(s.begin(), s.end())); }
 };
 
+// Sizes are compared, never pointers moved past the end (an empty message's data() is null, and a
+// count read from a bad message may be anything).
 struct Reader {
   const char* p;
   const char* end;
   explicit Reader(const std::vector<char>& v) : p(v.data()), end(v.data() + v.size()) {}
+  size_t left() const { return size_t(end - p); }
   template <typename T>
   T get() {
-    CHECK(p + sizeof(T) <= end, "internal: truncated engine message");
+    CHECK(left() >= sizeof(T), "internal: truncated engine message");
     T v;
     std::memcpy(&v, p, sizeof(T));
     p += sizeof(T);
@@ -48,7 +51,7 @@ struct Reader {
   template <typename T>
   std::vector<T> get_vec() {
     int64_t n = get<int64_t>();
-    CHECK(n >= 0 && p + size_t(n) * sizeof(T) <= end, "internal: truncated engine message");
+    CHECK(n >= 0 && uint64_t(n) <= left() / sizeof(T), "internal: truncated engine message");
     std::vector<T> v(static_cast<size_t>(n));
     if (n) std::memcpy(static_cast<void*>(v.data()), p, size_t(n) * sizeof(T));
     p += size_t(n) * sizeof(T);

@@ -25,15 +25,44 @@ Request request(int64_t index, int64_t prompt_len, int32_t max_tokens, int32_t f
   return r;
 }
 
-TEST(EngineWire, RequestStepAndBacksRoundTrip) {
+// Every field set, neighbours of the same type to different values, so that a swapped put / get
+// pair shows.
+Request full_request() {
   Request r = request(42, 5, 9);
-  r.sampling.temperature = 0.7f;
-  r.sampling.seed = 1234567890123ull;
-  r.sampling.stop = {"\n\n", "END"};
-  r.prompt_logprobs = 3;
-  r.stream = true;
+  glm5::runtime::SamplingParams& s = r.sampling;
+  s.temperature = 0.7f, s.top_p = 0.8f, s.top_k = 5, s.min_p = 0.05f;
+  s.repetition_penalty = 1.1f, s.presence_penalty = 0.2f, s.frequency_penalty = 0.3f;
+  s.seed = 1234567890123ull, s.logprobs = 2, s.ignore_eos = true, s.stop = {"\n\n", "END"};
+  r.want_prompt_logits = true, r.want_logits = false, r.extra_final_step = true;
+  r.prompt_logprobs = 3, r.error = "refused", r.stream = true, r.speculative = false;
   r.generated = {8, 9};
+  return r;
+}
+
+void expect_same(const Request& a, const Request& b) {
+  EXPECT_EQ(a.index, b.index);
+  EXPECT_EQ(a.prompt, b.prompt);
+  const glm5::runtime::SamplingParams &x = a.sampling, &y = b.sampling;
+  EXPECT_EQ(std::vector<float>(
+                {x.temperature, x.top_p, x.min_p, x.repetition_penalty, x.presence_penalty, x.frequency_penalty}),
+            std::vector<float>(
+                {y.temperature, y.top_p, y.min_p, y.repetition_penalty, y.presence_penalty, y.frequency_penalty}));
+  EXPECT_EQ(std::vector<int64_t>({x.top_k, x.max_tokens, x.logprobs}),
+            std::vector<int64_t>({y.top_k, y.max_tokens, y.logprobs}));
+  EXPECT_EQ(x.seed, y.seed);
+  EXPECT_EQ(x.ignore_eos, y.ignore_eos);
+  EXPECT_EQ(x.stop, y.stop);
+  EXPECT_EQ(std::vector<bool>({a.want_prompt_logits, a.want_logits, a.extra_final_step, a.stream, a.speculative}),
+            std::vector<bool>({b.want_prompt_logits, b.want_logits, b.extra_final_step, b.stream, b.speculative}));
+  EXPECT_EQ(a.prompt_logprobs, b.prompt_logprobs);
+  EXPECT_EQ(a.error, b.error);
+  EXPECT_EQ(a.generated, b.generated);
+}
+
+TEST(EngineWire, RequestStepAndBacksRoundTrip) {
+  const Request r = full_request();
   Step s;
+  s.stop = true;
   s.seqs.push_back({.req = 42, .start = 3, .n = 2, .new_blocks = 1, .sample = true, .drafts = 1});
   s.released = {7};
   s.added = {r};
@@ -42,34 +71,50 @@ TEST(EngineWire, RequestStepAndBacksRoundTrip) {
   b.req = 42;
   b.tokens = {{.token = 11, .logprob = -0.5f, .top = {{11, -0.5f}, {12, -1.5f}}}};
   b.drafts = {13, 14};
+  b.logits = {0.25f, -0.75f};
+  b.prompt_logprobs = {{.token = 15, .logprob = -2.5f, .top = {}}};
   b.error = "none";
   wire::Writer w;
   wire::put_step(w, s);
   wire::put_backs(w, {b});
+  wire::put_request(w, r);
   wire::Reader rd(w.b);
   const Step s2 = wire::get_step(rd);
   const std::vector<Back> b2 = wire::get_backs(rd);
-  EXPECT_EQ(rd.p, rd.end) << "every byte read back";
+  expect_same(wire::get_request(rd), r);
+  EXPECT_EQ(rd.left(), 0u) << "every byte read back";
+  EXPECT_TRUE(s2.stop);
   ASSERT_EQ(s2.seqs.size(), 1u);
   EXPECT_EQ(s2.seqs[0].start, 3);
+  EXPECT_EQ(s2.seqs[0].n, 2);
   EXPECT_EQ(s2.seqs[0].drafts, 1);
+  EXPECT_TRUE(s2.seqs[0].sample);
   EXPECT_EQ(s2.released, s.released);
   EXPECT_EQ(s2.blocks, s.blocks);
   ASSERT_EQ(s2.added.size(), 1u);
-  const Request& r2 = s2.added[0];
-  EXPECT_EQ(r2.prompt, r.prompt);
-  EXPECT_EQ(r2.sampling.temperature, 0.7f);
-  EXPECT_EQ(r2.sampling.seed, r.sampling.seed);
-  EXPECT_EQ(r2.sampling.stop, r.sampling.stop);
-  EXPECT_EQ(r2.prompt_logprobs, 3);
-  EXPECT_TRUE(r2.stream);
-  EXPECT_EQ(r2.generated, r.generated);
+  expect_same(s2.added[0], r);
   ASSERT_EQ(b2.size(), 1u);
   ASSERT_EQ(b2[0].tokens.size(), 1u);
   EXPECT_EQ(b2[0].tokens[0].token, 11);
+  EXPECT_EQ(b2[0].tokens[0].logprob, -0.5f);
   EXPECT_EQ(b2[0].tokens[0].top, b.tokens[0].top);
   EXPECT_EQ(b2[0].drafts, b.drafts);
+  EXPECT_EQ(b2[0].logits, b.logits);
+  ASSERT_EQ(b2[0].prompt_logprobs.size(), 1u);
+  EXPECT_EQ(b2[0].prompt_logprobs[0].token, 15);
   EXPECT_EQ(b2[0].error, "none");
+}
+
+TEST(EngineWire, CountPastTheMessageIsRefused) {
+  wire::Writer w;
+  w.put<int64_t>(int64_t(1) << 61);  // a vector's count far past the bytes that follow
+  w.put<int32_t>(7);
+  wire::Reader rd(w.b);
+  EXPECT_THROW(rd.get_vec<int32_t>(), std::exception);
+  wire::Writer neg;
+  neg.put<int64_t>(-1);
+  wire::Reader rn(neg.b);
+  EXPECT_THROW(rn.get_vec<int32_t>(), std::exception);
 }
 
 TEST(EngineWire, TruncatedMessageIsRefusedNotRead) {
