@@ -15,8 +15,8 @@
 #                     disconnects, drains), the batch input reader and the signal handling of
 #                     serve and batch under mpirun (test_launcher's Signals.*, Batch.*, Jobs.*)
 #   --configure-only  configure BUILD_DIR and stop (scripts/fuzz.sh uses it)
-#   --fuzz-seconds S  fuzz each target S seconds after the replay, from a fixed seed so that a run
-#                     repeats (default 10; 0: replay only)
+#   --fuzz-seconds S  each target replays its corpus, then fuzzes S seconds from a fixed seed so that
+#                     a run repeats (default 10; 0: replay only)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="" quick=0 thread=0 configure_only=0 fuzz_seconds=10
@@ -52,10 +52,18 @@ kernels_flags="-fno-sanitize=pointer-overflow,alignment,null,object-size"
 # they were 427 of the build's 1,030 CPU-seconds; their own code compares results, emulates a few
 # kernels in scalar code and starts processes.
 tests_flags="-O0;-fno-sanitize=fuzzer-no-link"
+# The launcher (launcher/: commands, HTTP server, JSON, YAML) at -O0: it was a third of the build's
+# time (Boost.Beast alone 50 s a file at -O1, 22 s at -O0) and little of the tests' (the model's
+# work is in runtime/ and kernels/). Fuzzing its parsers at -O0 runs fewer inputs a second.
+launcher_flags="-O0"
+test_sources=""
 fuzz=ON
 if [ "$thread" = 1 ]; then
   flags="-O1 -gline-tables-only -fno-omit-frame-pointer -fsanitize=thread"
-  fuzz=OFF kernels_flags="" tests_flags="-O0"
+  # The kernels uninstrumented: they run on the engine's thread only (one OpenMP thread here), on
+  # buffers no other thread touches, and their loops are most of the run time.
+  fuzz=OFF kernels_flags="-fno-sanitize=thread" tests_flags="-O0"
+  test_sources="launcher/(serve/test_signals|batch/test_batch|cli/test_jobs)\\.cpp$"  # what it runs
 fi
 want=$([ "$thread" = 1 ] && echo thread || echo address)
 generator=()
@@ -68,7 +76,8 @@ fi
 # Every time, so that a folder made before a change of these flags gets them.
 cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=None -DGLM5_CUDA=OFF -DGLM5_FUZZ=$fuzz \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" \
-  -DGLM5_KERNELS_FLAGS="$kernels_flags" -DGLM5_TESTS_FLAGS="$tests_flags" >/dev/null
+  -DGLM5_KERNELS_FLAGS="$kernels_flags" -DGLM5_LAUNCHER_FLAGS="$launcher_flags" -DGLM5_TESTS_FLAGS="$tests_flags" \
+  -DGLM5_TEST_SOURCES="$test_sources" >/dev/null
 [ "$configure_only" = 0 ] || exit 0
 
 # The quick run: each test binary in one process (a sanitized process takes about 2 s to start,
@@ -126,5 +135,21 @@ else
   (cd "$build" && ctest -j"$jobs" --timeout 900 --output-on-failure)
 fi
 unset ASAN_OPTIONS UBSAN_OPTIONS
-"$root/scripts/fuzz.sh" --build "$build" --replay
-[ "$fuzz_seconds" = 0 ] || "$root/scripts/fuzz.sh" --build "$build" --seconds "$fuzz_seconds" --seed 1
+if [ "$fuzz_seconds" = 0 ]; then
+  exec "$root/scripts/fuzz.sh" --build "$build" --replay
+fi
+# A fuzzing run replays its whole corpus (every kept input and seed) before it mutates, so that is
+# the replay too. The targets in $jobs lanes, each lane with its own work folder.
+mapfile -t targets < <(cd "$root/tests/fuzz" && ls fuzz_*.cpp | sed 's/\.cpp$//')
+pids=()
+for ((i = 0; i < jobs; i++)); do
+  lane=()
+  for ((k = i; k < ${#targets[@]}; k += jobs)); do lane+=("${targets[k]}"); done
+  [ ${#lane[@]} -gt 0 ] || continue
+  "$root/scripts/fuzz.sh" --build "$build" --work "${TMPDIR:-/tmp}/glm5-fuzz-sanitize-$i" --seconds "$fuzz_seconds" \
+    --seed 1 "${lane[@]}" &
+  pids+=($!)
+done
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+exit $failed
