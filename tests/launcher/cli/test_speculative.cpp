@@ -127,9 +127,9 @@ TEST_P(Speculative, RecordsAreBitwiseThoseOfPlainDecodingOnEveryLayout) {
 INSTANTIATE_TEST_SUITE_P(Models, Speculative, ::testing::Values("tiny-moe", "glm5-kjv", "tiny-glm52"));
 
 // Under pressure: a KV pool too small for the batch (sequences are preempted and recomputed), long
-// prompts sharing their first blocks (prefix sharing), and the default policy switching speculation
-// off while more than speculative_max_batch sequences decode and on again as they finish. The
-// records are still plain decoding's.
+// prompts sharing their first blocks (prefix sharing), and the policy switching speculation off
+// while more than speculative_max_batch sequences decode and on again as they finish. The records
+// are still plain decoding's.
 TEST(SpeculativeUnderLoad, PreemptionPrefixSharingAndThePolicyKeepTheRecords) {
   const std::string model = kData + "/glm5-kjv";
   std::ifstream held(model + "/heldout.txt");
@@ -151,9 +151,12 @@ TEST(SpeculativeUnderLoad, PreemptionPrefixSharingAndThePolicyKeepTheRecords) {
   const fs::path ref = scratch("load_ref.jsonl");
   ASSERT_EQ(0, sh(kBin + " batch --model " + model + " --input " + in.string() + " --output " + ref.string()))
       << last_log();
-  // ~2.2 KiB per position with the MTP layer: 8 blocks of 64 for 8 sequences of ~3 blocks each.
+  // ~2.2 KiB per position with the MTP layer: a pool of 4 blocks of 64. A sequence (147 prompt
+  // tokens, the first 128 shared, and up to 100 more) needs all 4 at its end, so any two that run
+  // at once preempt, however the input reader's lines arrive (a busy machine delays them); and two
+  // decoding sequences are more than speculative_max_batch.
   const fs::path cluster = scratch("load.yaml"), out = scratch("load_out.jsonl"), report = scratch("load_report.json");
-  std::ofstream(cluster) << "max_batch: 8\nkv_budget_gb: 0.0012\n";
+  std::ofstream(cluster) << "max_batch: 8\nkv_budget_gb: 0.0006\nspeculative_max_batch: 1\n";
   ASSERT_EQ(0, sh(kBin + " batch --model " + model + " --input " + in.string() + " --output " + out.string() +
                   " --report " + report.string() + " --cluster " + cluster.string() + " --speculative-tokens 3"))
       << last_log();
