@@ -15,8 +15,9 @@
 #                     disconnects, drains), the batch input reader and the signal handling of
 #                     serve and batch under mpirun (test_launcher's Signals.*, Batch.*, Jobs.*)
 #   --configure-only  configure BUILD_DIR and stop (scripts/fuzz.sh uses it)
-#   --fuzz-seconds S  each target replays its corpus, then fuzzes S seconds from a fixed seed so that
-#                     a run repeats (default 10; 0: replay only)
+#   --fuzz-seconds S  each target runs its whole corpus, then fuzzes from a fixed seed (so that a run
+#                     repeats) until S seconds have passed since it started (default 10; 0: the
+#                     corpus only)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="" quick=0 thread=0 configure_only=0 fuzz_seconds=10
