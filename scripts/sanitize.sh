@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
     --thread) thread=1; shift ;;
     --configure-only) configure_only=1; shift ;;
     --fuzz-seconds) fuzz_seconds=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "sanitize.sh: unknown option '$1'" >&2; exit 2 ;;
     *) build=$(realpath -m "$1"); shift ;;
   esac
