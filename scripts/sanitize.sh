@@ -81,6 +81,15 @@ cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=None -DGLM5_CU
   -DGLM5_TEST_SOURCES="$test_sources" >/dev/null
 [ "$configure_only" = 0 ] || exit 0
 
+# What a failed binary's log says about its failures: each failed gtest's own output (from its
+# RUN line: the assertion's message and what the test printed, its last 60 lines), the sanitizer
+# reports and ctest's failures.
+failed_output() {
+  awk '/^\[ RUN      \] / { n = 0 } { buf[n++] = $0 }
+       /^\[  FAILED  \] .*\([0-9]+ ms\)$/ { for (i = (n > 60 ? n - 60 : 0); i < n; ++i) print buf[i]; print "--" }' "$1"
+  grep -E -A15 'ERROR: |runtime error|\*\*\*Failed' "$1" | head -n 80
+}
+
 # The quick run: each test binary in one process (a sanitized process takes about 2 s to start,
 # which ctest's process per test pays 700 times), test_launcher in four shards (it takes three
 # quarters of the time: the shards go first, so the lanes end together), the MPI tests through
@@ -106,7 +115,7 @@ run_quick() {
   for name in $(sed -n 's/^sanitize.sh: \(.*\) FAILED$/\1/p' "$logs/summary"); do
     failed=1
     echo "---- $name ($logs/$name.log) ----"
-    grep -E -A15 '^\[  FAILED|ERROR: |runtime error|\*\*\*Failed' "$logs/$name.log" | head -n 80
+    failed_output "$logs/$name.log"
   done
   return $failed
 }

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -68,6 +69,13 @@ std::vector<pid_t> children(pid_t pid) {
     if (ppid == pid) out.push_back(pid_t(std::stoi(name)));
   }
   return out;
+}
+
+// A process's state letter from /proc/<pid>/stat ('T': stopped), or 0 when it is gone.
+char process_state(pid_t pid) {
+  const std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
+  const size_t close = stat.rfind(')');
+  return close == std::string::npos || close + 2 >= stat.size() ? 0 : stat[close + 2];
 }
 
 // A command started in the background (sh -c "exec CMD", stdin from /dev/null, stdout and stderr
@@ -377,19 +385,31 @@ TEST(Signals, ServeSigtermToLaunchDrainsAndExits0) {
 }
 
 // Ctrl-Z then fg of mpirun (SIGTSTP: mpirun stops the ranks; SIGCONT: it continues them) is job
-// control, not the SIGCONT of Open MPI's kill sequence: the server goes on serving.
+// control, not the SIGCONT of Open MPI's kill sequence: the server goes on serving. The stop is
+// timed from when every rank is stopped: mpirun forwards both signals through its event loop, so
+// on a busy machine a fixed pause after SIGTSTP could hold a shorter stop than a person's Ctrl-Z
+// (under 250 ms reads as the kill sequence, RELIABILITY.md).
 TEST(Signals, ServeCtrlZOfMpirunIsNotAStop) {
   Server s = start_server(mpirun(4) + serve_args(), "serve_tstp");
   ASSERT_GT(s.port, 0);
+  const std::vector<pid_t> ranks = children(s.job->pid());
+  ASSERT_EQ(ranks.size(), 4u) << s.job->log();
+  const auto stopped = [&] {
+    return std::all_of(ranks.begin(), ranks.end(), [](pid_t r) { return process_state(r) == 'T'; });
+  };
   ASSERT_EQ(0, kill(s.job->pid(), SIGTSTP));
+  ASSERT_TRUE(wait_until(stopped, 30)) << "the ranks did not stop:\n" << s.job->log();
   std::this_thread::sleep_for(std::chrono::seconds(1));
   ASSERT_EQ(0, kill(s.job->pid(), SIGCONT));
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_TRUE(wait_until(
+      [&] { return std::none_of(ranks.begin(), ranks.end(), [](pid_t r) { return process_state(r) == 'T'; }); }, 30))
+      << "the ranks did not continue:\n"
+      << s.job->log();
   EXPECT_EQ(health(s), 200) << s.job->log();
   std::vector<Stream> streams;
   streams.push_back(start_stream(s, 64, "after_fg"));
   const StreamResult r = finish_stream(streams[0]);
-  EXPECT_EQ(r.tokens, 64u);
+  EXPECT_EQ(r.tokens, 64u) << slurp(streams[0].body) << "\n" << s.job->log();
   EXPECT_EQ(r.error, "");
   EXPECT_FALSE(contains(s.job->log(), "draining")) << s.job->log();
   ASSERT_EQ(0, kill(s.rank0, SIGTERM));
