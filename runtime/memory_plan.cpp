@@ -165,9 +165,9 @@ WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, co
     w.source = cfg.source + " dtype " + (cfg.dtype.empty() ? "bfloat16" : cfg.dtype) + ", no index";
   }
 
-  w.stored.reserve(w.tensors.size());
-  w.resident.reserve(w.tensors.size());
-  for (const TensorSpec& s : w.tensors) {
+  // The form of one tensor: from the index's names, else from config.quantization; then the plan.
+  // `missing`: a name the index lacks (the tensor is planned in the config dtype).
+  auto form_of = [&](const TensorSpec& s, bool& missing, bool& converted) {
     StoredForm form{plain, 0};
     if (s.role == Role::RouterBias) form.dtype = DType::F32;
     if (w.from_index) {
@@ -178,8 +178,8 @@ WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, co
               packed_name(s.name, "packed"), " is pack-quantized, but ", cfg.source,
               " has no compressed-tensors quantization_config saying its num_bits and group_size");
         form = int_form(cfg, s, int_scale_dtype);
-      } else if (!names.count(s.name)) {
-        if (w.missing++ == 0) w.first_missing = s.name;
+      } else {
+        missing = !names.count(s.name);
       }
     } else if (s.shape.size() == 2) {
       if (qc.method == "fp8" && fp8_role(s.role))
@@ -194,12 +194,27 @@ WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, co
         to.scale_dtype = plan->scale_dtype;
       }
       if (to.dtype == DType::F8_E4M3) to.group = quant::kFp8Block;
-      ++w.converted;
+      converted = true;
       form = to;
     }
+    return form;
+  };
+  w.stored.reserve(w.tensors.size());
+  w.resident.reserve(w.tensors.size());
+  for (const TensorSpec& s : w.tensors) {
+    bool missing = false, converted = false;
+    const StoredForm form = form_of(s, missing, converted);
+    if (missing && w.missing++ == 0) w.first_missing = s.name;
+    w.converted += converted;
     if (s.shape.size() == 2 && quant::is_quantized(form.dtype) && dequantized_when_quantized(s)) ++w.dequantized_f32;
     w.stored.push_back(form);
     w.resident.push_back(resident_bytes(s, form));
+  }
+  // The MTP layers, as a speculating last stage holds them (its own parts and a decoder layer).
+  w.mtp_tensors = mtp_tensor_table(cfg);
+  for (const TensorSpec& s : w.mtp_tensors) {
+    bool missing = false, converted = false;
+    w.mtp_resident.push_back(resident_bytes(s, form_of(s, missing, converted)));
   }
   if (plan) w.plan = describe(*plan);
   if (cfg.tie_word_embeddings) {
@@ -213,15 +228,16 @@ WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, co
 size_t shard_weight_bytes(const WeightPlan& w, const ModelConfig& cfg, const ModelShard& shard) {
   const int last = shard.last_layer < 0 ? int(cfg.num_hidden_layers) : shard.last_layer;
   const int64_t per = cfg.n_routed_experts / std::max(1, shard.expert_parallel);
+  // Not a routed expert, or one of this rank's column.
+  auto in_column = [&](const TensorSpec& s) {
+    return s.expert < 0 || (s.expert >= shard.column * per && s.expert < (shard.column + 1) * per);
+  };
   size_t total = 0;
   for (size_t i = 0; i < w.tensors.size(); ++i) {
     const TensorSpec& s = w.tensors[i];
     bool held;
-    const bool column = s.expert < 0 || (s.expert >= shard.column * per && s.expert < (shard.column + 1) * per);
     if (s.layer >= 0) {
-      held = s.layer >= shard.first_layer && s.layer < last && column;
-      // The MTP layer (speculation): a decoder layer of the last one's shapes, counted as it.
-      if (shard.mtp && s.layer == cfg.num_hidden_layers - 1 && column) total += w.resident[i];
+      held = s.layer >= shard.first_layer && s.layer < last && in_column(s);
     } else if (s.role == Role::Embedding) {
       held = shard.embedding || shard.mtp;  // the MTP layer embeds the tokens it drafts on
     } else {                                // model.norm, lm_head
@@ -230,14 +246,10 @@ size_t shard_weight_bytes(const WeightPlan& w, const ModelConfig& cfg, const Mod
     if (held) total += w.resident[i];
   }
   if (shard.head) total += w.tied_head_bytes;
-  // ... and its eh_proj [H, 2H] (BF16) and enorm, hnorm, shared_head.norm (F32); and its indexer
-  // when the last layer, shared (IndexShare), has none to count (wq_b, wk BF16; weights_proj F32).
-  const size_t H = size_t(cfg.hidden_size), L = size_t(cfg.num_hidden_layers);
-  if (shard.mtp) total += H * H * 4 + 3 * H * 4;
-  if (shard.mtp && cfg.has_indexer(int64_t(L)) && !cfg.has_indexer(int64_t(L) - 1)) {
-    const size_t IH = size_t(cfg.index_n_heads), ID = size_t(cfg.index_head_dim);
-    total += (IH * ID * size_t(cfg.q_lora_rank) + ID * H) * 2 + IH * H * 4 + 2 * ID * 4;
-  }
+  // The MTP layer the loader takes (the first) when speculating, on the last stage.
+  if (shard.mtp)
+    for (size_t i = 0; i < w.mtp_tensors.size(); ++i)
+      if (w.mtp_tensors[i].layer == cfg.num_hidden_layers && in_column(w.mtp_tensors[i])) total += w.mtp_resident[i];
   return total;
 }
 

@@ -39,9 +39,13 @@ std::string form_name(const StoredForm& f);
 size_t resident_bytes(const TensorSpec& spec, const StoredForm& form);
 
 struct WeightPlan {
-  std::vector<TensorSpec> tensors;  // tensor_table(cfg): the main model (MTP layers are not loaded)
+  std::vector<TensorSpec> tensors;  // tensor_table(cfg): the main model
   std::vector<StoredForm> stored;   // per tensor, after the QuantPlan when one was given
   std::vector<size_t> resident;     // per tensor: resident_bytes
+  // mtp_tensor_table(cfg) and their resident bytes (a speculating last stage loads the first MTP
+  // layer); not part of the counts below.
+  std::vector<TensorSpec> mtp_tensors;
+  std::vector<size_t> mtp_resident;
   // lm_head of a tie_word_embeddings model: the embedding matrix again, in its stored form.
   size_t tied_head_bytes = 0;
   std::string source;  // where the stored forms come from (for the report)

@@ -41,6 +41,7 @@ const char* role_name(Role r) {
     case Role::Expert: return "experts";
     case Role::SharedExpert: return "shared";
     case Role::LmHead: return "lm_head";
+    case Role::MtpProjection: return "mtp";
   }
   return "?";
 }
@@ -173,59 +174,97 @@ kernels::Weight weight_view(const StoredTensor& st, int64_t rows, int64_t cols) 
   return w;
 }
 
+namespace {
+
+// An MTP layer's own parts after its decoder layer (spec §3.9). It embeds with the main table and
+// projects with the main lm_head: a checkpoint's copies of those (DeepSeek's embed_tokens,
+// shared_head.head) are not part of it.
+void add_mtp_parts(const ModelConfig& c, int64_t l, std::vector<TensorSpec>& t) {
+  if (l < c.num_hidden_layers) return;
+  const int64_t H = c.hidden_size;
+  const std::string P = "model.layers." + std::to_string(l) + ".";
+  t.push_back({P + "eh_proj.weight", {H, 2 * H}, int(l), -1, Role::MtpProjection});
+  t.push_back({P + "enorm.weight", {H}, int(l), -1, Role::Norm});
+  t.push_back({P + "hnorm.weight", {H}, int(l), -1, Role::Norm});
+  t.push_back({P + "shared_head.norm.weight", {H}, int(l), -1, Role::Norm});
+}
+
+}  // namespace
+
+std::vector<TensorSpec> layer_tensors(const ModelConfig& c, int64_t l) {
+  CHECK(l >= 0 && l < c.num_hidden_layers + c.num_nextn_predict_layers, "internal: layer ", l, " outside the ",
+        c.num_hidden_layers, " + ", c.num_nextn_predict_layers, " layers of ", c.source);
+  const int64_t H = c.hidden_size, NH = c.num_attention_heads;
+  const std::string P = "model.layers." + std::to_string(l) + ".";
+  std::vector<TensorSpec> t;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, Role role, int expert = -1) {
+    t.push_back({P + name, std::move(shape), int(l), expert, role});
+  };
+  add("input_layernorm.weight", {H}, Role::Norm);
+  add("post_attention_layernorm.weight", {H}, Role::Norm);
+  // MLA: q per head [nope ‖ rope]; kv_a rows [latent ‖ k_rope]; kv_b per head rows [k_nope ‖ v].
+  add("self_attn.q_a_proj.weight", {c.q_lora_rank, H}, Role::Attention);
+  add("self_attn.q_a_layernorm.weight", {c.q_lora_rank}, Role::Norm);
+  add("self_attn.q_b_proj.weight", {NH * c.qk_head_dim(), c.q_lora_rank}, Role::Attention);
+  add("self_attn.kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, H}, Role::Attention);
+  add("self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, Role::Norm);
+  add("self_attn.kv_b_proj.weight", {NH * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, Role::Attention);
+  add("self_attn.o_proj.weight", {H, NH * c.v_head_dim}, Role::Attention);
+  // DSA indexer: wq_b per head [rope ‖ nope], k_norm is a LayerNorm with bias. A "shared" layer
+  // (GLM-5.2 IndexShare) has none: it uses the top-k of the full layer before it.
+  if (c.has_indexer(l)) {
+    add("self_attn.indexer.wq_b.weight", {c.index_n_heads * c.index_head_dim, c.q_lora_rank}, Role::Indexer);
+    add("self_attn.indexer.wk.weight", {c.index_head_dim, H}, Role::Indexer);
+    add("self_attn.indexer.k_norm.weight", {c.index_head_dim}, Role::Norm);
+    add("self_attn.indexer.k_norm.bias", {c.index_head_dim}, Role::Norm);
+    add("self_attn.indexer.weights_proj.weight", {c.index_n_heads, H}, Role::IndexerWeights);
+  }
+  if (!c.is_moe_layer(l)) {
+    const int64_t I = c.intermediate_size;
+    add("mlp.gate_proj.weight", {I, H}, Role::DenseMlp);
+    add("mlp.up_proj.weight", {I, H}, Role::DenseMlp);
+    add("mlp.down_proj.weight", {H, I}, Role::DenseMlp);
+    add_mtp_parts(c, l, t);
+    return t;
+  }
+  const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
+  add("mlp.gate.weight", {E, H}, Role::Router);
+  add("mlp.gate.e_score_correction_bias", {E}, Role::RouterBias);  // topk_method noaux_tc (the only one accepted)
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string X = "mlp.experts." + std::to_string(e) + ".";
+    add(X + "gate_proj.weight", {I, H}, Role::Expert, int(e));
+    add(X + "up_proj.weight", {I, H}, Role::Expert, int(e));
+    add(X + "down_proj.weight", {H, I}, Role::Expert, int(e));
+  }
+  if (c.n_shared_experts > 0) {
+    const int64_t S = I * c.n_shared_experts;
+    add("mlp.shared_experts.gate_proj.weight", {S, H}, Role::SharedExpert);
+    add("mlp.shared_experts.up_proj.weight", {S, H}, Role::SharedExpert);
+    add("mlp.shared_experts.down_proj.weight", {H, S}, Role::SharedExpert);
+  }
+  add_mtp_parts(c, l, t);
+  return t;
+}
+
 std::vector<TensorSpec> tensor_table(const ModelConfig& c) {
-  const int64_t H = c.hidden_size, V = c.vocab_size, NH = c.num_attention_heads;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
   std::vector<TensorSpec> t;
   t.push_back({"model.embed_tokens.weight", {V, H}, -1, -1, Role::Embedding});
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string P = "model.layers." + std::to_string(l) + ".";
-    auto add = [&](const std::string& name, std::vector<int64_t> shape, Role role, int expert = -1) {
-      t.push_back({P + name, std::move(shape), int(l), expert, role});
-    };
-    add("input_layernorm.weight", {H}, Role::Norm);
-    add("post_attention_layernorm.weight", {H}, Role::Norm);
-    // MLA: q per head [nope ‖ rope]; kv_a rows [latent ‖ k_rope]; kv_b per head rows [k_nope ‖ v].
-    add("self_attn.q_a_proj.weight", {c.q_lora_rank, H}, Role::Attention);
-    add("self_attn.q_a_layernorm.weight", {c.q_lora_rank}, Role::Norm);
-    add("self_attn.q_b_proj.weight", {NH * c.qk_head_dim(), c.q_lora_rank}, Role::Attention);
-    add("self_attn.kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, H}, Role::Attention);
-    add("self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, Role::Norm);
-    add("self_attn.kv_b_proj.weight", {NH * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, Role::Attention);
-    add("self_attn.o_proj.weight", {H, NH * c.v_head_dim}, Role::Attention);
-    // DSA indexer: wq_b per head [rope ‖ nope], k_norm is a LayerNorm with bias. A "shared" layer
-    // (GLM-5.2 IndexShare) has none: it uses the top-k of the full layer before it.
-    if (c.has_indexer(l)) {
-      add("self_attn.indexer.wq_b.weight", {c.index_n_heads * c.index_head_dim, c.q_lora_rank}, Role::Indexer);
-      add("self_attn.indexer.wk.weight", {c.index_head_dim, H}, Role::Indexer);
-      add("self_attn.indexer.k_norm.weight", {c.index_head_dim}, Role::Norm);
-      add("self_attn.indexer.k_norm.bias", {c.index_head_dim}, Role::Norm);
-      add("self_attn.indexer.weights_proj.weight", {c.index_n_heads, H}, Role::IndexerWeights);
-    }
-    if (!c.is_moe_layer(l)) {
-      const int64_t I = c.intermediate_size;
-      add("mlp.gate_proj.weight", {I, H}, Role::DenseMlp);
-      add("mlp.up_proj.weight", {I, H}, Role::DenseMlp);
-      add("mlp.down_proj.weight", {H, I}, Role::DenseMlp);
-      continue;
-    }
-    const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
-    add("mlp.gate.weight", {E, H}, Role::Router);
-    add("mlp.gate.e_score_correction_bias", {E}, Role::RouterBias);  // topk_method noaux_tc (the only one accepted)
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string X = "mlp.experts." + std::to_string(e) + ".";
-      add(X + "gate_proj.weight", {I, H}, Role::Expert, int(e));
-      add(X + "up_proj.weight", {I, H}, Role::Expert, int(e));
-      add(X + "down_proj.weight", {H, I}, Role::Expert, int(e));
-    }
-    if (c.n_shared_experts > 0) {
-      const int64_t S = I * c.n_shared_experts;
-      add("mlp.shared_experts.gate_proj.weight", {S, H}, Role::SharedExpert);
-      add("mlp.shared_experts.up_proj.weight", {S, H}, Role::SharedExpert);
-      add("mlp.shared_experts.down_proj.weight", {H, S}, Role::SharedExpert);
-    }
+    std::vector<TensorSpec> layer = layer_tensors(c, l);
+    t.insert(t.end(), std::make_move_iterator(layer.begin()), std::make_move_iterator(layer.end()));
   }
   t.push_back({"model.norm.weight", {H}, -1, -1, Role::Norm});
   if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {V, H}, -1, -1, Role::LmHead});
+  return t;
+}
+
+std::vector<TensorSpec> mtp_tensor_table(const ModelConfig& c) {
+  std::vector<TensorSpec> t;
+  for (int64_t l = c.num_hidden_layers; l < c.num_hidden_layers + c.num_nextn_predict_layers; ++l) {
+    std::vector<TensorSpec> layer = layer_tensors(c, l);
+    t.insert(t.end(), std::make_move_iterator(layer.begin()), std::make_move_iterator(layer.end()));
+  }
   return t;
 }
 
@@ -263,7 +302,9 @@ bool is_mtp_tensor(const ModelConfig& cfg, const std::string& name) { return lay
 
 void check_checkpoint(Checkpoint& ckpt, const ModelConfig& cfg) {
   check_layer_count(ckpt, cfg);
-  const std::vector<TensorSpec> table = tensor_table(cfg);
+  std::vector<TensorSpec> table = tensor_table(cfg);
+  for (TensorSpec& s : mtp_tensor_table(cfg))  // the MTP layers' tensors the checkpoint holds
+    if (ckpt.has(s.name) || ckpt.has(packed_name(s.name, "packed"))) table.push_back(std::move(s));
   std::unordered_set<std::string> known;
   known.reserve(table.size() * 2);
   for (const TensorSpec& s : table) {

@@ -1,8 +1,8 @@
-// The checkpoint schema, shared by the loader, the converter and the memory planner: every tensor
-// the main model (layers 0..num_hidden_layers-1, embedding, final norm, lm_head) needs, with its
-// HF name, shape and role, and how a checkpoint may store it (plain, FP8 block-scaled, or
-// compressed-tensors int4/int8; core/quant.h). The MTP layer(s) (index >= num_hidden_layers) are
-// recognised and skipped.
+// The checkpoint schema, shared by the loader's checks, the converter, the memory planner and the
+// parameter count: every tensor the main model (layers 0..num_hidden_layers-1, embedding, final
+// norm, lm_head) and its MTP layers (index >= num_hidden_layers, loaded when speculating) hold,
+// with its HF name, shape and role, and how a checkpoint may store it (plain, FP8 block-scaled, or
+// compressed-tensors int4/int8; core/quant.h).
 #pragma once
 
 #include <cstdint>
@@ -30,7 +30,8 @@ enum class Role : uint8_t {
   DenseMlp,
   Expert,
   SharedExpert,
-  LmHead
+  LmHead,
+  MtpProjection  // an MTP layer's eh_proj
 };
 // "attention", "experts", ... (the names `convert --quantize` takes).
 const char* role_name(Role r);
@@ -70,12 +71,21 @@ std::vector<int64_t> stored_shape(const TensorInfo& t);
 // A resolved matrix [rows, cols] as a kernels::Weight over the mmapped host bytes (scales too).
 kernels::Weight weight_view(const StoredTensor& st, int64_t rows, int64_t cols);
 
+// The tensors of layer l, 0 <= l < num_hidden_layers + num_nextn_predict_layers: a decoder layer
+// (MLA, its indexer unless shared, a dense MLP or the MoE) and, for an MTP layer (spec §3.9), then
+// eh_proj [H, 2H], enorm, hnorm and shared_head.norm.
+std::vector<TensorSpec> layer_tensors(const ModelConfig& cfg, int64_t l);
+// The main model: embedding, layers 0..num_hidden_layers-1, final norm, lm_head (unless tied).
 std::vector<TensorSpec> tensor_table(const ModelConfig& cfg);
-// True for names of layers >= num_hidden_layers (MTP), which the main model does not load.
+// The MTP layers: layer_tensors of num_hidden_layers .. + num_nextn_predict_layers - 1.
+std::vector<TensorSpec> mtp_tensor_table(const ModelConfig& cfg);
+// True for names of layers >= num_hidden_layers (MTP), which only speculation loads.
 bool is_mtp_tensor(const ModelConfig& cfg, const std::string& name);
-// Strict check of the whole checkpoint against the table, without reading tensor data beyond
-// headers: every table tensor present with its shape and a supported dtype, and no unknown names
-// (MTP names allowed). Throws glm5::Error naming the file, the tensor, expected and found.
+// Strict check of the whole checkpoint against the tables, without reading tensor data beyond
+// headers: every main-table tensor present with its shape and a supported dtype; the MTP tables'
+// tensors the checkpoint holds the same (a checkpoint may leave its MTP layers out); no unknown
+// names, but for other tensors of MTP layers (copies of the embedding or lm_head). Throws
+// glm5::Error naming the file, the tensor, expected and found.
 void check_checkpoint(Checkpoint& ckpt, const ModelConfig& cfg);
 
 }  // namespace glm5::runtime

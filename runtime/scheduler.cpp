@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "kernels/core/check.h"
+#include "runtime/detokenizer.h"
 
 namespace glm5::runtime {
 
@@ -27,9 +28,9 @@ struct Scheduler::Live {
   std::vector<uint64_t> hashes;  // prefix hashes of its full prompt blocks (shareable ones)
   size_t published = 0;          // of those, the blocks it filled and made shareable
   Result result;
-  std::unique_ptr<StopMatcher> stop;
-  std::vector<int32_t> drafts;  // the MTP layer's drafts for its next decode step
-  int64_t verifying = 0;        // drafts fed by its step in flight (decode)
+  std::unique_ptr<Detokenizer> stop;  // its text, when it has stop strings
+  std::vector<int32_t> drafts;        // the MTP layer's drafts for its next decode step
+  int64_t verifying = 0;              // drafts fed by its step in flight (decode)
 
   int64_t prompt_len() const { return int64_t(req.prompt.size()); }
   // Positions to fill before the next token is fed: the prompt and, after a preemption, every
@@ -75,7 +76,7 @@ void Scheduler::add(Request r) {
       r.speculative && opt_.speculative_tokens > 0 && !r.want_logits && !r.want_prompt_logits && !r.extra_final_step;
   auto L = std::make_unique<Live>();
   L->result.index = r.index;
-  if (!r.sampling.stop.empty()) L->stop = std::make_unique<StopMatcher>(r.sampling.stop, tok_);
+  if (!r.sampling.stop.empty()) L->stop = std::make_unique<Detokenizer>(tok_, r.sampling.stop);
   L->req = std::move(r);
   waiting_.push_back(std::move(L));
 }

@@ -45,7 +45,6 @@
 #include "runtime/config.h"
 #include "runtime/kv_cache.h"
 #include "runtime/request.h"
-#include "runtime/stop.h"
 
 namespace glm5::runtime {
 

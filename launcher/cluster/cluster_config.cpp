@@ -18,6 +18,7 @@
 
 #include "kernels/core/check.h"
 #include "launcher/cluster/yaml.h"
+#include "runtime/name_table.h"
 
 namespace glm5::launcher {
 
@@ -308,37 +309,13 @@ double layer_parameters(const runtime::ModelConfig& mc, int layer) {
   const int64_t n_layers = mc.num_hidden_layers + mc.num_nextn_predict_layers;
   CHECK(layer >= 0 && layer < n_layers, "layer_parameters: layer ", layer, " is outside [0, ", n_layers,
         ") of model config ", mc.source);
-  const double H = double(mc.hidden_size);
-  const double heads = double(mc.num_attention_heads);
-  // Attention (MLA), spec §2.1: q_a [q_lora, H] + q_a_layernorm, q_b [heads*qk_head_dim, q_lora]
-  // (or q_proj [heads*qk_head_dim, H] without a q LoRA), kv_a [kv_lora + rope, H] + kv_a_layernorm,
-  // kv_b [heads*(nope + v), kv_lora], o [H, heads*v]; input and post-attention RMSNorms.
-  double attn = 0;
-  if (mc.q_lora_rank > 0)
-    attn +=
-        double(mc.q_lora_rank) * H + double(mc.q_lora_rank) + heads * double(mc.qk_head_dim()) * double(mc.q_lora_rank);
-  else
-    attn += heads * double(mc.qk_head_dim()) * H;
-  attn += double(mc.kv_lora_rank + mc.qk_rope_head_dim) * H + double(mc.kv_lora_rank);
-  attn += heads * double(mc.qk_nope_head_dim + mc.v_head_dim) * double(mc.kv_lora_rank);
-  attn += H * heads * double(mc.v_head_dim);
-  attn += 2 * H;
-  // DSA indexer: wq_b [index_heads*index_dim, q_lora], wk [index_dim, H], k_norm weight + bias,
-  // weights_proj [index_heads, H].
-  const double ih = double(mc.index_n_heads), id = double(mc.index_head_dim);
-  double indexer = mc.has_indexer(layer) ? ih * id * double(mc.q_lora_rank) + id * H + 2 * id + ih * H : 0;
-  // MLP: dense SwiGLU (gate, up, down) or MoE (router + bias, routed experts, shared experts).
-  double mlp = 0;
-  if (mc.is_moe_layer(layer)) {
-    const double E = double(mc.n_routed_experts), expert = 3 * H * double(mc.moe_intermediate_size);
-    mlp = E * H + E + E * expert + expert * double(mc.n_shared_experts);
-  } else {
-    mlp = 3 * H * double(mc.intermediate_size);
+  double n = 0;
+  for (const runtime::TensorSpec& s : runtime::layer_tensors(mc, layer)) {
+    double numel = 1;
+    for (int64_t d : s.shape) numel *= double(d);
+    n += numel;
   }
-  // MTP layers (stored after the decoder layers) add enorm, hnorm, eh_proj [H, 2H],
-  // shared_head.norm.
-  double mtp = layer >= mc.num_hidden_layers ? 3 * H + 2 * H * H : 0;
-  return attn + indexer + mlp + mtp;
+  return n;
 }
 
 std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc, const runtime::ModelConfig& mc, int world_size) {

@@ -93,7 +93,8 @@ std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc, const run
 // column's 1/E of the routed experts, the embedding on stage 0, final norm + lm_head on the last.
 runtime::ModelShard rank_shard(const ClusterConfig& cc, const std::vector<parallel::LayerRange>& stages, int rank);
 
-// Parameters of layer l (attention + indexer + norms + MLP: all experts), for balancing and plans.
+// Parameters of layer l (its tensors in the schema, runtime/name_table.h: attention, indexer, norms,
+// the MLP with all experts; an MTP layer its own parts too), for balancing and plans.
 double layer_parameters(const runtime::ModelConfig& mc, int layer);
 
 // The mpirun command line that runs `glm5 <args...>` on this cluster: -np, hosts, the flags a

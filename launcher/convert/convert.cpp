@@ -92,7 +92,7 @@ std::vector<TensorHeader> converted_parts(const TensorSpec& s, DType out, int64_
 // Decides an item's output: convert when the plan says so and the stored form differs.
 void decide(Item& it, const runtime::QuantPlan& plan, bool in_schema) {
   const StoredTensor& st = it.in;
-  // Outside the schema (MTP extras such as eh_proj) only the plain targets apply (every matrix).
+  // Outside the schema (an MTP layer's copy of lm_head) only the plain targets apply (every matrix).
   bool convert = in_schema ? plan.converts(it.spec) : !plan.quantized_target();
   if (convert && plan.stored_as_target(st.dtype, st.group, st.scale ? st.scale->dtype : DType::Unknown))
     convert = false;  // already stored that way
@@ -104,7 +104,7 @@ void decide(Item& it, const runtime::QuantPlan& plan, bool in_schema) {
   }
 }
 
-// Tensors outside the schema (MTP layers): a matrix X.weight with its stored parts, or a plain tensor.
+// Tensors outside the schema (in MTP layers): a matrix X.weight with its stored parts, or a plain tensor.
 std::vector<TensorSpec> extra_specs(Checkpoint& ckpt, const std::set<std::string>& taken) {
   std::vector<TensorSpec> out;
   auto ends_with = [](const std::string& s, const std::string& suf) {
@@ -348,9 +348,9 @@ struct Progress {
   }
 };
 
-// 1. The plan: the schema's tensors, then the MTP layers' (index >= num_hidden_layers: the
-// layers' schema, so the same rules), then whatever else the checkpoint holds (MTP extras:
-// eh_proj, ...). cc: the layout whose ranks get file sets, or null.
+// 1. The plan: the schema's tensors, then the MTP layers' the checkpoint holds, then whatever else
+// it holds (copies of the embedding or lm_head in MTP layers, as DeepSeek's). cc: the layout whose
+// ranks get file sets, or null.
 std::vector<Item> plan_items(Checkpoint& ckpt, const runtime::ModelConfig& cfg, const runtime::QuantPlan& plan,
                              const ClusterConfig* cc, const std::vector<parallel::LayerRange>& stages) {
   std::vector<Item> items;
@@ -365,11 +365,8 @@ std::vector<Item> plan_items(Checkpoint& ckpt, const runtime::ModelConfig& cfg, 
     items.push_back(std::move(it));
   };
   for (const TensorSpec& s : runtime::tensor_table(cfg)) add(s, true);
-  runtime::ModelConfig with_mtp = cfg;
-  with_mtp.num_hidden_layers += cfg.num_nextn_predict_layers;
-  for (const TensorSpec& s : runtime::tensor_table(with_mtp))
-    if (s.layer >= cfg.num_hidden_layers && (ckpt.has(s.name) || ckpt.has(runtime::packed_name(s.name, "packed"))))
-      add(s, true);
+  for (const TensorSpec& s : runtime::mtp_tensor_table(cfg))
+    if (ckpt.has(s.name) || ckpt.has(runtime::packed_name(s.name, "packed"))) add(s, true);
   for (TensorSpec s : extra_specs(ckpt, taken)) {
     s.layer = int(cfg.num_hidden_layers);  // with the last stage
     add(s, false);

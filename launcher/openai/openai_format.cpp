@@ -17,6 +17,7 @@
 #include "kernels/core/check.h"
 #include "runtime/chat.h"
 #include "runtime/config.h"
+#include "runtime/detokenizer.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace glm5::launcher {
@@ -501,15 +502,9 @@ size_t completion_tokens(const BatchLine& in, const runtime::Result& res) {
 json choice_json(const BatchLine& in, const runtime::Result& res, const runtime::Tokenizer* tok, int64_t index) {
   const bool chat = in.url == "/v1/chat/completions";
   const std::vector<int32_t> tokens(res.tokens.begin(), res.tokens.begin() + int64_t(completion_tokens(in, res)));
-  std::string text = tok ? tok->decode(tokens, true) : "";
-  std::string finish = in.prompt_only ? "length" : res.finish_reason;
-  size_t cut = std::string::npos;
-  for (const std::string& s : in.request.sampling.stop)
-    if (!s.empty()) cut = std::min(cut, text.find(s));
-  if (cut != std::string::npos) {
-    text.resize(cut);
-    finish = "stop";
-  }
+  bool stopped = false;
+  const std::string text = runtime::final_text(tok, tokens, in.request.sampling.stop, &stopped);
+  const std::string finish = stopped ? "stop" : in.prompt_only ? "length" : res.finish_reason;
   const size_t p = in.prompts.empty() ? 0 : size_t(index / in.n);
   const std::vector<int32_t>& prompt = p < in.prompts.size() ? in.prompts[p] : in.request.prompt;
   json choice = {{"index", index}, {"finish_reason", finish}, {"token_ids", tokens}};

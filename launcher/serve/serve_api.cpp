@@ -14,6 +14,7 @@
 #include "kernels/core/check.h"
 #include "launcher/openai/openai_format.h"
 #include "runtime/config.h"
+#include "runtime/detokenizer.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace glm5::launcher {
@@ -42,31 +43,6 @@ std::string field_of(const std::string& message) {
 
 std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
 
-// How much of a stream's text can go out now: not a trailing, unfinished UTF-8 character, not a
-// tail that may be the start of a stop string, nothing from a stop string on.
-size_t safe_end(const std::string& text, const std::vector<std::string>& stops) {
-  size_t end = text.size(), i = end;
-  int cont = 0;
-  while (i > 0 && cont < 3 && (uint8_t(text[i - 1]) & 0xC0) == 0x80) --i, ++cont;
-  if (i > 0) {
-    const uint8_t lead = uint8_t(text[i - 1]);
-    const int need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
-    if (need > 1 && cont + 1 < need) end = i - 1;
-  }
-  size_t hold = 0;
-  for (const std::string& s : stops) {
-    if (s.empty()) continue;
-    const size_t found = text.find(s);
-    if (found != std::string::npos && found < end) end = found;
-    for (size_t k = std::min(s.size() - 1, end); k > hold; --k)
-      if (text.compare(end - k, k, s, 0, k) == 0) {
-        hold = k;
-        break;
-      }
-  }
-  return end - hold;
-}
-
 // One completion request in flight: its choices' engine requests, on its connection's strand.
 class Call final : public EngineClient, public std::enable_shared_from_this<Call> {
  public:
@@ -82,7 +58,7 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
         created_(int64_t(std::time(nullptr))),
         received_(ServeClock::now()),
         chat_(line_.url == "/v1/chat/completions"),
-        choices_(size_t(line_.choices())),
+        choices_(size_t(line_.choices()), Choice{runtime::Detokenizer(tok, line_.request.sampling.stop)}),
         first_at_(choices_.size()),
         last_at_(choices_.size()),
         remaining_(int(choices_.size())) {}
@@ -128,10 +104,9 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
 
  private:
   struct Choice {
+    runtime::Detokenizer text;  // decoded so far, as the final text decodes it
     std::vector<int32_t> ids;
-    std::string text;  // decoded so far (special tokens skipped, as in the final text)
     size_t sent = 0, ids_sent = 0;
-    bool first = true;  // no piece decoded yet
     std::optional<runtime::Result> result;
   };
 
@@ -159,10 +134,10 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
     if (c.result || ex_->gone()) return;
     for (int32_t id : t) {
       c.ids.push_back(id);
-      if (tok_ && tok_->append_decoded(c.text, id, true, c.first)) c.first = false;
+      c.text.feed(id);
     }
-    const size_t end = std::max(c.sent, safe_end(c.text, line_.request.sampling.stop));
-    const std::string delta = c.text.substr(c.sent, end - c.sent);
+    const size_t end = std::max(c.sent, c.text.stable_end());
+    const std::string delta(c.text.text().substr(c.sent, end - c.sent));
     std::vector<int32_t> ids(c.ids.begin() + int64_t(c.ids_sent), c.ids.end());
     if (delta.empty() && ids.empty()) return;
     c.sent = end;
@@ -198,9 +173,10 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
       const std::string final_text =
           chat_ ? fin["message"]["content"].get<std::string>() : fin["text"].get<std::string>();
       // What was sent is a prefix of the final text (held-back text never went out).
-      const std::string rest = final_text.size() > c.sent && final_text.compare(0, c.sent, c.text, 0, c.sent) == 0
-                                   ? final_text.substr(c.sent)
-                                   : "";
+      const std::string rest =
+          final_text.size() > c.sent && final_text.compare(0, c.sent, c.text.text(), 0, c.sent) == 0
+              ? final_text.substr(c.sent)
+              : "";
       std::vector<int32_t> ids(r.tokens.begin() + int64_t(std::min(c.ids_sent, r.tokens.size())), r.tokens.end());
       ex_->stream_data(sse(chunk(json::array({choice_delta(choice, text_delta(rest), ids, fin["finish_reason"])}))));
     }

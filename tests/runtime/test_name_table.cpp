@@ -12,6 +12,8 @@
 #include <string>
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "kernels/core/check.h"
@@ -155,30 +157,56 @@ TEST(NameTableTest, NoSharedExperts) {
   EXPECT_EQ(m.count("model.layers.1.mlp.shared_experts.up_proj.weight"), 0u);
 }
 
-// Both goldens: the table is exactly the checkpoint minus its MTP layer, and the check passes.
-void check_golden(const std::string& name, size_t total, size_t mtp) {
+// Both goldens: the main table is exactly the checkpoint minus its MTP layer, the MTP table exactly
+// that layer but for its copies of the embedding and lm_head, and the check passes.
+void check_golden(const std::string& name, size_t total, size_t mtp, size_t mtp_copies) {
   ModelConfig c = load_config(kData + "/" + name);
   Checkpoint ck(kData + "/" + name);
   auto m = by_name(tensor_table(c));
-  size_t n_mtp = 0;
+  auto mtp_table = by_name(mtp_tensor_table(c));
+  size_t n_mtp = 0, n_copies = 0;
   for (const std::string& n : ck.names()) {
-    if (is_mtp_tensor(c, n)) {
-      ++n_mtp;
-      EXPECT_EQ(m.count(n), 0u) << n;
+    EXPECT_EQ(m.count(n), is_mtp_tensor(c, n) ? 0u : 1u) << n;
+    if (!is_mtp_tensor(c, n)) continue;
+    ++n_mtp;
+    if (mtp_table.count(n)) {
+      EXPECT_EQ(ck.find(n)->shape, mtp_table.at(n)) << n;
     } else {
-      EXPECT_EQ(m.count(n), 1u) << n;
+      EXPECT_TRUE(n.ends_with(".embed_tokens.weight") || n.ends_with(".shared_head.head.weight")) << n;
+      ++n_copies;
     }
   }
   EXPECT_EQ(ck.names().size(), total);
   EXPECT_EQ(n_mtp, mtp);
+  EXPECT_EQ(n_copies, mtp_copies);
   EXPECT_EQ(m.size(), total - mtp);
+  EXPECT_EQ(mtp_table.size(), mtp - mtp_copies);
   EXPECT_NO_THROW(check_checkpoint(ck, c));
   EXPECT_EQ(ck.bytes_loaded(), 0u);  // headers only
 }
 
-TEST(NameTableTest, TinyAPassesCheck) { check_golden("tiny-a", 292, 71); }
+TEST(NameTableTest, TinyAPassesCheck) { check_golden("tiny-a", 292, 71, 0); }
 // tiny-v32's MTP layer also has its own embed_tokens and shared_head.head copies.
-TEST(NameTableTest, TinyV32PassesCheck) { check_golden("tiny-v32", 227, 73); }
+TEST(NameTableTest, TinyV32PassesCheck) { check_golden("tiny-v32", 227, 73, 2); }
+
+// The MTP layer (spec §3.9): a decoder layer of the model's shapes, then eh_proj [H, 2H] and the
+// three norms, at index num_hidden_layers (GLM-5: layer 78, 791 tensors).
+TEST(NameTableTest, MtpTableOfGlm5) {
+  const ModelConfig c = load_config(kData + "/glm5-config");
+  const std::vector<TensorSpec> t = mtp_tensor_table(c);
+  EXPECT_EQ(t.size(), 791u);
+  const auto m = by_name(t);
+  ASSERT_EQ(m.count("model.layers.78.eh_proj.weight"), 1u);
+  EXPECT_EQ(m.at("model.layers.78.eh_proj.weight"), (std::vector<int64_t>{6144, 12288}));
+  const auto eh =
+      std::find_if(t.begin(), t.end(), [](const TensorSpec& s) { return s.name.ends_with("eh_proj.weight"); });
+  EXPECT_EQ(eh->role, Role::MtpProjection);
+  EXPECT_FALSE(quantizable(Role::MtpProjection));
+  EXPECT_EQ(m.count("model.layers.78.mlp.experts.255.down_proj.weight"), 1u);
+  EXPECT_EQ(m.count("model.layers.78.shared_head.norm.weight"), 1u);
+  for (const TensorSpec& s : t) EXPECT_EQ(s.layer, 78) << s.name;
+  EXPECT_EQ(tensor_table(c).size(), 59079u);  // spec §2.1's counts
+}
 
 // A small synthetic checkpoint written from the table (zero data), spoilt by `edit`.
 struct Synthetic {
@@ -220,6 +248,14 @@ struct Synthetic {
     check_checkpoint(ck, cfg);
   }
 };
+
+// An MTP tensor the checkpoint holds is checked as any other: a wrong shape is refused, by name.
+TEST(NameTableTest, MisshapedMtpTensor) {
+  Synthetic s([](std::vector<TensorToWrite>& ts) {
+    ts.push_back({"model.layers.2.eh_proj.weight", DType::BF16, {256, 256}, nullptr});
+  });
+  expect_error([&] { s.check(); }, {"model.layers.2.eh_proj.weight", "expected shape [256, 512]", "found [256, 256]"});
+}
 
 TEST(NameTableTest, SyntheticCheckpointPasses) {
   Synthetic s([](auto&) {});
