@@ -24,13 +24,21 @@ struct Rates {
   bool operator==(const Rates&) const = default;
 };
 
-// One sequence's rows in a step: positions [start, start + n) of a prompt of prompt_len tokens;
-// `sample`: its last row is sampled (the end of its prompt, or a decode row).
+// One sequence's rows in a step (the scheduler's StepSeq, as the cost model sees it): positions
+// [start, start + n) of request `req`, whose prompt has prompt_len tokens; `sample`: its last row
+// is sampled (the end of its prompt, or a decode row).
 struct SimSeq {
   int64_t start = 0, n = 0, prompt_len = 0;
   bool sample = false;
   int64_t drafts = 0, accepted = 0;  // speculative decoding: drafts verified, of which accepted
-  bool operator==(const SimSeq&) const = default;
+  bool decode = false;               // one generated token (and its drafts), else prompt rows or a recompute
+  bool mtp = false, draft = false;   // the MTP layer runs over its rows / drafts after its sampled row
+  int64_t req = 0;
+  // The same work (whichever request): steps of columns that compare equal cost the same.
+  bool operator==(const SimSeq& o) const {
+    return start == o.start && n == o.n && prompt_len == o.prompt_len && sample == o.sample && drafts == o.drafts &&
+           accepted == o.accepted && decode == o.decode && mtp == o.mtp && draft == o.draft;
+  }
 };
 
 // Seconds per phase ("projections", "attention", "experts", ...), summed over layers.

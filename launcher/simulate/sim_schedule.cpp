@@ -3,12 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <deque>
-#include <list>
+#include <memory>
 #include <sstream>
 
 #include "kernels/core/check.h"
+#include "runtime/engine/distributor.h"
 #include "runtime/kv_cache.h"
+#include "runtime/scheduler.h"
 
 namespace glm5::launcher {
 
@@ -83,35 +84,55 @@ std::vector<int> host_of_ranks(const ClusterConfig& cc, const Hardware& hw) {
 
 namespace {
 
-// One request as a column's scheduler sees it.
-struct Seq {
-  int64_t pos = 0, gen = 0;  // positions computed, tokens generated
-  int group = 0;
-  double handed_at = 0;
-  bool computes_prefix = false;
-};
+// The prompt of request i: the workload's shared prefix (the same tokens for every request), then
+// tokens of its own, so that prefix sharing finds exactly the prefix. Any ids below the vocabulary:
+// the cost of a step does not depend on them.
+std::vector<int32_t> prompt_of(const Workload& w, int64_t i, int64_t vocab) {
+  std::vector<int32_t> p(size_t(w.in));
+  for (int64_t t = 0; t < w.in; ++t) {
+    uint64_t z = uint64_t(t < w.prefix ? -1 : i) * 0x9e3779b97f4a7c15ull + uint64_t(t);
+    z = (z ^ (z >> 31)) * 0xbf58476d1ce4e5b9ull;
+    p[size_t(t)] = int32_t(1 + (z ^ (z >> 29)) % uint64_t(std::max<int64_t>(1, vocab - 1)));
+  }
+  return p;
+}
 
-// One column's scheduler state (runtime/scheduler.cpp, without KV limits or preemption).
-struct Column {
-  std::deque<Seq> waiting;
-  std::list<Seq> live;  // admission order; stable addresses (steps in flight point at them)
-  std::vector<int> group_size;
-  bool prefix_done = false, prefix_owner = false;
-  int64_t remaining = 0;  // tokens still to compute (the distributor's load)
-};
+// The KV blocks of each column's pool, as the engine sizes it (runtime/engine/engine.cpp): the
+// cluster's kv_budget_gb over the largest stage's bytes per token (with the MTP layer's rows on a
+// speculating last stage). Without a budget the engine takes max_batch full contexts, capped by
+// the memory of the host it runs on; here, room for max_batch sequences of the workload.
+int64_t column_kv_blocks(const SimSetup& s) {
+  const ClusterConfig& cc = *s.cluster;
+  const int64_t k = cc.speculative_tokens;
+  if (cc.kv_budget_gb <= 0) return cc.max_batch * (runtime::blocks_for(s.work.in + s.work.out + k + 1) + 1);
+  size_t per_token = 0;
+  for (size_t st = 0; st < s.stages.size(); ++st) {
+    const bool mtp = st + 1 == s.stages.size() && k > 0;
+    per_token =
+        std::max(per_token, runtime::KvPool::bytes_per_token(*s.cfg, s.stages[st].first,
+                                                             s.stages[st].last + (mtp ? 1 : 0), cc.kv_cache_dtype()));
+  }
+  return runtime::KvPool::blocks_for_budget(*s.cfg, per_token, cc.kv_budget_gb * 1e9, int(cc.max_batch));
+}
 
 class Replay {
  public:
-  Replay(const SimSetup& s, std::vector<double> util) : s_(s), util_(std::move(util)) {
+  Replay(const SimSetup& s, std::vector<double> util)
+      : s_(s), util_(std::move(util)), dist_(s.cluster->expert_parallel, s.cluster->prefix_caching) {
     const ClusterConfig& cc = *s.cluster;
     P_ = cc.stages, E_ = cc.expert_parallel, G_ = P_ == 1 ? 1 : cc.micro_batches;
     host_ = host_of_ranks(cc, *s.hw);
     for (int r = 0; r < P_ * E_; ++r) rates_.push_back(rates_of(r));
-    cols_.resize(size_t(E_));
-    for (Column& c : cols_) c.group_size.assign(size_t(G_), 0);
-    shareable_ = cc.prefix_caching && s.work.prefix > 0
-                     ? std::min(s.work.prefix, s.work.in - 1) / runtime::kBlockTokens * runtime::kBlockTokens
-                     : 0;
+    runtime::SchedulerOptions so;
+    so.micro_batches = G_;
+    so.limits() = cc.limits();
+    so.kv_blocks = column_kv_blocks(s);
+    so.prefix_sharing = cc.prefix_caching;
+    so.speculative_tokens = cc.speculative_tokens;
+    so.speculative_max_batch = cc.speculative_max_batch;
+    for (int c = 0; c < E_; ++c) cols_.push_back(std::make_unique<runtime::Scheduler>(*s.cfg, so, nullptr));
+    handed_at_.assign(size_t(s.work.prompts), -1);
+    first_at_.assign(size_t(s.work.prompts), -1);
   }
 
   Prediction run();
@@ -126,13 +147,12 @@ class Replay {
   }
   void hand_out(double now);
   int64_t accepted_drafts(int64_t drafts);
-  std::vector<SimSeq> build(Column& c, int g, std::vector<Seq*>& members);
-  void apply(Column& c, const std::vector<Seq*>& members, const std::vector<SimSeq>& step, double now);
+  std::vector<SimSeq> build(runtime::Scheduler& c, int g);
+  void apply(runtime::Scheduler& c, const std::vector<SimSeq>& step, double now);
   double stage_time(int stage, const std::vector<std::vector<SimSeq>>& steps, StagePrediction& out);
   // One tick's steps, one per column, and the figures the timing needs.
   struct Tick {
     std::vector<std::vector<SimSeq>> steps;  // [E]
-    std::vector<std::vector<Seq*>> members;  // [E] the sequences of each step
     int64_t m_max = 0, rows = 0, decode_tokens = 0, absorbed_max = 0;
     bool decode_only = true;
   };
@@ -146,9 +166,11 @@ class Replay {
   int P_ = 1, E_ = 1, G_ = 1;
   std::vector<int> host_;
   std::vector<Rates> rates_;
-  std::vector<Column> cols_;
-  int64_t handed_ = 0, finished_ = 0, generated_ = 0, shareable_ = 0;
-  double ttft_sum_ = 0, exchange_bytes_ = 0, exchange_plan_bytes_ = 0, hop_bytes_ = 0;
+  std::vector<std::unique_ptr<runtime::Scheduler>> cols_;  // each column's scheduler, as the engine's
+  runtime::Distributor dist_;                              // world rank 0's
+  std::vector<double> handed_at_, first_at_;               // per request: handed out, first token back
+  int64_t handed_ = 0, finished_ = 0, generated_ = 0;
+  double exchange_bytes_ = 0, exchange_plan_bytes_ = 0, hop_bytes_ = 0;
   int64_t exchanges_ = 0, hops_ = 0;
   uint64_t draw_ = 0;  // the acceptance draws' state (deterministic)
 };
@@ -207,97 +229,68 @@ Rates Replay::rates_of(int rank) const {
   return r;
 }
 
-// World rank 0's distributor: requests to the column with room whose load would be least.
+// World rank 0 hands requests out between ticks (runtime/engine/engine.cpp hand_out), to the
+// column the distributor picks, while a column has a free slot.
 void Replay::hand_out(double now) {
-  const Workload& w = s_.work;
-  const int64_t max_batch = s_.cluster->max_batch;
-  while (handed_ < w.prompts) {
-    int best = -1;
-    for (int c = 0; c < E_; ++c) {
-      const Column& col = cols_[size_t(c)];
-      const int64_t slots = 2 * max_batch - int64_t(col.live.size() + col.waiting.size());
-      if (slots > 0 && (best < 0 || col.remaining < cols_[size_t(best)].remaining)) best = c;
-    }
-    if (best < 0) return;
-    Seq q;
-    q.handed_at = now;
-    Column& col = cols_[size_t(best)];
-    col.remaining += w.in + w.out;
-    col.waiting.push_back(q);
-    ++handed_;
+  std::vector<int64_t> load, slots;
+  int64_t room = 0;
+  for (const auto& c : cols_) load.push_back(c->load()), slots.push_back(c->free_slots()), room += slots.back();
+  for (; handed_ < s_.work.prompts && room > 0; --room) {
+    runtime::Request r;
+    r.index = handed_;
+    r.prompt = prompt_of(s_.work, handed_, s_.cfg->vocab_size);
+    r.sampling.max_tokens = s_.work.out;
+    r.sampling.ignore_eos = true;
+    const std::string why = cols_[0]->refuse_reason(r);
+    CHECK(why.empty(), "simulate: the workload's requests cannot run on this layout: ", why);
+    const int c = dist_.pick(r, load, slots);
+    handed_at_[size_t(handed_++)] = now;
+    cols_[size_t(c)]->add(std::move(r));
   }
 }
 
-// admit(g) then next_step(g) of runtime/scheduler.cpp; `members` gets the sequence of each entry.
-std::vector<SimSeq> Replay::build(Column& c, int g, std::vector<Seq*>& members) {
-  const ClusterConfig& cc = *s_.cluster;
-  const Workload& w = s_.work;
-  const size_t work_now = c.live.size() + c.waiting.size();
-  const int cap = int(
-      std::min<size_t>((size_t(cc.max_batch) + size_t(G_) - 1) / size_t(G_), (work_now + size_t(G_) - 1) / size_t(G_)));
-  while (!c.waiting.empty() && int(c.live.size()) < cc.max_batch && c.group_size[size_t(g)] < cap) {
-    Seq q = c.waiting.front();
-    c.waiting.pop_front();
-    q.group = g;
-    if (shareable_ > 0 && !c.prefix_owner) q.computes_prefix = c.prefix_owner = true;
-    c.live.push_back(q);
-    ++c.group_size[size_t(g)];
+// The column's next step for group g (admission, then decode rows and prefill chunks: the
+// scheduler's own), as the cost model sees it; a verify step's accepted drafts are drawn here.
+std::vector<SimSeq> Replay::build(runtime::Scheduler& c, int g) {
+  std::vector<int32_t> tokens;
+  const runtime::Step step = c.next_step(g, tokens);
+  std::vector<SimSeq> out;
+  for (const runtime::StepSeq& q : step.seqs) {
+    SimSeq e;
+    e.req = q.req;
+    e.prompt_len = s_.work.in;
+    e.start = q.start;
+    e.n = q.n;
+    e.sample = q.sample;
+    e.drafts = q.drafts;
+    e.accepted = accepted_drafts(q.drafts);
+    e.decode = q.decode;
+    e.mtp = q.mtp;
+    e.draft = q.draft;
+    out.push_back(e);
   }
-  std::vector<SimSeq> step;
-  members.clear();
-  int64_t room = cc.max_step_tokens, decoding = 0;
-  for (const Seq& q : c.live) decoding += q.group == g && q.gen > 0;
-  const bool speculate = cc.speculative_tokens > 0 && decoding <= cc.speculative_max_batch;
-  for (int pass = 0; pass < 2; ++pass)
-    for (Seq& q : c.live) {
-      if (q.group != g || (q.gen > 0) != (pass == 0)) continue;
-      SimSeq e;
-      e.prompt_len = w.in;
-      e.start = q.pos;
-      if (pass == 0) {
-        e.drafts = speculate ? std::min<int64_t>(cc.speculative_tokens, w.out - q.gen - 1) : 0;
-        e.accepted = accepted_drafts(e.drafts);
-        e.n = 1 + e.drafts;
-        e.sample = true;
-        q.pos -= e.drafts - e.accepted;  // the rejected rows' positions are free again
-      } else {
-        if (room <= 0) continue;
-        if (shareable_ > 0 && !q.computes_prefix && q.pos < shareable_) {
-          if (!c.prefix_done) continue;  // the shared blocks are still being computed
-          q.pos = e.start = shareable_;  // taken from the cache
-          c.remaining -= shareable_;
-        }
-        e.n = std::min({int64_t(cc.prefill_chunk), w.in - q.pos, room});
-        e.sample = q.pos + e.n == w.in;
-      }
-      q.pos += e.n;
-      room -= e.n;
-      c.remaining -= pass == 0 ? 1 + e.accepted : e.n;  // the tokens it gives (the runtime's load)
-      if (q.computes_prefix && q.pos >= shareable_) c.prefix_done = true;
-      step.push_back(e);
-      members.push_back(&q);
-    }
-  return step;
+  return out;
 }
 
-// The sampled tokens of a step come back: count them, finish requests that reached `out`.
-void Replay::apply(Column& c, const std::vector<Seq*>& members, const std::vector<SimSeq>& step, double now) {
-  for (size_t i = 0; i < step.size(); ++i) {
-    if (!step[i].sample) continue;
-    Seq& q = *members[i];
-    if (q.gen == 0) ttft_sum_ += now - q.handed_at;
-    const int64_t tokens = std::min(1 + step[i].accepted, s_.work.out - q.gen);
-    q.gen += tokens;
-    generated_ += tokens;
+// The step's sampled tokens come back to the column's scheduler as the last stage would return
+// them: 1 + the accepted drafts, and the MTP layer's drafts for the next step. Requests that
+// reached `out` tokens finish.
+void Replay::apply(runtime::Scheduler& c, const std::vector<SimSeq>& step, double now) {
+  std::vector<runtime::Back> backs;
+  for (const SimSeq& e : step) {
+    if (!e.sample) continue;
+    runtime::Back b;
+    b.req = e.req;
+    runtime::Sampled token;
+    token.token = 1;  // any id: ignore_eos, no stop strings
+    b.tokens.assign(size_t(1 + e.accepted), token);
+    if (e.draft) b.drafts.assign(size_t(s_.cluster->speculative_tokens), 1);
+    if (first_at_[size_t(e.req)] < 0) first_at_[size_t(e.req)] = now;
+    backs.push_back(std::move(b));
   }
-  for (auto it = c.live.begin(); it != c.live.end();) {
-    if (it->gen < s_.work.out) {
-      ++it;
-      continue;
-    }
-    --c.group_size[size_t(it->group)];
-    c.remaining -= std::max<int64_t>(0, s_.work.in + s_.work.out - it->pos);
-    it = c.live.erase(it);
+  c.apply(backs);
+  for (const runtime::Result& r : c.take_finished()) {
+    generated_ += int64_t(r.tokens.size());
     ++finished_;
   }
 }
@@ -395,15 +388,15 @@ double Replay::mtp_time(const std::vector<std::vector<SimSeq>>& steps, StagePred
     int64_t total = 0;
     for (int c = 0; c < E_; ++c)
       for (const SimSeq& e : steps[size_t(c)]) {
-        const bool decode = e.start >= e.prompt_len;
-        if ((decode && e.drafts == 0) || (pass > 0 && !e.sample)) continue;  // a plainly decoding step: no MTP
-        const int64_t known = decode ? 1 + e.accepted : e.n;                 // rows whose next token is known
+        const bool decode = e.decode;
+        if (!e.mtp || (pass > 0 && !e.draft)) continue;       // a plainly decoding step: no MTP
+        const int64_t known = decode ? 1 + e.accepted : e.n;  // rows whose next token is known
         SimSeq r = e;
         r.n = pass == 0 ? known : 1;
         r.start = pass == 0 ? e.start : e.start + known + pass - 1;
         rows[size_t(c)].push_back(r);
         m[size_t(c)] += r.n;
-        drafting[size_t(c)] += e.sample;
+        drafting[size_t(c)] += e.draft;
         total += r.n;
       }
     PhaseTimes phases;
@@ -437,16 +430,15 @@ Replay::Tick Replay::build_tick(int g) {
   const runtime::ModelConfig& cfg = *s_.cfg;
   Tick t;
   t.steps.resize(size_t(E_));
-  t.members.resize(size_t(E_));
   for (int c = 0; c < E_; ++c) {
-    t.steps[size_t(c)] = build(cols_[size_t(c)], g, t.members[size_t(c)]);
+    t.steps[size_t(c)] = build(*cols_[size_t(c)], g);
     int64_t m = 0;
     int64_t absorbed = 0;  // rows past min(prompt, index_topk): the ones with a top-k
     for (const SimSeq& e : t.steps[size_t(c)]) {
       absorbed += std::max<int64_t>(0, e.start + e.n - std::max(e.start, std::min(e.prompt_len, cfg.index_topk)));
       m += e.n;
-      t.decode_only &= e.start >= e.prompt_len;
-      t.decode_tokens += e.start >= e.prompt_len ? 1 + e.accepted : 0;
+      t.decode_only &= e.decode;
+      t.decode_tokens += e.decode ? 1 + e.accepted : 0;
     }
     t.m_max = std::max(t.m_max, m);
     t.absorbed_max = std::max(t.absorbed_max, absorbed);
@@ -502,7 +494,7 @@ Prediction Replay::run() {
     if (P_ > 1 && inflight[size_t(g)]) {
       now = std::max(now, back_at[size_t(g)]);
       Tick& back = pending[size_t(g)];
-      for (int c = 0; c < E_; ++c) apply(cols_[size_t(c)], back.members[size_t(c)], back.steps[size_t(c)], now);
+      for (int c = 0; c < E_; ++c) apply(*cols_[size_t(c)], back.steps[size_t(c)], now);
       inflight[size_t(g)] = false;
       end = std::max(end, now);
     }
@@ -520,7 +512,7 @@ Prediction Replay::run() {
     if (t.decode_only && t.rows > 0) decode_s += now - last_tick, decode_tokens += t.decode_tokens;
     last_tick = now;
     if (P_ == 1) {
-      for (int c = 0; c < E_; ++c) apply(cols_[size_t(c)], t.members[size_t(c)], t.steps[size_t(c)], now);
+      for (int c = 0; c < E_; ++c) apply(*cols_[size_t(c)], t.steps[size_t(c)], now);
       end = now;
     } else {
       back_at[size_t(g)] = arrive + link_latency((P_ - 1) * E_, 0);
@@ -536,9 +528,12 @@ void Replay::summarise(Prediction& pred, double end, double decode_s, int64_t de
   const Workload& w = s_.work;
   pred.makespan_s = end;
   pred.generated = generated_;
+  for (const auto& c : cols_) pred.preemptions += c->preemptions();
   pred.generated_per_s = double(generated_) / std::max(end, 1e-12);
   pred.tokens_per_s = double(w.prompts * (w.in + w.out)) / std::max(end, 1e-12);
-  pred.mean_ttft_s = ttft_sum_ / double(w.prompts);
+  double ttft_sum = 0;
+  for (size_t i = 0; i < first_at_.size(); ++i) ttft_sum += first_at_[i] - handed_at_[i];
+  pred.mean_ttft_s = ttft_sum / double(w.prompts);
   pred.decode_per_s = decode_s > 0 ? double(decode_tokens) / decode_s : 0;
   pred.exchange_bytes_per_layer = exchanges_ ? exchange_bytes_ / double(exchanges_ * E_) : 0;
   pred.exchange_plan_bytes_per_layer = exchanges_ ? exchange_plan_bytes_ / double(exchanges_ * E_) : 0;

@@ -1,10 +1,12 @@
 // The simulator's schedule: replays what the engine does with a workload on a layout, tick by
-// tick, with the cost model's step times instead of kernels. Each column's scheduler is followed
-// as runtime/scheduler.cpp decides (admission into micro-batch groups, decode rows first, prefill
-// chunks while the step has room); world rank 0 hands requests to the least-loaded column with
-// room; stage-0 ranks tick in lockstep; a step moves down its column stage by stage (a stage
-// works on one step at a time, in order), and group g's next step waits for its tokens to come
-// back from the last stage. The MoE layers of a stage wait for all its columns (the exchange).
+// tick, with the cost model's step times instead of kernels. Each column runs the engine's own
+// scheduler (runtime/scheduler.h: admission into micro-batch groups, KV blocks sized as the engine
+// sizes them, preemption, prefix sharing, decode rows first, prefill chunks while the step has
+// room, speculative verify steps) and world rank 0 the engine's distributor
+// (runtime/engine/distributor.h); only the tokens are made up (drafts accepted as the acceptance
+// model draws them). Stage-0 ranks tick in lockstep; a step moves down its column stage by stage
+// (a stage works on one step at a time, in order), and group g's next step waits for its tokens to
+// come back from the last stage. The MoE layers of a stage wait for all its columns (the exchange).
 //
 // CPU ranks of one host share its cores and memory bandwidth: a rank's rates are scaled by how
 // many of the host's ranks are busy at once, estimated from the utilisation of the previous pass
@@ -42,6 +44,7 @@ struct Prediction {
   double mean_ttft_s = 0;                                        // request handed out -> first token back at stage 0
   double decode_per_s = 0;  // tokens/s over the ticks that only decode (the steady state)
   int64_t ticks = 0, generated = 0;
+  int64_t preemptions = 0;  // sequences the columns' schedulers preempted (KV blocks ran out)
   std::vector<StagePrediction> stages;
   double exchange_bytes_per_layer = 0;       // mean bytes one rank sends per MoE layer per step
   double exchange_plan_bytes_per_layer = 0;  // of which the plan (count headers, slot entries)

@@ -237,6 +237,9 @@ int print_prediction(const Prediction& p, const ClusterConfig& cc, const Hardwar
       p.generated_per_s, p.tokens_per_s, p.makespan_s, p.mean_ttft_s, (long long)p.ticks);
   if (p.decode_per_s > 0)
     std::printf("           %.1f tokens/s in the decode-only steps (steady state)\n", p.decode_per_s);
+  if (p.preemptions > 0)
+    std::printf("           %lld preemptions: the KV pool (kv_budget_gb) holds fewer sequences than max_batch\n",
+                (long long)p.preemptions);
   std::printf("\n| stage | layers | busy s | utilisation | comm s | heaviest phases |\n|---|---|---|---|---|---|\n");
   int bottleneck = 0;
   for (size_t s = 0; s < p.stages.size(); ++s) {
@@ -290,6 +293,7 @@ void write_json(const SimulateArgs& a, const SimSetup& setup, const Prediction& 
   j["mean_ttft_s"] = p.mean_ttft_s;
   j["decode_tokens_per_s"] = p.decode_per_s;
   j["ticks"] = p.ticks;
+  j["preemptions"] = p.preemptions;
   j["bottleneck_stage"] = bottleneck;
   j["exchange_bytes_per_layer"] = p.exchange_bytes_per_layer;
   j["exchange_plan_bytes_per_layer"] = p.exchange_plan_bytes_per_layer;

@@ -13,6 +13,7 @@
 #include "launcher/simulate/sim_cost.h"
 #include "launcher/simulate/sim_schedule.h"
 #include "runtime/config.h"
+#include "runtime/kv_cache.h"
 #include "runtime/memory_plan.h"
 #include "tests/test_support.h"
 
@@ -370,6 +371,53 @@ TEST(Simulate, CpuRanksShareTheirHost) {
   // The same ranks on two hosts do not share.
   s.cc.hosts = {{"a", 1}, {"b", 1}};
   EXPECT_LT(s.run("prompts=16,in=8,out=16").makespan_s, 0.95 * two.makespan_s);
+}
+
+// The replay runs the engine's own scheduler and distributor: on a KV pool too small for every
+// sequence at once (preemption and recomputation), the simulator's ticks, preemptions and tokens are
+// those of a real `glm5 batch` of the same workload on the same cluster config.
+TEST(Simulate, ReplaysTheEnginesScheduler) {
+  Sim s;
+  const int64_t in = 20, out = 70, prompts = 6;
+  const double per_block =
+      double(runtime::KvPool::bytes_per_token(s.cfg, 0, int(s.cfg.num_hidden_layers), DType::F32)) *
+      double(runtime::kBlockTokens);
+  const fs::path cluster = scratch("kv-small.yaml");
+  char budget[64];
+  std::snprintf(budget, sizeof budget, "%.17g", 3.5 * per_block / 1e9);  // 3 blocks: 2 sequences of 90 rows
+  std::ofstream(cluster) << "stages: 1\nexpert_parallel: 1\nbackend: cpu\nmax_batch: 4\nkv_budget_gb: " << budget
+                         << "\n";
+  const fs::path input = scratch("kv-small.jsonl"), records = scratch("kv-small.out.jsonl"),
+                 report = scratch("kv-small.report.json");
+  {
+    std::ofstream f(input);
+    for (int64_t i = 0; i < prompts; ++i) {
+      std::vector<int> ids;
+      for (int64_t t = 0; t < in; ++t) ids.push_back(int(1 + (i * in + t) % 200));
+      f << nlohmann::json({{"custom_id", "r" + std::to_string(i)},
+                           {"prompt_ids", ids},
+                           {"max_tokens", out},
+                           {"ignore_eos", true},
+                           {"temperature", 0}})
+               .dump()
+        << "\n";
+    }
+  }
+  const Proc run = run_captured(kBin + " batch --model " + kMoe + " --cluster " + cluster.string() + " --input " +
+                                    input.string() + " --output " + records.string() + " --report " + report.string(),
+                                scratch("kv-small.o"), scratch("kv-small.e"));
+  ASSERT_EQ(run.code, 0) << run.err;
+  const nlohmann::json rank = nlohmann::json::parse(slurp(report)).at("ranks").at(0);
+  s.cc = load_cluster_config(cluster.string());
+  const Prediction p = s.run("prompts=6,in=20,out=70");
+  EXPECT_GT(rank.at("preemptions").get<int64_t>(), 0);  // the case this test is about
+  EXPECT_EQ(p.preemptions, rank.at("preemptions").get<int64_t>());
+  // The engine's ticks also count its idle ones: before the input reader's first lines arrive and
+  // the one that hands back the last results.
+  EXPECT_GE(rank.at("ticks").get<int64_t>(), p.ticks);
+  EXPECT_LE(rank.at("ticks").get<int64_t>(), p.ticks + 10);
+  EXPECT_EQ(p.generated, rank.at("tokens_generated").get<int64_t>());
+  EXPECT_EQ(p.generated, prompts * out);
 }
 
 TEST(Simulate, CommandLine) {
