@@ -1,6 +1,7 @@
-// What one pipeline column runs at once: the defaults and the meaning of the three limits, in one
-// place for the cluster config, the engine, its scheduler and the memory plan (each of their
-// option structs is a BatchLimits, so the limits pass as one value).
+// What one pipeline column runs at once and how it schedules it: the defaults and the meaning of
+// each, in one place for the cluster config, the engine, its scheduler and the memory plan (each of
+// their option structs is a BatchLimits, the first three a SchedulingPolicy, so that they pass as
+// one value).
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,20 @@ struct BatchLimits {
 
   BatchLimits& limits() { return *this; }
   const BatchLimits& limits() const { return *this; }
+};
+
+// How a column schedules its work, beyond the limits: the cluster config's keys of the same
+// names, which the engine and its scheduler take as one value (policy()).
+struct SchedulingPolicy : BatchLimits {
+  int micro_batches = 1;       // micro-batches in flight per column (>= stages keeps all busy)
+  bool prefix_sharing = true;  // share full prompt blocks between sequences (cluster key prefix_caching)
+  // Speculative decoding: MTP draft tokens verified per decode step (0: off), and the decoding
+  // sequences of a step beyond which it decodes plainly (no drafts, no MTP over its decode rows).
+  int speculative_tokens = 0;
+  int64_t speculative_max_batch = 4;
+
+  SchedulingPolicy& policy() { return *this; }
+  const SchedulingPolicy& policy() const { return *this; }
 };
 
 }  // namespace glm5::runtime

@@ -19,6 +19,7 @@
 namespace glm5::runtime {
 
 class Checkpoint;
+struct TensorSpec;
 
 // What this rank holds of the model.
 struct ModelShard {
@@ -115,10 +116,11 @@ class Model {
   // Backend::upload_gemm_matrix); kStreamed: read every step but also sliced or transposed (kept
   // row-major, may be copied); kLookup: a table only looked up (the embedding), which stays mapped.
   enum class Use { kGemm, kStreamed, kLookup };
-  kernels::Weight matrix(const std::string& name, int64_t rows, int64_t cols, Use use = Use::kGemm);
-  const float* vector(const std::string& name, int64_t n, float scale = 1.0f);
-  kernels::Weight matrix_f32_scaled(const std::string& name, int64_t rows, int64_t cols, float scale);
-  kernels::Weight matrix_plain(const std::string& name, int64_t rows, int64_t cols, Use use);
+  // Each takes its tensor's name and shape from the schema (runtime/name_table.h).
+  kernels::Weight matrix(const TensorSpec& spec, Use use = Use::kGemm);
+  const float* vector(const TensorSpec& spec, float scale = 1.0f);
+  kernels::Weight matrix_f32_scaled(const TensorSpec& spec, float scale);
+  kernels::Weight matrix_plain(const TensorSpec& spec, Use use);
   kernels::Weight owned_matrix(std::vector<float> values, int64_t rows, int64_t cols, DType dtype);
   struct Layout;
   std::unique_ptr<Layer> load_layer(int l);

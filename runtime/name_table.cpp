@@ -246,17 +246,39 @@ std::vector<TensorSpec> layer_tensors(const ModelConfig& c, int64_t l) {
   return t;
 }
 
-std::vector<TensorSpec> tensor_table(const ModelConfig& c) {
+std::vector<TensorSpec> global_tensors(const ModelConfig& c) {
   const int64_t H = c.hidden_size, V = c.vocab_size;
   std::vector<TensorSpec> t;
   t.push_back({"model.embed_tokens.weight", {V, H}, -1, -1, Role::Embedding});
+  t.push_back({"model.norm.weight", {H}, -1, -1, Role::Norm});
+  if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {V, H}, -1, -1, Role::LmHead});
+  return t;
+}
+
+std::vector<TensorSpec> tensor_table(const ModelConfig& c) {
+  std::vector<TensorSpec> globals = global_tensors(c);
+  std::vector<TensorSpec> t;
+  t.push_back(std::move(globals[0]));  // the embedding first, then the layers, then the head
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     std::vector<TensorSpec> layer = layer_tensors(c, l);
     t.insert(t.end(), std::make_move_iterator(layer.begin()), std::make_move_iterator(layer.end()));
   }
-  t.push_back({"model.norm.weight", {H}, -1, -1, Role::Norm});
-  if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {V, H}, -1, -1, Role::LmHead});
+  t.insert(t.end(), std::make_move_iterator(globals.begin() + 1), std::make_move_iterator(globals.end()));
   return t;
+}
+
+SchemaLookup::SchemaLookup(std::vector<TensorSpec> specs) {
+  by_name_.reserve(specs.size());
+  for (TensorSpec& s : specs) {
+    std::string name = s.name;
+    by_name_.emplace(std::move(name), std::move(s));
+  }
+}
+
+const TensorSpec& SchemaLookup::operator[](const std::string& name) const {
+  const auto it = by_name_.find(name);
+  CHECK(it != by_name_.end(), "internal: tensor '", name, "' is not in the schema (runtime/name_table.cpp)");
+  return it->second;
 }
 
 std::vector<TensorSpec> mtp_tensor_table(const ModelConfig& c) {

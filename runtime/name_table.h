@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/core/dtype.h"
@@ -75,10 +76,24 @@ kernels::Weight weight_view(const StoredTensor& st, int64_t rows, int64_t cols);
 // (MLA, its indexer unless shared, a dense MLP or the MoE) and, for an MTP layer (spec §3.9), then
 // eh_proj [H, 2H], enorm, hnorm and shared_head.norm.
 std::vector<TensorSpec> layer_tensors(const ModelConfig& cfg, int64_t l);
+// The tensors outside the layers: model.embed_tokens, model.norm, lm_head (unless tied).
+std::vector<TensorSpec> global_tensors(const ModelConfig& cfg);
 // The main model: embedding, layers 0..num_hidden_layers-1, final norm, lm_head (unless tied).
 std::vector<TensorSpec> tensor_table(const ModelConfig& cfg);
 // The MTP layers: layer_tensors of num_hidden_layers .. + num_nextn_predict_layers - 1.
 std::vector<TensorSpec> mtp_tensor_table(const ModelConfig& cfg);
+// Part of the schema by name: what the loader asks for, so that names and shapes come from here.
+class SchemaLookup {
+ public:
+  explicit SchemaLookup(std::vector<TensorSpec> specs);
+  // The spec named `name`; an internal error when the schema has none (the loader asked for a
+  // tensor this model does not have).
+  const TensorSpec& operator[](const std::string& name) const;
+
+ private:
+  std::unordered_map<std::string, TensorSpec> by_name_;
+};
+
 // True for names of layers >= num_hidden_layers (MTP), which only speculation loads.
 bool is_mtp_tensor(const ModelConfig& cfg, const std::string& name);
 // Strict check of the whole checkpoint against the tables, without reading tensor data beyond

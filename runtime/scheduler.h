@@ -50,13 +50,9 @@ namespace glm5::runtime {
 
 class Tokenizer;
 
-struct SchedulerOptions : BatchLimits {
-  int micro_batches = 1;              // groups that take turns (1 on a one-stage pipeline)
-  int64_t kv_blocks = 1 << 20;        // blocks in the column's KV pools
-  bool prefix_sharing = true;         // share full prompt blocks between sequences
-  int speculative_tokens = 0;         // MTP draft tokens verified per decode step (0: off)
-  int64_t speculative_max_batch = 4;  // decoding sequences of a step beyond which it decodes
-                                      // plainly: no drafts, no MTP over its decode rows
+// micro_batches: the groups that take turns (1 on a one-stage pipeline).
+struct SchedulerOptions : SchedulingPolicy {
+  int64_t kv_blocks = 1 << 20;  // blocks in the column's KV pools
 };
 
 // One sequence's entry in a step: rows [start, start + n) of request `req`.

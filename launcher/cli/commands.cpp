@@ -141,21 +141,10 @@ std::unique_ptr<Job> make_job(const std::string& model_dir, const std::string& c
   job->model = std::make_unique<runtime::Model>(job->config, *job->checkpoint, *job->backend, shard, *job->stage_comm,
                                                 job->moe_payload.get());
   runtime::EngineOptions opt;
-  opt.micro_batches = job->cluster.micro_batches;
-  opt.limits() = job->cluster.limits();
+  opt.policy() = job->cluster.policy();
   opt.kv_budget_bytes = job->cluster.kv_budget_gb * 1e9;
-  opt.prefix_sharing = job->cluster.prefix_caching;
   opt.kv_dtype = job->cluster.kv_cache_dtype();
-  // The budget is shared out by the stage whose position costs most (the last stage also caches the
-  // MTP layer's rows when speculating).
-  for (size_t s = 0; s < job->stages.size(); ++s) {
-    const bool mtp = s + 1 == job->stages.size() && job->cluster.speculative_tokens > 0;
-    opt.kv_bytes_per_token = std::max(
-        opt.kv_bytes_per_token, runtime::KvPool::bytes_per_token(job->config, job->stages[s].first,
-                                                                 job->stages[s].last + (mtp ? 1 : 0), opt.kv_dtype));
-  }
-  opt.speculative_tokens = job->cluster.speculative_tokens;
-  opt.speculative_max_batch = job->cluster.speculative_max_batch;
+  opt.kv_bytes_per_token = kv_bytes_per_token(job->cluster, job->config, job->stages);
   opt.progress = progress;
   job->engine =
       std::make_unique<runtime::Engine>(*job->model, *job->world, *job->stage_comm, grid, opt, job->hidden.get());

@@ -18,6 +18,7 @@
 
 #include "kernels/core/check.h"
 #include "launcher/cluster/yaml.h"
+#include "runtime/kv_cache.h"
 #include "runtime/name_table.h"
 
 namespace glm5::launcher {
@@ -227,7 +228,7 @@ static void read_key(Reader& rd, const YAML::Node& key_node, const YAML::Node& v
   else if (key == "watchdog_s")
     cc.watchdog_s = rd.number(v, key, 0.0);
   else if (key == "prefix_caching")
-    cc.prefix_caching = rd.boolean(v, key);
+    cc.prefix_sharing = rd.boolean(v, key);
   else if (key == "kv_dtype")
     cc.kv_dtype = rd.one_of(v, key, {"f32", "bf16"});
   else if (key == "precision")
@@ -235,7 +236,7 @@ static void read_key(Reader& rd, const YAML::Node& key_node, const YAML::Node& v
   else if (key == "speculative_tokens")
     cc.speculative_tokens = int(rd.integer(v, key, 0, kMaxSpeculativeTokens));
   else if (key == "speculative_max_batch")
-    cc.speculative_max_batch = int(rd.integer(v, key, 1));
+    cc.speculative_max_batch = rd.integer(v, key, 1);
   else if (key == "hosts")
     rd.hosts(v, cc);
   else if (key == "mpirun_args")
@@ -398,6 +399,19 @@ static bool user_binds(const std::vector<std::string>& args) {
 static std::vector<std::string> binding_args(const ClusterConfig& cc) {
   if (cc.backend != "cpu" || user_binds(cc.mpirun_args)) return {};
   return {"--bind-to", "none"};
+}
+
+size_t stage_kv_bytes_per_token(const ClusterConfig& cc, const runtime::ModelConfig& mc,
+                                const std::vector<parallel::LayerRange>& stages, size_t s) {
+  const bool mtp = s + 1 == stages.size() && cc.speculative_tokens > 0;
+  return runtime::KvPool::bytes_per_token(mc, stages[s].first, stages[s].last + (mtp ? 1 : 0), cc.kv_cache_dtype());
+}
+
+size_t kv_bytes_per_token(const ClusterConfig& cc, const runtime::ModelConfig& mc,
+                          const std::vector<parallel::LayerRange>& stages) {
+  size_t most = 0;
+  for (size_t s = 0; s < stages.size(); ++s) most = std::max(most, stage_kv_bytes_per_token(cc, mc, stages, s));
+  return most;
 }
 
 runtime::ModelShard rank_shard(const ClusterConfig& cc, const std::vector<parallel::LayerRange>& stages, int rank) {

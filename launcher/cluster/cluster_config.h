@@ -42,22 +42,18 @@ struct HostSlots {
 
 constexpr int kMaxSpeculativeTokens = 8;
 
-struct ClusterConfig : runtime::BatchLimits {
+struct ClusterConfig : runtime::SchedulingPolicy {
   std::string source;  // file path, for messages
   int stages = 1;
   std::vector<parallel::LayerRange> layer_ranges;  // explicit ranges, or empty = balanced
   int expert_parallel = 1;
-  int micro_batches = 1;
   std::string backend = "cpu";
   std::string comm = "mpi";
   double kv_budget_gb = 0;
   double device_memory_gb = 0;  // memory of one rank's device (e.g. 80 for H100); 0 = unchecked
   double watchdog_s = 300;
-  bool prefix_caching = true;
   std::string kv_dtype = "f32";     // f32 | bf16: kv_cache_dtype()
   std::string precision = "exact";  // exact | fast (kernels::Precision)
-  int speculative_tokens = 0;       // MTP draft tokens per decode step (0: off; at most 8)
-  int speculative_max_batch = 4;    // decoding sequences of a step beyond which it decodes plainly
   std::vector<HostSlots> hosts;
   std::vector<std::string> mpirun_args;
   std::map<std::string, std::string> env;
@@ -92,6 +88,14 @@ std::vector<parallel::LayerRange> plan_stages(const ClusterConfig& cc, const run
 // What rank `rank` of this layout holds: its stage's layers (`stages` from plan_stages), its
 // column's 1/E of the routed experts, the embedding on stage 0, final norm + lm_head on the last.
 runtime::ModelShard rank_shard(const ClusterConfig& cc, const std::vector<parallel::LayerRange>& stages, int rank);
+
+// KV cache bytes per token position on stage s's ranks: its layers, and the MTP layer's rows on a
+// speculating last stage. kv_bytes_per_token: the largest, by which the engine sizes every rank's
+// pool from kv_budget_gb (the same block count everywhere).
+size_t stage_kv_bytes_per_token(const ClusterConfig& cc, const runtime::ModelConfig& mc,
+                                const std::vector<parallel::LayerRange>& stages, size_t s);
+size_t kv_bytes_per_token(const ClusterConfig& cc, const runtime::ModelConfig& mc,
+                          const std::vector<parallel::LayerRange>& stages);
 
 // Parameters of layer l (its tensors in the schema, runtime/name_table.h: attention, indexer, norms,
 // the MLP with all experts; an MTP layer its own parts too), for balancing and plans.

@@ -134,14 +134,9 @@ struct Ranks {
   const runtime::WeightPlan& wp;
   double reserve = 0;  // activations per rank (device memory only)
 
-  size_t kv_per_token(size_t s) const {
-    const bool mtp = s + 1 == stages.size() && cc.speculative_tokens > 0;
-    const DType kv_dtype = cc.kv_cache_dtype();
-    return runtime::KvPool::bytes_per_token(mc, stages[s].first, stages[s].last + (mtp ? 1 : 0), kv_dtype);
-  }
+  size_t kv_per_token(size_t s) const { return stage_kv_bytes_per_token(cc, mc, stages, s); }
   int64_t budget_blocks() const {
-    size_t most = 1;
-    for (size_t s = 0; s < stages.size(); ++s) most = std::max(most, kv_per_token(s));
+    const size_t most = std::max<size_t>(1, kv_bytes_per_token(cc, mc, stages));
     const double budget = cc.kv_budget_gb * 1e9;
     return budget > 0 ? int64_t(budget / (double(most) * double(runtime::kBlockTokens))) : 0;
   }

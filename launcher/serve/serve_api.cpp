@@ -58,7 +58,7 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
         created_(int64_t(std::time(nullptr))),
         received_(ServeClock::now()),
         chat_(line_.url == "/v1/chat/completions"),
-        choices_(size_t(line_.choices()), Choice{runtime::Detokenizer(tok, line_.request.sampling.stop)}),
+        choices_(size_t(line_.choices()), Choice(runtime::Detokenizer(tok, line_.request.sampling.stop))),
         first_at_(choices_.size()),
         last_at_(choices_.size()),
         remaining_(int(choices_.size())) {}
@@ -104,6 +104,7 @@ class Call final : public EngineClient, public std::enable_shared_from_this<Call
 
  private:
   struct Choice {
+    explicit Choice(runtime::Detokenizer t) : text(std::move(t)) {}
     runtime::Detokenizer text;  // decoded so far, as the final text decodes it
     std::vector<int32_t> ids;
     size_t sent = 0, ids_sent = 0;

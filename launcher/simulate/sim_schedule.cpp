@@ -98,38 +98,28 @@ std::vector<int32_t> prompt_of(const Workload& w, int64_t i, int64_t vocab) {
 }
 
 // The KV blocks of each column's pool, as the engine sizes it (runtime/engine/engine.cpp): the
-// cluster's kv_budget_gb over the largest stage's bytes per token (with the MTP layer's rows on a
-// speculating last stage). Without a budget the engine takes max_batch full contexts, capped by
+// cluster's kv_budget_gb over kv_bytes_per_token. Without a budget the engine takes max_batch full contexts, capped by
 // the memory of the host it runs on; here, room for max_batch sequences of the workload.
 int64_t column_kv_blocks(const SimSetup& s) {
   const ClusterConfig& cc = *s.cluster;
   const int64_t k = cc.speculative_tokens;
   if (cc.kv_budget_gb <= 0) return cc.max_batch * (runtime::blocks_for(s.work.in + s.work.out + k + 1) + 1);
-  size_t per_token = 0;
-  for (size_t st = 0; st < s.stages.size(); ++st) {
-    const bool mtp = st + 1 == s.stages.size() && k > 0;
-    per_token =
-        std::max(per_token, runtime::KvPool::bytes_per_token(*s.cfg, s.stages[st].first,
-                                                             s.stages[st].last + (mtp ? 1 : 0), cc.kv_cache_dtype()));
-  }
-  return runtime::KvPool::blocks_for_budget(*s.cfg, per_token, cc.kv_budget_gb * 1e9, int(cc.max_batch));
+  return runtime::KvPool::blocks_for_budget(*s.cfg, kv_bytes_per_token(cc, *s.cfg, s.stages), cc.kv_budget_gb * 1e9,
+                                            int(cc.max_batch));
 }
 
 class Replay {
  public:
   Replay(const SimSetup& s, std::vector<double> util)
-      : s_(s), util_(std::move(util)), dist_(s.cluster->expert_parallel, s.cluster->prefix_caching) {
+      : s_(s), util_(std::move(util)), dist_(s.cluster->expert_parallel, s.cluster->prefix_sharing) {
     const ClusterConfig& cc = *s.cluster;
     P_ = cc.stages, E_ = cc.expert_parallel, G_ = P_ == 1 ? 1 : cc.micro_batches;
     host_ = host_of_ranks(cc, *s.hw);
     for (int r = 0; r < P_ * E_; ++r) rates_.push_back(rates_of(r));
     runtime::SchedulerOptions so;
+    so.policy() = cc.policy();
     so.micro_batches = G_;
-    so.limits() = cc.limits();
     so.kv_blocks = column_kv_blocks(s);
-    so.prefix_sharing = cc.prefix_caching;
-    so.speculative_tokens = cc.speculative_tokens;
-    so.speculative_max_batch = cc.speculative_max_batch;
     for (int c = 0; c < E_; ++c) cols_.push_back(std::make_unique<runtime::Scheduler>(*s.cfg, so, nullptr));
     handed_at_.assign(size_t(s.work.prompts), -1);
     first_at_.assign(size_t(s.work.prompts), -1);

@@ -90,7 +90,6 @@ std::vector<RankMemory> plan_memory(const runtime::ModelConfig& cfg, const Clust
                                     const std::vector<parallel::LayerRange>& stages, const runtime::WeightPlan& wp,
                                     const Workload& w) {
   const parallel::Grid g = cc.grid();
-  const DType kv_dtype = cc.kv_cache_dtype();
   const int64_t per_column = (w.prompts + cc.expert_parallel - 1) / cc.expert_parallel;
   const int64_t live = std::min<int64_t>(cc.max_batch, per_column);
   const int64_t blocks = (w.in + w.out + runtime::kBlockTokens - 1) / runtime::kBlockTokens;
@@ -105,10 +104,8 @@ std::vector<RankMemory> plan_memory(const runtime::ModelConfig& cfg, const Clust
     const int s = g.stage_of(r);
     RankMemory m;
     m.weights = double(runtime::shard_weight_bytes(wp, cfg, rank_shard(cc, stages, r)));
-    const bool mtp = s + 1 == int(stages.size()) && cc.speculative_tokens > 0;  // the MTP layer's rows too
     m.kv = double(live * blocks) * double(runtime::kBlockTokens) *
-           double(runtime::KvPool::bytes_per_token(cfg, stages[size_t(s)].first, stages[size_t(s)].last + (mtp ? 1 : 0),
-                                                   kv_dtype));
+           double(stage_kv_bytes_per_token(cc, cfg, stages, size_t(s)));
     m.activations = act;
     m.room = cc.device_memory_gb > 0 ? cc.device_memory_gb * 1e9
              : hw.gpu()              ? hw.memory_gb * 1e9

@@ -363,12 +363,9 @@ void Engine::run_stage0(RequestSource* source, const std::function<void(Result&&
   const int next = grid_.rank_of(1 % P, col), last = grid_.rank_of(P - 1, col);
   kernels::Backend& be = model_.backend();
   SchedulerOptions so;
+  so.policy() = opt_.policy();
   so.micro_batches = G;
-  so.limits() = opt_.limits();
   so.kv_blocks = kv_blocks_;
-  so.prefix_sharing = opt_.prefix_sharing;
-  so.speculative_tokens = opt_.speculative_tokens;
-  so.speculative_max_batch = opt_.speculative_max_batch;
   Stage0 s(cfg, so, opt_.tokenizer, G, grid_.expert_parallel);
   s.source = source;
   s.on_result = &on_result;

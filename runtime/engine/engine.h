@@ -70,18 +70,13 @@ class RequestSource {
 
 class Tokenizer;
 
-struct EngineOptions : BatchLimits {
-  int micro_batches = 1;                 // micro-batches in flight per column (>= stages keeps all busy)
+struct EngineOptions : SchedulingPolicy {
   double kv_budget_bytes = 0;            // per rank: sizes the paged KV pool; 0 = max_batch full contexts
   size_t kv_bytes_per_token = 0;         // of the stage whose position costs most (budget accounting); 0 = this rank's
   bool progress = false;                 // progress line on stderr of rank 0
   const Tokenizer* tokenizer = nullptr;  // for stop strings (stage-0 ranks)
-  bool prefix_sharing = true;            // share full prompt blocks between sequences (runtime/scheduler.h)
   DType kv_dtype = DType::F32;           // KV cache elements: F32 (default: the goldens) or BF16 (half the bytes)
-  // Speculative decoding: MTP draft tokens per decode step (0: off; the last stage's Model must
-  // hold the MTP layer), and the decoding sequences of a step beyond which it decodes plainly.
-  int speculative_tokens = 0;
-  int64_t speculative_max_batch = 4;
+  // (speculative_tokens > 0: the last stage's Model must hold the MTP layer.)
 };
 
 // Per-rank counters for the run report.
