@@ -138,72 +138,93 @@ static std::unordered_set<std::string> index_names(const std::filesystem::path& 
   return names;
 }
 
-WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, const QuantPlan* plan) {
-  WeightPlan w;
-  w.tensors = tensor_table(cfg);
-  const DType plain = config_dtype(cfg);
-  const QuantConfig& qc = cfg.quantization;
+namespace {
 
-  const std::filesystem::path index_path = std::filesystem::path(model_dir) / "model.safetensors.index.json";
-  std::unordered_set<std::string> names;
+// The stored form of each tensor: from the index's names when there is an index, else from
+// config.quantization; then what the plan (if any) converts it to.
+struct FormPlanner {
+  const ModelConfig& cfg;
+  const QuantPlan* plan;
+  DType plain;
+  std::filesystem::path index_path;
+  bool from_index = false;
+  std::unordered_set<std::string> names;  // the index's
   DType int_scale_dtype = DType::BF16;
-  if (std::filesystem::exists(index_path)) {
-    names = index_names(index_path, int_scale_dtype);
-    w.from_index = true;
-    w.source = index_path.string() + " (" + with_commas(names.size()) + " names; plain tensors as config dtype " +
-               (cfg.dtype.empty() ? "bfloat16" : cfg.dtype) + ")";
-  } else if (qc.method == "fp8") {
-    w.source = cfg.source +
-               " quantization_config fp8, no index (attention, indexer, dense and expert matrices "
-               "FP8, the rest " +
-               std::string(dtype_name(plain)) + ")";
-  } else if (qc.method == "compressed-tensors") {
-    w.source = cfg.source + " quantization_config compressed-tensors int" + std::to_string(qc.num_bits) +
-               (qc.group_size > 0 ? " g" + std::to_string(qc.group_size) : std::string(" per channel")) +
-               ", no index (routed and shared experts quantized, the rest " + std::string(dtype_name(plain)) + ")";
-  } else {
-    w.source = cfg.source + " dtype " + (cfg.dtype.empty() ? "bfloat16" : cfg.dtype) + ", no index";
+
+  FormPlanner(const ModelConfig& c, const std::string& model_dir, const QuantPlan* p)
+      : cfg(c), plan(p), plain(config_dtype(c)) {
+    index_path = std::filesystem::path(model_dir) / "model.safetensors.index.json";
+    from_index = std::filesystem::exists(index_path);
+    if (from_index) names = index_names(index_path, int_scale_dtype);
   }
 
-  // The form of one tensor: from the index's names, else from config.quantization; then the plan.
-  // `missing`: a name the index lacks (the tensor is planned in the config dtype).
-  auto form_of = [&](const TensorSpec& s, bool& missing, bool& converted) {
+  // Where the forms come from, for the report.
+  std::string source() const {
+    const QuantConfig& qc = cfg.quantization;
+    if (from_index)
+      return index_path.string() + " (" + with_commas(names.size()) + " names; plain tensors as config dtype " +
+             (cfg.dtype.empty() ? "bfloat16" : cfg.dtype) + ")";
+    if (qc.method == "fp8")
+      return cfg.source +
+             " quantization_config fp8, no index (attention, indexer, dense and expert matrices FP8, the rest " +
+             std::string(dtype_name(plain)) + ")";
+    if (qc.method == "compressed-tensors")
+      return cfg.source + " quantization_config compressed-tensors int" + std::to_string(qc.num_bits) +
+             (qc.group_size > 0 ? " g" + std::to_string(qc.group_size) : std::string(" per channel")) +
+             ", no index (routed and shared experts quantized, the rest " + std::string(dtype_name(plain)) + ")";
+    return cfg.source + " dtype " + (cfg.dtype.empty() ? "bfloat16" : cfg.dtype) + ", no index";
+  }
+
+  // How `s` is stored. `missing`: the index lacks it (planned in the config dtype).
+  StoredForm stored(const TensorSpec& s, bool& missing) const {
+    const QuantConfig& qc = cfg.quantization;
     StoredForm form{plain, 0};
     if (s.role == Role::RouterBias) form.dtype = DType::F32;
-    if (w.from_index) {
-      if (names.count(fp8_scale_name(s.name))) {
-        form = {DType::F8_E4M3, quant::kFp8Block};
-      } else if (names.count(packed_name(s.name, "packed"))) {
+    if (from_index) {
+      if (names.count(fp8_scale_name(s.name))) return {DType::F8_E4M3, quant::kFp8Block};
+      if (names.count(packed_name(s.name, "packed"))) {
         CHECK(qc.method == "compressed-tensors" && qc.num_bits > 0, index_path.string(), ": tensor ",
               packed_name(s.name, "packed"), " is pack-quantized, but ", cfg.source,
               " has no compressed-tensors quantization_config saying its num_bits and group_size");
-        form = int_form(cfg, s, int_scale_dtype);
-      } else {
-        missing = !names.count(s.name);
+        return int_form(cfg, s, int_scale_dtype);
       }
+      missing = !names.count(s.name);
     } else if (s.shape.size() == 2) {
-      if (qc.method == "fp8" && fp8_role(s.role))
-        form = {DType::F8_E4M3, quant::kFp8Block};
-      else if (qc.method == "compressed-tensors" && (s.role == Role::Expert || s.role == Role::SharedExpert))
-        form = int_form(cfg, s, DType::BF16);
-    }
-    if (plan && plan->converts(s) && !plan->stored_as_target(form.dtype, form.group, form.scale_dtype)) {
-      StoredForm to{plan->target, 0};
-      if (to.dtype == DType::Q4 || to.dtype == DType::Q8) {
-        to.group = plan->group_size;
-        to.scale_dtype = plan->scale_dtype;
-      }
-      if (to.dtype == DType::F8_E4M3) to.group = quant::kFp8Block;
-      converted = true;
-      form = to;
+      if (qc.method == "fp8" && fp8_role(s.role)) return {DType::F8_E4M3, quant::kFp8Block};
+      if (qc.method == "compressed-tensors" && (s.role == Role::Expert || s.role == Role::SharedExpert))
+        return int_form(cfg, s, DType::BF16);
     }
     return form;
-  };
+  }
+
+  // The stored form after the plan; `converted`: the plan changes it.
+  StoredForm planned(const TensorSpec& s, bool& missing, bool& converted) const {
+    const StoredForm form = stored(s, missing);
+    if (!plan || !plan->converts(s) || plan->stored_as_target(form.dtype, form.group, form.scale_dtype)) return form;
+    StoredForm to{plan->target, 0};
+    if (to.dtype == DType::Q4 || to.dtype == DType::Q8) {
+      to.group = plan->group_size;
+      to.scale_dtype = plan->scale_dtype;
+    }
+    if (to.dtype == DType::F8_E4M3) to.group = quant::kFp8Block;
+    converted = true;
+    return to;
+  }
+};
+
+}  // namespace
+
+WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, const QuantPlan* plan) {
+  const FormPlanner forms(cfg, model_dir, plan);
+  WeightPlan w;
+  w.tensors = tensor_table(cfg);
+  w.from_index = forms.from_index;
+  w.source = forms.source();
   w.stored.reserve(w.tensors.size());
   w.resident.reserve(w.tensors.size());
   for (const TensorSpec& s : w.tensors) {
     bool missing = false, converted = false;
-    const StoredForm form = form_of(s, missing, converted);
+    const StoredForm form = forms.planned(s, missing, converted);
     if (missing && w.missing++ == 0) w.first_missing = s.name;
     w.converted += converted;
     if (s.shape.size() == 2 && quant::is_quantized(form.dtype) && dequantized_when_quantized(s)) ++w.dequantized_f32;
@@ -214,7 +235,7 @@ WeightPlan plan_weights(const ModelConfig& cfg, const std::string& model_dir, co
   w.mtp_tensors = mtp_tensor_table(cfg);
   for (const TensorSpec& s : w.mtp_tensors) {
     bool missing = false, converted = false;
-    w.mtp_resident.push_back(resident_bytes(s, form_of(s, missing, converted)));
+    w.mtp_resident.push_back(resident_bytes(s, forms.planned(s, missing, converted)));
   }
   if (plan) w.plan = describe(*plan);
   if (cfg.tie_word_embeddings) {

@@ -34,7 +34,7 @@ enum class Role : uint8_t {
   LmHead,
   MtpProjection  // an MTP layer's eh_proj
 };
-// "attention", "experts", ... (the names `convert --quantize` takes).
+// "attention", "experts", ... (the names `convert --quantize` takes, of the quantizable roles).
 const char* role_name(Role r);
 // Roles whose matrices may be stored quantized (FP8, int4, int8): the Linear layers the FP8
 // release quantizes plus lm_head. Router, indexer weights_proj, norms and embeddings never are.

@@ -44,7 +44,8 @@ struct Scheduler::Live {
 
 Scheduler::Scheduler(const ModelConfig& cfg, const SchedulerOptions& opt, const Tokenizer* tok)
     : cfg_(cfg), opt_(opt), tok_(tok), group_size_(size_t(std::max(1, opt.micro_batches)), 0), blocks_(opt.kv_blocks) {
-  // micro_batches, max_batch, prefill_chunk and max_step_tokens are checked by the Engine.
+  // micro_batches, max_batch, prefill_chunk and max_step_tokens are checked where they are read
+  // (the cluster config's reader, the Engine).
   CHECK(opt_.kv_blocks >= 1, "the KV cache has no block (kv_budget_gb too small for one block of ", kBlockTokens,
         " tokens)");
 }

@@ -83,11 +83,13 @@ cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=None -DGLM5_CU
 
 # What a failed binary's log says about its failures: each failed gtest's own output (from its
 # RUN line: the assertion's message and what the test printed, its last 60 lines), the sanitizer
-# reports and ctest's failures.
+# reports and ctest's failures; else the log's last lines.
 failed_output() {
   awk '/^\[ RUN      \] / { n = 0 } { buf[n++] = $0 }
        /^\[  FAILED  \] .*\([0-9]+ ms\)$/ { for (i = (n > 60 ? n - 60 : 0); i < n; ++i) print buf[i]; print "--" }' "$1"
   grep -E -A15 'ERROR: |runtime error|\*\*\*Failed' "$1" | head -n 80
+  # Neither (a crash without a report, a binary that would not start): the log's end.
+  grep -q -E '^\[  FAILED  \]|ERROR: |runtime error|\*\*\*Failed' "$1" || tail -n 30 "$1"
 }
 
 # The quick run: each test binary in one process (a sanitized process takes about 2 s to start,

@@ -136,9 +136,9 @@ struct Ranks {
 
   size_t kv_per_token(size_t s) const { return stage_kv_bytes_per_token(cc, mc, stages, s); }
   int64_t budget_blocks() const {
-    const size_t most = std::max<size_t>(1, kv_bytes_per_token(cc, mc, stages));
-    const double budget = cc.kv_budget_gb * 1e9;
-    return budget > 0 ? int64_t(budget / (double(most) * double(runtime::kBlockTokens))) : 0;
+    if (cc.kv_budget_gb <= 0) return 0;
+    return runtime::KvPool::blocks_for_budget(mc, kv_bytes_per_token(cc, mc, stages), cc.kv_budget_gb * 1e9,
+                                              int(cc.max_batch));
   }
 };
 

@@ -32,12 +32,13 @@ struct SimSeq {
   bool sample = false;
   int64_t drafts = 0, accepted = 0;  // speculative decoding: drafts verified, of which accepted
   bool decode = false;               // one generated token (and its drafts), else prompt rows or a recompute
-  bool mtp = false, draft = false;   // the MTP layer runs over its rows / drafts after its sampled row
+  bool mtp = false;                  // the MTP layer runs over its rows
+  int64_t chain = 0;                 // drafts it then makes after the sampled row (0: none)
   int64_t req = 0;
   // The same work (whichever request): steps of columns that compare equal cost the same.
   bool operator==(const SimSeq& o) const {
     return start == o.start && n == o.n && prompt_len == o.prompt_len && sample == o.sample && drafts == o.drafts &&
-           accepted == o.accepted && decode == o.decode && mtp == o.mtp && draft == o.draft;
+           accepted == o.accepted && decode == o.decode && mtp == o.mtp && chain == o.chain;
   }
 };
 

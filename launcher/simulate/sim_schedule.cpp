@@ -123,6 +123,7 @@ class Replay {
     for (int c = 0; c < E_; ++c) cols_.push_back(std::make_unique<runtime::Scheduler>(*s.cfg, so, nullptr));
     handed_at_.assign(size_t(s.work.prompts), -1);
     first_at_.assign(size_t(s.work.prompts), -1);
+    blocks_of_.assign(size_t(s.work.prompts), 0);
   }
 
   Prediction run();
@@ -159,6 +160,7 @@ class Replay {
   std::vector<std::unique_ptr<runtime::Scheduler>> cols_;  // each column's scheduler, as the engine's
   runtime::Distributor dist_;                              // world rank 0's
   std::vector<double> handed_at_, first_at_;               // per request: handed out, first token back
+  std::vector<int64_t> blocks_of_;                         // per request: KV blocks the stages hold for it
   int64_t handed_ = 0, finished_ = 0, generated_ = 0;
   double exchange_bytes_ = 0, exchange_plan_bytes_ = 0, hop_bytes_ = 0;
   int64_t exchanges_ = 0, hops_ = 0;
@@ -245,7 +247,10 @@ std::vector<SimSeq> Replay::build(runtime::Scheduler& c, int g) {
   std::vector<int32_t> tokens;
   const runtime::Step step = c.next_step(g, tokens);
   std::vector<SimSeq> out;
+  for (int64_t r : step.released) blocks_of_[size_t(r)] = 0;
+  for (const runtime::Request& r : step.added) blocks_of_[size_t(r.index)] = 0;  // new, or back after a preemption
   for (const runtime::StepSeq& q : step.seqs) {
+    blocks_of_[size_t(q.req)] += q.new_blocks;
     SimSeq e;
     e.req = q.req;
     e.prompt_len = s_.work.in;
@@ -256,7 +261,12 @@ std::vector<SimSeq> Replay::build(runtime::Scheduler& c, int g) {
     e.accepted = accepted_drafts(q.drafts);
     e.decode = q.decode;
     e.mtp = q.mtp;
-    e.draft = q.draft;
+    // The drafts the last stage makes (runtime/engine/last_stage.cpp draft()): the first, then one
+    // per chained step while the chain's position is inside the sequence's KV blocks.
+    if (q.sample && q.draft) {
+      const int64_t known = q.decode ? 1 + e.accepted : q.n, cap = blocks_of_[size_t(q.req)] * runtime::kBlockTokens;
+      e.chain = std::min<int64_t>(s_.cluster->speculative_tokens, 1 + std::max<int64_t>(0, cap - (q.start + known)));
+    }
     out.push_back(e);
   }
   return out;
@@ -274,7 +284,7 @@ void Replay::apply(runtime::Scheduler& c, const std::vector<SimSeq>& step, doubl
     runtime::Sampled token;
     token.token = 1;  // any id: ignore_eos, no stop strings
     b.tokens.assign(size_t(1 + e.accepted), token);
-    if (e.draft) b.drafts.assign(size_t(s_.cluster->speculative_tokens), 1);
+    b.drafts.assign(size_t(e.chain), 1);
     if (first_at_[size_t(e.req)] < 0) first_at_[size_t(e.req)] = now;
     backs.push_back(std::move(b));
   }
@@ -378,15 +388,15 @@ double Replay::mtp_time(const std::vector<std::vector<SimSeq>>& steps, StagePred
     int64_t total = 0;
     for (int c = 0; c < E_; ++c)
       for (const SimSeq& e : steps[size_t(c)]) {
-        const bool decode = e.decode;
-        if (!e.mtp || (pass > 0 && !e.draft)) continue;       // a plainly decoding step: no MTP
-        const int64_t known = decode ? 1 + e.accepted : e.n;  // rows whose next token is known
+        // Pass 0 over the rows whose next token is known; pass p > 0 is the chained step to draft p + 1.
+        if (!e.mtp || (pass > 0 && pass >= e.chain)) continue;  // a plainly decoding step: no MTP
+        const int64_t known = e.decode ? 1 + e.accepted : e.n;
         SimSeq r = e;
         r.n = pass == 0 ? known : 1;
         r.start = pass == 0 ? e.start : e.start + known + pass - 1;
         rows[size_t(c)].push_back(r);
         m[size_t(c)] += r.n;
-        drafting[size_t(c)] += e.draft;
+        drafting[size_t(c)] += pass < e.chain;  // lm_head for its draft pass + 1
         total += r.n;
       }
     PhaseTimes phases;

@@ -70,13 +70,13 @@ class RequestSource {
 
 class Tokenizer;
 
+// The policy's speculative_tokens > 0 needs the MTP layer in the last stage's Model.
 struct EngineOptions : SchedulingPolicy {
   double kv_budget_bytes = 0;            // per rank: sizes the paged KV pool; 0 = max_batch full contexts
   size_t kv_bytes_per_token = 0;         // of the stage whose position costs most (budget accounting); 0 = this rank's
   bool progress = false;                 // progress line on stderr of rank 0
   const Tokenizer* tokenizer = nullptr;  // for stop strings (stage-0 ranks)
   DType kv_dtype = DType::F32;           // KV cache elements: F32 (default: the goldens) or BF16 (half the bytes)
-  // (speculative_tokens > 0: the last stage's Model must hold the MTP layer.)
 };
 
 // Per-rank counters for the run report.

@@ -33,8 +33,9 @@ void expect_bitwise_cpu(const std::string& name) {
   ASSERT_EQ(b[0].decode_logits.size(), a[0].decode_logits.size());
   EXPECT_EQ(std::memcmp(b[0].prompt_logits.data(), a[0].prompt_logits.data(), a[0].prompt_logits.size() * 4), 0);
   EXPECT_EQ(std::memcmp(b[0].decode_logits.data(), a[0].decode_logits.data(), a[0].decode_logits.size() * 4), 0);
-  if (dev.backend->precision() == kernels::Precision::kExact)
+  if (dev.backend->precision() == kernels::Precision::kExact) {
     EXPECT_LT(max_abs_diff(b[0].decode_logits, g.get<float>("decode_logits")), 1e-4f);
+  }
 }
 
 TEST(DeviceLike, TinyABitwiseEqualToCpu) { expect_bitwise_cpu("tiny-a"); }

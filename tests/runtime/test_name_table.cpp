@@ -3,6 +3,7 @@
 // from the table and then spoiled one way each (missing, misshaped, FP8, unknown name).
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -13,7 +14,6 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "kernels/core/check.h"
