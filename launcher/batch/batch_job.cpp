@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -265,6 +266,13 @@ class LineReader {
     cv_.notify_all();
     return b;
   }
+  // Waits (at most `most`) until the queue is full, the input is read or the reader failed. A job
+  // whose first window of lines is ready by then starts with all of it, so its schedule (what is
+  // admitted when, preemptions) does not depend on the reader thread's timing.
+  void wait_ready(std::chrono::milliseconds most) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait_for(lk, most, [&] { return eof_ || err_ || q_.size() >= capacity_; });
+  }
   // The whole input is read and every line taken.
   bool finished() {
     std::lock_guard<std::mutex> lk(mu_);
@@ -290,13 +298,18 @@ class LineReader {
         cv_.wait(lk, [&] { return stop_ || q_.size() < capacity_; });
         if (stop_) return;
         q_.push_back(std::move(*b));
+        lk.unlock();
+        cv_.notify_all();  // wait_ready
       }
     } catch (...) {
       std::lock_guard<std::mutex> lk(mu_);
       err_ = std::current_exception();
     }
-    std::lock_guard<std::mutex> lk(mu_);
-    eof_ = true;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      eof_ = true;
+    }
+    cv_.notify_all();
   }
 
   // The parsed line, or nullopt when a previous run answered it.
@@ -378,6 +391,8 @@ class BatchSource final : public runtime::RequestSource {
     return r;
   }
   bool exhausted() override { return stopping_ || (expand_.empty() && reader_.finished()); }
+  // Before the first tick: the reader's first window, or 1 s of it (LineReader::wait_ready).
+  void wait_ready() { reader_.wait_ready(std::chrono::seconds(1)); }
   int64_t size_hint() const override { return total_lines_ < 0 ? -1 : total_lines_ - skipped(); }
   // First in each tick: the stop request is taken here, once, for the whole tick.
   void on_status(const runtime::EngineStatus&) override {
@@ -656,6 +671,7 @@ int run_batch(const BatchArgs& a, std::unique_ptr<parallel::Comm> world) {
   src.set_total_lines(lines);
   std::fprintf(stderr, "[glm5] batch: %lld lines in %s (%zu already answered) on %d rank(s)\n",
                (long long)src.size_hint(), a.input.c_str(), answered, job->world->size());
+  src.wait_ready();
   job->start_watchdog();
   if (prof) prof->restart();
   job->engine->run(&src, [&](runtime::Result&& r) { src.write(std::move(r)); });
