@@ -1,9 +1,8 @@
 // One generation's text as its tokens arrive, with its stop strings (OpenAI `stop`): the one place
 // that turns a generation's tokens into its text (special tokens skipped) and looks for stop strings
-// in it. The
-// scheduler asks it whether a generation ends at a token (it ends at the token that completes a
-// stop string, which stays in token_ids); the server's streams ask what text may go out now; every
-// record, batch or server, takes its final text from it, cut before the earliest stop string.
+// in it. The scheduler asks it whether a generation ends at a token (it ends at the token that
+// completes a stop string, which stays in token_ids); the server's streams ask what text may go out
+// now; every record, batch or server, takes its final text from it, cut before the stop string.
 //
 // A stop string is looked for only where it can end in the newest piece, so a token costs
 // O(piece + longest stop string), not a decode of the whole generation.

@@ -98,8 +98,9 @@ std::vector<int32_t> prompt_of(const Workload& w, int64_t i, int64_t vocab) {
 }
 
 // The KV blocks of each column's pool, as the engine sizes it (runtime/engine/engine.cpp): the
-// cluster's kv_budget_gb over kv_bytes_per_token. Without a budget the engine takes max_batch full contexts, capped by
-// the memory of the host it runs on; here, room for max_batch sequences of the workload.
+// cluster's kv_budget_gb over kv_bytes_per_token. Without a budget the engine takes max_batch full
+// contexts, capped by the memory of the host it runs on; here, room for max_batch sequences of the
+// workload.
 int64_t column_kv_blocks(const SimSetup& s) {
   const ClusterConfig& cc = *s.cluster;
   const int64_t k = cc.speculative_tokens;
