@@ -22,12 +22,6 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-int64_t numel_of(const TensorSpec& s) {
-  int64_t n = 1;
-  for (int64_t d : s.shape) n *= d;
-  return n;
-}
-
 // Matrices the loader keeps as float32 copies when the checkpoint stores them quantized
 // (glm5.cpp matrix_plain): kv_b_proj (sliced per head across scale blocks) and the embedding.
 bool dequantized_when_quantized(const TensorSpec& s) {
@@ -101,14 +95,14 @@ size_t as_stored_bytes(const TensorSpec& spec, const StoredForm& form) {
       return stored_bytes(spec, form.dtype, form.group, int64_t(dtype_size(form.scale_dtype))) -
              16;  // weight_shape stays on the host
     case DType::F8_E4M3: return stored_bytes(spec, form.dtype, quant::kFp8Block);
-    default: return size_t(numel_of(spec)) * dtype_size(form.dtype);
+    default: return size_t(spec.numel()) * dtype_size(form.dtype);
   }
 }
 
 }  // namespace
 
 size_t resident_bytes(const TensorSpec& spec, const StoredForm& form) {
-  const int64_t n = numel_of(spec);
+  const int64_t n = spec.numel();
   if (spec.shape.size() != 2 || spec.role == Role::IndexerWeights) return size_t(n) * 4;
   // Held dequantized: in BF16 when every value is a bf16 number (int4/int8 with BF16 scales, the
   // form llm-compressor and convert write by default), else F32 (FP8: fp8 x f32 scale, int with

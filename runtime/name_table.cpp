@@ -224,23 +224,22 @@ std::vector<TensorSpec> layer_tensors(const ModelConfig& c, int64_t l) {
     add("mlp.gate_proj.weight", {I, H}, Role::DenseMlp);
     add("mlp.up_proj.weight", {I, H}, Role::DenseMlp);
     add("mlp.down_proj.weight", {H, I}, Role::DenseMlp);
-    add_mtp_parts(c, l, t);
-    return t;
-  }
-  const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
-  add("mlp.gate.weight", {E, H}, Role::Router);
-  add("mlp.gate.e_score_correction_bias", {E}, Role::RouterBias);  // topk_method noaux_tc (the only one accepted)
-  for (int64_t e = 0; e < E; ++e) {
-    const std::string X = "mlp.experts." + std::to_string(e) + ".";
-    add(X + "gate_proj.weight", {I, H}, Role::Expert, int(e));
-    add(X + "up_proj.weight", {I, H}, Role::Expert, int(e));
-    add(X + "down_proj.weight", {H, I}, Role::Expert, int(e));
-  }
-  if (c.n_shared_experts > 0) {
-    const int64_t S = I * c.n_shared_experts;
-    add("mlp.shared_experts.gate_proj.weight", {S, H}, Role::SharedExpert);
-    add("mlp.shared_experts.up_proj.weight", {S, H}, Role::SharedExpert);
-    add("mlp.shared_experts.down_proj.weight", {H, S}, Role::SharedExpert);
+  } else {
+    const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
+    add("mlp.gate.weight", {E, H}, Role::Router);
+    add("mlp.gate.e_score_correction_bias", {E}, Role::RouterBias);  // topk_method noaux_tc (the only one accepted)
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string X = "mlp.experts." + std::to_string(e) + ".";
+      add(X + "gate_proj.weight", {I, H}, Role::Expert, int(e));
+      add(X + "up_proj.weight", {I, H}, Role::Expert, int(e));
+      add(X + "down_proj.weight", {H, I}, Role::Expert, int(e));
+    }
+    if (c.n_shared_experts > 0) {
+      const int64_t S = I * c.n_shared_experts;
+      add("mlp.shared_experts.gate_proj.weight", {S, H}, Role::SharedExpert);
+      add("mlp.shared_experts.up_proj.weight", {S, H}, Role::SharedExpert);
+      add("mlp.shared_experts.down_proj.weight", {H, S}, Role::SharedExpert);
+    }
   }
   add_mtp_parts(c, l, t);
   return t;
@@ -255,14 +254,23 @@ std::vector<TensorSpec> global_tensors(const ModelConfig& c) {
   return t;
 }
 
+namespace {
+
+// Appends the tensors of layers [first, last).
+void append_layers(const ModelConfig& c, int64_t first, int64_t last, std::vector<TensorSpec>& t) {
+  for (int64_t l = first; l < last; ++l) {
+    std::vector<TensorSpec> layer = layer_tensors(c, l);
+    t.insert(t.end(), std::make_move_iterator(layer.begin()), std::make_move_iterator(layer.end()));
+  }
+}
+
+}  // namespace
+
 std::vector<TensorSpec> tensor_table(const ModelConfig& c) {
   std::vector<TensorSpec> globals = global_tensors(c);
   std::vector<TensorSpec> t;
   t.push_back(std::move(globals[0]));  // the embedding first, then the layers, then the head
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    std::vector<TensorSpec> layer = layer_tensors(c, l);
-    t.insert(t.end(), std::make_move_iterator(layer.begin()), std::make_move_iterator(layer.end()));
-  }
+  append_layers(c, 0, c.num_hidden_layers, t);
   t.insert(t.end(), std::make_move_iterator(globals.begin() + 1), std::make_move_iterator(globals.end()));
   return t;
 }
@@ -283,10 +291,13 @@ const TensorSpec& SchemaLookup::operator[](const std::string& name) const {
 
 std::vector<TensorSpec> mtp_tensor_table(const ModelConfig& c) {
   std::vector<TensorSpec> t;
-  for (int64_t l = c.num_hidden_layers; l < c.num_hidden_layers + c.num_nextn_predict_layers; ++l) {
-    std::vector<TensorSpec> layer = layer_tensors(c, l);
-    t.insert(t.end(), std::make_move_iterator(layer.begin()), std::make_move_iterator(layer.end()));
-  }
+  append_layers(c, c.num_hidden_layers, c.num_hidden_layers + c.num_nextn_predict_layers, t);
+  return t;
+}
+
+std::vector<TensorSpec> mtp_tensors_held(const Checkpoint& ckpt, const ModelConfig& c) {
+  std::vector<TensorSpec> t = mtp_tensor_table(c);
+  std::erase_if(t, [&](const TensorSpec& s) { return !ckpt.has(s.name) && !ckpt.has(packed_name(s.name, "packed")); });
   return t;
 }
 
@@ -325,8 +336,7 @@ bool is_mtp_tensor(const ModelConfig& cfg, const std::string& name) { return lay
 void check_checkpoint(Checkpoint& ckpt, const ModelConfig& cfg) {
   check_layer_count(ckpt, cfg);
   std::vector<TensorSpec> table = tensor_table(cfg);
-  for (TensorSpec& s : mtp_tensor_table(cfg))  // the MTP layers' tensors the checkpoint holds
-    if (ckpt.has(s.name) || ckpt.has(packed_name(s.name, "packed"))) table.push_back(std::move(s));
+  for (TensorSpec& s : mtp_tensors_held(ckpt, cfg)) table.push_back(std::move(s));
   std::unordered_set<std::string> known;
   known.reserve(table.size() * 2);
   for (const TensorSpec& s : table) {

@@ -46,6 +46,11 @@ struct TensorSpec {
   int layer = -1;   // -1 for embedding / final norm / lm_head
   int expert = -1;  // routed expert index, -1 otherwise
   Role role = Role::Norm;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
 };
 
 // How a checkpoint stores one table tensor `X.weight`:
@@ -82,6 +87,8 @@ std::vector<TensorSpec> global_tensors(const ModelConfig& cfg);
 std::vector<TensorSpec> tensor_table(const ModelConfig& cfg);
 // The MTP layers: layer_tensors of num_hidden_layers .. + num_nextn_predict_layers - 1.
 std::vector<TensorSpec> mtp_tensor_table(const ModelConfig& cfg);
+// Those of them the checkpoint holds, in any stored form (a checkpoint may leave its MTP layers out).
+std::vector<TensorSpec> mtp_tensors_held(const Checkpoint& ckpt, const ModelConfig& cfg);
 // Part of the schema by name: what the loader asks for, so that names and shapes come from here.
 class SchemaLookup {
  public:

@@ -311,11 +311,7 @@ double layer_parameters(const runtime::ModelConfig& mc, int layer) {
   CHECK(layer >= 0 && layer < n_layers, "layer_parameters: layer ", layer, " is outside [0, ", n_layers,
         ") of model config ", mc.source);
   double n = 0;
-  for (const runtime::TensorSpec& s : runtime::layer_tensors(mc, layer)) {
-    double numel = 1;
-    for (int64_t d : s.shape) numel *= double(d);
-    n += numel;
-  }
+  for (const runtime::TensorSpec& s : runtime::layer_tensors(mc, layer)) n += double(s.numel());
   return n;
 }
 

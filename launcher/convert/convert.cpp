@@ -365,8 +365,7 @@ std::vector<Item> plan_items(Checkpoint& ckpt, const runtime::ModelConfig& cfg, 
     items.push_back(std::move(it));
   };
   for (const TensorSpec& s : runtime::tensor_table(cfg)) add(s, true);
-  for (const TensorSpec& s : runtime::mtp_tensor_table(cfg))
-    if (ckpt.has(s.name) || ckpt.has(runtime::packed_name(s.name, "packed"))) add(s, true);
+  for (const TensorSpec& s : runtime::mtp_tensors_held(ckpt, cfg)) add(s, true);
   for (TensorSpec s : extra_specs(ckpt, taken)) {
     s.layer = int(cfg.num_hidden_layers);  // with the last stage
     add(s, false);
