@@ -449,6 +449,17 @@ class Backend {
   void gemm_batch(const Gemms& ps) {
     gemm_batch(ps.data(), ps.size());
   }
+  // The gemms of a MoE layer's experts (independent, as gemm_batch's): the default is gemm_batch.
+  // A backend may run them with a kernel of its own (the cuda backend, GLM5_CUDA_EXPERT_GEMM=grouped:
+  // one grouped tensor-core launch), whose results need not be gemm()'s bits but whose every row
+  // depends only on that row, the weight and the precision: never on m or on the other gemms. The
+  // model passes each weight through one of gemm / gemm_batch / gemm_grouped only, so the bits
+  // stay independent of the batch either way.
+  virtual void gemm_grouped(const GemmParams* ps, size_t n) { gemm_batch(ps, n); }
+  template <class Gemms>
+  void gemm_grouped(const Gemms& ps) {
+    gemm_grouped(ps.data(), ps.size());
+  }
   virtual void rms_norm(const RmsNormParams& p) = 0;
   virtual void layer_norm(const LayerNormParams& p) = 0;
   virtual void rope(const RopeParams& p) = 0;

@@ -468,13 +468,15 @@ void Model::count_router_load(int layer, const int32_t* ids, int64_t m) {
 // input is row rrow[i] of table): out[i] = expert(rtag[i])(row). In chunks of at most
 // kExpertChunkRows slots: the chunk's rows are gathered once, the gate and up gemms of every
 // expert in it run as one batch, one swiglu, then the down gemms as one batch (with `also`, gemms
-// to run alongside the first, e.g. the shared expert's down). Decode's 8 experts: 2 batches.
+// to run alongside the first, e.g. the shared expert's down). Decode's 8 experts: 2 batches. Every
+// gemm here goes through gemm_grouped (a backend may run a batch as one grouped launch), so each
+// expert weight, and the shared expert's down, always takes the same route.
 void Model::routed_experts(Layer& L, const float* table, const int32_t* rrow, const int32_t* rtag, int64_t n_recv,
                            float* out, std::vector<GemmParams> also) {
   constexpr int64_t kExpertChunkRows = 2048;
   Backend& be = backend_;
   if (n_recv == 0) {  // no routed rows here this step
-    be.gemm_batch(also);
+    be.gemm_grouped(also);
     return;
   }
   const int64_t H = cfg_.hidden_size, I = L.experts.front().gate_proj.rows;  // moe_intermediate_size
@@ -496,9 +498,9 @@ void Model::routed_experts(Layer& L, const float* table, const int32_t* rrow, co
       down.push_back({g + r * I, I, e.down_proj, false, out + i * H, H, n, H, I});
       i = j;
     }
-    be.gemm_batch(up);
+    be.gemm_grouped(up);
     be.swiglu({g, u, I, g, I, c1 - c0, I});
-    be.gemm_batch(down);
+    be.gemm_grouped(down);
   }
 }
 

@@ -127,6 +127,11 @@ bool tensor_indexer_from_env() { return !env_is_first_of("GLM5_CUDA_INDEXER", "s
 // more than 16k columns cut over many blocks when there are fewer rows than half the SMs (decode),
 // the same selection; opt-in until CudaOps.TopkMultiBlockMatchesReference has passed on a GPU.
 bool topk_multiblock_from_env() { return !env_is_first_of("GLM5_CUDA_TOPK", "block", "multiblock"); }
+// GLM5_CUDA_EXPERT_GEMM: how gemm_grouped (a MoE layer's expert gemms) runs. `each` (default): as
+// gemm_batch, one cuBLASLt / quantized call per gemm. `grouped`: those with BF16 weights in one
+// tensor-core launch (ops_grouped_gemm.cu), the rest as `each`; opt-in until the
+// CudaOps.GroupedGemmTensorCores* tests have passed on a GPU.
+bool grouped_gemm_from_env() { return !env_is_first_of("GLM5_CUDA_EXPERT_GEMM", "each", "grouped"); }
 
 // Parses a positive integer environment variable (`fallback` when unset or empty).
 long long positive_from_env(const char* name, long long fallback) {
@@ -314,6 +319,7 @@ class CudaBackend final : public Backend {
     tensor_decode_ = tensor_decode_from_env();
     tensor_indexer_ = tensor_indexer_from_env();
     topk_multiblock_ = topk_multiblock_from_env();
+    grouped_gemm_ = grouped_gemm_from_env() && cuda::grouped_gemm_available();
     CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
     lt_ref_rows_ = gemm_algo_rows_from_env();
     gemm_log_ = gemm_log_from_env();
@@ -341,7 +347,7 @@ class CudaBackend final : public Backend {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     for (void* p : uploads_) cudaFree(p);
-    for (void* p : {xs_, cs_, wq_, keys_, partials_}) cache_.free(p);
+    for (void* p : {xs_, cs_, wq_, keys_, partials_, grouped_items_}) cache_.free(p);
     release_exact_cached();
     for (const auto& [p, size] : exact_live_) cudaFree(p);
     lt_plans_.clear();
@@ -474,6 +480,43 @@ class CudaBackend final : public Backend {
       gemm_quantized(p);
     else
       gemm_plain(p);
+  }
+
+  using Backend::gemm_grouped;  // the vector / array overload
+
+  // The experts' gemms (GLM5_CUDA_EXPERT_GEMM). With `grouped`, every one with BF16 row-major
+  // weights, not transposed, k > 0 and terms > 0 goes into one launch of the grouped kernel; the
+  // others run as gemm(). Which way a gemm goes depends on its weight and the backend's settings
+  // only, never on m or on the batch.
+  void gemm_grouped(const GemmParams* ps, size_t n) override {
+    if (!grouped_gemm_) return gemm_batch(ps, n);
+    std::vector<cuda::GroupedGemmItem> items;
+    int64_t tiles = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const GemmParams& p = ps[i];
+      if (!grouped_applies(p)) {
+        gemm(p);
+        continue;
+      }
+      validate(p);
+      if (p.m == 0 || p.n == 0) continue;
+      const bool vec = reinterpret_cast<uintptr_t>(p.w.data) % 16 == 0 && p.w.ld % 8 == 0 && p.k % 8 == 0;
+      items.push_back({p.x, p.ldx, p.w.data, p.w.ld, p.y, p.ldy, p.m, p.n, p.k, tiles, p.accumulate, vec});
+      tiles += cuda::grouped_gemm_tiles(p.m, p.n);
+    }
+    if (items.empty()) return;
+    DeviceScope ds(device_);
+    const size_t bytes = items.size() * sizeof(cuda::GroupedGemmItem);
+    reserve(&grouped_items_, &grouped_items_cap_, bytes);
+    to_device(grouped_items_, items.data(), bytes);  // in stream order: the last launch has read the old table
+    cuda::launch_gemm_grouped(static_cast<const cuda::GroupedGemmItem*>(grouped_items_), int(items.size()), tiles,
+                              gemm_terms_, stream_);
+    last_kernel_["gemm_grouped"] = "tensor cores (grouped)";
+  }
+
+  bool grouped_applies(const GemmParams& p) const {
+    return gemm_terms_ > 0 && p.w.dtype == DType::BF16 && p.w.layout == WeightLayout::kRowMajor && !p.trans_w &&
+           p.k > 0;
   }
 
   void rms_norm(const RmsNormParams& p) override {
@@ -1035,6 +1078,7 @@ class CudaBackend final : public Backend {
   bool tensor_decode_ = false;    // GLM5_CUDA_MLA_DECODE=tensor
   bool tensor_indexer_ = false;   // GLM5_CUDA_INDEXER=tensor
   bool topk_multiblock_ = false;  // GLM5_CUDA_TOPK=multiblock
+  bool grouped_gemm_ = false;     // GLM5_CUDA_EXPERT_GEMM=grouped, on a device that runs the kernel
   int sm_count_ = 0;
   int64_t lt_ref_rows_ = 512;
   bool gemm_log_ = false;
@@ -1064,6 +1108,8 @@ class CudaBackend final : public Backend {
   size_t wq_cap_ = 0;
   void* keys_ = nullptr;
   size_t keys_cap_ = 0;
+  void* grouped_items_ = nullptr;  // the grouped gemm's table (cuda::GroupedGemmItem)
+  size_t grouped_items_cap_ = 0;
   void* partials_ = nullptr;  // tensor-core mla_decode's per-split results (GLM-5 dims: 1.05 MB a row)
   size_t partials_cap_ = 0;
 };

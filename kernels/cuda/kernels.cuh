@@ -48,6 +48,28 @@ void launch_gemm_combine(const float* cs, int64_t ldc, int64_t rows, int64_t n, 
 // for every output. Used for F16 weights and when cuBLAS is switched off.
 void launch_gemm_simt(const GemmParams& p, cudaStream_t st);
 
+// ops_grouped_gemm.cu: many independent y (+)= x W^T (BF16 W [n, k] row-major, trans_w false) in
+// one tensor-core launch, every row's bits independent of m and of the other GEMMs in the launch.
+struct GroupedGemmItem {
+  const float* x;
+  int64_t ldx;
+  const void* w;  // BF16 [n, ldw]
+  int64_t ldw;
+  float* y;
+  int64_t ldy;
+  int64_t m, n, k;
+  int64_t tile0;    // the first CTA of this GEMM (a running sum of grouped_gemm_tiles)
+  bool accumulate;  // y += x W^T
+  bool vec;         // w, ldw and k allow 16-byte loads of W
+};
+// Whether this device runs the kernel (bf16 MMA: compute capability >= 8.0 and code built for it).
+bool grouped_gemm_available();
+// The CTAs of one m x n GEMM.
+int64_t grouped_gemm_tiles(int64_t m, int64_t n);
+// items: device memory, n_items entries in tile0 order, `tiles` CTAs in all (the last tile0 plus
+// its GEMM's tiles); terms: 1..3 bf16 parts of x (see GLM5_CUDA_GEMM_TERMS).
+void launch_gemm_grouped(const GroupedGemmItem* items, int n_items, int64_t tiles, int terms, cudaStream_t st);
+
 // ops_quant.cu: quantized weights (F8_E4M3 block-scaled, Q4 / Q8 group-wise; values of weight_at).
 // y (+)= x W^T (trans_w false, k > 0) read from the stored bytes and dequantized in registers. Each
 // output is summed in an order that depends on k only (32 lane partials of fixed columns, each an

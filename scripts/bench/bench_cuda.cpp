@@ -16,6 +16,9 @@
 //               (GLM5_CUDA_GEMM_TERMS=1: a plain cuBLASLt bf16 GEMM on the same path): the cost of
 //               exactness; the fixed 64-row chunked path; and the algorithm pinned at m = 16 and
 //               64 instead of 512 (GLM5_CUDA_GEMM_ALGO_ROWS: which suits decode's small m).
+//   expert layer: 64 experts' gate GEMMs (GLM-5's shape) at 1..128 rows each in precision fast: one
+//               call per expert, one grouped launch (GLM5_CUDA_EXPERT_GEMM=grouped), and one plain
+//               bf16 cuBLASLt GEMM of all the rows through one weight (the same FLOPs): the ceiling.
 //   bench_cuda [--reps N]
 #include <algorithm>
 #include <chrono>
@@ -196,6 +199,52 @@ void bench_expert_gemm() {
   unsetenv("GLM5_CUDA_GEMM_TERMS");
 }
 
+// A MoE layer's gate GEMMs (E experts of GLM-5's shape, W_e [2048, 6144] BF16, r rows each) in
+// precision fast: one call per expert (GLM5_CUDA_EXPERT_GEMM=each, the cuBLASLt path), one grouped
+// launch (=grouped), and, as the ceiling, one plain cuBLASLt bf16 GEMM of all E * r rows through
+// one weight (the same FLOPs, 1/E of the weight bytes).
+double expert_layer_seconds(const char* mode, int64_t experts, int64_t r, bool one_weight, std::string* kernel) {
+  setenv("GLM5_CUDA_EXPERT_GEMM", mode, 1);
+  auto be = make_cuda_backend(0, Precision::kFast);
+  unsetenv("GLM5_CUDA_EXPERT_GEMM");
+  const int64_t n = 2048, k = 6144, m = experts * r;
+  uint16_t* wd = device_fill<uint16_t>(*be, size_t(one_weight ? 1 : experts) * size_t(n * k));
+  float* x = device_fill<float>(*be, size_t(m * k));
+  float* y = static_cast<float*>(be->alloc(size_t(m * n) * 4));
+  std::vector<GemmParams> ps;
+  if (one_weight) {
+    ps.push_back({x, k, Weight{wd, DType::BF16, n, k, k}, false, y, n, m, n, k});
+  } else {
+    for (int64_t e = 0; e < experts; ++e)
+      ps.push_back({x + e * r * k, k, Weight{wd + e * n * k, DType::BF16, n, k, k}, false, y + e * r * n, n, r, n, k});
+  }
+  const double t = seconds_per_call(*be, [&] { one_weight ? be->gemm_batch(ps) : be->gemm_grouped(ps); });
+  if (kernel) *kernel = be->kernel_ran("gemm_grouped");
+  be->free(wd);
+  be->free(x);
+  be->free(y);
+  return t;
+}
+
+void bench_expert_layer(double hbm) {
+  std::printf(
+      "\n| experts x rows (fast) | one call per expert us | grouped us | grouped kernel | plain bf16 GEMM of all rows "
+      "us "
+      "| plain / grouped | grouped weight GB/s | of HBM |\n|---|---|---|---|---|---|---|---|\n");
+  const int64_t experts = 64;
+  for (int64_t r : {1, 4, 32, 128}) {
+    std::string kernel;
+    const double each = expert_layer_seconds("each", experts, r, false, nullptr),
+                 grouped = expert_layer_seconds("grouped", experts, r, false, &kernel),
+                 plain = expert_layer_seconds("each", experts, r, true, nullptr);
+    const double gbs = double(experts) * 2048 * 6144 * 2 / grouped / 1e9;
+    std::printf("| %lld x %lld | %.1f | %.1f | %s | %.1f | %.2f | %.0f | %.0f %% |\n", (long long)experts, (long long)r,
+                each * 1e6, grouped * 1e6, kernel.empty() ? "(none: per-expert calls)" : kernel.c_str(), plain * 1e6,
+                plain / grouped, gbs, 100 * gbs / hbm);
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -233,6 +282,7 @@ int main(int argc, char** argv) {
       bench_mla_decode(*tensor, hbm, "tensor");
       bench_indexer(*tensor, hbm, DType::BF16, "tensor");
     }
+    bench_expert_layer(hbm);  // the grouped kernel (never run before its first GPU session) last
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cuda: %s\n", e.what());
     return 1;

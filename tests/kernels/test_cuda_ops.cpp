@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -292,56 +293,81 @@ struct GemmCase {
   bool trans, accumulate;
 };
 
-// One GEMM on both backends; tolerance rel_tol * sum_k |x w| per output (the bound of any
-// reordering of the fp32 sum) plus 1e-6.
+// One GEMM's inputs, its reference result and its device buffers: q is the call for the device
+// backend, verify() checks its output with tolerance rel_tol * sum_k |x w| per output (the bound
+// of any reordering of the fp32 sum) plus 1e-6.
 // ref_precision: the reference backend's (kFast: bf16 inputs, the exact products summed in k order).
+class GemmCheck {
+ public:
+  GemmCheck(Backend& gpu, const GemmCase& c, uint32_t seed, Precision ref_precision = Precision::kExact)
+      : c_(c),
+        rng_(seed),
+        ldx_(c.k + 3),
+        ldy_(c.n + 5),
+        w_rows_(c.trans ? c.k : c.n),
+        w_ld_((c.trans ? c.n : c.k) + 2),
+        // One spare leading row so that the weight pointer handed over is a slice (odd alignment).
+        wbytes_(random_weight(rng_, c.dt, w_rows_ + 1, w_ld_)),
+        x_(rng_.floats(size_t(c.m * ldx_))),
+        y0_(rng_.floats(size_t(c.m * ldy_))),
+        dx_(gpu, x_),
+        dy_(gpu, c.accumulate ? y0_ : nan_vec(y0_.size())) {
+    what_ = "gemm m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+            " dtype=" + std::string(dtype_name(c.dt)) + (c.trans ? " trans_w" : "") +
+            (c.accumulate ? " accumulate" : "");
+    const int64_t w_cols = c.trans ? c.n : c.k;
+    auto ref = make_reference_backend(ref_precision);
+    Weight wh{wbytes_.data(), c.dt, w_rows_ + 1, w_cols, w_ld_};
+    GemmParams p;
+    p.x = x_.data(), p.ldx = ldx_, p.w = wh.slice_rows(1, w_rows_), p.trans_w = c.trans;
+    p.ldy = ldy_, p.m = c.m, p.n = c.n, p.k = c.k, p.accumulate = c.accumulate;
+    want_ = y0_;
+    p.y = want_.data();
+    ref->gemm(p);
+    Weight wd{gpu.upload(wbytes_.data(), wbytes_.size()), c.dt, w_rows_ + 1, w_cols, w_ld_};
+    q = p;
+    q.x = dx_.get(), q.y = dy_.get(), q.w = wd.slice_rows(1, w_rows_);
+  }
+
+  void verify(float rel_tol) {
+    auto got = dy_.host(what_);
+    if (!c_.accumulate)  // padding columns of y are not part of the result
+      for (int64_t i = 0; i < c_.m; ++i)
+        for (int64_t j = c_.n; j < ldy_; ++j) got[i * ldy_ + j] = want_[i * ldy_ + j] = 0.0f;
+    size_t bad = 0;
+    std::ostringstream first;
+    for (int64_t i = 0; i < c_.m; ++i)
+      for (int64_t j = 0; j < c_.n; ++j) {
+        double bound = 0.0;
+        for (int64_t kk = 0; kk < c_.k; ++kk) {
+          const size_t wi = c_.trans ? size_t((kk + 1) * w_ld_ + j) : size_t((j + 1) * w_ld_ + kk);
+          bound += std::fabs(double(x_[i * ldx_ + kk]) * weight_value(c_.dt, wbytes_, wi));
+        }
+        const double err = std::fabs(double(got[i * ldy_ + j]) - double(want_[i * ldy_ + j]));
+        if (!(err <= rel_tol * bound + 1e-6) && bad++ < 5)
+          first << "\n  [" << i << ", " << j << "] got " << got[i * ldy_ + j] << ", want " << want_[i * ldy_ + j]
+                << " (sum |x w| " << bound << ")";
+      }
+    EXPECT_EQ(bad, 0u) << what_ << ": " << bad << " outputs out of tolerance" << first.str();
+  }
+
+  GemmParams q;  // the call for the device backend
+
+ private:
+  GemmCase c_;
+  Rng rng_;
+  int64_t ldx_, ldy_, w_rows_, w_ld_;
+  std::vector<uint8_t> wbytes_;
+  std::vector<float> x_, y0_, want_;
+  Dev<float> dx_, dy_;
+  std::string what_;
+};
+
 void check_gemm(Backend& gpu, const GemmCase& c, float rel_tol, uint32_t seed,
                 Precision ref_precision = Precision::kExact) {
-  Rng rng(seed);
-  const int64_t ldx = c.k + 3, ldy = c.n + 5;
-  const int64_t w_rows = c.trans ? c.k : c.n, w_cols = c.trans ? c.n : c.k, w_ld = w_cols + 2;
-  // One spare leading row so that the weight pointer handed over is a slice (odd alignment).
-  const auto wbytes = random_weight(rng, c.dt, w_rows + 1, w_ld);
-  auto x = rng.floats(size_t(c.m * ldx));
-  auto y0 = rng.floats(size_t(c.m * ldy));
-  const std::string what = "gemm m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
-                           " dtype=" + std::string(dtype_name(c.dt)) + (c.trans ? " trans_w" : "") +
-                           (c.accumulate ? " accumulate" : "");
-
-  auto ref = make_reference_backend(ref_precision);
-  Weight wh{wbytes.data(), c.dt, w_rows + 1, w_cols, w_ld};
-  GemmParams p;
-  p.x = x.data(), p.ldx = ldx, p.w = wh.slice_rows(1, w_rows), p.trans_w = c.trans;
-  p.ldy = ldy, p.m = c.m, p.n = c.n, p.k = c.k, p.accumulate = c.accumulate;
-  std::vector<float> want = y0;
-  p.y = want.data();
-  ref->gemm(p);
-
-  Weight wd{gpu.upload(wbytes.data(), wbytes.size()), c.dt, w_rows + 1, w_cols, w_ld};
-  Dev<float> dx(gpu, x), dy(gpu, c.accumulate ? y0 : nan_vec(y0.size()));
-  GemmParams q = p;
-  q.x = dx.get(), q.y = dy.get(), q.w = wd.slice_rows(1, w_rows);
-  gpu.gemm(q);
-  auto got = dy.host(what);
-  if (!c.accumulate)  // padding columns of y are not part of the result
-    for (int64_t i = 0; i < c.m; ++i)
-      for (int64_t j = c.n; j < ldy; ++j) got[i * ldy + j] = want[i * ldy + j] = 0.0f;
-
-  size_t bad = 0;
-  std::ostringstream first;
-  for (int64_t i = 0; i < c.m; ++i)
-    for (int64_t j = 0; j < c.n; ++j) {
-      double bound = 0.0;
-      for (int64_t kk = 0; kk < c.k; ++kk) {
-        const size_t wi = c.trans ? size_t((kk + 1) * w_ld + j) : size_t((j + 1) * w_ld + kk);
-        bound += std::fabs(double(x[i * ldx + kk]) * weight_value(c.dt, wbytes, wi));
-      }
-      const double err = std::fabs(double(got[i * ldy + j]) - double(want[i * ldy + j]));
-      if (!(err <= rel_tol * bound + 1e-6) && bad++ < 5)
-        first << "\n  [" << i << ", " << j << "] got " << got[i * ldy + j] << ", want " << want[i * ldy + j]
-              << " (sum |x w| " << bound << ")";
-    }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " outputs out of tolerance" << first.str();
+  GemmCheck g(gpu, c, seed, ref_precision);
+  gpu.gemm(g.q);
+  g.verify(rel_tol);
 }
 
 const std::vector<GemmCase>& gemm_cases() {
@@ -793,6 +819,95 @@ TEST(CudaOps, GemmLtPathIsTakenForAlignedShapes) {
     EXPECT_EQ(err.find("chunked path"), std::string::npos) << dtype_name(dt) << ": " << err;
     expect_equal(rows[0], alone, std::string(dtype_name(dt)) + " lt: row 150 of m = 300 vs m = 1");
     expect_equal(rows[1], alone, std::string(dtype_name(dt)) + " lt: row 299 of m = 300 vs m = 1");
+  }
+}
+
+// ---- The grouped expert GEMM (GLM5_CUDA_EXPERT_GEMM=grouped, ops_grouped_gemm.cu) -------------
+
+// Many GEMMs in one gemm_grouped call, each against the reference: the BF16 ones on the grouped
+// tensor-core kernel, the others (F32 / F16 weights, trans_w, k = 0, m = 0) on gemm()'s routes, in
+// exact (3 terms), 2 terms and fast (1 term, against the reference's kFast).
+TEST(CudaOps, GroupedGemmTensorCoresMatchReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  ScopedEnv eg("GLM5_CUDA_EXPERT_GEMM", "grouped");
+  struct Mode {
+    const char* terms;
+    Precision precision;
+    float tol;
+  };
+  const Mode modes[] = {
+      {nullptr, Precision::kExact, 2e-5f}, {"2", Precision::kExact, 6e-5f}, {nullptr, Precision::kFast, 2e-5f}};
+  std::vector<GemmCase> cases = gemm_cases();
+  cases.push_back({1, 2048, 6144, DType::BF16, false, false});  // a decode row through GLM-5's gate / up shape
+  cases.push_back({96, 640, 2048, DType::BF16, false, true});   // down-shaped k, accumulating
+  uint32_t seed = 500;
+  for (const Mode& mode : modes) {
+    SCOPED_TRACE(std::string("GLM5_CUDA_GEMM_TERMS=") + (mode.terms ? mode.terms : "(default)") +
+                 (mode.precision == Precision::kFast ? " precision fast" : " precision exact"));
+    GemmTermsEnv env(mode.terms);
+    auto gpu = make_cuda_backend(0, mode.precision);
+    std::vector<std::unique_ptr<GemmCheck>> checks;
+    std::vector<GemmParams> ps;
+    for (const GemmCase& c : cases) {
+      if (mode.precision == Precision::kFast && c.dt != DType::BF16) continue;  // (fast's other dtypes: own tests)
+      checks.push_back(std::make_unique<GemmCheck>(*gpu, c, seed++, mode.precision));
+      ps.push_back(checks.back()->q);
+    }
+    gpu->gemm_grouped(ps);
+    EXPECT_EQ(gpu->kernel_ran("gemm_grouped"), "tensor cores (grouped)");
+    for (auto& g : checks) g->verify(mode.tol);
+  }
+}
+
+// A probe row's bits through the grouped kernel, alone (m = 1, the only GEMM of the call), equal its
+// bits at rows m / 2 and m - 1 of calls with m = 7, 64, 65 and 300 that also carry GEMMs of other
+// shapes; and the same weight values at a 16-byte-aligned ld (vector loads) and at an odd ld
+// (element loads) give the same bits. Every terms setting.
+TEST(CudaOps, GroupedGemmTensorCoresRowsIndependentOfBatch) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
+  ScopedEnv eg("GLM5_CUDA_EXPERT_GEMM", "grouped");
+  const int64_t n = 160, k = 336, n2 = 96, k2 = 200;
+  for (const char* terms : {"3", "2", "1"}) {
+    SCOPED_TRACE(std::string("GLM5_CUDA_GEMM_TERMS=") + terms);
+    GemmTermsEnv env(terms);
+    auto gpu = make_cuda_backend(0);
+    Rng rng(41);
+    const auto wbytes = random_weight(rng, DType::BF16, n, k);
+    std::vector<uint8_t> odd(size_t(n * (k + 1)) * 2);  // the same rows at ld k + 1
+    for (int64_t r = 0; r < n; ++r)
+      std::memcpy(&odd[size_t(r * (k + 1)) * 2], &wbytes[size_t(r * k) * 2], size_t(k) * 2);
+    const auto w2bytes = random_weight(rng, DType::BF16, n2, k2);
+    const Weight w{gpu->upload(wbytes.data(), wbytes.size()), DType::BF16, n, k, k};
+    const Weight w_odd{gpu->upload(odd.data(), odd.size()), DType::BF16, n, k, k + 1};
+    const Weight w2{gpu->upload(w2bytes.data(), w2bytes.size()), DType::BF16, n2, k2, k2};
+    const auto probe = rng.floats(size_t(k));
+    // The probe rows of one call: the probe at rows m / 2 and m - 1 of w's GEMM, with a GEMM of w2
+    // over m + 3 other rows in the same call (none for m = 1).
+    auto run = [&](const Weight& wt, int64_t m) {
+      auto x = rng.floats(size_t(m * k));
+      const std::vector<int64_t> at = m == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{m / 2, m - 1};
+      for (int64_t r : at) std::copy(probe.begin(), probe.end(), x.begin() + r * k);
+      const int64_t m2 = m == 1 ? 0 : m + 3;
+      Dev<float> dx(*gpu, x), dy(*gpu, nan_vec(size_t(m * n))),
+          dx2(*gpu, rng.floats(size_t(std::max<int64_t>(1, m2 * k2)))),
+          dy2(*gpu, nan_vec(size_t(std::max<int64_t>(1, m2 * n2))));
+      std::vector<GemmParams> ps{{dx.get(), k, wt, false, dy.get(), n, m, n, k}};
+      if (m2 > 0) ps.push_back({dx2.get(), k2, w2, false, dy2.get(), n2, m2, n2, k2});
+      gpu->gemm_grouped(ps);
+      const auto y = dy.host("grouped gemm m=" + std::to_string(m));
+      std::vector<std::vector<float>> rows;
+      for (int64_t r : at) rows.emplace_back(y.begin() + r * n, y.begin() + (r + 1) * n);
+      return rows;
+    };
+    const auto alone = run(w, 1).front();
+    EXPECT_EQ(gpu->kernel_ran("gemm_grouped"), "tensor cores (grouped)");
+    expect_equal(run(w_odd, 1).front(), alone, "the probe alone, weight at ld k + 1 vs ld k");
+    for (int64_t m : {7, 64, 65, 300}) {
+      const auto rows = run(m % 2 ? w_odd : w, m);
+      const std::string of = " of m = " + std::to_string(m) + " (with another GEMM in the call) vs m = 1";
+      expect_equal(rows[0], alone, "row " + std::to_string(m / 2) + of);
+      expect_equal(rows[1], alone, "row " + std::to_string(m - 1) + of);
+    }
   }
 }
 
