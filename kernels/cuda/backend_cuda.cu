@@ -319,7 +319,14 @@ class CudaBackend final : public Backend {
     tensor_decode_ = tensor_decode_from_env();
     tensor_indexer_ = tensor_indexer_from_env();
     topk_multiblock_ = topk_multiblock_from_env();
-    grouped_gemm_ = grouped_gemm_from_env() && cuda::grouped_gemm_available();
+    grouped_gemm_ = grouped_gemm_from_env();
+    if (grouped_gemm_ && !cuda::grouped_gemm_available()) {
+      std::fprintf(stderr,
+                   "glm5 cuda: GLM5_CUDA_EXPERT_GEMM=grouped needs bf16 MMA (compute capability >= 8.0 and code "
+                   "built for it); device %d runs the expert gemms one call each\n",
+                   device);
+      grouped_gemm_ = false;
+    }
     CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
     lt_ref_rows_ = gemm_algo_rows_from_env();
     gemm_log_ = gemm_log_from_env();
@@ -492,6 +499,7 @@ class CudaBackend final : public Backend {
     if (!grouped_gemm_) return gemm_batch(ps, n);
     std::vector<cuda::GroupedGemmItem> items;
     int64_t tiles = 0;
+    last_kernel_.erase("gemm_grouped");
     for (size_t i = 0; i < n; ++i) {
       const GemmParams& p = ps[i];
       if (!grouped_applies(p)) {
@@ -511,7 +519,8 @@ class CudaBackend final : public Backend {
     to_device(grouped_items_, items.data(), bytes);  // in stream order: the last launch has read the old table
     cuda::launch_gemm_grouped(static_cast<const cuda::GroupedGemmItem*>(grouped_items_), int(items.size()), tiles,
                               gemm_terms_, stream_);
-    last_kernel_["gemm_grouped"] = "tensor cores (grouped)";
+    last_kernel_["gemm_grouped"] =
+        "tensor cores (grouped: " + std::to_string(items.size()) + " of " + std::to_string(n) + " gemms)";
   }
 
   bool grouped_applies(const GemmParams& p) const {

@@ -297,16 +297,19 @@ struct GemmCase {
 // backend, verify() checks its output with tolerance rel_tol * sum_k |x w| per output (the bound
 // of any reordering of the fp32 sum) plus 1e-6.
 // ref_precision: the reference backend's (kFast: bf16 inputs, the exact products summed in k order).
+// The weight's ld is its columns + 2, or with aligned_ld its columns rounded up to 8 (16-byte rows).
 class GemmCheck {
  public:
-  GemmCheck(Backend& gpu, const GemmCase& c, uint32_t seed, Precision ref_precision = Precision::kExact)
+  GemmCheck(Backend& gpu, const GemmCase& c, uint32_t seed, Precision ref_precision = Precision::kExact,
+            bool aligned_ld = false)
       : c_(c),
         rng_(seed),
         ldx_(c.k + 3),
         ldy_(c.n + 5),
         w_rows_(c.trans ? c.k : c.n),
-        w_ld_((c.trans ? c.n : c.k) + 2),
-        // One spare leading row so that the weight pointer handed over is a slice (odd alignment).
+        w_ld_(aligned_ld ? ((c.trans ? c.n : c.k) + 7) / 8 * 8 : (c.trans ? c.n : c.k) + 2),
+        // One spare leading row so that the weight pointer handed over is a slice (an odd
+        // alignment unless aligned_ld).
         wbytes_(random_weight(rng_, c.dt, w_rows_ + 1, w_ld_)),
         x_(rng_.floats(size_t(c.m * ldx_))),
         y0_(rng_.floats(size_t(c.m * ldy_))),
@@ -825,8 +828,10 @@ TEST(CudaOps, GemmLtPathIsTakenForAlignedShapes) {
 // ---- The grouped expert GEMM (GLM5_CUDA_EXPERT_GEMM=grouped, ops_grouped_gemm.cu) -------------
 
 // Many GEMMs in one gemm_grouped call, each against the reference: the BF16 ones on the grouped
-// tensor-core kernel, the others (F32 / F16 weights, trans_w, k = 0, m = 0) on gemm()'s routes, in
-// exact (3 terms), 2 terms and fast (1 term, against the reference's kFast).
+// tensor-core kernel (each case at an odd ld, element loads, and at a 16-byte ld, vector loads
+// where k % 8 == 0), the others (F32 / F16 weights, trans_w, k = 0) on gemm()'s routes, in exact
+// (3 terms), 2 terms and fast (1 term, against the reference's kFast). The backend's count of the
+// gemms it grouped must be exactly the eligible ones.
 TEST(CudaOps, GroupedGemmTensorCoresMatchReference) {
   if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
   ScopedEnv eg("GLM5_CUDA_EXPERT_GEMM", "grouped");
@@ -848,21 +853,25 @@ TEST(CudaOps, GroupedGemmTensorCoresMatchReference) {
     auto gpu = make_cuda_backend(0, mode.precision);
     std::vector<std::unique_ptr<GemmCheck>> checks;
     std::vector<GemmParams> ps;
-    for (const GemmCase& c : cases) {
-      if (mode.precision == Precision::kFast && c.dt != DType::BF16) continue;  // (fast's other dtypes: own tests)
-      checks.push_back(std::make_unique<GemmCheck>(*gpu, c, seed++, mode.precision));
-      ps.push_back(checks.back()->q);
-    }
+    size_t grouped = 0;
+    for (const GemmCase& c : cases)
+      for (bool aligned : {false, true}) {
+        if (mode.precision == Precision::kFast && c.dt != DType::BF16) continue;  // (fast's other dtypes: own tests)
+        checks.push_back(std::make_unique<GemmCheck>(*gpu, c, seed++, mode.precision, aligned));
+        ps.push_back(checks.back()->q);
+        grouped += c.dt == DType::BF16 && !c.trans && c.k > 0 && c.m > 0 && c.n > 0;
+      }
     gpu->gemm_grouped(ps);
-    EXPECT_EQ(gpu->kernel_ran("gemm_grouped"), "tensor cores (grouped)");
+    EXPECT_EQ(gpu->kernel_ran("gemm_grouped"),
+              "tensor cores (grouped: " + std::to_string(grouped) + " of " + std::to_string(ps.size()) + " gemms)");
     for (auto& g : checks) g->verify(mode.tol);
   }
 }
 
 // A probe row's bits through the grouped kernel, alone (m = 1, the only GEMM of the call), equal its
-// bits at rows m / 2 and m - 1 of calls with m = 7, 64, 65 and 300 that also carry GEMMs of other
-// shapes; and the same weight values at a 16-byte-aligned ld (vector loads) and at an odd ld
-// (element loads) give the same bits. Every terms setting.
+// bits at rows m / 2 and m - 1 of calls with m = 7, 64, 65 and 300 that also carry a GEMM of
+// another shape, before or after it in the table; and the same weight values at a 16-byte-aligned
+// ld (vector loads) and at an odd ld (element loads) give the same bits. Every terms setting.
 TEST(CudaOps, GroupedGemmTensorCoresRowsIndependentOfBatch) {
   if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
   ScopedEnv eg("GLM5_CUDA_EXPERT_GEMM", "grouped");
@@ -882,8 +891,8 @@ TEST(CudaOps, GroupedGemmTensorCoresRowsIndependentOfBatch) {
     const Weight w2{gpu->upload(w2bytes.data(), w2bytes.size()), DType::BF16, n2, k2, k2};
     const auto probe = rng.floats(size_t(k));
     // The probe rows of one call: the probe at rows m / 2 and m - 1 of w's GEMM, with a GEMM of w2
-    // over m + 3 other rows in the same call (none for m = 1).
-    auto run = [&](const Weight& wt, int64_t m) {
+    // over m + 3 other rows in the same call (none for m = 1), first in the table with w2_first.
+    auto run = [&](const Weight& wt, int64_t m, bool w2_first) {
       auto x = rng.floats(size_t(m * k));
       const std::vector<int64_t> at = m == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{m / 2, m - 1};
       for (int64_t r : at) std::copy(probe.begin(), probe.end(), x.begin() + r * k);
@@ -892,19 +901,23 @@ TEST(CudaOps, GroupedGemmTensorCoresRowsIndependentOfBatch) {
           dx2(*gpu, rng.floats(size_t(std::max<int64_t>(1, m2 * k2)))),
           dy2(*gpu, nan_vec(size_t(std::max<int64_t>(1, m2 * n2))));
       std::vector<GemmParams> ps{{dx.get(), k, wt, false, dy.get(), n, m, n, k}};
-      if (m2 > 0) ps.push_back({dx2.get(), k2, w2, false, dy2.get(), n2, m2, n2, k2});
+      if (m2 > 0)
+        ps.insert(w2_first ? ps.begin() : ps.end(), GemmParams{dx2.get(), k2, w2, false, dy2.get(), n2, m2, n2, k2});
       gpu->gemm_grouped(ps);
       const auto y = dy.host("grouped gemm m=" + std::to_string(m));
       std::vector<std::vector<float>> rows;
       for (int64_t r : at) rows.emplace_back(y.begin() + r * n, y.begin() + (r + 1) * n);
       return rows;
     };
-    const auto alone = run(w, 1).front();
-    EXPECT_EQ(gpu->kernel_ran("gemm_grouped"), "tensor cores (grouped)");
-    expect_equal(run(w_odd, 1).front(), alone, "the probe alone, weight at ld k + 1 vs ld k");
+    const auto alone = run(w, 1, false).front();
+    EXPECT_EQ(gpu->kernel_ran("gemm_grouped"), "tensor cores (grouped: 1 of 1 gemms)");
+    expect_equal(run(w_odd, 1, false).front(), alone, "the probe alone, weight at ld k + 1 vs ld k");
     for (int64_t m : {7, 64, 65, 300}) {
-      const auto rows = run(m % 2 ? w_odd : w, m);
-      const std::string of = " of m = " + std::to_string(m) + " (with another GEMM in the call) vs m = 1";
+      const bool w2_first = m >= 64;
+      const auto rows = run(m % 2 ? w_odd : w, m, w2_first);
+      EXPECT_EQ(gpu->kernel_ran("gemm_grouped"), "tensor cores (grouped: 2 of 2 gemms)");
+      const std::string of = " of m = " + std::to_string(m) + " (another GEMM " + (w2_first ? "before" : "after") +
+                             " it in the call) vs m = 1";
       expect_equal(rows[0], alone, "row " + std::to_string(m / 2) + of);
       expect_equal(rows[1], alone, "row " + std::to_string(m - 1) + of);
     }
