@@ -128,7 +128,7 @@ bool tensor_indexer_from_env() { return !env_is_first_of("GLM5_CUDA_INDEXER", "s
 // the same selection; opt-in until CudaOps.TopkMultiBlockMatchesReference has passed on a GPU.
 bool topk_multiblock_from_env() { return !env_is_first_of("GLM5_CUDA_TOPK", "block", "multiblock"); }
 // GLM5_CUDA_EXPERT_GEMM: how gemm_grouped (a MoE layer's expert gemms) runs. `each` (default): as
-// gemm_batch, one cuBLASLt / quantized call per gemm. `grouped`: those with BF16 weights in one
+// gemm_batch, one cuBLASLt / quantized call per gemm. `grouped`: those grouped_applies to in one
 // tensor-core launch (ops_grouped_gemm.cu), the rest as `each`; opt-in until the
 // CudaOps.GroupedGemmTensorCores* tests have passed on a GPU.
 bool grouped_gemm_from_env() { return !env_is_first_of("GLM5_CUDA_EXPERT_GEMM", "each", "grouped"); }
@@ -491,10 +491,9 @@ class CudaBackend final : public Backend {
 
   using Backend::gemm_grouped;  // the vector / array overload
 
-  // The experts' gemms (GLM5_CUDA_EXPERT_GEMM). With `grouped`, every one with BF16 row-major
-  // weights, not transposed, k > 0 and terms > 0 goes into one launch of the grouped kernel; the
-  // others run as gemm(). Which way a gemm goes depends on its weight and the backend's settings
-  // only, never on m or on the batch.
+  // The experts' gemms (GLM5_CUDA_EXPERT_GEMM). With `grouped`, every one that grouped_applies to
+  // goes into one launch of the grouped kernel; the others run as gemm(). Which way a gemm goes
+  // depends on its weight and the backend's settings only, never on m or on the batch.
   void gemm_grouped(const GemmParams* ps, size_t n) override {
     if (!grouped_gemm_) return gemm_batch(ps, n);
     std::vector<cuda::GroupedGemmItem> items;
@@ -507,9 +506,9 @@ class CudaBackend final : public Backend {
         continue;
       }
       validate(p);
+      if (quant::is_quantized(p.w.dtype)) check_quant_weight(p.w);
       if (p.m == 0 || p.n == 0) continue;
-      const bool vec = reinterpret_cast<uintptr_t>(p.w.data) % 16 == 0 && p.w.ld % 8 == 0 && p.k % 8 == 0;
-      items.push_back({p.x, p.ldx, p.w.data, p.w.ld, p.y, p.ldy, p.m, p.n, p.k, tiles, p.accumulate, vec});
+      items.push_back(grouped_item(p, tiles));
       tiles += cuda::grouped_gemm_tiles(p.m, p.n);
     }
     if (items.empty()) return;
@@ -523,9 +522,34 @@ class CudaBackend final : public Backend {
         "tensor cores (grouped: " + std::to_string(items.size()) + " of " + std::to_string(n) + " gemms)";
   }
 
+  // Row-major, not transposed, k > 0, and weight values the kernel's bf16 operands hold as the
+  // terms setting needs them: BF16, and Q4 / Q8 with BF16 scales (bf16 numbers), in every setting;
+  // FP8 and Q4 / Q8 with F16 / F32 scales (rounded to bf16 as they are staged) in one term only,
+  // where x is rounded too (precision fast).
   bool grouped_applies(const GemmParams& p) const {
-    return gemm_terms_ > 0 && p.w.dtype == DType::BF16 && p.w.layout == WeightLayout::kRowMajor && !p.trans_w &&
-           p.k > 0;
+    if (gemm_terms_ == 0 || p.trans_w || p.k == 0 || p.w.layout != WeightLayout::kRowMajor) return false;
+    switch (p.w.dtype) {
+      case DType::BF16: return true;
+      case DType::Q4:
+      case DType::Q8: return p.w.scale_dtype == DType::BF16 || gemm_terms_ == 1;
+      case DType::F8_E4M3: return gemm_terms_ == 1;
+      default: return false;
+    }
+  }
+
+  static cuda::GroupedGemmItem grouped_item(const GemmParams& p, int64_t tile0) {
+    using cuda::GroupedWeight;
+    const bool bf16 = p.w.dtype == DType::BF16;
+    const GroupedWeight kind = bf16                     ? GroupedWeight::kBf16
+                               : p.w.dtype == DType::Q4 ? GroupedWeight::kQ4
+                               : p.w.dtype == DType::Q8 ? GroupedWeight::kQ8
+                                                        : GroupedWeight::kFp8;
+    const bool vec = bf16 && reinterpret_cast<uintptr_t>(p.w.data) % 16 == 0 && p.w.ld % 8 == 0 && p.k % 8 == 0;
+    return {p.x,          p.ldx,        p.w.data,  bf16 ? p.w.ld : int64_t(quant::row_bytes(p.w.dtype, p.w.ld)),
+            p.w.scale,    p.w.scale_ld, p.w.group, p.w.scale_block_rows,
+            p.y,          p.ldy,        p.m,       p.n,
+            p.k,          tile0,        kind,      p.w.scale_dtype,
+            p.accumulate, vec};
   }
 
   void rms_norm(const RmsNormParams& p) override {

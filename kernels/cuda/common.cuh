@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace glm5::kernels::cuda {
 
@@ -39,6 +40,26 @@ __device__ __forceinline__ float block_sum(float v, float* sh) {
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+// E4M3 (fn) code -> float32: exact for every code, NaN for 0x7f / 0xff (like fp8_e4m3_to_f32).
+__device__ __forceinline__ float fp8_e4m3(uint32_t v) {
+  const uint32_t e = (v >> 3) & 0xfu, m = v & 7u;
+  float r = e == 0 ? float(m) * (1.0f / 512.0f)                        // subnormal: m/8 * 2^-6
+                   : __uint_as_float(((e + 120u) << 23) | (m << 20));  // (1 + m/8) * 2^(e-7)
+  if ((v & 0x7fu) == 0x7fu) r = __uint_as_float(0x7fc00000u);
+  return (v & 0x80u) ? -r : r;
+}
+
+// quant::round_to: the value after a round trip through the scale's dtype (nearest even).
+template <typename S>
+__device__ __forceinline__ float round_to_scale(float v) {
+  if constexpr (std::is_same_v<S, __nv_bfloat16>)
+    return __bfloat162float(__float2bfloat16_rn(v));
+  else if constexpr (std::is_same_v<S, __half>)
+    return __half2float(__float2half_rn(v));
+  else
+    return v;
+}
 
 // Records the first bad input of a launch in the backend's error word (see kernels.cuh).
 __device__ __forceinline__ void report_error(int* err, int code, int64_t value, int64_t row, int64_t bound) {

@@ -48,19 +48,26 @@ void launch_gemm_combine(const float* cs, int64_t ldc, int64_t rows, int64_t n, 
 // for every output. Used for F16 weights and when cuBLAS is switched off.
 void launch_gemm_simt(const GemmParams& p, cudaStream_t st);
 
-// ops_grouped_gemm.cu: many independent y (+)= x W^T (BF16 W [n, k] row-major, trans_w false) in
-// one tensor-core launch, every row's bits independent of m and of the other GEMMs in the launch.
+// ops_grouped_gemm.cu: many independent y (+)= x W^T (W [n, k] row-major, trans_w false) in one
+// tensor-core launch, every row's bits independent of m and of the other GEMMs in the launch. W is
+// BF16, or quantized (F8_E4M3 block-scaled, Q4 / Q8 group-wise: weight_at's values) and rounded
+// to bf16 as it is staged.
+enum class GroupedWeight : int32_t { kBf16, kFp8, kQ4, kQ8 };
 struct GroupedGemmItem {
   const float* x;
   int64_t ldx;
-  const void* w;  // BF16 [n, ldw]
-  int64_t ldw;
+  const void* w;      // [n, ld] elements of `kind`
+  int64_t w_row;      // elements per row (BF16) or stored bytes per row (quantized)
+  const void* scale;  // quantized: scale [(row / scale_block_rows) * scale_ld + col / group]
+  int64_t scale_ld, group, scale_block_rows;
   float* y;
   int64_t ldy;
   int64_t m, n, k;
-  int64_t tile0;    // the first CTA of this GEMM (a running sum of grouped_gemm_tiles)
-  bool accumulate;  // y += x W^T
-  bool vec;         // w, ldw and k allow 16-byte loads of W
+  int64_t tile0;  // the first CTA of this GEMM (a running sum of grouped_gemm_tiles)
+  GroupedWeight kind;
+  DType scale_dtype;  // F32, BF16 or F16
+  bool accumulate;    // y += x W^T
+  bool vec;           // BF16 only: w, w_row and k allow 16-byte loads of W
 };
 // Whether this device runs the kernel (bf16 MMA: compute capability >= 8.0 and code built for it).
 bool grouped_gemm_available();

@@ -1,6 +1,10 @@
 // The grouped GEMM of a MoE layer's experts: many independent y_i (+)= x_i W_i^T (fp32 x_i [m_i, k_i],
-// BF16 W_i [n_i, k_i] row-major, fp32 y_i) in one launch on the tensor cores (bf16 MMA, fp32
-// accumulators; nvcuda::wmma 16 x 16 x 16 fragments, compute capability >= 8.0).
+// W_i [n_i, k_i] row-major, fp32 y_i) in one launch on the tensor cores (bf16 MMA, fp32
+// accumulators; nvcuda::wmma 16 x 16 x 16 fragments, compute capability >= 8.0). W_i is BF16, or
+// quantized and dequantized while it is staged: each element's weight_at value (ops.h), rounded to
+// bf16 (round to nearest even). That rounding is exact for Q4 / Q8 with BF16 scales (their values
+// are bf16 numbers); for FP8 and other scales it is precision fast's weight rounding, and the
+// backend sends such weights here only in fast's one term.
 //
 // Why our own kernel and not cuBLAS's grouped call: cuBLAS picks its algorithm (tile, split-K) per
 // call from all the groups' sizes, so a row's bits would depend on how many tokens the other
@@ -74,8 +78,33 @@ __device__ __forceinline__ void stage_x(const GroupedGemmItem& g, int64_t r0, in
   }
 }
 
-// W rows [c0, c0 + kGN) x k [k0, k0 + kGK) (zeros outside [n, k)); 16-byte loads where the host
-// found every row start and k itself 16-byte aligned (`vec`).
+// A scale of a quantized weight, as a float.
+__device__ __forceinline__ float scale_value(const GroupedGemmItem& g, int64_t i) {
+  if (g.scale_dtype == DType::BF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(g.scale)[i]);
+  if (g.scale_dtype == DType::F16) return __half2float(static_cast<const __half*>(g.scale)[i]);
+  return static_cast<const float*>(g.scale)[i];
+}
+
+// weight_at(row, col) of a quantized W (row < n, col < k), rounded to bf16.
+__device__ __forceinline__ __nv_bfloat16 quant_value(const GroupedGemmItem& g, int64_t row, int64_t col) {
+  const uint8_t* r = static_cast<const uint8_t*>(g.w) + row * g.w_row;
+  const float s = scale_value(g, row / g.scale_block_rows * g.scale_ld + col / g.group);
+  float v;
+  if (g.kind == GroupedWeight::kFp8) {
+    v = __fmul_rn(fp8_e4m3(__ldg(r + col)), s);
+  } else {
+    const uint32_t b = g.kind == GroupedWeight::kQ4 ? __ldg(r + col / 2) : __ldg(r + col);
+    const int code = g.kind == GroupedWeight::kQ4 ? int(col & 1 ? b >> 4 : b & 0xfu) - 8 : int(b) - 128;
+    v = __fmul_rn(float(code), s);
+    if (g.scale_dtype == DType::BF16) v = round_to_scale<__nv_bfloat16>(v);
+    if (g.scale_dtype == DType::F16) v = round_to_scale<__half>(v);
+  }
+  return __float2bfloat16_rn(v);
+}
+
+// W rows [c0, c0 + kGN) x k [k0, k0 + kGK) (zeros outside [n, k)). BF16: 16-byte loads where the
+// host found every row start and k itself 16-byte aligned (`vec`), else element loads; quantized:
+// element by element (a warp reads 32 consecutive elements of one row).
 __device__ __forceinline__ void stage_w(const GroupedGemmItem& g, int64_t c0, int64_t k0, GroupedTiles& s) {
   const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(g.w);
   if (g.vec) {
@@ -83,15 +112,18 @@ __device__ __forceinline__ void stage_w(const GroupedGemmItem& g, int64_t c0, in
       const int r = idx / (kGK / 8), c = idx % (kGK / 8) * 8;
       const int64_t row = c0 + r, col = k0 + c;
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (row < g.n && col < g.k) v = __ldg(reinterpret_cast<const uint4*>(w + row * g.ldw + col));
+      if (row < g.n && col < g.k) v = __ldg(reinterpret_cast<const uint4*>(w + row * g.w_row + col));
       *reinterpret_cast<uint4*>(&s.b[r][c]) = v;
     }
     return;
   }
+  const bool bf16 = g.kind == GroupedWeight::kBf16;
   for (int idx = threadIdx.x; idx < kGN * kGK; idx += kGThreads) {
     const int r = idx / kGK, c = idx % kGK;
     const int64_t row = c0 + r, col = k0 + c;
-    s.b[r][c] = row < g.n && col < g.k ? w[row * g.ldw + col] : __float2bfloat16_rn(0.0f);
+    __nv_bfloat16 v = __float2bfloat16_rn(0.0f);
+    if (row < g.n && col < g.k) v = bf16 ? w[row * g.w_row + col] : quant_value(g, row, col);
+    s.b[r][c] = v;
   }
 }
 

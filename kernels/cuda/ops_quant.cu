@@ -41,26 +41,6 @@ constexpr int kQuantTileM = 8;        // rows of x per block
 constexpr int kQuantRowsPerBlock = kQuantWarps * kQuantRowsPerWarp;
 constexpr int kPitch = 33;  // smem pitch of the staged x chunk: conflict-free lane reads
 
-// E4M3 (fn) code -> float32: exact for every code, NaN for 0x7f / 0xff (like fp8_e4m3_to_f32).
-__device__ __forceinline__ float fp8_e4m3(uint32_t v) {
-  const uint32_t e = (v >> 3) & 0xfu, m = v & 7u;
-  float r = e == 0 ? float(m) * (1.0f / 512.0f)                        // subnormal: m/8 * 2^-6
-                   : __uint_as_float(((e + 120u) << 23) | (m << 20));  // (1 + m/8) * 2^(e-7)
-  if ((v & 0x7fu) == 0x7fu) r = __uint_as_float(0x7fc00000u);
-  return (v & 0x80u) ? -r : r;
-}
-
-// quant::round_to: the value after a round trip through the scale's dtype (nearest even).
-template <typename S>
-__device__ __forceinline__ float round_to_scale(float v) {
-  if constexpr (std::is_same_v<S, __nv_bfloat16>)
-    return __bfloat162float(__float2bfloat16_rn(v));
-  else if constexpr (std::is_same_v<S, __half>)
-    return __half2float(__float2half_rn(v));
-  else
-    return v;
-}
-
 // The value of one element from its stored code (FP8 byte, int8 byte, int4 nibble) and its scale.
 template <QKind K, typename S>
 __device__ __forceinline__ float dequant(uint32_t code, float s) {

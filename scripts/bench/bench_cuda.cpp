@@ -16,9 +16,10 @@
 //               (GLM5_CUDA_GEMM_TERMS=1: a plain cuBLASLt bf16 GEMM on the same path): the cost of
 //               exactness; the fixed 64-row chunked path; and the algorithm pinned at m = 16 and
 //               64 instead of 512 (GLM5_CUDA_GEMM_ALGO_ROWS: which suits decode's small m).
-//   expert layer: 64 experts' gate GEMMs (GLM-5's shape) at 1..128 rows each in precision fast: one
-//               call per expert, one grouped launch (GLM5_CUDA_EXPERT_GEMM=grouped), and one plain
-//               bf16 cuBLASLt GEMM of all the rows through one weight (the same FLOPs): the ceiling.
+//   expert layer: 64 experts' gate GEMMs (GLM-5's shape) at 1..128 rows each in precision fast,
+//               BF16 and FP8 weights: one call per expert, one grouped launch
+//               (GLM5_CUDA_EXPERT_GEMM=grouped), and one plain bf16 cuBLASLt GEMM of all the rows
+//               through one weight (the same FLOPs): the ceiling.
 //   bench_cuda [--reps N]
 #include <algorithm>
 #include <chrono>
@@ -199,48 +200,72 @@ void bench_expert_gemm() {
   unsetenv("GLM5_CUDA_GEMM_TERMS");
 }
 
-// A MoE layer's gate GEMMs (E experts of GLM-5's shape, W_e [2048, 6144] BF16, r rows each) in
-// precision fast: one call per expert (GLM5_CUDA_EXPERT_GEMM=each, the cuBLASLt path), one grouped
-// launch (=grouped), and, as the ceiling, one plain cuBLASLt bf16 GEMM of all E * r rows through
-// one weight (the same FLOPs, 1/E of the weight bytes).
-double expert_layer_seconds(const char* mode, int64_t experts, int64_t r, bool one_weight, std::string* kernel) {
+// A MoE layer's gate GEMMs (E experts of GLM-5's shape, W_e [2048, 6144], r rows each) in precision
+// fast: one call per expert (GLM5_CUDA_EXPERT_GEMM=each: cuBLASLt for BF16, the fused kernel for
+// FP8), one grouped launch (=grouped), and, as the ceiling, one plain cuBLASLt bf16 GEMM of all
+// E * r rows through one BF16 weight (the same FLOPs, 1/E of the weight bytes).
+enum class ExpertWeights { kBf16, kFp8, kOneBf16 };
+double expert_layer_seconds(const char* mode, int64_t experts, int64_t r, ExpertWeights wt, std::string* kernel) {
   setenv("GLM5_CUDA_EXPERT_GEMM", mode, 1);
   auto be = make_cuda_backend(0, Precision::kFast);
   unsetenv("GLM5_CUDA_EXPERT_GEMM");
-  const int64_t n = 2048, k = 6144, m = experts * r;
-  uint16_t* wd = device_fill<uint16_t>(*be, size_t(one_weight ? 1 : experts) * size_t(n * k));
+  const int64_t n = 2048, k = 6144, m = experts * r, copies = wt == ExpertWeights::kOneBf16 ? 1 : experts;
+  const bool fp8 = wt == ExpertWeights::kFp8;
+  void* wd = nullptr;
+  float* scales = nullptr;
+  const int64_t sld = (k + 127) / 128, srows = (n + 127) / 128;
+  if (fp8) {  // random E4M3 codes without NaN (no code has all of 0x7f), block scales 1/256
+    std::vector<uint8_t> codes(size_t(copies * n * k));
+    uint32_t s = 11;
+    for (uint8_t& c : codes) c = uint8_t(((s = s * 1664525u + 1013904223u) >> 24) & 0xf7u);
+    wd = be->alloc(codes.size());
+    be->to_device(wd, codes.data(), codes.size());
+    std::vector<float> sc(size_t(copies * srows * sld), 1.0f / 256);
+    scales = static_cast<float*>(be->alloc(sc.size() * 4));
+    be->to_device(scales, sc.data(), sc.size() * 4);
+  } else {
+    wd = device_fill<uint16_t>(*be, size_t(copies) * size_t(n * k));
+  }
   float* x = device_fill<float>(*be, size_t(m * k));
   float* y = static_cast<float*>(be->alloc(size_t(m * n) * 4));
   std::vector<GemmParams> ps;
-  if (one_weight) {
-    ps.push_back({x, k, Weight{wd, DType::BF16, n, k, k}, false, y, n, m, n, k});
-  } else {
-    for (int64_t e = 0; e < experts; ++e)
-      ps.push_back({x + e * r * k, k, Weight{wd + e * n * k, DType::BF16, n, k, k}, false, y + e * r * n, n, r, n, k});
+  for (int64_t e = 0; e < copies; ++e) {
+    Weight w{static_cast<const char*>(wd) + size_t(e * n * k) * (fp8 ? 1 : 2), fp8 ? DType::F8_E4M3 : DType::BF16, n, k,
+             k};
+    if (fp8) {  // GLM-5-FP8's blocks: one F32 scale per 128 x 128
+      w.scale = scales + e * srows * sld;
+      w.scale_dtype = DType::F32;
+      w.scale_ld = sld;
+      w.group = w.scale_block_rows = 128;
+    }
+    const int64_t rows = copies == 1 ? m : r;
+    ps.push_back({x + e * r * k, k, w, false, y + e * r * n, n, rows, n, k});
   }
-  const double t = seconds_per_call(*be, [&] { one_weight ? be->gemm_batch(ps) : be->gemm_grouped(ps); });
+  const double t = seconds_per_call(*be, [&] { copies == 1 ? be->gemm_batch(ps) : be->gemm_grouped(ps); });
   if (kernel) *kernel = be->kernel_ran("gemm_grouped");
-  be->free(wd);
-  be->free(x);
-  be->free(y);
+  for (void* p : {wd, static_cast<void*>(scales), static_cast<void*>(x), static_cast<void*>(y)})
+    if (p) be->free(p);
   return t;
 }
 
 void bench_expert_layer(double hbm) {
   std::printf(
-      "\n| experts x rows (fast) | one call per expert us | grouped us | grouped kernel | plain bf16 GEMM of all rows "
-      "us "
-      "| plain / grouped | grouped weight GB/s | of HBM |\n|---|---|---|---|---|---|---|---|\n");
+      "\n| experts x rows (fast) | BF16: one call per expert us | grouped us | grouped kernel | plain bf16 GEMM of all "
+      "rows us | plain / grouped | grouped weight GB/s | of HBM | FP8: one call per expert us | grouped us | FP8 "
+      "grouped weight GB/s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   const int64_t experts = 64;
   for (int64_t r : {1, 4, 32, 128}) {
     std::string kernel;
-    const double each = expert_layer_seconds("each", experts, r, false, nullptr),
-                 grouped = expert_layer_seconds("grouped", experts, r, false, &kernel),
-                 plain = expert_layer_seconds("each", experts, r, true, nullptr);
-    const double gbs = double(experts) * 2048 * 6144 * 2 / grouped / 1e9;
-    std::printf("| %lld x %lld | %.1f | %.1f | %s | %.1f | %.2f | %.0f | %.0f %% |\n", (long long)experts, (long long)r,
-                each * 1e6, grouped * 1e6, kernel.empty() ? "(none: per-expert calls)" : kernel.c_str(), plain * 1e6,
-                plain / grouped, gbs, 100 * gbs / hbm);
+    const double each = expert_layer_seconds("each", experts, r, ExpertWeights::kBf16, nullptr),
+                 grouped = expert_layer_seconds("grouped", experts, r, ExpertWeights::kBf16, &kernel),
+                 plain = expert_layer_seconds("each", experts, r, ExpertWeights::kOneBf16, nullptr),
+                 each8 = expert_layer_seconds("each", experts, r, ExpertWeights::kFp8, nullptr),
+                 grouped8 = expert_layer_seconds("grouped", experts, r, ExpertWeights::kFp8, nullptr);
+    const double bytes = double(experts) * 2048 * 6144, gbs = 2 * bytes / grouped / 1e9;
+    std::printf("| %lld x %lld | %.1f | %.1f | %s | %.1f | %.2f | %.0f | %.0f %% | %.1f | %.1f | %.0f |\n",
+                (long long)experts, (long long)r, each * 1e6, grouped * 1e6,
+                kernel.empty() ? "(none: per-expert calls)" : kernel.c_str(), plain * 1e6, plain / grouped, gbs,
+                100 * gbs / hbm, each8 * 1e6, grouped8 * 1e6, bytes / grouped8 / 1e9);
     std::fflush(stdout);
   }
 }

@@ -553,55 +553,79 @@ std::string quant_case_name(const QuantGemmCase& c) {
 
 // One quantized GEMM on both backends. The tolerance is check_gemm's: rel_tol * sum_k |x w| per
 // output plus 1e-6, with w the weight_at() values.
+// One quantized GEMM's inputs, reference result and device buffers, as GemmCheck (ref_precision:
+// the reference backend's; kFast rounds x and every weight_at value to bf16).
+class QuantGemmCheck {
+ public:
+  QuantGemmCheck(Backend& gpu, const QuantGemmCase& c, uint32_t seed, Precision ref_precision = Precision::kExact)
+      : c_(c),
+        rng_(seed),
+        ldx_(c.k + 3),
+        ldy_(c.n + 5),
+        qm_(random_quant_matrix(rng_, c.dt, c.sdt, c.trans ? c.k : c.n, c.trans ? c.n : c.k, c.group, c.ld_extra)),
+        x_(rng_.floats(size_t(c.m * ldx_))),
+        y0_(rng_.floats(size_t(c.m * ldy_))),
+        dx_(gpu, x_),
+        dy_(gpu, c.accumulate ? y0_ : nan_vec(y0_.size())),
+        what_(quant_case_name(c)) {
+    auto ref = make_reference_backend(ref_precision);
+    GemmParams p;
+    p.x = x_.data(), p.ldx = ldx_, p.w = qm_.host(), p.trans_w = c.trans;
+    p.ldy = ldy_, p.m = c.m, p.n = c.n, p.k = c.k, p.accumulate = c.accumulate;
+    want_ = y0_;
+    p.y = want_.data();
+    ref->gemm(p);
+    q = p;
+    q.x = dx_.get(), q.y = dy_.get(), q.w = qm_.upload(gpu);
+  }
+
+  void verify(float rel_tol) {
+    auto got = dy_.host(what_);
+    if (!c_.accumulate)  // padding columns of y are not part of the result
+      for (int64_t i = 0; i < c_.m; ++i)
+        for (int64_t j = c_.n; j < ldy_; ++j) got[i * ldy_ + j] = want_[i * ldy_ + j] = 0.0f;
+    // |w| once per weight element (weight_at is the slow part of the bound).
+    const Weight wh = qm_.host();
+    std::vector<double> wabs(size_t(c_.n * c_.k));
+    for (int64_t j = 0; j < c_.n; ++j)
+      for (int64_t kk = 0; kk < c_.k; ++kk)
+        wabs[size_t(j * c_.k + kk)] = std::fabs(double(c_.trans ? weight_at(wh, kk, j) : weight_at(wh, j, kk)));
+    size_t bad = 0;
+    std::ostringstream first;
+    for (int64_t i = 0; i < c_.m; ++i)
+      for (int64_t j = 0; j < c_.n; ++j) {
+        double bound = 0.0;
+        for (int64_t kk = 0; kk < c_.k; ++kk)
+          bound += std::fabs(double(x_[i * ldx_ + kk])) * wabs[size_t(j * c_.k + kk)];
+        const double err = std::fabs(double(got[i * ldy_ + j]) - double(want_[i * ldy_ + j]));
+        if (!(err <= rel_tol * bound + 1e-6) && bad++ < 5)
+          first << "\n  [" << i << ", " << j << "] got " << got[i * ldy_ + j] << ", want " << want_[i * ldy_ + j]
+                << " (sum |x w| " << bound << ")";
+      }
+    EXPECT_EQ(bad, 0u) << what_ << ": " << bad << " outputs out of tolerance" << first.str();
+    for (size_t i = 0; i < got.size(); ++i)  // the padding columns of y keep their values too
+      if (c_.accumulate && std::memcmp(&got[i], &want_[i], 4) != 0 && int64_t(i) % ldy_ >= c_.n) {
+        ADD_FAILURE() << what_ << ": padding element " << i << " of y was written";
+        break;
+      }
+  }
+
+  GemmParams q;  // the call for the device backend
+
+ private:
+  QuantGemmCase c_;
+  Rng rng_;
+  int64_t ldx_, ldy_;
+  QuantMatrix qm_;
+  std::vector<float> x_, y0_, want_;
+  Dev<float> dx_, dy_;
+  std::string what_;
+};
+
 void check_quant_gemm(Backend& gpu, const QuantGemmCase& c, float rel_tol, uint32_t seed) {
-  Rng rng(seed);
-  const int64_t ldx = c.k + 3, ldy = c.n + 5;
-  const int64_t w_rows = c.trans ? c.k : c.n, w_cols = c.trans ? c.n : c.k;
-  const QuantMatrix qm = random_quant_matrix(rng, c.dt, c.sdt, w_rows, w_cols, c.group, c.ld_extra);
-  auto x = rng.floats(size_t(c.m * ldx));
-  auto y0 = rng.floats(size_t(c.m * ldy));
-  const std::string what = quant_case_name(c);
-
-  auto ref = make_reference_backend();
-  const Weight wh = qm.host();
-  GemmParams p;
-  p.x = x.data(), p.ldx = ldx, p.w = wh, p.trans_w = c.trans;
-  p.ldy = ldy, p.m = c.m, p.n = c.n, p.k = c.k, p.accumulate = c.accumulate;
-  std::vector<float> want = y0;
-  p.y = want.data();
-  ref->gemm(p);
-
-  Dev<float> dx(gpu, x), dy(gpu, c.accumulate ? y0 : nan_vec(y0.size()));
-  GemmParams q = p;
-  q.x = dx.get(), q.y = dy.get(), q.w = qm.upload(gpu);
-  gpu.gemm(q);
-  auto got = dy.host(what);
-  if (!c.accumulate)  // padding columns of y are not part of the result
-    for (int64_t i = 0; i < c.m; ++i)
-      for (int64_t j = c.n; j < ldy; ++j) got[i * ldy + j] = want[i * ldy + j] = 0.0f;
-
-  // |w| once per weight element (weight_at is the slow part of the bound).
-  std::vector<double> wabs(size_t(c.n * c.k));
-  for (int64_t j = 0; j < c.n; ++j)
-    for (int64_t kk = 0; kk < c.k; ++kk)
-      wabs[size_t(j * c.k + kk)] = std::fabs(double(c.trans ? weight_at(wh, kk, j) : weight_at(wh, j, kk)));
-  size_t bad = 0;
-  std::ostringstream first;
-  for (int64_t i = 0; i < c.m; ++i)
-    for (int64_t j = 0; j < c.n; ++j) {
-      double bound = 0.0;
-      for (int64_t kk = 0; kk < c.k; ++kk) bound += std::fabs(double(x[i * ldx + kk])) * wabs[size_t(j * c.k + kk)];
-      const double err = std::fabs(double(got[i * ldy + j]) - double(want[i * ldy + j]));
-      if (!(err <= rel_tol * bound + 1e-6) && bad++ < 5)
-        first << "\n  [" << i << ", " << j << "] got " << got[i * ldy + j] << ", want " << want[i * ldy + j]
-              << " (sum |x w| " << bound << ")";
-    }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " outputs out of tolerance" << first.str();
-  for (size_t i = 0; i < got.size(); ++i)  // the padding columns of y keep their values too
-    if (c.accumulate && std::memcmp(&got[i], &want[i], 4) != 0 && int64_t(i) % ldy >= c.n) {
-      ADD_FAILURE() << what << ": padding element " << i << " of y was written";
-      break;
-    }
+  QuantGemmCheck g(gpu, c, seed);
+  gpu.gemm(g.q);
+  g.verify(rel_tol);
 }
 
 const std::vector<QuantGemmCase>& quant_gemm_cases() {
@@ -827,11 +851,12 @@ TEST(CudaOps, GemmLtPathIsTakenForAlignedShapes) {
 
 // ---- The grouped expert GEMM (GLM5_CUDA_EXPERT_GEMM=grouped, ops_grouped_gemm.cu) -------------
 
-// Many GEMMs in one gemm_grouped call, each against the reference: the BF16 ones on the grouped
-// tensor-core kernel (each case at an odd ld, element loads, and at a 16-byte ld, vector loads
-// where k % 8 == 0), the others (F32 / F16 weights, trans_w, k = 0) on gemm()'s routes, in exact
-// (3 terms), 2 terms and fast (1 term, against the reference's kFast). The backend's count of the
-// gemms it grouped must be exactly the eligible ones.
+// Many GEMMs in one gemm_grouped call, each against the reference, in exact (3 terms), 2 terms and
+// fast (1 term, against the reference's kFast). On the grouped tensor-core kernel: BF16 weights
+// (each case at an odd ld, element loads, and at a 16-byte ld, vector loads where k % 8 == 0) and
+// Q4 / Q8 with BF16 scales in every setting, the other quantized weights (FP8, F16 / F32 scales)
+// in one term; the rest (F32 / F16 weights, trans_w, k = 0) on gemm()'s routes. The backend's
+// count of the gemms it grouped must be exactly those.
 TEST(CudaOps, GroupedGemmTensorCoresMatchReference) {
   if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
   ScopedEnv eg("GLM5_CUDA_EXPERT_GEMM", "grouped");
@@ -851,27 +876,38 @@ TEST(CudaOps, GroupedGemmTensorCoresMatchReference) {
                  (mode.precision == Precision::kFast ? " precision fast" : " precision exact"));
     GemmTermsEnv env(mode.terms);
     auto gpu = make_cuda_backend(0, mode.precision);
+    const bool fast = mode.precision == Precision::kFast;  // one term
     std::vector<std::unique_ptr<GemmCheck>> checks;
+    std::vector<std::unique_ptr<QuantGemmCheck>> quant_checks;
     std::vector<GemmParams> ps;
     size_t grouped = 0;
     for (const GemmCase& c : cases)
       for (bool aligned : {false, true}) {
-        if (mode.precision == Precision::kFast && c.dt != DType::BF16) continue;  // (fast's other dtypes: own tests)
+        if (fast && c.dt != DType::BF16) continue;  // (fast on F32 / F16 weights: the gemm tests)
         checks.push_back(std::make_unique<GemmCheck>(*gpu, c, seed++, mode.precision, aligned));
         ps.push_back(checks.back()->q);
         grouped += c.dt == DType::BF16 && !c.trans && c.k > 0 && c.m > 0 && c.n > 0;
       }
+    for (const QuantGemmCase& c : quant_gemm_cases()) {
+      if (fast && c.trans) continue;  // (fast's trans_w quantized route rounds nothing: not kFast's values)
+      quant_checks.push_back(std::make_unique<QuantGemmCheck>(*gpu, c, seed++, mode.precision));
+      ps.push_back(quant_checks.back()->q);
+      const bool bf16_values = c.dt != DType::F8_E4M3 && c.sdt == DType::BF16;
+      grouped += !c.trans && c.k > 0 && c.m > 0 && c.n > 0 && (bf16_values || fast);
+    }
     gpu->gemm_grouped(ps);
     EXPECT_EQ(gpu->kernel_ran("gemm_grouped"),
               "tensor cores (grouped: " + std::to_string(grouped) + " of " + std::to_string(ps.size()) + " gemms)");
     for (auto& g : checks) g->verify(mode.tol);
+    for (auto& g : quant_checks) g->verify(mode.tol);
   }
 }
 
 // A probe row's bits through the grouped kernel, alone (m = 1, the only GEMM of the call), equal its
 // bits at rows m / 2 and m - 1 of calls with m = 7, 64, 65 and 300 that also carry a GEMM of
 // another shape, before or after it in the table; and the same weight values at a 16-byte-aligned
-// ld (vector loads) and at an odd ld (element loads) give the same bits. Every terms setting.
+// ld (vector loads) and at an odd ld (element loads) give the same bits. Every terms setting, for
+// BF16 weights and Q4 with BF16 scales; FP8 in one term.
 TEST(CudaOps, GroupedGemmTensorCoresRowsIndependentOfBatch) {
   if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: " << cuda_skip_reason();
   ScopedEnv eg("GLM5_CUDA_EXPERT_GEMM", "grouped");
@@ -889,6 +925,19 @@ TEST(CudaOps, GroupedGemmTensorCoresRowsIndependentOfBatch) {
     const Weight w{gpu->upload(wbytes.data(), wbytes.size()), DType::BF16, n, k, k};
     const Weight w_odd{gpu->upload(odd.data(), odd.size()), DType::BF16, n, k, k + 1};
     const Weight w2{gpu->upload(w2bytes.data(), w2bytes.size()), DType::BF16, n2, k2, k2};
+    struct Probe {
+      std::string name;
+      Weight a, b;  // the same values (BF16: b at ld k + 1)
+    };
+    std::vector<Probe> probes{{"BF16", w, w_odd}};
+    const QuantMatrix q4 = random_quant_matrix(rng, DType::Q4, DType::BF16, n, k, 32, 0);
+    const Weight wq4 = q4.upload(*gpu);
+    probes.push_back({"Q4, BF16 scales", wq4, wq4});
+    if (std::string(terms) == "1") {
+      const QuantMatrix f8 = random_quant_matrix(rng, DType::F8_E4M3, DType::F32, n, k, 128, 0);
+      const Weight wf8 = f8.upload(*gpu);
+      probes.push_back({"F8_E4M3", wf8, wf8});
+    }
     const auto probe = rng.floats(size_t(k));
     // The probe rows of one call: the probe at rows m / 2 and m - 1 of w's GEMM, with a GEMM of w2
     // over m + 3 other rows in the same call (none for m = 1), first in the table with w2_first.
@@ -909,17 +958,20 @@ TEST(CudaOps, GroupedGemmTensorCoresRowsIndependentOfBatch) {
       for (int64_t r : at) rows.emplace_back(y.begin() + r * n, y.begin() + (r + 1) * n);
       return rows;
     };
-    const auto alone = run(w, 1, false).front();
-    EXPECT_EQ(gpu->kernel_ran("gemm_grouped"), "tensor cores (grouped: 1 of 1 gemms)");
-    expect_equal(run(w_odd, 1, false).front(), alone, "the probe alone, weight at ld k + 1 vs ld k");
-    for (int64_t m : {7, 64, 65, 300}) {
-      const bool w2_first = m >= 64;
-      const auto rows = run(m % 2 ? w_odd : w, m, w2_first);
-      EXPECT_EQ(gpu->kernel_ran("gemm_grouped"), "tensor cores (grouped: 2 of 2 gemms)");
-      const std::string of = " of m = " + std::to_string(m) + " (another GEMM " + (w2_first ? "before" : "after") +
-                             " it in the call) vs m = 1";
-      expect_equal(rows[0], alone, "row " + std::to_string(m / 2) + of);
-      expect_equal(rows[1], alone, "row " + std::to_string(m - 1) + of);
+    for (const Probe& pr : probes) {
+      SCOPED_TRACE(pr.name);
+      const auto alone = run(pr.a, 1, false).front();
+      EXPECT_EQ(gpu->kernel_ran("gemm_grouped"), "tensor cores (grouped: 1 of 1 gemms)");
+      expect_equal(run(pr.b, 1, false).front(), alone, "the probe alone, the weight's other copy");
+      for (int64_t m : {7, 64, 65, 300}) {
+        const bool w2_first = m >= 64;
+        const auto rows = run(m % 2 ? pr.b : pr.a, m, w2_first);
+        EXPECT_EQ(gpu->kernel_ran("gemm_grouped"), "tensor cores (grouped: 2 of 2 gemms)");
+        const std::string of = " of m = " + std::to_string(m) + " (another GEMM " + (w2_first ? "before" : "after") +
+                               " it in the call) vs m = 1";
+        expect_equal(rows[0], alone, "row " + std::to_string(m / 2) + of);
+        expect_equal(rows[1], alone, "row " + std::to_string(m - 1) + of);
+      }
     }
   }
 }
