@@ -137,6 +137,7 @@ class Model {
                           float* attn);
   void dense_mlp(Layer& L, const float* x, int64_t m, float* y);
   void moe(Layer& L, const float* x, int64_t m, float* y);
+  void moe_rows(Layer& L, const float* x, int64_t m, float* y);
   void swiglu_expert(const Expert& e, const float* x, int64_t m, float* y);
   void count_router_load(int layer, const int32_t* ids, int64_t m);
   void routed_experts(Layer& L, const float* table, const int32_t* rrow, const int32_t* rtag, int64_t n_recv,

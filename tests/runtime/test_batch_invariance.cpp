@@ -60,6 +60,29 @@ void check_invariance(const std::string& dir) {
 TEST(BatchInvariance, TinyA) { check_invariance(std::string(GLM5_TEST_DATA) + "/tiny-a"); }
 TEST(BatchInvariance, TinyV32) { check_invariance(std::string(GLM5_TEST_DATA) + "/tiny-v32"); }
 
+// A step of more rows than the MLPs' block (2048: the dense MLP and a one-rank stage's MoE take a
+// long step's rows in blocks): 10 prompts of 300 tokens prefill in one 3000-row step, and the
+// target, whose rows straddle the first block boundary, keeps the bits it has alone.
+TEST(BatchInvariance, StepsLongerThanTheMlpBlock) {
+  OneProcessModel m(std::string(GLM5_TEST_DATA) + "/tiny-a");
+  const int V = int(m.cfg.vocab_size);
+  const auto target = make_prompt(300, V, 5);
+  auto alone = m.run({golden_request(target, 3)});
+  std::vector<runtime::Request> batch;
+  for (int i = 0; i < 10; ++i)
+    batch.push_back(i == 6 ? golden_request(target, 3, i) : golden_request(make_prompt(300, V, 50 + i), 2, i));
+  runtime::EngineOptions opt;
+  opt.max_batch = 10;
+  opt.prefill_chunk = 512;
+  opt.max_step_tokens = 8192;
+  auto res = m.run(batch, opt);
+  ASSERT_EQ(res.size(), batch.size());
+  EXPECT_GE(m.last_stats.max_step_rows, 3000);
+  EXPECT_EQ(res[6].tokens, alone[0].tokens);
+  EXPECT_TRUE(bitwise_equal(res[6].prompt_logits, alone[0].prompt_logits));
+  EXPECT_TRUE(bitwise_equal(res[6].decode_logits, alone[0].decode_logits));
+}
+
 // Thread-count invariance: the same batch with 1 and with 2 OpenMP threads gives bitwise the same
 // logits (the threaded GEMM, attention, indexer and top-k paths split rows or columns, never a
 // reduction). Prompts long enough that every kernel takes its threaded path.
