@@ -381,7 +381,9 @@ void Model::swiglu_expert(const Expert& e, const float* x, int64_t m, float* y) 
   backend_.gemm({g, I, e.down_proj, false, y, H, m, H, I});
 }
 
-// The MLPs take a long step's rows in blocks of at most kMlpBlockRows: their intermediates (the
+// On a host backend the MLPs take a long step's rows in blocks of at most kMlpBlockRows (a device
+// backend keeps one pass: there each block would stream the layer's weights again, and its memory
+// is allocated once by the backend's cache): their intermediates (the
 // dense MLP's gate and up, [m, intermediate_size] each; the MoE exchange's slot rows and results,
 // [m * top_k, hidden_size]: 670 MB for an 8192-token step of a 2048-wide model) are then a
 // fraction as large, and a process pays for each fresh page of them once, on first touch (page
@@ -391,17 +393,16 @@ constexpr int64_t kMlpBlockRows = 2048;
 
 void Model::dense_mlp(Layer& L, const float* x, int64_t m, float* y) {
   Profiler::Scope span(prof_, "dense_mlp", L.index);
-  const int64_t H = cfg_.hidden_size;
-  for (int64_t r0 = 0; r0 < m; r0 += kMlpBlockRows)
-    swiglu_expert(L.dense, x + r0 * H, std::min(kMlpBlockRows, m - r0), y + r0 * H);
+  const int64_t H = cfg_.hidden_size, block = backend_.host_memory() ? kMlpBlockRows : std::max<int64_t>(m, 1);
+  for (int64_t r0 = 0; r0 < m; r0 += block) swiglu_expert(L.dense, x + r0 * H, std::min(block, m - r0), y + r0 * H);
 }
 
-// MoE over rows [0, m), in blocks of kMlpBlockRows on a one-rank stage. A stage of several ranks
-// keeps one exchange per layer and step (its ranks would first have to agree on a block count), and
-// so does a debug dump (one call per layer and step).
+// MoE over rows [0, m), in blocks of kMlpBlockRows on a host backend's one-rank stage. A stage of
+// several ranks keeps one exchange per layer and step (its ranks would first have to agree on a
+// block count), and so does a debug dump (one call per layer and step).
 void Model::moe(Layer& L, const float* x, int64_t m, float* y) {
   const int64_t H = cfg_.hidden_size;
-  if (shard_.expert_parallel > 1 || debug_ || m <= kMlpBlockRows) return moe_rows(L, x, m, y);
+  if (stage_comm_.size() > 1 || !backend_.host_memory() || debug_ || m <= kMlpBlockRows) return moe_rows(L, x, m, y);
   for (int64_t r0 = 0; r0 < m; r0 += kMlpBlockRows)
     moe_rows(L, x + r0 * H, std::min(kMlpBlockRows, m - r0), y + r0 * H);
 }

@@ -523,16 +523,17 @@ class CudaBackend final : public Backend {
   }
 
   // Row-major, not transposed, k > 0, and weight values the kernel's bf16 operands hold as the
-  // terms setting needs them: BF16, and Q4 / Q8 with BF16 scales (bf16 numbers), in every setting;
-  // FP8 and Q4 / Q8 with F16 / F32 scales (rounded to bf16 as they are staged) in one term only,
-  // where x is rounded too (precision fast).
+  // precision needs them: BF16, and Q4 / Q8 with BF16 scales (bf16 numbers), in every setting; FP8
+  // and Q4 / Q8 with F16 / F32 scales (rounded to bf16 as they are staged) only in precision fast
+  // on its one term, where x is rounded too (the other routes keep their fp32 values).
   bool grouped_applies(const GemmParams& p) const {
     if (gemm_terms_ == 0 || p.trans_w || p.k == 0 || p.w.layout != WeightLayout::kRowMajor) return false;
+    const bool fast_one_term = precision_ == Precision::kFast && gemm_terms_ == 1;
     switch (p.w.dtype) {
       case DType::BF16: return true;
       case DType::Q4:
-      case DType::Q8: return p.w.scale_dtype == DType::BF16 || gemm_terms_ == 1;
-      case DType::F8_E4M3: return gemm_terms_ == 1;
+      case DType::Q8: return p.w.scale_dtype == DType::BF16 || fast_one_term;
+      case DType::F8_E4M3: return fast_one_term;
       default: return false;
     }
   }

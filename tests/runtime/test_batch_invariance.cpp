@@ -60,9 +60,10 @@ void check_invariance(const std::string& dir) {
 TEST(BatchInvariance, TinyA) { check_invariance(std::string(GLM5_TEST_DATA) + "/tiny-a"); }
 TEST(BatchInvariance, TinyV32) { check_invariance(std::string(GLM5_TEST_DATA) + "/tiny-v32"); }
 
-// A step of more rows than the MLPs' block (2048: the dense MLP and a one-rank stage's MoE take a
-// long step's rows in blocks): 10 prompts of 300 tokens prefill in one 3000-row step, and the
-// target, whose rows straddle the first block boundary, keeps the bits it has alone.
+// A step of more rows than the MLPs' block (2048: on a host backend the dense MLP and a one-rank
+// stage's MoE take a long step's rows in blocks): 10 prompts of 300 tokens prefill in one
+// 3000-row step, and the target keeps the bits it has alone. (The engine lays a step's rows out in
+// request order, so the target's rows 1800..2099 straddle the first block boundary.)
 TEST(BatchInvariance, StepsLongerThanTheMlpBlock) {
   OneProcessModel m(std::string(GLM5_TEST_DATA) + "/tiny-a");
   const int V = int(m.cfg.vocab_size);
