@@ -381,14 +381,13 @@ void Model::swiglu_expert(const Expert& e, const float* x, int64_t m, float* y) 
   backend_.gemm({g, I, e.down_proj, false, y, H, m, H, I});
 }
 
-// On a host backend the MLPs take a long step's rows in blocks of at most kMlpBlockRows (a device
-// backend keeps one pass: there each block would stream the layer's weights again, and its memory
-// is allocated once by the backend's cache): their intermediates (the
-// dense MLP's gate and up, [m, intermediate_size] each; the MoE exchange's slot rows and results,
-// [m * top_k, hidden_size]: 670 MB for an 8192-token step of a 2048-wide model) are then a
-// fraction as large, and a process pays for each fresh page of them once, on first touch (page
-// faults and clearing). A 32 x 256-token batch job on speed-a peaks at 2,514 MiB instead of 3,235.
-// Every op is row by row, so the bits are the same.
+// On a host backend the MLPs take a long step's rows in blocks of at most kMlpBlockRows. Their
+// intermediates (the dense MLP's gate and up, [m, intermediate_size] each; the MoE exchange's slot
+// rows and results, [m * top_k, hidden_size]: 670 MB for an 8192-token step of a 2048-wide model)
+// are then a fraction as large, and a process pays for each fresh page of them once, on first
+// touch (page faults and clearing): a 32 x 256-token batch job on speed-a peaks at 2,514 MiB
+// instead of 3,235. Every op is row by row, so the bits are the same. A device backend keeps one
+// pass: there each block would stream the layer's weights again, and its cache allocates once.
 constexpr int64_t kMlpBlockRows = 2048;
 
 void Model::dense_mlp(Layer& L, const float* x, int64_t m, float* y) {

@@ -136,7 +136,8 @@ __global__ void __launch_bounds__(kGThreads) gemm_grouped_kernel(const GroupedGe
   using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
   __shared__ __align__(128) GroupedTiles s;
 
-  const GroupedGemmItem& g = items[item_of(items, n_items, blockIdx.x)];  // (a copy: 32-85 more registers)
+  // This CTA's GEMM, by reference (a copy in registers takes 32-85 more of them per thread).
+  const GroupedGemmItem& g = items[item_of(items, n_items, blockIdx.x)];
   const int64_t t = int64_t(blockIdx.x) - g.tile0, row_tiles = (g.m + kGM - 1) / kGM;
   const int64_t r0 = t % row_tiles * kGM, c0 = t / row_tiles * kGN;
   const int warp = threadIdx.x / 32, wr = warp / 2 * 32, wc = warp % 2 * 32;
