@@ -320,7 +320,7 @@ class CudaBackend final : public Backend {
     tensor_indexer_ = tensor_indexer_from_env();
     topk_multiblock_ = topk_multiblock_from_env();
     grouped_gemm_ = grouped_gemm_from_env();
-    if (grouped_gemm_ && !cuda::grouped_gemm_available()) {
+    if (grouped_gemm_ && !cuda::device_has_bf16_mma()) {
       std::fprintf(stderr,
                    "glm5 cuda: GLM5_CUDA_EXPERT_GEMM=grouped needs bf16 MMA (compute capability >= 8.0 and code "
                    "built for it); device %d runs the expert gemms one call each\n",

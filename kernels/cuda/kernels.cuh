@@ -69,8 +69,6 @@ struct GroupedGemmItem {
   bool accumulate;    // y += x W^T
   bool vec;           // BF16 only: w, w_row and k allow 16-byte loads of W
 };
-// Whether this device runs the kernel (bf16 MMA: compute capability >= 8.0 and code built for it).
-bool grouped_gemm_available();
 // The CTAs of one m x n GEMM.
 int64_t grouped_gemm_tiles(int64_t m, int64_t n);
 // items: device memory, n_items entries in tile0 order, `tiles` CTAs in all (the last tile0 plus
@@ -90,6 +88,10 @@ DType dequantized_dtype(const Weight& w);
 void launch_dequantize_rows(const Weight& w, int64_t r0, int64_t rows, void* out, int64_t ldo, cudaStream_t st);
 
 // ops_attention.cu
+// Whether the tensor-core kernels (attention, indexer, grouped GEMM) can run on the current device:
+// compute capability >= 8 and this build's code for it made from PTX of >= 8.0 (a build for an
+// older architecture, run by JIT on a newer GPU, has kernels without the MMA). Asked once per device.
+bool device_has_bf16_mma();
 // Whether the tensor-core indexer kernel applies: BF16 keys stored by rows, head_dim a multiple of
 // 64 up to 256, up to 64 heads, shared memory for them, compute capability >= 8.
 bool indexer_mma_applies(const IndexerScoresParams& p);

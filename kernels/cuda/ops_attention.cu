@@ -1051,24 +1051,6 @@ __global__ void __launch_bounds__(128) mla_decode_combine_kernel(const float* pa
   }
 }
 
-// Whether the tensor-core kernels can run on the current device: compute capability >= 8 and
-// this build's code for it made from PTX of >= 8.0 (a build for an older architecture, run by JIT
-// on a newer GPU, has kernels without the MMA). Asked once per device.
-bool device_has_bf16_mma() {
-  static std::atomic<int> known[64];  // 0 not asked, 1 no, 2 yes
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  std::atomic<int>* k = dev >= 0 && dev < 64 ? &known[dev] : nullptr;
-  if (k && k->load(std::memory_order_relaxed) != 0) return k->load(std::memory_order_relaxed) == 2;
-  int major = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  cudaFuncAttributes attr{};
-  const bool yes =
-      major >= 8 && cudaFuncGetAttributes(&attr, mla_decode_mma_kernel) == cudaSuccess && attr.ptxVersion >= 80;
-  if (k) k->store(yes ? 2 : 1, std::memory_order_relaxed);
-  return yes;
-}
-
 // ---- indexer scores on the tensor cores (BF16 keys) --------------------------------------------
 
 // The production case of the indexer (a bf16 KV cache: keys bf16 already) as bf16 MMAs, exact in
@@ -1170,6 +1152,24 @@ __global__ void __launch_bounds__(kIdxMmaThreads, 2) indexer_mma_kernel(IdxMmaAr
 }
 
 }  // namespace
+
+// (kernels.cuh) Probed on one kernel of this module: every .cu of the plugin is built for the same
+// architectures, so the answer holds for the others (the grouped GEMM's too).
+bool device_has_bf16_mma() {
+  static std::atomic<int> known[64];  // 0 not asked, 1 no, 2 yes
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  std::atomic<int>* k = dev >= 0 && dev < 64 ? &known[dev] : nullptr;
+  if (k && k->load(std::memory_order_relaxed) != 0) return k->load(std::memory_order_relaxed) == 2;
+  int major = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  cudaFuncAttributes attr{};
+  const bool yes =
+      major >= 8 && cudaFuncGetAttributes(&attr, mla_decode_mma_kernel) == cudaSuccess && attr.ptxVersion >= 80;
+  cudaGetLastError();  // a failed probe must not surface as the next launch's error
+  if (k) k->store(yes ? 2 : 1, std::memory_order_relaxed);
+  return yes;
+}
 
 bool indexer_mma_applies(const IndexerScoresParams& p) {
   const int64_t mt = (p.n_heads + 15) / 16;

@@ -23,7 +23,6 @@
 #include <mma.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
@@ -198,22 +197,6 @@ __global__ void __launch_bounds__(kGThreads) gemm_grouped_kernel(const GroupedGe
 }
 
 }  // namespace
-
-bool grouped_gemm_available() {
-  static std::atomic<int> known[64];  // per device: 0 not asked, 1 no, 2 yes
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  std::atomic<int>* k = dev >= 0 && dev < 64 ? &known[dev] : nullptr;
-  if (k && k->load(std::memory_order_relaxed) != 0) return k->load(std::memory_order_relaxed) == 2;
-  int major = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  cudaFuncAttributes attr{};
-  const bool yes = major >= 8 && cudaFuncGetAttributes(&attr, gemm_grouped_kernel<1>) == cudaSuccess &&
-                   attr.ptxVersion >= 80;  // the module's code for this device was built for >= 8.0
-  cudaGetLastError();
-  if (k) k->store(yes ? 2 : 1, std::memory_order_relaxed);
-  return yes;
-}
 
 int64_t grouped_gemm_tiles(int64_t m, int64_t n) { return (m + kGM - 1) / kGM * ((n + kGN - 1) / kGN); }
 

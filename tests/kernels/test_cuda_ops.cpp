@@ -293,9 +293,27 @@ struct GemmCase {
   bool trans, accumulate;
 };
 
+// Every output [i, j] < [m, n] of got (row stride ldy) within rel_tol * sum_k |x w| + 1e-6 of want
+// (the bound of any reordering of the fp32 sum), where wabs[j * k + kk] = |w| of output j, input kk.
+void expect_within_bound(const std::vector<float>& got, const std::vector<float>& want, const std::vector<float>& x,
+                         int64_t ldx, int64_t ldy, int64_t m, int64_t n, int64_t k, const std::vector<double>& wabs,
+                         float rel_tol, const std::string& what) {
+  size_t bad = 0;
+  std::ostringstream first;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double bound = 0.0;
+      for (int64_t kk = 0; kk < k; ++kk) bound += std::fabs(double(x[i * ldx + kk])) * wabs[size_t(j * k + kk)];
+      const double err = std::fabs(double(got[i * ldy + j]) - double(want[i * ldy + j]));
+      if (!(err <= rel_tol * bound + 1e-6) && bad++ < 5)
+        first << "\n  [" << i << ", " << j << "] got " << got[i * ldy + j] << ", want " << want[i * ldy + j]
+              << " (sum |x w| " << bound << ")";
+    }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " outputs out of tolerance" << first.str();
+}
+
 // One GEMM's inputs, its reference result and its device buffers: q is the call for the device
-// backend, verify() checks its output with tolerance rel_tol * sum_k |x w| per output (the bound
-// of any reordering of the fp32 sum) plus 1e-6.
+// backend, verify() checks its output (expect_within_bound).
 // ref_precision: the reference backend's (kFast: bf16 inputs, the exact products summed in k order).
 // The weight's ld is its columns + 2, or with aligned_ld its columns rounded up to 8 (16-byte rows).
 class GemmCheck {
@@ -337,21 +355,13 @@ class GemmCheck {
     if (!c_.accumulate)  // padding columns of y are not part of the result
       for (int64_t i = 0; i < c_.m; ++i)
         for (int64_t j = c_.n; j < ldy_; ++j) got[i * ldy_ + j] = want_[i * ldy_ + j] = 0.0f;
-    size_t bad = 0;
-    std::ostringstream first;
-    for (int64_t i = 0; i < c_.m; ++i)
-      for (int64_t j = 0; j < c_.n; ++j) {
-        double bound = 0.0;
-        for (int64_t kk = 0; kk < c_.k; ++kk) {
-          const size_t wi = c_.trans ? size_t((kk + 1) * w_ld_ + j) : size_t((j + 1) * w_ld_ + kk);
-          bound += std::fabs(double(x_[i * ldx_ + kk]) * weight_value(c_.dt, wbytes_, wi));
-        }
-        const double err = std::fabs(double(got[i * ldy_ + j]) - double(want_[i * ldy_ + j]));
-        if (!(err <= rel_tol * bound + 1e-6) && bad++ < 5)
-          first << "\n  [" << i << ", " << j << "] got " << got[i * ldy_ + j] << ", want " << want_[i * ldy_ + j]
-                << " (sum |x w| " << bound << ")";
+    std::vector<double> wabs(size_t(c_.n * c_.k));  // (the weight follows one spare leading row)
+    for (int64_t j = 0; j < c_.n; ++j)
+      for (int64_t kk = 0; kk < c_.k; ++kk) {
+        const size_t wi = c_.trans ? size_t((kk + 1) * w_ld_ + j) : size_t((j + 1) * w_ld_ + kk);
+        wabs[size_t(j * c_.k + kk)] = std::fabs(double(weight_value(c_.dt, wbytes_, wi)));
       }
-    EXPECT_EQ(bad, 0u) << what_ << ": " << bad << " outputs out of tolerance" << first.str();
+    expect_within_bound(got, want_, x_, ldx_, ldy_, c_.m, c_.n, c_.k, wabs, rel_tol, what_);
   }
 
   GemmParams q;  // the call for the device backend
@@ -590,19 +600,7 @@ class QuantGemmCheck {
     for (int64_t j = 0; j < c_.n; ++j)
       for (int64_t kk = 0; kk < c_.k; ++kk)
         wabs[size_t(j * c_.k + kk)] = std::fabs(double(c_.trans ? weight_at(wh, kk, j) : weight_at(wh, j, kk)));
-    size_t bad = 0;
-    std::ostringstream first;
-    for (int64_t i = 0; i < c_.m; ++i)
-      for (int64_t j = 0; j < c_.n; ++j) {
-        double bound = 0.0;
-        for (int64_t kk = 0; kk < c_.k; ++kk)
-          bound += std::fabs(double(x_[i * ldx_ + kk])) * wabs[size_t(j * c_.k + kk)];
-        const double err = std::fabs(double(got[i * ldy_ + j]) - double(want_[i * ldy_ + j]));
-        if (!(err <= rel_tol * bound + 1e-6) && bad++ < 5)
-          first << "\n  [" << i << ", " << j << "] got " << got[i * ldy_ + j] << ", want " << want_[i * ldy_ + j]
-                << " (sum |x w| " << bound << ")";
-      }
-    EXPECT_EQ(bad, 0u) << what_ << ": " << bad << " outputs out of tolerance" << first.str();
+    expect_within_bound(got, want_, x_, ldx_, ldy_, c_.m, c_.n, c_.k, wabs, rel_tol, what_);
     for (size_t i = 0; i < got.size(); ++i)  // the padding columns of y keep their values too
       if (c_.accumulate && std::memcmp(&got[i], &want_[i], 4) != 0 && int64_t(i) % ldy_ >= c_.n) {
         ADD_FAILURE() << what_ << ": padding element " << i << " of y was written";
